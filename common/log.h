@@ -1,0 +1,50 @@
+// Minimal leveled logging to stderr: one line per event, with time, level and source.
+// (Abseil's logging library is newer than the Abseil this builds against.)
+//
+//   TIERD_LOG(INFO) << "serving on " << path;
+//   TIERD_VLOG(2) << "copy enqueued";          // shown when SetLogVerbosity(>= 2)
+//   TIERD_LOG_FIRST_N(WARNING, 1) << "fallback";  // at most once per call site
+//
+// Thread-safe: each line is written with a single write(2).
+#ifndef TIERD_COMMON_LOG_H_
+#define TIERD_COMMON_LOG_H_
+
+#include <atomic>
+#include <sstream>
+
+namespace tierd {
+
+enum class LogLevel { kINFO = 0, kWARNING = 1, kERROR = 2 };
+
+// Lines from TIERD_VLOG(n) are emitted when n <= verbosity. Default 0.
+void SetLogVerbosity(int verbosity);
+int LogVerbosity();
+
+class LogLine {
+ public:
+  LogLine(LogLevel level, const char* file, int line);
+  ~LogLine();
+  LogLine(const LogLine&) = delete;
+  LogLine& operator=(const LogLine&) = delete;
+
+  template <typename T>
+  LogLine& operator<<(const T& value) {
+    stream_ << value;
+    return *this;
+  }
+
+ private:
+  std::ostringstream stream_;
+};
+
+}  // namespace tierd
+
+#define TIERD_LOG(level) ::tierd::LogLine(::tierd::LogLevel::k##level, __FILE__, __LINE__)
+#define TIERD_VLOG(n) \
+  if (::tierd::LogVerbosity() < (n)) {} else TIERD_LOG(INFO)
+#define TIERD_LOG_FIRST_N(level, n)                                                     \
+  if (static std::atomic<int> tierd_log_count_{0}; tierd_log_count_.fetch_add(1) >= (n)) { \
+  } else                                                                                \
+    TIERD_LOG(level)
+
+#endif  // TIERD_COMMON_LOG_H_

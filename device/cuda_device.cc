@@ -1,0 +1,298 @@
+#include "device/cuda_device.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "device/completion_thread.h"
+#include "device/cuda_status.h"
+
+namespace tierd {
+namespace {
+
+// Handles are a tag followed by the raw CUDA IPC handle (and, for slabs, the size), so a handle of
+// the wrong kind or backend is rejected before it reaches the driver.
+constexpr char kSlabHandleTag[] = "tierd-cuda-slab:";
+constexpr char kEventHandleTag[] = "tierd-cuda-event:";
+
+class CudaSlab final : public Slab {
+ public:
+  CudaSlab(int ordinal, void* data, size_t size, std::string handle, bool imported)
+      : ordinal_(ordinal), data_(data), size_(size), handle_(std::move(handle)), imported_(imported) {}
+  ~CudaSlab() override {
+    cudaSetDevice(ordinal_);
+    absl::Status status = imported_ ? CudaStatus(cudaIpcCloseMemHandle(data_), "cudaIpcCloseMemHandle")
+                                    : CudaStatus(cudaFree(data_), "cudaFree");
+    if (!status.ok()) TIERD_LOG(WARNING) << "releasing a slab: " << status;
+  }
+
+  void* data() const override { return data_; }
+  size_t size() const override { return size_; }
+  const std::string& handle() const override { return handle_; }
+
+ private:
+  int ordinal_;
+  void* data_;
+  size_t size_;
+  std::string handle_;
+  bool imported_;
+};
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(int ordinal, cudaStream_t stream) : ordinal_(ordinal), stream_(stream) {}
+  ~CudaStream() override {
+    cudaSetDevice(ordinal_);
+    if (absl::Status s = CudaStatus(cudaStreamDestroy(stream_), "cudaStreamDestroy"); !s.ok()) {
+      TIERD_LOG(WARNING) << s;
+    }
+  }
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  int ordinal_;
+  cudaStream_t stream_;
+};
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(int ordinal, cudaEvent_t event, std::string handle)
+      : ordinal_(ordinal), event_(event), handle_(std::move(handle)) {}
+  ~CudaEvent() override {
+    cudaSetDevice(ordinal_);
+    if (absl::Status s = CudaStatus(cudaEventDestroy(event_), "cudaEventDestroy"); !s.ok()) {
+      TIERD_LOG(WARNING) << s;
+    }
+  }
+  const std::string& handle() const override { return handle_; }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  int ordinal_;
+  cudaEvent_t event_;
+  std::string handle_;
+};
+
+cudaStream_t Native(Stream& stream) { return static_cast<CudaStream&>(stream).get(); }
+cudaEvent_t Native(Event& event) { return static_cast<CudaEvent&>(event).get(); }
+
+void RunHostFunction(void* arg) {
+  auto* fn = static_cast<absl::AnyInvocable<void() &&>*>(arg);
+  std::move (*fn)();
+  delete fn;
+}
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(int ordinal, std::string description, int lowest_priority, int highest_priority)
+      : ordinal_(ordinal),
+        description_(std::move(description)),
+        lowest_priority_(lowest_priority),
+        highest_priority_(highest_priority) {}
+
+  std::string Describe() const override { return description_; }
+
+  absl::StatusOr<std::unique_ptr<Slab>> AllocateSlab(size_t bytes) override {
+    if (bytes == 0) return absl::InvalidArgumentError("slab of 0 bytes");
+    RETURN_IF_ERROR(Activate());
+    void* data = nullptr;
+    RETURN_IF_ERROR(CudaStatus(cudaMalloc(&data, bytes), absl::StrCat("cudaMalloc ", bytes)));
+    cudaIpcMemHandle_t ipc;
+    if (absl::Status s = CudaStatus(cudaIpcGetMemHandle(&ipc, data), "cudaIpcGetMemHandle");
+        !s.ok()) {
+      cudaFree(data);
+      return s;
+    }
+    std::string handle(kSlabHandleTag);
+    const uint64_t size = bytes;
+    handle.append(reinterpret_cast<const char*>(&size), sizeof(size));
+    handle.append(reinterpret_cast<const char*>(&ipc), sizeof(ipc));
+    return std::unique_ptr<Slab>(new CudaSlab(ordinal_, data, bytes, std::move(handle), false));
+  }
+
+  absl::Status RegisterHostMemory(void* data, size_t bytes) override {
+    if (data == nullptr || bytes == 0) {
+      return absl::InvalidArgumentError("registering a null or empty host range");
+    }
+    RETURN_IF_ERROR(Activate());
+    absl::Status status = CudaStatus(cudaHostRegister(data, bytes, cudaHostRegisterPortable),
+                                     absl::StrCat("cudaHostRegister ", bytes, " bytes"));
+    if (status.code() == absl::StatusCode::kInternal ||
+        status.code() == absl::StatusCode::kResourceExhausted) {
+      // The usual cause is RLIMIT_MEMLOCK: say so, since the CUDA message does not.
+      return absl::ResourceExhaustedError(
+          absl::StrCat(status.message(), "; is the memlock limit (ulimit -l) high enough?"));
+    }
+    return status;
+  }
+
+  absl::Status UnregisterHostMemory(void* data) override {
+    RETURN_IF_ERROR(Activate());
+    return CudaStatus(cudaHostUnregister(data), "cudaHostUnregister");
+  }
+
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream(StreamPriority priority) override {
+    RETURN_IF_ERROR(Activate());
+    cudaStream_t stream;
+    const int value = priority == StreamPriority::kHigh ? highest_priority_ : lowest_priority_;
+    RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, value),
+                               "cudaStreamCreateWithPriority"));
+    return std::unique_ptr<Stream>(new CudaStream(ordinal_, stream));
+  }
+
+  absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
+    RETURN_IF_ERROR(Activate());
+    cudaEvent_t event;
+    RETURN_IF_ERROR(CudaStatus(
+        cudaEventCreateWithFlags(&event, cudaEventInterprocess | cudaEventDisableTiming),
+        "cudaEventCreateWithFlags"));
+    cudaIpcEventHandle_t ipc;
+    if (absl::Status s = CudaStatus(cudaIpcGetEventHandle(&ipc, event), "cudaIpcGetEventHandle");
+        !s.ok()) {
+      cudaEventDestroy(event);
+      return s;
+    }
+    std::string handle(kEventHandleTag);
+    handle.append(reinterpret_cast<const char*>(&ipc), sizeof(ipc));
+    return std::unique_ptr<Event>(new CudaEvent(ordinal_, event, std::move(handle)));
+  }
+
+  absl::Status CopyAsync(Stream& stream, void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    RETURN_IF_ERROR(Activate());
+    return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, Native(stream)),
+                      "cudaMemcpyAsync");
+  }
+
+  absl::Status RecordEvent(Event& event, Stream& stream) override {
+    RETURN_IF_ERROR(Activate());
+    return CudaStatus(cudaEventRecord(Native(event), Native(stream)), "cudaEventRecord");
+  }
+
+  absl::Status WaitEvent(Stream& stream, Event& event) override {
+    RETURN_IF_ERROR(Activate());
+    return CudaStatus(cudaStreamWaitEvent(Native(stream), Native(event), 0), "cudaStreamWaitEvent");
+  }
+
+  absl::StatusOr<bool> QueryEvent(Event& event) override {
+    RETURN_IF_ERROR(Activate());
+    const cudaError_t error = cudaEventQuery(Native(event));
+    if (error == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    RETURN_IF_ERROR(CudaStatus(error, "cudaEventQuery"));
+    return true;
+  }
+
+  absl::Status SynchronizeEvent(Event& event) override {
+    RETURN_IF_ERROR(Activate());
+    return CudaStatus(cudaEventSynchronize(Native(event)), "cudaEventSynchronize");
+  }
+
+  absl::Status SynchronizeStream(Stream& stream) override {
+    RETURN_IF_ERROR(Activate());
+    return CudaStatus(cudaStreamSynchronize(Native(stream)), "cudaStreamSynchronize");
+  }
+
+  absl::Status LaunchHostFunction(Stream& stream, absl::AnyInvocable<void() &&> fn) override {
+    RETURN_IF_ERROR(Activate());
+    auto* heap_fn = new absl::AnyInvocable<void() &&>(std::move(fn));
+    absl::Status status = CudaStatus(cudaLaunchHostFunc(Native(stream), &RunHostFunction, heap_fn),
+                                     "cudaLaunchHostFunc");
+    if (!status.ok()) delete heap_fn;
+    return status;
+  }
+
+  absl::Status NotifyWhenDone(Stream& stream, absl::AnyInvocable<void() &&> done) override {
+    // The driver thread only hands the callback over; it runs on completions_, where it may call
+    // CUDA.
+    return LaunchHostFunction(stream, [this, done = std::move(done)]() mutable {
+      completions_.Post(std::move(done));
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Slab>> OpenSlab(absl::string_view handle) override {
+    absl::string_view rest = handle;
+    uint64_t size = 0;
+    cudaIpcMemHandle_t ipc;
+    if (!absl::ConsumePrefix(&rest, kSlabHandleTag) || rest.size() != sizeof(size) + sizeof(ipc)) {
+      return absl::InvalidArgumentError("not a CUDA slab handle");
+    }
+    std::memcpy(&size, rest.data(), sizeof(size));
+    std::memcpy(&ipc, rest.data() + sizeof(size), sizeof(ipc));
+    if (size == 0) return absl::InvalidArgumentError("CUDA slab handle of size 0");
+    RETURN_IF_ERROR(Activate());
+    void* data = nullptr;
+    RETURN_IF_ERROR(CudaStatus(cudaIpcOpenMemHandle(&data, ipc, cudaIpcMemLazyEnablePeerAccess),
+                               "cudaIpcOpenMemHandle"));
+    return std::unique_ptr<Slab>(
+        new CudaSlab(ordinal_, data, size, std::string(handle), /*imported=*/true));
+  }
+
+  absl::StatusOr<std::unique_ptr<Event>> OpenEvent(absl::string_view handle) override {
+    absl::string_view rest = handle;
+    cudaIpcEventHandle_t ipc;
+    if (!absl::ConsumePrefix(&rest, kEventHandleTag) || rest.size() != sizeof(ipc)) {
+      return absl::InvalidArgumentError("not a CUDA event handle");
+    }
+    std::memcpy(&ipc, rest.data(), sizeof(ipc));
+    RETURN_IF_ERROR(Activate());
+    cudaEvent_t event;
+    RETURN_IF_ERROR(CudaStatus(cudaIpcOpenEventHandle(&event, ipc), "cudaIpcOpenEventHandle"));
+    return std::unique_ptr<Event>(new CudaEvent(ordinal_, event, std::string(handle)));
+  }
+
+ private:
+  // The runtime's current device is per thread; every entry point selects ours first.
+  absl::Status Activate() const { return CudaStatus(cudaSetDevice(ordinal_), "cudaSetDevice"); }
+
+  const int ordinal_;
+  const std::string description_;
+  const int lowest_priority_;
+  const int highest_priority_;
+  CompletionThread completions_;
+};
+
+}  // namespace
+
+absl::StatusOr<int> CudaDeviceCount() {
+  int count = 0;
+  RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
+  if (count == 0) return absl::UnavailableError("no CUDA device is visible");
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal) {
+  ASSIGN_OR_RETURN(const int count, CudaDeviceCount());
+  if (ordinal < 0 || ordinal >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda:", ordinal, " does not exist; ", count, " GPU(s) visible"));
+  }
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"));
+  // Host waits sleep instead of spinning a core. Only possible before the context exists; a process
+  // that already made one (a client embedding this) keeps its own setting.
+  const cudaError_t flags = cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
+  if (flags != cudaSuccess && flags != cudaErrorSetOnActiveProcess) {
+    return CudaStatus(flags, "cudaSetDeviceFlags");
+  }
+  (void)cudaGetLastError();
+  RETURN_IF_ERROR(CudaStatus(cudaFree(nullptr), "creating the CUDA context"));
+  cudaDeviceProp properties;
+  RETURN_IF_ERROR(
+      CudaStatus(cudaGetDeviceProperties(&properties, ordinal), "cudaGetDeviceProperties"));
+  int lowest = 0;
+  int highest = 0;
+  RETURN_IF_ERROR(CudaStatus(cudaDeviceGetStreamPriorityRange(&lowest, &highest),
+                             "cudaDeviceGetStreamPriorityRange"));
+  return std::unique_ptr<Device>(new CudaDevice(
+      ordinal, absl::StrCat("cuda:", ordinal, " (", properties.name, ")"), lowest, highest));
+}
+
+}  // namespace tierd

@@ -1,0 +1,159 @@
+// The device layer: every GPU (or GPU-like) operation tierd performs goes through `Device`, in the
+// spirit of leveldb's `Env`. `CudaDevice` is production; `HostDevice` emulates the same semantics
+// with POSIX shared memory and threads so the daemon, protocol and clients run on a machine with no
+// GPU; tests wrap either to inject faults.
+//
+// Two sides use the interface:
+//  - the owner (the daemon) allocates exportable slabs, pins host memory, creates streams and
+//    interprocess events, and enqueues copies, event records and waits;
+//  - importers (clients, in other processes) open slab and event handles the owner exported and use
+//    them with streams of their own.
+//
+// Semantics follow CUDA's: work enqueued on one stream runs in order; an event completes when the
+// work enqueued on the stream before its most recent record has completed; a stream that waits on
+// an event waits for the record that was most recent when the wait was enqueued; an event never
+// recorded counts as complete.
+//
+// Thread-safety: every Device method may be called from any thread. A Stream may be used from
+// several threads; ordering between their calls is the order in which the calls return.
+// Objects returned by a Device must be destroyed before the Device.
+#ifndef TIERD_DEVICE_DEVICE_H_
+#define TIERD_DEVICE_DEVICE_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tierd {
+
+// A device memory region that can be exported to other processes (owner side) or one opened from
+// such an export (importer side). Destroying an owner slab frees the memory once no importer maps
+// it (CUDA: the driver keeps it alive for open IPC mappings; host: the shared memory object is
+// unlinked and lives until the last unmap). Destroying an importer slab closes the mapping.
+class Slab {
+ public:
+  virtual ~Slab() = default;
+  Slab(const Slab&) = delete;
+  Slab& operator=(const Slab&) = delete;
+
+  // Device address of the first byte, valid in this process.
+  virtual void* data() const = 0;
+  virtual size_t size() const = 0;
+  // The opaque bytes another process passes to Device::OpenSlab. Stable for the slab's life.
+  virtual const std::string& handle() const = 0;
+
+ protected:
+  Slab() = default;
+};
+
+// An ordered queue of device work.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+ protected:
+  Stream() = default;
+};
+
+// An interprocess event: a marker recorded on a stream that this process or another one (through
+// handle()) can query, wait on from a stream, or wait on from the CPU.
+class Event {
+ public:
+  virtual ~Event() = default;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  // The opaque bytes another process passes to Device::OpenEvent.
+  virtual const std::string& handle() const = 0;
+
+ protected:
+  Event() = default;
+};
+
+enum class StreamPriority {
+  kNormal,  // prefetches, stores, background work
+  kHigh,    // demand fetches: scheduled ahead of kNormal work where the device allows
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  // A short human-readable description, e.g. "host" or "cuda:0 (NVIDIA H100 80GB HBM3)".
+  virtual std::string Describe() const = 0;
+
+  // ---- Owner side -------------------------------------------------------------------------------
+
+  // Allocates `bytes` of device memory exportable to other processes. Contents are unspecified.
+  // Errors: INVALID_ARGUMENT for 0 bytes; RESOURCE_EXHAUSTED when the memory is not there.
+  virtual absl::StatusOr<std::unique_ptr<Slab>> AllocateSlab(size_t bytes) = 0;
+
+  // Page-locks [data, data + bytes) so async copies from and to it run at full speed and truly
+  // asynchronously. REQUIRES: the range is not registered yet. Unregister before freeing it.
+  // Errors: INVALID_ARGUMENT for a null or empty range; RESOURCE_EXHAUSTED when the OS refuses to
+  // lock that much memory (RLIMIT_MEMLOCK).
+  virtual absl::Status RegisterHostMemory(void* data, size_t bytes) = 0;
+  // REQUIRES: `data` is the start of a range registered with RegisterHostMemory and no copy on it
+  // is still in flight.
+  virtual absl::Status UnregisterHostMemory(void* data) = 0;
+
+  virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream(StreamPriority priority) = 0;
+
+  // An interprocess event that starts out complete (never recorded).
+  virtual absl::StatusOr<std::unique_ptr<Event>> CreateEvent() = 0;
+
+  // Enqueues a copy of `bytes` from `src` to `dst` on `stream`; either side may be device memory
+  // (a slab, owned or imported) or host memory (registered for full speed). Returns once the copy
+  // is enqueued; the bytes move when the stream reaches it.
+  // REQUIRES: both ranges stay valid until the copy completes.
+  virtual absl::Status CopyAsync(Stream& stream, void* dst, const void* src, size_t bytes) = 0;
+
+  // Marks the current end of `stream`'s work in `event`, replacing any earlier record.
+  virtual absl::Status RecordEvent(Event& event, Stream& stream) = 0;
+  // Makes work enqueued on `stream` after this call wait until `event`'s most recent record (as of
+  // this call) has completed. Does not block the calling thread.
+  virtual absl::Status WaitEvent(Stream& stream, Event& event) = 0;
+  // True when `event`'s most recent record has completed (or it was never recorded).
+  virtual absl::StatusOr<bool> QueryEvent(Event& event) = 0;
+  // Blocks the calling thread, without spinning a core, until QueryEvent would return true.
+  virtual absl::Status SynchronizeEvent(Event& event) = 0;
+  // Blocks the calling thread, without spinning a core, until all work enqueued so far on `stream`
+  // has completed.
+  virtual absl::Status SynchronizeStream(Stream& stream) = 0;
+
+  // Enqueues `fn` to run in stream order: later work on `stream` waits until it returns. `fn` runs
+  // on a device-owned thread and must not call back into the Device (CUDA forbids it). Meant for
+  // short work, and for tests that need a stream to stall.
+  virtual absl::Status LaunchHostFunction(Stream& stream, absl::AnyInvocable<void() &&> fn) = 0;
+
+  // Runs `done` once all work enqueued on `stream` before this call has completed, without holding
+  // up later work on the stream. `done` runs on the device's completion thread, one callback at a
+  // time, and may call into the Device.
+  virtual absl::Status NotifyWhenDone(Stream& stream, absl::AnyInvocable<void() &&> done) = 0;
+
+  // ---- Importer side ----------------------------------------------------------------------------
+
+  // Opens a slab exported by another process (Slab::handle()). Opening a handle this same process
+  // exported is not supported by CUDA; open it only in other processes.
+  // Errors: INVALID_ARGUMENT for bytes that are no handle of this backend; NOT_FOUND when the slab
+  // is gone; FAILED_PRECONDITION when it belongs to another device.
+  virtual absl::StatusOr<std::unique_ptr<Slab>> OpenSlab(absl::string_view handle) = 0;
+  // Opens an event exported by another process (Event::handle()). Same errors as OpenSlab.
+  virtual absl::StatusOr<std::unique_ptr<Event>> OpenEvent(absl::string_view handle) = 0;
+
+ protected:
+  Device() = default;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_DEVICE_DEVICE_H_

@@ -1,0 +1,253 @@
+#include "device/host_device.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/log.h"
+#include "device/host_stream.h"
+#include "device/shared_event.h"
+
+namespace tierd {
+namespace {
+
+constexpr char kSlabHandlePrefix[] = "tierd-host-slab:";
+constexpr char kEventHandlePrefix[] = "tierd-host-event:";
+constexpr size_t kEventsPerTable = 1024;  // 64 KiB of shared memory per table
+
+class HostSlab final : public Slab {
+ public:
+  explicit HostSlab(std::unique_ptr<SharedMemory> memory)
+      : memory_(std::move(memory)), handle_(absl::StrCat(kSlabHandlePrefix, memory_->name())) {}
+  HostSlab(std::unique_ptr<SharedMemory> memory, std::string handle)
+      : memory_(std::move(memory)), handle_(std::move(handle)) {}
+
+  void* data() const override { return memory_->data(); }
+  size_t size() const override { return memory_->size(); }
+  const std::string& handle() const override { return handle_; }
+
+ private:
+  std::unique_ptr<SharedMemory> memory_;
+  std::string handle_;
+};
+
+class HostEvent final : public Event {
+ public:
+  HostEvent(std::shared_ptr<SharedMemory> table, size_t slot, absl::AnyInvocable<void() &&> on_destroy)
+      : table_(std::move(table)),
+        state_(static_cast<SharedEvent*>(table_->data()) + slot),
+        handle_(absl::StrCat(kEventHandlePrefix, table_->name(), ":", slot)),
+        on_destroy_(std::move(on_destroy)) {}
+  ~HostEvent() override {
+    if (on_destroy_) std::move(on_destroy_)();
+  }
+
+  const std::string& handle() const override { return handle_; }
+  SharedEvent* state() const { return state_; }
+  const std::shared_ptr<SharedMemory>& table() const { return table_; }
+
+ private:
+  std::shared_ptr<SharedMemory> table_;
+  SharedEvent* state_;
+  std::string handle_;
+  absl::AnyInvocable<void() &&> on_destroy_;
+};
+
+HostStream& AsHost(Stream& stream) { return static_cast<HostStream&>(stream); }
+HostEvent& AsHost(Event& event) { return static_cast<HostEvent&>(event); }
+
+// Only objects named by tierd may be opened through a handle: a handle is client-supplied input.
+bool IsTierdObjectName(absl::string_view name) {
+  return absl::StartsWith(name, "/tierd.") && name.find('/', 1) == absl::string_view::npos &&
+         name.find("..") == absl::string_view::npos;
+}
+
+std::string RandomNonce() {
+  std::random_device random;
+  return absl::StrFormat("%08x", static_cast<uint32_t>(random()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HostDevice>> HostDevice::Create() {
+  if (int removed = RemoveStaleSharedMemory(); removed > 0) {
+    TIERD_LOG(INFO) << "removed " << removed
+                    << " shared memory objects left behind by exited tierd processes";
+  }
+  return std::unique_ptr<HostDevice>(
+      new HostDevice(absl::StrCat(SharedMemoryPrefixForPid(::getpid()), RandomNonce(), ".")));
+}
+
+HostDevice::HostDevice(std::string name_prefix) : name_prefix_(std::move(name_prefix)) {}
+
+HostDevice::~HostDevice() = default;
+
+std::string HostDevice::NewObjectName(absl::string_view kind) {
+  absl::MutexLock lock(&mu_);
+  return absl::StrCat(name_prefix_, kind, ".", next_object_id_++);
+}
+
+absl::StatusOr<std::unique_ptr<Slab>> HostDevice::AllocateSlab(size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("slab of 0 bytes");
+  auto memory = SharedMemory::Create(NewObjectName("slab"), bytes);
+  if (!memory.ok()) return memory.status();
+  return std::unique_ptr<Slab>(new HostSlab(*std::move(memory)));
+}
+
+absl::Status HostDevice::RegisterHostMemory(void* data, size_t bytes) {
+  if (data == nullptr || bytes == 0) {
+    return absl::InvalidArgumentError("registering a null or empty host range");
+  }
+  absl::MutexLock lock(&mu_);
+  if (!registered_host_ranges_.insert(data).second) {
+    return absl::FailedPreconditionError("host range is already registered");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostDevice::UnregisterHostMemory(void* data) {
+  absl::MutexLock lock(&mu_);
+  if (registered_host_ranges_.erase(data) == 0) {
+    return absl::InvalidArgumentError("unregistering a host range that is not registered");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Stream>> HostDevice::CreateStream(StreamPriority) {
+  return std::unique_ptr<Stream>(new HostStream());
+}
+
+absl::StatusOr<std::unique_ptr<Event>> HostDevice::CreateEvent() {
+  EventSlotRef ref;
+  std::shared_ptr<SharedMemory> table;
+  {
+    absl::MutexLock lock(&mu_);
+    if (free_event_slots_.empty()) {
+      const std::string name =
+          absl::StrCat(name_prefix_, "events.", event_tables_.size());
+      auto created = SharedMemory::Create(name, kEventsPerTable * sizeof(SharedEvent));
+      if (!created.ok()) return created.status();
+      event_tables_.push_back(std::shared_ptr<SharedMemory>(*std::move(created)));
+      for (size_t slot = kEventsPerTable; slot-- > 0;) {
+        free_event_slots_.push_back({event_tables_.size() - 1, slot});
+      }
+    }
+    ref = free_event_slots_.back();
+    free_event_slots_.pop_back();
+    table = event_tables_[ref.table];
+  }
+  return std::unique_ptr<Event>(
+      new HostEvent(std::move(table), ref.slot, [this, ref] { ReleaseEventSlot(ref); }));
+}
+
+void HostDevice::ReleaseEventSlot(EventSlotRef ref) {
+  absl::MutexLock lock(&mu_);
+  free_event_slots_.push_back(ref);
+}
+
+absl::Status HostDevice::CopyAsync(Stream& stream, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (dst == nullptr || src == nullptr) return absl::InvalidArgumentError("copy with a null pointer");
+  AsHost(stream).Enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  return absl::OkStatus();
+}
+
+absl::Status HostDevice::RecordEvent(Event& event, Stream& stream) {
+  HostEvent& host_event = AsHost(event);
+  const uint64_t n = host_event.state()->BeginRecord();
+  AsHost(stream).Enqueue([table = host_event.table(), state = host_event.state(), n] {
+    state->Complete(n);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status HostDevice::WaitEvent(Stream& stream, Event& event) {
+  HostEvent& host_event = AsHost(event);
+  const uint64_t n = host_event.state()->Newest();
+  if (host_event.state()->IsComplete(n)) return absl::OkStatus();
+  AsHost(stream).EnqueueWait(host_event.table(), host_event.state(), n);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> HostDevice::QueryEvent(Event& event) {
+  SharedEvent* state = AsHost(event).state();
+  return state->IsComplete(state->Newest());
+}
+
+absl::Status HostDevice::SynchronizeEvent(Event& event) {
+  SharedEvent* state = AsHost(event).state();
+  const uint64_t n = state->Newest();
+  while (!state->WaitFor(n, absl::Seconds(1))) {
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostDevice::SynchronizeStream(Stream& stream) {
+  AsHost(stream).Synchronize();
+  return absl::OkStatus();
+}
+
+absl::Status HostDevice::LaunchHostFunction(Stream& stream, absl::AnyInvocable<void() &&> fn) {
+  AsHost(stream).Enqueue(std::move(fn));
+  return absl::OkStatus();
+}
+
+absl::Status HostDevice::NotifyWhenDone(Stream& stream, absl::AnyInvocable<void() &&> done) {
+  AsHost(stream).Enqueue(
+      [this, done = std::move(done)]() mutable { completions_.Post(std::move(done)); });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Slab>> HostDevice::OpenSlab(absl::string_view handle) {
+  absl::string_view name = handle;
+  if (!absl::ConsumePrefix(&name, kSlabHandlePrefix) || !IsTierdObjectName(name)) {
+    return absl::InvalidArgumentError("not a host slab handle");
+  }
+  auto memory = SharedMemory::Open(std::string(name));
+  if (!memory.ok()) return memory.status();
+  return std::unique_ptr<Slab>(new HostSlab(*std::move(memory), std::string(handle)));
+}
+
+absl::StatusOr<std::shared_ptr<SharedMemory>> HostDevice::MapEventTable(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  std::weak_ptr<SharedMemory>& cached = imported_event_tables_[name];
+  if (std::shared_ptr<SharedMemory> table = cached.lock()) return table;
+  auto opened = SharedMemory::Open(name);
+  if (!opened.ok()) {
+    imported_event_tables_.erase(name);
+    return opened.status();
+  }
+  if ((*opened)->size() != kEventsPerTable * sizeof(SharedEvent)) {
+    imported_event_tables_.erase(name);
+    return absl::InvalidArgumentError(absl::StrCat("'", name, "' is not an event table"));
+  }
+  std::shared_ptr<SharedMemory> table(*std::move(opened));
+  cached = table;
+  return table;
+}
+
+absl::StatusOr<std::unique_ptr<Event>> HostDevice::OpenEvent(absl::string_view handle) {
+  absl::string_view rest = handle;
+  const size_t colon = rest.rfind(':');
+  size_t slot = 0;
+  if (!absl::ConsumePrefix(&rest, kEventHandlePrefix) || colon == absl::string_view::npos ||
+      colon < std::strlen(kEventHandlePrefix) ||
+      !absl::SimpleAtoi(handle.substr(colon + 1), &slot) || slot >= kEventsPerTable) {
+    return absl::InvalidArgumentError("not a host event handle");
+  }
+  const absl::string_view name = handle.substr(std::strlen(kEventHandlePrefix),
+                                               colon - std::strlen(kEventHandlePrefix));
+  if (!IsTierdObjectName(name)) return absl::InvalidArgumentError("not a host event handle");
+  auto table = MapEventTable(std::string(name));
+  if (!table.ok()) return table.status();
+  return std::unique_ptr<Event>(new HostEvent(*std::move(table), slot, nullptr));
+}
+
+}  // namespace tierd

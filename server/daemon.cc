@@ -1,0 +1,109 @@
+#include "server/daemon.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/byte_size.h"
+#include "common/log.h"
+#include "common/posix_error.h"
+#include "common/status_macros.h"
+#include "server/unix_socket.h"
+
+namespace tierd {
+namespace {
+
+absl::Status ValidateOptions(const DaemonOptions& options) {
+  if (options.state_dir.empty()) return absl::InvalidArgumentError("--state-dir is empty");
+  if (options.host_cache_bytes == 0) {
+    return absl::InvalidArgumentError("--host-cache-bytes must be greater than 0");
+  }
+  if (options.gpu_pool_bytes == 0) {
+    return absl::InvalidArgumentError("--gpu-pool-bytes must be greater than 0");
+  }
+  return absl::OkStatus();
+}
+
+// Creates the state directory and holds an exclusive lock on it for the daemon's life, so two
+// daemons never share one. Returns the lock's file descriptor.
+absl::StatusOr<int> LockStateDir(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) return PosixError(absl::StrCat("creating --state-dir ", dir), error.value());
+  const std::string lock_path = absl::StrCat(dir, "/lock");
+  int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+  if (fd < 0) return PosixError(absl::StrCat("opening ", lock_path), errno);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int saved = errno;
+    ::close(fd);
+    if (saved == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--state-dir ", dir, " is in use by another tierd"));
+    }
+    return PosixError(absl::StrCat("locking ", lock_path), saved);
+  }
+  return fd;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& options) {
+  RETURN_IF_ERROR(ValidateOptions(options));
+  RETURN_IF_ERROR(PrepareSocketPath(options.socket_path));
+  ASSIGN_OR_RETURN(const int lock_fd, LockStateDir(options.state_dir));
+  absl::StatusOr<std::unique_ptr<Device>> device = CreateDevice(options.device);
+  if (!device.ok()) {
+    ::close(lock_fd);
+    return device.status();
+  }
+  TIERD_LOG(INFO) << "device " << (*device)->Describe() << ", host cache budget "
+                  << FormatByteSize(options.host_cache_bytes) << ", GPU pool budget "
+                  << FormatByteSize(options.gpu_pool_bytes);
+  std::unique_ptr<Daemon> daemon(new Daemon(options, *std::move(device), lock_fd));
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat("unix:", options.socket_path),
+                           grpc::InsecureServerCredentials());
+  daemon->server_ = builder.BuildAndStart();
+  if (daemon->server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.socket_path));
+  }
+  // Whoever may use the GPU through this daemon is in the socket's group; nobody else.
+  if (::chmod(options.socket_path.c_str(), 0660) != 0) {
+    return PosixError(absl::StrCat("chmod ", options.socket_path), errno);
+  }
+  daemon->server_->GetHealthCheckService()->SetServingStatus(true);
+  TIERD_LOG(INFO) << "serving on unix:" << options.socket_path;
+  return daemon;
+}
+
+Daemon::Daemon(DaemonOptions options, std::unique_ptr<Device> device, int state_lock_fd)
+    : options_(std::move(options)), device_(std::move(device)), state_lock_fd_(state_lock_fd) {}
+
+Daemon::~Daemon() {
+  Shutdown(absl::ZeroDuration());
+  server_.reset();
+  device_.reset();
+  ::close(state_lock_fd_);
+}
+
+void Daemon::Shutdown(absl::Duration grace) {
+  if (server_ == nullptr) return;
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  // grpc::Server::Shutdown is idempotent and thread-safe.
+  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
+  ::unlink(options_.socket_path.c_str());
+}
+
+}  // namespace tierd

@@ -1,0 +1,48 @@
+// The tierd daemon: owns the Device, the state directory and the gRPC server on the Unix socket.
+// Created by main() (or a test) from DaemonOptions; serves until Shutdown().
+#ifndef TIERD_SERVER_DAEMON_H_
+#define TIERD_SERVER_DAEMON_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "device/device.h"
+#include "server/daemon_options.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace tierd {
+
+class Daemon {
+ public:
+  // Validates `options`, takes the state directory's lock, creates the device and starts serving
+  // the standard health service (SERVING) and server reflection on the socket.
+  // Errors: INVALID_ARGUMENT for bad options (naming the option); FAILED_PRECONDITION when the
+  // socket or state directory is in use by another daemon; the device's errors.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Create(const DaemonOptions& options);
+  // Shuts down if still serving.
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Stops accepting calls, gives in-flight calls up to `grace` to finish, then cancels the rest.
+  // Idempotent; thread-safe.
+  void Shutdown(absl::Duration grace);
+
+  Device& device() { return *device_; }
+
+ private:
+  Daemon(DaemonOptions options, std::unique_ptr<Device> device, int state_lock_fd);
+
+  const DaemonOptions options_;
+  std::unique_ptr<Device> device_;
+  int state_lock_fd_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_SERVER_DAEMON_H_

@@ -1,0 +1,22 @@
+// What a Daemon is built from. Filled by tierd's main() from flags.
+#ifndef TIERD_SERVER_DAEMON_OPTIONS_H_
+#define TIERD_SERVER_DAEMON_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "device/device_factory.h"
+
+namespace tierd {
+
+struct DaemonOptions {
+  DeviceSpec device;             // --device
+  std::string socket_path;       // --socket: unix socket the gRPC server listens on
+  std::string state_dir;         // --state-dir: persistent state; one daemon per directory
+  uint64_t host_cache_bytes = 0;  // --host-cache-bytes: budget of the pinned host tier
+  uint64_t gpu_pool_bytes = 0;    // --gpu-pool-bytes: budget of the GPU staging tier
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_SERVER_DAEMON_OPTIONS_H_

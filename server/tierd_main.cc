@@ -1,0 +1,81 @@
+// tierd: the per-GPU tiered memory daemon. Parses flags, builds DaemonOptions, runs until SIGTERM
+// or SIGINT.
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
+#include "common/byte_size.h"
+#include "common/command_line.h"
+#include "common/log.h"
+#include "device/device_factory.h"
+#include "server/daemon.h"
+
+ABSL_FLAG(std::string, device, "auto", "auto, host or cuda:N; auto picks cuda:0 when a GPU is visible");
+ABSL_FLAG(std::string, socket, "/run/tierd/gpu0.sock", "Unix socket to serve gRPC on");
+ABSL_FLAG(std::string, state_dir, "/var/lib/tierd/gpu0", "Directory for persistent state");
+ABSL_FLAG(tierd::ByteSize, host_cache_bytes, tierd::ByteSize{4ull << 30},
+          "Budget of the pinned host cache, e.g. 64GiB");
+ABSL_FLAG(tierd::ByteSize, gpu_pool_bytes, tierd::ByteSize{2ull << 30},
+          "Budget of the GPU staging pool, e.g. 8GiB");
+ABSL_FLAG(int, v, 0, "Verbosity of debug logging (0 = off)");
+ABSL_FLAG(int, shutdown_grace_ms, 5000, "How long in-flight calls may finish after SIGTERM");
+
+namespace {
+
+constexpr int kExitBadUsage = 2;
+
+int Run() {
+  tierd::SetLogVerbosity(absl::GetFlag(FLAGS_v));
+  absl::StatusOr<tierd::DeviceSpec> device = tierd::ParseDeviceSpec(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    std::fprintf(stderr, "tierd: %s\n", std::string(device.status().message()).c_str());
+    return kExitBadUsage;
+  }
+  tierd::DaemonOptions options;
+  options.device = *device;
+  options.socket_path = absl::GetFlag(FLAGS_socket);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.host_cache_bytes = absl::GetFlag(FLAGS_host_cache_bytes).bytes;
+  options.gpu_pool_bytes = absl::GetFlag(FLAGS_gpu_pool_bytes).bytes;
+
+  // Signals are taken synchronously by this thread; every thread created after this inherits the
+  // mask, so none of them is interrupted.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  absl::StatusOr<std::unique_ptr<tierd::Daemon>> daemon = tierd::Daemon::Create(options);
+  if (!daemon.ok()) {
+    TIERD_LOG(ERROR) << "cannot start: " << daemon.status();
+    return daemon.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadUsage : 1;
+  }
+  int received = 0;
+  sigwait(&signals, &received);
+  TIERD_LOG(INFO) << "received " << (received == SIGTERM ? "SIGTERM" : "SIGINT")
+                  << ", shutting down";
+  (*daemon)->Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
+  daemon->reset();
+  TIERD_LOG(INFO) << "stopped";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "tierd --device=auto|host|cuda:N --socket=PATH --state-dir=DIR "
+      "--host-cache-bytes=N --gpu-pool-bytes=N\n"
+      "Flags may be spelled with dashes or underscores (--state-dir or --state_dir).");
+  std::vector<std::string> positional = tierd::ParseCommandLineWithDashes(argc, argv);
+  if (positional.size() > 1) {
+    std::fprintf(stderr, "tierd: unexpected argument '%s'\n", positional[1].c_str());
+    return kExitBadUsage;
+  }
+  return Run();
+}

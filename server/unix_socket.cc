@@ -1,0 +1,66 @@
+#include "server/unix_socket.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/posix_error.h"
+
+namespace tierd {
+namespace {
+
+// True when something accepts connections on `path`.
+bool SomeoneListens(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  struct sockaddr_un address = {};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  const bool connected =
+      ::connect(fd, reinterpret_cast<const struct sockaddr*>(&address), sizeof(address)) == 0;
+  ::close(fd);
+  return connected;
+}
+
+}  // namespace
+
+absl::Status PrepareSocketPath(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("--socket is empty");
+  if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' is longer than ",
+                                                   sizeof(sockaddr_un::sun_path) - 1, " bytes"));
+  }
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(parent, error);
+    if (error) return PosixError(absl::StrCat("creating ", parent.string()), error.value());
+  }
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return PosixError(absl::StrCat("stat ", path), errno);
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", path, "' exists and is not a socket; refusing to replace it"));
+  }
+  if (SomeoneListens(path)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("another server is already listening on ", path));
+  }
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return PosixError(absl::StrCat("removing stale socket ", path), errno);
+  }
+  TIERD_LOG(INFO) << "removed stale socket " << path;
+  return absl::OkStatus();
+}
+
+}  // namespace tierd
