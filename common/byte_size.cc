@@ -49,8 +49,8 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
       default:
         return bad();
     }
-    absl::string_view suffix = unit.substr(1);
-    if (shift != 0 && !(suffix.empty() || suffix == "B" || suffix == "iB")) return bad();
+    const std::string suffix = absl::AsciiStrToLower(unit.substr(1));
+    if (shift != 0 && !(suffix.empty() || suffix == "b" || suffix == "ib")) return bad();
     if (shift == 0 && !suffix.empty()) return bad();
   }
   if (number.find('.') == absl::string_view::npos) {

@@ -11,7 +11,7 @@
 namespace tierd {
 
 // Accepts a non-negative number with an optional unit K, M, G, T (each optionally followed by
-// "iB" or "B"); units are powers of 1024. Errors: INVALID_ARGUMENT for anything else or a value
+// "iB" or "B", in any case); units are powers of 1024. Errors: INVALID_ARGUMENT for anything else or a value
 // past 2^64.
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
 

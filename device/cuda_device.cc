@@ -275,14 +275,15 @@ absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal) {
     return absl::InvalidArgumentError(
         absl::StrCat("cuda:", ordinal, " does not exist; ", count, " GPU(s) visible"));
   }
-  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"));
-  // Host waits sleep instead of spinning a core. Only possible before the context exists; a process
-  // that already made one (a client embedding this) keeps its own setting.
-  const cudaError_t flags = cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
-  if (flags != cudaSuccess && flags != cudaErrorSetOnActiveProcess) {
-    return CudaStatus(flags, "cudaSetDeviceFlags");
+  // Host waits sleep instead of spinning a core. The flags can only be chosen while the primary
+  // context does not exist yet; a process that already made one (a client embedding this) keeps
+  // its own setting.
+  const cudaError_t init = cudaInitDevice(ordinal, cudaDeviceScheduleBlockingSync, 0);
+  if (init != cudaSuccess && init != cudaErrorSetOnActiveProcess) {
+    return CudaStatus(init, "cudaInitDevice");
   }
   (void)cudaGetLastError();
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"));
   RETURN_IF_ERROR(CudaStatus(cudaFree(nullptr), "creating the CUDA context"));
   cudaDeviceProp properties;
   RETURN_IF_ERROR(

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what building and testing tierd needs, from Debian 12's own archive. Idempotent: packages
+# already present are left alone and apt is not touched at all when nothing is missing.
+#
+# The CUDA backend additionally needs the CUDA Toolkit (nvcc under /usr/local/cuda), which is not in
+# Debian's archive; without it tierd builds with the host backend only.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
+  libabsl-dev liburing-dev libsystemd-dev libxxhash-dev
+  libgtest-dev libgmock-dev
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$package")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+else
+  sudo=()
+  if ((EUID != 0)); then
+    command -v sudo >/dev/null || { echo "install-deps: run as root (or install sudo)" >&2; exit 1; }
+    sudo=(sudo)
+  fi
+  echo "install-deps: installing ${missing[*]}"
+  "${sudo[@]}" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  echo "install-deps: CUDA Toolkit found: $(/usr/local/cuda/bin/nvcc --version | tail -n 2 | head -n 1)"
+else
+  echo "install-deps: no CUDA Toolkit under /usr/local/cuda; building the host backend only"
+fi

@@ -1,0 +1,156 @@
+// tierd and tierctl as separate processes on a real Unix socket.
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/test_support.h"
+
+namespace tierd {
+namespace {
+
+using ::tierd::testing::IsOk;
+using ::tierd::testing::IsOkAndHolds;
+using ::tierd::testing::RunProgram;
+using ::tierd::testing::SiblingBinary;
+using ::tierd::testing::Subprocess;
+using ::tierd::testing::TempDir;
+
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+
+class DaemonProcessTest : public ::testing::Test {
+ protected:
+  std::string socket_path() const { return absl::StrCat(dir_.path(), "/gpu0.sock"); }
+
+  std::vector<std::string> TierdArgs(const std::string& socket) const {
+    return {SiblingBinary("tierd"),          "--device=host",
+            absl::StrCat("--socket=", socket), absl::StrCat("--state-dir=", dir_.path(), "/state"),
+            "--host-cache-bytes=64MiB",      "--gpu-pool-bytes=32MiB"};
+  }
+
+  absl::StatusOr<testing::RunResult> Tierctl(const std::vector<std::string>& args) const {
+    std::vector<std::string> argv = {SiblingBinary("tierctl"),
+                                     absl::StrCat("--socket=", socket_path())};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunProgram(argv, kTimeout);
+  }
+
+  // Starts tierd and waits until `tierctl health` says SERVING.
+  std::unique_ptr<Subprocess> StartDaemon() {
+    auto daemon = Subprocess::Start(TierdArgs(socket_path()));
+    EXPECT_THAT(daemon, IsOk());
+    if (!daemon.ok()) return nullptr;
+    const absl::Time deadline = absl::Now() + kTimeout;
+    while (absl::Now() < deadline) {
+      auto health = Tierctl({"health"});
+      if (health.ok() && health->exit_code == 0) return *std::move(daemon);
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    ADD_FAILURE() << "tierd did not become healthy";
+    return nullptr;
+  }
+
+  TempDir dir_;
+};
+
+TEST_F(DaemonProcessTest, ServesHealthOnItsSocketAndStopsCleanlyOnSigterm) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  auto health = Tierctl({"health"});
+  ASSERT_THAT(health, IsOk());
+  EXPECT_EQ(health->exit_code, 0);
+  EXPECT_EQ(health->output, "SERVING\n");
+  // Only the owner and the socket's group may connect.
+  struct stat st;
+  ASSERT_EQ(::stat(socket_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+
+  daemon->Signal(SIGTERM);
+  EXPECT_THAT(daemon->Wait(kTimeout), IsOkAndHolds(0));
+  EXPECT_NE(::access(socket_path().c_str(), F_OK), 0) << "socket left behind";
+}
+
+TEST_F(DaemonProcessTest, SigintStopsItToo) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  daemon->Signal(SIGINT);
+  EXPECT_THAT(daemon->Wait(kTimeout), IsOkAndHolds(0));
+}
+
+TEST_F(DaemonProcessTest, HealthWithoutADaemonFailsWithUnavailable) {
+  auto health = Tierctl({"health"});
+  ASSERT_THAT(health, IsOk());
+  EXPECT_EQ(health->exit_code, 1);
+  // tierctl prints the status on stderr; stdout stays empty.
+  EXPECT_EQ(health->output, "");
+}
+
+TEST_F(DaemonProcessTest, SecondDaemonOnTheSameSocketIsRefused) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  auto second = RunProgram(TierdArgs(socket_path()), kTimeout);
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(second->exit_code, 1);
+  // The first one is unharmed.
+  auto health = Tierctl({"health"});
+  ASSERT_THAT(health, IsOk());
+  EXPECT_EQ(health->exit_code, 0);
+}
+
+TEST_F(DaemonProcessTest, SecondDaemonOnTheSameStateDirIsRefused) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  auto second = RunProgram(TierdArgs(absl::StrCat(dir_.path(), "/other.sock")), kTimeout);
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(second->exit_code, 1);
+}
+
+TEST_F(DaemonProcessTest, StaleSocketOfADeadDaemonIsReplaced) {
+  // A socket file nobody listens on, as a SIGKILLed daemon leaves behind.
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un address = {};
+  address.sun_family = AF_UNIX;
+  std::snprintf(address.sun_path, sizeof(address.sun_path), "%s", socket_path().c_str());
+  ASSERT_EQ(::bind(fd, reinterpret_cast<struct sockaddr*>(&address), sizeof(address)), 0);
+  ::close(fd);
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+}
+
+TEST_F(DaemonProcessTest, RegularFileAtTheSocketPathIsNeverDeleted) {
+  { std::ofstream(socket_path()) << "precious"; }
+  auto result = RunProgram(TierdArgs(socket_path()), kTimeout);
+  ASSERT_THAT(result, IsOk());
+  EXPECT_EQ(result->exit_code, 1);
+  std::ifstream in(socket_path());
+  std::string content;
+  in >> content;
+  EXPECT_EQ(content, "precious");
+}
+
+TEST_F(DaemonProcessTest, BadFlagsExitWithUsageError) {
+  std::vector<std::string> bad_device = TierdArgs(socket_path());
+  bad_device[1] = "--device=tpu:0";
+  auto result = RunProgram(bad_device, kTimeout);
+  ASSERT_THAT(result, IsOk());
+  EXPECT_EQ(result->exit_code, 2);
+
+  std::vector<std::string> zero_budget = TierdArgs(socket_path());
+  zero_budget[4] = "--host-cache-bytes=0";
+  result = RunProgram(zero_budget, kTimeout);
+  ASSERT_THAT(result, IsOk());
+  EXPECT_EQ(result->exit_code, 2);
+
+  auto unknown_command = Tierctl({"frobnicate"});
+  ASSERT_THAT(unknown_command, IsOk());
+  EXPECT_EQ(unknown_command->exit_code, 2);
+}
+
+}  // namespace
+}  // namespace tierd
