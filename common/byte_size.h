@@ -11,8 +11,8 @@
 namespace tierd {
 
 // Accepts a non-negative number with an optional unit K, M, G, T (each optionally followed by
-// "iB" or "B", in any case); units are powers of 1024. Errors: INVALID_ARGUMENT for anything else or a value
-// past 2^64.
+// "iB" or "B", in any case); units are powers of 1024. Errors: INVALID_ARGUMENT for anything else
+// or a value past 2^64.
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
 
 // "1.5 GiB", "512 MiB", "4096 B": the largest unit that keeps the number >= 1.

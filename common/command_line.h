@@ -1,4 +1,5 @@
-// Command-line parsing shared by tierd and tierctl: absl flags, with the dashed spelling people type
+// Command-line parsing shared by tierd and tierctl: absl flags, with the dashed spelling people
+// type
 // (--state-dir) accepted for absl's underscored names (--state_dir).
 #ifndef TIERD_COMMON_COMMAND_LINE_H_
 #define TIERD_COMMON_COMMAND_LINE_H_

@@ -40,11 +40,13 @@ class LogLine {
 }  // namespace tierd
 
 #define TIERD_LOG(level) ::tierd::LogLine(::tierd::LogLevel::k##level, __FILE__, __LINE__)
-#define TIERD_VLOG(n) \
-  if (::tierd::LogVerbosity() < (n)) {} else TIERD_LOG(INFO)
-#define TIERD_LOG_FIRST_N(level, n)                                                     \
+#define TIERD_VLOG(n)                  \
+  if (::tierd::LogVerbosity() < (n)) { \
+  } else                               \
+    TIERD_LOG(INFO)
+#define TIERD_LOG_FIRST_N(level, n)                                                        \
   if (static std::atomic<int> tierd_log_count_{0}; tierd_log_count_.fetch_add(1) >= (n)) { \
-  } else                                                                                \
+  } else                                                                                   \
     TIERD_LOG(level)
 
 #endif  // TIERD_COMMON_LOG_H_

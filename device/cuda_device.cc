@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "device/completion_thread.h"
@@ -24,11 +24,16 @@ constexpr char kEventHandleTag[] = "tierd-cuda-event:";
 class CudaSlab final : public Slab {
  public:
   CudaSlab(int ordinal, void* data, size_t size, std::string handle, bool imported)
-      : ordinal_(ordinal), data_(data), size_(size), handle_(std::move(handle)), imported_(imported) {}
+      : ordinal_(ordinal),
+        data_(data),
+        size_(size),
+        handle_(std::move(handle)),
+        imported_(imported) {}
   ~CudaSlab() override {
     cudaSetDevice(ordinal_);
-    absl::Status status = imported_ ? CudaStatus(cudaIpcCloseMemHandle(data_), "cudaIpcCloseMemHandle")
-                                    : CudaStatus(cudaFree(data_), "cudaFree");
+    absl::Status status = imported_
+                              ? CudaStatus(cudaIpcCloseMemHandle(data_), "cudaIpcCloseMemHandle")
+                              : CudaStatus(cudaFree(data_), "cudaFree");
     if (!status.ok()) TIERD_LOG(WARNING) << "releasing a slab: " << status;
   }
 
@@ -149,9 +154,9 @@ class CudaDevice final : public Device {
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override {
     RETURN_IF_ERROR(Activate());
     cudaEvent_t event;
-    RETURN_IF_ERROR(CudaStatus(
-        cudaEventCreateWithFlags(&event, cudaEventInterprocess | cudaEventDisableTiming),
-        "cudaEventCreateWithFlags"));
+    RETURN_IF_ERROR(
+        CudaStatus(cudaEventCreateWithFlags(&event, cudaEventInterprocess | cudaEventDisableTiming),
+                   "cudaEventCreateWithFlags"));
     cudaIpcEventHandle_t ipc;
     if (absl::Status s = CudaStatus(cudaIpcGetEventHandle(&ipc, event), "cudaIpcGetEventHandle");
         !s.ok()) {
@@ -213,9 +218,8 @@ class CudaDevice final : public Device {
   absl::Status NotifyWhenDone(Stream& stream, absl::AnyInvocable<void() &&> done) override {
     // The driver thread only hands the callback over; it runs on completions_, where it may call
     // CUDA.
-    return LaunchHostFunction(stream, [this, done = std::move(done)]() mutable {
-      completions_.Post(std::move(done));
-    });
+    return LaunchHostFunction(
+        stream, [this, done = std::move(done)]() mutable { completions_.Post(std::move(done)); });
   }
 
   absl::StatusOr<std::unique_ptr<Slab>> OpenSlab(absl::string_view handle) override {

@@ -9,11 +9,11 @@
 
 namespace tierd {
 
-// OK for cudaSuccess. Otherwise clears the runtime's last-error slot (so one failure is not reported
-// again by an unrelated later call) and returns a status whose code says what the caller should do:
-// RESOURCE_EXHAUSTED for allocation failures, INVALID_ARGUMENT for bad values or handles,
-// UNAVAILABLE when no usable GPU or driver is there, FAILED_PRECONDITION for registration state,
-// INTERNAL otherwise. The message names `what` and the CUDA error.
+// OK for cudaSuccess. Otherwise clears the runtime's last-error slot (so one failure is not
+// reported again by an unrelated later call) and returns a status whose code says what the caller
+// should do: RESOURCE_EXHAUSTED for allocation failures, INVALID_ARGUMENT for bad values or
+// handles, UNAVAILABLE when no usable GPU or driver is there, FAILED_PRECONDITION for registration
+// state, INTERNAL otherwise. The message names `what` and the CUDA error.
 absl::Status CudaStatus(cudaError_t error, absl::string_view what);
 
 }  // namespace tierd

@@ -1,9 +1,9 @@
 #include "device/device_factory.h"
 
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/log.h"
 #include "device/host_device.h"
 #ifdef TIERD_HAVE_CUDA

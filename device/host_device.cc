@@ -7,10 +7,10 @@
 #include <utility>
 
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "common/log.h"
 #include "device/host_stream.h"
 #include "device/shared_event.h"
@@ -40,7 +40,8 @@ class HostSlab final : public Slab {
 
 class HostEvent final : public Event {
  public:
-  HostEvent(std::shared_ptr<SharedMemory> table, size_t slot, absl::AnyInvocable<void() &&> on_destroy)
+  HostEvent(std::shared_ptr<SharedMemory> table, size_t slot,
+            absl::AnyInvocable<void() &&> on_destroy)
       : table_(std::move(table)),
         state_(static_cast<SharedEvent*>(table_->data()) + slot),
         handle_(absl::StrCat(kEventHandlePrefix, table_->name(), ":", slot)),
@@ -130,8 +131,7 @@ absl::StatusOr<std::unique_ptr<Event>> HostDevice::CreateEvent() {
   {
     absl::MutexLock lock(&mu_);
     if (free_event_slots_.empty()) {
-      const std::string name =
-          absl::StrCat(name_prefix_, "events.", event_tables_.size());
+      const std::string name = absl::StrCat(name_prefix_, "events.", event_tables_.size());
       auto created = SharedMemory::Create(name, kEventsPerTable * sizeof(SharedEvent));
       if (!created.ok()) return created.status();
       event_tables_.push_back(std::shared_ptr<SharedMemory>(*std::move(created)));
@@ -154,7 +154,8 @@ void HostDevice::ReleaseEventSlot(EventSlotRef ref) {
 
 absl::Status HostDevice::CopyAsync(Stream& stream, void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
-  if (dst == nullptr || src == nullptr) return absl::InvalidArgumentError("copy with a null pointer");
+  if (dst == nullptr || src == nullptr)
+    return absl::InvalidArgumentError("copy with a null pointer");
   AsHost(stream).Enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
   return absl::OkStatus();
 }
@@ -162,9 +163,8 @@ absl::Status HostDevice::CopyAsync(Stream& stream, void* dst, const void* src, s
 absl::Status HostDevice::RecordEvent(Event& event, Stream& stream) {
   HostEvent& host_event = AsHost(event);
   const uint64_t n = host_event.state()->BeginRecord();
-  AsHost(stream).Enqueue([table = host_event.table(), state = host_event.state(), n] {
-    state->Complete(n);
-  });
+  AsHost(stream).Enqueue(
+      [table = host_event.table(), state = host_event.state(), n] { state->Complete(n); });
   return absl::OkStatus();
 }
 
@@ -242,8 +242,8 @@ absl::StatusOr<std::unique_ptr<Event>> HostDevice::OpenEvent(absl::string_view h
       !absl::SimpleAtoi(handle.substr(colon + 1), &slot) || slot >= kEventsPerTable) {
     return absl::InvalidArgumentError("not a host event handle");
   }
-  const absl::string_view name = handle.substr(std::strlen(kEventHandlePrefix),
-                                               colon - std::strlen(kEventHandlePrefix));
+  const absl::string_view name =
+      handle.substr(std::strlen(kEventHandlePrefix), colon - std::strlen(kEventHandlePrefix));
   if (!IsTierdObjectName(name)) return absl::InvalidArgumentError("not a host event handle");
   auto table = MapEventTable(std::string(name));
   if (!table.ok()) return table.status();

@@ -19,8 +19,8 @@
 namespace tierd {
 
 struct alignas(64) SharedEvent {
-  std::atomic<uint64_t> recorded;   // number of the most recent record
-  std::atomic<uint64_t> completed;  // highest record number whose work has completed
+  std::atomic<uint64_t> recorded;    // number of the most recent record
+  std::atomic<uint64_t> completed;   // highest record number whose work has completed
   std::atomic<uint32_t> wake_count;  // futex word: bumped on every completion
   std::atomic<uint32_t> sleepers;    // waiters inside futex_wait, to skip needless wakes
 

@@ -18,7 +18,8 @@ class SharedMemory {
   // Creates `name` (a single path component starting with '/') with `bytes` of storage reserved
   // up front, so running out of /dev/shm is RESOURCE_EXHAUSTED here rather than SIGBUS on first
   // touch. Contents are zero. Errors: ALREADY_EXISTS, RESOURCE_EXHAUSTED, INVALID_ARGUMENT.
-  static absl::StatusOr<std::unique_ptr<SharedMemory>> Create(const std::string& name, size_t bytes);
+  static absl::StatusOr<std::unique_ptr<SharedMemory>> Create(const std::string& name,
+                                                              size_t bytes);
   // Maps an existing object read-write. Errors: NOT_FOUND, PERMISSION_DENIED.
   static absl::StatusOr<std::unique_ptr<SharedMemory>> Open(const std::string& name);
 

@@ -13,7 +13,8 @@
 #include "device/device_factory.h"
 #include "server/daemon.h"
 
-ABSL_FLAG(std::string, device, "auto", "auto, host or cuda:N; auto picks cuda:0 when a GPU is visible");
+ABSL_FLAG(std::string, device, "auto",
+          "auto, host or cuda:N; auto picks cuda:0 when a GPU is visible");
 ABSL_FLAG(std::string, socket, "/run/tierd/gpu0.sock", "Unix socket to serve gRPC on");
 ABSL_FLAG(std::string, state_dir, "/var/lib/tierd/gpu0", "Directory for persistent state");
 ABSL_FLAG(tierd::ByteSize, host_cache_bytes, tierd::ByteSize{4ull << 30},

@@ -45,11 +45,10 @@ TEST(CrossProcessSlabEventTest, PeerProcessReadsOwnerWritesAndOwnerReadsPeerWrit
   ASSERT_THAT(dev.CopyAsync(**stream, (*slab)->data(), (*buffer)->data(), kBytes), IsOk());
   ASSERT_THAT(dev.RecordEvent(**event, **stream), IsOk());
 
-  auto peer = Subprocess::Start({SiblingBinary("cross_process_peer"),
-                                 testing::DeviceUnderTest().ToString(),
-                                 absl::BytesToHexString((*slab)->handle()),
-                                 absl::BytesToHexString((*event)->handle()),
-                                 absl::StrCat(kBytes), absl::StrCat(kSeed)});
+  auto peer = Subprocess::Start(
+      {SiblingBinary("cross_process_peer"), testing::DeviceUnderTest().ToString(),
+       absl::BytesToHexString((*slab)->handle()), absl::BytesToHexString((*event)->handle()),
+       absl::StrCat(kBytes), absl::StrCat(kSeed)});
   ASSERT_THAT(peer, IsOk());
   EXPECT_THAT((*peer)->ReadLine(kTimeout),
               testing::IsOkAndHolds(absl::StrCat("verified ", kBytes)));

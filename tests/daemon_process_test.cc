@@ -29,9 +29,12 @@ class DaemonProcessTest : public ::testing::Test {
   std::string socket_path() const { return absl::StrCat(dir_.path(), "/gpu0.sock"); }
 
   std::vector<std::string> TierdArgs(const std::string& socket) const {
-    return {SiblingBinary("tierd"),          "--device=host",
-            absl::StrCat("--socket=", socket), absl::StrCat("--state-dir=", dir_.path(), "/state"),
-            "--host-cache-bytes=64MiB",      "--gpu-pool-bytes=32MiB"};
+    return {SiblingBinary("tierd"),
+            "--device=host",
+            absl::StrCat("--socket=", socket),
+            absl::StrCat("--state-dir=", dir_.path(), "/state"),
+            "--host-cache-bytes=64MiB",
+            "--gpu-pool-bytes=32MiB"};
   }
 
   absl::StatusOr<testing::RunResult> Tierctl(const std::vector<std::string>& args) const {

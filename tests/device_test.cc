@@ -1,10 +1,11 @@
 // The owner side of the Device contract, run against each backend (host in CI; CUDA on a GPU).
+#include "device/device.h"
+
 #include <atomic>
 #include <cstring>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
-#include "device/device.h"
 #include "device/pinned_host_buffer.h"
 #include "gtest/gtest.h"
 #include "tests/test_support.h"
@@ -143,16 +144,18 @@ TEST_F(DeviceTest, NotifyWhenDoneRunsAfterEarlierWorkWithoutHoldingUpLaterWork) 
   Event* marker_event = marker->get();
   Device* device = device_.get();
   void* result_data = result->data();
-  ASSERT_THAT(device_->NotifyWhenDone(*stream_, [seen, device, marker_event, result_data] {
-    seen->mismatch = FirstPatternMismatch(result_data, kBytes, 7);
-    // Callbacks may call into the device.
-    seen->query_ok = device->QueryEvent(*marker_event).ok();
-    // Everything but `seen` is left alone from here on, so the test may end.
-    seen->callback_ran.Notify();
-    // Block until the work enqueued after us has finished: if callbacks held up the stream, this
-    // would never happen.
-    seen->later_work_done.WaitForNotificationWithTimeout(absl::Seconds(30));
-  }),
+  ASSERT_THAT(device_->NotifyWhenDone(
+                  *stream_,
+                  [seen, device, marker_event, result_data] {
+                    seen->mismatch = FirstPatternMismatch(result_data, kBytes, 7);
+                    // Callbacks may call into the device.
+                    seen->query_ok = device->QueryEvent(*marker_event).ok();
+                    // Everything but `seen` is left alone from here on, so the test may end.
+                    seen->callback_ran.Notify();
+                    // Block until the work enqueued after us has finished: if callbacks held up the
+                    // stream, this would never happen.
+                    seen->later_work_done.WaitForNotificationWithTimeout(absl::Seconds(30));
+                  }),
               IsOk());
   ASSERT_THAT(device_->RecordEvent(**marker, *stream_), IsOk());
   ASSERT_THAT(device_->SynchronizeEvent(**marker), IsOk());
@@ -166,10 +169,11 @@ TEST_F(DeviceTest, HostFunctionsRunInStreamOrder) {
   std::vector<int> order;
   absl::Mutex mu;
   for (int i = 0; i < 20; ++i) {
-    ASSERT_THAT(device_->LaunchHostFunction(*stream_, [&, i] {
-      absl::MutexLock lock(&mu);
-      order.push_back(i);
-    }),
+    ASSERT_THAT(device_->LaunchHostFunction(*stream_,
+                                            [&, i] {
+                                              absl::MutexLock lock(&mu);
+                                              order.push_back(i);
+                                            }),
                 IsOk());
   }
   ASSERT_THAT(device_->SynchronizeStream(*stream_), IsOk());

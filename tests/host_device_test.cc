@@ -1,13 +1,14 @@
 // Behaviour specific to HostDevice: its shared memory housekeeping and robustness.
+#include "device/host_device.h"
+
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "device/host_device.h"
 #include "device/shared_memory.h"
 #include "gtest/gtest.h"
 #include "tests/test_support.h"
@@ -83,9 +84,7 @@ TEST(HostDeviceTest, DestroyingAStreamAbandonsAWaitThatCanNeverComplete) {
   // The record on `stuck` stays pending until `release` fires, like an event recorded by a client
   // process that then died.
   auto release = std::make_shared<absl::Notification>();
-  ASSERT_THAT((*device)->LaunchHostFunction(**stuck, [release] {
-    release->WaitForNotification();
-  }),
+  ASSERT_THAT((*device)->LaunchHostFunction(**stuck, [release] { release->WaitForNotification(); }),
               IsOk());
   ASSERT_THAT((*device)->RecordEvent(**event, **stuck), IsOk());
   ASSERT_THAT((*device)->WaitEvent(**waiter, **event), IsOk());

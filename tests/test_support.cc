@@ -92,7 +92,8 @@ absl::StatusOr<std::string> Subprocess::ReadLine(absl::Duration timeout) {
     char chunk[4096];
     const ssize_t n = ::read(stdout_fd_, chunk, sizeof(chunk));
     if (n < 0 && errno != EINTR) return PosixError("read", errno);
-    if (n == 0) return absl::OutOfRangeError(absl::StrCat("child closed stdout; rest '", buffered_, "'"));
+    if (n == 0)
+      return absl::OutOfRangeError(absl::StrCat("child closed stdout; rest '", buffered_, "'"));
     if (n > 0) buffered_.append(chunk, static_cast<size_t>(n));
   }
 }
@@ -148,8 +149,7 @@ absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
   }
 }
 
-absl::StatusOr<RunResult> RunProgram(const std::vector<std::string>& argv,
-                                     absl::Duration timeout) {
+absl::StatusOr<RunResult> RunProgram(const std::vector<std::string>& argv, absl::Duration timeout) {
   absl::StatusOr<std::unique_ptr<Subprocess>> child = Subprocess::Start(argv);
   if (!child.ok()) return child.status();
   (*child)->CloseStdin();
@@ -193,7 +193,8 @@ int64_t FirstPatternMismatch(const void* data, size_t bytes, uint64_t seed) {
     const size_t n = std::min<size_t>(8, bytes - i);
     if (std::memcmp(in + i, &word, n) != 0) {
       for (size_t j = 0; j < n; ++j) {
-        if (in[i + j] != reinterpret_cast<const uint8_t*>(&word)[j]) return static_cast<int64_t>(i + j);
+        if (in[i + j] != reinterpret_cast<const uint8_t*>(&word)[j])
+          return static_cast<int64_t>(i + j);
       }
     }
   }

@@ -92,7 +92,8 @@ class Subprocess {
   absl::StatusOr<int> Wait(absl::Duration timeout);
 
  private:
-  Subprocess(pid_t pid, int stdin_fd, int stdout_fd) : pid_(pid), stdin_fd_(stdin_fd), stdout_fd_(stdout_fd) {}
+  Subprocess(pid_t pid, int stdin_fd, int stdout_fd)
+      : pid_(pid), stdin_fd_(stdin_fd), stdout_fd_(stdout_fd) {}
   pid_t pid_;
   int stdin_fd_;
   int stdout_fd_;
