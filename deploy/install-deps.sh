@@ -9,7 +9,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
-  libabsl-dev liburing-dev libsystemd-dev libxxhash-dev
+  libabsl-dev liburing-dev libsystemd-dev libxxhash-dev libre2-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev
 )
 

@@ -1,0 +1,191 @@
+// The catalog: which models are registered, what objects each consists of, where each object's
+// bytes are on disk, and the checksum each object had when first read.
+//
+// A model is registered from a directory of .safetensors files (with or without
+// model.safetensors.index.json). Its tensors are grouped into objects per tensor, per block
+// ("…blocks.N.", "…layers.N.", "…h.N.") or per phase ("…blocks.N.attn", "…blocks.N.ffn", …). An
+// object is one contiguous byte range in memory plus the index of the tensors inside it; tensors
+// that are not contiguous in the files are gathered: the object lists the file extents to read and
+// where each lands inside the object.
+//
+// Keys are "MODEL/OBJECT"; with per-tensor grouping the object name is the tensor name
+// ("m/blocks.3.ffn.up.weight"). Registered models are persisted under the state directory, one
+// file per model written atomically, and come back when the catalog is opened again.
+//
+// Thread-safe: every method may be called from any thread.
+#ifndef TIERD_STORAGE_CATALOG_H_
+#define TIERD_STORAGE_CATALOG_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "storage/dtype.h"
+
+namespace tierd {
+
+enum class Grouping { kTensor, kBlock, kPhase };
+
+// "tensor", "block", "phase" ↔ Grouping.
+std::optional<Grouping> ParseGrouping(absl::string_view name);
+const char* GroupingName(Grouping grouping);
+
+// How tensor names map to blocks and phases. Patterns are RE2 regular expressions.
+struct GroupingRules {
+  // Each pattern must have exactly one capture group: the block prefix to use as the object name.
+  // The first pattern that finds a match in a tensor name (RE2::PartialMatch) wins. Default:
+  // "^(.*?(?:blocks|layers|h)\.\d+)\." — so "model.layers.3.mlp.up.weight" is in block
+  // "model.layers.3". Tensors in no block form objects of their own, named by the tensor.
+  std::vector<std::string> block_patterns;
+  // (phase name, pattern) pairs matched, in order, against the rest of a block tensor's name after
+  // "<block prefix>."; the first match names the phase ("<block prefix>.<phase>"). A block tensor
+  // matching none is in phase "other". Defaults cover cross_attn, attn, ffn and norm in common
+  // layouts.
+  std::vector<std::pair<std::string, std::string>> phase_patterns;
+
+  static GroupingRules Defaults();
+};
+
+// One tensor inside an object.
+struct TensorPlacement {
+  std::string name;  // the tensor's full name in the safetensors files
+  DType dtype = DType::kU8;
+  std::vector<uint64_t> shape;
+  uint64_t offset = 0;  // byte offset inside the object
+  uint64_t size = 0;    // bytes
+};
+
+// Bytes [file_offset, file_offset + length) of files[file] land at object_offset in the object.
+struct Extent {
+  uint32_t file = 0;
+  uint64_t file_offset = 0;
+  uint64_t length = 0;
+  uint64_t object_offset = 0;
+};
+
+struct ObjectInfo {
+  std::string name;  // within the model
+  uint64_t size = 0;
+  std::vector<TensorPlacement> tensors;  // in object order
+  std::vector<Extent> extents;           // sorted by (file, file_offset); adjacent ones merged
+};
+
+struct ModelFile {
+  std::string path;  // absolute
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;  // as when registered: a changed file makes reads fail, not lie
+};
+
+struct ModelInfo {
+  std::string name;
+  std::string directory;  // absolute
+  Grouping grouping = Grouping::kBlock;
+  std::vector<ModelFile> files;
+  std::vector<ObjectInfo> objects;  // sorted by name
+  uint64_t total_bytes = 0;         // sum of object sizes
+};
+
+struct ModelSummary {
+  std::string name;
+  std::string directory;
+  Grouping grouping;
+  size_t files = 0;
+  size_t objects = 0;
+  size_t tensors = 0;
+  uint64_t total_bytes = 0;
+  // Non-empty when a file changed since registration: why its objects cannot be read.
+  std::string stale;
+};
+
+// Progress of a registration, reported after each file's header is parsed.
+struct RegistrationProgress {
+  size_t files_done = 0;
+  size_t files_total = 0;
+  std::string current_file;
+};
+
+// An object looked up by key; keeps its model's description alive.
+struct ObjectRef {
+  std::shared_ptr<const ModelInfo> model;
+  const ObjectInfo* object = nullptr;
+  std::string key;  // "MODEL/OBJECT"
+};
+
+// Splits "MODEL/OBJECT" at the first '/'. INVALID_ARGUMENT when either side is empty or the model
+// name is not valid.
+absl::StatusOr<std::pair<std::string, std::string>> SplitObjectKey(absl::string_view key);
+// Model names: 1–128 characters of [A-Za-z0-9._-], not starting with '.'.
+absl::Status ValidateModelName(absl::string_view name);
+
+class Catalog {
+ public:
+  // Opens (creating if needed) the catalog persisted under `state_dir`/catalog and loads every
+  // model in it. A model file that cannot be parsed is set aside (renamed *.corrupt) with a
+  // logged error rather than failing the daemon.
+  static absl::StatusOr<std::unique_ptr<Catalog>> Open(const std::string& state_dir);
+  ~Catalog();  // flushes pending checksums
+  Catalog(const Catalog&) = delete;
+  Catalog& operator=(const Catalog&) = delete;
+
+  // Registers every .safetensors file in `directory` as model `name`. When
+  // model.safetensors.index.json is present, exactly the files its weight_map names are used and
+  // every tensor must be in the file the index says. All or nothing: on error nothing is
+  // registered. Errors: INVALID_ARGUMENT (bad name, bad rules, malformed header or index — naming
+  // file and tensor), DATA_LOSS (truncated file), NOT_FOUND (no directory or no .safetensors in
+  // it), ALREADY_EXISTS (name taken), UNAVAILABLE (a file changed while it was read: retry), and
+  // I/O errors.
+  absl::StatusOr<ModelSummary> RegisterModel(
+      const std::string& name, const std::string& directory, Grouping grouping,
+      const GroupingRules& rules,
+      const std::function<void(const RegistrationProgress&)>& progress = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Forgets model `name` and deletes its persisted file. NOT_FOUND when unknown.
+  absl::Status DropModel(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
+
+  std::vector<ModelSummary> ListModels() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::shared_ptr<const ModelInfo>> GetModel(const std::string& name) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Errors: INVALID_ARGUMENT for a malformed key, NOT_FOUND for an unknown model or object,
+  // FAILED_PRECONDITION when the model's files changed since registration (drop and register it
+  // again).
+  absl::StatusOr<ObjectRef> Lookup(absl::string_view key) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The checksum recorded at the object's first read, if any.
+  std::optional<uint64_t> Checksum(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Records an object's checksum (first read). Persisted within about a second, and on
+  // destruction. No-op for a key whose model or object is gone.
+  void RecordChecksum(const std::string& key, uint64_t checksum) ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes pending checksums now.
+  absl::Status Flush() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct ModelEntry;
+  explicit Catalog(std::string directory);
+  void FlushLoop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const std::string directory_;  // <state_dir>/catalog
+  // Held while a model's file is written or deleted, and across the check-and-insert of a
+  // registration, so that a flush never brings back a dropped model's file and two registrations
+  // of one name never both write it. Slow (fsync) work happens under it, never under mu_.
+  absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<ModelEntry>> models_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<std::thread> flusher_;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_STORAGE_CATALOG_H_

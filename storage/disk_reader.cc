@@ -1,0 +1,487 @@
+#include "storage/disk_reader.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/posix_error.h"
+
+namespace tierd {
+namespace {
+
+// O_DIRECT needs offsets, lengths and buffers aligned to the device's logical block size; 4 KiB is
+// a multiple of every common one.
+constexpr uint64_t kAlignment = 4096;
+
+uint64_t AlignDown(uint64_t value) { return value / kAlignment * kAlignment; }
+uint64_t AlignUp(uint64_t value) { return AlignDown(value + kAlignment - 1); }
+
+}  // namespace
+
+struct DiskReader::File {
+  std::string path;
+  int direct_fd = -1;  // -1 when O_DIRECT could not be opened
+  int buffered_fd = -1;
+  // False once O_DIRECT reads of this file have failed; the descriptor stays open for reads that
+  // are still in flight on it.
+  std::atomic<bool> use_direct{false};
+
+  ~File() {
+    if (direct_fd >= 0) ::close(direct_fd);
+    if (buffered_fd >= 0) ::close(buffered_fd);
+  }
+};
+
+struct DiskReader::Request {
+  RequestId id = 0;
+  ReadPriority priority = ReadPriority::kPrefetch;
+  absl::Time deadline;
+  uint64_t sequence = 0;
+  std::vector<ReadTarget> targets;
+  absl::AnyInvocable<void(absl::Status) &&> done;
+  // Where the next chunk starts: targets[next_target], aligned file offset next_offset.
+  size_t next_target = 0;
+  uint64_t next_offset = 0;
+  bool issued_all = false;
+  bool started = false;
+  int outstanding = 0;
+  absl::Status status;
+
+  // Skips empty targets; sets issued_all when none is left.
+  void SettleCursor() {
+    while (next_target < targets.size() && targets[next_target].length == 0) ++next_target;
+    if (next_target == targets.size()) {
+      issued_all = true;
+    } else if (next_offset < AlignDown(targets[next_target].offset)) {
+      next_offset = AlignDown(targets[next_target].offset);
+    }
+  }
+};
+
+struct DiskReader::Chunk {
+  Request* request = nullptr;
+  const ReadTarget* target = nullptr;
+  uint64_t aligned_offset = 0;  // file offset of the first byte read
+  uint64_t length = 0;          // bytes to read (aligned)
+  uint64_t read = 0;            // bytes read so far
+};
+
+bool DiskReader::QueueOrder::operator()(const Request* a, const Request* b) const {
+  if (a->priority != b->priority) return a->priority < b->priority;
+  if (a->deadline != b->deadline) return a->deadline < b->deadline;
+  return a->sequence < b->sequence;
+}
+
+namespace {
+
+// Copies the wanted part of a chunk from its bounce buffer to the target. DATA_LOSS when the file
+// ended before the wanted bytes (it changed since the ranges were computed).
+absl::Status DeliverChunk(const DiskReader::Chunk& chunk, const uint8_t* bounce);
+
+}  // namespace
+
+// One reader thread: a ring (or plain pread) and its bounce buffers.
+class DiskReader::Worker {
+ public:
+  Worker(DiskReader* reader, bool use_uring) : reader_(reader), use_uring_(use_uring) {}
+  ~Worker() {
+    if (thread_.joinable()) thread_.join();
+    if (ring_ready_) io_uring_queue_exit(&ring_);
+    std::free(bounce_);
+  }
+
+  absl::Status Init() {
+    const uint64_t chunk = reader_->options_.chunk_bytes;
+    const int depth = use_uring_ ? reader_->options_.queue_depth : 1;
+    bounce_ = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, chunk * depth));
+    if (bounce_ == nullptr) return absl::ResourceExhaustedError("allocating read buffers");
+    slots_.resize(depth);
+    for (int i = depth - 1; i >= 0; --i) free_slots_.push_back(i);
+    if (!use_uring_) return absl::OkStatus();
+    if (int rc = io_uring_queue_init(depth, &ring_, 0); rc < 0) {
+      return PosixError("io_uring_queue_init", -rc);
+    }
+    ring_ready_ = true;
+    std::vector<struct iovec> buffers(depth);
+    for (int i = 0; i < depth; ++i) buffers[i] = {bounce_ + i * chunk, chunk};
+    if (int rc = io_uring_register_buffers(&ring_, buffers.data(), depth); rc < 0) {
+      TIERD_LOG_FIRST_N(WARNING, 1)
+          << "io_uring cannot register read buffers (" << std::strerror(-rc)
+          << "; raise the memlock limit): reading without fixed buffers";
+    } else {
+      fixed_buffers_ = true;
+    }
+    return absl::OkStatus();
+  }
+
+  void Start() {
+    thread_ = std::thread([this] { use_uring_ ? RunUring() : RunPread(); });
+  }
+
+ private:
+  struct Slot {
+    Chunk chunk;
+    File* file = nullptr;
+    bool direct = false;
+  };
+
+  uint8_t* BounceOf(int slot) const { return bounce_ + slot * reader_->options_.chunk_bytes; }
+
+  // Takes a chunk and opens its file; false when there is no chunk.
+  bool TakeChunk(bool wait, int slot) {
+    for (;;) {
+      Chunk chunk;
+      if (!reader_->NextChunk(wait, &chunk)) return false;
+      absl::StatusOr<File*> file = reader_->OpenFile(chunk.target->path);
+      if (!file.ok()) {
+        reader_->FinishChunk(chunk, file.status());
+        continue;
+      }
+      slots_[slot] = Slot{chunk, *file, (*file)->use_direct.load()};
+      return true;
+    }
+  }
+
+  // Decides what a read result means for `slot`: true when the chunk is finished (delivered or
+  // failed), false when the rest must be read (the slot's progress is updated).
+  bool HandleResult(int slot, ssize_t result) {
+    Slot& s = slots_[slot];
+    if (result == -EINTR || result == -EAGAIN) return false;
+    if (result == -EINVAL && s.direct) {
+      // The filesystem took O_DIRECT at open but refuses it for reads (overlayfs, some FUSE).
+      reader_->UseBuffered(s.file, EINVAL);
+      s.direct = false;
+      return false;
+    }
+    if (result < 0) {
+      reader_->FinishChunk(s.chunk, PosixError(absl::StrCat("reading ", s.file->path), -result));
+      return true;
+    }
+    reader_->NoteBytesRead(static_cast<uint64_t>(result));
+    s.chunk.read += static_cast<uint64_t>(result);
+    // A read that stops short of a block boundary has reached the end of the file.
+    const bool end_of_file = result == 0 || (s.direct && result % kAlignment != 0);
+    if (s.chunk.read < s.chunk.length && !end_of_file) return false;
+    reader_->FinishChunk(s.chunk, DeliverChunk(s.chunk, BounceOf(slot)));
+    return true;
+  }
+
+  void PrepareRead(int slot) {
+    Slot& s = slots_[slot];
+    struct io_uring_sqe* sqe = io_uring_get_sqe(&ring_);  // never null: at most depth in flight
+    const int fd = s.direct ? s.file->direct_fd : s.file->buffered_fd;
+    uint8_t* buffer = BounceOf(slot) + s.chunk.read;
+    const unsigned length = static_cast<unsigned>(s.chunk.length - s.chunk.read);
+    const uint64_t offset = s.chunk.aligned_offset + s.chunk.read;
+    if (fixed_buffers_) {
+      io_uring_prep_read_fixed(sqe, fd, buffer, length, offset, slot);
+    } else {
+      io_uring_prep_read(sqe, fd, buffer, length, offset);
+    }
+    io_uring_sqe_set_data64(sqe, static_cast<uint64_t>(slot));
+  }
+
+  void RunUring() {
+    int in_flight = 0;
+    for (;;) {
+      while (!free_slots_.empty()) {
+        const int slot = free_slots_.back();
+        if (!TakeChunk(/*wait=*/in_flight == 0, slot)) break;
+        free_slots_.pop_back();
+        PrepareRead(slot);
+        ++in_flight;
+      }
+      if (in_flight == 0) return;  // nothing in flight and nothing to take: stopping
+      int rc = io_uring_submit_and_wait(&ring_, 1);
+      if (rc < 0 && rc != -EINTR && rc != -EBUSY) {
+        TIERD_LOG(ERROR) << "io_uring_submit_and_wait: " << std::strerror(-rc);
+      }
+      struct io_uring_cqe* cqe;
+      while (io_uring_peek_cqe(&ring_, &cqe) == 0) {
+        const int slot = static_cast<int>(io_uring_cqe_get_data64(cqe));
+        const int result = cqe->res;
+        io_uring_cqe_seen(&ring_, cqe);
+        if (HandleResult(slot, result)) {
+          free_slots_.push_back(slot);
+          --in_flight;
+        } else {
+          PrepareRead(slot);
+        }
+      }
+    }
+  }
+
+  void RunPread() {
+    while (TakeChunk(/*wait=*/true, 0)) {
+      for (;;) {
+        Slot& s = slots_[0];
+        const int fd = s.direct ? s.file->direct_fd : s.file->buffered_fd;
+        const ssize_t n = ::pread(fd, BounceOf(0) + s.chunk.read, s.chunk.length - s.chunk.read,
+                                  static_cast<off_t>(s.chunk.aligned_offset + s.chunk.read));
+        if (HandleResult(0, n < 0 ? -errno : n)) break;
+      }
+    }
+  }
+
+  DiskReader* const reader_;
+  const bool use_uring_;
+  struct io_uring ring_;
+  bool ring_ready_ = false;
+  bool fixed_buffers_ = false;
+  uint8_t* bounce_ = nullptr;
+  std::vector<Slot> slots_;
+  std::vector<int> free_slots_;
+  std::thread thread_;
+};
+
+namespace {
+
+absl::Status DeliverChunk(const DiskReader::Chunk& chunk, const uint8_t* bounce) {
+  const ReadTarget& target = *chunk.target;
+  const uint64_t want_begin = std::max(target.offset, chunk.aligned_offset);
+  const uint64_t want_end =
+      std::min(target.offset + target.length, chunk.aligned_offset + chunk.length);
+  if (chunk.aligned_offset + chunk.read < want_end) {
+    return absl::DataLossError(absl::StrCat(target.path, " ends at byte ",
+                                            chunk.aligned_offset + chunk.read, " but bytes up to ",
+                                            want_end, " were expected; was it changed?"));
+  }
+  std::memcpy(target.destination + (want_begin - target.offset),
+              bounce + (want_begin - chunk.aligned_offset), want_end - want_begin);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DiskReader>> DiskReader::Create(const DiskReaderOptions& options) {
+  if (options.threads < 1 || options.queue_depth < 1 || options.queue_depth > 4096 ||
+      options.chunk_bytes == 0 || options.chunk_bytes % kAlignment != 0 ||
+      options.chunk_bytes > (1ull << 30)) {
+    return absl::InvalidArgumentError(
+        "disk reader: threads >= 1, queue depth 1..4096 and chunk size a multiple of 4 KiB up to "
+        "1 GiB are required");
+  }
+  std::unique_ptr<DiskReader> reader(new DiskReader(options));
+  bool use_uring = options.engine != IoEngine::kPread;
+  for (int i = 0; i < options.threads; ++i) {
+    auto worker = std::make_unique<Worker>(reader.get(), use_uring);
+    absl::Status status = worker->Init();
+    if (!status.ok() && use_uring && options.engine == IoEngine::kAuto &&
+        status.code() != absl::StatusCode::kResourceExhausted) {
+      TIERD_LOG(WARNING) << "io_uring is unavailable (" << status.message()
+                         << "): reading with pread";
+      use_uring = false;
+      worker = std::make_unique<Worker>(reader.get(), use_uring);
+      status = worker->Init();
+    }
+    if (!status.ok()) {
+      if (options.engine == IoEngine::kIoUring) return absl::UnavailableError(status.message());
+      return status;
+    }
+    reader->workers_.push_back(std::move(worker));
+  }
+  reader->engine_ = use_uring ? IoEngine::kIoUring : IoEngine::kPread;
+  {
+    absl::MutexLock lock(&reader->mu_);
+    reader->stats_.engine = reader->engine_;
+  }
+  for (auto& worker : reader->workers_) worker->Start();
+  return reader;
+}
+
+DiskReader::DiskReader(const DiskReaderOptions& options) : options_(options) {}
+
+DiskReader::~DiskReader() {
+  std::vector<Request*> unstarted;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (Request* request : queue_) {
+      request->issued_all = true;
+      if (request->status.ok()) request->status = absl::UnavailableError("disk reader stopped");
+      if (request->outstanding == 0) {
+        live_.erase(request->id);
+        unstarted.push_back(request);
+      }
+    }
+    queue_.clear();
+  }
+  for (Request* request : unstarted) {
+    std::move(request->done)(request->status);
+    delete request;
+  }
+  workers_.clear();  // joins: in-flight chunks finish and complete their requests
+}
+
+DiskReader::RequestId DiskReader::Submit(ReadRequest request) {
+  auto r = std::make_unique<Request>();
+  r->priority = request.priority;
+  r->deadline = request.deadline;
+  r->targets = std::move(request.targets);
+  r->done = std::move(request.done);
+  r->SettleCursor();
+  absl::Status answer_now;
+  {
+    absl::MutexLock lock(&mu_);
+    r->id = next_id_++;
+    r->sequence = next_sequence_++;
+    if (stopping_) {
+      answer_now = absl::UnavailableError("disk reader stopped");
+    } else if (!r->issued_all) {
+      live_[r->id] = r.get();
+      queue_.insert(r.get());
+      return r.release()->id;
+    }
+  }
+  // Nothing to read, or no one left to read it.
+  std::move(r->done)(answer_now);
+  return r->id;
+}
+
+bool DiskReader::Cancel(RequestId id) {
+  Request* request = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = live_.find(id);
+    if (it == live_.end() || it->second->started) return false;
+    request = it->second;
+    live_.erase(it);
+    queue_.erase(request);
+    ++stats_.requests_cancelled;
+  }
+  std::move(request->done)(absl::CancelledError("read cancelled"));
+  delete request;
+  return true;
+}
+
+bool DiskReader::Reprioritize(RequestId id, ReadPriority priority, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto it = live_.find(id);
+  if (it == live_.end() || it->second->issued_all) return false;
+  Request* request = it->second;
+  queue_.erase(request);
+  request->priority = priority;
+  request->deadline = deadline;
+  queue_.insert(request);
+  return true;
+}
+
+bool DiskReader::NextChunk(bool wait, Chunk* chunk) {
+  absl::MutexLock lock(&mu_);
+  if (wait) {
+    auto ready = [this]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+    mu_.Await(absl::Condition(&ready));
+  }
+  if (queue_.empty()) return false;
+  Request* request = *queue_.begin();
+  const ReadTarget& target = request->targets[request->next_target];
+  const uint64_t end = AlignUp(target.offset + target.length);
+  chunk->request = request;
+  chunk->target = &target;
+  chunk->aligned_offset = request->next_offset;
+  chunk->length = std::min(options_.chunk_bytes, end - request->next_offset);
+  chunk->read = 0;
+  request->started = true;
+  ++request->outstanding;
+  request->next_offset += chunk->length;
+  if (request->next_offset >= end) {
+    ++request->next_target;
+    request->next_offset = 0;
+    request->SettleCursor();
+  }
+  if (request->issued_all) queue_.erase(request);
+  return true;
+}
+
+void DiskReader::FinishChunk(const Chunk& chunk, const absl::Status& status) {
+  Request* request = chunk.request;
+  {
+    absl::MutexLock lock(&mu_);
+    --request->outstanding;
+    if (status.ok()) {
+      const ReadTarget& target = *chunk.target;
+      const uint64_t begin = std::max(target.offset, chunk.aligned_offset);
+      const uint64_t end =
+          std::min(target.offset + target.length, chunk.aligned_offset + chunk.length);
+      stats_.bytes_delivered += end - begin;
+    } else if (request->status.ok()) {
+      request->status = status;
+      if (!request->issued_all) {
+        // Nothing more of a failed request is read.
+        request->issued_all = true;
+        queue_.erase(request);
+      }
+    }
+    if (!request->issued_all || request->outstanding > 0) return;
+    live_.erase(request->id);
+    ++(request->status.ok() ? stats_.requests_completed : stats_.requests_failed);
+  }
+  std::move(request->done)(request->status);
+  delete request;
+}
+
+absl::StatusOr<DiskReader::File*> DiskReader::OpenFile(const std::string& path) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = files_.find(path);
+    if (it != files_.end()) return it->second.get();
+  }
+  auto open_file = [this](const std::string& name, int flags) {
+    return options_.open_file ? options_.open_file(name, flags) : ::open(name.c_str(), flags);
+  };
+  auto file = std::make_unique<File>();
+  file->path = path;
+  file->buffered_fd = open_file(path, O_RDONLY | O_CLOEXEC);
+  if (file->buffered_fd < 0) return PosixError(absl::StrCat("opening ", path), errno);
+  bool direct_refused = false;
+  if (options_.direct) {
+    file->direct_fd = open_file(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    direct_refused = file->direct_fd < 0;
+    file->use_direct = !direct_refused;
+  }
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = files_.emplace(path, std::move(file));
+  if (inserted && direct_refused) {
+    ++stats_.buffered_files;
+    TIERD_LOG_FIRST_N(WARNING, 1) << "O_DIRECT refused for " << path
+                                  << " (tmpfs or overlayfs?): reading such files buffered";
+  }
+  return it->second.get();  // when another thread opened it first, ours is dropped here
+}
+
+void DiskReader::UseBuffered(File* file, int error) {
+  if (!file->use_direct.exchange(false)) return;  // another chunk got there first
+  absl::MutexLock lock(&mu_);
+  ++stats_.buffered_files;
+  TIERD_LOG_FIRST_N(WARNING, 1) << "O_DIRECT reads of " << file->path << " fail ("
+                                << std::strerror(error) << "): reading such files buffered";
+}
+
+void DiskReader::NoteBytesRead(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  stats_.bytes_read += bytes;
+}
+
+void DiskReader::ForgetFile(const std::string& path) {
+  absl::MutexLock lock(&mu_);
+  files_.erase(path);
+}
+
+DiskReaderStats DiskReader::stats() const {
+  absl::MutexLock lock(&mu_);
+  DiskReaderStats stats = stats_;
+  stats.queued_requests = queue_.size();
+  return stats;
+}
+
+}  // namespace tierd

@@ -1,0 +1,662 @@
+#include "storage/host_cache.h"
+
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/byte_size.h"
+#include "common/log.h"
+
+namespace tierd {
+
+struct HostObject::Entry {
+  enum class Kind { kWeight, kStored };
+  enum class State {
+    kAllocating,  // waiting for memory
+    kLoading,     // being read from disk
+    kResident,
+    kWriting,  // a reservation not committed yet
+    kSpilled,  // on disk only
+  };
+
+  std::string key;
+  Kind kind = Kind::kWeight;
+  State state = State::kAllocating;
+  std::optional<ArenaAllocation> memory;
+  uint64_t size = 0;
+  int refs = 0;
+  int pins = 0;
+  bool listed = false;              // entries_[key] is this entry
+  std::optional<ObjectRef> source;  // weights: where the bytes are in the model's files
+  // Stored objects.
+  bool spillable = false;
+  bool spilling = false;      // a spill write is in flight; the memory stays valid meanwhile
+  bool spill_failed = false;  // do not try again
+  std::string spill_path;     // set once a spilled copy exists
+  uint64_t checksum = 0;      // computed at commit
+  // Loading.
+  std::vector<HostCache::FetchCallback> waiters;
+  std::optional<DiskReader::RequestId> read_id;
+  bool submit_pending = false;           // a read is being submitted; the entry must stay
+  bool demand = false;                   // some waiter is a demand fetch
+  std::list<Entry*>::iterator position;  // in order_, while resident
+  bool in_order = false;
+
+  bool busy() const {
+    return state == State::kAllocating || state == State::kLoading || spilling || submit_pending;
+  }
+};
+
+namespace {
+
+using Entry = HostObject::Entry;
+
+// Runs the calls collected under a lock once it is released: declared before the MutexLock, it is
+// destroyed after it.
+class DeferredCalls {
+ public:
+  DeferredCalls() = default;
+  DeferredCalls(const DeferredCalls&) = delete;
+  DeferredCalls& operator=(const DeferredCalls&) = delete;
+  ~DeferredCalls() {
+    for (auto& call : calls_) std::move(call)();
+  }
+  std::vector<absl::AnyInvocable<void() &&>>& calls() { return calls_; }
+
+ private:
+  std::vector<absl::AnyInvocable<void() &&>> calls_;
+};
+
+uint64_t Checksum(const uint8_t* data, uint64_t size) { return XXH3_64bits(data, size); }
+
+bool LosesStoredObject(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kDataLoss ||
+         status.code() == absl::StatusCode::kNotFound;
+}
+
+}  // namespace
+
+std::optional<EvictionPolicy> ParseEvictionPolicy(absl::string_view name) {
+  if (name == "fifo") return EvictionPolicy::kFifo;
+  if (name == "lru") return EvictionPolicy::kLru;
+  return std::nullopt;
+}
+
+HostObject& HostObject::operator=(HostObject&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    cache_ = std::exchange(other.cache_, nullptr);
+    entry_ = std::exchange(other.entry_, nullptr);
+  }
+  return *this;
+}
+
+const std::string& HostObject::key() const { return entry_->key; }
+uint8_t* HostObject::data() const { return cache_->arena_.data(*entry_->memory); }
+uint64_t HostObject::size() const { return entry_->size; }
+
+void HostObject::Reset() {
+  if (entry_ != nullptr) cache_->Release(entry_);
+  cache_ = nullptr;
+  entry_ = nullptr;
+}
+
+HostCache::HostCache(Catalog& catalog, DiskReader& reader, HostArena& arena, SpillWriter* spill,
+                     const HostCacheOptions& options)
+    : catalog_(catalog), reader_(reader), arena_(arena), spill_(spill), options_(options) {}
+
+HostCache::~HostCache() {
+  std::deque<AllocationWaiter> waiters;
+  {
+    absl::MutexLock lock(&mu_);
+    // Every pending allocation is either parked in waiters_ or about to be answered.
+    auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return reads_in_flight_ == 0 && spilling_bytes_ == 0 &&
+             allocations_pending_ == waiters_.size();
+    };
+    mu_.Await(absl::Condition(&settled));
+    waiters.swap(waiters_);
+  }
+  // Answered while the cache is still whole: these callbacks take the lock.
+  for (AllocationWaiter& waiter : waiters) {
+    std::move(waiter.done)(absl::UnavailableError("host cache shutting down"));
+  }
+  absl::MutexLock lock(&mu_);
+  for (auto& [key, entry] : entries_) {
+    if (entry->memory) arena_.Free(*entry->memory);
+    if (!entry->spill_path.empty()) ::unlink(entry->spill_path.c_str());
+    delete entry;
+  }
+}
+
+HostObject HostCache::RefLocked(Entry* entry) {
+  ++entry->refs;
+  return HostObject(this, entry);
+}
+
+void HostCache::TouchLocked(Entry* entry) {
+  if (options_.policy == EvictionPolicy::kLru && entry->in_order) {
+    order_.splice(order_.end(), order_, entry->position);
+  }
+}
+
+bool HostCache::IsEvictableLocked(const Entry* entry) const {
+  return entry->state == Entry::State::kResident && entry->refs == 0 && entry->pins == 0 &&
+         !entry->busy() && (entry->kind == Entry::Kind::kWeight || !entry->spill_path.empty());
+}
+
+void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time deadline,
+                      FetchCallback done) {
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  auto fail = [&](absl::Status status) {
+    deferred.calls().push_back(
+        [done = std::move(done), status]() mutable { std::move(done)(status); });
+  };
+  Entry* entry = nullptr;
+  if (auto it = entries_.find(key); it != entries_.end()) {
+    entry = it->second;
+  } else {
+    absl::StatusOr<ObjectRef> object = catalog_.Lookup(key);
+    if (!object.ok()) return fail(object.status());
+    entry = new Entry;
+    entry->key = key;
+    entry->kind = Entry::Kind::kWeight;
+    entry->state = Entry::State::kSpilled;  // i.e. not in memory: read it below
+    entry->size = object->object->size;
+    entry->source = *std::move(object);
+    entry->listed = true;
+    entries_[key] = entry;
+  }
+  switch (entry->state) {
+    case Entry::State::kResident: {
+      ++stats_.hits;
+      TouchLocked(entry);
+      deferred.calls().push_back([done = std::move(done), ref = RefLocked(entry)]() mutable {
+        std::move(done)(std::move(ref));
+      });
+      return;
+    }
+    case Entry::State::kAllocating:
+    case Entry::State::kLoading:
+      entry->waiters.push_back(std::move(done));
+      if (priority == ReadPriority::kDemand && !entry->demand) {
+        entry->demand = true;
+        if (entry->read_id) reader_.Reprioritize(*entry->read_id, priority, deadline);
+      }
+      return;
+    case Entry::State::kWriting:
+      return fail(absl::InternalError("a reservation is never listed"));
+    case Entry::State::kSpilled:
+      break;
+  }
+  ++stats_.misses;
+  entry->state = Entry::State::kAllocating;
+  entry->waiters.push_back(std::move(done));
+  entry->demand = priority == ReadPriority::kDemand;
+  ++allocations_pending_;
+  AllocateLocked(
+      entry->size,
+      [this, entry, priority, deadline](absl::StatusOr<ArenaAllocation> memory) {
+        DeferredCalls later;
+        absl::MutexLock relock(&mu_);
+        --allocations_pending_;
+        if (!memory.ok()) return FailLoadLocked(entry, memory.status(), later.calls());
+        entry->memory = *memory;
+        std::vector<ReadTarget> targets;
+        uint8_t* base = arena_.data(*memory);
+        if (entry->kind == Entry::Kind::kWeight) {
+          const ModelInfo& model = *entry->source->model;
+          for (const Extent& extent : entry->source->object->extents) {
+            targets.push_back({model.files[extent.file].path, extent.file_offset, extent.length,
+                               base + extent.object_offset});
+          }
+        } else {
+          targets.push_back({entry->spill_path, 0, entry->size, base});
+        }
+        StartReadLocked(entry, std::move(targets), entry->demand ? ReadPriority::kDemand : priority,
+                        deadline);
+      },
+      deferred.calls());
+}
+
+absl::Status HostCache::Prefetch(const std::string& key, absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (entries_.find(key) == entries_.end()) {
+      absl::StatusOr<ObjectRef> object = catalog_.Lookup(key);
+      if (!object.ok()) return object.status();
+    }
+  }
+  Fetch(key, ReadPriority::kPrefetch, deadline, [this, key](absl::StatusOr<HostObject> object) {
+    if (!object.ok()) LogPrefetchFailure(key, object.status());
+  });
+  return absl::OkStatus();
+}
+
+void HostCache::LogPrefetchFailure(const std::string& key, const absl::Status& status) {
+  if (status.code() == absl::StatusCode::kCancelled) return;
+  TIERD_VLOG(1) << "prefetch of " << key << " failed: " << status;
+}
+
+bool HostCache::CancelPrefetch(const std::string& key) {
+  DiskReader::RequestId id;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return false;
+    Entry* entry = it->second;
+    if (entry->state != Entry::State::kLoading || !entry->read_id || entry->demand) return false;
+    id = *entry->read_id;
+  }
+  // Outside the lock: a successful cancel calls FinishRead at once.
+  return reader_.Cancel(id);
+}
+
+void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
+                                ReadPriority priority, absl::Time deadline) {
+  entry->state = Entry::State::kLoading;
+  entry->submit_pending = true;
+  ++reads_in_flight_;
+  // Submitted outside the lock: the reader may answer at once, which re-enters FinishRead.
+  mu_.Unlock();
+  const DiskReader::RequestId id =
+      reader_.Submit({std::move(targets), priority, deadline, [this, entry](absl::Status status) {
+                        FinishRead(entry, std::move(status));
+                      }});
+  mu_.Lock();
+  entry->submit_pending = false;
+  if (entry->state == Entry::State::kLoading) entry->read_id = id;
+  DeleteIfUnusedLocked(entry);
+}
+
+void HostCache::FinishRead(Entry* entry, absl::Status status) {
+  // Checksum without the lock: nothing else touches a loading entry's memory.
+  if (status.ok()) {
+    const uint64_t checksum = Checksum(arena_.data(*entry->memory), entry->size);
+    if (entry->kind == Entry::Kind::kWeight) {
+      if (std::optional<uint64_t> expected = catalog_.Checksum(entry->key); !expected) {
+        catalog_.RecordChecksum(entry->key, checksum);
+      } else if (*expected != checksum) {
+        status = absl::DataLossError(absl::StrFormat(
+            "%s: checksum %016x differs from %016x recorded at its first read; the file's bytes "
+            "changed on disk",
+            entry->key, checksum, *expected));
+      }
+    } else if (checksum != entry->checksum) {
+      status = absl::DataLossError(
+          absl::StrFormat("%s: spilled copy has checksum %016x, stored object had %016x",
+                          entry->key, checksum, entry->checksum));
+    }
+  }
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  --reads_in_flight_;
+  entry->read_id.reset();
+  if (!status.ok()) {
+    if (status.code() == absl::StatusCode::kDataLoss) {
+      ++stats_.checksum_failures;
+      TIERD_LOG(ERROR) << status;
+    }
+    return FailLoadLocked(entry, status, deferred.calls());
+  }
+  stats_.bytes_from_disk += entry->size;
+  entry->state = Entry::State::kResident;
+  entry->demand = false;
+  entry->position = order_.insert(order_.end(), entry);
+  entry->in_order = true;
+  for (FetchCallback& done : entry->waiters) {
+    deferred.calls().push_back([done = std::move(done), ref = RefLocked(entry)]() mutable {
+      std::move(done)(std::move(ref));
+    });
+  }
+  entry->waiters.clear();
+  DeleteIfUnusedLocked(entry);
+}
+
+void HostCache::FailLoadLocked(Entry* entry, const absl::Status& status, Deferred& deferred) {
+  for (FetchCallback& done : entry->waiters) {
+    deferred.push_back([done = std::move(done), status]() mutable { std::move(done)(status); });
+  }
+  entry->waiters.clear();
+  entry->demand = false;
+  if (entry->memory) {
+    arena_.Free(*entry->memory);
+    entry->memory.reset();
+  }
+  if (entry->kind == Entry::Kind::kStored && !LosesStoredObject(status)) {
+    // The spilled copy is still good: the object stays, on disk.
+    entry->state = Entry::State::kSpilled;
+  } else {
+    entry->state = Entry::State::kSpilled;
+    RemoveLocked(entry, deferred);
+  }
+  RetryWaitersLocked(deferred);
+}
+
+void HostCache::ReserveStore(const std::string& key, uint64_t bytes, bool spillable,
+                             FetchCallback done) {
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  if (key.empty() || bytes == 0) {
+    deferred.calls().push_back([done = std::move(done)]() mutable {
+      std::move(done)(absl::InvalidArgumentError("a stored object needs a key and a size"));
+    });
+    return;
+  }
+  auto* entry = new Entry;
+  entry->key = key;
+  entry->kind = Entry::Kind::kStored;
+  entry->state = Entry::State::kAllocating;
+  entry->size = bytes;
+  entry->spillable = spillable && spill_ != nullptr;
+  ++allocations_pending_;
+  AllocateLocked(
+      bytes,
+      [this, entry, done = std::move(done)](absl::StatusOr<ArenaAllocation> memory) mutable {
+        DeferredCalls later;
+        absl::MutexLock relock(&mu_);
+        --allocations_pending_;
+        if (!memory.ok()) {
+          delete entry;
+          later.calls().push_back([done = std::move(done), status = memory.status()]() mutable {
+            std::move(done)(status);
+          });
+          return;
+        }
+        entry->memory = *memory;
+        entry->state = Entry::State::kWriting;
+        later.calls().push_back([done = std::move(done), ref = RefLocked(entry)]() mutable {
+          std::move(done)(std::move(ref));
+        });
+      },
+      deferred.calls());
+}
+
+absl::Status HostCache::CommitStore(HostObject& reservation) {
+  if (reservation.cache_ != this || reservation.entry_ == nullptr) {
+    return absl::FailedPreconditionError("not a reservation of this cache");
+  }
+  Entry* entry = reservation.entry_;
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  if (entry->state != Entry::State::kWriting) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(entry->key, ": committing a buffer that is not an open reservation"));
+  }
+  // Under the lock, but only a writer that already finished calls this: the bytes are final.
+  entry->checksum = Checksum(arena_.data(*entry->memory), entry->size);
+  entry->state = Entry::State::kResident;
+  if (auto it = entries_.find(entry->key); it != entries_.end()) {
+    Entry* old = it->second;
+    entry->pins = std::exchange(old->pins, 0);  // pins belong to the key
+    RemoveLocked(old, deferred.calls());
+  }
+  entries_[entry->key] = entry;
+  entry->listed = true;
+  entry->position = order_.insert(order_.end(), entry);
+  entry->in_order = true;
+  return absl::OkStatus();
+}
+
+void HostCache::Release(Entry* entry) {
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  --entry->refs;
+  if (entry->refs > 0) return;
+  if (entry->state == Entry::State::kWriting) {
+    // A reservation dropped without commit.
+    arena_.Free(*entry->memory);
+    delete entry;
+  } else if (!entry->listed) {
+    RemoveLocked(entry, deferred.calls());
+  }
+  // The entry may have become evictable, or memory was freed: let waiting allocations retry.
+  RetryWaitersLocked(deferred.calls());
+}
+
+std::optional<ArenaAllocation> HostCache::TryAllocateLocked(uint64_t bytes) {
+  for (;;) {
+    if (std::optional<ArenaAllocation> memory = arena_.Allocate(bytes)) return memory;
+    Entry* victim = nullptr;
+    for (Entry* candidate : order_) {
+      if (IsEvictableLocked(candidate)) {
+        victim = candidate;
+        break;
+      }
+    }
+    if (victim == nullptr) return std::nullopt;
+    ++stats_.evictions;
+    TIERD_VLOG(2) << "evicting " << victim->key << " (" << FormatByteSize(victim->size) << ")";
+    order_.erase(victim->position);
+    victim->in_order = false;
+    arena_.Free(*victim->memory);
+    victim->memory.reset();
+    victim->state = Entry::State::kSpilled;
+    if (victim->kind == Entry::Kind::kWeight) {
+      // Weights are read again from their model; forget the entry.
+      entries_.erase(victim->key);
+      delete victim;
+    }
+  }
+}
+
+void HostCache::AllocateLocked(uint64_t bytes, AllocationCallback done, Deferred& deferred) {
+  bytes = std::max<uint64_t>(bytes, 1);
+  auto answer = [&](absl::StatusOr<ArenaAllocation> result) {
+    deferred.push_back([done = std::move(done), result = std::move(result)]() mutable {
+      std::move(done)(std::move(result));
+    });
+  };
+  if (bytes > arena_.capacity()) {
+    return answer(absl::ResourceExhaustedError(absl::StrCat("an object of ", FormatByteSize(bytes),
+                                                            " does not fit in a host cache of ",
+                                                            FormatByteSize(arena_.capacity()))));
+  }
+  // Earlier waiters go first.
+  if (waiters_.empty()) {
+    if (std::optional<ArenaAllocation> memory = TryAllocateLocked(bytes)) return answer(*memory);
+  }
+  if (SpillForLocked(bytes)) {
+    waiters_.push_back({bytes, std::move(done)});
+    return;
+  }
+  return answer(absl::ResourceExhaustedError(
+      absl::StrCat("host cache full: ", FormatByteSize(arena_.used_bytes()), " of ",
+                   FormatByteSize(arena_.pinned_bytes()),
+                   " held by objects that are in use, pinned, in flight "
+                   "or cannot spill; ",
+                   FormatByteSize(bytes), " needed")));
+}
+
+bool HostCache::SpillForLocked(uint64_t bytes) {
+  if (spill_ == nullptr) return spilling_bytes_ > 0;
+  for (Entry* entry : order_) {
+    if (spilling_bytes_ >= bytes) break;
+    if (entry->kind == Entry::Kind::kStored && entry->spillable && !entry->spill_failed &&
+        entry->spill_path.empty() && entry->refs == 0 && entry->pins == 0 && !entry->busy() &&
+        entry->state == Entry::State::kResident) {
+      StartSpillLocked(entry);
+    }
+  }
+  return spilling_bytes_ > 0;
+}
+
+void HostCache::StartSpillLocked(Entry* entry) {
+  entry->spilling = true;
+  spilling_bytes_ += entry->memory->size;
+  const std::string path = absl::StrCat(spill_->directory(), "/", next_spill_id_++, ".spill");
+  spill_->Write(
+      {path, arena_.data(*entry->memory), entry->memory->size,
+       [this, entry, path](absl::Status status) { FinishSpill(entry, path, std::move(status)); }});
+}
+
+void HostCache::FinishSpill(Entry* entry, const std::string& path, absl::Status status) {
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  entry->spilling = false;
+  spilling_bytes_ -= entry->memory->size;
+  if (status.ok()) {
+    ++stats_.spills;
+    stats_.bytes_to_spill += entry->size;
+    entry->spill_path = path;
+  } else {
+    ++stats_.spill_failures;
+    entry->spill_failed = true;
+    TIERD_LOG(WARNING) << "spilling " << entry->key << " failed: " << status
+                       << "; it stays in memory";
+  }
+  if (!entry->listed) {
+    // Deleted or replaced while it was being written.
+    RemoveLocked(entry, deferred.calls());
+  } else if (status.ok() && IsEvictableLocked(entry)) {
+    // Spilled to make room: free it now rather than at the next eviction scan.
+    order_.erase(entry->position);
+    entry->in_order = false;
+    arena_.Free(*entry->memory);
+    entry->memory.reset();
+    entry->state = Entry::State::kSpilled;
+  }
+  RetryWaitersLocked(deferred.calls());
+}
+
+void HostCache::RetryWaitersLocked(Deferred& deferred) {
+  while (!waiters_.empty()) {
+    AllocationWaiter& waiter = waiters_.front();
+    std::optional<ArenaAllocation> memory = TryAllocateLocked(waiter.bytes);
+    if (!memory && SpillForLocked(waiter.bytes)) return;  // wait for the spills
+    absl::StatusOr<ArenaAllocation> result =
+        memory ? absl::StatusOr<ArenaAllocation>(*memory)
+               : absl::ResourceExhaustedError(
+                     absl::StrCat("host cache full: nothing more can be evicted or spilled to fit ",
+                                  FormatByteSize(waiter.bytes)));
+    deferred.push_back([done = std::move(waiter.done), result = std::move(result)]() mutable {
+      std::move(done)(std::move(result));
+    });
+    waiters_.pop_front();
+  }
+}
+
+void HostCache::RemoveLocked(Entry* entry, Deferred& deferred) {
+  if (entry->listed) {
+    entries_.erase(entry->key);
+    entry->listed = false;
+  }
+  if (entry->in_order) {
+    order_.erase(entry->position);
+    entry->in_order = false;
+  }
+  if (entry->refs > 0 || entry->busy()) return;  // finished by the last Release or completion
+  if (entry->memory) {
+    arena_.Free(*entry->memory);
+    entry->memory.reset();
+  }
+  if (!entry->spill_path.empty()) {
+    reader_.ForgetFile(entry->spill_path);
+    ::unlink(entry->spill_path.c_str());
+  }
+  delete entry;
+  (void)deferred;
+}
+
+void HostCache::DeleteIfUnusedLocked(Entry* entry) {
+  if (!entry->listed && entry->refs == 0 && !entry->busy() && entry->waiters.empty()) {
+    if (entry->memory) arena_.Free(*entry->memory);
+    if (!entry->spill_path.empty()) ::unlink(entry->spill_path.c_str());
+    delete entry;
+  }
+}
+
+absl::Status HostCache::Pin(const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second->state != Entry::State::kResident) {
+    return absl::NotFoundError(absl::StrCat(key, " is not resident in the host cache"));
+  }
+  ++it->second->pins;
+  return absl::OkStatus();
+}
+
+absl::Status HostCache::Unpin(const std::string& key) {
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second->pins == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(key, " is not pinned"));
+  }
+  if (--it->second->pins == 0) RetryWaitersLocked(deferred.calls());
+  return absl::OkStatus();
+}
+
+absl::Status HostCache::Evict(const std::string& key) {
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return absl::NotFoundError(absl::StrCat(key, " is not cached"));
+  Entry* entry = it->second;
+  if (entry->state == Entry::State::kSpilled && !entry->busy()) return absl::OkStatus();
+  if (entry->refs > 0 || entry->pins > 0 || entry->busy()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(key, " is in use, pinned or in flight and cannot be evicted"));
+  }
+  if (IsEvictableLocked(entry)) {
+    ++stats_.evictions;
+    order_.erase(entry->position);
+    entry->in_order = false;
+    arena_.Free(*entry->memory);
+    entry->memory.reset();
+    entry->state = Entry::State::kSpilled;
+    if (entry->kind == Entry::Kind::kWeight) {
+      entries_.erase(entry->key);
+      delete entry;
+    }
+  } else if (entry->spillable && !entry->spill_failed) {
+    StartSpillLocked(entry);
+  } else {
+    return absl::FailedPreconditionError(absl::StrCat(
+        key, " is a stored object that may not spill; evicting it would lose it (delete it)"));
+  }
+  RetryWaitersLocked(deferred.calls());
+  return absl::OkStatus();
+}
+
+absl::Status HostCache::Delete(const std::string& key) {
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second->kind != Entry::Kind::kStored) {
+    return absl::NotFoundError(absl::StrCat("no stored object ", key));
+  }
+  RemoveLocked(it->second, deferred.calls());
+  RetryWaitersLocked(deferred.calls());
+  return absl::OkStatus();
+}
+
+bool HostCache::IsResident(const std::string& key) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  return it != entries_.end() && it->second->state == Entry::State::kResident;
+}
+
+HostCacheStats HostCache::stats() const {
+  absl::MutexLock lock(&mu_);
+  HostCacheStats stats = stats_;
+  stats.capacity_bytes = arena_.capacity();
+  stats.pinned_bytes = arena_.pinned_bytes();
+  stats.used_bytes = arena_.used_bytes();
+  stats.loading = reads_in_flight_;
+  for (const auto& [key, entry] : entries_) {
+    if (entry->state == Entry::State::kResident) ++stats.objects;
+    if (entry->kind == Entry::Kind::kStored) {
+      ++stats.stored_objects;
+      if (entry->state == Entry::State::kSpilled) ++stats.spilled_objects;
+    }
+  }
+  return stats;
+}
+
+}  // namespace tierd

@@ -1,0 +1,211 @@
+// The host tier: objects held in the pinned arena.
+//
+// Two kinds of object live here:
+//  - weight objects, described by the Catalog and read from their safetensors files by the
+//    DiskReader. Every read is checksummed (xxHash3): the first read records the checksum in the
+//    catalog, later reads verify it, and a mismatch is DATA_LOSS — the bytes are dropped, never
+//    handed out;
+//  - stored objects, written by clients (activation caches): reserved, filled, committed (which
+//    checksums them). Where the client allows it, a stored object is spilled to the spill
+//    directory when room is needed and read back, verified, on the next fetch.
+//
+// Eviction is FIFO by default (LRU selectable) over objects that can be had again (weights, and
+// stored objects with a spilled copy). Objects that are referenced (a HostObject exists), pinned,
+// being read, written or spilled are never evicted. When room is needed and none can be made, the
+// answer is RESOURCE_EXHAUSTED at once; when room is being made by spills in flight, the request
+// waits for them (no busy loop: it is retried when memory is freed).
+//
+// Callbacks run on the caller's thread when the answer is immediate, otherwise on a reader or
+// spill thread; they must not block. Thread-safe.
+#ifndef TIERD_STORAGE_HOST_CACHE_H_
+#define TIERD_STORAGE_HOST_CACHE_H_
+
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "storage/catalog.h"
+#include "storage/disk_reader.h"
+#include "storage/host_arena.h"
+#include "storage/spill_writer.h"
+
+namespace tierd {
+
+enum class EvictionPolicy { kFifo, kLru };
+
+// "fifo" / "lru" ↔ EvictionPolicy.
+std::optional<EvictionPolicy> ParseEvictionPolicy(absl::string_view name);
+
+struct HostCacheOptions {
+  EvictionPolicy policy = EvictionPolicy::kFifo;
+};
+
+struct HostCacheStats {
+  uint64_t capacity_bytes = 0;
+  uint64_t pinned_bytes = 0;  // of the arena, pinned so far
+  uint64_t used_bytes = 0;
+  uint64_t objects = 0;          // resident
+  uint64_t stored_objects = 0;   // resident or spilled
+  uint64_t spilled_objects = 0;  // on disk only
+  uint64_t loading = 0;          // reads in flight
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t evictions = 0;
+  uint64_t spills = 0;
+  uint64_t spill_failures = 0;
+  uint64_t bytes_from_disk = 0;  // weights and spilled objects read back
+  uint64_t bytes_to_spill = 0;
+  uint64_t checksum_failures = 0;
+};
+
+class HostCache;
+
+// A reference to an object resident in the host cache: while it lives, the object stays resident
+// and its bytes do not change. A reservation from ReserveStore is a writable HostObject until it
+// is committed. Move-only; releasing it is destroying it.
+class HostObject {
+ public:
+  HostObject() = default;
+  HostObject(HostObject&& other) noexcept { *this = std::move(other); }
+  HostObject& operator=(HostObject&& other) noexcept;
+  ~HostObject() { Reset(); }
+
+  bool valid() const { return entry_ != nullptr; }
+  const std::string& key() const;
+  uint8_t* data() const;
+  uint64_t size() const;
+  void Reset();
+
+  struct Entry;  // the cache's record of an object; opaque outside host_cache.cc
+
+ private:
+  friend class HostCache;
+  HostObject(HostCache* cache, Entry* entry) : cache_(cache), entry_(entry) {}
+
+  HostCache* cache_ = nullptr;
+  Entry* entry_ = nullptr;
+};
+
+class HostCache {
+ public:
+  using FetchCallback = absl::AnyInvocable<void(absl::StatusOr<HostObject>) &&>;
+
+  // `spill` may be null: then stored objects never spill. All must outlive the cache.
+  HostCache(Catalog& catalog, DiskReader& reader, HostArena& arena, SpillWriter* spill,
+            const HostCacheOptions& options);
+  // REQUIRES: no HostObject is alive. Waits for reads and spills in flight.
+  ~HostCache();
+  HostCache(const HostCache&) = delete;
+  HostCache& operator=(const HostCache&) = delete;
+
+  // Brings `key` into the host cache and calls `done` with a reference to it: at once when it is
+  // resident, otherwise after reading it (weights from their files, stored objects from their
+  // spill file) with `priority` and `deadline`. Errors: INVALID_ARGUMENT (malformed key),
+  // NOT_FOUND, FAILED_PRECONDITION (model files changed), RESOURCE_EXHAUSTED (no room can be
+  // made), DATA_LOSS (checksum mismatch, truncated file), CANCELLED (its prefetch was cancelled),
+  // UNAVAILABLE (shutting down).
+  void Fetch(const std::string& key, ReadPriority priority, absl::Time deadline, FetchCallback done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Starts bringing `key` in without holding it. The errors known at once (unknown key) are
+  // returned; later ones are counted and logged.
+  absl::Status Prefetch(const std::string& key, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  // Cancels the read of a prefetched object that has not started; true when it was cancelled.
+  bool CancelPrefetch(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Reserves `bytes` for stored object `key` and calls `done` with the writable reservation.
+  // `spillable`: the object may go to the spill directory under pressure. Errors:
+  // INVALID_ARGUMENT (empty key, 0 bytes), RESOURCE_EXHAUSTED.
+  void ReserveStore(const std::string& key, uint64_t bytes, bool spillable, FetchCallback done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Publishes a filled reservation under its key, replacing an older version (which lives on
+  // until its references are gone). `reservation` stays a valid reference to the new object.
+  // FAILED_PRECONDITION when it is not an uncommitted reservation.
+  absl::Status CommitStore(HostObject& reservation) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Keeps a resident object from being evicted until Unpin. Pins count. NOT_FOUND when it is not
+  // resident.
+  absl::Status Pin(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Unpin(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Drops `key` from host memory: weights and spilled stored objects can be read again; a
+  // spillable stored object is spilled first (asynchronously). FAILED_PRECONDITION for an object
+  // that is referenced, pinned or busy, or a stored object that cannot spill (Delete it).
+  absl::Status Evict(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes a stored object entirely (memory and spill file); references keep their bytes until
+  // released. NOT_FOUND when there is none.
+  absl::Status Delete(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+
+  bool IsResident(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
+  HostCacheStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  friend class HostObject;
+  using Entry = HostObject::Entry;
+  using AllocationCallback = absl::AnyInvocable<void(absl::StatusOr<ArenaAllocation>) &&>;
+  struct AllocationWaiter {
+    uint64_t bytes;
+    AllocationCallback done;
+  };
+  // Calls collected under the lock and made after it is released.
+  using Deferred = std::vector<absl::AnyInvocable<void() &&>>;
+
+  void Release(Entry* entry) ABSL_LOCKS_EXCLUDED(mu_);
+  HostObject RefLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TouchLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IsEvictableLocked(const Entry* entry) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Allocates, evicting clean objects as needed; nullopt when that is not enough.
+  std::optional<ArenaAllocation> TryAllocateLocked(uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Allocates now, or once spills free room, or fails with RESOURCE_EXHAUSTED; `done` is deferred.
+  void AllocateLocked(uint64_t bytes, AllocationCallback done, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts spilling objects until `bytes` are on their way out; true when any spill is in flight.
+  bool SpillForLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartSpillLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishSpill(Entry* entry, const std::string& path, absl::Status status)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void FreeMemoryLocked(Entry* entry, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetryWaitersLocked(Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts reading a weight or spilled object into `entry` (which has memory).
+  void StartReadLocked(Entry* entry, std::vector<ReadTarget> targets, ReadPriority priority,
+                       absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishRead(Entry* entry, absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+  void FailLoadLocked(Entry* entry, const absl::Status& status, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveLocked(Entry* entry, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeleteIfUnusedLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LogPrefetchFailure(const std::string& key, const absl::Status& status);
+
+  Catalog& catalog_;
+  DiskReader& reader_;
+  HostArena& arena_;
+  SpillWriter* const spill_;
+  const HostCacheOptions options_;
+
+  mutable absl::Mutex mu_;
+  // Published entries by key. Entries replaced or deleted while referenced are unlisted and freed
+  // when their last reference goes.
+  std::map<std::string, Entry*> entries_ ABSL_GUARDED_BY(mu_);
+  // Resident entries in eviction order: front is evicted first.
+  std::list<Entry*> order_ ABSL_GUARDED_BY(mu_);
+  std::deque<AllocationWaiter> waiters_ ABSL_GUARDED_BY(mu_);
+  uint64_t spilling_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reads_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t allocations_pending_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_spill_id_ ABSL_GUARDED_BY(mu_) = 0;
+  HostCacheStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_STORAGE_HOST_CACHE_H_

@@ -1,0 +1,212 @@
+#include "storage/model_scan.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/posix_error.h"
+#include "common/status_macros.h"
+#include "storage/json_file.h"
+#include "storage/safetensors_header.h"
+
+namespace tierd {
+namespace {
+
+constexpr char kSafetensorsSuffix[] = ".safetensors";
+
+absl::StatusOr<struct stat> Stat(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return PosixError(path, errno);
+  return st;
+}
+
+int64_t MtimeNs(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+absl::Status WithFileNamed(const absl::Status& status, const std::string& path) {
+  if (status.ok() || absl::StrContains(status.message(), path)) return status;
+  return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+}
+
+absl::StatusOr<std::string> AbsoluteDirectory(const std::string& directory) {
+  if (directory.empty()) return absl::InvalidArgumentError("model directory is empty");
+  std::error_code error;
+  std::filesystem::path path = std::filesystem::absolute(directory, error);
+  if (error) return PosixError(absl::StrCat("resolving ", directory), error.value());
+  std::string normal = path.lexically_normal().string();
+  while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
+  return normal;
+}
+
+// The index's weight_map: tensor name → file name, every file a bare name inside the directory.
+absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string text, ReadFileBounded(path, kMaxSafetensorsIndexBytes));
+  const std::optional<nlohmann::json> index = ParseBoundedJson(text);
+  if (!index.has_value()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
+  const nlohmann::json* weight_map = JsonMember(&*index, "weight_map");
+  if (!JsonIsObject(weight_map)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no \"weight_map\" object"));
+  }
+  std::map<std::string, std::string> files;
+  for (auto it = weight_map->begin(); it != weight_map->end(); ++it) {
+    std::string file;
+    if (!JsonString(&it.value(), &file)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor '", it.key(), "' maps to something other than a file name"));
+    }
+    // The index is untrusted: a path would let it point registration at files outside the model.
+    if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
+        file.find('\0') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", it.key(), "' maps to '",
+                                                     file, "', which is not a bare file name"));
+    }
+    files.emplace(it.key(), std::move(file));
+  }
+  if (files.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": weight_map is empty"));
+  return files;
+}
+
+// The regular files named *.safetensors in `dir`, sorted.
+absl::StatusOr<std::vector<std::string>> ListSafetensorsFiles(const std::string& dir) {
+  DIR* stream = opendir(dir.c_str());
+  if (stream == nullptr) return PosixError(absl::StrCat("opening ", dir), errno);
+  std::vector<std::string> files;
+  int error = 0;
+  for (;;) {
+    errno = 0;
+    const dirent* entry = readdir(stream);
+    if (entry == nullptr) {
+      error = errno;
+      break;
+    }
+    const absl::string_view name = entry->d_name;
+    if (name.size() <= sizeof(kSafetensorsSuffix) - 1 ||
+        !absl::EndsWith(name, kSafetensorsSuffix)) {
+      continue;
+    }
+    // stat, not the dirent type: model snapshots (Hugging Face's cache) are symlinks to blobs.
+    auto st = Stat(absl::StrCat(dir, "/", name));
+    if (st.ok() && S_ISREG(st->st_mode)) files.emplace_back(name);
+  }
+  closedir(stream);
+  if (error != 0) return PosixError(absl::StrCat("reading ", dir), error);
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+absl::Status CheckIndexAgainstFiles(const std::map<std::string, std::string>& weight_map,
+                                    const std::vector<std::string>& file_names,
+                                    const std::map<std::string, uint32_t>& tensor_file,
+                                    const std::string& index_path) {
+  for (const auto& [tensor, file] : weight_map) {
+    auto found = tensor_file.find(tensor);
+    if (found == tensor_file.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          index_path, ": tensor '", tensor, "' is listed in ", file, ", which does not hold it"));
+    }
+    if (file_names[found->second] != file) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path, ": tensor '", tensor,
+                                                     "' is listed in ", file, " but is in ",
+                                                     file_names[found->second]));
+    }
+  }
+  for (const auto& [tensor, file] : tensor_file) {
+    if (weight_map.count(tensor) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor, "' in ", file_names[file],
+                                                     " is not in the weight_map of ", index_path));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ScannedModel> ScanModelDirectoryIn(
+    const std::string& dir, const std::function<void(const RegistrationProgress&)>& progress) {
+  ASSIGN_OR_RETURN(const struct stat dir_stat, Stat(dir));
+  if (!S_ISDIR(dir_stat.st_mode)) {
+    return absl::NotFoundError(absl::StrCat(dir, " is not a directory"));
+  }
+  const std::string index_path = absl::StrCat(dir, "/", kSafetensorsIndexFileName);
+  std::optional<std::map<std::string, std::string>> weight_map;
+  std::vector<std::string> file_names;
+  if (access(index_path.c_str(), F_OK) == 0) {
+    ASSIGN_OR_RETURN(weight_map, ReadIndex(index_path));
+    std::set<std::string> distinct;
+    for (const auto& [tensor, file] : *weight_map) distinct.insert(file);
+    file_names.assign(distinct.begin(), distinct.end());
+  } else {
+    ASSIGN_OR_RETURN(file_names, ListSafetensorsFiles(dir));
+    if (file_names.empty()) {
+      return absl::NotFoundError(absl::StrCat("no .safetensors files in ", dir));
+    }
+  }
+
+  ScannedModel scanned;
+  scanned.directory = dir;
+  std::map<std::string, uint32_t> tensor_file;
+  for (uint32_t i = 0; i < file_names.size(); ++i) {
+    const std::string path = absl::StrCat(dir, "/", file_names[i]);
+    ASSIGN_OR_RETURN(const struct stat before, Stat(path));
+    auto header = ReadSafetensorsHeader(path);
+    if (!header.ok()) return WithFileNamed(header.status(), path);
+    ASSIGN_OR_RETURN(const struct stat after, Stat(path));
+    // The recorded size and mtime vouch for the offsets just parsed; a file rewritten meanwhile
+    // would make them vouch for bytes nobody checked.
+    if (before.st_size != after.st_size || MtimeNs(before) != MtimeNs(after)) {
+      return absl::UnavailableError(absl::StrCat(path, " changed while it was being registered"));
+    }
+    for (const SafetensorsTensor& tensor : header->tensors) {
+      auto [it, inserted] = tensor_file.emplace(tensor.name, i);
+      if (!inserted) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name, "' is in both ",
+                                                       file_names[it->second], " and ",
+                                                       file_names[i]));
+      }
+      scanned.tensors.push_back(
+          SourceTensor{tensor.name, tensor.dtype, tensor.shape, i, tensor.begin, tensor.end});
+    }
+    scanned.files.push_back(ModelFile{path, static_cast<uint64_t>(after.st_size), MtimeNs(after)});
+    if (progress) progress(RegistrationProgress{i + 1u, file_names.size(), path});
+  }
+  if (weight_map.has_value()) {
+    RETURN_IF_ERROR(CheckIndexAgainstFiles(*weight_map, file_names, tensor_file, index_path));
+  }
+  return scanned;
+}
+
+}  // namespace
+
+absl::StatusOr<ScannedModel> ScanModelDirectory(
+    const std::string& directory,
+    const std::function<void(const RegistrationProgress&)>& progress) {
+  ASSIGN_OR_RETURN(const std::string dir, AbsoluteDirectory(directory));
+  return ScanModelDirectoryIn(dir, progress);
+}
+
+std::string DescribeChangedFile(const std::vector<ModelFile>& files) {
+  for (const ModelFile& file : files) {
+    auto st = Stat(file.path);
+    if (!st.ok()) {
+      return absl::StrCat(file.path, " can no longer be read (", st.status().message(), ")");
+    }
+    if (static_cast<uint64_t>(st->st_size) != file.size) {
+      return absl::StrCat(file.path, " changed size from ", file.size, " to ", st->st_size,
+                          " bytes");
+    }
+    if (MtimeNs(*st) != file.mtime_ns) return absl::StrCat(file.path, " was modified");
+  }
+  return "";
+}
+
+}  // namespace tierd

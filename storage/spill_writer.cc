@@ -1,0 +1,159 @@
+#include "storage/spill_writer.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/posix_error.h"
+
+namespace tierd {
+namespace {
+
+constexpr uint64_t kWriteChunk = 4ull << 20;
+constexpr unsigned kWritesInFlight = 8;
+constexpr char kSpillSuffix[] = ".spill";
+
+// Writes [data, data + bytes) at offset 0 of `fd` with io_uring, several chunks in flight.
+absl::Status WriteWithUring(struct io_uring* ring, int fd, const uint8_t* data, uint64_t bytes,
+                            const std::string& path) {
+  uint64_t next = 0;       // next offset to submit
+  uint64_t completed = 0;  // bytes written
+  unsigned in_flight = 0;
+  while (completed < bytes) {
+    while (in_flight < kWritesInFlight && next < bytes) {
+      struct io_uring_sqe* sqe = io_uring_get_sqe(ring);
+      const unsigned length = static_cast<unsigned>(std::min(kWriteChunk, bytes - next));
+      io_uring_prep_write(sqe, fd, data + next, length, next);
+      io_uring_sqe_set_data64(sqe, next | (static_cast<uint64_t>(length) << 40));
+      next += length;
+      ++in_flight;
+    }
+    if (int rc = io_uring_submit_and_wait(ring, 1); rc < 0 && rc != -EINTR) {
+      return PosixError("io_uring_submit_and_wait", -rc);
+    }
+    struct io_uring_cqe* cqe;
+    while (io_uring_peek_cqe(ring, &cqe) == 0) {
+      const uint64_t tag = io_uring_cqe_get_data64(cqe);
+      const uint64_t offset = tag & ((1ull << 40) - 1);
+      const uint64_t length = tag >> 40;
+      const int result = cqe->res;
+      io_uring_cqe_seen(ring, cqe);
+      --in_flight;
+      if (result == -EINTR || result == -EAGAIN || (result >= 0 && uint64_t(result) < length)) {
+        // Write the rest synchronously: short writes are rare (a filling disk).
+        const uint64_t done = result > 0 ? uint64_t(result) : 0;
+        for (uint64_t at = offset + done; at < offset + length;) {
+          const ssize_t n = ::pwrite(fd, data + at, offset + length - at, at);
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) return PosixError(absl::StrCat("writing ", path), n < 0 ? errno : ENOSPC);
+          at += uint64_t(n);
+        }
+      } else if (result < 0) {
+        // Drain what is still in flight before reporting, so no write outlives the job.
+        while (in_flight > 0 && io_uring_wait_cqe(ring, &cqe) == 0) {
+          io_uring_cqe_seen(ring, cqe);
+          --in_flight;
+        }
+        return PosixError(absl::StrCat("writing ", path), -result);
+      }
+      completed += length;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteWithPwrite(int fd, const uint8_t* data, uint64_t bytes, const std::string& path) {
+  for (uint64_t at = 0; at < bytes;) {
+    const ssize_t n = ::pwrite(fd, data + at, std::min(kWriteChunk, bytes - at), at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return PosixError(absl::StrCat("writing ", path), n < 0 ? errno : ENOSPC);
+    at += uint64_t(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SpillWriter>> SpillWriter::Create(const std::string& directory) {
+  std::error_code error;
+  std::filesystem::create_directories(directory, error);
+  if (error) return PosixError(absl::StrCat("creating spill directory ", directory), error.value());
+  // Spilled objects do not outlive the daemon that spilled them.
+  int removed = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
+    if (absl::EndsWith(entry.path().filename().string(), kSpillSuffix) &&
+        std::filesystem::remove(entry.path(), error)) {
+      ++removed;
+    }
+  }
+  if (removed > 0)
+    TIERD_LOG(INFO) << "removed " << removed << " old spill files from " << directory;
+  std::unique_ptr<SpillWriter> writer(new SpillWriter(directory));
+  writer->thread_ = std::thread([self = writer.get()] { self->Run(); });
+  return writer;
+}
+
+SpillWriter::SpillWriter(std::string directory) : directory_(std::move(directory)) {}
+
+SpillWriter::~SpillWriter() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+}
+
+void SpillWriter::Write(SpillJob job) {
+  absl::MutexLock lock(&mu_);
+  jobs_.push_back(std::move(job));
+}
+
+void SpillWriter::Run() {
+  for (;;) {
+    SpillJob job;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !jobs_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (jobs_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    absl::Status status = WriteFile(job);
+    if (!status.ok()) ::unlink(job.path.c_str());
+    std::move(job.done)(status);
+  }
+}
+
+absl::Status SpillWriter::WriteFile(const SpillJob& job) {
+  const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  int fd = ::open(job.path.c_str(), flags | O_DIRECT, 0600);
+  if (fd < 0 && errno == EINVAL) {
+    TIERD_LOG_FIRST_N(WARNING, 1) << "O_DIRECT refused in " << directory_
+                                  << ": spilling through the page cache";
+    fd = ::open(job.path.c_str(), flags, 0600);
+  }
+  if (fd < 0) return PosixError(absl::StrCat("creating ", job.path), errno);
+  struct io_uring ring;
+  absl::Status status;
+  if (io_uring_queue_init(kWritesInFlight, &ring, 0) == 0) {
+    status = WriteWithUring(&ring, fd, job.data, job.bytes, job.path);
+    io_uring_queue_exit(&ring);
+  } else {
+    TIERD_LOG_FIRST_N(WARNING, 1) << "io_uring is unavailable: spilling with pwrite";
+    status = WriteWithPwrite(fd, job.data, job.bytes, job.path);
+  }
+  ::close(fd);
+  return status;
+}
+
+}  // namespace tierd

@@ -1,0 +1,62 @@
+// Writes host-cache objects to files under the spill directory, with io_uring, O_DIRECT where the
+// filesystem allows it (buffered otherwise), straight from the arena: arena allocations are
+// page-aligned and page-sized, which is what O_DIRECT asks for. pwrite where io_uring is
+// unavailable. Jobs run one at a time on the writer's thread, each with several writes in flight.
+//
+// Spill files are a cache, not a store: they are not fsynced and are removed when the daemon
+// starts.
+//
+// Thread-safe.
+#ifndef TIERD_STORAGE_SPILL_WRITER_H_
+#define TIERD_STORAGE_SPILL_WRITER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace tierd {
+
+struct SpillJob {
+  std::string path;
+  const uint8_t* data = nullptr;  // page-aligned
+  uint64_t bytes = 0;             // a multiple of the page size
+  // Called once, on the writer's thread: OK, or the error (RESOURCE_EXHAUSTED for a full disk).
+  // The file is removed on error.
+  absl::AnyInvocable<void(absl::Status) &&> done;
+};
+
+class SpillWriter {
+ public:
+  // Creates `directory` if needed and empties it of earlier spill files.
+  static absl::StatusOr<std::unique_ptr<SpillWriter>> Create(const std::string& directory);
+  // Finishes queued jobs, then joins.
+  ~SpillWriter();
+  SpillWriter(const SpillWriter&) = delete;
+  SpillWriter& operator=(const SpillWriter&) = delete;
+
+  const std::string& directory() const { return directory_; }
+  // REQUIRES: data stays valid and unchanged until done.
+  void Write(SpillJob job) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  explicit SpillWriter(std::string directory);
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status WriteFile(const SpillJob& job);
+
+  const std::string directory_;
+  absl::Mutex mu_;
+  std::deque<SpillJob> jobs_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_STORAGE_SPILL_WRITER_H_

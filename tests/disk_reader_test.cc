@@ -1,0 +1,312 @@
+#include "storage/disk_reader.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "tests/safetensors_writer.h"
+#include "tests/test_support.h"
+
+namespace tierd {
+namespace {
+
+using ::tierd::testing::FillPattern;
+using ::tierd::testing::IsOk;
+using ::tierd::testing::StatusIs;
+using ::tierd::testing::TempDir;
+
+constexpr uint64_t kMiB = 1 << 20;
+
+DiskReaderOptions ReaderOptions(int threads, int queue_depth, uint64_t chunk_bytes) {
+  DiskReaderOptions options;
+  options.threads = threads;
+  options.queue_depth = queue_depth;
+  options.chunk_bytes = chunk_bytes;
+  return options;
+}
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+
+// The outcome of one request, filled in by its done callback.
+struct Outcome {
+  absl::Notification finished;
+  absl::Status status;
+  int calls = 0;
+  int order = -1;
+};
+
+std::string MakeFile(const std::string& path, uint64_t bytes, uint64_t seed) {
+  std::string contents(bytes, '\0');
+  FillPattern(contents.data(), bytes, seed);
+  EXPECT_THAT(testing::WriteFile(path, contents), IsOk());
+  return contents;
+}
+
+class DiskReaderTest : public ::testing::TestWithParam<IoEngine> {
+ protected:
+  std::unique_ptr<DiskReader> NewReader(DiskReaderOptions options = {}) {
+    options.engine = GetParam();
+    auto reader = DiskReader::Create(options);
+    EXPECT_THAT(reader, IsOk());
+    return reader.ok() ? *std::move(reader) : nullptr;
+  }
+
+  // Submits `targets` and returns the outcome to wait on.
+  std::shared_ptr<Outcome> Read(DiskReader& reader, std::vector<ReadTarget> targets,
+                                ReadPriority priority = ReadPriority::kDemand,
+                                absl::Time deadline = absl::InfiniteFuture(),
+                                DiskReader::RequestId* id = nullptr) {
+    auto outcome = std::make_shared<Outcome>();
+    const DiskReader::RequestId submitted =
+        reader.Submit({std::move(targets), priority, deadline, [this, outcome](absl::Status s) {
+                         absl::MutexLock lock(&mu_);
+                         outcome->status = s;
+                         outcome->order = finished_++;
+                         ++outcome->calls;
+                         outcome->finished.Notify();
+                       }});
+    if (id != nullptr) *id = submitted;
+    return outcome;
+  }
+
+  absl::Mutex mu_;
+  int finished_ = 0;
+  TempDir dir_;
+};
+
+TEST_P(DiskReaderTest, ReadsUnalignedRangesExactly) {
+  const std::string path = absl::StrCat(dir_.path(), "/data");
+  const std::string contents = MakeFile(path, 37 * kMiB + 123, 1);
+  auto reader = NewReader(ReaderOptions(2, 8, kMiB));
+  std::mt19937_64 random(7);
+  std::vector<std::string> buffers(200);
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  std::vector<std::shared_ptr<Outcome>> outcomes;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const uint64_t offset = random() % contents.size();
+    const uint64_t length = std::min<uint64_t>(random() % (3 * kMiB), contents.size() - offset);
+    buffers[i].assign(length, '\0');
+    ranges.push_back({offset, length});
+    outcomes.push_back(
+        Read(*reader, {{path, offset, length, reinterpret_cast<uint8_t*>(buffers[i].data())}}));
+  }
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    ASSERT_TRUE(outcomes[i]->finished.WaitForNotificationWithTimeout(kTimeout));
+    ASSERT_THAT(outcomes[i]->status, IsOk());
+    ASSERT_EQ(buffers[i], contents.substr(ranges[i].first, ranges[i].second)) << "range " << i;
+  }
+  const DiskReaderStats stats = reader->stats();
+  EXPECT_EQ(stats.engine, GetParam() == IoEngine::kPread ? IoEngine::kPread : IoEngine::kIoUring);
+  EXPECT_EQ(stats.requests_completed, buffers.size());
+  EXPECT_GE(stats.bytes_read, stats.bytes_delivered);
+}
+
+TEST_P(DiskReaderTest, GathersManyTargetsOfOneRequestIntoPlace) {
+  const std::string a = absl::StrCat(dir_.path(), "/a");
+  const std::string b = absl::StrCat(dir_.path(), "/b");
+  const std::string first = MakeFile(a, 3 * kMiB + 5, 2);
+  const std::string second = MakeFile(b, 100, 3);
+  std::string object(4 * kMiB, '\0');
+  auto* base = reinterpret_cast<uint8_t*>(object.data());
+  auto reader = NewReader();
+  auto outcome = Read(*reader, {{a, 17, kMiB, base},
+                                {b, 0, 100, base + kMiB + 256},
+                                {a, 2 * kMiB + 1, kMiB + 4, base + 2 * kMiB},
+                                {a, 0, 0, base}});
+  ASSERT_TRUE(outcome->finished.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(outcome->status, IsOk());
+  EXPECT_EQ(object.substr(0, kMiB), first.substr(17, kMiB));
+  EXPECT_EQ(object.substr(kMiB + 256, 100), second);
+  EXPECT_EQ(object.substr(2 * kMiB, kMiB + 4), first.substr(2 * kMiB + 1, kMiB + 4));
+}
+
+TEST_P(DiskReaderTest, FallsBackToBufferedReadsWhereODirectIsRefused) {
+  const std::string path = absl::StrCat(dir_.path(), "/refused");
+  const std::string contents = MakeFile(path, 2 * kMiB + 3, 4);
+  std::string buffer(contents.size() - 10, '\0');
+  // A filesystem that refuses O_DIRECT at open, as tmpfs did before Linux 6.6 and overlayfs does.
+  DiskReaderOptions options;
+  options.open_file = [](const std::string& name, int flags) {
+    if (flags & O_DIRECT) {
+      errno = EINVAL;
+      return -1;
+    }
+    return ::open(name.c_str(), flags);
+  };
+  auto reader = NewReader(options);
+  auto outcome =
+      Read(*reader, {{path, 10, buffer.size(), reinterpret_cast<uint8_t*>(buffer.data())}});
+  ASSERT_TRUE(outcome->finished.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(outcome->status, IsOk());
+  EXPECT_EQ(buffer, contents.substr(10));
+  EXPECT_EQ(reader->stats().buffered_files, 1u);
+}
+
+TEST_P(DiskReaderTest, ReadsFilesOnTmpfs) {
+  const std::string path = absl::StrCat("/dev/shm/tierd-reader-test-", ::getpid());
+  const std::string contents = MakeFile(path, 2 * kMiB + 3, 4);
+  // Whether tmpfs takes O_DIRECT depends on the kernel (6.6 and later do); either way the read
+  // works and the reader says how it read.
+  const int probe = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+  const bool kernel_refuses_direct = probe < 0;
+  if (probe >= 0) ::close(probe);
+  std::string buffer(contents.size() - 10, '\0');
+  auto reader = NewReader();
+  auto outcome =
+      Read(*reader, {{path, 10, buffer.size(), reinterpret_cast<uint8_t*>(buffer.data())}});
+  ASSERT_TRUE(outcome->finished.WaitForNotificationWithTimeout(kTimeout));
+  ::unlink(path.c_str());
+  ASSERT_THAT(outcome->status, IsOk());
+  EXPECT_EQ(buffer, contents.substr(10));
+  EXPECT_EQ(reader->stats().buffered_files, kernel_refuses_direct ? 1u : 0u);
+}
+
+TEST_P(DiskReaderTest, RangePastTheEndOfTheFileIsDataLoss) {
+  const std::string path = absl::StrCat(dir_.path(), "/short");
+  MakeFile(path, 10000, 5);
+  std::string buffer(5000, '\0');
+  auto reader = NewReader();
+  auto outcome = Read(*reader, {{path, 8000, 5000, reinterpret_cast<uint8_t*>(buffer.data())}});
+  ASSERT_TRUE(outcome->finished.WaitForNotificationWithTimeout(kTimeout));
+  EXPECT_THAT(outcome->status, StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_EQ(outcome->calls, 1);
+}
+
+TEST_P(DiskReaderTest, MissingFileIsNotFoundAndEmptyRequestSucceeds) {
+  std::string buffer(10, '\0');
+  auto reader = NewReader();
+  auto missing = Read(*reader, {{absl::StrCat(dir_.path(), "/nope"), 0, 10,
+                                 reinterpret_cast<uint8_t*>(buffer.data())}});
+  auto empty = Read(*reader, {});
+  ASSERT_TRUE(missing->finished.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_TRUE(empty->finished.WaitForNotificationWithTimeout(kTimeout));
+  EXPECT_THAT(missing->status, StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(empty->status, IsOk());
+}
+
+// One thread reading one small chunk at a time, behind a large first request: everything submitted
+// afterwards is still queued, so the completion order is the queue's order.
+class OrderingTest : public DiskReaderTest {
+ protected:
+  void SetUp() override {
+    path_ = absl::StrCat(dir_.path(), "/ordering");
+    MakeFile(path_, 64 * kMiB, 6);
+    reader_ = NewReader(ReaderOptions(1, 1, 64 * 1024));
+    blocker_buffer_.assign(64 * kMiB, '\0');
+    blocker_ = Read(*reader_, {{path_, 0, blocker_buffer_.size(), Into(blocker_buffer_)}},
+                    ReadPriority::kDemand);
+  }
+  static uint8_t* Into(std::string& buffer) { return reinterpret_cast<uint8_t*>(buffer.data()); }
+
+  std::string path_;
+  std::unique_ptr<DiskReader> reader_;
+  std::string blocker_buffer_;
+  std::shared_ptr<Outcome> blocker_;
+  std::vector<std::string> buffers_ = std::vector<std::string>(8, std::string(kMiB, '\0'));
+};
+
+TEST_P(OrderingTest, DemandBeforePrefetchAndEarliestDeadlineFirst) {
+  const absl::Time now = absl::Now();
+  std::vector<std::shared_ptr<Outcome>> prefetches;
+  for (int i = 0; i < 6; ++i) {
+    // Deadlines in reverse order of submission.
+    prefetches.push_back(Read(*reader_, {{path_, 0, kMiB, Into(buffers_[i])}},
+                              ReadPriority::kPrefetch, now + absl::Seconds(100 - i)));
+  }
+  auto demand = Read(*reader_, {{path_, 0, kMiB, Into(buffers_[6])}}, ReadPriority::kDemand);
+  for (auto& outcome : prefetches) {
+    ASSERT_TRUE(outcome->finished.WaitForNotificationWithTimeout(kTimeout));
+  }
+  ASSERT_TRUE(demand->finished.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_FALSE(blocker_->finished.HasBeenNotified() && blocker_->order > demand->order)
+      << "the blocking request finished too early for the test to mean anything";
+  EXPECT_EQ(demand->order, blocker_->order + 1);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(prefetches[i]->order, demand->order + 6 - i) << i;
+}
+
+TEST_P(OrderingTest, QueuedRequestCanBeCancelledOrPromoted) {
+  DiskReader::RequestId cancelled_id = 0;
+  DiskReader::RequestId promoted_id = 0;
+  auto cancelled = Read(*reader_, {{path_, 0, kMiB, Into(buffers_[0])}}, ReadPriority::kPrefetch,
+                        absl::InfiniteFuture(), &cancelled_id);
+  auto other = Read(*reader_, {{path_, 0, kMiB, Into(buffers_[1])}}, ReadPriority::kPrefetch);
+  auto promoted = Read(*reader_, {{path_, 0, kMiB, Into(buffers_[2])}}, ReadPriority::kPrefetch,
+                       absl::InfiniteFuture(), &promoted_id);
+  EXPECT_TRUE(reader_->Cancel(cancelled_id));
+  EXPECT_TRUE(cancelled->finished.HasBeenNotified());
+  EXPECT_THAT(cancelled->status, StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_FALSE(reader_->Cancel(cancelled_id));  // gone
+  EXPECT_TRUE(reader_->Reprioritize(promoted_id, ReadPriority::kDemand, absl::InfiniteFuture()));
+  ASSERT_TRUE(other->finished.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_TRUE(promoted->finished.WaitForNotificationWithTimeout(kTimeout));
+  EXPECT_LT(promoted->order, other->order);
+  EXPECT_EQ(cancelled->calls, 1);
+  EXPECT_EQ(reader_->stats().requests_cancelled, 1u);
+  // A request that has started cannot be cancelled.
+  EXPECT_FALSE(reader_->Cancel(promoted_id));
+}
+
+TEST_P(OrderingTest, DestructionAnswersQueuedRequestsWithUnavailable) {
+  auto queued = Read(*reader_, {{path_, 0, kMiB, Into(buffers_[0])}}, ReadPriority::kPrefetch);
+  reader_.reset();
+  ASSERT_TRUE(queued->finished.HasBeenNotified());
+  ASSERT_TRUE(blocker_->finished.HasBeenNotified());
+  EXPECT_THAT(queued->status, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(queued->calls, 1);
+  EXPECT_EQ(blocker_->calls, 1);
+}
+
+TEST_P(DiskReaderTest, ConcurrentSubmittersAllGetTheirBytes) {
+  const std::string path = absl::StrCat(dir_.path(), "/shared");
+  const std::string contents = MakeFile(path, 8 * kMiB, 8);
+  auto reader = NewReader(ReaderOptions(3, 4, 256 * 1024));
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 random(t);
+      for (int i = 0; i < 50; ++i) {
+        const uint64_t offset = random() % contents.size();
+        const uint64_t length = std::min<uint64_t>(random() % kMiB, contents.size() - offset);
+        std::string buffer(length, '\0');
+        auto outcome =
+            Read(*reader, {{path, offset, length, reinterpret_cast<uint8_t*>(buffer.data())}},
+                 i % 2 ? ReadPriority::kDemand : ReadPriority::kPrefetch);
+        if (!outcome->finished.WaitForNotificationWithTimeout(kTimeout) || !outcome->status.ok() ||
+            buffer != contents.substr(offset, length)) {
+          ++mismatches;
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+TEST(DiskReaderOptionsTest, BadOptionsAreInvalidArgument) {
+  EXPECT_THAT(DiskReader::Create(ReaderOptions(0, 16, 4 << 20)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(DiskReader::Create(ReaderOptions(2, 16, 1000)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(DiskReader::Create(ReaderOptions(2, 0, 4 << 20)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, DiskReaderTest,
+                         ::testing::Values(IoEngine::kIoUring, IoEngine::kPread),
+                         [](const auto& info) {
+                           return info.param == IoEngine::kPread ? "Pread" : "IoUring";
+                         });
+INSTANTIATE_TEST_SUITE_P(Engines, OrderingTest,
+                         ::testing::Values(IoEngine::kIoUring, IoEngine::kPread),
+                         [](const auto& info) {
+                           return info.param == IoEngine::kPread ? "Pread" : "IoUring";
+                         });
+
+}  // namespace
+}  // namespace tierd

@@ -1,0 +1,354 @@
+// The host tier end to end on real files: a model registered in a real catalog, read by a real
+// disk reader into a real (host-device) arena.
+#include "storage/host_cache.h"
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "device/host_device.h"
+#include "gtest/gtest.h"
+#include "tests/safetensors_writer.h"
+#include "tests/test_support.h"
+
+namespace tierd {
+namespace {
+
+using ::tierd::testing::FillPattern;
+using ::tierd::testing::FirstPatternMismatch;
+using ::tierd::testing::IsOk;
+using ::tierd::testing::StatusIs;
+using ::tierd::testing::TempDir;
+
+constexpr uint64_t kMiB = 1 << 20;
+
+DiskReaderOptions ReaderOptions(int threads, int queue_depth, uint64_t chunk_bytes) {
+  DiskReaderOptions options;
+  options.threads = threads;
+  options.queue_depth = queue_depth;
+  options.chunk_bytes = chunk_bytes;
+  return options;
+}
+constexpr uint64_t kObjectBytes = kMiB;  // one F32 tensor per block
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+
+// The answer to one Fetch or ReserveStore.
+struct Answer {
+  absl::Notification ready;
+  absl::StatusOr<HostObject> object = absl::UnknownError("no answer");
+};
+
+class HostCacheTest : public ::testing::Test {
+ protected:
+  // A cache holding `capacity_objects` block objects.
+  void Start(int capacity_objects, EvictionPolicy policy = EvictionPolicy::kFifo,
+             DiskReaderOptions reader_options = {}) {
+    auto device = HostDevice::Create();
+    ASSERT_THAT(device, IsOk());
+    device_ = *std::move(device);
+    auto arena = HostArena::Create(*device_, {capacity_objects * kObjectBytes, kObjectBytes});
+    ASSERT_THAT(arena, IsOk());
+    arena_ = *std::move(arena);
+    ASSERT_TRUE(arena_->WaitUntilFullyPinned(kTimeout));
+    auto reader = DiskReader::Create(reader_options);
+    ASSERT_THAT(reader, IsOk());
+    reader_ = *std::move(reader);
+    auto catalog = Catalog::Open(absl::StrCat(dir_.path(), "/state"));
+    ASSERT_THAT(catalog, IsOk());
+    catalog_ = *std::move(catalog);
+    auto spill = SpillWriter::Create(absl::StrCat(dir_.path(), "/spill"));
+    ASSERT_THAT(spill, IsOk());
+    spill_ = *std::move(spill);
+    cache_ = std::make_unique<HostCache>(*catalog_, *reader_, *arena_, spill_.get(),
+                                         HostCacheOptions{policy});
+  }
+
+  void TearDown() override {
+    cache_.reset();
+    spill_.reset();
+    catalog_.reset();
+    reader_.reset();
+    arena_.reset();
+  }
+
+  // Writes model "m" with `blocks` blocks of one F32 tensor each (seed = block index) and
+  // registers it grouped per block: keys "m/blocks.N".
+  void RegisterModel(int blocks, uint64_t block_bytes = kObjectBytes) {
+    model_dir_ = absl::StrCat(dir_.path(), "/model");
+    std::filesystem::create_directories(model_dir_);
+    std::vector<testing::TensorSpec> tensors;
+    for (int i = 0; i < blocks; ++i) {
+      tensors.push_back(
+          testing::RandomTensor(absl::StrCat("blocks.", i, ".w"), "F32", {block_bytes / 4}, i));
+    }
+    ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(model_dir_, "/model.safetensors"), tensors),
+                IsOk());
+    ASSERT_THAT(
+        catalog_->RegisterModel("m", model_dir_, Grouping::kBlock, GroupingRules::Defaults()),
+        IsOk());
+  }
+
+  std::shared_ptr<Answer> Fetch(const std::string& key,
+                                ReadPriority priority = ReadPriority::kDemand) {
+    auto answer = std::make_shared<Answer>();
+    cache_->Fetch(key, priority, absl::InfiniteFuture(), [answer](absl::StatusOr<HostObject> o) {
+      answer->object = std::move(o);
+      answer->ready.Notify();
+    });
+    return answer;
+  }
+
+  absl::StatusOr<HostObject> FetchNow(const std::string& key) {
+    auto answer = Fetch(key);
+    if (!answer->ready.WaitForNotificationWithTimeout(kTimeout)) {
+      return absl::DeadlineExceededError("fetch did not answer");
+    }
+    return std::move(answer->object);
+  }
+
+  std::shared_ptr<Answer> Reserve(const std::string& key, uint64_t bytes, bool spillable) {
+    auto answer = std::make_shared<Answer>();
+    cache_->ReserveStore(key, bytes, spillable, [answer](absl::StatusOr<HostObject> o) {
+      answer->object = std::move(o);
+      answer->ready.Notify();
+    });
+    return answer;
+  }
+
+  // Stores `bytes` of pattern `seed` under `key`.
+  absl::Status Store(const std::string& key, uint64_t bytes, uint64_t seed, bool spillable) {
+    auto answer = Reserve(key, bytes, spillable);
+    if (!answer->ready.WaitForNotificationWithTimeout(kTimeout)) {
+      return absl::DeadlineExceededError("reserve did not answer");
+    }
+    if (!answer->object.ok()) return answer->object.status();
+    FillPattern(answer->object->data(), bytes, seed);
+    return cache_->CommitStore(*answer->object);
+  }
+
+  // The tensor of block `i` as written to the file.
+  static bool HoldsBlock(const HostObject& object, int i) {
+    return object.size() == kObjectBytes &&
+           FirstPatternMismatch(object.data(), kObjectBytes, i) == -1;
+  }
+
+  TempDir dir_;
+  std::string model_dir_;
+  std::unique_ptr<HostDevice> device_;
+  std::unique_ptr<HostArena> arena_;
+  std::unique_ptr<DiskReader> reader_;
+  std::unique_ptr<Catalog> catalog_;
+  std::unique_ptr<SpillWriter> spill_;
+  std::unique_ptr<HostCache> cache_;
+};
+
+TEST_F(HostCacheTest, FetchReadsTheObjectAndRecordsItsChecksum) {
+  Start(4);
+  RegisterModel(3);
+  auto first = FetchNow("m/blocks.1");
+  ASSERT_THAT(first, IsOk());
+  EXPECT_TRUE(HoldsBlock(*first, 1));
+  EXPECT_TRUE(catalog_->Checksum("m/blocks.1").has_value());
+  auto again = FetchNow("m/blocks.1");
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(again->data(), first->data());
+  const HostCacheStats stats = cache_->stats();
+  EXPECT_EQ(stats.misses, 1u);
+  EXPECT_EQ(stats.hits, 1u);
+  EXPECT_EQ(stats.bytes_from_disk, kObjectBytes);
+}
+
+TEST_F(HostCacheTest, ConcurrentFetchesOfOneObjectShareOneRead) {
+  Start(4);
+  RegisterModel(2);
+  std::vector<std::shared_ptr<Answer>> answers;
+  for (int i = 0; i < 10; ++i) answers.push_back(Fetch("m/blocks.0"));
+  for (auto& answer : answers) {
+    ASSERT_TRUE(answer->ready.WaitForNotificationWithTimeout(kTimeout));
+    ASSERT_THAT(answer->object, IsOk());
+    EXPECT_EQ(answer->object->data(), answers[0]->object->data());
+  }
+  EXPECT_TRUE(HoldsBlock(*answers[0]->object, 0));
+  EXPECT_EQ(cache_->stats().bytes_from_disk, kObjectBytes);
+}
+
+TEST_F(HostCacheTest, UnknownKeysAreErrors) {
+  Start(2);
+  RegisterModel(1);
+  EXPECT_THAT(FetchNow("m/blocks.9"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(FetchNow("nope/x"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(FetchNow("no-slash"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(cache_->Prefetch("m/blocks.9", absl::InfiniteFuture()),
+              StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(HostCacheTest, FlippedByteOnDiskIsDataLossAndNeverHandedOut) {
+  Start(2);
+  RegisterModel(2);
+  ASSERT_THAT(FetchNow("m/blocks.1"), IsOk());  // records the checksum
+  ASSERT_THAT(cache_->Evict("m/blocks.1"), IsOk());
+  {
+    // Block 1's tensor starts after block 0's: flip a byte in its middle, keeping the size.
+    std::fstream file(absl::StrCat(model_dir_, "/model.safetensors"),
+                      std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(0, std::ios::end);
+    const std::streamoff position = static_cast<std::streamoff>(file.tellg()) - kObjectBytes / 2;
+    file.seekg(position);
+    const char byte = static_cast<char>(file.get());
+    file.seekp(position);
+    file.put(static_cast<char>(byte ^ 0x40));
+  }
+  EXPECT_THAT(FetchNow("m/blocks.1"), StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_FALSE(cache_->IsResident("m/blocks.1"));
+  EXPECT_EQ(cache_->stats().checksum_failures, 1u);
+  // The other object is unharmed.
+  auto other = FetchNow("m/blocks.0");
+  ASSERT_THAT(other, IsOk());
+  EXPECT_TRUE(HoldsBlock(*other, 0));
+}
+
+TEST_F(HostCacheTest, FifoEvictsInOrderOfArrival) {
+  Start(3, EvictionPolicy::kFifo);
+  RegisterModel(4);
+  for (int i : {0, 1, 2}) ASSERT_THAT(FetchNow(absl::StrCat("m/blocks.", i)), IsOk());
+  ASSERT_THAT(FetchNow("m/blocks.0"), IsOk());  // a hit does not change FIFO order
+  ASSERT_THAT(FetchNow("m/blocks.3"), IsOk());
+  EXPECT_FALSE(cache_->IsResident("m/blocks.0"));
+  EXPECT_TRUE(cache_->IsResident("m/blocks.1"));
+  EXPECT_TRUE(cache_->IsResident("m/blocks.2"));
+  EXPECT_EQ(cache_->stats().evictions, 1u);
+}
+
+TEST_F(HostCacheTest, LruEvictsTheLeastRecentlyUsed) {
+  Start(3, EvictionPolicy::kLru);
+  RegisterModel(4);
+  for (int i : {0, 1, 2}) ASSERT_THAT(FetchNow(absl::StrCat("m/blocks.", i)), IsOk());
+  ASSERT_THAT(FetchNow("m/blocks.0"), IsOk());
+  ASSERT_THAT(FetchNow("m/blocks.3"), IsOk());
+  EXPECT_TRUE(cache_->IsResident("m/blocks.0"));
+  EXPECT_FALSE(cache_->IsResident("m/blocks.1"));
+}
+
+TEST_F(HostCacheTest, ReferencedAndPinnedObjectsAreNeverEvicted) {
+  Start(2);
+  RegisterModel(3);
+  auto held = FetchNow("m/blocks.0");
+  ASSERT_THAT(held, IsOk());
+  ASSERT_THAT(FetchNow("m/blocks.1"), IsOk());
+  ASSERT_THAT(cache_->Pin("m/blocks.1"), IsOk());
+  // Full of a referenced and a pinned object: no room, at once.
+  EXPECT_THAT(FetchNow("m/blocks.2"), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(cache_->Evict("m/blocks.0"), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_TRUE(HoldsBlock(*held, 0));
+  held->Reset();
+  auto third = FetchNow("m/blocks.2");
+  ASSERT_THAT(third, IsOk());
+  EXPECT_TRUE(HoldsBlock(*third, 2));
+  EXPECT_FALSE(cache_->IsResident("m/blocks.0"));
+  EXPECT_TRUE(cache_->IsResident("m/blocks.1"));
+  EXPECT_THAT(cache_->Unpin("m/blocks.1"), IsOk());
+  EXPECT_THAT(cache_->Unpin("m/blocks.1"), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST_F(HostCacheTest, StoredObjectIsVisibleOnlyAfterCommit) {
+  Start(4);
+  auto reservation = Reserve("act/s_kv_0_3", 3 * kMiB + 7, /*spillable=*/false);
+  ASSERT_TRUE(reservation->ready.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(reservation->object, IsOk());
+  FillPattern(reservation->object->data(), 3 * kMiB + 7, 99);
+  EXPECT_THAT(FetchNow("act/s_kv_0_3"), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_THAT(cache_->CommitStore(*reservation->object), IsOk());
+  EXPECT_THAT(cache_->CommitStore(*reservation->object),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  auto fetched = FetchNow("act/s_kv_0_3");
+  ASSERT_THAT(fetched, IsOk());
+  EXPECT_EQ(FirstPatternMismatch(fetched->data(), 3 * kMiB + 7, 99), -1);
+}
+
+TEST_F(HostCacheTest, ReplacingAStoredObjectLeavesHoldersOfTheOldOneAlone) {
+  Start(4);
+  ASSERT_THAT(Store("act/x", kMiB, 1, false), IsOk());
+  auto old = FetchNow("act/x");
+  ASSERT_THAT(old, IsOk());
+  ASSERT_THAT(Store("act/x", kMiB, 2, false), IsOk());
+  auto fresh = FetchNow("act/x");
+  ASSERT_THAT(fresh, IsOk());
+  EXPECT_EQ(FirstPatternMismatch(old->data(), kMiB, 1), -1);
+  EXPECT_EQ(FirstPatternMismatch(fresh->data(), kMiB, 2), -1);
+  old->Reset();
+  EXPECT_EQ(cache_->stats().used_bytes, kMiB);
+}
+
+TEST_F(HostCacheTest, StoredObjectsSpillUnderPressureAndComeBackEqual) {
+  Start(2);
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_THAT(Store(absl::StrCat("act/", i), kObjectBytes, 100 + i, /*spillable=*/true), IsOk())
+        << i;
+  }
+  HostCacheStats stats = cache_->stats();
+  EXPECT_GE(stats.spills, 3u);
+  EXPECT_EQ(stats.stored_objects, 5u);
+  for (int i = 0; i < 5; ++i) {
+    auto object = FetchNow(absl::StrCat("act/", i));
+    ASSERT_THAT(object, IsOk()) << i;
+    EXPECT_EQ(FirstPatternMismatch(object->data(), kObjectBytes, 100 + i), -1) << i;
+  }
+  EXPECT_GE(cache_->stats().bytes_from_disk, 3 * kObjectBytes);
+}
+
+TEST_F(HostCacheTest, CacheFullOfUnspillableObjectsSaysResourceExhausted) {
+  Start(2);
+  ASSERT_THAT(Store("act/a", kObjectBytes, 1, false), IsOk());
+  ASSERT_THAT(Store("act/b", kObjectBytes, 2, false), IsOk());
+  EXPECT_THAT(Store("act/c", kObjectBytes, 3, true),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(cache_->Evict("act/a"), StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_THAT(cache_->Delete("act/a"), IsOk());
+  EXPECT_THAT(Store("act/c", kObjectBytes, 3, true), IsOk());
+  EXPECT_THAT(FetchNow("act/a"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(HostCacheTest, CorruptSpillFileIsDataLoss) {
+  Start(2);
+  ASSERT_THAT(Store("act/a", kObjectBytes, 1, true), IsOk());
+  ASSERT_THAT(cache_->Evict("act/a"), IsOk());  // spills
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (cache_->IsResident("act/a") && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(cache_->stats().spilled_objects, 1u);
+  std::string spill_file;
+  for (const auto& file : std::filesystem::directory_iterator(spill_->directory())) {
+    spill_file = file.path().string();
+  }
+  ASSERT_FALSE(spill_file.empty());
+  {
+    std::fstream file(spill_file, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(12345);
+    file.put('\x5a');
+  }
+  EXPECT_THAT(FetchNow("act/a"), StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(FetchNow("act/a"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_FALSE(std::filesystem::exists(spill_file));
+}
+
+TEST_F(HostCacheTest, QueuedPrefetchCanBeCancelled) {
+  // One reader thread, small chunks: a large demand read keeps the prefetch queued.
+  Start(80, EvictionPolicy::kFifo, ReaderOptions(1, 1, 64 * 1024));
+  RegisterModel(2, 32 * kMiB);
+  auto big = Fetch("m/blocks.0");
+  ASSERT_THAT(cache_->Prefetch("m/blocks.1", absl::InfiniteFuture()), IsOk());
+  EXPECT_TRUE(cache_->CancelPrefetch("m/blocks.1"));
+  ASSERT_TRUE(big->ready.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(big->object, IsOk());
+  EXPECT_FALSE(cache_->IsResident("m/blocks.1"));
+  // A cancelled prefetch leaves nothing behind: the object can be fetched normally.
+  auto later = FetchNow("m/blocks.1");
+  ASSERT_THAT(later, IsOk());
+  EXPECT_EQ(FirstPatternMismatch(later->data(), 32 * kMiB, 1), -1);
+}
+
+}  // namespace
+}  // namespace tierd
