@@ -68,6 +68,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
                   << FormatByteSize(options.host_cache_bytes) << ", GPU pool budget "
                   << FormatByteSize(options.gpu_pool_bytes);
   std::unique_ptr<Daemon> daemon(new Daemon(options, *std::move(device), lock_fd));
+  RETURN_IF_ERROR(daemon->StartStorage());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -87,18 +88,40 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
   return daemon;
 }
 
+absl::Status Daemon::StartStorage() {
+  ASSIGN_OR_RETURN(catalog_, Catalog::Open(options_.state_dir));
+  TIERD_LOG(INFO) << "catalog: " << catalog_->ListModels().size() << " model(s) registered";
+  ASSIGN_OR_RETURN(arena_, HostArena::Create(*device_, {options_.host_cache_bytes,
+                                                        options_.pin_piece_bytes}));
+  TIERD_LOG(INFO) << "host arena: " << FormatByteSize(arena_->pinned_bytes()) << " of "
+                  << FormatByteSize(arena_->capacity())
+                  << " pinned; the rest pins in the background";
+  ASSIGN_OR_RETURN(reader_, DiskReader::Create(options_.reader));
+  const std::string spill_dir =
+      options_.spill_dir.empty() ? absl::StrCat(options_.state_dir, "/spill") : options_.spill_dir;
+  ASSIGN_OR_RETURN(spill_, SpillWriter::Create(spill_dir));
+  host_cache_ = std::make_unique<HostCache>(*catalog_, *reader_, *arena_, spill_.get(),
+                                            HostCacheOptions{options_.host_cache_policy});
+  return absl::OkStatus();
+}
+
 Daemon::Daemon(DaemonOptions options, std::unique_ptr<Device> device, int state_lock_fd)
     : options_(std::move(options)), device_(std::move(device)), state_lock_fd_(state_lock_fd) {}
 
 Daemon::~Daemon() {
   Shutdown(absl::ZeroDuration());
   server_.reset();
+  host_cache_.reset();
+  spill_.reset();
+  reader_.reset();
+  arena_.reset();
+  catalog_.reset();
   device_.reset();
   ::close(state_lock_fd_);
 }
 
 void Daemon::Shutdown(absl::Duration grace) {
-  if (server_ == nullptr) return;
+  if (server_ == nullptr) return;  // storage failed to start: nothing serves
   server_->GetHealthCheckService()->SetServingStatus(false);
   // grpc::Server::Shutdown is idempotent and thread-safe.
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));

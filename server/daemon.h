@@ -1,5 +1,6 @@
-// The tierd daemon: owns the Device, the state directory and the gRPC server on the Unix socket.
-// Created by main() (or a test) from DaemonOptions; serves until Shutdown().
+// The tierd daemon: owns the Device, the state directory, the storage tiers (catalog, pinned host
+// arena, disk reader, spill writer, host cache) and the gRPC server on the Unix socket. Created by
+// main() (or a test) from DaemonOptions; serves until Shutdown().
 #ifndef TIERD_SERVER_DAEMON_H_
 #define TIERD_SERVER_DAEMON_H_
 
@@ -9,6 +10,11 @@
 #include "absl/time/time.h"
 #include "device/device.h"
 #include "server/daemon_options.h"
+#include "storage/catalog.h"
+#include "storage/disk_reader.h"
+#include "storage/host_arena.h"
+#include "storage/host_cache.h"
+#include "storage/spill_writer.h"
 
 namespace grpc {
 class Server;
@@ -18,7 +24,8 @@ namespace tierd {
 
 class Daemon {
  public:
-  // Validates `options`, takes the state directory's lock, creates the device and starts serving
+  // Validates `options`, takes the state directory's lock, creates the device, loads the catalog,
+  // pins the first piece of the host arena (the rest pins in the background), and starts serving
   // the standard health service (SERVING) and server reflection on the socket.
   // Errors: INVALID_ARGUMENT for bad options (naming the option); FAILED_PRECONDITION when the
   // socket or state directory is in use by another daemon; the device's errors.
@@ -33,13 +40,22 @@ class Daemon {
   void Shutdown(absl::Duration grace);
 
   Device& device() { return *device_; }
+  Catalog& catalog() { return *catalog_; }
+  HostCache& host_cache() { return *host_cache_; }
 
  private:
   Daemon(DaemonOptions options, std::unique_ptr<Device> device, int state_lock_fd);
+  absl::Status StartStorage();
 
   const DaemonOptions options_;
+  // Declared in dependency order: destroyed from the bottom up.
   std::unique_ptr<Device> device_;
   int state_lock_fd_;
+  std::unique_ptr<Catalog> catalog_;
+  std::unique_ptr<HostArena> arena_;
+  std::unique_ptr<DiskReader> reader_;
+  std::unique_ptr<SpillWriter> spill_;
+  std::unique_ptr<HostCache> host_cache_;
   std::unique_ptr<grpc::Server> server_;
 };
 

@@ -6,6 +6,8 @@
 #include <string>
 
 #include "device/device_factory.h"
+#include "storage/disk_reader.h"
+#include "storage/host_cache.h"
 
 namespace tierd {
 
@@ -15,6 +17,11 @@ struct DaemonOptions {
   std::string state_dir;          // --state-dir: persistent state; one daemon per directory
   uint64_t host_cache_bytes = 0;  // --host-cache-bytes: budget of the pinned host tier
   uint64_t gpu_pool_bytes = 0;    // --gpu-pool-bytes: budget of the GPU staging tier
+  std::string spill_dir;          // --spill-dir: where stored objects spill; empty: <state-dir>/spill
+  EvictionPolicy host_cache_policy = EvictionPolicy::kFifo;  // --host-cache-policy
+  uint64_t pin_piece_bytes = 1ull << 30;  // the host arena is pinned this much at a time
+  DiskReaderOptions reader;       // --reader-threads, --reader-queue-depth, --reader-chunk-bytes,
+                                  // --io-engine, --direct-io
 };
 
 }  // namespace tierd

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -21,6 +22,15 @@ ABSL_FLAG(tierd::ByteSize, host_cache_bytes, tierd::ByteSize{4ull << 30},
           "Budget of the pinned host cache, e.g. 64GiB");
 ABSL_FLAG(tierd::ByteSize, gpu_pool_bytes, tierd::ByteSize{2ull << 30},
           "Budget of the GPU staging pool, e.g. 8GiB");
+ABSL_FLAG(std::string, spill_dir, "",
+          "Where stored objects spill when the host cache is full (default: <state-dir>/spill)");
+ABSL_FLAG(std::string, host_cache_policy, "fifo", "Host cache eviction: fifo or lru");
+ABSL_FLAG(int, reader_threads, 2, "Disk reader threads, one io_uring ring each");
+ABSL_FLAG(int, reader_queue_depth, 16, "Disk reads in flight per reader thread");
+ABSL_FLAG(tierd::ByteSize, reader_chunk_bytes, tierd::ByteSize{4ull << 20},
+          "Size of each disk read (a multiple of 4KiB)");
+ABSL_FLAG(std::string, io_engine, "auto", "auto (io_uring, else pread), io_uring or pread");
+ABSL_FLAG(bool, direct_io, true, "Read model files with O_DIRECT where the filesystem allows");
 ABSL_FLAG(int, v, 0, "Verbosity of debug logging (0 = off)");
 ABSL_FLAG(int, shutdown_grace_ms, 5000, "How long in-flight calls may finish after SIGTERM");
 
@@ -41,6 +51,29 @@ int Run() {
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.host_cache_bytes = absl::GetFlag(FLAGS_host_cache_bytes).bytes;
   options.gpu_pool_bytes = absl::GetFlag(FLAGS_gpu_pool_bytes).bytes;
+  options.spill_dir = absl::GetFlag(FLAGS_spill_dir);
+  const std::optional<tierd::EvictionPolicy> policy =
+      tierd::ParseEvictionPolicy(absl::GetFlag(FLAGS_host_cache_policy));
+  if (!policy) {
+    std::fprintf(stderr, "tierd: --host-cache-policy must be fifo or lru\n");
+    return kExitBadUsage;
+  }
+  options.host_cache_policy = *policy;
+  options.reader.threads = absl::GetFlag(FLAGS_reader_threads);
+  options.reader.queue_depth = absl::GetFlag(FLAGS_reader_queue_depth);
+  options.reader.chunk_bytes = absl::GetFlag(FLAGS_reader_chunk_bytes).bytes;
+  options.reader.direct = absl::GetFlag(FLAGS_direct_io);
+  const std::string engine = absl::GetFlag(FLAGS_io_engine);
+  if (engine == "auto") {
+    options.reader.engine = tierd::IoEngine::kAuto;
+  } else if (engine == "io_uring") {
+    options.reader.engine = tierd::IoEngine::kIoUring;
+  } else if (engine == "pread") {
+    options.reader.engine = tierd::IoEngine::kPread;
+  } else {
+    std::fprintf(stderr, "tierd: --io-engine must be auto, io_uring or pread\n");
+    return kExitBadUsage;
+  }
 
   // Signals are taken synchronously by this thread; every thread created after this inherits the
   // mask, so none of them is interrupted.

@@ -73,6 +73,9 @@ TEST_F(DaemonProcessTest, ServesHealthOnItsSocketAndStopsCleanlyOnSigterm) {
   struct stat st;
   ASSERT_EQ(::stat(socket_path().c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0660u);
+  // The storage tiers are up: the catalog's and the spill directory exist under the state dir.
+  EXPECT_EQ(::access(absl::StrCat(dir_.path(), "/state/catalog").c_str(), F_OK), 0);
+  EXPECT_EQ(::access(absl::StrCat(dir_.path(), "/state/spill").c_str(), F_OK), 0);
 
   daemon->Signal(SIGTERM);
   EXPECT_THAT(daemon->Wait(kTimeout), IsOkAndHolds(0));
@@ -149,6 +152,15 @@ TEST_F(DaemonProcessTest, BadFlagsExitWithUsageError) {
   result = RunProgram(zero_budget, kTimeout);
   ASSERT_THAT(result, IsOk());
   EXPECT_EQ(result->exit_code, 2);
+
+  for (const char* flag : {"--host-cache-policy=mru", "--io-engine=aio", "--reader-chunk-bytes=1000",
+                           "--reader-threads=0"}) {
+    std::vector<std::string> args = TierdArgs(socket_path());
+    args.push_back(flag);
+    result = RunProgram(args, kTimeout);
+    ASSERT_THAT(result, IsOk());
+    EXPECT_EQ(result->exit_code, 2) << flag;
+  }
 
   auto unknown_command = Tierctl({"frobnicate"});
   ASSERT_THAT(unknown_command, IsOk());
