@@ -90,7 +90,8 @@ double ReadWithTierd(tierd::DiskReader& reader, tierd::HostArena& arena,
   const absl::Time start = absl::Now();
   for (uint64_t offset = 0; offset < bytes; offset += request_bytes) {
     const uint64_t length = std::min(request_bytes, bytes - offset);
-    reader.Submit({{{path, offset, length, arena.data(memory) + offset}},
+    // The arena holds the whole file at its own offsets: every range has its aligned window.
+    reader.Submit({{{path, offset, length, arena.data(memory) + offset, /*aligned_window=*/true}},
                    tierd::ReadPriority::kPrefetch,
                    absl::InfiniteFuture(),
                    [&](absl::Status status) {

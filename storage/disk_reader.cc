@@ -73,6 +73,7 @@ struct DiskReader::Chunk {
   uint64_t aligned_offset = 0;  // file offset of the first byte read
   uint64_t length = 0;          // bytes to read (aligned)
   uint64_t read = 0;            // bytes read so far
+  uint8_t* in_place = nullptr;  // where the chunk lands when the target has an aligned window
 };
 
 bool DiskReader::QueueOrder::operator()(const Request* a, const Request* b) const {
@@ -135,6 +136,11 @@ class DiskReader::Worker {
   };
 
   uint8_t* BounceOf(int slot) const { return bounce_ + slot * reader_->options_.chunk_bytes; }
+  // Where the chunk in `slot` is read to: its direct destination, or the slot's bounce buffer.
+  uint8_t* BufferOf(int slot) const {
+    const Chunk& chunk = slots_[slot].chunk;
+    return chunk.in_place != nullptr ? chunk.in_place : BounceOf(slot);
+  }
 
   // Takes a chunk and opens its file; false when there is no chunk.
   bool TakeChunk(bool wait, int slot) {
@@ -179,10 +185,10 @@ class DiskReader::Worker {
     Slot& s = slots_[slot];
     struct io_uring_sqe* sqe = io_uring_get_sqe(&ring_);  // never null: at most depth in flight
     const int fd = s.direct ? s.file->direct_fd : s.file->buffered_fd;
-    uint8_t* buffer = BounceOf(slot) + s.chunk.read;
+    uint8_t* buffer = BufferOf(slot) + s.chunk.read;
     const unsigned length = static_cast<unsigned>(s.chunk.length - s.chunk.read);
     const uint64_t offset = s.chunk.aligned_offset + s.chunk.read;
-    if (fixed_buffers_) {
+    if (fixed_buffers_ && s.chunk.in_place == nullptr) {
       io_uring_prep_read_fixed(sqe, fd, buffer, length, offset, slot);
     } else {
       io_uring_prep_read(sqe, fd, buffer, length, offset);
@@ -225,7 +231,7 @@ class DiskReader::Worker {
       for (;;) {
         Slot& s = slots_[0];
         const int fd = s.direct ? s.file->direct_fd : s.file->buffered_fd;
-        const ssize_t n = ::pread(fd, BounceOf(0) + s.chunk.read, s.chunk.length - s.chunk.read,
+        const ssize_t n = ::pread(fd, BufferOf(0) + s.chunk.read, s.chunk.length - s.chunk.read,
                                   static_cast<off_t>(s.chunk.aligned_offset + s.chunk.read));
         if (HandleResult(0, n < 0 ? -errno : n)) break;
       }
@@ -255,6 +261,7 @@ absl::Status DeliverChunk(const DiskReader::Chunk& chunk, const uint8_t* bounce)
                                             chunk.aligned_offset + chunk.read, " but bytes up to ",
                                             want_end, " were expected; was it changed?"));
   }
+  if (chunk.in_place != nullptr) return absl::OkStatus();  // already in place
   std::memcpy(target.destination + (want_begin - target.offset),
               bounce + (want_begin - chunk.aligned_offset), want_end - want_begin);
   return absl::OkStatus();
@@ -391,6 +398,11 @@ bool DiskReader::NextChunk(bool wait, Chunk* chunk) {
   chunk->aligned_offset = request->next_offset;
   chunk->length = std::min(options_.chunk_bytes, end - request->next_offset);
   chunk->read = 0;
+  chunk->in_place = nullptr;
+  if (target.aligned_window) {
+    uint8_t* window = target.destination - target.offset % kAlignment;
+    chunk->in_place = window + (chunk->aligned_offset - AlignDown(target.offset));
+  }
   request->started = true;
   ++request->outstanding;
   request->next_offset += chunk->length;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/byte_size.h"
 #include "common/log.h"
+#include "device/pinned_host_buffer.h"
 
 namespace tierd {
 
@@ -27,6 +28,9 @@ struct HostObject::Entry {
   Kind kind = Kind::kWeight;
   State state = State::kAllocating;
   std::optional<ArenaAllocation> memory;
+  // The object's bytes start this far into `memory`: the file offset's position within its 4 KiB
+  // block, so that a contiguous object's aligned superset fits the allocation and is read in place.
+  uint64_t head = 0;
   uint64_t size = 0;
   int refs = 0;
   int pins = 0;
@@ -96,7 +100,9 @@ HostObject& HostObject::operator=(HostObject&& other) noexcept {
 }
 
 const std::string& HostObject::key() const { return entry_->key; }
-uint8_t* HostObject::data() const { return cache_->arena_.data(*entry_->memory); }
+uint8_t* HostObject::data() const {
+  return cache_->arena_.data(*entry_->memory) + entry_->head;
+}
 uint64_t HostObject::size() const { return entry_->size; }
 
 void HostObject::Reset() {
@@ -168,6 +174,10 @@ void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time 
     entry->kind = Entry::Kind::kWeight;
     entry->state = Entry::State::kSpilled;  // i.e. not in memory: read it below
     entry->size = object->object->size;
+    const std::vector<Extent>& extents = object->object->extents;
+    if (extents.size() == 1 && extents[0].object_offset == 0) {
+      entry->head = extents[0].file_offset % PageSize();
+    }
     entry->source = *std::move(object);
     entry->listed = true;
     entries_[key] = entry;
@@ -200,7 +210,7 @@ void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time 
   entry->demand = priority == ReadPriority::kDemand;
   ++allocations_pending_;
   AllocateLocked(
-      entry->size,
+      entry->head + entry->size,
       [this, entry, priority, deadline](absl::StatusOr<ArenaAllocation> memory) {
         DeferredCalls later;
         absl::MutexLock relock(&mu_);
@@ -208,15 +218,19 @@ void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time 
         if (!memory.ok()) return FailLoadLocked(entry, memory.status(), later.calls());
         entry->memory = *memory;
         std::vector<ReadTarget> targets;
-        uint8_t* base = arena_.data(*memory);
+        uint8_t* base = arena_.data(*memory) + entry->head;
+        // One extent starting the object has its aligned window in the allocation (see head);
+        // gathered objects go through the reader's bounce buffers.
+        const bool in_place = entry->kind == Entry::Kind::kStored ||
+                              entry->source->object->extents.size() == 1;
         if (entry->kind == Entry::Kind::kWeight) {
           const ModelInfo& model = *entry->source->model;
           for (const Extent& extent : entry->source->object->extents) {
             targets.push_back({model.files[extent.file].path, extent.file_offset, extent.length,
-                               base + extent.object_offset});
+                               base + extent.object_offset, in_place});
           }
         } else {
-          targets.push_back({entry->spill_path, 0, entry->size, base});
+          targets.push_back({entry->spill_path, 0, entry->size, base, in_place});
         }
         StartReadLocked(entry, std::move(targets), entry->demand ? ReadPriority::kDemand : priority,
                         deadline);
@@ -277,7 +291,7 @@ void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
 void HostCache::FinishRead(Entry* entry, absl::Status status) {
   // Checksum without the lock: nothing else touches a loading entry's memory.
   if (status.ok()) {
-    const uint64_t checksum = Checksum(arena_.data(*entry->memory), entry->size);
+    const uint64_t checksum = Checksum(arena_.data(*entry->memory) + entry->head, entry->size);
     if (entry->kind == Entry::Kind::kWeight) {
       if (std::optional<uint64_t> expected = catalog_.Checksum(entry->key); !expected) {
         catalog_.RecordChecksum(entry->key, checksum);

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <thread>
@@ -104,6 +105,24 @@ TEST_P(DiskReaderTest, ReadsUnalignedRangesExactly) {
   EXPECT_EQ(stats.engine, GetParam() == IoEngine::kPread ? IoEngine::kPread : IoEngine::kIoUring);
   EXPECT_EQ(stats.requests_completed, buffers.size());
   EXPECT_GE(stats.bytes_read, stats.bytes_delivered);
+}
+
+TEST_P(DiskReaderTest, ReadsInPlaceWhenTheDestinationHasAnAlignedWindow) {
+  const std::string path = absl::StrCat(dir_.path(), "/window");
+  const std::string contents = MakeFile(path, 9 * kMiB + 77, 9);
+  // The range starts 1234 bytes into a block and ends at the file's unaligned end; the window
+  // around it is page-aligned, as the host cache allocates it.
+  const uint64_t offset = 3 * 4096 + 1234;
+  const uint64_t length = contents.size() - offset;
+  const uint64_t window_bytes = (contents.size() + 4095) / 4096 * 4096 - 3 * 4096;
+  auto* window = static_cast<uint8_t*>(std::aligned_alloc(4096, window_bytes));
+  auto reader = NewReader(ReaderOptions(2, 4, kMiB));
+  auto outcome = Read(*reader, {{path, offset, length, window + 1234, /*aligned_window=*/true}});
+  ASSERT_TRUE(outcome->finished.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(outcome->status, IsOk());
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(window) + 1234, length), contents.substr(offset));
+  std::free(window);
+  EXPECT_EQ(reader->stats().bytes_delivered, length);
 }
 
 TEST_P(DiskReaderTest, GathersManyTargetsOfOneRequestIntoPlace) {

@@ -42,13 +42,15 @@ struct Answer {
 
 class HostCacheTest : public ::testing::Test {
  protected:
-  // A cache holding `capacity_objects` block objects.
+  // A cache holding `capacity_objects` block objects (each may take a page more than its size:
+  // room to read it in place).
   void Start(int capacity_objects, EvictionPolicy policy = EvictionPolicy::kFifo,
              DiskReaderOptions reader_options = {}) {
     auto device = HostDevice::Create();
     ASSERT_THAT(device, IsOk());
     device_ = *std::move(device);
-    auto arena = HostArena::Create(*device_, {capacity_objects * kObjectBytes, kObjectBytes});
+    auto arena =
+        HostArena::Create(*device_, {capacity_objects * (kObjectBytes + 4096), kObjectBytes});
     ASSERT_THAT(arena, IsOk());
     arena_ = *std::move(arena);
     ASSERT_TRUE(arena_->WaitUntilFullyPinned(kTimeout));
