@@ -100,9 +100,7 @@ HostObject& HostObject::operator=(HostObject&& other) noexcept {
 }
 
 const std::string& HostObject::key() const { return entry_->key; }
-uint8_t* HostObject::data() const {
-  return cache_->arena_.data(*entry_->memory) + entry_->head;
-}
+uint8_t* HostObject::data() const { return cache_->arena_.data(*entry_->memory) + entry_->head; }
 uint64_t HostObject::size() const { return entry_->size; }
 
 void HostObject::Reset() {
@@ -221,8 +219,8 @@ void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time 
         uint8_t* base = arena_.data(*memory) + entry->head;
         // One extent starting the object has its aligned window in the allocation (see head);
         // gathered objects go through the reader's bounce buffers.
-        const bool in_place = entry->kind == Entry::Kind::kStored ||
-                              entry->source->object->extents.size() == 1;
+        const bool in_place =
+            entry->kind == Entry::Kind::kStored || entry->source->object->extents.size() == 1;
         if (entry->kind == Entry::Kind::kWeight) {
           const ModelInfo& model = *entry->source->model;
           for (const Extent& extent : entry->source->object->extents) {

@@ -153,8 +153,8 @@ TEST_F(DaemonProcessTest, BadFlagsExitWithUsageError) {
   ASSERT_THAT(result, IsOk());
   EXPECT_EQ(result->exit_code, 2);
 
-  for (const char* flag : {"--host-cache-policy=mru", "--io-engine=aio", "--reader-chunk-bytes=1000",
-                           "--reader-threads=0"}) {
+  for (const char* flag : {"--host-cache-policy=mru", "--io-engine=aio",
+                           "--reader-chunk-bytes=1000", "--reader-threads=0"}) {
     std::vector<std::string> args = TierdArgs(socket_path());
     args.push_back(flag);
     result = RunProgram(args, kTimeout);

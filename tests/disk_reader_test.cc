@@ -1,9 +1,15 @@
 #include "storage/disk_reader.h"
 
 #include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <thread>
@@ -305,6 +311,48 @@ TEST_P(DiskReaderTest, ConcurrentSubmittersAllGetTheirBytes) {
   }
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(mismatches.load(), 0);
+}
+
+// Installs a seccomp filter that makes io_uring_setup fail with EPERM, as container runtimes do.
+bool BlockIoUring() {
+  struct sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  struct sock_fprog program = {static_cast<unsigned short>(std::size(filter)), filter};
+  return ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
+}
+
+// In a child process (a death test), with io_uring blocked by seccomp: the reader falls back to
+// pread and still reads correctly. Exits 0 when all is as expected.
+void ReadWithIoUringBlocked(const std::string& path, const std::string& contents) {
+  if (!BlockIoUring()) std::_Exit(10);
+  auto reader = DiskReader::Create(DiskReaderOptions());
+  if (!reader.ok()) std::_Exit(11);
+  if ((*reader)->stats().engine != IoEngine::kPread) std::_Exit(12);
+  std::string buffer(contents.size() - 100, '\0');
+  absl::Notification done;
+  absl::Status status;
+  (*reader)->Submit({{{path, 100, buffer.size(), reinterpret_cast<uint8_t*>(buffer.data())}},
+                     ReadPriority::kDemand,
+                     absl::InfiniteFuture(),
+                     [&](absl::Status s) {
+                       status = s;
+                       done.Notify();
+                     }});
+  done.WaitForNotification();
+  std::_Exit(status.ok() && buffer == contents.substr(100) ? 0 : 13);
+}
+
+TEST(DiskReaderFallbackTest, FallsBackToPreadWhereSeccompBlocksIoUring) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TempDir dir;
+  const std::string path = absl::StrCat(dir.path(), "/blocked");
+  const std::string contents = MakeFile(path, 3 * kMiB + 1, 10);
+  EXPECT_EXIT(ReadWithIoUringBlocked(path, contents), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(DiskReaderOptionsTest, BadOptionsAreInvalidArgument) {

@@ -254,6 +254,28 @@ TEST_F(HostCacheTest, ReferencedAndPinnedObjectsAreNeverEvicted) {
   EXPECT_THAT(cache_->Unpin("m/blocks.1"), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
+TEST_F(HostCacheTest, ObjectBeingReadIsNeverEvicted) {
+  // Room for one 32 MiB object (and change); one reader thread in small chunks keeps it loading.
+  Start(33, EvictionPolicy::kFifo, ReaderOptions(1, 1, 64 * 1024));
+  RegisterModel(2, 32 * kMiB);
+  // A prefetch holds no reference: only its being in flight protects it.
+  ASSERT_THAT(cache_->Prefetch("m/blocks.0", absl::InfiniteFuture()), IsOk());
+  EXPECT_THAT(FetchNow("m/blocks.1"), StatusIs(absl::StatusCode::kResourceExhausted));
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (!cache_->IsResident("m/blocks.0") && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  auto loaded = FetchNow("m/blocks.0");
+  ASSERT_THAT(loaded, IsOk());
+  EXPECT_EQ(FirstPatternMismatch(loaded->data(), 32 * kMiB, 0), -1);
+  // Once loaded and unreferenced it is an ordinary candidate again.
+  loaded->Reset();
+  auto second = FetchNow("m/blocks.1");
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(FirstPatternMismatch(second->data(), 32 * kMiB, 1), -1);
+  EXPECT_FALSE(cache_->IsResident("m/blocks.0"));
+}
+
 TEST_F(HostCacheTest, StoredObjectIsVisibleOnlyAfterCommit) {
   Start(4);
   auto reservation = Reserve("act/s_kv_0_3", 3 * kMiB + 7, /*spillable=*/false);
