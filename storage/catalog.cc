@@ -1,6 +1,5 @@
 #include "storage/catalog.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "common/directory.h"
 #include "common/log.h"
 #include "common/posix_error.h"
 #include "common/status_macros.h"
@@ -104,28 +104,6 @@ absl::Status MakeDirectories(const std::string& path) {
   std::filesystem::create_directories(path, error);
   if (error) return PosixError(absl::StrCat("creating ", path), error.value());
   return absl::OkStatus();
-}
-
-// The names of the entries in `dir`, sorted.
-absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& dir) {
-  DIR* stream = opendir(dir.c_str());
-  if (stream == nullptr) return PosixError(absl::StrCat("opening ", dir), errno);
-  std::vector<std::string> names;
-  int error = 0;
-  for (;;) {
-    errno = 0;
-    const dirent* entry = readdir(stream);
-    if (entry == nullptr) {
-      error = errno;
-      break;
-    }
-    const absl::string_view name = entry->d_name;
-    if (name != "." && name != "..") names.emplace_back(name);
-  }
-  closedir(stream);
-  if (error != 0) return PosixError(absl::StrCat("reading ", dir), error);
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 // --- Persistence: one JSON file per model. ---

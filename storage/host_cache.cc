@@ -444,16 +444,20 @@ std::optional<ArenaAllocation> HostCache::TryAllocateLocked(uint64_t bytes) {
     if (victim == nullptr) return std::nullopt;
     ++stats_.evictions;
     TIERD_VLOG(2) << "evicting " << victim->key << " (" << FormatByteSize(victim->size) << ")";
-    order_.erase(victim->position);
-    victim->in_order = false;
-    arena_.Free(*victim->memory);
-    victim->memory.reset();
-    victim->state = Entry::State::kSpilled;
-    if (victim->kind == Entry::Kind::kWeight) {
-      // Weights are read again from their model; forget the entry.
-      entries_.erase(victim->key);
-      delete victim;
-    }
+    DropResidentLocked(victim);
+  }
+}
+
+void HostCache::DropResidentLocked(Entry* entry) {
+  order_.erase(entry->position);
+  entry->in_order = false;
+  arena_.Free(*entry->memory);
+  entry->memory.reset();
+  entry->state = Entry::State::kSpilled;
+  if (entry->kind == Entry::Kind::kWeight) {
+    // Weights are read again from their model; forget the entry.
+    entries_.erase(entry->key);
+    delete entry;
   }
 }
 
@@ -527,11 +531,7 @@ void HostCache::FinishSpill(Entry* entry, const std::string& path, absl::Status 
     RemoveLocked(entry, deferred.calls());
   } else if (status.ok() && IsEvictableLocked(entry)) {
     // Spilled to make room: free it now rather than at the next eviction scan.
-    order_.erase(entry->position);
-    entry->in_order = false;
-    arena_.Free(*entry->memory);
-    entry->memory.reset();
-    entry->state = Entry::State::kSpilled;
+    DropResidentLocked(entry);
   }
   RetryWaitersLocked(deferred.calls());
 }
@@ -617,15 +617,7 @@ absl::Status HostCache::Evict(const std::string& key) {
   }
   if (IsEvictableLocked(entry)) {
     ++stats_.evictions;
-    order_.erase(entry->position);
-    entry->in_order = false;
-    arena_.Free(*entry->memory);
-    entry->memory.reset();
-    entry->state = Entry::State::kSpilled;
-    if (entry->kind == Entry::Kind::kWeight) {
-      entries_.erase(entry->key);
-      delete entry;
-    }
+    DropResidentLocked(entry);
   } else if (entry->spillable && !entry->spill_failed) {
     StartSpillLocked(entry);
   } else {

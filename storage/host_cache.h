@@ -163,6 +163,9 @@ class HostCache {
   HostObject RefLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsEvictableLocked(const Entry* entry) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the memory of a resident entry that can be had again (IsEvictableLocked); a weight entry
+  // is deleted, a stored one stays as spilled.
+  void DropResidentLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Allocates, evicting clean objects as needed; nullopt when that is not enough.
   std::optional<ArenaAllocation> TryAllocateLocked(uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

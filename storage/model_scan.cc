@@ -1,6 +1,5 @@
 #include "storage/model_scan.h"
 
-#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/directory.h"
 #include "common/posix_error.h"
 #include "common/status_macros.h"
 #include "storage/json_file.h"
@@ -80,29 +80,17 @@ absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const std::string& 
 
 // The regular files named *.safetensors in `dir`, sorted.
 absl::StatusOr<std::vector<std::string>> ListSafetensorsFiles(const std::string& dir) {
-  DIR* stream = opendir(dir.c_str());
-  if (stream == nullptr) return PosixError(absl::StrCat("opening ", dir), errno);
+  ASSIGN_OR_RETURN(const std::vector<std::string> names, ListDirectory(dir));
   std::vector<std::string> files;
-  int error = 0;
-  for (;;) {
-    errno = 0;
-    const dirent* entry = readdir(stream);
-    if (entry == nullptr) {
-      error = errno;
-      break;
-    }
-    const absl::string_view name = entry->d_name;
+  for (const std::string& name : names) {
     if (name.size() <= sizeof(kSafetensorsSuffix) - 1 ||
         !absl::EndsWith(name, kSafetensorsSuffix)) {
       continue;
     }
     // stat, not the dirent type: model snapshots (Hugging Face's cache) are symlinks to blobs.
     auto st = Stat(absl::StrCat(dir, "/", name));
-    if (st.ok() && S_ISREG(st->st_mode)) files.emplace_back(name);
+    if (st.ok() && S_ISREG(st->st_mode)) files.push_back(name);
   }
-  closedir(stream);
-  if (error != 0) return PosixError(absl::StrCat("reading ", dir), error);
-  std::sort(files.begin(), files.end());
   return files;
 }
 
