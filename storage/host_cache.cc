@@ -45,13 +45,15 @@ struct HostObject::Entry {
   // Loading.
   std::vector<HostCache::FetchCallback> waiters;
   std::optional<DiskReader::RequestId> read_id;
-  bool submit_pending = false;           // a read is being submitted; the entry must stay
-  bool demand = false;                   // some waiter is a demand fetch
+  int submits_pending = 0;  // reads being submitted (the lock is dropped): the entry must stay
+  uint64_t load = 0;        // numbers the loads, so a late submit knows whether it is current
+  bool demand = false;      // some waiter is a demand fetch
   std::list<Entry*>::iterator position;  // in order_, while resident
   bool in_order = false;
 
   bool busy() const {
-    return state == State::kAllocating || state == State::kLoading || spilling || submit_pending;
+    return state == State::kAllocating || state == State::kLoading || spilling ||
+           submits_pending > 0;
   }
 };
 
@@ -215,23 +217,8 @@ void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time 
         --allocations_pending_;
         if (!memory.ok()) return FailLoadLocked(entry, memory.status(), later.calls());
         entry->memory = *memory;
-        std::vector<ReadTarget> targets;
-        uint8_t* base = arena_.data(*memory) + entry->head;
-        // One extent starting the object has its aligned window in the allocation (see head);
-        // gathered objects go through the reader's bounce buffers.
-        const bool in_place =
-            entry->kind == Entry::Kind::kStored || entry->source->object->extents.size() == 1;
-        if (entry->kind == Entry::Kind::kWeight) {
-          const ModelInfo& model = *entry->source->model;
-          for (const Extent& extent : entry->source->object->extents) {
-            targets.push_back({model.files[extent.file].path, extent.file_offset, extent.length,
-                               base + extent.object_offset, in_place});
-          }
-        } else {
-          targets.push_back({entry->spill_path, 0, entry->size, base, in_place});
-        }
-        StartReadLocked(entry, std::move(targets), entry->demand ? ReadPriority::kDemand : priority,
-                        deadline);
+        StartReadLocked(entry, TargetsLocked(entry),
+                        entry->demand ? ReadPriority::kDemand : priority, deadline);
       },
       deferred.calls());
 }
@@ -272,18 +259,46 @@ bool HostCache::CancelPrefetch(const std::string& key) {
 void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
                                 ReadPriority priority, absl::Time deadline) {
   entry->state = Entry::State::kLoading;
-  entry->submit_pending = true;
+  ++entry->submits_pending;
+  const uint64_t load = ++entry->load;
   ++reads_in_flight_;
-  // Submitted outside the lock: the reader may answer at once, which re-enters FinishRead.
+  // Submitted outside the lock: the reader may answer at once, which re-enters FinishRead — and
+  // the load may even fail and another start before the lock is back.
   mu_.Unlock();
   const DiskReader::RequestId id =
       reader_.Submit({std::move(targets), priority, deadline, [this, entry](absl::Status status) {
                         FinishRead(entry, std::move(status));
                       }});
   mu_.Lock();
-  entry->submit_pending = false;
-  if (entry->state == Entry::State::kLoading) entry->read_id = id;
+  --entry->submits_pending;
+  if (entry->state == Entry::State::kLoading && entry->load == load && !entry->read_id) {
+    entry->read_id = id;
+    // A demand fetch that came while the lock was dropped could not promote the read yet.
+    if (entry->demand && priority != ReadPriority::kDemand) {
+      reader_.Reprioritize(id, ReadPriority::kDemand, deadline);
+    }
+  }
   DeleteIfUnusedLocked(entry);
+}
+
+std::vector<ReadTarget> HostCache::TargetsLocked(const Entry* entry) const {
+  std::vector<ReadTarget> targets;
+  uint8_t* base = arena_.data(*entry->memory) + entry->head;
+  if (entry->kind == Entry::Kind::kStored) {
+    // A spill file holds the object from offset 0, and the allocation is whole pages.
+    targets.push_back({entry->spill_path, 0, entry->size, base, /*aligned_window=*/true});
+    return targets;
+  }
+  // One extent starting the object has its aligned window in the allocation (see head); gathered
+  // objects go through the reader's bounce buffers.
+  const std::vector<Extent>& extents = entry->source->object->extents;
+  const bool in_place = extents.size() == 1 && extents[0].object_offset == 0;
+  const ModelInfo& model = *entry->source->model;
+  for (const Extent& extent : extents) {
+    targets.push_back({model.files[extent.file].path, extent.file_offset, extent.length,
+                       base + extent.object_offset, in_place});
+  }
+  return targets;
 }
 
 void HostCache::FinishRead(Entry* entry, absl::Status status) {
@@ -309,6 +324,11 @@ void HostCache::FinishRead(Entry* entry, absl::Status status) {
   absl::MutexLock lock(&mu_);
   --reads_in_flight_;
   entry->read_id.reset();
+  if (status.code() == absl::StatusCode::kCancelled && entry->demand && entry->listed) {
+    // A demand fetch came between CancelPrefetch's decision and the cancel: read after all.
+    return StartReadLocked(entry, TargetsLocked(entry), ReadPriority::kDemand,
+                           absl::InfiniteFuture());
+  }
   if (!status.ok()) {
     if (status.code() == absl::StatusCode::kDataLoss) {
       ++stats_.checksum_failures;
@@ -340,11 +360,10 @@ void HostCache::FailLoadLocked(Entry* entry, const absl::Status& status, Deferre
     arena_.Free(*entry->memory);
     entry->memory.reset();
   }
-  if (entry->kind == Entry::Kind::kStored && !LosesStoredObject(status)) {
+  entry->state = Entry::State::kSpilled;
+  if (entry->kind == Entry::Kind::kStored && entry->listed && !LosesStoredObject(status)) {
     // The spilled copy is still good: the object stays, on disk.
-    entry->state = Entry::State::kSpilled;
   } else {
-    entry->state = Entry::State::kSpilled;
     RemoveLocked(entry, deferred);
   }
   RetryWaitersLocked(deferred);
@@ -432,6 +451,14 @@ void HostCache::Release(Entry* entry) {
 }
 
 std::optional<ArenaAllocation> HostCache::TryAllocateLocked(uint64_t bytes) {
+  if (std::optional<ArenaAllocation> memory = arena_.Allocate(bytes)) return memory;
+  // Evict only when that can be enough: a request larger than everything free and evictable
+  // together must not empty the cache for nothing.
+  uint64_t reclaimable = arena_.pinned_bytes() - arena_.used_bytes();
+  for (const Entry* candidate : order_) {
+    if (IsEvictableLocked(candidate)) reclaimable += candidate->memory->size;
+  }
+  if (reclaimable < bytes) return std::nullopt;
   for (;;) {
     if (std::optional<ArenaAllocation> memory = arena_.Allocate(bytes)) return memory;
     Entry* victim = nullptr;
@@ -563,24 +590,24 @@ void HostCache::RemoveLocked(Entry* entry, Deferred& deferred) {
     entry->in_order = false;
   }
   if (entry->refs > 0 || entry->busy()) return;  // finished by the last Release or completion
-  if (entry->memory) {
-    arena_.Free(*entry->memory);
-    entry->memory.reset();
-  }
-  if (!entry->spill_path.empty()) {
-    reader_.ForgetFile(entry->spill_path);
-    ::unlink(entry->spill_path.c_str());
-  }
-  delete entry;
+  FreeEntryLocked(entry);
   (void)deferred;
 }
 
 void HostCache::DeleteIfUnusedLocked(Entry* entry) {
   if (!entry->listed && entry->refs == 0 && !entry->busy() && entry->waiters.empty()) {
-    if (entry->memory) arena_.Free(*entry->memory);
-    if (!entry->spill_path.empty()) ::unlink(entry->spill_path.c_str());
-    delete entry;
+    FreeEntryLocked(entry);
   }
+}
+
+void HostCache::FreeEntryLocked(Entry* entry) {
+  if (entry->in_order) order_.erase(entry->position);
+  if (entry->memory) arena_.Free(*entry->memory);
+  if (!entry->spill_path.empty()) {
+    reader_.ForgetFile(entry->spill_path);
+    ::unlink(entry->spill_path.c_str());
+  }
+  delete entry;
 }
 
 absl::Status HostCache::Pin(const std::string& key) {
@@ -597,7 +624,8 @@ absl::Status HostCache::Unpin(const std::string& key) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(key);
-  if (it == entries_.end() || it->second->pins == 0) {
+  if (it == entries_.end()) return absl::NotFoundError(absl::StrCat(key, " is not cached"));
+  if (it->second->pins == 0) {
     return absl::FailedPreconditionError(absl::StrCat(key, " is not pinned"));
   }
   if (--it->second->pins == 0) RetryWaitersLocked(deferred.calls());

@@ -15,8 +15,10 @@
 // answer is RESOURCE_EXHAUSTED at once; when room is being made by spills in flight, the request
 // waits for them (no busy loop: it is retried when memory is freed).
 //
-// Callbacks run on the caller's thread when the answer is immediate, otherwise on a reader or
-// spill thread; they must not block. Thread-safe.
+// Callbacks run on the caller's thread when the answer is immediate; otherwise on a reader or spill
+// thread, or on the thread whose release, unpin, evict or delete made the room a waiting request
+// needed. They must not block, and must not take locks their caller may hold while releasing a
+// HostObject. Thread-safe.
 #ifndef TIERD_STORAGE_HOST_CACHE_H_
 #define TIERD_STORAGE_HOST_CACHE_H_
 
@@ -113,7 +115,7 @@ class HostCache {
   // spill file) with `priority` and `deadline`. Errors: INVALID_ARGUMENT (malformed key),
   // NOT_FOUND, FAILED_PRECONDITION (model files changed), RESOURCE_EXHAUSTED (no room can be
   // made), DATA_LOSS (checksum mismatch, truncated file), CANCELLED (its prefetch was cancelled),
-  // UNAVAILABLE (shutting down).
+  // UNAVAILABLE (shutting down), and the errors of reading the files (PERMISSION_DENIED, ...).
   void Fetch(const std::string& key, ReadPriority priority, absl::Time deadline, FetchCallback done)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Starts bringing `key` in without holding it. The errors known at once (unknown key) are
@@ -133,7 +135,7 @@ class HostCache {
   absl::Status CommitStore(HostObject& reservation) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Keeps a resident object from being evicted until Unpin. Pins count. NOT_FOUND when it is not
-  // resident.
+  // resident; Unpin: NOT_FOUND when unknown, FAILED_PRECONDITION when not pinned.
   absl::Status Pin(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Unpin(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -187,6 +189,11 @@ class HostCache {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveLocked(Entry* entry, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeleteIfUnusedLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees an entry that nothing uses any more: memory, spill file, the entry itself.
+  void FreeEntryLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Where the reads that bring `entry` into its memory go.
+  std::vector<ReadTarget> TargetsLocked(const Entry* entry) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogPrefetchFailure(const std::string& key, const absl::Status& status);
 
   Catalog& catalog_;

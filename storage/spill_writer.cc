@@ -21,13 +21,15 @@ constexpr uint64_t kWriteChunk = 4ull << 20;
 constexpr unsigned kWritesInFlight = 8;
 constexpr char kSpillSuffix[] = ".spill";
 
-// Writes [data, data + bytes) at offset 0 of `fd` with io_uring, several chunks in flight.
+// Writes [data, data + bytes) at offset 0 of `fd` with io_uring, several chunks in flight. Never
+// returns with a write still in flight: the memory and the file are released after it.
 absl::Status WriteWithUring(struct io_uring* ring, int fd, const uint8_t* data, uint64_t bytes,
                             const std::string& path) {
   uint64_t next = 0;       // next offset to submit
   uint64_t completed = 0;  // bytes written
   unsigned in_flight = 0;
-  while (completed < bytes) {
+  absl::Status failure;
+  while (completed < bytes && failure.ok()) {
     while (in_flight < kWritesInFlight && next < bytes) {
       struct io_uring_sqe* sqe = io_uring_get_sqe(ring);
       const unsigned length = static_cast<unsigned>(std::min(kWriteChunk, bytes - next));
@@ -37,7 +39,8 @@ absl::Status WriteWithUring(struct io_uring* ring, int fd, const uint8_t* data, 
       ++in_flight;
     }
     if (int rc = io_uring_submit_and_wait(ring, 1); rc < 0 && rc != -EINTR) {
-      return PosixError("io_uring_submit_and_wait", -rc);
+      failure = PosixError("io_uring_submit_and_wait", -rc);
+      break;
     }
     struct io_uring_cqe* cqe;
     while (io_uring_peek_cqe(ring, &cqe) == 0) {
@@ -47,27 +50,31 @@ absl::Status WriteWithUring(struct io_uring* ring, int fd, const uint8_t* data, 
       const int result = cqe->res;
       io_uring_cqe_seen(ring, cqe);
       --in_flight;
+      if (!failure.ok()) continue;
       if (result == -EINTR || result == -EAGAIN || (result >= 0 && uint64_t(result) < length)) {
         // Write the rest synchronously: short writes are rare (a filling disk).
-        const uint64_t done = result > 0 ? uint64_t(result) : 0;
-        for (uint64_t at = offset + done; at < offset + length;) {
+        for (uint64_t at = offset + (result > 0 ? uint64_t(result) : 0); at < offset + length;) {
           const ssize_t n = ::pwrite(fd, data + at, offset + length - at, at);
           if (n < 0 && errno == EINTR) continue;
-          if (n <= 0) return PosixError(absl::StrCat("writing ", path), n < 0 ? errno : ENOSPC);
+          if (n <= 0) {
+            failure = PosixError(absl::StrCat("writing ", path), n < 0 ? errno : ENOSPC);
+            break;
+          }
           at += uint64_t(n);
         }
       } else if (result < 0) {
-        // Drain what is still in flight before reporting, so no write outlives the job.
-        while (in_flight > 0 && io_uring_wait_cqe(ring, &cqe) == 0) {
-          io_uring_cqe_seen(ring, cqe);
-          --in_flight;
-        }
-        return PosixError(absl::StrCat("writing ", path), -result);
+        failure = PosixError(absl::StrCat("writing ", path), -result);
       }
-      completed += length;
+      if (failure.ok()) completed += length;
     }
   }
-  return absl::OkStatus();
+  // Drain whatever is still in flight before the caller closes the file or frees the memory.
+  struct io_uring_cqe* cqe;
+  while (in_flight > 0 && io_uring_wait_cqe(ring, &cqe) == 0) {
+    io_uring_cqe_seen(ring, cqe);
+    --in_flight;
+  }
+  return failure;
 }
 
 absl::Status WriteWithPwrite(int fd, const uint8_t* data, uint64_t bytes, const std::string& path) {

@@ -2,10 +2,15 @@
 // disk reader into a real (host-device) arena.
 #include "storage/host_cache.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "device/host_device.h"
@@ -356,6 +361,81 @@ TEST_F(HostCacheTest, CorruptSpillFileIsDataLoss) {
   EXPECT_THAT(FetchNow("act/a"), StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(FetchNow("act/a"), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_FALSE(std::filesystem::exists(spill_file));
+}
+
+// Opening spill files fails (PERMISSION_DENIED, which keeps a stored object) until `gate` opens;
+// with `then_missing`, every second attempt fails as NOT_FOUND instead (the object is lost).
+struct SpillOpenFaults {
+  std::shared_ptr<absl::Notification> gate = std::make_shared<absl::Notification>();
+  std::shared_ptr<std::atomic<int>> attempts = std::make_shared<std::atomic<int>>(0);
+  bool then_missing = false;
+
+  DiskReaderOptions Options() const {
+    DiskReaderOptions options;
+    options.open_file = [gate = gate, attempts = attempts, then_missing = then_missing](
+                            const std::string& path, int flags) {
+      if (absl::EndsWith(path, ".spill")) {
+        gate->WaitForNotification();
+        const int attempt = (*attempts)++;
+        // One open per attempt to read: the buffered open comes first and fails.
+        errno = then_missing && attempt % 2 == 1 ? ENOENT : EACCES;
+        return -1;
+      }
+      return ::open(path.c_str(), flags);
+    };
+    return options;
+  }
+};
+
+TEST_F(HostCacheTest, StoredObjectDeletedWhileItsReadBackFailsLeavesNothing) {
+  SpillOpenFaults faults;
+  Start(2, EvictionPolicy::kFifo, faults.Options());
+  ASSERT_THAT(Store("act/a", kObjectBytes, 1, true), IsOk());
+  ASSERT_THAT(cache_->Evict("act/a"), IsOk());
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (cache_->stats().spilled_objects == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  auto fetch = Fetch("act/a");  // its read waits at the gate
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_THAT(cache_->Delete("act/a"), IsOk());
+  faults.gate->Notify();
+  ASSERT_TRUE(fetch->ready.WaitForNotificationWithTimeout(kTimeout));
+  EXPECT_THAT(fetch->object, StatusIs(absl::StatusCode::kPermissionDenied));
+  // Nothing is left: no memory, no object, no spill file.
+  EXPECT_EQ(cache_->stats().used_bytes, 0u);
+  EXPECT_EQ(cache_->stats().stored_objects, 0u);
+  EXPECT_TRUE(std::filesystem::is_empty(spill_->directory()));
+}
+
+TEST_F(HostCacheTest, LoadsOfOneStoredObjectStartedFromFailureCallbacksDoNotCollide) {
+  SpillOpenFaults faults;
+  faults.then_missing = true;
+  faults.gate->Notify();
+  Start(2, EvictionPolicy::kFifo, faults.Options());
+  for (int round = 0; round < 30; ++round) {
+    const std::string key = absl::StrCat("act/", round);
+    ASSERT_THAT(Store(key, kObjectBytes, round, true), IsOk());
+    ASSERT_THAT(cache_->Evict(key), IsOk());
+    const absl::Time deadline = absl::Now() + kTimeout;
+    while (cache_->IsResident(key) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    // The first read fails with PERMISSION_DENIED (the object stays) and its callback starts a
+    // second load at once, racing the first one's submission; the second loses the object.
+    auto final_answer = std::make_shared<Answer>();
+    cache_->Fetch(key, ReadPriority::kDemand, absl::InfiniteFuture(),
+                  [this, key, final_answer](absl::StatusOr<HostObject> first) {
+                    EXPECT_THAT(first, StatusIs(absl::StatusCode::kPermissionDenied));
+                    cache_->Fetch(key, ReadPriority::kDemand, absl::InfiniteFuture(),
+                                  [final_answer](absl::StatusOr<HostObject> second) {
+                                    final_answer->object = std::move(second);
+                                    final_answer->ready.Notify();
+                                  });
+                  });
+    ASSERT_TRUE(final_answer->ready.WaitForNotificationWithTimeout(kTimeout)) << round;
+    EXPECT_THAT(final_answer->object, StatusIs(absl::StatusCode::kNotFound)) << round;
+  }
+  EXPECT_EQ(cache_->stats().used_bytes, 0u);
+  EXPECT_EQ(cache_->stats().stored_objects, 0u);
 }
 
 TEST_F(HostCacheTest, QueuedPrefetchCanBeCancelled) {
