@@ -24,7 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/object_layout.h"
-#include "tests/safetensors_writer.h"
+#include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 
 namespace tierd {

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
-#include "tests/safetensors_writer.h"
+#include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 
 namespace tierd {
@@ -25,18 +25,12 @@ namespace {
 
 using ::tierd::testing::FillPattern;
 using ::tierd::testing::IsOk;
+using ::tierd::testing::ReaderOptions;
 using ::tierd::testing::StatusIs;
 using ::tierd::testing::TempDir;
 
 constexpr uint64_t kMiB = 1 << 20;
 
-DiskReaderOptions ReaderOptions(int threads, int queue_depth, uint64_t chunk_bytes) {
-  DiskReaderOptions options;
-  options.threads = threads;
-  options.queue_depth = queue_depth;
-  options.chunk_bytes = chunk_bytes;
-  return options;
-}
 constexpr absl::Duration kTimeout = absl::Seconds(60);
 
 // The outcome of one request, filled in by its done callback.

@@ -15,7 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "device/host_device.h"
 #include "gtest/gtest.h"
-#include "tests/safetensors_writer.h"
+#include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 
 namespace tierd {
@@ -24,18 +24,12 @@ namespace {
 using ::tierd::testing::FillPattern;
 using ::tierd::testing::FirstPatternMismatch;
 using ::tierd::testing::IsOk;
+using ::tierd::testing::ReaderOptions;
 using ::tierd::testing::StatusIs;
 using ::tierd::testing::TempDir;
 
 constexpr uint64_t kMiB = 1 << 20;
 
-DiskReaderOptions ReaderOptions(int threads, int queue_depth, uint64_t chunk_bytes) {
-  DiskReaderOptions options;
-  options.threads = threads;
-  options.queue_depth = queue_depth;
-  options.chunk_bytes = chunk_bytes;
-  return options;
-}
 constexpr uint64_t kObjectBytes = kMiB;  // one F32 tensor per block
 constexpr absl::Duration kTimeout = absl::Seconds(60);
 

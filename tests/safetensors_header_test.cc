@@ -20,7 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/safetensors_writer.h"
+#include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 
 namespace tierd {

@@ -1,7 +1,7 @@
-// Writing safetensors files for tests: valid ones with known contents, and raw ones with any header
-// bytes at all, for the malformed-input tests.
-#ifndef TIERD_TESTS_SAFETENSORS_WRITER_H_
-#define TIERD_TESTS_SAFETENSORS_WRITER_H_
+// Helpers for the storage tests: writing safetensors files (valid ones with known contents, and raw
+// ones with any header bytes at all, for the malformed-input tests) and disk reader options.
+#ifndef TIERD_TESTS_STORAGE_TEST_SUPPORT_H_
+#define TIERD_TESTS_STORAGE_TEST_SUPPORT_H_
 
 #include <cstdint>
 #include <map>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "storage/disk_reader.h"
 
 namespace tierd::testing {
 
@@ -38,9 +39,12 @@ absl::Status WriteRawSafetensors(const std::string& path, const std::string& hea
 std::string SafetensorsHeaderJson(const std::vector<TensorSpec>& tensors,
                                   const std::map<std::string, std::string>& metadata = {});
 
+// Reader options with the given threads, queue depth and chunk size, the rest default.
+DiskReaderOptions ReaderOptions(int threads, int queue_depth, uint64_t chunk_bytes);
+
 // Writes `contents` to `path`, replacing it.
 absl::Status WriteFile(const std::string& path, const std::string& contents);
 
 }  // namespace tierd::testing
 
-#endif  // TIERD_TESTS_SAFETENSORS_WRITER_H_
+#endif  // TIERD_TESTS_STORAGE_TEST_SUPPORT_H_

@@ -1,4 +1,4 @@
-#include "tests/safetensors_writer.h"
+#include "tests/storage_test_support.h"
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -32,6 +32,14 @@ std::string SafetensorsHeaderJson(const std::vector<TensorSpec>& tensors,
     offset += tensor.data.size();
   }
   return header.dump();
+}
+
+DiskReaderOptions ReaderOptions(int threads, int queue_depth, uint64_t chunk_bytes) {
+  DiskReaderOptions options;
+  options.threads = threads;
+  options.queue_depth = queue_depth;
+  options.chunk_bytes = chunk_bytes;
+  return options;
 }
 
 absl::Status WriteFile(const std::string& path, const std::string& contents) {
