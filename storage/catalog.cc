@@ -288,9 +288,13 @@ absl::StatusOr<LoadedModel> ParseModel(absl::string_view text, const std::string
 }
 
 ModelSummary Summarize(const ModelInfo& info) {
-  ModelSummary summary{info.name,         info.directory,      info.grouping,
-                       info.files.size(), info.objects.size(), 0,
-                       info.total_bytes};
+  ModelSummary summary;
+  summary.name = info.name;
+  summary.directory = info.directory;
+  summary.grouping = info.grouping;
+  summary.files = info.files.size();
+  summary.objects = info.objects.size();
+  summary.total_bytes = info.total_bytes;
   for (const ObjectInfo& object : info.objects) summary.tensors += object.tensors.size();
   return summary;
 }

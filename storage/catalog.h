@@ -98,7 +98,7 @@ struct ModelInfo {
 struct ModelSummary {
   std::string name;
   std::string directory;
-  Grouping grouping;
+  Grouping grouping = Grouping::kBlock;
   size_t files = 0;
   size_t objects = 0;
   size_t tensors = 0;
