@@ -120,8 +120,10 @@ HostCache::~HostCache() {
   {
     absl::MutexLock lock(&mu_);
     // Every pending allocation is either parked in waiters_ or about to be answered.
+    // A read can finish, and its callback tell the owner all is done, before the thread that
+    // submitted it is back from the reader: that thread still needs the cache.
     auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return reads_in_flight_ == 0 && spilling_bytes_ == 0 &&
+      return reads_in_flight_ == 0 && submits_pending_ == 0 && spilling_bytes_ == 0 &&
              allocations_pending_ == waiters_.size();
     };
     mu_.Await(absl::Condition(&settled));
@@ -260,6 +262,7 @@ void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
                                 ReadPriority priority, absl::Time deadline) {
   entry->state = Entry::State::kLoading;
   ++entry->submits_pending;
+  ++submits_pending_;
   const uint64_t load = ++entry->load;
   ++reads_in_flight_;
   // Submitted outside the lock: the reader may answer at once, which re-enters FinishRead — and
@@ -271,6 +274,7 @@ void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
                       }});
   mu_.Lock();
   --entry->submits_pending;
+  --submits_pending_;
   if (entry->state == Entry::State::kLoading && entry->load == load && !entry->read_id) {
     entry->read_id = id;
     // A demand fetch that came while the lock was dropped could not promote the read yet.

@@ -211,6 +211,7 @@ class HostCache {
   std::deque<AllocationWaiter> waiters_ ABSL_GUARDED_BY(mu_);
   uint64_t spilling_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reads_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t submits_pending_ ABSL_GUARDED_BY(mu_) = 0;  // threads inside StartReadLocked's window
   uint64_t allocations_pending_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_spill_id_ ABSL_GUARDED_BY(mu_) = 0;
   HostCacheStats stats_ ABSL_GUARDED_BY(mu_);
