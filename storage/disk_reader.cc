@@ -224,8 +224,12 @@ class DiskReader::Worker {
       }
       if (in_flight == 0) return;  // nothing in flight and nothing to take: stopping
       int rc = io_uring_submit_and_wait(&ring_, 1);
-      if (rc < 0 && rc != -EINTR && rc != -EBUSY) {
-        TIERD_LOG(ERROR) << "io_uring_submit_and_wait: " << std::strerror(-rc);
+      if (rc < 0 && rc != -EINTR && rc != -EBUSY && rc != -EAGAIN) {
+        // Not expected from a healthy ring. Wait for a completion of what is in flight rather than
+        // retry the submit in a loop: a blocked wait burns no core.
+        TIERD_LOG_FIRST_N(ERROR, 5) << "io_uring_submit_and_wait: " << std::strerror(-rc);
+        struct io_uring_cqe* ignored;
+        io_uring_wait_cqe(&ring_, &ignored);
       }
       struct io_uring_cqe* cqe;
       while (io_uring_peek_cqe(&ring_, &cqe) == 0) {
