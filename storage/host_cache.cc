@@ -161,7 +161,7 @@ void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time 
                       FetchCallback done) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
-  auto fail = [&](absl::Status status) {
+  auto fail = [&](const absl::Status& status) {
     deferred.calls().push_back(
         [done = std::move(done), status]() mutable { std::move(done)(status); });
   };
@@ -537,12 +537,11 @@ void HostCache::StartSpillLocked(Entry* entry) {
   entry->spilling = true;
   spilling_bytes_ += entry->memory->size;
   const std::string path = absl::StrCat(spill_->directory(), "/", next_spill_id_++, ".spill");
-  spill_->Write(
-      {path, arena_.data(*entry->memory), entry->memory->size,
-       [this, entry, path](absl::Status status) { FinishSpill(entry, path, std::move(status)); }});
+  spill_->Write({path, arena_.data(*entry->memory), entry->memory->size,
+                 [this, entry, path](absl::Status status) { FinishSpill(entry, path, status); }});
 }
 
-void HostCache::FinishSpill(Entry* entry, const std::string& path, absl::Status status) {
+void HostCache::FinishSpill(Entry* entry, const std::string& path, const absl::Status& status) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   entry->spilling = false;

@@ -177,7 +177,7 @@ class HostCache {
   // Starts spilling objects until `bytes` are on their way out; true when any spill is in flight.
   bool SpillForLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartSpillLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishSpill(Entry* entry, const std::string& path, absl::Status status)
+  void FinishSpill(Entry* entry, const std::string& path, const absl::Status& status)
       ABSL_LOCKS_EXCLUDED(mu_);
   void FreeMemoryLocked(Entry* entry, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetryWaitersLocked(Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
