@@ -316,10 +316,9 @@ absl::StatusOr<std::unique_ptr<DiskReader>> DiskReader::Create(const DiskReaderO
     }
     reader->workers_.push_back(std::move(worker));
   }
-  reader->engine_ = use_uring ? IoEngine::kIoUring : IoEngine::kPread;
   {
     absl::MutexLock lock(&reader->mu_);
-    reader->stats_.engine = reader->engine_;
+    reader->stats_.engine = use_uring ? IoEngine::kIoUring : IoEngine::kPread;
   }
   return reader;
 }

@@ -132,7 +132,6 @@ class DiskReader {
   void UseBuffered(File* file, int error) ABSL_LOCKS_EXCLUDED(mu_);
 
   const DiskReaderOptions options_;
-  IoEngine engine_ = IoEngine::kIoUring;
 
   mutable absl::Mutex mu_;
   RequestId next_id_ ABSL_GUARDED_BY(mu_) = 1;

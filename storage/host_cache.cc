@@ -368,7 +368,7 @@ void HostCache::FailLoadLocked(Entry* entry, const absl::Status& status, Deferre
   if (entry->kind == Entry::Kind::kStored && entry->listed && !LosesStoredObject(status)) {
     // The spilled copy is still good: the object stays, on disk.
   } else {
-    RemoveLocked(entry, deferred);
+    RemoveLocked(entry);
   }
   RetryWaitersLocked(deferred);
 }
@@ -417,19 +417,23 @@ absl::Status HostCache::CommitStore(HostObject& reservation) {
     return absl::FailedPreconditionError("not a reservation of this cache");
   }
   Entry* entry = reservation.entry_;
+  // Hashed before taking the lock (an object can be gigabytes): the caller's reference keeps the
+  // memory in place, and a writer that commits has finished writing.
+  const uint64_t checksum = Checksum(arena_.data(*entry->memory), entry->size);
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   if (entry->state != Entry::State::kWriting) {
     return absl::FailedPreconditionError(
         absl::StrCat(entry->key, ": committing a buffer that is not an open reservation"));
   }
-  // Under the lock, but only a writer that already finished calls this: the bytes are final.
-  entry->checksum = Checksum(arena_.data(*entry->memory), entry->size);
+  entry->checksum = checksum;
   entry->state = Entry::State::kResident;
   if (auto it = entries_.find(entry->key); it != entries_.end()) {
     Entry* old = it->second;
     entry->pins = std::exchange(old->pins, 0);  // pins belong to the key
-    RemoveLocked(old, deferred.calls());
+    RemoveLocked(old);
+    // The old version's memory may be free now.
+    RetryWaitersLocked(deferred.calls());
   }
   entries_[entry->key] = entry;
   entry->listed = true;
@@ -448,7 +452,7 @@ void HostCache::Release(Entry* entry) {
     arena_.Free(*entry->memory);
     delete entry;
   } else if (!entry->listed) {
-    RemoveLocked(entry, deferred.calls());
+    RemoveLocked(entry);
   }
   // The entry may have become evictable, or memory was freed: let waiting allocations retry.
   RetryWaitersLocked(deferred.calls());
@@ -558,7 +562,7 @@ void HostCache::FinishSpill(Entry* entry, const std::string& path, const absl::S
   }
   if (!entry->listed) {
     // Deleted or replaced while it was being written.
-    RemoveLocked(entry, deferred.calls());
+    RemoveLocked(entry);
   } else if (status.ok() && IsEvictableLocked(entry)) {
     // Spilled to make room: free it now rather than at the next eviction scan.
     DropResidentLocked(entry);
@@ -583,7 +587,7 @@ void HostCache::RetryWaitersLocked(Deferred& deferred) {
   }
 }
 
-void HostCache::RemoveLocked(Entry* entry, Deferred& deferred) {
+void HostCache::RemoveLocked(Entry* entry) {
   if (entry->listed) {
     entries_.erase(entry->key);
     entry->listed = false;
@@ -594,7 +598,6 @@ void HostCache::RemoveLocked(Entry* entry, Deferred& deferred) {
   }
   if (entry->refs > 0 || entry->busy()) return;  // finished by the last Release or completion
   FreeEntryLocked(entry);
-  (void)deferred;
 }
 
 void HostCache::DeleteIfUnusedLocked(Entry* entry) {
@@ -666,7 +669,7 @@ absl::Status HostCache::Delete(const std::string& key) {
   if (it == entries_.end() || it->second->kind != Entry::Kind::kStored) {
     return absl::NotFoundError(absl::StrCat("no stored object ", key));
   }
-  RemoveLocked(it->second, deferred.calls());
+  RemoveLocked(it->second);
   RetryWaitersLocked(deferred.calls());
   return absl::OkStatus();
 }

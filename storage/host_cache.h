@@ -187,7 +187,7 @@ class HostCache {
   void FinishRead(Entry* entry, absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
   void FailLoadLocked(Entry* entry, const absl::Status& status, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveLocked(Entry* entry, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeleteIfUnusedLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees an entry that nothing uses any more: memory, spill file, the entry itself.
   void FreeEntryLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
