@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/posix_error.h"
 #include "common/status_macros.h"
+#include "grpc/health/v1/health.pb.h"
 #include "server/unix_socket.h"
 
 namespace tierd {
@@ -71,6 +72,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
   RETURN_IF_ERROR(daemon->StartStorage());
 
   grpc::EnableDefaultHealthCheckService(true);
+  // gRPC's built-in health service encodes its messages without protobuf descriptors, so
+  // reflection could list it but not describe it, and grpcurl could not call it. Touching the
+  // generated descriptor links it in and registers it with the pool reflection serves from.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::StrCat("unix:", options.socket_path),
@@ -91,8 +96,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
 absl::Status Daemon::StartStorage() {
   ASSIGN_OR_RETURN(catalog_, Catalog::Open(options_.state_dir));
   TIERD_LOG(INFO) << "catalog: " << catalog_->ListModels().size() << " model(s) registered";
-  ASSIGN_OR_RETURN(arena_, HostArena::Create(*device_, {options_.host_cache_bytes,
-                                                        options_.pin_piece_bytes}));
+  ASSIGN_OR_RETURN(
+      arena_, HostArena::Create(*device_, {options_.host_cache_bytes, options_.pin_piece_bytes}));
   TIERD_LOG(INFO) << "host arena: " << FormatByteSize(arena_->pinned_bytes()) << " of "
                   << FormatByteSize(arena_->capacity())
                   << " pinned; the rest pins in the background";

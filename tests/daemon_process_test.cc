@@ -1,4 +1,6 @@
 // tierd and tierctl as separate processes on a real Unix socket.
+#include <google/protobuf/descriptor.pb.h>
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -9,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/test_support.h"
 
@@ -80,6 +83,44 @@ TEST_F(DaemonProcessTest, ServesHealthOnItsSocketAndStopsCleanlyOnSigterm) {
   daemon->Signal(SIGTERM);
   EXPECT_THAT(daemon->Wait(kTimeout), IsOkAndHolds(0));
   EXPECT_NE(::access(socket_path().c_str(), F_OK), 0) << "socket left behind";
+}
+
+// What `grpcurl -plaintext -unix SOCKET list` and `describe grpc.health.v1.Health` do: server
+// reflection over the socket, with no proto files on the client's side.
+TEST_F(DaemonProcessTest, ReflectionListsAndDescribesTheServedServices) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("unix:", socket_path()), grpc::InsecureChannelCredentials());
+  auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub->ServerReflectionInfo(&context);
+  grpc::reflection::v1alpha::ServerReflectionRequest request;
+  grpc::reflection::v1alpha::ServerReflectionResponse response;
+
+  request.set_list_services("");
+  ASSERT_TRUE(stream->Write(request));
+  ASSERT_TRUE(stream->Read(&response));
+  std::vector<std::string> services;
+  for (const auto& service : response.list_services_response().service()) {
+    services.push_back(service.name());
+  }
+  EXPECT_THAT(services, ::testing::IsSupersetOf(
+                            {"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}));
+
+  request.set_file_containing_symbol("grpc.health.v1.Health");
+  ASSERT_TRUE(stream->Write(request));
+  ASSERT_TRUE(stream->Read(&response));
+  ASSERT_EQ(response.file_descriptor_response().file_descriptor_proto_size(), 1);
+  google::protobuf::FileDescriptorProto file;
+  ASSERT_TRUE(file.ParseFromString(response.file_descriptor_response().file_descriptor_proto(0)));
+  EXPECT_EQ(file.package(), "grpc.health.v1");
+  ASSERT_GE(file.service_size(), 1);
+  EXPECT_EQ(file.service(0).name(), "Health");
+
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 TEST_F(DaemonProcessTest, SigintStopsItToo) {
