@@ -1,53 +1,344 @@
 // tierctl: talk to a tierd from the command line.
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "client/health.h"
+#include "client/tierctl_format.h"
+#include "client/tierctl_transfer.h"
+#include "client/tierd_client.h"
 #include "common/command_line.h"
 
 ABSL_FLAG(std::string, socket, "/run/tierd/gpu0.sock", "Unix socket of the tierd to talk to");
 ABSL_FLAG(int, timeout_ms, 5000, "Deadline of each call");
+ABSL_FLAG(bool, json, false, "Print one JSON document on stdout instead of text");
+// Per-command flags: empty or false means "not given", so a flag given to the wrong command is
+// caught instead of silently ignored.
+ABSL_FLAG(std::string, group, "",
+          "load: how tensors are grouped into objects: tensor, block (default) or phase");
+ABSL_FLAG(std::string, output, "", "get: the file to write, - for stdout (also -o FILE)");
+ABSL_FLAG(bool, no_spill, false, "put: the object must stay in host memory, never spill to disk");
+ABSL_FLAG(std::string, tier, "", "evict: the tier to drop from: gpu (default), host or all");
 
 namespace {
 
 constexpr int kExitFailure = 1;
 constexpr int kExitBadUsage = 2;
 constexpr char kUsage[] =
-    "tierctl [--socket=PATH] COMMAND\n"
+    "tierctl [--socket=PATH] [--timeout-ms=N] [--json] COMMAND [ARGS]\n"
     "commands:\n"
-    "  health   print the daemon's serving status; exit 0 only when SERVING\n";
+    "  health                     print the daemon's serving status; exit 0 only when SERVING\n"
+    "  load NAME DIR [--group=tensor|block|phase]\n"
+    "                             register the .safetensors files in DIR as model NAME\n"
+    "  ls [NAME]                  list the models, or the objects of model NAME\n"
+    "  stats                      print the daemon's tiers and counters\n"
+    "  prefetch KEY...            start bringing objects to the GPU\n"
+    "  get KEY -o FILE            write an object's bytes to FILE (- for stdout)\n"
+    "  put KEY FILE [--no-spill]  store the bytes of FILE (- for stdin) as object KEY\n"
+    "  evict KEY|PREFIX/ [--tier=gpu|host|all]\n"
+    "                             drop an object, or every one under PREFIX/, from a tier\n"
+    "With --json a command prints one JSON document on stdout. A failure prints STATUS: message\n"
+    "on stderr and exits 1; bad usage exits 2.\n";
+
+using tierd::Json;
 
 void PrintError(const absl::Status& status) {
   std::fprintf(stderr, "%s: %s\n", absl::StatusCodeToString(status.code()).c_str(),
                std::string(status.message()).c_str());
 }
 
-int Health() {
+int Fail(const absl::Status& status) {
+  PrintError(status);
+  return kExitFailure;
+}
+
+int BadUsage(const std::string& why) {
+  std::fprintf(stderr, "tierctl: %s\n%s", why.c_str(), kUsage);
+  return kExitBadUsage;
+}
+
+absl::StatusOr<std::unique_ptr<tierd::Client>> Connect() {
+  tierd::ClientOptions options;
+  options.socket_path = absl::GetFlag(FLAGS_socket);
+  options.client_name = absl::StrCat("tierctl pid ", ::getpid());
+  options.call_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+  return tierd::Client::Connect(options);
+}
+
+std::optional<tierd::v1::Grouping> ParseGrouping(absl::string_view name) {
+  if (name == "tensor") return tierd::v1::GROUPING_TENSOR;
+  if (name.empty() || name == "block") return tierd::v1::GROUPING_BLOCK;
+  if (name == "phase") return tierd::v1::GROUPING_PHASE;
+  return std::nullopt;
+}
+
+std::optional<tierd::v1::Tier> ParseTier(absl::string_view name) {
+  if (name.empty() || name == "gpu") return tierd::v1::TIER_GPU;
+  if (name == "host") return tierd::v1::TIER_HOST;
+  if (name == "all") return tierd::v1::TIER_ALL;
+  return std::nullopt;
+}
+
+using Args = std::vector<std::string>;
+
+int Health(const Args&) {
   absl::StatusOr<std::string> serving = tierd::CheckHealth(
       absl::GetFlag(FLAGS_socket), absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
-  if (!serving.ok()) {
-    PrintError(serving.status());
-    return kExitFailure;
+  if (!serving.ok()) return Fail(serving.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    tierd::PrintJson(Json{{"status", *serving}});
+  } else {
+    std::printf("%s\n", serving->c_str());
   }
-  std::printf("%s\n", serving->c_str());
   return *serving == "SERVING" ? 0 : kExitFailure;
+}
+
+int Load(const Args& args) {
+  const std::optional<tierd::v1::Grouping> grouping = ParseGrouping(absl::GetFlag(FLAGS_group));
+  if (!grouping) return BadUsage("--group must be tensor, block or phase");
+  // The daemon resolves the directory itself, from its own working directory.
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(args[1], error);
+  if (error) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(args[1], ": ", error.message())));
+  }
+  // Only "." parts are dropped: dropping "x/.." (lexically_normal) would skip a symlink x.
+  std::filesystem::path directory;
+  for (const std::filesystem::path& part : absolute) {
+    if (part != ".") directory /= part;
+  }
+  absl::StatusOr<std::unique_ptr<tierd::Client>> client = Connect();
+  if (!client.ok()) return Fail(client.status());
+
+  const bool json = absl::GetFlag(FLAGS_json);
+  std::optional<tierd::RegisterProgress> progress;
+  if (!json) progress.emplace();
+  absl::StatusOr<tierd::v1::ModelSummary> summary =
+      (*client)->RegisterModel(args[0], directory.string(), *grouping,
+                               [&progress](const tierd::v1::RegisterModelProgress& update) {
+                                 if (progress) progress->Update(update);
+                               });
+  // Clears the progress bar before anything else is printed.
+  progress.reset();
+  if (!summary.ok()) return Fail(summary.status());
+  if (json) {
+    tierd::PrintJson(tierd::ProtoToJson(*summary));
+  } else {
+    std::fputs(tierd::FormatModelSummary(*summary).c_str(), stdout);
+  }
+  return 0;
+}
+
+int List(const Args& args) {
+  absl::StatusOr<std::unique_ptr<tierd::Client>> client = Connect();
+  if (!client.ok()) return Fail(client.status());
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (args.empty()) {
+    absl::StatusOr<std::vector<tierd::v1::ModelSummary>> models = (*client)->ListModels();
+    if (!models.ok()) return Fail(models.status());
+    if (json) {
+      Json list = Json::array();
+      for (const auto& model : *models) list.push_back(tierd::ProtoToJson(model));
+      tierd::PrintJson(Json{{"models", std::move(list)}});
+    } else if (models->empty()) {
+      std::fputs("no models registered\n", stderr);
+    } else {
+      std::fputs(tierd::FormatModels(*models).c_str(), stdout);
+    }
+    return 0;
+  }
+  absl::StatusOr<std::vector<tierd::v1::ObjectInfo>> objects = (*client)->ListObjects(args[0]);
+  if (!objects.ok()) return Fail(objects.status());
+  if (json) {
+    Json list = Json::array();
+    for (const auto& object : *objects) list.push_back(tierd::ProtoToJson(object));
+    tierd::PrintJson(Json{{"model", args[0]}, {"objects", std::move(list)}});
+  } else {
+    std::fputs(tierd::FormatObjects(*objects).c_str(), stdout);
+  }
+  return 0;
+}
+
+int Stats(const Args&) {
+  absl::StatusOr<std::unique_ptr<tierd::Client>> client = Connect();
+  if (!client.ok()) return Fail(client.status());
+  absl::StatusOr<tierd::v1::Stats> stats = (*client)->GetStats();
+  if (!stats.ok()) return Fail(stats.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    tierd::PrintJson(tierd::ProtoToJson(*stats));
+  } else {
+    std::fputs(tierd::FormatStats(*stats).c_str(), stdout);
+  }
+  return 0;
+}
+
+int Prefetch(const Args& keys) {
+  absl::StatusOr<std::unique_ptr<tierd::Client>> client = Connect();
+  if (!client.ok()) return Fail(client.status());
+  absl::StatusOr<tierd::v1::PrefetchResponse> response = (*client)->Prefetch(keys);
+  if (!response.ok()) return Fail(response.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    tierd::PrintJson(Json{{"keys", keys.size()}, {"started", response->started()}});
+  } else {
+    std::printf("%u of %zu keys started towards the GPU%s\n", response->started(), keys.size(),
+                response->started() < keys.size() ? "; the rest are there already" : "");
+  }
+  return 0;
+}
+
+int Get(const Args& args) {
+  const std::string output = absl::GetFlag(FLAGS_output);
+  if (output.empty()) return BadUsage("get needs -o FILE (- for stdout)");
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (json && output == "-") return BadUsage("--json and -o - would both write stdout");
+  absl::StatusOr<std::unique_ptr<tierd::Client>> client = Connect();
+  if (!client.ok()) return Fail(client.status());
+  absl::StatusOr<uint64_t> bytes = tierd::GetObjectToFile(**client, args[0], output);
+  if (!bytes.ok()) return Fail(bytes.status());
+  if (json) {
+    tierd::PrintJson(Json{{"key", args[0]}, {"bytes", *bytes}, {"file", output}});
+  } else {
+    // stderr: stdout may be carrying the bytes themselves.
+    std::fprintf(stderr, "%s: %llu bytes → %s\n", args[0].c_str(),
+                 static_cast<unsigned long long>(*bytes),
+                 output == "-" ? "stdout" : output.c_str());
+  }
+  return 0;
+}
+
+int Put(const Args& args) {
+  const bool spillable = !absl::GetFlag(FLAGS_no_spill);
+  absl::StatusOr<std::unique_ptr<tierd::Client>> client = Connect();
+  if (!client.ok()) return Fail(client.status());
+  absl::StatusOr<uint64_t> bytes = tierd::PutFileAsObject(**client, args[0], args[1], spillable);
+  if (!bytes.ok()) return Fail(bytes.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    tierd::PrintJson(
+        Json{{"key", args[0]}, {"bytes", *bytes}, {"file", args[1]}, {"spillable", spillable}});
+  } else {
+    std::printf("%s: %llu bytes stored from %s%s\n", args[0].c_str(),
+                static_cast<unsigned long long>(*bytes), args[1] == "-" ? "stdin" : args[1].c_str(),
+                spillable ? "" : " (never spilled)");
+  }
+  return 0;
+}
+
+int Evict(const Args& args) {
+  const std::string tier_name = absl::GetFlag(FLAGS_tier);
+  const std::optional<tierd::v1::Tier> tier = ParseTier(tier_name);
+  if (!tier) return BadUsage("--tier must be gpu, host or all");
+  absl::StatusOr<std::unique_ptr<tierd::Client>> client = Connect();
+  if (!client.ok()) return Fail(client.status());
+  absl::StatusOr<tierd::v1::EvictResponse> response = (*client)->Evict(args[0], *tier);
+  if (!response.ok()) return Fail(response.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    Json json{{"key", args[0]}, {"tier", tier_name.empty() ? "gpu" : tier_name}};
+    json.update(tierd::ProtoToJson(*response));
+    tierd::PrintJson(json);
+  } else {
+    std::printf("evicted %u, skipped %u (leased, pinned or busy)\n", response->evicted(),
+                response->skipped());
+  }
+  return 0;
+}
+
+constexpr size_t kAnyNumber = SIZE_MAX;
+
+struct Command {
+  absl::string_view name;
+  size_t min_args;
+  size_t max_args;
+  // The one per-command flag it takes, as the usage text spells it; empty for none.
+  absl::string_view flag;
+  int (*run)(const Args& args);
+};
+
+constexpr Command kCommands[] = {
+    {"health", 0, 0, "", Health},
+    {"load", 2, 2, "--group", Load},
+    {"ls", 0, 1, "", List},
+    {"stats", 0, 0, "", Stats},
+    {"prefetch", 1, kAnyNumber, "", Prefetch},
+    {"get", 1, 1, "-o", Get},
+    {"put", 2, 2, "--no-spill", Put},
+    {"evict", 1, 1, "--tier", Evict},
+};
+
+// The per-command flags given on this command line that `command` does not take.
+std::vector<std::string> MisplacedFlags(const Command& command) {
+  const std::pair<absl::string_view, bool> given[] = {
+      {"--group", !absl::GetFlag(FLAGS_group).empty()},
+      {"-o", !absl::GetFlag(FLAGS_output).empty()},
+      {"--no-spill", absl::GetFlag(FLAGS_no_spill)},
+      {"--tier", !absl::GetFlag(FLAGS_tier).empty()},
+  };
+  std::vector<std::string> misplaced;
+  for (const auto& [flag, is_given] : given) {
+    if (is_given && flag != command.flag) misplaced.emplace_back(flag);
+  }
+  return misplaced;
+}
+
+// absl flags have no one-letter aliases: "-o FILE" and "-o=FILE" become "--output=FILE" before
+// absl parses the command line.
+std::vector<std::string> ExpandOutputShorthand(int argc, char** argv) {
+  std::vector<std::string> expanded;
+  for (int i = 0; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") {
+      expanded.insert(expanded.end(), argv + i, argv + argc);
+      break;
+    }
+    if (arg == "-o") {
+      // Without a value, absl's own "missing value" message is the clearest.
+      expanded.push_back(i + 1 < argc ? absl::StrCat("--output=", argv[++i]) : "--output");
+    } else if (absl::StartsWith(arg, "-o=")) {
+      expanded.push_back(absl::StrCat("--output=", arg.substr(3)));
+    } else {
+      expanded.emplace_back(arg);
+    }
+  }
+  return expanded;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
-  std::vector<std::string> args = tierd::ParseCommandLineWithDashes(argc, argv);
-  if (args.size() < 2) {
-    std::fputs(kUsage, stderr);
-    return kExitBadUsage;
+  std::vector<std::string> expanded = ExpandOutputShorthand(argc, argv);
+  std::vector<char*> expanded_argv;
+  for (std::string& arg : expanded) expanded_argv.push_back(arg.data());
+  const std::vector<std::string> positional = tierd::ParseCommandLineWithDashes(
+      static_cast<int>(expanded_argv.size()), expanded_argv.data());
+  if (positional.size() < 2) return BadUsage("no command given");
+  const std::string& name = positional[1];
+  const Args args(positional.begin() + 2, positional.end());
+  for (const Command& command : kCommands) {
+    if (command.name != name) continue;
+    if (args.size() < command.min_args || args.size() > command.max_args) {
+      return BadUsage(absl::StrCat("wrong number of arguments for ", name));
+    }
+    if (std::vector<std::string> misplaced = MisplacedFlags(command); !misplaced.empty()) {
+      return BadUsage(absl::StrCat(name, " does not take ", absl::StrJoin(misplaced, ", ")));
+    }
+    return command.run(args);
   }
-  const std::string command = args[1];
-  if (command == "health" && args.size() == 2) return Health();
-  std::fprintf(stderr, "tierctl: unknown command or arguments: %s\n%s", command.c_str(), kUsage);
-  return kExitBadUsage;
+  return BadUsage(absl::StrCat("unknown command: ", name));
 }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +30,15 @@ absl::Status ValidateOptions(const DaemonOptions& options) {
   }
   if (options.gpu_pool_bytes == 0) {
     return absl::InvalidArgumentError("--gpu-pool-bytes must be greater than 0");
+  }
+  if (options.gpu_slab_bytes == 0) {
+    return absl::InvalidArgumentError("--gpu-slab-bytes must be greater than 0");
+  }
+  if (options.session_limits.max_leases == 0) {
+    return absl::InvalidArgumentError("--session-max-leases must be greater than 0");
+  }
+  if (options.session_limits.max_staging_bytes == 0) {
+    return absl::InvalidArgumentError("--session-max-staging-bytes must be greater than 0");
   }
   return absl::OkStatus();
 }
@@ -52,6 +62,21 @@ absl::StatusOr<int> LockStateDir(const std::string& dir) {
     return PosixError(absl::StrCat("locking ", lock_path), saved);
   }
   return fd;
+}
+
+SessionOptions SessionOptionsFor(const Device& device, const DaemonOptions& options) {
+  SessionOptions session;
+  session.limits = options.session_limits;
+  session.device = device.Describe();
+  // Describe() is "host" or "cuda:N (name)".
+  int ordinal = 0;
+  if (std::sscanf(session.device.c_str(), "cuda:%d", &ordinal) == 1) {
+    session.backend = "cuda";
+    session.device_ordinal = ordinal;
+  } else {
+    session.backend = "host";
+  }
+  return session;
 }
 
 }  // namespace
@@ -80,6 +105,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::StrCat("unix:", options.socket_path),
                            grpc::InsecureServerCredentials());
+  builder.RegisterService(daemon->service_.get());
   daemon->server_ = builder.BuildAndStart();
   if (daemon->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.socket_path));
@@ -107,6 +133,14 @@ absl::Status Daemon::StartStorage() {
   ASSIGN_OR_RETURN(spill_, SpillWriter::Create(spill_dir));
   host_cache_ = std::make_unique<HostCache>(*catalog_, *reader_, *arena_, spill_.get(),
                                             HostCacheOptions{options_.host_cache_policy});
+  GpuTierOptions gpu;
+  gpu.pool_bytes = options_.gpu_pool_bytes;
+  gpu.slab_bytes = options_.gpu_slab_bytes;
+  ASSIGN_OR_RETURN(gpu_tier_, GpuTier::Create(*device_, *catalog_, *arena_, *host_cache_, gpu));
+  TIERD_LOG(INFO) << "GPU staging pool: " << FormatByteSize(gpu_tier_->pool().capacity())
+                  << " in " << gpu_tier_->pool().slab_count() << " slab(s)";
+  service_ = std::make_unique<TierdService>(*catalog_, *host_cache_, *gpu_tier_,
+                                            SessionOptionsFor(*device_, options_));
   return absl::OkStatus();
 }
 
@@ -116,6 +150,8 @@ Daemon::Daemon(DaemonOptions options, std::unique_ptr<Device> device, int state_
 Daemon::~Daemon() {
   Shutdown(absl::ZeroDuration());
   server_.reset();
+  service_.reset();
+  gpu_tier_.reset();
   host_cache_.reset();
   spill_.reset();
   reader_.reset();
@@ -127,6 +163,7 @@ Daemon::~Daemon() {
 
 void Daemon::Shutdown(absl::Duration grace) {
   if (server_ == nullptr) return;  // storage failed to start: nothing serves
+  service_->StartShutdown();
   server_->GetHealthCheckService()->SetServingStatus(false);
   // grpc::Server::Shutdown is idempotent and thread-safe.
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "device/device_factory.h"
+#include "server/gpu_tier.h"
 #include "storage/disk_reader.h"
 #include "storage/host_cache.h"
 
@@ -17,6 +18,8 @@ struct DaemonOptions {
   std::string state_dir;          // --state-dir: persistent state; one daemon per directory
   uint64_t host_cache_bytes = 0;  // --host-cache-bytes: budget of the pinned host tier
   uint64_t gpu_pool_bytes = 0;    // --gpu-pool-bytes: budget of the GPU staging tier
+  uint64_t gpu_slab_bytes = 2ull << 30;  // --gpu-slab-bytes: the pool is allocated in slabs this big
+  ClientLimits session_limits;    // --session-max-leases, --session-max-staging-bytes
   std::string spill_dir;          // --spill-dir: where stored objects spill; empty: <state-dir>/spill
   EvictionPolicy host_cache_policy = EvictionPolicy::kFifo;  // --host-cache-policy
   uint64_t pin_piece_bytes = 1ull << 30;  // the host arena is pinned this much at a time

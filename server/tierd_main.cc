@@ -22,6 +22,12 @@ ABSL_FLAG(tierd::ByteSize, host_cache_bytes, tierd::ByteSize{4ull << 30},
           "Budget of the pinned host cache, e.g. 64GiB");
 ABSL_FLAG(tierd::ByteSize, gpu_pool_bytes, tierd::ByteSize{2ull << 30},
           "Budget of the GPU staging pool, e.g. 8GiB");
+ABSL_FLAG(tierd::ByteSize, gpu_slab_bytes, tierd::ByteSize{2ull << 30},
+          "The GPU pool is allocated in slabs of this size (one IPC handle each); the largest "
+          "object that fits on the GPU");
+ABSL_FLAG(uint32_t, session_max_leases, 4096, "Leases one session may hold at once");
+ABSL_FLAG(tierd::ByteSize, session_max_staging_bytes, tierd::ByteSize{0},
+          "GPU staging bytes one session may hold leased, reserved or pinned (0: the whole pool)");
 ABSL_FLAG(std::string, spill_dir, "",
           "Where stored objects spill when the host cache is full (default: <state-dir>/spill)");
 ABSL_FLAG(std::string, host_cache_policy, "fifo", "Host cache eviction: fifo or lru");
@@ -51,6 +57,11 @@ int Run() {
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.host_cache_bytes = absl::GetFlag(FLAGS_host_cache_bytes).bytes;
   options.gpu_pool_bytes = absl::GetFlag(FLAGS_gpu_pool_bytes).bytes;
+  options.gpu_slab_bytes = absl::GetFlag(FLAGS_gpu_slab_bytes).bytes;
+  options.session_limits.max_leases = absl::GetFlag(FLAGS_session_max_leases);
+  const uint64_t session_staging = absl::GetFlag(FLAGS_session_max_staging_bytes).bytes;
+  options.session_limits.max_staging_bytes =
+      session_staging == 0 ? options.gpu_pool_bytes : session_staging;
   options.spill_dir = absl::GetFlag(FLAGS_spill_dir);
   const std::optional<tierd::EvictionPolicy> policy =
       tierd::ParseEvictionPolicy(absl::GetFlag(FLAGS_host_cache_policy));

@@ -7,16 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
+#include "common/free_ranges.h"
 #include "common/log.h"
 #include "common/posix_error.h"
 #include "device/pinned_host_buffer.h"
 
 namespace tierd {
 namespace {
-
-uint64_t RoundUp(uint64_t value, uint64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
 
 }  // namespace
 
@@ -42,7 +39,7 @@ absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(Device& device,
   {
     absl::MutexLock lock(&arena->mu_);
     arena->pinned_ = first;
-    arena->AddFreeLocked(0, first);
+    arena->free_.Add(0, first);
     arena->pinning_done_ = first == capacity;
   }
   if (first < capacity) {
@@ -94,7 +91,7 @@ void HostArena::PinRemainingPieces() {
       break;
     }
     pinned_ = offset + size;
-    AddFreeLocked(offset, size);
+    free_.Add(offset, size);
   }
   absl::MutexLock lock(&mu_);
   pinning_done_ = true;
@@ -104,44 +101,20 @@ void HostArena::PinRemainingPieces() {
   }
 }
 
-void HostArena::AddFreeLocked(uint64_t offset, uint64_t size) {
-  auto next = free_.lower_bound(offset);
-  if (next != free_.begin()) {
-    auto previous = std::prev(next);
-    if (previous->first + previous->second == offset) {
-      offset = previous->first;
-      size += previous->second;
-      free_.erase(previous);
-    }
-  }
-  if (next != free_.end() && offset + size == next->first) {
-    size += next->second;
-    free_.erase(next);
-  }
-  free_[offset] = size;
-}
-
 std::optional<ArenaAllocation> HostArena::Allocate(uint64_t bytes) {
   if (bytes == 0) return std::nullopt;
   const uint64_t size = RoundUp(bytes, PageSize());
   absl::MutexLock lock(&mu_);
-  // First fit keeps allocations packed towards the start, which leaves large holes at the end.
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second < size) continue;
-    const ArenaAllocation allocation{it->first, size};
-    const uint64_t rest = it->second - size;
-    free_.erase(it);
-    if (rest > 0) free_[allocation.offset + size] = rest;
-    used_ += size;
-    return allocation;
-  }
-  return std::nullopt;
+  const std::optional<uint64_t> offset = free_.Take(size);
+  if (!offset) return std::nullopt;
+  used_ += size;
+  return ArenaAllocation{*offset, size};
 }
 
 void HostArena::Free(const ArenaAllocation& allocation) {
   absl::MutexLock lock(&mu_);
   used_ -= allocation.size;
-  AddFreeLocked(allocation.offset, allocation.size);
+  free_.Add(allocation.offset, allocation.size);
 }
 
 uint64_t HostArena::pinned_bytes() const {
@@ -156,9 +129,7 @@ uint64_t HostArena::used_bytes() const {
 
 uint64_t HostArena::largest_free_block() const {
   absl::MutexLock lock(&mu_);
-  uint64_t largest = 0;
-  for (const auto& [offset, size] : free_) largest = std::max(largest, size);
-  return largest;
+  return free_.largest();
 }
 
 absl::Status HostArena::pin_status() const {

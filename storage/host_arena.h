@@ -13,7 +13,6 @@
 #define TIERD_STORAGE_HOST_ARENA_H_
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -22,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/free_ranges.h"
 #include "device/device.h"
 
 namespace tierd {
@@ -72,7 +72,6 @@ class HostArena {
  private:
   HostArena(Device& device, uint8_t* base, uint64_t capacity, uint64_t piece_bytes);
   void PinRemainingPieces() ABSL_LOCKS_EXCLUDED(mu_);
-  void AddFreeLocked(uint64_t offset, uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Device& device_;
   uint8_t* const base_;
@@ -80,7 +79,7 @@ class HostArena {
   const uint64_t piece_bytes_;
 
   mutable absl::Mutex mu_;
-  std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // offset → size, coalesced
+  FreeRanges free_ ABSL_GUARDED_BY(mu_);
   uint64_t pinned_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   bool pinning_done_ ABSL_GUARDED_BY(mu_) = false;

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/byte_size.h"
+#include "common/deferred_calls.h"
 #include "common/log.h"
 #include "device/pinned_host_buffer.h"
 
@@ -63,20 +65,6 @@ using Entry = HostObject::Entry;
 
 // Runs the calls collected under a lock once it is released: declared before the MutexLock, it is
 // destroyed after it.
-class DeferredCalls {
- public:
-  DeferredCalls() = default;
-  DeferredCalls(const DeferredCalls&) = delete;
-  DeferredCalls& operator=(const DeferredCalls&) = delete;
-  ~DeferredCalls() {
-    for (auto& call : calls_) std::move(call)();
-  }
-  std::vector<absl::AnyInvocable<void() &&>>& calls() { return calls_; }
-
- private:
-  std::vector<absl::AnyInvocable<void() &&>> calls_;
-};
-
 uint64_t Checksum(const uint8_t* data, uint64_t size) { return XXH3_64bits(data, size); }
 
 bool LosesStoredObject(const absl::Status& status) {
@@ -168,7 +156,16 @@ void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time 
   Entry* entry = nullptr;
   if (auto it = entries_.find(key); it != entries_.end()) {
     entry = it->second;
-  } else {
+    if (entry->kind == Entry::Kind::kWeight) {
+      // Bytes of a model that was dropped, registered again or changed on disk are never served.
+      absl::StatusOr<ObjectRef> current = catalog_.Lookup(key);
+      if (!current.ok() || current->model != entry->source->model) {
+        RemoveLocked(entry);
+        entry = nullptr;
+      }
+    }
+  }
+  if (entry == nullptr) {
     absl::StatusOr<ObjectRef> object = catalog_.Lookup(key);
     if (!object.ok()) return fail(object.status());
     entry = new Entry;
@@ -672,6 +669,16 @@ absl::Status HostCache::Delete(const std::string& key) {
   RemoveLocked(it->second);
   RetryWaitersLocked(deferred.calls());
   return absl::OkStatus();
+}
+
+std::vector<std::string> HostCache::Keys(absl::string_view prefix) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> keys;
+  for (auto it = entries_.lower_bound(std::string(prefix));
+       it != entries_.end() && absl::StartsWith(it->first, prefix); ++it) {
+    keys.push_back(it->first);
+  }
+  return keys;
 }
 
 bool HostCache::IsResident(const std::string& key) const {

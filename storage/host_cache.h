@@ -148,6 +148,8 @@ class HostCache {
   absl::Status Delete(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
 
   bool IsResident(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Keys starting with `prefix` that the cache knows: resident, loading or spilled.
+  std::vector<std::string> Keys(absl::string_view prefix) const ABSL_LOCKS_EXCLUDED(mu_);
   HostCacheStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

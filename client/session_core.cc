@@ -1,0 +1,192 @@
+#include "client/session_core.h"
+
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "client/tierd_client.h"
+
+namespace tierd {
+
+struct SessionCore::Pending {
+  absl::Notification done;
+  absl::StatusOr<v1::SessionResponse> response;
+  std::function<void(const v1::SessionResponse&)> callback;  // asynchronous requests
+};
+
+namespace {
+
+absl::Status StatusOf(const v1::SessionResponse& response) {
+  if (response.code() == 0) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<SessionCore>> SessionCore::Start(v1::Tierd::Stub& stub) {
+  std::shared_ptr<SessionCore> core(new SessionCore);
+  core->stream_ = stub.Session(&core->context_);
+  if (core->stream_ == nullptr) return absl::UnavailableError("cannot start a session");
+  core->reader_ = std::thread([raw = core.get()] { raw->ReadLoop(); });
+  return core;
+}
+
+SessionCore::~SessionCore() {
+  {
+    absl::MutexLock lock(&write_mu_);
+    stream_->WritesDone();
+  }
+  reader_.join();
+  grpc::Status status = stream_->Finish();
+  (void)status;  // the session is over either way
+}
+
+void SessionCore::ReadLoop() {
+  v1::SessionResponse response;
+  while (stream_->Read(&response)) {
+    std::shared_ptr<Pending> pending;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(response.request_id());
+      if (it == pending_.end()) continue;  // not ours to answer: ignore
+      pending = std::move(it->second);
+      pending_.erase(it);
+    }
+    if (pending->callback) {
+      pending->callback(response);
+      continue;
+    }
+    if (pending->done.HasBeenNotified()) continue;
+    pending->response = std::move(response);
+    pending->done.Notify();
+    response = v1::SessionResponse();
+  }
+  std::map<uint64_t, std::shared_ptr<Pending>> orphans;
+  {
+    absl::MutexLock lock(&mu_);
+    ended_ = true;
+    end_status_ = absl::UnavailableError("the session with tierd has ended");
+    orphans.swap(pending_);
+  }
+  for (auto& [id, pending] : orphans) {
+    if (pending->callback) {
+      v1::SessionResponse gone;
+      gone.set_request_id(id);
+      gone.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+      gone.set_message("the session with tierd has ended");
+      pending->callback(gone);
+      continue;
+    }
+    pending->response = absl::UnavailableError("the session with tierd has ended");
+    pending->done.Notify();
+  }
+}
+
+absl::StatusOr<v1::SessionResponse> SessionCore::Call(v1::SessionRequest request) {
+  auto pending = std::make_shared<Pending>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return end_status_;
+    request.set_request_id(next_request_++);
+    pending_[request.request_id()] = pending;
+  }
+  {
+    absl::MutexLock lock(&write_mu_);
+    if (!stream_->Write(request)) {
+      absl::MutexLock state(&mu_);
+      pending_.erase(request.request_id());
+      return absl::UnavailableError("the session with tierd has ended");
+    }
+  }
+  pending->done.WaitForNotification();
+  if (!pending->response.ok()) return pending->response.status();
+  if (absl::Status status = StatusOf(*pending->response); !status.ok()) return status;
+  return std::move(pending->response);
+}
+
+absl::Status SessionCore::Send(v1::SessionRequest request,
+                               std::function<void(const v1::SessionResponse&)> done) {
+  auto pending = std::make_shared<Pending>();
+  pending->callback = done ? std::move(done) : [](const v1::SessionResponse& response) {
+    if (response.code() != 0) {
+      std::fprintf(stderr, "tierd client: request %llu failed: %s\n",
+                   static_cast<unsigned long long>(response.request_id()),
+                   response.message().c_str());
+    }
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return end_status_;
+    request.set_request_id(next_request_++);
+    pending_[request.request_id()] = pending;
+  }
+  absl::MutexLock lock(&write_mu_);
+  if (!stream_->Write(request)) {
+    absl::MutexLock state(&mu_);
+    pending_.erase(request.request_id());
+    return absl::UnavailableError("the session with tierd has ended");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SessionCore::OpenHandles(const v1::SessionResponse& response) {
+  absl::MutexLock lock(&handles_mu_);
+  for (const v1::Handle& handle : response.new_handles()) {
+    if (handle.kind() == v1::Handle::SLAB) {
+      if (slabs_.count(handle.id()) > 0) continue;
+      absl::StatusOr<std::unique_ptr<Slab>> slab = device_->OpenSlab(handle.handle());
+      if (!slab.ok()) {
+        return absl::Status(slab.status().code(), absl::StrCat("opening staging slab ",
+                                                               handle.id(), ": ",
+                                                               slab.status().message()));
+      }
+      slabs_[handle.id()] = *std::move(slab);
+    } else if (handle.kind() == v1::Handle::EVENT) {
+      if (events_.count(handle.id()) > 0) continue;
+      absl::StatusOr<std::unique_ptr<Event>> event = device_->OpenEvent(handle.handle());
+      if (!event.ok()) {
+        return absl::Status(event.status().code(), absl::StrCat("opening event ", handle.id(),
+                                                                ": ", event.status().message()));
+      }
+      events_[handle.id()] = *std::move(event);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Slab*> SessionCore::slab(uint32_t id) {
+  absl::MutexLock lock(&handles_mu_);
+  auto it = slabs_.find(id);
+  if (it == slabs_.end()) {
+    return absl::InternalError(absl::StrCat("the daemon named slab ", id, " without its handle"));
+  }
+  return it->second.get();
+}
+
+absl::StatusOr<Event*> SessionCore::event(uint32_t id) {
+  absl::MutexLock lock(&handles_mu_);
+  auto it = events_.find(id);
+  if (it == events_.end()) {
+    return absl::InternalError(absl::StrCat("the daemon named event ", id, " without its handle"));
+  }
+  return it->second.get();
+}
+
+void SessionCore::ReleaseLease(uint64_t lease_id, Event& done_event, Stream& stream) {
+  absl::Status status = device_->RecordEvent(done_event, stream);
+  if (!status.ok()) {
+    // Without the record the daemon could reuse the buffer while the stream still reads it: wait
+    // for the stream on the CPU instead.
+    std::fprintf(stderr, "tierd client: cannot record the release of lease %llu (%s); waiting "
+                 "for the stream instead\n",
+                 static_cast<unsigned long long>(lease_id), std::string(status.message()).c_str());
+    (void)device_->SynchronizeStream(stream);
+  }
+  v1::SessionRequest request;
+  request.mutable_release()->set_lease_id(lease_id);
+  (void)Send(std::move(request));
+}
+
+}  // namespace tierd

@@ -1,0 +1,73 @@
+// The machinery behind a client Session: the bidirectional stream, a reader thread that matches
+// responses to requests by id, and the cache of opened slab and event handles. Internal to the
+// client library.
+#ifndef TIERD_CLIENT_SESSION_CORE_H_
+#define TIERD_CLIENT_SESSION_CORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "device/device.h"
+#include "tierd/v1/tierd.grpc.pb.h"
+
+namespace tierd {
+
+class SessionCore {
+ public:
+  // Starts the stream and the reader thread. Call Open next.
+  static absl::StatusOr<std::shared_ptr<SessionCore>> Start(v1::Tierd::Stub& stub);
+  // Ends the stream (the daemon releases what the session holds) and joins the reader.
+  ~SessionCore();
+  SessionCore(const SessionCore&) = delete;
+  SessionCore& operator=(const SessionCore&) = delete;
+
+  // Sends `request` (its request_id is assigned here) and waits for its response; a response with
+  // an error code becomes that error. UNAVAILABLE once the stream has ended.
+  absl::StatusOr<v1::SessionResponse> Call(v1::SessionRequest request) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends `request` without waiting. The response, when it comes, goes to `done` on the reader
+  // thread (which must not block), or is only logged when it is an error and `done` is null.
+  absl::Status Send(v1::SessionRequest request,
+                    std::function<void(const v1::SessionResponse&)> done = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  void set_device(std::shared_ptr<Device> device) { device_ = std::move(device); }
+  Device& device() { return *device_; }
+  // Opens the handles `response` brings that this session has not opened yet.
+  absl::Status OpenHandles(const v1::SessionResponse& response) ABSL_LOCKS_EXCLUDED(handles_mu_);
+  absl::StatusOr<Slab*> slab(uint32_t id) ABSL_LOCKS_EXCLUDED(handles_mu_);
+  absl::StatusOr<Event*> event(uint32_t id) ABSL_LOCKS_EXCLUDED(handles_mu_);
+
+  // Releases a lease: records its done event on `stream`, then tells the daemon.
+  void ReleaseLease(uint64_t lease_id, Event& done_event, Stream& stream);
+
+ private:
+  struct Pending;
+  SessionCore() = default;
+  void ReadLoop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  std::shared_ptr<Device> device_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
+  absl::Mutex write_mu_;  // one Write at a time; taken before mu_ is never needed
+  absl::Mutex mu_;
+  uint64_t next_request_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, std::shared_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status end_status_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex handles_mu_;
+  std::map<uint32_t, std::unique_ptr<Slab>> slabs_ ABSL_GUARDED_BY(handles_mu_);
+  std::map<uint32_t, std::unique_ptr<Event>> events_ ABSL_GUARDED_BY(handles_mu_);
+  std::thread reader_;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_CLIENT_SESSION_CORE_H_

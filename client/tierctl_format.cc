@@ -1,0 +1,306 @@
+#include "client/tierctl_format.h"
+
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/byte_size.h"
+#include "google/protobuf/descriptor.h"
+
+namespace tierd {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+// One value of `field`: element `index` of a repeated field, or the singular value when index < 0.
+Json FieldValueToJson(const Message& message, const FieldDescriptor& field, int index) {
+  const Reflection& r = *message.GetReflection();
+  const bool rep = index >= 0;
+  switch (field.cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+      return rep ? r.GetRepeatedInt32(message, &field, index) : r.GetInt32(message, &field);
+    case FieldDescriptor::CPPTYPE_INT64:
+      return rep ? r.GetRepeatedInt64(message, &field, index) : r.GetInt64(message, &field);
+    case FieldDescriptor::CPPTYPE_UINT32:
+      return rep ? r.GetRepeatedUInt32(message, &field, index) : r.GetUInt32(message, &field);
+    case FieldDescriptor::CPPTYPE_UINT64:
+      return rep ? r.GetRepeatedUInt64(message, &field, index) : r.GetUInt64(message, &field);
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+      return rep ? r.GetRepeatedDouble(message, &field, index) : r.GetDouble(message, &field);
+    case FieldDescriptor::CPPTYPE_FLOAT:
+      return rep ? r.GetRepeatedFloat(message, &field, index) : r.GetFloat(message, &field);
+    case FieldDescriptor::CPPTYPE_BOOL:
+      return rep ? r.GetRepeatedBool(message, &field, index) : r.GetBool(message, &field);
+    case FieldDescriptor::CPPTYPE_ENUM:
+      return (rep ? r.GetRepeatedEnum(message, &field, index) : r.GetEnum(message, &field))->name();
+    case FieldDescriptor::CPPTYPE_STRING: {
+      std::string value =
+          rep ? r.GetRepeatedString(message, &field, index) : r.GetString(message, &field);
+      if (field.type() == FieldDescriptor::TYPE_BYTES) return absl::Base64Escape(value);
+      return value;
+    }
+    case FieldDescriptor::CPPTYPE_MESSAGE:
+      return ProtoToJson(rep ? r.GetRepeatedMessage(message, &field, index)
+                             : r.GetMessage(message, &field));
+  }
+  return Json();
+}
+
+// Columns a string takes on a terminal: its UTF-8 code points (labels hold arrows).
+size_t DisplayWidth(const std::string& text) {
+  return std::count_if(text.begin(), text.end(),
+                       [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+}
+
+std::string Percent(uint64_t part, uint64_t whole) {
+  return absl::StrFormat("%.1f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
+}
+
+// "12.0 GiB of 60.0 GiB (20.0%)".
+std::string UsedOfBudget(uint64_t used, uint64_t budget) {
+  std::string text = absl::StrCat(FormatByteSize(used), " of ", FormatByteSize(budget));
+  if (budget > 0) absl::StrAppend(&text, " (", Percent(used, budget), ")");
+  return text;
+}
+
+// "97 (97.0% of lookups)".
+std::string Hits(uint64_t hits, uint64_t misses) {
+  std::string text = absl::StrCat(hits);
+  if (hits + misses > 0) absl::StrAppend(&text, " (", Percent(hits, hits + misses), " of lookups)");
+  return text;
+}
+
+struct Section {
+  std::string title;
+  std::vector<std::pair<std::string, std::string>> lines;
+};
+
+// Titles flush left, their lines indented, every value starting in the same column.
+std::string FormatSections(const std::vector<Section>& sections) {
+  size_t label_width = 0;
+  for (const Section& section : sections) {
+    for (const auto& [label, value] : section.lines) {
+      label_width = std::max(label_width, DisplayWidth(label));
+    }
+  }
+  std::string text;
+  for (const Section& section : sections) {
+    absl::StrAppend(&text, section.title, "\n");
+    for (const auto& [label, value] : section.lines) {
+      absl::StrAppend(&text, "  ", label, std::string(label_width - DisplayWidth(label) + 2, ' '),
+                      value, "\n");
+    }
+  }
+  return text;
+}
+
+std::vector<std::pair<std::string, std::string>> TierLines(const v1::TierStats& tier) {
+  return {{"used", UsedOfBudget(tier.used_bytes(), tier.budget_bytes())},
+          {"objects", absl::StrCat(tier.objects())},
+          {"hits", Hits(tier.hits(), tier.misses())},
+          {"misses", absl::StrCat(tier.misses())},
+          {"evictions", absl::StrCat(tier.evictions())}};
+}
+
+int TerminalColumns() {
+  struct winsize size {};
+  if (::ioctl(STDERR_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
+  return 80;
+}
+
+}  // namespace
+
+Json ProtoToJson(const Message& message) {
+  const Reflection& reflection = *message.GetReflection();
+  const google::protobuf::Descriptor& descriptor = *message.GetDescriptor();
+  Json json = Json::object();
+  for (int i = 0; i < descriptor.field_count(); ++i) {
+    const FieldDescriptor& field = *descriptor.field(i);
+    if (field.is_repeated()) {
+      Json values = Json::array();
+      for (int j = 0; j < reflection.FieldSize(message, &field); ++j) {
+        values.push_back(FieldValueToJson(message, field, j));
+      }
+      json[field.name()] = std::move(values);
+      continue;
+    }
+    // Only the member of a oneof that is set means anything.
+    if (field.containing_oneof() != nullptr && !reflection.HasField(message, &field)) continue;
+    json[field.name()] = FieldValueToJson(message, field, -1);
+  }
+  return json;
+}
+
+void PrintJson(const Json& json) {
+  std::string text = json.dump(2, ' ', false, Json::error_handler_t::replace);
+  text += '\n';
+  std::fwrite(text.data(), 1, text.size(), stdout);
+}
+
+std::string GroupingName(v1::Grouping grouping) {
+  switch (grouping) {
+    case v1::GROUPING_TENSOR:
+      return "tensor";
+    case v1::GROUPING_PHASE:
+      return "phase";
+    case v1::GROUPING_UNSPECIFIED:
+    case v1::GROUPING_BLOCK:
+      return "block";
+    default:
+      return absl::StrCat("grouping ", static_cast<int>(grouping));
+  }
+}
+
+Table::Table(std::vector<std::string> header, std::vector<bool> right_aligned)
+    : rows_{std::move(header)}, right_aligned_(std::move(right_aligned)) {
+  right_aligned_.resize(rows_.front().size(), false);
+}
+
+void Table::AddRow(std::vector<std::string> cells) {
+  cells.resize(rows_.front().size());
+  rows_.push_back(std::move(cells));
+}
+
+std::string Table::ToString() const {
+  const size_t columns = rows_.front().size();
+  std::vector<size_t> widths(columns, 0);
+  for (const auto& row : rows_) {
+    for (size_t c = 0; c < columns; ++c) widths[c] = std::max(widths[c], DisplayWidth(row[c]));
+  }
+  std::string text;
+  for (const auto& row : rows_) {
+    for (size_t c = 0; c < columns; ++c) {
+      const std::string padding(widths[c] - DisplayWidth(row[c]), ' ');
+      if (c > 0) text += "  ";
+      if (right_aligned_[c]) {
+        absl::StrAppend(&text, padding, row[c]);
+      } else if (c + 1 < columns) {
+        absl::StrAppend(&text, row[c], padding);
+      } else {
+        text += row[c];
+      }
+    }
+    // An empty last cell would leave the separator dangling.
+    while (!text.empty() && text.back() == ' ') text.pop_back();
+    text += '\n';
+  }
+  return text;
+}
+
+std::string FormatModels(const std::vector<v1::ModelSummary>& models) {
+  const bool any_stale = std::any_of(models.begin(), models.end(),
+                                     [](const v1::ModelSummary& m) { return !m.stale().empty(); });
+  std::vector<std::string> header = {"NAME", "GROUPING", "FILES", "OBJECTS", "TENSORS", "SIZE"};
+  // The NOTE column only when there is something to say, so the usual table stays narrow.
+  if (any_stale) header.push_back("NOTE");
+  Table table(std::move(header), {false, false, true, true, true, true, false});
+  for (const v1::ModelSummary& model : models) {
+    std::vector<std::string> row = {model.name(),
+                                    GroupingName(model.grouping()),
+                                    absl::StrCat(model.files()),
+                                    absl::StrCat(model.objects()),
+                                    absl::StrCat(model.tensors()),
+                                    FormatByteSize(model.total_bytes())};
+    if (any_stale)
+      row.push_back(model.stale().empty() ? "" : absl::StrCat("stale: ", model.stale()));
+    table.AddRow(std::move(row));
+  }
+  return table.ToString();
+}
+
+std::string FormatObjects(const std::vector<v1::ObjectInfo>& objects) {
+  Table table({"KEY", "SIZE", "TENSORS", "WHERE"}, {false, true, true, false});
+  uint64_t total_bytes = 0;
+  size_t on_gpu = 0;
+  size_t in_host = 0;
+  for (const v1::ObjectInfo& object : objects) {
+    const char* where = object.on_gpu() ? "gpu" : object.in_host_cache() ? "host" : "disk";
+    table.AddRow(
+        {object.key(), FormatByteSize(object.size()), absl::StrCat(object.tensors_size()), where});
+    total_bytes += object.size();
+    on_gpu += object.on_gpu() ? 1 : 0;
+    in_host += object.in_host_cache() ? 1 : 0;
+  }
+  return absl::StrCat(table.ToString(), objects.size(), " objects, ", FormatByteSize(total_bytes),
+                      "; ", on_gpu, " on the GPU, ", in_host, " in host memory\n");
+}
+
+std::string FormatStats(const v1::Stats& stats) {
+  std::vector<Section> sections;
+  sections.push_back({absl::StrCat("device: ", stats.device()), {}});
+  sections.push_back({"GPU tier", TierLines(stats.gpu())});
+  Section host{"host tier", TierLines(stats.host())};
+  host.lines.insert(host.lines.begin() + 1, {"pinned", FormatByteSize(stats.host_pinned_bytes())});
+  host.lines.push_back({"stored", absl::StrCat(stats.stored_objects(), " objects (",
+                                               stats.spilled_objects(), " spilled to disk)")});
+  sections.push_back(std::move(host));
+  sections.push_back({"bytes moved",
+                      {{"disk → host", FormatByteSize(stats.bytes_disk_to_host())},
+                       {"host → GPU", FormatByteSize(stats.bytes_host_to_gpu())},
+                       {"GPU → host", FormatByteSize(stats.bytes_gpu_to_host())},
+                       {"host → disk", FormatByteSize(stats.bytes_host_to_disk())}}});
+  sections.push_back({"in flight",
+                      {{"disk reads", absl::StrCat(stats.disk_reads_in_flight())},
+                       {"copies", absl::StrCat(stats.copies_in_flight())}}});
+  sections.push_back({"clients",
+                      {{"sessions", absl::StrCat(stats.sessions())},
+                       {"leases", absl::StrCat(stats.leases())},
+                       {"reservations", absl::StrCat(stats.reservations())},
+                       {"pins", absl::StrCat(stats.pins())}}});
+  sections.push_back({"daemon",
+                      {{"models", absl::StrCat(stats.models())},
+                       {"slabs", absl::StrCat(stats.slabs())},
+                       {"events", absl::StrCat(stats.events())},
+                       {"checksum failures", absl::StrCat(stats.checksum_failures())}}});
+  return FormatSections(sections);
+}
+
+std::string FormatModelSummary(const v1::ModelSummary& summary) {
+  std::string text =
+      absl::StrCat("registered ", summary.name(), " from ", summary.directory(), " (",
+                   GroupingName(summary.grouping()), " grouping)\n  ", summary.files(), " files, ",
+                   summary.objects(), " objects, ", summary.tensors(), " tensors, ",
+                   FormatByteSize(summary.total_bytes()), "\n");
+  if (!summary.stale().empty()) absl::StrAppend(&text, "  stale: ", summary.stale(), "\n");
+  return text;
+}
+
+RegisterProgress::RegisterProgress() : terminal_(::isatty(STDERR_FILENO) == 1) {}
+
+RegisterProgress::~RegisterProgress() {
+  if (drawn_) std::fputs("\r\x1b[K", stderr);
+}
+
+void RegisterProgress::Update(const v1::RegisterModelProgress& progress) {
+  if (progress.files_total() == 0 || progress.current_file().empty()) return;
+  const std::string count = absl::StrCat(progress.files_done(), "/", progress.files_total());
+  if (!terminal_) {
+    std::fprintf(stderr, "[%s] %s\n", count.c_str(), progress.current_file().c_str());
+    return;
+  }
+  constexpr int kBarWidth = 24;
+  const uint32_t done = std::min(progress.files_done(), progress.files_total());
+  const int filled = static_cast<int>(uint64_t{done} * kBarWidth / progress.files_total());
+  std::string line = absl::StrCat("[", std::string(filled, '#'),
+                                  std::string(kBarWidth - filled, '.'), "] ", count, " files  ");
+  // Keep the line within the terminal: a wrapped line cannot be redrawn with \r.
+  const size_t room = static_cast<size_t>(std::max(TerminalColumns() - 1, 0));
+  std::string file = progress.current_file();
+  if (line.size() + file.size() > room) {
+    const size_t keep = room > line.size() + 3 ? room - line.size() - 3 : 0;
+    file = keep == 0 ? "" : absl::StrCat("...", file.substr(file.size() - keep));
+  }
+  std::fprintf(stderr, "\r%s%s\x1b[K", line.c_str(), file.c_str());
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+}  // namespace tierd

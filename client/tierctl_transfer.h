@@ -1,0 +1,28 @@
+// `tierctl get` and `tierctl put`: an object's bytes between a file and the daemon, through a
+// session and page-locked host memory (a lease's buffer is device memory in general, so the bytes
+// travel by Device::CopyAsync, not memcpy). Only tierctl uses it.
+#ifndef TIERD_CLIENT_TIERCTL_TRANSFER_H_
+#define TIERD_CLIENT_TIERCTL_TRANSFER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "client/tierd_client.h"
+
+namespace tierd {
+
+// Fetches `key` and writes its bytes to `path` ("-": stdout). A file appears under its name only
+// once complete: it is written as PATH.tmp and renamed. Returns the object's size.
+// Errors: the daemon's (NOT_FOUND, DATA_LOSS, ...) or the file system's.
+absl::StatusOr<uint64_t> GetObjectToFile(Client& client, const std::string& key,
+                                         const std::string& path);
+
+// Stores the bytes of `path` ("-": stdin) as object `key` ("NAMESPACE/NAME"). Returns once the
+// daemon has committed it. Returns the object's size.
+absl::StatusOr<uint64_t> PutFileAsObject(Client& client, const std::string& key,
+                                         const std::string& path, bool spillable);
+
+}  // namespace tierd
+
+#endif  // TIERD_CLIENT_TIERCTL_TRANSFER_H_

@@ -1,0 +1,362 @@
+#include "client/tierd_client.h"
+
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "client/health.h"
+#include "client/session_core.h"
+#include "device/device_factory.h"
+
+namespace tierd {
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+// ---- Lease ---------------------------------------------------------------------------------------
+
+Lease& Lease::operator=(Lease&& other) noexcept {
+  if (this != &other) {
+    if (valid()) Release();
+    session_ = std::move(other.session_);
+    lease_id_ = other.lease_id_;
+    key_ = std::move(other.key_);
+    data_ = other.data_;
+    size_ = other.size_;
+    tensors_ = std::move(other.tensors_);
+    done_event_ = other.done_event_;
+    stream_ = other.stream_;
+    other.session_ = nullptr;
+  }
+  return *this;
+}
+
+Lease::~Lease() {
+  if (valid()) Release();
+}
+
+void Lease::Release(Stream& stream) {
+  if (!valid()) return;
+  session_->ReleaseLease(lease_id_, *done_event_, stream);
+  session_.reset();
+  data_ = nullptr;
+}
+
+void Lease::Release() {
+  if (valid()) Release(*stream_);
+}
+
+// ---- Session -------------------------------------------------------------------------------------
+
+// Commits sent and not yet answered, and the first failure among them.
+struct SessionCommits {
+  absl::Mutex mu;
+  std::map<std::string, int> in_flight ABSL_GUARDED_BY(mu);  // by key
+  int total ABSL_GUARDED_BY(mu) = 0;
+  absl::Status first_error ABSL_GUARDED_BY(mu);
+};
+
+Session::Session(std::shared_ptr<SessionCore> core)
+    : core_(std::move(core)), commits_(std::make_shared<SessionCommits>()) {}
+
+Session::~Session() {
+  (void)Flush();
+  default_stream_.reset();
+}
+
+Device& Session::device() { return core_->device(); }
+Stream& Session::default_stream() { return *default_stream_; }
+const v1::SessionOpened& Session::info() const { return opened_; }
+
+absl::StatusOr<Lease> Session::Fetch(const std::string& key) { return Fetch(key, *default_stream_); }
+
+absl::StatusOr<Lease> Session::Fetch(const std::string& key, Stream& stream) {
+  {
+    // Read your own writes: a commit of this key still on its way comes first.
+    std::pair<SessionCommits*, const std::string*> args(commits_.get(), &key);
+    absl::MutexLock lock(&commits_->mu);
+    commits_->mu.Await(absl::Condition(
+        +[](std::pair<SessionCommits*, const std::string*>* args) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return args->first->in_flight.count(*args->second) == 0;
+        },
+        &args));
+  }
+  v1::SessionRequest request;
+  request.mutable_fetch()->set_key(key);
+  absl::StatusOr<v1::SessionResponse> response = core_->Call(std::move(request));
+  if (!response.ok()) return response.status();
+  const v1::Lease& granted = response->lease();
+  Lease lease;
+  lease.session_ = core_;
+  lease.lease_id_ = granted.lease_id();
+  lease.key_ = granted.key();
+  lease.size_ = granted.length();
+  lease.tensors_.assign(granted.tensors().begin(), granted.tensors().end());
+  lease.stream_ = &stream;
+  // From here on the lease releases itself if anything fails.
+  absl::Status opened = core_->OpenHandles(*response);
+  absl::StatusOr<Slab*> slab = core_->slab(granted.slab_id());
+  absl::StatusOr<Event*> ready = core_->event(granted.ready_event_id());
+  absl::StatusOr<Event*> done = core_->event(granted.done_event_id());
+  for (const absl::Status& status : {opened, slab.status(), ready.status(), done.status()}) {
+    if (!status.ok()) {
+      if (done.ok()) {
+        lease.done_event_ = *done;
+      } else {
+        lease.session_.reset();  // nothing to record on: the session's end releases it
+      }
+      return status;
+    }
+  }
+  lease.done_event_ = *done;
+  if (granted.offset() + granted.length() > (*slab)->size()) {
+    return absl::InternalError(absl::StrCat("lease of ", key, " lies outside slab ",
+                                            granted.slab_id()));
+  }
+  lease.data_ = static_cast<uint8_t*>((*slab)->data()) + granted.offset();
+  if (absl::Status wait = core_->device().WaitEvent(stream, **ready); !wait.ok()) return wait;
+  return lease;
+}
+
+absl::Status Session::Prefetch(const std::vector<std::string>& keys, absl::Duration deadline) {
+  v1::SessionRequest request;
+  for (const std::string& key : keys) request.mutable_prefetch()->add_keys(key);
+  request.mutable_prefetch()->set_deadline_ms(absl::ToInt64Milliseconds(deadline));
+  return core_->Call(std::move(request)).status();
+}
+
+absl::Status Session::StoreAsync(const StoreRequest& request) {
+  return StoreAsync(request, *default_stream_);
+}
+
+absl::Status Session::StoreAsync(const StoreRequest& store, Stream& stream) {
+  v1::SessionRequest request;
+  v1::ReserveRequest* reserve = request.mutable_reserve();
+  reserve->set_key(store.key);
+  reserve->set_length(store.size);
+  reserve->set_spillable(store.spillable);
+  for (const v1::TensorInfo& tensor : store.tensors) *reserve->add_tensors() = tensor;
+  absl::StatusOr<v1::SessionResponse> response = core_->Call(std::move(request));
+  if (!response.ok()) return response.status();
+  const v1::Reservation& reservation = response->reservation();
+  v1::SessionRequest commit;
+  commit.mutable_commit()->set_reservation_id(reservation.reservation_id());
+  absl::Status status = core_->OpenHandles(*response);
+  absl::StatusOr<Slab*> slab = core_->slab(reservation.slab_id());
+  absl::StatusOr<Event*> written = core_->event(reservation.written_event_id());
+  if (status.ok()) status = slab.status();
+  if (status.ok()) status = written.status();
+  if (status.ok()) {
+    uint8_t* dst = static_cast<uint8_t*>((*slab)->data()) + reservation.offset();
+    status = core_->device().CopyAsync(stream, dst, store.data, store.size);
+  }
+  if (status.ok()) status = core_->device().RecordEvent(**written, stream);
+  if (!status.ok()) {
+    // Give the reservation back; the daemon waits for the written event before reusing it.
+    commit.mutable_commit()->set_abort(true);
+    (void)core_->Send(std::move(commit));
+    return status;
+  }
+  {
+    absl::MutexLock lock(&commits_->mu);
+    ++commits_->in_flight[store.key];
+    ++commits_->total;
+  }
+  return core_->Send(std::move(commit), [commits = commits_, key = store.key](
+                                            const v1::SessionResponse& answer) {
+    absl::MutexLock lock(&commits->mu);
+    if (answer.code() != 0 && commits->first_error.ok()) {
+      commits->first_error = absl::Status(static_cast<absl::StatusCode>(answer.code()),
+                                          absl::StrCat("commit of ", key, ": ", answer.message()));
+    }
+    if (--commits->in_flight[key] == 0) commits->in_flight.erase(key);
+    --commits->total;
+  });
+}
+
+absl::Status Session::Flush() {
+  absl::MutexLock lock(&commits_->mu);
+  commits_->mu.Await(absl::Condition(
+      +[](SessionCommits* commits) ABSL_NO_THREAD_SAFETY_ANALYSIS { return commits->total == 0; },
+      commits_.get()));
+  return std::exchange(commits_->first_error, absl::OkStatus());
+}
+
+absl::Status Session::Pin(const std::string& key) {
+  v1::SessionRequest request;
+  request.mutable_pin()->set_key(key);
+  return core_->Call(std::move(request)).status();
+}
+
+absl::Status Session::Unpin(const std::string& key) {
+  v1::SessionRequest request;
+  request.mutable_unpin()->set_key(key);
+  return core_->Call(std::move(request)).status();
+}
+
+absl::StatusOr<v1::EvictResponse> Session::Evict(const std::string& key_or_prefix,
+                                                 v1::Tier tier) {
+  v1::SessionRequest request;
+  request.mutable_evict()->set_key(key_or_prefix);
+  request.mutable_evict()->set_tier(tier);
+  absl::StatusOr<v1::SessionResponse> response = core_->Call(std::move(request));
+  if (!response.ok()) return response.status();
+  return response->evicted();
+}
+
+// ---- Client --------------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  if (options.socket_path.empty()) return absl::InvalidArgumentError("no socket path");
+  grpc::ChannelArguments arguments;
+  // Staging handles are small, but a model's object list can be long.
+  arguments.SetMaxReceiveMessageSize(64 << 20);
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      UnixTarget(options.socket_path), grpc::InsecureChannelCredentials(), arguments);
+  return std::unique_ptr<Client>(new Client(options, v1::Tierd::NewStub(channel)));
+}
+
+Client::Client(ClientOptions options, std::unique_ptr<v1::Tierd::Stub> stub)
+    : options_(std::move(options)), stub_(std::move(stub)) {}
+
+Client::~Client() = default;
+
+void Client::PrepareContext(grpc::ClientContext& context) const {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
+}
+
+absl::StatusOr<std::shared_ptr<Device>> Client::DeviceFor(const v1::SessionOpened& opened) {
+  absl::MutexLock lock(&device_mu_);
+  if (device_ != nullptr) return device_;
+  DeviceSpec spec;
+  if (opened.backend() == "host") {
+    spec.kind = DeviceSpec::Kind::kHost;
+  } else if (opened.backend() == "cuda") {
+    spec.kind = DeviceSpec::Kind::kCuda;
+    spec.ordinal = opened.device_ordinal();
+  } else {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the daemon's backend \"", opened.backend(), "\" is unknown to this client"));
+  }
+  absl::StatusOr<std::unique_ptr<Device>> device = CreateDevice(spec);
+  if (!device.ok()) return device.status();
+  device_ = std::shared_ptr<Device>(*std::move(device));
+  return device_;
+}
+
+absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
+  absl::StatusOr<std::shared_ptr<SessionCore>> core = SessionCore::Start(*stub_);
+  if (!core.ok()) return core.status();
+  v1::SessionRequest open;
+  open.mutable_open()->set_client_name(options_.client_name);
+  absl::StatusOr<v1::SessionResponse> opened = (*core)->Call(std::move(open));
+  if (!opened.ok()) return opened.status();
+  absl::StatusOr<std::shared_ptr<Device>> device = DeviceFor(opened->opened());
+  if (!device.ok()) return device.status();
+  (*core)->set_device(*device);
+  absl::StatusOr<std::unique_ptr<Stream>> stream = (*device)->CreateStream(StreamPriority::kHigh);
+  if (!stream.ok()) return stream.status();
+  std::unique_ptr<Session> session(new Session(*std::move(core)));
+  session->opened_ = opened->opened();
+  session->default_stream_ = *std::move(stream);
+  return session;
+}
+
+absl::StatusOr<v1::ModelSummary> Client::RegisterModel(
+    const std::string& name, const std::string& directory, v1::Grouping grouping,
+    const std::function<void(const v1::RegisterModelProgress&)>& progress) {
+  grpc::ClientContext context;
+  v1::RegisterModelRequest request;
+  request.set_name(name);
+  request.set_directory(directory);
+  request.set_grouping(grouping);
+  std::unique_ptr<grpc::ClientReader<v1::RegisterModelProgress>> reader =
+      stub_->RegisterModel(&context, request);
+  v1::RegisterModelProgress message;
+  std::optional<v1::ModelSummary> summary;
+  while (reader->Read(&message)) {
+    if (progress) progress(message);
+    if (message.has_summary()) summary = message.summary();
+  }
+  if (absl::Status status = FromGrpcStatus(reader->Finish()); !status.ok()) return status;
+  if (!summary) return absl::InternalError("the daemon sent no summary");
+  return *summary;
+}
+
+absl::StatusOr<std::vector<v1::ModelSummary>> Client::ListModels() {
+  grpc::ClientContext context;
+  PrepareContext(context);
+  v1::ListModelsResponse response;
+  if (absl::Status status = FromGrpcStatus(stub_->ListModels(&context, {}, &response));
+      !status.ok()) {
+    return status;
+  }
+  return std::vector<v1::ModelSummary>(response.models().begin(), response.models().end());
+}
+
+absl::StatusOr<std::vector<v1::ObjectInfo>> Client::ListObjects(const std::string& model) {
+  grpc::ClientContext context;
+  PrepareContext(context);
+  v1::ListObjectsRequest request;
+  request.set_model(model);
+  v1::ListObjectsResponse response;
+  if (absl::Status status = FromGrpcStatus(stub_->ListObjects(&context, request, &response));
+      !status.ok()) {
+    return status;
+  }
+  return std::vector<v1::ObjectInfo>(response.objects().begin(), response.objects().end());
+}
+
+absl::Status Client::DropModel(const std::string& name) {
+  grpc::ClientContext context;
+  PrepareContext(context);
+  v1::DropModelRequest request;
+  request.set_name(name);
+  v1::DropModelResponse response;
+  return FromGrpcStatus(stub_->DropModel(&context, request, &response));
+}
+
+absl::StatusOr<v1::PrefetchResponse> Client::Prefetch(const std::vector<std::string>& keys,
+                                                      bool host_only) {
+  grpc::ClientContext context;
+  PrepareContext(context);
+  v1::PrefetchRequest request;
+  for (const std::string& key : keys) request.add_keys(key);
+  request.set_host_only(host_only);
+  v1::PrefetchResponse response;
+  if (absl::Status status = FromGrpcStatus(stub_->Prefetch(&context, request, &response));
+      !status.ok()) {
+    return status;
+  }
+  return response;
+}
+
+absl::StatusOr<v1::EvictResponse> Client::Evict(const std::string& key_or_prefix, v1::Tier tier) {
+  grpc::ClientContext context;
+  PrepareContext(context);
+  v1::EvictRequest request;
+  request.set_key(key_or_prefix);
+  request.set_tier(tier);
+  v1::EvictResponse response;
+  if (absl::Status status = FromGrpcStatus(stub_->Evict(&context, request, &response));
+      !status.ok()) {
+    return status;
+  }
+  return response;
+}
+
+absl::StatusOr<v1::Stats> Client::GetStats() {
+  grpc::ClientContext context;
+  PrepareContext(context);
+  v1::Stats response;
+  if (absl::Status status = FromGrpcStatus(stub_->GetStats(&context, {}, &response));
+      !status.ok()) {
+    return status;
+  }
+  return response;
+}
+
+}  // namespace tierd

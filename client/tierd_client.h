@@ -1,0 +1,189 @@
+// The C++ client of tierd: the public surface model servers link against.
+//
+// A Client is a connection to one daemon (one GPU) over its Unix socket. It offers the unary calls
+// a person or script would make (register, list, stats, evict, ...) and opens Sessions, which carry
+// the data path: fetch, prefetch, store, pin. A Session opens the daemon's slab and event handles
+// once, caches them, and hands out Leases: RAII views of a staging buffer that release themselves
+// on destruction.
+//
+// The data never crosses the socket. Fetch makes the caller's stream wait on the lease's ready
+// event (no CPU wait); releasing records the lease's done event on a stream after the last use, so
+// the daemon does not overwrite the buffer before that work has finished.
+//
+// Thread-safety: Client and Session are thread-safe; several threads may fetch through one Session
+// at once and their requests are pipelined. A Lease is used by one thread at a time.
+#ifndef TIERD_CLIENT_TIERD_CLIENT_H_
+#define TIERD_CLIENT_TIERD_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "device/device.h"
+#include "tierd/v1/tierd.grpc.pb.h"
+
+namespace tierd {
+
+class Session;
+class SessionCore;
+struct SessionCommits;
+
+struct ClientOptions {
+  std::string socket_path = "/run/tierd/gpu0.sock";
+  // Shown in the daemon's logs and stats.
+  std::string client_name;
+  // Deadline of each unary call; sessions have none.
+  absl::Duration call_timeout = absl::Seconds(30);
+};
+
+// A fetched object in a daemon staging buffer. Valid until released; its bytes do not change
+// while it lives. Move-only.
+class Lease {
+ public:
+  Lease() = default;
+  Lease(Lease&& other) noexcept = default;
+  Lease& operator=(Lease&& other) noexcept;
+  // Releases with the stream the lease was fetched on.
+  ~Lease();
+
+  bool valid() const { return session_ != nullptr; }
+  const std::string& key() const { return key_; }
+  // Device address of the object's first byte in this process, and its size.
+  void* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  // The tensors inside the object, offsets relative to data().
+  const std::vector<v1::TensorInfo>& tensors() const { return tensors_; }
+
+  // Records the lease's done event on `stream` (after the work that reads the buffer) and tells
+  // the daemon the buffer is free once that event completes. Does not wait for the daemon's reply;
+  // a failure is logged. REQUIRES: valid(); `stream` comes from Session::device().
+  void Release(Stream& stream);
+  // Same, on the stream the lease was fetched on.
+  void Release();
+
+ private:
+  friend class Session;
+  std::shared_ptr<SessionCore> session_;
+  uint64_t lease_id_ = 0;
+  std::string key_;
+  void* data_ = nullptr;
+  uint64_t size_ = 0;
+  std::vector<v1::TensorInfo> tensors_;
+  Event* done_event_ = nullptr;
+  Stream* stream_ = nullptr;
+};
+
+// What to store: bytes at `data` (device memory of Session::device(), e.g. a client buffer, or a
+// registered host buffer), copied into staging on `stream`.
+struct StoreRequest {
+  std::string key;  // "NAMESPACE/NAME"; NAMESPACE must not be a registered model
+  const void* data = nullptr;
+  uint64_t size = 0;
+  std::vector<v1::TensorInfo> tensors;  // optional index handed back on fetch
+  bool spillable = true;
+};
+
+class Session {
+ public:
+  // Ends the session: the daemon releases whatever it still holds for it. Outstanding Leases
+  // become invalid; release or destroy them first.
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // The device the staging buffers belong to in this process: create the streams that use
+  // leases from it.
+  Device& device();
+  // A stream of device(), owned by the session, for callers without one of their own.
+  Stream& default_stream();
+  const v1::SessionOpened& info() const;
+
+  // Fetches `key` and makes `stream` wait for its bytes. Returns once the daemon has enqueued the
+  // copy. Errors: the daemon's (NOT_FOUND, RESOURCE_EXHAUSTED, DATA_LOSS, ...), UNAVAILABLE when
+  // the session has ended.
+  absl::StatusOr<Lease> Fetch(const std::string& key, Stream& stream);
+  absl::StatusOr<Lease> Fetch(const std::string& key);
+
+  // Starts bringing `keys` to the GPU without holding them (the seeds' begin_fetch_step). Errors
+  // known at once (unknown key) are returned.
+  absl::Status Prefetch(const std::vector<std::string>& keys, absl::Duration deadline = {});
+  absl::Status BeginFetchStep(const std::vector<std::string>& keys) { return Prefetch(keys); }
+
+  // Reserves a staging buffer, enqueues the copy of the bytes into it on `stream`, records the
+  // written event there and sends the commit (the seeds' store_async). Returns once the commit is
+  // sent, without waiting for the copy: the source must stay unchanged until `stream` has done it.
+  // A later Fetch of the same key through this session waits for the commit first. Errors known
+  // at once (bad key, no room) are returned; the commit's own outcome is reported by Flush().
+  absl::Status StoreAsync(const StoreRequest& request, Stream& stream);
+  absl::Status StoreAsync(const StoreRequest& request);
+  // Waits until every commit sent so far is in the daemon's host tier; returns the first failure
+  // since the last Flush.
+  absl::Status Flush();
+
+  // Keeps `key` resident on the GPU until Unpin or the session ends.
+  absl::Status Pin(const std::string& key);
+  absl::Status Unpin(const std::string& key);
+  absl::StatusOr<v1::EvictResponse> Evict(const std::string& key_or_prefix, v1::Tier tier);
+
+ private:
+  friend class Client;
+  explicit Session(std::shared_ptr<SessionCore> core);
+  std::shared_ptr<SessionCore> core_;
+  std::shared_ptr<SessionCommits> commits_;
+  v1::SessionOpened opened_;
+  std::unique_ptr<Stream> default_stream_;
+};
+
+class Client {
+ public:
+  // Connects to the daemon at options.socket_path (without waiting for it: calls fail UNAVAILABLE
+  // while it is not there).
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Opens a data-path session. Errors: UNAVAILABLE when the daemon is not reachable.
+  absl::StatusOr<std::unique_ptr<Session>> OpenSession();
+
+  // Registers a model; `progress` (optional) sees each progress message. No deadline: a large
+  // model on a cold disk takes a while.
+  absl::StatusOr<v1::ModelSummary> RegisterModel(
+      const std::string& name, const std::string& directory, v1::Grouping grouping,
+      const std::function<void(const v1::RegisterModelProgress&)>& progress = nullptr);
+  absl::StatusOr<std::vector<v1::ModelSummary>> ListModels();
+  absl::StatusOr<std::vector<v1::ObjectInfo>> ListObjects(const std::string& model);
+  absl::Status DropModel(const std::string& name);
+  absl::StatusOr<v1::PrefetchResponse> Prefetch(const std::vector<std::string>& keys,
+                                                bool host_only = false);
+  absl::StatusOr<v1::EvictResponse> Evict(const std::string& key_or_prefix, v1::Tier tier);
+  absl::StatusOr<v1::Stats> GetStats();
+
+  // The generated stub, for calls this class does not wrap.
+  v1::Tierd::Stub& stub() { return *stub_; }
+
+ private:
+  Client(ClientOptions options, std::unique_ptr<v1::Tierd::Stub> stub);
+  void PrepareContext(grpc::ClientContext& context) const;
+  // The device matching the daemon's backend, created on first use and shared by all sessions.
+  absl::StatusOr<std::shared_ptr<Device>> DeviceFor(const v1::SessionOpened& opened);
+
+  const ClientOptions options_;
+  std::unique_ptr<v1::Tierd::Stub> stub_;
+  absl::Mutex device_mu_;
+  std::shared_ptr<Device> device_ ABSL_GUARDED_BY(device_mu_);
+};
+
+// grpc::Status → absl::Status, keeping code and message.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+}  // namespace tierd
+
+#endif  // TIERD_CLIENT_TIERD_CLIENT_H_

@@ -1,0 +1,37 @@
+// Calls collected while a lock is held and made once it is released: declare a DeferredCalls
+// before the MutexLock, so it is destroyed (and runs the calls, in order) after the lock is gone.
+// Keeps callbacks out of critical sections, where they could re-enter and deadlock.
+#ifndef TIERD_COMMON_DEFERRED_CALLS_H_
+#define TIERD_COMMON_DEFERRED_CALLS_H_
+
+#include <utility>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+
+namespace tierd {
+
+class DeferredCalls {
+ public:
+  using Calls = std::vector<absl::AnyInvocable<void() &&>>;
+
+  DeferredCalls() = default;
+  DeferredCalls(const DeferredCalls&) = delete;
+  DeferredCalls& operator=(const DeferredCalls&) = delete;
+  ~DeferredCalls() {
+    // A call may add more (it is made with no lock held); run until none are left.
+    while (!calls_.empty()) {
+      Calls calls = std::move(calls_);
+      calls_.clear();
+      for (auto& call : calls) std::move(call)();
+    }
+  }
+  Calls& calls() { return calls_; }
+
+ private:
+  Calls calls_;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_COMMON_DEFERRED_CALLS_H_

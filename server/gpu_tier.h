@@ -1,0 +1,298 @@
+// The GPU tier: objects in daemon-owned staging memory, the leases clients hold on them, and the
+// copies that move bytes between the host cache and staging.
+//
+// What it guarantees (the lease protocol, ../proto/tierd/v1/tierd.proto):
+//  - A fetch is answered once the host → staging copy is enqueued; the lease names the copy's
+//    ready event. Demand fetches use the high-priority copy stream and overtake prefetches.
+//  - Clients fetching one key share one GPU copy. A leased, pinned or copying object never moves
+//    and is never evicted; the rest are evicted least recently used first.
+//  - Release waits, on the client's own drain stream, for the lease's done event: the buffer is
+//    reused only after the client's last read has finished. An event slot is handed out again only
+//    when nobody can wait on it any more.
+//  - Store: a reservation is a staging range plus a written event; commit makes the copy to the
+//    host tier wait for that event, publishes the object on the GPU at once and answers when the
+//    host tier has it.
+//  - Leases, reservations and pins belong to a client (a session). Closing the client releases
+//    them, waiting for their done events at most `close_grace`, then freeing regardless (the
+//    client is gone: its GPU work died with it).
+//  - When staging is full and nothing can be evicted the answer is RESOURCE_EXHAUSTED at once;
+//    when copies or drains in flight will free enough, the request waits for them (no polling).
+//
+// Callbacks run on the caller's thread, a reader thread or the device's completion thread; they
+// must not block. Thread-safe.
+#ifndef TIERD_SERVER_GPU_TIER_H_
+#define TIERD_SERVER_GPU_TIER_H_
+
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/timer_thread.h"
+#include "device/device.h"
+#include "server/event_pool.h"
+#include "server/staging_pool.h"
+#include "storage/catalog.h"
+#include "storage/host_arena.h"
+#include "storage/host_cache.h"
+
+namespace tierd {
+
+struct GpuTierOptions {
+  uint64_t pool_bytes = 0;
+  uint64_t slab_bytes = 2ull << 30;
+  uint32_t max_events = 65536;
+  // Host ↔ staging copies are issued in pieces of at most this, so a demand copy on the other
+  // stream is not stuck behind one huge copy.
+  uint64_t copy_chunk_bytes = 64ull << 20;
+  absl::Duration close_grace = absl::Seconds(1);
+};
+
+struct ClientLimits {
+  uint32_t max_leases = 4096;
+  uint64_t max_staging_bytes = ~0ull;  // leased + reserved + pinned bytes
+};
+
+using ClientId = uint64_t;
+using Tensors = std::shared_ptr<const std::vector<TensorPlacement>>;
+
+struct LeaseGrant {
+  uint64_t lease_id = 0;
+  std::string key;
+  StagingRange range;
+  uint64_t length = 0;
+  uint32_t ready_event = 0;
+  uint32_t done_event = 0;
+  Tensors tensors;
+};
+
+struct ReservationGrant {
+  uint64_t reservation_id = 0;
+  std::string key;
+  StagingRange range;
+  uint64_t length = 0;
+  uint32_t written_event = 0;
+};
+
+enum class EvictTier { kGpu, kHost, kAll };
+
+struct EvictResult {
+  uint32_t evicted = 0;
+  uint32_t skipped = 0;
+};
+
+struct GpuTierStats {
+  uint64_t budget_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t objects = 0;
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t evictions = 0;
+  uint64_t bytes_host_to_gpu = 0;
+  uint64_t bytes_gpu_to_host = 0;
+  uint64_t copies_in_flight = 0;
+  uint64_t clients = 0;
+  uint64_t leases = 0;  // held and draining
+  uint64_t reservations = 0;
+  uint64_t pins = 0;
+  uint64_t slabs = 0;
+  uint64_t events = 0;
+};
+
+struct HandleList {
+  std::vector<StagingSlabInfo> slabs;
+  std::vector<EventInfo> events;
+};
+
+class GpuTier {
+ public:
+  using LeaseCallback = absl::AnyInvocable<void(absl::StatusOr<LeaseGrant>) &&>;
+  using ReserveCallback = absl::AnyInvocable<void(absl::StatusOr<ReservationGrant>) &&>;
+  using StatusCallback = absl::AnyInvocable<void(absl::Status) &&>;
+
+  // Allocates the staging pool and the copy streams. All references must outlive the tier.
+  static absl::StatusOr<std::unique_ptr<GpuTier>> Create(Device& device, Catalog& catalog,
+                                                         HostArena& arena, HostCache& host_cache,
+                                                         const GpuTierOptions& options);
+  // Frees what closed clients still hold and waits for copies in flight. REQUIRES: every client
+  // is closed.
+  ~GpuTier();
+  GpuTier(const GpuTier&) = delete;
+  GpuTier& operator=(const GpuTier&) = delete;
+
+  // A client (a session) that can hold leases, reservations and pins.
+  absl::StatusOr<ClientId> OpenClient(const ClientLimits& limits) ABSL_LOCKS_EXCLUDED(mu_);
+  // Releases everything the client holds (see the header comment). Unknown ids are ignored.
+  void CloseClient(ClientId client) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Brings `key` into staging and leases it to `client`. Errors: INVALID_ARGUMENT (malformed key),
+  // NOT_FOUND, RESOURCE_EXHAUSTED (pool or the client's quota), FAILED_PRECONDITION (model files
+  // changed), DATA_LOSS, UNAVAILABLE (client closed), the host tier's errors.
+  void Fetch(ClientId client, const std::string& key, ReadPriority priority, absl::Time deadline,
+             LeaseCallback done) ABSL_LOCKS_EXCLUDED(mu_);
+  // Hands the lease's buffer back once its done event completes. NOT_FOUND for a lease the client
+  // never had; FAILED_PRECONDITION for one already released.
+  absl::Status Release(ClientId client, uint64_t lease_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Starts bringing `key` to the GPU (or only to the host tier) without holding it. Returns
+  // whether anything was started; the errors known at once (unknown key) are returned.
+  absl::StatusOr<bool> Prefetch(const std::string& key, absl::Time deadline, bool host_only)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Reserves staging for a stored object. `key` is "NAMESPACE/NAME" where NAMESPACE is not a
+  // registered model. Errors: INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE.
+  void Reserve(ClientId client, const std::string& key, uint64_t length,
+               std::vector<TensorPlacement> tensors, bool spillable, ReserveCallback done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Publishes (or with `abort`, abandons) a reservation; `done` runs once the object is in the
+  // host tier. FAILED_PRECONDITION for a reservation the client does not have open.
+  void Commit(ClientId client, uint64_t reservation_id, bool abort, StatusCallback done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Keeps `key` on the GPU until the client unpins it or closes; `done` runs once it is there.
+  void Pin(ClientId client, const std::string& key, StatusCallback done) ABSL_LOCKS_EXCLUDED(mu_);
+  // FAILED_PRECONDITION when the client has not pinned `key`.
+  absl::Status Unpin(ClientId client, const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Drops `key_or_prefix` (a prefix ends in '/') from `tier`. For one key: NOT_FOUND when it is
+  // known nowhere, FAILED_PRECONDITION when it is leased, pinned or busy. Under a prefix such
+  // objects are skipped and counted.
+  absl::StatusOr<EvictResult> Evict(const std::string& key_or_prefix, EvictTier tier)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Unlists every object of `model` (after DropModel): they are freed once nobody holds them.
+  void ForgetModel(const std::string& model) ABSL_LOCKS_EXCLUDED(mu_);
+
+  bool IsOnGpu(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
+  GpuTierStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  HandleList Handles() const;
+  const StagingPool& pool() const { return *pool_; }
+  const EventPool& events() const { return events_; }
+
+ private:
+  struct Object;
+  struct Client;
+  struct Drain;
+  struct AllocationWaiter;
+  struct Liveness;
+  struct PendingCommit;
+  // Calls collected under the lock and made after it is released.
+  using Deferred = std::vector<absl::AnyInvocable<void() &&>>;
+
+  GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& host_cache,
+          const GpuTierOptions& options, std::unique_ptr<StagingPool> pool,
+          std::unique_ptr<Stream> demand_stream, std::unique_ptr<Stream> prefetch_stream,
+          std::unique_ptr<Stream> store_stream);
+
+  Client* FindClientLocked(ClientId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The listed object for `key`, unless it is a weight of an older registration (then it is
+  // unlisted and nullptr returned).
+  Object* FindListedLocked(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Creates and lists a loading object for `key` and starts its host fetch.
+  absl::StatusOr<Object*> StartLoadLocked(const std::string& key, ReadPriority priority,
+                                          absl::Time deadline, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void IssueHostFetchLocked(Object* object, ReadPriority priority, absl::Time deadline,
+                            Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnHostObject(Object* object, absl::StatusOr<HostObject> host)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Copies `host` into the object's staging range and answers its waiters.
+  void CopyInLocked(Object* object, HostObject host, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishCopyIn(Object* object) ABSL_LOCKS_EXCLUDED(mu_);
+  void FailLoadLocked(Object* object, const absl::Status& status, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<LeaseGrant> GrantLocked(Client& client, Object* object)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AnswerWaitersLocked(Object* object, const absl::Status& status, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // A staging range of `bytes`, evicting LRU objects as needed; nullopt when that is not enough.
+  std::optional<StagingRange> TryAllocateLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Allocates now, once copies or drains in flight free room, or fails RESOURCE_EXHAUSTED.
+  void AllocateLocked(uint64_t bytes, absl::AnyInvocable<void(absl::StatusOr<StagingRange>) &&> done,
+                      Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetryAllocationsLocked(Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PoolExhaustedLocked(uint64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Drops one of the client's pins of `key`. REQUIRES: the client has pinned it.
+  void UnpinLocked(Client& client, const std::string& key, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IsEvictableLocked(const Object* object) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TouchLocked(Object* object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnlistLocked(Object* object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeObjectLocked(Object* object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees an unlisted object that nothing uses any more.
+  void DeleteIfUnusedLocked(Object* object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Completes `drain` once `event`'s current record, on the client's drain stream, has completed
+  // (or the client's close grace ran out: then `forced`).
+  void StartDrainLocked(Client& client, Drain drain, uint32_t event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishDrain(uint64_t drain_id) ABSL_LOCKS_EXCLUDED(mu_);
+  void FinishDrainLocked(uint64_t drain_id, bool forced, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForceClose(ClientId client) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Commit steps: the host tier reserved room; the client's written event completed; both done:
+  // copy out of staging; the copy finished.
+  void OnHostReservation(uint64_t commit_id, absl::StatusOr<HostObject> host)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void WrittenLocked(uint64_t commit_id, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartCopyOutLocked(uint64_t commit_id, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishCopyOut(uint64_t commit_id, Object* object) ABSL_LOCKS_EXCLUDED(mu_);
+  void FailCommitLocked(uint64_t commit_id, const absl::Status& status, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Copies in pieces of at most copy_chunk_bytes that never span two pinned pieces of the arena.
+  absl::Status CopyChunked(Stream& stream, uint8_t* dst, const uint8_t* src, uint64_t bytes,
+                           bool host_is_dst);
+
+  Device& device_;
+  Catalog& catalog_;
+  HostArena& arena_;
+  HostCache& host_cache_;
+  const GpuTierOptions options_;
+  const std::unique_ptr<StagingPool> pool_;
+  EventPool events_;
+  const std::unique_ptr<Stream> demand_stream_;    // H2D, high priority
+  const std::unique_ptr<Stream> prefetch_stream_;  // H2D
+  const std::unique_ptr<Stream> store_stream_;     // D2H
+  std::shared_ptr<Liveness> liveness_;             // lets late drain callbacks find the tier gone
+  TimerThread timer_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, Object*> objects_ ABSL_GUARDED_BY(mu_);  // listed, by key
+  std::list<Object*> lru_ ABSL_GUARDED_BY(mu_);  // resident listed objects, least recent first
+  std::map<ClientId, std::unique_ptr<Client>> clients_ ABSL_GUARDED_BY(mu_);
+  ClientId next_client_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Drain> drains_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_drain_ ABSL_GUARDED_BY(mu_) = 1;
+  std::deque<AllocationWaiter> allocation_waiters_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, PendingCommit> commits_ ABSL_GUARDED_BY(mu_);  // between request and host tier
+  uint64_t next_commit_ ABSL_GUARDED_BY(mu_) = 1;
+  // Index and spillability of committed stored objects, by key: fetches need them after the GPU
+  // copy is gone.
+  struct StoredMeta {
+    uint64_t size = 0;
+    Tensors tensors;
+  };
+  std::map<std::string, StoredMeta> stored_ ABSL_GUARDED_BY(mu_);
+  uint64_t copies_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t host_fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  GpuTierStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_SERVER_GPU_TIER_H_

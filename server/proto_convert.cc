@@ -1,0 +1,112 @@
+#include "server/proto_convert.h"
+
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "storage/dtype.h"
+
+namespace tierd {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+v1::Grouping ToProto(Grouping grouping) {
+  switch (grouping) {
+    case Grouping::kTensor:
+      return v1::GROUPING_TENSOR;
+    case Grouping::kBlock:
+      return v1::GROUPING_BLOCK;
+    case Grouping::kPhase:
+      return v1::GROUPING_PHASE;
+  }
+  return v1::GROUPING_UNSPECIFIED;
+}
+
+absl::StatusOr<Grouping> FromProto(v1::Grouping grouping) {
+  switch (grouping) {
+    case v1::GROUPING_TENSOR:
+      return Grouping::kTensor;
+    case v1::GROUPING_UNSPECIFIED:
+    case v1::GROUPING_BLOCK:
+      return Grouping::kBlock;
+    case v1::GROUPING_PHASE:
+      return Grouping::kPhase;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("grouping: unknown value ", grouping));
+  }
+}
+
+absl::StatusOr<EvictTier> FromProto(v1::Tier tier) {
+  switch (tier) {
+    case v1::TIER_UNSPECIFIED:
+    case v1::TIER_GPU:
+      return EvictTier::kGpu;
+    case v1::TIER_HOST:
+      return EvictTier::kHost;
+    case v1::TIER_ALL:
+      return EvictTier::kAll;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("tier: unknown value ", tier));
+  }
+}
+
+void ToProto(const ModelSummary& summary, v1::ModelSummary* out) {
+  out->set_name(summary.name);
+  out->set_directory(summary.directory);
+  out->set_grouping(ToProto(summary.grouping));
+  out->set_files(summary.files);
+  out->set_objects(summary.objects);
+  out->set_tensors(summary.tensors);
+  out->set_total_bytes(summary.total_bytes);
+  out->set_stale(summary.stale);
+}
+
+void ToProto(const TensorPlacement& tensor, v1::TensorInfo* out) {
+  out->set_name(tensor.name);
+  out->set_dtype(DTypeName(tensor.dtype));
+  for (uint64_t dim : tensor.shape) out->add_shape(dim);
+  out->set_offset(tensor.offset);
+  out->set_size(tensor.size);
+}
+
+absl::StatusOr<std::vector<TensorPlacement>> FromProto(
+    const google::protobuf::RepeatedPtrField<v1::TensorInfo>& tensors, uint64_t object_size,
+    const char* field) {
+  std::vector<TensorPlacement> placements;
+  for (int i = 0; i < tensors.size(); ++i) {
+    const v1::TensorInfo& tensor = tensors[i];
+    auto invalid = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", i, "] (", tensor.name(), "): ", why));
+    };
+    if (tensor.name().empty() || tensor.name().size() > 1024) {
+      return invalid("a name of 1 to 1024 bytes is needed");
+    }
+    std::optional<DType> dtype = ParseDType(tensor.dtype());
+    if (!dtype) return invalid(absl::StrCat("unknown dtype \"", tensor.dtype(), "\""));
+    uint64_t bytes = DTypeSize(*dtype);
+    for (uint64_t dim : tensor.shape()) {
+      if (dim != 0 && bytes > std::numeric_limits<uint64_t>::max() / dim) {
+        return invalid("shape overflows");
+      }
+      bytes *= dim;
+    }
+    if (bytes != tensor.size()) {
+      return invalid(absl::StrCat("size ", tensor.size(), " does not match dtype and shape (",
+                                  bytes, " bytes)"));
+    }
+    if (tensor.offset() > object_size || tensor.size() > object_size - tensor.offset()) {
+      return invalid(absl::StrCat("bytes [", tensor.offset(), ", +", tensor.size(),
+                                  ") are outside the object's ", object_size));
+    }
+    placements.push_back({tensor.name(), *dtype,
+                          std::vector<uint64_t>(tensor.shape().begin(), tensor.shape().end()),
+                          tensor.offset(), tensor.size()});
+  }
+  return placements;
+}
+
+}  // namespace tierd

@@ -1,0 +1,268 @@
+#include "server/session.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/proto_convert.h"
+
+namespace tierd {
+namespace {
+
+v1::SessionResponse ResponseFor(uint64_t request_id, const absl::Status& status) {
+  v1::SessionResponse response;
+  response.set_request_id(request_id);
+  response.set_code(static_cast<int>(status.code()));
+  response.set_message(std::string(status.message()));
+  return response;
+}
+
+absl::Time DeadlineFromMs(uint32_t deadline_ms) {
+  return deadline_ms == 0 ? absl::InfiniteFuture() : absl::Now() + absl::Milliseconds(deadline_ms);
+}
+
+}  // namespace
+
+SessionProtocol::SessionProtocol(GpuTier& tier, SessionOptions options, Send send)
+    : tier_(tier), options_(std::move(options)), send_(std::move(send)) {}
+
+SessionProtocol::~SessionProtocol() = default;
+
+ClientId SessionProtocol::client() const {
+  absl::MutexLock lock(&mu_);
+  return client_;
+}
+
+void SessionProtocol::Close() {
+  ClientId client;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    closed_ = true;
+    client = client_;
+  }
+  if (client != 0) tier_.CloseClient(client);
+}
+
+void SessionProtocol::Reply(uint64_t request_id, const absl::Status& status) {
+  v1::SessionResponse response = ResponseFor(request_id, status);
+  if (status.ok()) response.mutable_done();
+  send_(std::move(response));
+}
+
+absl::Status SessionProtocol::CheckKey(const std::string& key, const char* field) const {
+  if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
+  if (key.size() > options_.max_key_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is ", key.size(),
+                                                   " bytes, longer than the limit of ",
+                                                   options_.max_key_bytes));
+  }
+  absl::Status split = SplitObjectKey(key).status();
+  if (!split.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", split.message()));
+  }
+  return absl::OkStatus();
+}
+
+void SessionProtocol::Handle(const v1::SessionRequest& request) {
+  const uint64_t id = request.request_id();
+  ClientId client;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return Reply(id, absl::UnavailableError("the session has ended"));
+    client = client_;
+  }
+  if (request.op_case() == v1::SessionRequest::kOpen) return Open(id, request.open());
+  if (client == 0 && request.op_case() != v1::SessionRequest::OP_NOT_SET) {
+    return Reply(id, absl::FailedPreconditionError("the first request of a session must be open"));
+  }
+  switch (request.op_case()) {
+    case v1::SessionRequest::kFetch:
+      return Fetch(id, client, request.fetch());
+    case v1::SessionRequest::kRelease:
+      return Reply(id, tier_.Release(client, request.release().lease_id()));
+    case v1::SessionRequest::kPrefetch:
+      return Prefetch(id, request.prefetch());
+    case v1::SessionRequest::kReserve:
+      return Reserve(id, client, request.reserve());
+    case v1::SessionRequest::kCommit:
+      return Commit(id, client, request.commit());
+    case v1::SessionRequest::kPin:
+      return Pin(id, client, request.pin().key());
+    case v1::SessionRequest::kUnpin: {
+      absl::Status key = CheckKey(request.unpin().key(), "unpin.key");
+      return Reply(id, key.ok() ? tier_.Unpin(client, request.unpin().key()) : key);
+    }
+    case v1::SessionRequest::kEvict:
+      return Evict(id, request.evict());
+    case v1::SessionRequest::kOpen:
+    case v1::SessionRequest::OP_NOT_SET:
+      break;
+  }
+  Reply(id, absl::InvalidArgumentError("the request names no operation"));
+}
+
+void SessionProtocol::Open(uint64_t request_id, const v1::OpenSession& open) {
+  if (open.client_name().size() > 256) {
+    return Reply(request_id,
+                 absl::InvalidArgumentError("open.client_name is longer than 256 bytes"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (client_ != 0) {
+      return Reply(request_id, absl::FailedPreconditionError("the session is already open"));
+    }
+  }
+  absl::StatusOr<ClientId> client = tier_.OpenClient(options_.limits);
+  if (!client.ok()) return Reply(request_id, client.status());
+  {
+    absl::MutexLock lock(&mu_);
+    if (client_ != 0 || closed_) {
+      // Raced with another open or with Close.
+      tier_.CloseClient(*client);
+      return Reply(request_id, absl::FailedPreconditionError("the session is already open"));
+    }
+    client_ = *client;
+  }
+  v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
+  v1::SessionOpened* opened = response.mutable_opened();
+  opened->set_session_id(*client);
+  opened->set_backend(options_.backend);
+  opened->set_device(options_.device);
+  opened->set_device_ordinal(options_.device_ordinal);
+  opened->set_max_leases(options_.limits.max_leases);
+  opened->set_max_staging_bytes(options_.limits.max_staging_bytes);
+  send_(std::move(response));
+}
+
+void SessionProtocol::AttachHandles(v1::SessionResponse& response, uint32_t slab,
+                                    std::initializer_list<uint32_t> events) {
+  absl::MutexLock lock(&mu_);
+  if (slabs_sent_.insert(slab).second) {
+    for (const StagingSlabInfo& info : tier_.pool().Slabs()) {
+      if (info.id != slab) continue;
+      v1::Handle* handle = response.add_new_handles();
+      handle->set_kind(v1::Handle::SLAB);
+      handle->set_id(info.id);
+      handle->set_handle(info.handle);
+      handle->set_size(info.size);
+    }
+  }
+  for (uint32_t event : events) {
+    if (!events_sent_.insert(event).second) continue;
+    v1::Handle* handle = response.add_new_handles();
+    handle->set_kind(v1::Handle::EVENT);
+    handle->set_id(event);
+    handle->set_handle(tier_.events().handle(event));
+  }
+}
+
+void SessionProtocol::Fetch(uint64_t request_id, ClientId client, const v1::FetchRequest& fetch) {
+  if (absl::Status key = CheckKey(fetch.key(), "fetch.key"); !key.ok()) {
+    return Reply(request_id, key);
+  }
+  tier_.Fetch(client, fetch.key(), ReadPriority::kDemand, absl::InfiniteFuture(),
+              [self = shared_from_this(), request_id](absl::StatusOr<LeaseGrant> grant) {
+                if (!grant.ok()) return self->Reply(request_id, grant.status());
+                v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
+                v1::Lease* lease = response.mutable_lease();
+                lease->set_lease_id(grant->lease_id);
+                lease->set_key(grant->key);
+                lease->set_slab_id(grant->range.slab);
+                lease->set_offset(grant->range.offset);
+                lease->set_length(grant->length);
+                lease->set_ready_event_id(grant->ready_event);
+                lease->set_done_event_id(grant->done_event);
+                if (grant->tensors != nullptr) {
+                  for (const TensorPlacement& tensor : *grant->tensors) {
+                    ToProto(tensor, lease->add_tensors());
+                  }
+                }
+                self->AttachHandles(response, grant->range.slab,
+                                    {grant->ready_event, grant->done_event});
+                self->send_(std::move(response));
+              });
+}
+
+void SessionProtocol::Prefetch(uint64_t request_id, const v1::PrefetchRequest& prefetch) {
+  for (int i = 0; i < prefetch.keys_size(); ++i) {
+    absl::Status key = CheckKey(prefetch.keys(i), absl::StrCat("prefetch.keys[", i, "]").c_str());
+    if (!key.ok()) return Reply(request_id, key);
+  }
+  uint32_t started = 0;
+  const absl::Time deadline = DeadlineFromMs(prefetch.deadline_ms());
+  for (const std::string& key : prefetch.keys()) {
+    absl::StatusOr<bool> did = tier_.Prefetch(key, deadline, prefetch.host_only());
+    if (!did.ok()) return Reply(request_id, did.status());
+    started += *did ? 1 : 0;
+  }
+  v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
+  response.mutable_prefetched()->set_started(started);
+  send_(std::move(response));
+}
+
+void SessionProtocol::Reserve(uint64_t request_id, ClientId client,
+                              const v1::ReserveRequest& reserve) {
+  if (absl::Status key = CheckKey(reserve.key(), "reserve.key"); !key.ok()) {
+    return Reply(request_id, key);
+  }
+  if (reserve.length() == 0) {
+    return Reply(request_id, absl::InvalidArgumentError("reserve.length must be greater than 0"));
+  }
+  if (static_cast<uint32_t>(reserve.tensors_size()) > options_.max_tensors) {
+    return Reply(request_id, absl::InvalidArgumentError(absl::StrCat(
+                                 "reserve.tensors has more than ", options_.max_tensors,
+                                 " entries")));
+  }
+  absl::StatusOr<std::vector<TensorPlacement>> tensors =
+      FromProto(reserve.tensors(), reserve.length(), "reserve.tensors");
+  if (!tensors.ok()) return Reply(request_id, tensors.status());
+  tier_.Reserve(client, reserve.key(), reserve.length(), *std::move(tensors), reserve.spillable(),
+                [self = shared_from_this(), request_id](absl::StatusOr<ReservationGrant> grant) {
+                  if (!grant.ok()) return self->Reply(request_id, grant.status());
+                  v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
+                  v1::Reservation* reservation = response.mutable_reservation();
+                  reservation->set_reservation_id(grant->reservation_id);
+                  reservation->set_key(grant->key);
+                  reservation->set_slab_id(grant->range.slab);
+                  reservation->set_offset(grant->range.offset);
+                  reservation->set_length(grant->length);
+                  reservation->set_written_event_id(grant->written_event);
+                  self->AttachHandles(response, grant->range.slab, {grant->written_event});
+                  self->send_(std::move(response));
+                });
+}
+
+void SessionProtocol::Commit(uint64_t request_id, ClientId client,
+                             const v1::CommitRequest& commit) {
+  tier_.Commit(client, commit.reservation_id(), commit.abort(),
+               [self = shared_from_this(), request_id](absl::Status status) {
+                 self->Reply(request_id, status);
+               });
+}
+
+void SessionProtocol::Pin(uint64_t request_id, ClientId client, const std::string& key) {
+  if (absl::Status valid = CheckKey(key, "pin.key"); !valid.ok()) {
+    return Reply(request_id, valid);
+  }
+  tier_.Pin(client, key, [self = shared_from_this(), request_id](absl::Status status) {
+    self->Reply(request_id, status);
+  });
+}
+
+void SessionProtocol::Evict(uint64_t request_id, const v1::EvictRequest& evict) {
+  absl::StatusOr<EvictTier> tier = FromProto(evict.tier());
+  if (!tier.ok()) return Reply(request_id, tier.status());
+  if (evict.key().empty() || evict.key().size() > options_.max_key_bytes) {
+    return Reply(request_id,
+                 absl::InvalidArgumentError("evict.key must be a key or a prefix ending in '/'"));
+  }
+  absl::StatusOr<EvictResult> result = tier_.Evict(evict.key(), *tier);
+  if (!result.ok()) return Reply(request_id, result.status());
+  v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
+  response.mutable_evicted()->set_evicted(result->evicted);
+  response.mutable_evicted()->set_skipped(result->skipped);
+  send_(std::move(response));
+}
+
+}  // namespace tierd

@@ -1,0 +1,83 @@
+// One client session's protocol: turns SessionRequests into GpuTier calls and their answers into
+// SessionResponses, checking every field first. Knows nothing of gRPC (the reactor feeds it), so
+// it can be driven directly by tests and fuzzers.
+//
+// The first request must be `open`. Each response carries the slab and event handles the session
+// has not been sent yet. Responses are produced on whichever thread completes the work, through
+// `send`, which must be thread-safe and must not block.
+//
+// Thread-safe.
+#ifndef TIERD_SERVER_SESSION_H_
+#define TIERD_SERVER_SESSION_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "server/gpu_tier.h"
+#include "tierd/v1/tierd.pb.h"
+
+namespace tierd {
+
+struct SessionOptions {
+  ClientLimits limits;
+  std::string backend;  // "host" or "cuda"
+  std::string device;   // Device::Describe()
+  int device_ordinal = 0;
+  uint32_t max_key_bytes = 1024;
+  uint32_t max_tensors = 65536;  // per stored object
+};
+
+class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
+ public:
+  using Send = std::function<void(v1::SessionResponse)>;
+
+  SessionProtocol(GpuTier& tier, SessionOptions options, Send send);
+  // REQUIRES: Close() was called.
+  ~SessionProtocol();
+  SessionProtocol(const SessionProtocol&) = delete;
+  SessionProtocol& operator=(const SessionProtocol&) = delete;
+
+  // Handles one request; never blocks. Every request gets exactly one response (unless the
+  // session is closed first).
+  void Handle(const v1::SessionRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends the session: what it holds is released (GpuTier::CloseClient). Later requests are
+  // answered UNAVAILABLE. Idempotent.
+  void Close() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // 0 before `open`.
+  ClientId client() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void Open(uint64_t request_id, const v1::OpenSession& open) ABSL_LOCKS_EXCLUDED(mu_);
+  void Fetch(uint64_t request_id, ClientId client, const v1::FetchRequest& fetch);
+  void Prefetch(uint64_t request_id, const v1::PrefetchRequest& prefetch);
+  void Reserve(uint64_t request_id, ClientId client, const v1::ReserveRequest& reserve);
+  void Commit(uint64_t request_id, ClientId client, const v1::CommitRequest& commit);
+  void Pin(uint64_t request_id, ClientId client, const std::string& key);
+  void Evict(uint64_t request_id, const v1::EvictRequest& evict);
+
+  void Reply(uint64_t request_id, const absl::Status& status);
+  // Adds the handles the session has not been sent yet to `response`.
+  void AttachHandles(v1::SessionResponse& response, uint32_t slab,
+                     std::initializer_list<uint32_t> events) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CheckKey(const std::string& key, const char* field) const;
+
+  GpuTier& tier_;
+  const SessionOptions options_;
+  const Send send_;
+
+  mutable absl::Mutex mu_;
+  ClientId client_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<uint32_t> slabs_sent_ ABSL_GUARDED_BY(mu_);
+  std::set<uint32_t> events_sent_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_SERVER_SESSION_H_

@@ -1,0 +1,54 @@
+// The gRPC side of one Session stream: reads requests into a SessionProtocol and writes its
+// responses back in order, one write in flight at a time. Responses produced after the stream is
+// gone are dropped. When the client half-closes, cancels or disconnects, the protocol is closed,
+// which releases what the session holds.
+#ifndef TIERD_SERVER_SESSION_REACTOR_H_
+#define TIERD_SERVER_SESSION_REACTOR_H_
+
+#include <deque>
+#include <memory>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "server/session.h"
+#include "tierd/v1/tierd.pb.h"
+
+namespace tierd {
+
+class SessionReactor final
+    : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse> {
+ public:
+  // Starts reading at once. Deletes itself when the stream is done.
+  SessionReactor(GpuTier& tier, const SessionOptions& options);
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnDone() override;
+
+ private:
+  // Outlives the reactor: the protocol's late callbacks send through it.
+  struct Outbox {
+    absl::Mutex mu;
+    SessionReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+    std::deque<v1::SessionResponse> queue ABSL_GUARDED_BY(mu);
+    bool writing ABSL_GUARDED_BY(mu) = false;
+    bool write_failed ABSL_GUARDED_BY(mu) = false;
+    bool reads_done ABSL_GUARDED_BY(mu) = false;
+    bool finish_called ABSL_GUARDED_BY(mu) = false;
+  };
+
+  static void Send(const std::shared_ptr<Outbox>& outbox, v1::SessionResponse response);
+  // Calls Finish once reads are over and nothing is left to write.
+  void MaybeFinish() ABSL_LOCKS_EXCLUDED(outbox_->mu);
+
+  std::shared_ptr<Outbox> outbox_;
+  std::shared_ptr<SessionProtocol> protocol_;
+  v1::SessionRequest request_;
+  v1::SessionResponse in_flight_;  // the response being written
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_SERVER_SESSION_REACTOR_H_

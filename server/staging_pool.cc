@@ -1,0 +1,93 @@
+#include "server/staging_pool.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/byte_size.h"
+#include "common/status_macros.h"
+
+namespace tierd {
+namespace {
+
+uint64_t TotalSize(const std::vector<std::unique_ptr<Slab>>& slabs) {
+  uint64_t total = 0;
+  for (const auto& slab : slabs) total += slab->size();
+  return total;
+}
+
+uint64_t LargestSize(const std::vector<std::unique_ptr<Slab>>& slabs) {
+  uint64_t largest = 0;
+  for (const auto& slab : slabs) largest = std::max<uint64_t>(largest, slab->size());
+  return largest;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(Device& device,
+                                                                 uint64_t pool_bytes,
+                                                                 uint64_t slab_bytes) {
+  if (pool_bytes == 0) return absl::InvalidArgumentError("the GPU pool needs a size");
+  if (slab_bytes == 0) return absl::InvalidArgumentError("GPU slabs need a size");
+  pool_bytes = RoundUp(pool_bytes, kStagingAlignment);
+  slab_bytes = RoundUp(std::min(slab_bytes, pool_bytes), kStagingAlignment);
+  std::vector<std::unique_ptr<Slab>> slabs;
+  for (uint64_t allocated = 0; allocated < pool_bytes;) {
+    const uint64_t bytes = std::min(slab_bytes, pool_bytes - allocated);
+    absl::StatusOr<std::unique_ptr<Slab>> slab = device.AllocateSlab(bytes);
+    if (!slab.ok()) {
+      return absl::Status(slab.status().code(),
+                          absl::StrCat("allocating GPU staging slab ", slabs.size(), " of ",
+                                       FormatByteSize(bytes), ": ", slab.status().message()));
+    }
+    slabs.push_back(*std::move(slab));
+    allocated += bytes;
+  }
+  return std::unique_ptr<StagingPool>(new StagingPool(std::move(slabs)));
+}
+
+StagingPool::StagingPool(std::vector<std::unique_ptr<Slab>> slabs)
+    : slabs_(std::move(slabs)),
+      capacity_(TotalSize(slabs_)),
+      largest_slab_(LargestSize(slabs_)),
+      free_(slabs_.size()) {
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < slabs_.size(); ++i) free_[i].Add(0, slabs_[i]->size());
+}
+
+std::optional<StagingRange> StagingPool::Allocate(uint64_t bytes) {
+  if (bytes == 0) return std::nullopt;
+  const uint64_t size = RoundUp(bytes, kStagingAlignment);
+  absl::MutexLock lock(&mu_);
+  for (uint32_t slab = 0; slab < free_.size(); ++slab) {
+    if (std::optional<uint64_t> offset = free_[slab].Take(size)) {
+      return StagingRange{slab, *offset, size};
+    }
+  }
+  return std::nullopt;
+}
+
+void StagingPool::Free(const StagingRange& range) {
+  absl::MutexLock lock(&mu_);
+  free_[range.slab].Add(range.offset, range.size);
+}
+
+uint8_t* StagingPool::data(const StagingRange& range) const {
+  return static_cast<uint8_t*>(slabs_[range.slab]->data()) + range.offset;
+}
+
+uint64_t StagingPool::used_bytes() const {
+  absl::MutexLock lock(&mu_);
+  uint64_t free = 0;
+  for (const FreeRanges& ranges : free_) free += ranges.free_bytes();
+  return capacity_ - free;
+}
+
+std::vector<StagingSlabInfo> StagingPool::Slabs() const {
+  std::vector<StagingSlabInfo> infos;
+  for (uint32_t i = 0; i < slabs_.size(); ++i) {
+    infos.push_back({i, slabs_[i]->size(), slabs_[i]->handle()});
+  }
+  return infos;
+}
+
+}  // namespace tierd

@@ -1,0 +1,71 @@
+// The GPU staging pool: --gpu-pool-bytes of exportable device memory in a few large slabs, so a
+// client opens one IPC handle per slab rather than one per object. Ranges are handed out first
+// fit within a slab, aligned to kStagingAlignment.
+//
+// Thread-safe.
+#ifndef TIERD_SERVER_STAGING_POOL_H_
+#define TIERD_SERVER_STAGING_POOL_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/free_ranges.h"
+#include "device/device.h"
+
+namespace tierd {
+
+// Every range starts at a multiple of this, so tensors inside objects keep their alignment.
+inline constexpr uint64_t kStagingAlignment = 4096;
+
+struct StagingRange {
+  uint32_t slab = 0;
+  uint64_t offset = 0;
+  uint64_t size = 0;  // rounded up to kStagingAlignment
+};
+
+struct StagingSlabInfo {
+  uint32_t id = 0;
+  uint64_t size = 0;
+  std::string handle;
+};
+
+class StagingPool {
+ public:
+  // Allocates ceil(pool_bytes / slab_bytes) slabs (the last one smaller). Errors:
+  // INVALID_ARGUMENT for a zero size; RESOURCE_EXHAUSTED when the device has not that much memory.
+  static absl::StatusOr<std::unique_ptr<StagingPool>> Create(Device& device, uint64_t pool_bytes,
+                                                             uint64_t slab_bytes);
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+
+  // A range of at least `bytes` (> 0), or nullopt when no slab has a free hole that large.
+  std::optional<StagingRange> Allocate(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // REQUIRES: `range` came from Allocate and was not freed yet.
+  void Free(const StagingRange& range) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Device address of `range` in this process.
+  uint8_t* data(const StagingRange& range) const;
+  uint64_t capacity() const { return capacity_; }
+  uint64_t largest_slab() const { return largest_slab_; }
+  uint64_t used_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+  size_t slab_count() const { return slabs_.size(); }
+  std::vector<StagingSlabInfo> Slabs() const;
+
+ private:
+  explicit StagingPool(std::vector<std::unique_ptr<Slab>> slabs);
+
+  const std::vector<std::unique_ptr<Slab>> slabs_;
+  const uint64_t capacity_;
+  const uint64_t largest_slab_;
+  mutable absl::Mutex mu_;
+  std::vector<FreeRanges> free_ ABSL_GUARDED_BY(mu_);  // per slab
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_SERVER_STAGING_POOL_H_
