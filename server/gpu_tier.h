@@ -166,7 +166,7 @@ class GpuTier {
 
   // Drops `key_or_prefix` (a prefix ends in '/') from `tier`. For one key: NOT_FOUND when it is
   // known nowhere, FAILED_PRECONDITION when it is leased, pinned or busy. Under a prefix such
-  // objects are skipped and counted.
+  // objects are skipped and counted; `evicted` counts objects gone from every tier asked for.
   absl::StatusOr<EvictResult> Evict(const std::string& key_or_prefix, EvictTier tier)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Unlists every object of `model` (after DropModel): they are freed once nobody holds them.

@@ -188,7 +188,8 @@ absl::StatusOr<EvictResult> GpuTier::Evict(const std::string& key_or_prefix, Evi
   if (!prefix && !known) {
     return absl::NotFoundError(absl::StrCat("no object ", key_or_prefix));
   }
-  for (const std::string& key : evicted) skipped.erase(key);
+  // An object left in any tier asked for counts as skipped, not evicted.
+  for (const std::string& key : skipped) evicted.erase(key);
   return EvictResult{static_cast<uint32_t>(evicted.size()), static_cast<uint32_t>(skipped.size())};
 }
 

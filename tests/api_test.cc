@@ -1,0 +1,462 @@
+// The tierd.v1 API end to end on the host backend: a real daemon process, clients in this process
+// and in peer processes (api_peer), real files.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/health.h"
+#include "client/tierd_client.h"
+#include "common/status_macros.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/storage_test_support.h"
+#include "tests/test_support.h"
+
+namespace tierd {
+namespace {
+
+using ::testing::HasSubstr;
+using ::tierd::testing::IsOk;
+using ::tierd::testing::RandomTensor;
+using ::tierd::testing::RunProgram;
+using ::tierd::testing::SiblingBinary;
+using ::tierd::testing::StatusIs;
+using ::tierd::testing::Subprocess;
+using ::tierd::testing::TempDir;
+using ::tierd::testing::TensorSpec;
+
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+constexpr int kBlocks = 8;
+// Two 256 KiB tensors per block: 512 KiB objects; the 2 MiB pool holds four.
+constexpr uint64_t kRows = 64;
+constexpr uint64_t kCols = 1024;
+
+class ApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_THAT(WriteModel("model", /*seed=*/1), IsOk());
+    daemon_ = StartDaemon();
+    ASSERT_NE(daemon_, nullptr);
+    ClientOptions options;
+    options.socket_path = socket_path();
+    options.client_name = "api_test";
+    auto client = Client::Connect(options);
+    ASSERT_THAT(client, IsOk());
+    client_ = *std::move(client);
+    auto summary = client_->RegisterModel("m", model_dir("model"), v1::GROUPING_BLOCK);
+    ASSERT_THAT(summary, IsOk());
+    ASSERT_EQ(summary->objects(), static_cast<uint32_t>(kBlocks));
+  }
+
+  void TearDown() override {
+    client_.reset();
+    if (daemon_ != nullptr) {
+      daemon_->Signal(SIGTERM);
+      EXPECT_THAT(daemon_->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
+    }
+  }
+
+  std::string socket_path() const { return absl::StrCat(dir_.path(), "/gpu0.sock"); }
+  std::string model_dir(const std::string& name) const {
+    return absl::StrCat(dir_.path(), "/", name);
+  }
+  std::string expected_dir() const { return absl::StrCat(dir_.path(), "/expected"); }
+  static std::string Key(int block) { return absl::StrCat("m/blocks.", block); }
+
+  // Writes a model of kBlocks blocks with random contents, and each tensor's bytes to
+  // expected_dir()/<tensor name>.
+  absl::Status WriteModel(const std::string& name, uint64_t seed) {
+    std::vector<TensorSpec> tensors;
+    for (int block = 0; block < kBlocks; ++block) {
+      for (const char* part : {"attn.qkv.weight", "ffn.up.weight"}) {
+        tensors.push_back(RandomTensor(absl::StrCat("blocks.", block, ".", part), "F32",
+                                       {kRows, kCols}, seed * 1000 + tensors.size()));
+      }
+    }
+    ::mkdir(model_dir(name).c_str(), 0755);
+    ::mkdir(expected_dir().c_str(), 0755);
+    for (const TensorSpec& tensor : tensors) {
+      RETURN_IF_ERROR(testing::WriteFile(absl::StrCat(expected_dir(), "/", tensor.name),
+                                         tensor.data));
+      expected_[tensor.name] = tensor.data;
+    }
+    return testing::WriteSafetensors(absl::StrCat(model_dir(name), "/model.safetensors"),
+                                     tensors);
+  }
+
+  std::vector<std::string> TierdArgs() const {
+    return {SiblingBinary("tierd"),
+            "--device=host",
+            absl::StrCat("--socket=", socket_path()),
+            absl::StrCat("--state-dir=", dir_.path(), "/state"),
+            "--host-cache-bytes=16MiB",
+            "--gpu-pool-bytes=2MiB",
+            "--gpu-slab-bytes=1MiB",
+            "--session-max-leases=3",
+            "--shutdown-grace-ms=2000"};
+  }
+
+  std::unique_ptr<Subprocess> StartDaemon() {
+    auto daemon = Subprocess::Start(TierdArgs());
+    EXPECT_THAT(daemon, IsOk());
+    if (!daemon.ok()) return nullptr;
+    const absl::Time deadline = absl::Now() + kTimeout;
+    while (absl::Now() < deadline) {
+      auto health = CheckHealth(socket_path(), absl::Seconds(1));
+      if (health.ok() && *health == "SERVING") return *std::move(daemon);
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    ADD_FAILURE() << "tierd did not become healthy";
+    return nullptr;
+  }
+
+  std::unique_ptr<Subprocess> StartPeer(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {SiblingBinary("api_peer"), args[0], socket_path()};
+    argv.insert(argv.end(), args.begin() + 1, args.end());
+    auto peer = Subprocess::Start(argv);
+    EXPECT_THAT(peer, IsOk());
+    return peer.ok() ? *std::move(peer) : nullptr;
+  }
+
+  // The lease's bytes, copied out through the session's stream.
+  static std::string Bytes(Session& session, const Lease& lease) {
+    std::string copy(lease.size(), '\0');
+    EXPECT_THAT(session.device().CopyAsync(session.default_stream(), copy.data(), lease.data(),
+                                           lease.size()),
+                IsOk());
+    EXPECT_THAT(session.device().SynchronizeStream(session.default_stream()), IsOk());
+    return copy;
+  }
+
+  void ExpectTensorsMatch(Session& session, const Lease& lease) {
+    const std::string bytes = Bytes(session, lease);
+    ASSERT_EQ(lease.tensors().size(), 2u);
+    for (const v1::TensorInfo& tensor : lease.tensors()) {
+      EXPECT_EQ(bytes.compare(tensor.offset(), tensor.size(), expected_[tensor.name()]), 0)
+          << tensor.name();
+    }
+  }
+
+  v1::Stats Stats() {
+    auto stats = client_->GetStats();
+    EXPECT_THAT(stats, IsOk());
+    return stats.ok() ? *stats : v1::Stats();
+  }
+
+  // Polls GetStats until `done` holds or `timeout` passes.
+  bool WaitForStats(const std::function<bool(const v1::Stats&)>& done, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      if (done(Stats())) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
+
+  TempDir dir_;
+  std::map<std::string, std::string> expected_;
+  std::unique_ptr<Subprocess> daemon_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(ApiTest, EveryObjectFetchedByConcurrentClientsEqualsTheFileBytes) {
+  std::vector<std::unique_ptr<Subprocess>> peers;
+  for (int i = 0; i < 3; ++i) peers.push_back(StartPeer({"verify", "m", expected_dir(), "3"}));
+  for (auto& peer : peers) {
+    ASSERT_NE(peer, nullptr);
+    EXPECT_THAT(peer->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
+  }
+  // The pool holds four of the eight objects: the clients forced evictions all along.
+  EXPECT_GT(Stats().gpu().evictions(), 0u);
+}
+
+TEST_F(ApiTest, PrefetchThenFetchUsesTheCopyAlreadyOnTheGpu) {
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  ASSERT_THAT((*session)->Prefetch({Key(2)}), IsOk());
+  ASSERT_TRUE(WaitForStats([](const v1::Stats& s) { return s.gpu().objects() == 1; },
+                           absl::Seconds(10)));
+  const uint64_t hits = Stats().gpu().hits();
+  auto lease = (*session)->Fetch(Key(2));
+  ASSERT_THAT(lease, IsOk());
+  ExpectTensorsMatch(**session, *lease);
+  EXPECT_EQ(Stats().gpu().hits(), hits + 1);
+}
+
+TEST_F(ApiTest, StoredObjectComesBackAfterLeavingTheGpuAndTheHostTier) {
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  std::string bytes(300 * 1024, '\0');
+  testing::FillPattern(bytes.data(), bytes.size(), 42);
+  StoreRequest store;
+  store.key = "acts/s_kv_cond_12";
+  store.data = bytes.data();
+  store.size = bytes.size();
+  v1::TensorInfo tensor;
+  tensor.set_name("kv");
+  tensor.set_dtype("U8");
+  tensor.add_shape(bytes.size());
+  tensor.set_size(bytes.size());
+  store.tensors.push_back(tensor);
+  ASSERT_THAT((*session)->StoreAsync(store), IsOk());
+  ASSERT_THAT((*session)->Flush(), IsOk());
+
+  for (v1::Tier tier : {v1::TIER_GPU, v1::TIER_HOST}) {
+    auto evicted = client_->Evict(store.key, tier);
+    ASSERT_THAT(evicted, IsOk());
+    EXPECT_EQ(evicted->evicted(), 1u) << v1::Tier_Name(tier);
+    auto lease = (*session)->Fetch(store.key);
+    ASSERT_THAT(lease, IsOk());
+    EXPECT_EQ(Bytes(**session, *lease), bytes) << "after eviction from " << v1::Tier_Name(tier);
+    ASSERT_EQ(lease->tensors().size(), 1u);
+    EXPECT_EQ(lease->tensors()[0].name(), "kv");
+  }
+  EXPECT_GE(Stats().spilled_objects() + Stats().stored_objects(), 1u);
+  ASSERT_THAT(client_->Evict(store.key, v1::TIER_ALL), IsOk());
+  EXPECT_THAT((*session)->Fetch(store.key), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(ApiTest, LeasedBytesNeverChangeWhileAnotherClientForcesEviction) {
+  auto holder = StartPeer({"hold", Key(0), expected_dir(), "3"});
+  ASSERT_NE(holder, nullptr);
+  ASSERT_THAT(holder->ReadLine(kTimeout), ::tierd::testing::IsOkAndHolds(std::string("holding")));
+  EXPECT_THAT(client_->Evict(Key(0), v1::TIER_GPU),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  const absl::Time end = absl::Now() + absl::Seconds(2);
+  int fetches = 0;
+  while (absl::Now() < end) {
+    for (int block = 1; block < kBlocks; ++block) {
+      auto lease = (*session)->Fetch(Key(block));
+      ASSERT_THAT(lease, IsOk());
+      ++fetches;
+    }
+    auto evicted = client_->Evict("m/", v1::TIER_ALL);
+    ASSERT_THAT(evicted, IsOk());
+    EXPECT_GE(evicted->skipped(), 1u);  // the held block
+  }
+  EXPECT_THAT(holder->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
+  EXPECT_GT(fetches, kBlocks);
+}
+
+TEST_F(ApiTest, KilledClientsLeasesAreFreedWhileOthersKeepWorking) {
+  auto holder = StartPeer({"hold-forever", Key(1)});
+  ASSERT_NE(holder, nullptr);
+  ASSERT_THAT(holder->ReadLine(kTimeout), ::tierd::testing::IsOkAndHolds(std::string("holding")));
+  EXPECT_EQ(Stats().leases(), 1u);
+  EXPECT_EQ(Stats().sessions(), 1u);
+  auto worker = StartPeer({"verify", "m", expected_dir(), "2"});
+  ASSERT_NE(worker, nullptr);
+  holder->Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  ASSERT_THAT(holder->Wait(kTimeout), IsOk());
+  EXPECT_TRUE(WaitForStats(
+      [](const v1::Stats& s) { return s.leases() == 0 || s.sessions() == 1; }, kTimeout));
+  EXPECT_THAT(worker->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
+  EXPECT_TRUE(WaitForStats(
+      [](const v1::Stats& s) { return s.leases() == 0 && s.sessions() == 0; }, kTimeout));
+  // "Within a second" of the session ending (the kill plus gRPC noticing the socket closed).
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(5));
+  EXPECT_THAT(client_->Evict(Key(1), v1::TIER_GPU), IsOk());
+}
+
+// A session driven with raw protocol messages, for the errors the C++ client never provokes.
+class RawSession {
+ public:
+  explicit RawSession(Client& client) : stream_(client.stub().Session(&context_)) {
+    v1::SessionRequest open;
+    open.mutable_open()->set_client_name("raw");
+    EXPECT_EQ(Call(open).code(), 0);
+  }
+  ~RawSession() {
+    stream_->WritesDone();
+    (void)stream_->Finish();
+  }
+  v1::SessionResponse Call(v1::SessionRequest request) {
+    request.set_request_id(++next_id_);
+    EXPECT_TRUE(stream_->Write(request));
+    v1::SessionResponse response;
+    EXPECT_TRUE(stream_->Read(&response));
+    EXPECT_EQ(response.request_id(), request.request_id());
+    return response;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
+  uint64_t next_id_ = 0;
+};
+
+constexpr int Code(absl::StatusCode code) { return static_cast<int>(code); }
+
+TEST_F(ApiTest, EachFailureHasItsPreciseStatus) {
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  // NOT_FOUND: unknown keys and models.
+  EXPECT_THAT((*session)->Fetch("m/blocks.99"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT((*session)->Fetch("nope/x"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(client_->ListObjects("nope"), StatusIs(absl::StatusCode::kNotFound));
+  // INVALID_ARGUMENT: malformed keys and requests, with the field named.
+  auto malformed = (*session)->Fetch("no-slash");
+  EXPECT_THAT(malformed, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(malformed.status().message()), HasSubstr("fetch.key"));
+  std::string bytes(1024, 'x');
+  StoreRequest bad;
+  bad.key = "acts/bad";
+  bad.data = bytes.data();
+  bad.size = bytes.size();
+  v1::TensorInfo tensor;
+  tensor.set_name("t");
+  tensor.set_dtype("F77");
+  bad.tensors.push_back(tensor);
+  absl::Status bad_store = (*session)->StoreAsync(bad);
+  EXPECT_THAT(bad_store, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(bad_store.message()), HasSubstr("reserve.tensors[0]"));
+  bad.tensors.clear();
+  bad.key = "m/taken";  // a registered model's namespace
+  EXPECT_THAT((*session)->StoreAsync(bad), StatusIs(absl::StatusCode::kInvalidArgument));
+  // RESOURCE_EXHAUSTED: the session's lease quota (3), then the pool (four objects).
+  std::vector<Lease> held;
+  for (int block = 0; block < 3; ++block) {
+    auto lease = (*session)->Fetch(Key(block));
+    ASSERT_THAT(lease, IsOk());
+    held.push_back(*std::move(lease));
+  }
+  EXPECT_THAT((*session)->Fetch(Key(3)), StatusIs(absl::StatusCode::kResourceExhausted));
+  auto other = client_->OpenSession();
+  ASSERT_THAT(other, IsOk());
+  auto fourth = (*other)->Fetch(Key(3));
+  ASSERT_THAT(fourth, IsOk());
+  EXPECT_THAT((*other)->Fetch(Key(4)), StatusIs(absl::StatusCode::kResourceExhausted));
+  held.clear();
+  // FAILED_PRECONDITION: releasing twice, committing what was not reserved, unpinning what was
+  // not pinned.
+  {
+    RawSession raw(*client_);
+    v1::SessionRequest fetch;
+    fetch.mutable_fetch()->set_key(Key(5));
+    v1::SessionResponse leased = raw.Call(fetch);
+    ASSERT_EQ(leased.code(), 0) << leased.message();
+    v1::SessionRequest release;
+    release.mutable_release()->set_lease_id(leased.lease().lease_id());
+    EXPECT_EQ(raw.Call(release).code(), 0);
+    EXPECT_EQ(raw.Call(release).code(), Code(absl::StatusCode::kFailedPrecondition));
+    release.mutable_release()->set_lease_id(12345);
+    EXPECT_EQ(raw.Call(release).code(), Code(absl::StatusCode::kNotFound));
+    v1::SessionRequest commit;
+    commit.mutable_commit()->set_reservation_id(7);
+    EXPECT_EQ(raw.Call(commit).code(), Code(absl::StatusCode::kFailedPrecondition));
+    v1::SessionRequest unpin;
+    unpin.mutable_unpin()->set_key(Key(5));
+    EXPECT_EQ(raw.Call(unpin).code(), Code(absl::StatusCode::kFailedPrecondition));
+    v1::SessionRequest empty;
+    EXPECT_EQ(raw.Call(empty).code(), Code(absl::StatusCode::kInvalidArgument));
+  }
+  // DATA_LOSS: a byte changed on disk behind the daemon's back (same size and mtime).
+  fourth->Release();
+  ASSERT_THAT(client_->Evict(Key(6), v1::TIER_ALL).status(), IsOk());
+  {
+    auto lease = (*session)->Fetch(Key(6));  // the first read records the checksum
+    ASSERT_THAT(lease, IsOk());
+  }
+  ASSERT_TRUE(WaitForStats([](const v1::Stats& s) { return s.leases() <= 1; }, kTimeout));
+  ASSERT_THAT(client_->Evict(Key(6), v1::TIER_ALL).status(), IsOk());
+  const std::string file = absl::StrCat(model_dir("model"), "/model.safetensors");
+  struct stat before;
+  ASSERT_EQ(::stat(file.c_str(), &before), 0);
+  const int fd = ::open(file.c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  // Block 6's first tensor starts 12 tensors of 256 KiB into the data.
+  const off_t header_and_more = before.st_size - (kBlocks * 2 - 12) * kRows * kCols * 4 + 100;
+  ASSERT_EQ(::pwrite(fd, "\xff\xfe", 2, header_and_more), 2);
+  ::close(fd);
+  const struct timespec times[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, file.c_str(), times, 0), 0);
+  EXPECT_THAT((*session)->Fetch(Key(6)), StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_GE(Stats().checksum_failures(), 1u);
+  // UNAVAILABLE: the daemon is shutting down.
+  daemon_->Signal(SIGTERM);
+  EXPECT_THAT(daemon_->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
+  daemon_.reset();
+  EXPECT_THAT((*session)->Fetch(Key(0)), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(client_->OpenSession(), StatusIs(absl::StatusCode::kUnavailable));
+}
+
+TEST_F(ApiTest, ADroppedAndReRegisteredModelNeverServesItsOldBytes) {
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  {
+    auto lease = (*session)->Fetch(Key(0));
+    ASSERT_THAT(lease, IsOk());
+    ExpectTensorsMatch(**session, *lease);
+  }
+  ASSERT_THAT(client_->DropModel("m"), IsOk());
+  EXPECT_THAT((*session)->Fetch(Key(0)), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_THAT(WriteModel("model2", /*seed=*/2), IsOk());
+  ASSERT_THAT(client_->RegisterModel("m", model_dir("model2"), v1::GROUPING_BLOCK), IsOk());
+  auto lease = (*session)->Fetch(Key(0));
+  ASSERT_THAT(lease, IsOk());
+  ExpectTensorsMatch(**session, *lease);  // expected_ now holds the second model's bytes
+}
+
+TEST_F(ApiTest, TierctlCommandsWorkAndFailWithTheStatusName) {
+  auto tierctl = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {SiblingBinary("tierctl"),
+                                     absl::StrCat("--socket=", socket_path())};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto result = RunProgram(argv, kTimeout);
+    EXPECT_THAT(result, IsOk());
+    return result.ok() ? *result : testing::RunResult{};
+  };
+  auto loaded = tierctl({"load", "p", model_dir("model"), "--group=tensor"});
+  EXPECT_EQ(loaded.exit_code, 0) << loaded.output;
+  EXPECT_THAT(loaded.output, HasSubstr("16 tensors"));
+  EXPECT_THAT(tierctl({"ls"}).output, HasSubstr("p "));
+  EXPECT_THAT(tierctl({"ls", "m"}).output, HasSubstr("m/blocks.7"));
+  EXPECT_EQ(tierctl({"prefetch", Key(1), Key(2)}).exit_code, 0);
+
+  const std::string out = absl::StrCat(dir_.path(), "/out.bin");
+  EXPECT_EQ(tierctl({"get", "p/blocks.3.ffn.up.weight", "-o", out}).exit_code, 0);
+  auto fetched = RunProgram({"/bin/cat", out}, kTimeout);
+  ASSERT_THAT(fetched, IsOk());
+  EXPECT_EQ(fetched->output, expected_["blocks.3.ffn.up.weight"]);
+
+  const std::string in = absl::StrCat(dir_.path(), "/in.bin");
+  ASSERT_THAT(testing::WriteFile(in, "stored through tierctl"), IsOk());
+  EXPECT_EQ(tierctl({"put", "acts/t", in}).exit_code, 0);
+  EXPECT_EQ(tierctl({"evict", "acts/t", "--tier=host"}).exit_code, 0);
+  EXPECT_EQ(tierctl({"get", "acts/t", "-o", out}).exit_code, 0);
+  auto round_trip = RunProgram({"/bin/cat", out}, kTimeout);
+  ASSERT_THAT(round_trip, IsOk());
+  EXPECT_EQ(round_trip->output, "stored through tierctl");
+
+  auto stats = tierctl({"stats", "--json"});
+  ASSERT_EQ(stats.exit_code, 0);
+  nlohmann::json json = nlohmann::json::parse(stats.output);
+  EXPECT_EQ(json["models"], 2);
+  EXPECT_GE(json["bytes_host_to_gpu"].get<uint64_t>(), kRows * kCols * 4);
+
+  // The status name goes to stderr.
+  auto missing = RunProgram({"/bin/sh", "-c",
+                             absl::StrCat(SiblingBinary("tierctl"), " --socket=", socket_path(),
+                                          " get m/blocks.42 -o ", out, " 2>&1")},
+                            kTimeout);
+  ASSERT_THAT(missing, IsOk());
+  EXPECT_EQ(missing->exit_code, 1);
+  EXPECT_THAT(missing->output, HasSubstr("NOT_FOUND"));
+  EXPECT_EQ(tierctl({"frobnicate"}).exit_code, 2);
+}
+
+}  // namespace
+}  // namespace tierd
