@@ -54,6 +54,13 @@ void SessionCore::ReadLoop() {
       pending = std::move(it->second);
       pending_.erase(it);
     }
+    // Handles are opened here, in response order, so a later response that names one finds it.
+    if (response.new_handles_size() > 0) {
+      if (absl::Status opened = OpenHandles(response); !opened.ok()) {
+        response.set_code(static_cast<int>(opened.code()));
+        response.set_message(std::string(opened.message()));
+      }
+    }
     if (pending->callback) {
       pending->callback(response);
       continue;
@@ -122,10 +129,25 @@ absl::Status SessionCore::Send(v1::SessionRequest request,
     request.set_request_id(next_request_++);
     pending_[request.request_id()] = pending;
   }
-  absl::MutexLock lock(&write_mu_);
-  if (!stream_->Write(request)) {
-    absl::MutexLock state(&mu_);
-    pending_.erase(request.request_id());
+  bool written;
+  {
+    absl::MutexLock lock(&write_mu_);
+    written = stream_->Write(request);
+  }
+  if (!written) {
+    bool still_ours;
+    {
+      absl::MutexLock state(&mu_);
+      still_ours = pending_.erase(request.request_id()) > 0;
+    }
+    // Unless the reader already answered it as an orphan, its callback must still run once.
+    if (still_ours) {
+      v1::SessionResponse gone;
+      gone.set_request_id(request.request_id());
+      gone.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+      gone.set_message("the session with tierd has ended");
+      pending->callback(gone);
+    }
     return absl::UnavailableError("the session with tierd has ended");
   }
   return absl::OkStatus();

@@ -97,7 +97,7 @@ absl::StatusOr<Lease> Session::Fetch(const std::string& key, Stream& stream) {
   lease.tensors_.assign(granted.tensors().begin(), granted.tensors().end());
   lease.stream_ = &stream;
   // From here on the lease releases itself if anything fails.
-  absl::Status opened = core_->OpenHandles(*response);
+  absl::Status opened = absl::OkStatus();  // the reader opened the response's handles
   absl::StatusOr<Slab*> slab = core_->slab(granted.slab_id());
   absl::StatusOr<Event*> ready = core_->event(granted.ready_event_id());
   absl::StatusOr<Event*> done = core_->event(granted.done_event_id());
@@ -144,7 +144,7 @@ absl::Status Session::StoreAsync(const StoreRequest& store, Stream& stream) {
   const v1::Reservation& reservation = response->reservation();
   v1::SessionRequest commit;
   commit.mutable_commit()->set_reservation_id(reservation.reservation_id());
-  absl::Status status = core_->OpenHandles(*response);
+  absl::Status status = absl::OkStatus();  // the reader opened the response's handles
   absl::StatusOr<Slab*> slab = core_->slab(reservation.slab_id());
   absl::StatusOr<Event*> written = core_->event(reservation.written_event_id());
   if (status.ok()) status = slab.status();
@@ -155,7 +155,8 @@ absl::Status Session::StoreAsync(const StoreRequest& store, Stream& stream) {
   }
   if (status.ok()) status = core_->device().RecordEvent(**written, stream);
   if (!status.ok()) {
-    // Give the reservation back; the daemon waits for the written event before reusing it.
+    // Give the reservation back, once nothing of ours can still write into it.
+    (void)core_->device().SynchronizeStream(stream);
     commit.mutable_commit()->set_abort(true);
     (void)core_->Send(std::move(commit));
     return status;

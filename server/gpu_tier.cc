@@ -67,7 +67,7 @@ GpuTier::~GpuTier() {
     mu_.Await(absl::Condition(
         +[](GpuTier* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
           return self->copies_in_flight_ == 0 && self->host_fetches_in_flight_ == 0 &&
-                 self->commits_.empty();
+                 self->host_reservations_in_flight_ == 0 && self->commits_.empty();
         },
         this));
   }
@@ -471,11 +471,10 @@ void GpuTier::StartDrainLocked(Client& client, Drain drain, uint32_t event) {
     });
   }
   if (!status.ok()) {
-    // Without the wait nothing says when the client is done; the session ends and its close
-    // grace frees what it held.
-    TIERD_LOG(ERROR) << "session " << client.id << ": cannot wait for its event: " << status;
-    client.closed = true;
-    timer_.RunAfter(options_.close_grace, [this, id = client.id] { ForceClose(id); });
+    // Without the wait nothing says when the client is done: the drain stays pending, so what it
+    // holds is freed only by the close grace when the session ends.
+    TIERD_LOG(ERROR) << "session " << client.id << ": cannot wait for its event (" << status
+                     << "); its buffer is freed when the session ends";
   }
 }
 
@@ -525,7 +524,7 @@ void GpuTier::FinishDrainLocked(uint64_t drain_id, bool forced, Deferred& deferr
 
 bool GpuTier::IsEvictableLocked(const Object* object) const {
   return object->state == Object::State::kResident && !object->copying && object->leases == 0 &&
-         object->pins == 0 && object->waiters.empty();
+         object->pins == 0 && object->waiters.empty() && object->host_fetches == 0;
 }
 
 void GpuTier::TouchLocked(Object* object) {

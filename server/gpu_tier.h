@@ -269,7 +269,6 @@ class GpuTier {
   const std::unique_ptr<Stream> prefetch_stream_;  // H2D
   const std::unique_ptr<Stream> store_stream_;     // D2H
   std::shared_ptr<Liveness> liveness_;             // lets late drain callbacks find the tier gone
-  TimerThread timer_;
 
   mutable absl::Mutex mu_;
   std::map<std::string, Object*> objects_ ABSL_GUARDED_BY(mu_);  // listed, by key
@@ -290,7 +289,10 @@ class GpuTier {
   std::map<std::string, StoredMeta> stored_ ABSL_GUARDED_BY(mu_);
   uint64_t copies_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t host_fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t host_reservations_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   GpuTierStats stats_ ABSL_GUARDED_BY(mu_);
+  // Last, so it goes first: a close-grace callback still pending runs while the rest is alive.
+  TimerThread timer_;
 };
 
 }  // namespace tierd

@@ -128,6 +128,7 @@ void GpuTier::Commit(ClientId client_id, uint64_t reservation_id, bool abort,
   drain.kind = Drain::Kind::kCommit;
   drain.commit = commit_id;
   StartDrainLocked(*client, std::move(drain), written_event);
+  ++host_reservations_in_flight_;
   deferred.calls().push_back([this, commit_id, key, length, spillable] {
     host_cache_.ReserveStore(key, length, spillable,
                              [this, commit_id](absl::StatusOr<HostObject> host) {
@@ -139,6 +140,7 @@ void GpuTier::Commit(ClientId client_id, uint64_t reservation_id, bool abort,
 void GpuTier::OnHostReservation(uint64_t commit_id, absl::StatusOr<HostObject> host) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
+  --host_reservations_in_flight_;
   auto it = commits_.find(commit_id);
   if (it == commits_.end()) {
     // The commit failed meanwhile (its client vanished); the reservation goes after the lock.
@@ -239,8 +241,9 @@ void GpuTier::FinishCopyOut(uint64_t commit_id, Object* object) {
     stored_[object->key] = {object->size, object->tensors};
   } else {
     UnlistLocked(object);
-    DeleteIfUnusedLocked(object);
   }
+  // A newer commit of the key may have replaced it meanwhile.
+  DeleteIfUnusedLocked(object);
   deferred.calls().push_back([done = std::move(commit.done), host = std::move(commit.host),
                               status]() mutable {
     host.reset();

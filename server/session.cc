@@ -115,14 +115,15 @@ void SessionProtocol::Open(uint64_t request_id, const v1::OpenSession& open) {
   }
   absl::StatusOr<ClientId> client = tier_.OpenClient(options_.limits);
   if (!client.ok()) return Reply(request_id, client.status());
+  bool raced;
   {
     absl::MutexLock lock(&mu_);
-    if (client_ != 0 || closed_) {
-      // Raced with another open or with Close.
-      tier_.CloseClient(*client);
-      return Reply(request_id, absl::FailedPreconditionError("the session is already open"));
-    }
-    client_ = *client;
+    raced = client_ != 0 || closed_;  // another open, or Close
+    if (!raced) client_ = *client;
+  }
+  if (raced) {
+    tier_.CloseClient(*client);
+    return Reply(request_id, absl::FailedPreconditionError("the session is already open"));
   }
   v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
   v1::SessionOpened* opened = response.mutable_opened();
@@ -135,8 +136,10 @@ void SessionProtocol::Open(uint64_t request_id, const v1::OpenSession& open) {
   send_(std::move(response));
 }
 
-void SessionProtocol::AttachHandles(v1::SessionResponse& response, uint32_t slab,
-                                    std::initializer_list<uint32_t> events) {
+void SessionProtocol::SendWithHandles(v1::SessionResponse response, uint32_t slab,
+                                      std::initializer_list<uint32_t> events) {
+  // Attached and sent under one lock: a later response that relies on a handle "already sent"
+  // must not overtake the response carrying it.
   absl::MutexLock lock(&mu_);
   if (slabs_sent_.insert(slab).second) {
     for (const StagingSlabInfo& info : tier_.pool().Slabs()) {
@@ -155,6 +158,7 @@ void SessionProtocol::AttachHandles(v1::SessionResponse& response, uint32_t slab
     handle->set_id(event);
     handle->set_handle(tier_.events().handle(event));
   }
+  send_(std::move(response));
 }
 
 void SessionProtocol::Fetch(uint64_t request_id, ClientId client, const v1::FetchRequest& fetch) {
@@ -178,9 +182,8 @@ void SessionProtocol::Fetch(uint64_t request_id, ClientId client, const v1::Fetc
                     ToProto(tensor, lease->add_tensors());
                   }
                 }
-                self->AttachHandles(response, grant->range.slab,
-                                    {grant->ready_event, grant->done_event});
-                self->send_(std::move(response));
+                self->SendWithHandles(std::move(response), grant->range.slab,
+                                      {grant->ready_event, grant->done_event});
               });
 }
 
@@ -228,8 +231,8 @@ void SessionProtocol::Reserve(uint64_t request_id, ClientId client,
                   reservation->set_offset(grant->range.offset);
                   reservation->set_length(grant->length);
                   reservation->set_written_event_id(grant->written_event);
-                  self->AttachHandles(response, grant->range.slab, {grant->written_event});
-                  self->send_(std::move(response));
+                  self->SendWithHandles(std::move(response), grant->range.slab,
+                                        {grant->written_event});
                 });
 }
 

@@ -62,9 +62,9 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
   void Evict(uint64_t request_id, const v1::EvictRequest& evict);
 
   void Reply(uint64_t request_id, const absl::Status& status);
-  // Adds the handles the session has not been sent yet to `response`.
-  void AttachHandles(v1::SessionResponse& response, uint32_t slab,
-                     std::initializer_list<uint32_t> events) ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds the handles the session has not been sent yet to `response` and sends it.
+  void SendWithHandles(v1::SessionResponse response, uint32_t slab,
+                       std::initializer_list<uint32_t> events) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckKey(const std::string& key, const char* field) const;
 
   GpuTier& tier_;

@@ -1,5 +1,5 @@
-// The tierd.v1 API end to end on the host backend: a real daemon process, clients in this process
-// and in peer processes (api_peer), real files.
+// The tierd.v1 API end to end: a real daemon process on the backend under test (api_test_host,
+// api_test_cuda), clients in this process and in peer processes (api_peer), real files.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -96,7 +96,7 @@ class ApiTest : public ::testing::Test {
 
   std::vector<std::string> TierdArgs() const {
     return {SiblingBinary("tierd"),
-            "--device=host",
+            absl::StrCat("--device=", testing::DeviceUnderTest().ToString()),
             absl::StrCat("--socket=", socket_path()),
             absl::StrCat("--state-dir=", dir_.path(), "/state"),
             "--host-cache-bytes=16MiB",
@@ -184,8 +184,16 @@ TEST_F(ApiTest, PrefetchThenFetchUsesTheCopyAlreadyOnTheGpu) {
   auto session = client_->OpenSession();
   ASSERT_THAT(session, IsOk());
   ASSERT_THAT((*session)->Prefetch({Key(2)}), IsOk());
-  ASSERT_TRUE(WaitForStats([](const v1::Stats& s) { return s.gpu().objects() == 1; },
-                           absl::Seconds(10)));
+  // Resident once the copy is enqueued; ListObjects says so.
+  const absl::Time deadline = absl::Now() + kTimeout;
+  bool on_gpu = false;
+  while (!on_gpu && absl::Now() < deadline) {
+    auto objects = client_->ListObjects("m");
+    ASSERT_THAT(objects, IsOk());
+    for (const v1::ObjectInfo& object : *objects) on_gpu |= object.key() == Key(2) && object.on_gpu();
+    if (!on_gpu) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(on_gpu);
   const uint64_t hits = Stats().gpu().hits();
   auto lease = (*session)->Fetch(Key(2));
   ASSERT_THAT(lease, IsOk());
