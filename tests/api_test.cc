@@ -258,6 +258,30 @@ TEST_F(ApiTest, LeasedBytesNeverChangeWhileAnotherClientForcesEviction) {
   EXPECT_GT(fetches, kBlocks);
 }
 
+TEST_F(ApiTest, PinnedObjectStaysOnTheGpuUntilUnpinned) {
+  auto pinner = client_->OpenSession();
+  ASSERT_THAT(pinner, IsOk());
+  ASSERT_THAT((*pinner)->Pin(Key(0)), IsOk());
+  EXPECT_EQ(Stats().pins(), 1u);
+  auto other = client_->OpenSession();
+  ASSERT_THAT(other, IsOk());
+  for (int round = 0; round < 2; ++round) {
+    for (int block = 1; block < kBlocks; ++block) ASSERT_THAT((*other)->Fetch(Key(block)), IsOk());
+  }
+  auto evicted = client_->Evict("m/", v1::TIER_GPU);
+  ASSERT_THAT(evicted, IsOk());
+  EXPECT_EQ(evicted->skipped(), 1u);
+  EXPECT_THAT(client_->Evict(Key(0), v1::TIER_GPU),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  const uint64_t hits = Stats().gpu().hits();
+  ASSERT_THAT((*other)->Fetch(Key(0)), IsOk());
+  EXPECT_EQ(Stats().gpu().hits(), hits + 1);
+  ASSERT_THAT((*pinner)->Unpin(Key(0)), IsOk());
+  EXPECT_THAT((*pinner)->Unpin(Key(0)), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_TRUE(WaitForStats([](const v1::Stats& s) { return s.leases() == 0; }, kTimeout));
+  EXPECT_THAT(client_->Evict(Key(0), v1::TIER_GPU), IsOk());
+}
+
 TEST_F(ApiTest, KilledClientsLeasesAreFreedWhileOthersKeepWorking) {
   auto holder = StartPeer({"hold-forever", Key(1)});
   ASSERT_NE(holder, nullptr);
