@@ -268,6 +268,9 @@ TEST_F(ApiTest, PinnedObjectStaysOnTheGpuUntilUnpinned) {
   for (int round = 0; round < 2; ++round) {
     for (int block = 1; block < kBlocks; ++block) ASSERT_THAT((*other)->Fetch(Key(block)), IsOk());
   }
+  // Releases drain and copies finish asynchronously; only the pin may hold anything after that.
+  ASSERT_TRUE(WaitForStats(
+      [](const v1::Stats& s) { return s.leases() == 0 && s.copies_in_flight() == 0; }, kTimeout));
   auto evicted = client_->Evict("m/", v1::TIER_GPU);
   ASSERT_THAT(evicted, IsOk());
   EXPECT_EQ(evicted->skipped(), 1u);
@@ -402,7 +405,9 @@ TEST_F(ApiTest, EachFailureHasItsPreciseStatus) {
     auto lease = (*session)->Fetch(Key(6));  // the first read records the checksum
     ASSERT_THAT(lease, IsOk());
   }
-  ASSERT_TRUE(WaitForStats([](const v1::Stats& s) { return s.leases() <= 1; }, kTimeout));
+  // Every lease is released by now; wait for the releases to drain and the copy to finish.
+  ASSERT_TRUE(WaitForStats(
+      [](const v1::Stats& s) { return s.leases() == 0 && s.copies_in_flight() == 0; }, kTimeout));
   ASSERT_THAT(client_->Evict(Key(6), v1::TIER_ALL).status(), IsOk());
   const std::string file = absl::StrCat(model_dir("model"), "/model.safetensors");
   struct stat before;
