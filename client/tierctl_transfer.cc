@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/fd_io.h"
 #include "common/posix_error.h"
 #include "common/status_macros.h"
 #include "device/pinned_host_buffer.h"
@@ -28,7 +29,7 @@ constexpr char kStdio[] = "-";
 class OutputFile {
  public:
   static absl::StatusOr<std::unique_ptr<OutputFile>> Open(const std::string& path) {
-    if (path == kStdio) return std::unique_ptr<OutputFile>(new OutputFile(path, "", STDOUT_FILENO));
+    if (path == kStdio) return std::unique_ptr<OutputFile>(new OutputFile(path, "", -1));
     std::string temp_path = absl::StrCat(path, ".tmp");
     const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     if (fd < 0) return PosixError(absl::StrCat("creating ", temp_path), errno);
@@ -36,32 +37,20 @@ class OutputFile {
   }
 
   ~OutputFile() {
-    if (temp_path_.empty()) return;
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(temp_path_.c_str());
+    if (!temp_path_.empty() && !committed_) ::unlink(temp_path_.c_str());
   }
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;
 
   absl::Status Write(const void* data, size_t bytes) {
-    const char* next = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t written = ::write(fd_, next, bytes);
-      if (written < 0) {
-        if (errno == EINTR) continue;
-        return PosixError(absl::StrCat("writing ", Name()), errno);
-      }
-      next += written;
-      bytes -= static_cast<size_t>(written);
-    }
-    return absl::OkStatus();
+    return WriteAll(temp_path_.empty() ? STDOUT_FILENO : fd_.get(),
+                    absl::string_view(static_cast<const char*>(data), bytes),
+                    temp_path_.empty() ? "stdout" : temp_path_);
   }
 
   absl::Status Commit() {
     if (temp_path_.empty()) return absl::OkStatus();
-    // close() is where NFS and full disks report write errors.
-    const int fd = std::exchange(fd_, -1);
-    if (::close(fd) != 0) return PosixError(absl::StrCat("closing ", temp_path_), errno);
+    RETURN_IF_ERROR(fd_.Close(temp_path_));
     if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
       return PosixError(absl::StrCat("renaming ", temp_path_, " to ", path_), errno);
     }
@@ -73,45 +62,11 @@ class OutputFile {
   OutputFile(std::string path, std::string temp_path, int fd)
       : path_(std::move(path)), temp_path_(std::move(temp_path)), fd_(fd) {}
 
-  std::string Name() const { return temp_path_.empty() ? "stdout" : temp_path_; }
-
   const std::string path_;
   const std::string temp_path_;  // empty for stdout
-  int fd_;
+  ScopedFd fd_;                  // of temp_path_
   bool committed_ = false;
 };
-
-// Closes the descriptor when `owned` (not stdin).
-class ScopedFd {
- public:
-  ScopedFd(int fd, bool owned) : fd_(fd), owned_(owned) {}
-  ~ScopedFd() {
-    if (owned_ && fd_ >= 0) ::close(fd_);
-  }
-  ScopedFd(const ScopedFd&) = delete;
-  ScopedFd& operator=(const ScopedFd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  const int fd_;
-  const bool owned_;
-};
-
-// Reads until `bytes` are in or the input ends; returns how many were read.
-absl::StatusOr<size_t> ReadUpTo(int fd, const std::string& name, void* data, size_t bytes) {
-  char* next = static_cast<char*>(data);
-  size_t total = 0;
-  while (total < bytes) {
-    const ssize_t got = ::read(fd, next + total, bytes - total);
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return PosixError(absl::StrCat("reading ", name), errno);
-    }
-    if (got == 0) break;
-    total += static_cast<size_t>(got);
-  }
-  return total;
-}
 
 // The whole input in page-locked memory of `device`, which StoreAsync copies from. A regular file
 // is read straight into it; a pipe, whose size is known only at its end, through a string.
@@ -125,7 +80,7 @@ absl::StatusOr<std::unique_ptr<PinnedHostBuffer>> ReadInput(Device& device, int 
     *size = static_cast<uint64_t>(st.st_size);
     ASSIGN_OR_RETURN(std::unique_ptr<PinnedHostBuffer> buffer,
                      PinnedHostBuffer::Create(device, std::max<uint64_t>(*size, 1)));
-    ASSIGN_OR_RETURN(const size_t got, ReadUpTo(fd, name, buffer->data(), *size));
+    ASSIGN_OR_RETURN(const size_t got, ReadUpTo(fd, buffer->data(), *size, name));
     if (got != *size) {
       return absl::FailedPreconditionError(
           absl::StrCat(name, " shrank from ", *size, " to ", got, " bytes while being read"));
@@ -137,7 +92,7 @@ absl::StatusOr<std::unique_ptr<PinnedHostBuffer>> ReadInput(Device& device, int 
   while (true) {
     const size_t old_size = contents.size();
     contents.resize(old_size + kPipeChunk);
-    ASSIGN_OR_RETURN(const size_t got, ReadUpTo(fd, name, contents.data() + old_size, kPipeChunk));
+    ASSIGN_OR_RETURN(const size_t got, ReadUpTo(fd, contents.data() + old_size, kPipeChunk, name));
     contents.resize(old_size + got);
     if (got < kPipeChunk) break;
   }
@@ -181,14 +136,15 @@ absl::StatusOr<uint64_t> PutFileAsObject(Client& client, const std::string& key,
   // Opened before the session, so a missing file fails fast.
   const bool from_stdin = path == kStdio;
   const std::string name = from_stdin ? "stdin" : path;
-  ScopedFd fd(from_stdin ? STDIN_FILENO : ::open(path.c_str(), O_RDONLY | O_CLOEXEC), !from_stdin);
-  if (fd.get() < 0) return PosixError(absl::StrCat("opening ", name), errno);
+  ScopedFd file(from_stdin ? -1 : ::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!from_stdin && file.get() < 0) return PosixError(absl::StrCat("opening ", name), errno);
+  const int fd = from_stdin ? STDIN_FILENO : file.get();
   ASSIGN_OR_RETURN(std::unique_ptr<Session> session, client.OpenSession());
   Device& device = session->device();
   Stream& stream = session->default_stream();
   uint64_t size = 0;
   ASSIGN_OR_RETURN(std::unique_ptr<PinnedHostBuffer> buffer,
-                   ReadInput(device, fd.get(), name, &size));
+                   ReadInput(device, fd, name, &size));
 
   StoreRequest request;
   request.key = key;

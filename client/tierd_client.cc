@@ -96,22 +96,19 @@ absl::StatusOr<Lease> Session::Fetch(const std::string& key, Stream& stream) {
   lease.size_ = granted.length();
   lease.tensors_.assign(granted.tensors().begin(), granted.tensors().end());
   lease.stream_ = &stream;
-  // From here on the lease releases itself if anything fails.
-  absl::Status opened = absl::OkStatus();  // the reader opened the response's handles
+  // The reader thread opened the response's handles; a lookup fails only when the daemon named
+  // one it never sent. Without the done event the lease cannot be released: the session's end
+  // releases it.
   absl::StatusOr<Slab*> slab = core_->slab(granted.slab_id());
   absl::StatusOr<Event*> ready = core_->event(granted.ready_event_id());
   absl::StatusOr<Event*> done = core_->event(granted.done_event_id());
-  for (const absl::Status& status : {opened, slab.status(), ready.status(), done.status()}) {
-    if (!status.ok()) {
-      if (done.ok()) {
-        lease.done_event_ = *done;
-      } else {
-        lease.session_.reset();  // nothing to record on: the session's end releases it
-      }
-      return status;
-    }
+  if (!done.ok()) {
+    lease.session_.reset();
+    return done.status();
   }
   lease.done_event_ = *done;
+  if (!slab.ok()) return slab.status();
+  if (!ready.ok()) return ready.status();
   if (granted.offset() + granted.length() > (*slab)->size()) {
     return absl::InternalError(absl::StrCat("lease of ", key, " lies outside slab ",
                                             granted.slab_id()));
@@ -144,10 +141,10 @@ absl::Status Session::StoreAsync(const StoreRequest& store, Stream& stream) {
   const v1::Reservation& reservation = response->reservation();
   v1::SessionRequest commit;
   commit.mutable_commit()->set_reservation_id(reservation.reservation_id());
-  absl::Status status = absl::OkStatus();  // the reader opened the response's handles
+  // The reader thread opened the response's handles.
   absl::StatusOr<Slab*> slab = core_->slab(reservation.slab_id());
   absl::StatusOr<Event*> written = core_->event(reservation.written_event_id());
-  if (status.ok()) status = slab.status();
+  absl::Status status = slab.status();
   if (status.ok()) status = written.status();
   if (status.ok()) {
     uint8_t* dst = static_cast<uint8_t*>((*slab)->data()) + reservation.offset();

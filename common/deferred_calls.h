@@ -19,12 +19,7 @@ class DeferredCalls {
   DeferredCalls(const DeferredCalls&) = delete;
   DeferredCalls& operator=(const DeferredCalls&) = delete;
   ~DeferredCalls() {
-    // A call may add more (it is made with no lock held); run until none are left.
-    while (!calls_.empty()) {
-      Calls calls = std::move(calls_);
-      calls_.clear();
-      for (auto& call : calls) std::move(call)();
-    }
+    for (auto& call : calls_) std::move(call)();
   }
   Calls& calls() { return calls_; }
 

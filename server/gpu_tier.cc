@@ -16,6 +16,22 @@ namespace tierd {
 
 absl::Status ClientGone() { return absl::UnavailableError("the session has ended"); }
 
+absl::Status LargerThanSlab(const std::string& key, uint64_t bytes, uint64_t slab_bytes) {
+  return absl::ResourceExhaustedError(absl::StrCat(key, " is ", FormatByteSize(bytes),
+                                                   ", larger than a GPU staging slab (",
+                                                   FormatByteSize(slab_bytes),
+                                                   "): raise --gpu-slab-bytes"));
+}
+
+absl::Status CheckStagingQuota(const ClientLimits& limits, uint64_t held, const std::string& key,
+                               uint64_t bytes) {
+  if (held + bytes <= limits.max_staging_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the session's staging quota of ", FormatByteSize(limits.max_staging_bytes),
+      " would be exceeded (", FormatByteSize(held), " held, ", key, " is ",
+      FormatByteSize(bytes), ")"));
+}
+
 absl::StatusOr<std::unique_ptr<GpuTier>> GpuTier::Create(Device& device, Catalog& catalog,
                                                          HostArena& arena, HostCache& host_cache,
                                                          const GpuTierOptions& options) {
@@ -174,8 +190,7 @@ GpuTier::Object* GpuTier::FindListedLocked(const std::string& key) {
   Object* object = it->second;
   if (object->model != nullptr) {
     // A weight copied from an older registration of its model must never be served.
-    absl::StatusOr<ObjectRef> current = catalog_.Lookup(key);
-    if (!current.ok() || current->model != object->model) {
+    if (!catalog_.IsCurrent(object->model)) {
       UnlistLocked(object);
       return nullptr;
     }
@@ -187,11 +202,7 @@ void GpuTier::Fetch(ClientId client_id, const std::string& key, ReadPriority pri
                     absl::Time deadline, LeaseCallback done) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
-  auto fail = [&](absl::Status status) {
-    deferred.calls().push_back([done = std::move(done), status = std::move(status)]() mutable {
-      std::move(done)(std::move(status));
-    });
-  };
+  auto fail = [&](absl::Status status) { DeferAnswer(deferred.calls(), std::move(done), status); };
   Client* client = FindClientLocked(client_id);
   if (client == nullptr) return fail(ClientGone());
   if (client->leases.size() + client->pending_fetches >= client->limits.max_leases) {
@@ -203,11 +214,7 @@ void GpuTier::Fetch(ClientId client_id, const std::string& key, ReadPriority pri
   if (object != nullptr && object->state == Object::State::kResident) {
     ++stats_.hits;
     TouchLocked(object);
-    absl::StatusOr<LeaseGrant> grant = GrantLocked(*client, object);
-    deferred.calls().push_back([done = std::move(done), grant = std::move(grant)]() mutable {
-      std::move(done)(std::move(grant));
-    });
-    return;
+    return DeferAnswer(deferred.calls(), std::move(done), GrantLocked(*client, object));
   }
   ++stats_.misses;
   if (object == nullptr) {
@@ -241,9 +248,7 @@ absl::StatusOr<GpuTier::Object*> GpuTier::StartLoadLocked(const std::string& key
     object->model = ref.model;
   }
   if (RoundUp(object->size, kStagingAlignment) > pool_->largest_slab()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        key, " is ", FormatByteSize(object->size), ", larger than a GPU staging slab (",
-        FormatByteSize(pool_->largest_slab()), "): raise --gpu-slab-bytes"));
+    return LargerThanSlab(key, object->size, pool_->largest_slab());
   }
   object->demand = priority == ReadPriority::kDemand;
   object->listed = true;
@@ -386,9 +391,7 @@ void GpuTier::AnswerWaitersLocked(Object* object, const absl::Status& status,
       absl::StatusOr<LeaseGrant> grant = !status.ok()        ? status
                                          : client == nullptr ? ClientGone()
                                                              : GrantLocked(*client, object);
-      deferred.push_back([done = std::move(waiter.lease), grant = std::move(grant)]() mutable {
-        std::move(done)(std::move(grant));
-      });
+      DeferAnswer(deferred, std::move(waiter.lease), std::move(grant));
     } else {
       if (!status.ok() && client != nullptr) {
         // The pin never took hold: take it back (the caller frees the object).
@@ -402,20 +405,14 @@ void GpuTier::AnswerWaitersLocked(Object* object, const absl::Status& status,
           }
         }
       }
-      deferred.push_back([done = std::move(waiter.pin), status]() mutable {
-        std::move(done)(status);
-      });
+      DeferAnswer(deferred, std::move(waiter.pin), status);
     }
   }
 }
 
 absl::StatusOr<LeaseGrant> GpuTier::GrantLocked(Client& client, Object* object) {
-  if (client.staging_bytes + object->size > client.limits.max_staging_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the session's staging quota of ", FormatByteSize(client.limits.max_staging_bytes),
-        " would be exceeded (", FormatByteSize(client.staging_bytes), " held, ", object->key, " is ",
-        FormatByteSize(object->size), ")"));
-  }
+  RETURN_IF_ERROR(
+      CheckStagingQuota(client.limits, client.staging_bytes, object->key, object->size));
   ASSIGN_OR_RETURN(const uint32_t done_event, events_.Acquire());
   const uint64_t lease_id = client.next_lease++;
   client.leases[lease_id] = {object, done_event};
@@ -580,18 +577,13 @@ void GpuTier::AllocateLocked(uint64_t bytes,
   std::optional<StagingRange> range;
   if (allocation_waiters_.empty()) range = TryAllocateLocked(bytes);
   if (range) {
-    deferred.push_back([done = std::move(done), range = *range]() mutable {
-      std::move(done)(range);
-    });
-    return;
+    return DeferAnswer(deferred, std::move(done), absl::StatusOr<StagingRange>(*range));
   }
   if (copies_in_flight_ > 0 || !drains_.empty() || !allocation_waiters_.empty()) {
     allocation_waiters_.push_back({bytes, std::move(done)});
     return;
   }
-  deferred.push_back([done = std::move(done), status = PoolExhaustedLocked(bytes)]() mutable {
-    std::move(done)(status);
-  });
+  DeferAnswer(deferred, std::move(done), PoolExhaustedLocked(bytes));
 }
 
 void GpuTier::RetryAllocationsLocked(Deferred& deferred) {
@@ -600,14 +592,9 @@ void GpuTier::RetryAllocationsLocked(Deferred& deferred) {
     std::optional<StagingRange> range = TryAllocateLocked(waiter.bytes);
     if (!range) {
       if (copies_in_flight_ > 0 || !drains_.empty()) return;  // more room may come
-      deferred.push_back([done = std::move(waiter.done),
-                          status = PoolExhaustedLocked(waiter.bytes)]() mutable {
-        std::move(done)(status);
-      });
+      DeferAnswer(deferred, std::move(waiter.done), PoolExhaustedLocked(waiter.bytes));
     } else {
-      deferred.push_back([done = std::move(waiter.done), range = *range]() mutable {
-        std::move(done)(range);
-      });
+      DeferAnswer(deferred, std::move(waiter.done), absl::StatusOr<StagingRange>(*range));
     }
     allocation_waiters_.pop_front();
   }

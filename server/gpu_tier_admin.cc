@@ -35,9 +35,7 @@ void GpuTier::Pin(ClientId client_id, const std::string& key, StatusCallback don
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   auto answer = [&](absl::Status status) {
-    deferred.calls().push_back([done = std::move(done), status = std::move(status)]() mutable {
-      std::move(done)(std::move(status));
-    });
+    DeferAnswer(deferred.calls(), std::move(done), status);
   };
   Client* client = FindClientLocked(client_id);
   if (client == nullptr) return answer(ClientGone());
@@ -54,11 +52,11 @@ void GpuTier::Pin(ClientId client_id, const std::string& key, StatusCallback don
     object = *started;
   }
   if (record == client->pins.end()) {
-    if (client->staging_bytes + object->size > client->limits.max_staging_bytes) {
+    if (absl::Status quota =
+            CheckStagingQuota(client->limits, client->staging_bytes, key, object->size);
+        !quota.ok()) {
       DeleteIfUnusedLocked(object);
-      return answer(absl::ResourceExhaustedError(absl::StrCat(
-          "pinning ", key, " would exceed the session's staging quota of ",
-          FormatByteSize(client->limits.max_staging_bytes))));
+      return answer(quota);
     }
     client->staging_bytes += object->size;
     record = client->pins.emplace(key, Client::PinRecord{object, 0}).first;

@@ -115,6 +115,20 @@ struct GpuTier::PendingCommit {
 };
 
 absl::Status ClientGone();
+// RESOURCE_EXHAUSTED: an object of `bytes` cannot fit in a staging slab of `slab_bytes`.
+absl::Status LargerThanSlab(const std::string& key, uint64_t bytes, uint64_t slab_bytes);
+// Checks that a client holding `held` staging bytes may take `bytes` more for `key`.
+absl::Status CheckStagingQuota(const ClientLimits& limits, uint64_t held, const std::string& key,
+                               uint64_t bytes);
+
+// Queues `done(value)` to run once the lock is released.
+template <typename Callback, typename Value>
+void DeferAnswer(std::vector<absl::AnyInvocable<void() &&>>& deferred, Callback done,
+                 Value value) {
+  deferred.push_back([done = std::move(done), value = std::move(value)]() mutable {
+    std::move(done)(std::move(value));
+  });
+}
 
 }  // namespace tierd
 

@@ -15,11 +15,7 @@ void GpuTier::Reserve(ClientId client_id, const std::string& key, uint64_t lengt
                       std::vector<TensorPlacement> tensors, bool spillable, ReserveCallback done) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
-  auto fail = [&](absl::Status status) {
-    deferred.calls().push_back([done = std::move(done), status = std::move(status)]() mutable {
-      std::move(done)(std::move(status));
-    });
-  };
+  auto fail = [&](absl::Status status) { DeferAnswer(deferred.calls(), std::move(done), status); };
   Client* client = FindClientLocked(client_id);
   if (client == nullptr) return fail(ClientGone());
   absl::StatusOr<std::pair<std::string, std::string>> parts = SplitObjectKey(key);
@@ -31,15 +27,12 @@ void GpuTier::Reserve(ClientId client_id, const std::string& key, uint64_t lengt
   }
   if (length == 0) return fail(absl::InvalidArgumentError("a stored object needs a length"));
   if (RoundUp(length, kStagingAlignment) > pool_->largest_slab()) {
-    return fail(absl::ResourceExhaustedError(
-        absl::StrCat(key, " is ", FormatByteSize(length), ", larger than a GPU staging slab (",
-                     FormatByteSize(pool_->largest_slab()), "): raise --gpu-slab-bytes")));
+    return fail(LargerThanSlab(key, length, pool_->largest_slab()));
   }
-  if (client->staging_bytes + length > client->limits.max_staging_bytes) {
-    return fail(absl::ResourceExhaustedError(absl::StrCat(
-        "the session's staging quota of ", FormatByteSize(client->limits.max_staging_bytes),
-        " would be exceeded (", FormatByteSize(client->staging_bytes), " held, ", key, " is ",
-        FormatByteSize(length), ")")));
+  if (absl::Status quota =
+          CheckStagingQuota(client->limits, client->staging_bytes, key, length);
+      !quota.ok()) {
+    return fail(quota);
   }
   client->staging_bytes += length;
   Client::Reservation reservation;
@@ -60,10 +53,7 @@ void GpuTier::Reserve(ClientId client_id, const std::string& key, uint64_t lengt
         if (!written.ok()) {
           if (range.ok()) pool_->Free(*range);
           if (client != nullptr) client->staging_bytes -= reservation.length;
-          later.calls().push_back([done = std::move(done), status = written.status()]() mutable {
-            std::move(done)(status);
-          });
-          return;
+          return DeferAnswer(later.calls(), std::move(done), written.status());
         }
         reservation.range = *range;
         reservation.written_event = *written;
@@ -75,9 +65,7 @@ void GpuTier::Reserve(ClientId client_id, const std::string& key, uint64_t lengt
         grant.written_event = *written;
         client->reservations[grant.reservation_id] = std::move(reservation);
         ++stats_.reservations;
-        later.calls().push_back([done = std::move(done), grant = std::move(grant)]() mutable {
-          std::move(done)(std::move(grant));
-        });
+        DeferAnswer(later.calls(), std::move(done), absl::StatusOr<ReservationGrant>(grant));
       },
       deferred.calls());
 }
@@ -96,10 +84,7 @@ void GpuTier::Commit(ClientId client_id, uint64_t reservation_id, bool abort,
                      " is not open in this session (never made, or already committed or aborted)"));
   }
   if (!refused.ok()) {
-    deferred.calls().push_back([done = std::move(done), refused]() mutable {
-      std::move(done)(refused);
-    });
-    return;
+    return DeferAnswer(deferred.calls(), std::move(done), refused);
   }
   auto it = client->reservations.find(reservation_id);
   Client::Reservation reservation = std::move(it->second);
@@ -111,10 +96,7 @@ void GpuTier::Commit(ClientId client_id, uint64_t reservation_id, bool abort,
     drain.kind = Drain::Kind::kRange;
     drain.range = reservation.range;
     StartDrainLocked(*client, std::move(drain), written_event);
-    deferred.calls().push_back([done = std::move(done)]() mutable {
-      std::move(done)(absl::OkStatus());
-    });
-    return;
+    return DeferAnswer(deferred.calls(), std::move(done), absl::OkStatus());
   }
   const uint64_t commit_id = next_commit_++;
   const std::string key = reservation.key;

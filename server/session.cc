@@ -28,11 +28,6 @@ SessionProtocol::SessionProtocol(GpuTier& tier, SessionOptions options, Send sen
 
 SessionProtocol::~SessionProtocol() = default;
 
-ClientId SessionProtocol::client() const {
-  absl::MutexLock lock(&mu_);
-  return client_;
-}
-
 void SessionProtocol::Close() {
   ClientId client;
   {

@@ -49,9 +49,6 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
   // answered UNAVAILABLE. Idempotent.
   void Close() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // 0 before `open`.
-  ClientId client() const ABSL_LOCKS_EXCLUDED(mu_);
-
  private:
   void Open(uint64_t request_id, const v1::OpenSession& open) ABSL_LOCKS_EXCLUDED(mu_);
   void Fetch(uint64_t request_id, ClientId client, const v1::FetchRequest& fetch);

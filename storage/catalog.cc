@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "common/directory.h"
+#include "common/fd_io.h"
 #include "common/log.h"
 #include "common/posix_error.h"
 #include "common/status_macros.h"
@@ -42,28 +43,6 @@ constexpr int kFormatVersion = 1;
 // Far above any real model's file; only bounds what a damaged one can cost.
 constexpr uint64_t kMaxCatalogFileBytes = 1ull << 30;
 
-// Closes a file descriptor on scope exit.
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ~ScopedFd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  ScopedFd(const ScopedFd&) = delete;
-  ScopedFd& operator=(const ScopedFd&) = delete;
-  int get() const { return fd_; }
-  // Closes now, reporting the error that a deferred close would lose.
-  absl::Status Close(absl::string_view what) {
-    const int fd = fd_;
-    fd_ = -1;
-    if (close(fd) != 0) return PosixError(absl::StrCat("closing ", what), errno);
-    return absl::OkStatus();
-  }
-
- private:
-  int fd_;
-};
-
 absl::Status SyncDirectory(const std::string& dir) {
   ScopedFd fd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0) return PosixError(absl::StrCat("opening ", dir), errno);
@@ -79,13 +58,7 @@ absl::Status WriteFileAtomically(const std::string& dir, const std::string& name
   const std::string temp = absl::StrCat(path, ".tmp");
   ScopedFd fd(open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) return PosixError(absl::StrCat("creating ", temp), errno);
-  absl::Status status;
-  while (status.ok() && !contents.empty()) {
-    const ssize_t n = write(fd.get(), contents.data(), contents.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) status = PosixError(absl::StrCat("writing ", temp), errno);
-    if (n > 0) contents.remove_prefix(static_cast<size_t>(n));
-  }
+  absl::Status status = WriteAll(fd.get(), contents, temp);
   if (status.ok() && fsync(fd.get()) != 0) status = PosixError(absl::StrCat("fsync ", temp), errno);
   absl::Status closed = fd.Close(temp);
   if (status.ok()) status = closed;
@@ -514,6 +487,12 @@ absl::StatusOr<ObjectRef> Catalog::Lookup(absl::string_view key) const {
         absl::StrCat("model '", split.first, "' has no object '", split.second, "'"));
   }
   return ObjectRef{std::move(info), object, std::string(key)};
+}
+
+bool Catalog::IsCurrent(const std::shared_ptr<const ModelInfo>& model) const {
+  absl::MutexLock lock(&mu_);
+  auto it = models_.find(model->name);
+  return it != models_.end() && it->second->info == model && it->second->stale.empty();
 }
 
 std::optional<uint64_t> Catalog::Checksum(const std::string& key) const {

@@ -162,6 +162,11 @@ class Catalog {
   // again).
   absl::StatusOr<ObjectRef> Lookup(absl::string_view key) const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // True while `model` is the registration its name currently maps to and its files have not
+  // changed: bytes read under it may be served. A map lookup and a pointer comparison, for the
+  // tiers' hit paths.
+  bool IsCurrent(const std::shared_ptr<const ModelInfo>& model) const ABSL_LOCKS_EXCLUDED(mu_);
+
   // The checksum recorded at the object's first read, if any.
   std::optional<uint64_t> Checksum(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
   // Records an object's checksum (first read). Persisted within about a second, and on

@@ -158,8 +158,7 @@ void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time 
     entry = it->second;
     if (entry->kind == Entry::Kind::kWeight) {
       // Bytes of a model that was dropped, registered again or changed on disk are never served.
-      absl::StatusOr<ObjectRef> current = catalog_.Lookup(key);
-      if (!current.ok() || current->model != entry->source->model) {
+      if (!catalog_.IsCurrent(entry->source->model)) {
         RemoveLocked(entry);
         entry = nullptr;
       }
