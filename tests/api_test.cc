@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -199,6 +200,38 @@ TEST_F(ApiTest, PrefetchThenFetchUsesTheCopyAlreadyOnTheGpu) {
   ASSERT_THAT(lease, IsOk());
   ExpectTensorsMatch(**session, *lease);
   EXPECT_EQ(Stats().gpu().hits(), hits + 1);
+}
+
+TEST_F(ApiTest, ThreadsFetchThroughOneSessionAtOnce) {
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  // Each thread holds one lease at a time on a stream of its own: three at once, the quota.
+  std::vector<std::thread> threads;
+  std::vector<std::string> failures(3);
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&, t] {
+      auto stream = (*session)->device().CreateStream(StreamPriority::kNormal);
+      if (!stream.ok()) return void(failures[t] = stream.status().ToString());
+      for (int round = 0; round < 4; ++round) {
+        const int block = (t + round) % kBlocks;
+        auto lease = (*session)->Fetch(Key(block), **stream);
+        if (!lease.ok()) return void(failures[t] = lease.status().ToString());
+        std::string bytes(lease->size(), '\0');
+        absl::Status copied =
+            (*session)->device().CopyAsync(**stream, bytes.data(), lease->data(), lease->size());
+        if (copied.ok()) copied = (*session)->device().SynchronizeStream(**stream);
+        if (!copied.ok()) return void(failures[t] = copied.ToString());
+        for (const v1::TensorInfo& tensor : lease->tensors()) {
+          if (bytes.compare(tensor.offset(), tensor.size(), expected_[tensor.name()]) != 0) {
+            return void(failures[t] = absl::StrCat(tensor.name(), " differs"));
+          }
+        }
+        lease->Release(**stream);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const std::string& failure : failures) EXPECT_EQ(failure, "");
 }
 
 TEST_F(ApiTest, StoredObjectComesBackAfterLeavingTheGpuAndTheHostTier) {

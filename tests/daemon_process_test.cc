@@ -107,7 +107,8 @@ TEST_F(DaemonProcessTest, ReflectionListsAndDescribesTheServedServices) {
     services.push_back(service.name());
   }
   EXPECT_THAT(services, ::testing::IsSupersetOf(
-                            {"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}));
+                            {"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+                             "tierd.v1.Tierd"}));
 
   request.set_file_containing_symbol("grpc.health.v1.Health");
   ASSERT_TRUE(stream->Write(request));
@@ -118,6 +119,26 @@ TEST_F(DaemonProcessTest, ReflectionListsAndDescribesTheServedServices) {
   EXPECT_EQ(file.package(), "grpc.health.v1");
   ASSERT_GE(file.service_size(), 1);
   EXPECT_EQ(file.service(0).name(), "Health");
+
+  // What `grpcurl ... describe tierd.v1.Tierd` and a call by method name need.
+  request.set_file_containing_symbol("tierd.v1.Tierd");
+  ASSERT_TRUE(stream->Write(request));
+  ASSERT_TRUE(stream->Read(&response));
+  // The answer may carry other files too; find the one defining the service.
+  bool found = false;
+  for (const std::string& bytes : response.file_descriptor_response().file_descriptor_proto()) {
+    ASSERT_TRUE(file.ParseFromString(bytes));
+    if (file.package() == "tierd.v1") {
+      found = true;
+      break;
+    }
+  }
+  ASSERT_TRUE(found);
+  ASSERT_EQ(file.service_size(), 1);
+  std::vector<std::string> methods;
+  for (const auto& method : file.service(0).method()) methods.push_back(method.name());
+  EXPECT_THAT(methods, ::testing::IsSupersetOf({"Session", "RegisterModel", "ListObjects",
+                                                "Prefetch", "Evict", "GetStats", "ListHandles"}));
 
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
