@@ -251,7 +251,7 @@ class GpuTier {
   void StartCopyOutLocked(uint64_t commit_id, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishCopyOut(uint64_t commit_id, Object* object) ABSL_LOCKS_EXCLUDED(mu_);
-  void FailCommitLocked(uint64_t commit_id, const absl::Status& status, Deferred& deferred)
+  void FailCommitLocked(uint64_t commit_id, absl::Status status, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Copies in pieces of at most copy_chunk_bytes that never span two pinned pieces of the arena.

@@ -234,8 +234,9 @@ void GpuTier::FinishCopyOut(uint64_t commit_id, Object* object) {
   RetryAllocationsLocked(deferred.calls());
 }
 
-void GpuTier::FailCommitLocked(uint64_t commit_id, const absl::Status& status,
-                               Deferred& deferred) {
+// `status` by value: callers pass the pending commit's own host_status, which the move below
+// would empty.
+void GpuTier::FailCommitLocked(uint64_t commit_id, absl::Status status, Deferred& deferred) {
   auto it = commits_.find(commit_id);
   if (it == commits_.end()) return;
   PendingCommit commit = std::move(it->second);

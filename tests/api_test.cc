@@ -267,6 +267,39 @@ TEST_F(ApiTest, StoredObjectComesBackAfterLeavingTheGpuAndTheHostTier) {
   EXPECT_THAT((*session)->Fetch(store.key), StatusIs(absl::StatusCode::kNotFound));
 }
 
+TEST_F(ApiTest, AStoreTheHostTierCannotHoldFailsWithResourceExhaustedAndLosesNothingElse) {
+  // Objects stored unspillable cannot leave the 16 MiB host tier: the commits of 1 MiB objects
+  // fill it, then fail.
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  std::vector<std::string> stored;
+  absl::Status failure;
+  for (int i = 0; i < 24 && failure.ok(); ++i) {
+    std::string bytes(1 << 20, '\0');
+    testing::FillPattern(bytes.data(), bytes.size(), 100 + i);
+    StoreRequest store;
+    store.key = absl::StrCat("acts/full_", i);
+    store.data = bytes.data();
+    store.size = bytes.size();
+    store.spillable = false;
+    ASSERT_THAT((*session)->StoreAsync(store), IsOk());
+    failure = (*session)->Flush();
+    if (failure.ok()) stored.push_back(store.key);
+  }
+  EXPECT_THAT(failure, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(std::string(failure.message()), HasSubstr("host cache full"));
+  ASSERT_FALSE(stored.empty());
+  // What was committed before is intact.
+  for (size_t i = 0; i < stored.size(); ++i) {
+    std::string expected(1 << 20, '\0');
+    testing::FillPattern(expected.data(), expected.size(), 100 + i);
+    ASSERT_THAT(client_->Evict(stored[i], v1::TIER_GPU), IsOk());
+    auto lease = (*session)->Fetch(stored[i]);
+    ASSERT_THAT(lease, IsOk());
+    EXPECT_EQ(Bytes(**session, *lease), expected) << stored[i];
+  }
+}
+
 TEST_F(ApiTest, LeasedBytesNeverChangeWhileAnotherClientForcesEviction) {
   auto holder = StartPeer({"hold", Key(0), expected_dir(), "3"});
   ASSERT_NE(holder, nullptr);
