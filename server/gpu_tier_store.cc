@@ -207,7 +207,6 @@ void GpuTier::FinishCopyOut(uint64_t commit_id, Object* object) {
     absl::MutexLock lock(&mu_);
     host = commits_.at(commit_id).host;
   }
-  // Hashing the object is slow: done without the lock.
   absl::Status status = host_cache_.CommitStore(*host);
   host.reset();
   DeferredCalls deferred;

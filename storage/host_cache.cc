@@ -43,7 +43,7 @@ struct HostObject::Entry {
   bool spilling = false;      // a spill write is in flight; the memory stays valid meanwhile
   bool spill_failed = false;  // do not try again
   std::string spill_path;     // set once a spilled copy exists
-  uint64_t checksum = 0;      // computed at commit
+  uint64_t checksum = 0;      // of a stored object, computed when it is spilled
   // Loading.
   std::vector<HostCache::FetchCallback> waiters;
   std::optional<DiskReader::RequestId> read_id;
@@ -413,16 +413,12 @@ absl::Status HostCache::CommitStore(HostObject& reservation) {
     return absl::FailedPreconditionError("not a reservation of this cache");
   }
   Entry* entry = reservation.entry_;
-  // Hashed before taking the lock (an object can be gigabytes): the caller's reference keeps the
-  // memory in place, and a writer that commits has finished writing.
-  const uint64_t checksum = Checksum(arena_.data(*entry->memory), entry->size);
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   if (entry->state != Entry::State::kWriting) {
     return absl::FailedPreconditionError(
         absl::StrCat(entry->key, ": committing a buffer that is not an open reservation"));
   }
-  entry->checksum = checksum;
   entry->state = Entry::State::kResident;
   if (auto it = entries_.find(entry->key); it != entries_.end()) {
     Entry* old = it->second;
@@ -537,11 +533,20 @@ void HostCache::StartSpillLocked(Entry* entry) {
   entry->spilling = true;
   spilling_bytes_ += entry->memory->size;
   const std::string path = absl::StrCat(spill_->directory(), "/", next_spill_id_++, ".spill");
-  spill_->Write({path, arena_.data(*entry->memory), entry->memory->size,
-                 [this, entry, path](absl::Status status) { FinishSpill(entry, path, status); }});
+  const uint8_t* data = arena_.data(*entry->memory);
+  spill_->Write({path, data, entry->memory->size,
+                 [this, entry, path, data, size = entry->size](absl::Status status) {
+                   // Hashed here, on the writer's thread and without the lock, rather than at
+                   // commit: only a spilled copy is ever checked, and commits stay cheap. The
+                   // bytes cannot change: a committed object is immutable and stays in memory
+                   // until FinishSpill.
+                   const uint64_t checksum = status.ok() ? Checksum(data, size) : 0;
+                   FinishSpill(entry, path, status, checksum);
+                 }});
 }
 
-void HostCache::FinishSpill(Entry* entry, const std::string& path, const absl::Status& status) {
+void HostCache::FinishSpill(Entry* entry, const std::string& path, const absl::Status& status,
+                            uint64_t checksum) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   entry->spilling = false;
@@ -550,6 +555,7 @@ void HostCache::FinishSpill(Entry* entry, const std::string& path, const absl::S
     ++stats_.spills;
     stats_.bytes_to_spill += entry->size;
     entry->spill_path = path;
+    entry->checksum = checksum;
   } else {
     ++stats_.spill_failures;
     entry->spill_failed = true;

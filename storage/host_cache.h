@@ -5,9 +5,9 @@
 //    DiskReader. Every read is checksummed (xxHash3): the first read records the checksum in the
 //    catalog, later reads verify it, and a mismatch is DATA_LOSS — the bytes are dropped, never
 //    handed out;
-//  - stored objects, written by clients (activation caches): reserved, filled, committed (which
-//    checksums them). Where the client allows it, a stored object is spilled to the spill
-//    directory when room is needed and read back, verified, on the next fetch.
+//  - stored objects, written by clients (activation caches): reserved, filled, committed. Where
+//    the client allows it, a stored object is spilled to the spill directory when room is needed
+//    (checksummed as it is written) and read back, verified, on the next fetch.
 //
 // Eviction is FIFO by default (LRU selectable) over objects that can be had again (weights, and
 // stored objects with a spilled copy). Objects that are referenced (a HostObject exists), pinned,
@@ -179,8 +179,9 @@ class HostCache {
   // Starts spilling objects until `bytes` are on their way out; true when any spill is in flight.
   bool SpillForLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartSpillLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishSpill(Entry* entry, const std::string& path, const absl::Status& status)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // `checksum`: of the bytes written, when `status` is OK.
+  void FinishSpill(Entry* entry, const std::string& path, const absl::Status& status,
+                   uint64_t checksum) ABSL_LOCKS_EXCLUDED(mu_);
   void FreeMemoryLocked(Entry* entry, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetryWaitersLocked(Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts reading a weight or spilled object into `entry` (which has memory).
