@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
+#include "bench/bench_support.h"
 #include "common/byte_size.h"
 #include "common/command_line.h"
 #include "device/device_factory.h"
@@ -50,10 +51,8 @@ ABSL_FLAG(std::string, json, "", "Write the results here as JSON");
 
 namespace {
 
-void Die(const std::string& message) {
-  std::fprintf(stderr, "disk_read_bench: %s\n", message.c_str());
-  std::exit(1);
-}
+using tierd::bench::Die;
+using tierd::bench::Median;
 
 void EnsureFile(const std::string& path, uint64_t bytes) {
   struct stat st;
@@ -75,9 +74,7 @@ void EnsureFile(const std::string& path, uint64_t bytes) {
 }
 
 void DropCaches() {
-  if (!absl::GetFlag(FLAGS_drop_caches)) return;
-  ::sync();
-  std::ofstream("/proc/sys/vm/drop_caches") << "3\n";
+  if (absl::GetFlag(FLAGS_drop_caches)) tierd::bench::DropPageCache();
 }
 
 double ReadWithTierd(tierd::DiskReader& reader, tierd::HostArena& arena,
@@ -111,47 +108,14 @@ double ReadWithTierd(tierd::DiskReader& reader, tierd::HostArena& arena,
 double ReadWithFio(const std::string& path, uint64_t bytes, nlohmann::json* raw) {
   const int jobs = absl::GetFlag(FLAGS_threads);
   const uint64_t chunk = absl::GetFlag(FLAGS_chunk_bytes).bytes;
-  const uint64_t per_job = bytes / jobs / chunk * chunk;
-  const std::string output = absl::StrCat(path, ".fio.json");
-  std::vector<std::string> args = {absl::GetFlag(FLAGS_fio),
-                                   "--name=reference",
-                                   absl::StrCat("--filename=", path),
-                                   "--rw=read",
-                                   absl::StrCat("--bs=", chunk),
-                                   absl::StrCat("--iodepth=", absl::GetFlag(FLAGS_queue_depth)),
-                                   "--ioengine=io_uring",
-                                   "--fixedbufs=1",
-                                   "--direct=1",
-                                   absl::StrCat("--numjobs=", jobs),
-                                   absl::StrCat("--size=", per_job),
-                                   absl::StrCat("--offset_increment=", per_job),
-                                   "--group_reporting=1",
-                                   "--output-format=json",
-                                   absl::StrCat("--output=", output)};
-  std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::execvp(argv[0], argv.data());
-    std::perror("exec fio");
-    ::_exit(127);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    Die("fio failed: " + absl::StrJoin(args, " "));
-  std::ifstream in(output);
-  nlohmann::json result = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  ::unlink(output.c_str());
-  if (result.is_discarded()) Die("cannot parse fio's output");
-  *raw = result["jobs"][0]["read"];
-  return (*raw)["bw_bytes"].get<double>() / 1e9;
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
+  tierd::bench::FioRead read;
+  read.fio = absl::GetFlag(FLAGS_fio);
+  read.files = {path};
+  read.block_bytes = chunk;
+  read.queue_depth = absl::GetFlag(FLAGS_queue_depth);
+  read.jobs = jobs;
+  read.bytes_per_job = bytes / jobs / chunk * chunk;
+  return tierd::bench::RunFio(read, raw);
 }
 
 }  // namespace

@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# deploy/bundle.sh [--tests] [--keep-symbols] [--build-dir DIR] OUT_DIR
+# deploy/bundle.sh [--tests | --bench] [--keep-symbols] [--build-dir DIR] OUT_DIR
 #
 # Makes a relocatable tree of a finished build: OUT_DIR/bin (tierd, tierctl) and OUT_DIR/lib (every
 # shared library they load that is not part of the base system: gRPC, Protobuf, Abseil, liburing,
 # OpenSSL, ...). The binaries carry RPATH $ORIGIN/../lib, so OUT_DIR can be copied to a node that
 # has no -dev packages and run from anywhere. glibc, libstdc++, libgcc and the CUDA driver stay the
 # node's own. With --tests, the test binaries and a CTestTestfile.cmake come along too, so
-# `cd OUT_DIR && ctest -L gpu` runs the GPU tests there. Binaries are stripped of debug information
-# unless --keep-symbols is given.
+# `cd OUT_DIR && ctest -L gpu` runs the GPU tests there. With --bench, the benchmarks, their scripts
+# (OUT_DIR/bench) and fio with its libraries (OUT_DIR/fio.tar.xz, unpacked by the scripts) come
+# along instead, for bench/run-gpu-path-bench.sh. Binaries are stripped of debug information unless
+# --keep-symbols is given.
 set -euo pipefail
 build_dir=build
 with_tests=0
+with_bench=0
 strip_binaries=1
 while (($# > 1)); do
   case $1 in
     --tests) with_tests=1; shift ;;
+    --bench) with_bench=1; shift ;;
     --keep-symbols) strip_binaries=0; shift ;;
     --build-dir) build_dir=$2; shift 2 ;;
     *) echo "bundle: unknown option $1" >&2; exit 2 ;;
@@ -30,6 +34,20 @@ if ((with_tests)); then
     [[ -x "$file" && "$file" != */tierd && "$file" != */tierctl ]] && binaries+=("$file")
   done
   cp "$build_dir/relocatable/CTestTestfile.cmake" "$out/"
+fi
+if ((with_bench)); then
+  binaries+=("$build_dir/bin/gpu_path_bench" "$build_dir/bin/disk_read_bench")
+  here=$(cd "$(dirname "$0")/.." && pwd)
+  mkdir -p "$out/bench"
+  cp "$here/bench/run-gpu-path-bench.sh" "$here/bench/safetensors_load.py" "$out/bench/"
+  fio=$(command -v fio) || { echo "bundle: --bench needs fio (apt-get install fio)" >&2; exit 1; }
+  staging=$(mktemp -d)
+  mkdir -p "$staging/fio/lib"
+  cp -L "$fio" "$staging/fio/"
+  ldd "$fio" | awk '/=>/ && $3 ~ /^\// {print $3}' | grep -vE '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*)\.so' |
+    while read -r lib; do cp -Ln "$lib" "$staging/fio/lib/"; done
+  tar cJf "$out/fio.tar.xz" -C "$staging" fio
+  rm -rf "$staging"
 fi
 
 system_libs='/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcuda|libnvidia[^/]*)\.so'
