@@ -10,7 +10,7 @@
 #
 # Environment: REPEAT (runs per side, default 5), WARM_TENSORS / COLD_TENSORS (gpu_path_bench
 # --tensors lists), PYTHON (with torch and safetensors, default python3), TIERD_FLAGS (extra flags
-# for the daemon), MODES (default "warm latency duplex cold"), DEVICE (default cuda:0; "host" makes a
+# for the daemon), BENCH_FLAGS (extra flags for gpu_path_bench), MODES (default "warm latency duplex cold"), DEVICE (default cuda:0; "host" makes a
 # dry run of the script on a machine without a GPU).
 set -uo pipefail
 bundle=$(cd "${1:?usage: run-gpu-path-bench.sh BUNDLE_DIR OUT_DIR [WORK_DIR]}" && pwd)
@@ -75,7 +75,7 @@ for mode in $modes; do
   [[ $mode == cold ]] && extra=(--fio=fio/run --python="$python"
                                 --safetensors-script=bench/safetensors_load.py)
   (cd "$bundle" && bin/gpu_path_bench --mode=$mode --socket="$socket" --model=$model \
-    --model-dir="$work/$model" --repeat="$repeat" --json="$out/$mode.json" "${extra[@]}" \
+    --model-dir="$work/$model" --repeat="$repeat" --json="$out/$mode.json" "${extra[@]}" ${BENCH_FLAGS:-} \
     > /dev/null) || status=1
 done
 "$bundle/bin/tierctl" --socket="$socket" stats

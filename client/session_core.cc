@@ -1,5 +1,6 @@
 #include "client/session_core.h"
 
+#include <chrono>
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -18,6 +19,11 @@ struct SessionCore::Pending {
 
 namespace {
 
+void LogFailure(const v1::SessionResponse& response) {
+  std::fprintf(stderr, "tierd client: request %llu failed: %s\n",
+               static_cast<unsigned long long>(response.request_id()), response.message().c_str());
+}
+
 absl::Status StatusOf(const v1::SessionResponse& response) {
   if (response.code() == 0) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
@@ -25,8 +31,10 @@ absl::Status StatusOf(const v1::SessionResponse& response) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<SessionCore>> SessionCore::Start(v1::Tierd::Stub& stub) {
+absl::StatusOr<std::shared_ptr<SessionCore>> SessionCore::Start(v1::Tierd::Stub& stub,
+                                                                absl::Duration answer_spin) {
   std::shared_ptr<SessionCore> core(new SessionCore);
+  core->answer_spin_ = answer_spin;
   core->stream_ = stub.Session(&core->context_);
   if (core->stream_ == nullptr) return absl::UnavailableError("cannot start a session");
   core->reader_ = std::thread([raw = core.get()] { raw->ReadLoop(); });
@@ -50,7 +58,11 @@ void SessionCore::ReadLoop() {
     {
       absl::MutexLock lock(&mu_);
       auto it = pending_.find(response.request_id());
-      if (it == pending_.end()) continue;  // not ours to answer: ignore
+      if (it == pending_.end()) {
+        // A quiet request's failure (nobody waits for it), or an answer nobody asked for.
+        if (response.code() != 0) LogFailure(response);
+        continue;
+      }
       pending = std::move(it->second);
       pending_.erase(it);
     }
@@ -107,21 +119,29 @@ absl::StatusOr<v1::SessionResponse> SessionCore::Call(v1::SessionRequest request
       return absl::UnavailableError("the session with tierd has ended");
     }
   }
-  pending->done.WaitForNotification();
+  WaitForAnswer(pending->done);
   if (!pending->response.ok()) return pending->response.status();
   if (absl::Status status = StatusOf(*pending->response); !status.ok()) return status;
   return std::move(pending->response);
+}
+
+void SessionCore::WaitForAnswer(absl::Notification& answered) const {
+  if (answer_spin_ > absl::ZeroDuration()) {
+    const auto until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(answer_spin_);
+    while (!answered.HasBeenNotified() && std::chrono::steady_clock::now() < until) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+  }
+  answered.WaitForNotification();
 }
 
 absl::Status SessionCore::Send(v1::SessionRequest request,
                                std::function<void(const v1::SessionResponse&)> done) {
   auto pending = std::make_shared<Pending>();
   pending->callback = done ? std::move(done) : [](const v1::SessionResponse& response) {
-    if (response.code() != 0) {
-      std::fprintf(stderr, "tierd client: request %llu failed: %s\n",
-                   static_cast<unsigned long long>(response.request_id()),
-                   response.message().c_str());
-    }
+    if (response.code() != 0) LogFailure(response);
   };
   {
     absl::MutexLock lock(&mu_);
@@ -150,6 +170,17 @@ absl::Status SessionCore::Send(v1::SessionRequest request,
     }
     return absl::UnavailableError("the session with tierd has ended");
   }
+  return absl::OkStatus();
+}
+
+absl::Status SessionCore::SendQuiet(v1::SessionRequest request) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return end_status_;
+    request.set_request_id(next_request_++);
+  }
+  absl::MutexLock lock(&write_mu_);
+  if (!stream_->Write(request)) return absl::UnavailableError("the session with tierd has ended");
   return absl::OkStatus();
 }
 
@@ -208,7 +239,8 @@ void SessionCore::ReleaseLease(uint64_t lease_id, Event& done_event, Stream& str
   }
   v1::SessionRequest request;
   request.mutable_release()->set_lease_id(lease_id);
-  (void)Send(std::move(request));
+  request.mutable_release()->set_quiet(true);
+  (void)SendQuiet(std::move(request));
 }
 
 }  // namespace tierd

@@ -15,6 +15,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "device/device.h"
 #include "tierd/v1/tierd.grpc.pb.h"
 
@@ -22,8 +24,10 @@ namespace tierd {
 
 class SessionCore {
  public:
-  // Starts the stream and the reader thread. Call Open next.
-  static absl::StatusOr<std::shared_ptr<SessionCore>> Start(v1::Tierd::Stub& stub);
+  // Starts the stream and the reader thread. Call Open next. Call spins up to `answer_spin` for
+  // its answer before it sleeps.
+  static absl::StatusOr<std::shared_ptr<SessionCore>> Start(v1::Tierd::Stub& stub,
+                                                            absl::Duration answer_spin);
   // Ends the stream (the daemon releases what the session holds) and joins the reader.
   ~SessionCore();
   SessionCore(const SessionCore&) = delete;
@@ -37,6 +41,9 @@ class SessionCore {
   absl::Status Send(v1::SessionRequest request,
                     std::function<void(const v1::SessionResponse&)> done = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends a request the daemon answers only when it fails (a quiet release); the reader logs such
+  // a failure.
+  absl::Status SendQuiet(v1::SessionRequest request) ABSL_LOCKS_EXCLUDED(mu_);
 
   void set_device(std::shared_ptr<Device> device) { device_ = std::move(device); }
   Device& device() { return *device_; }
@@ -52,8 +59,11 @@ class SessionCore {
   struct Pending;
   SessionCore() = default;
   void ReadLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Spins up to answer_spin_ for `answered`, then sleeps until it is notified.
+  void WaitForAnswer(absl::Notification& answered) const;
 
   std::shared_ptr<Device> device_;
+  absl::Duration answer_spin_;
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
   absl::Mutex write_mu_;  // one Write at a time; taken before mu_ is never needed

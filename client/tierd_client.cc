@@ -7,6 +7,7 @@
 #include "absl/synchronization/notification.h"
 #include "client/health.h"
 #include "client/session_core.h"
+#include "common/grpc_poll_strategy.h"
 #include "device/device_factory.h"
 
 namespace tierd {
@@ -209,6 +210,7 @@ absl::StatusOr<v1::EvictResponse> Session::Evict(const std::string& key_or_prefi
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.socket_path.empty()) return absl::InvalidArgumentError("no socket path");
+  PreferLowLatencyPolling();
   grpc::ChannelArguments arguments;
   // Staging handles are small, but a model's object list can be long.
   arguments.SetMaxReceiveMessageSize(64 << 20);
@@ -246,7 +248,8 @@ absl::StatusOr<std::shared_ptr<Device>> Client::DeviceFor(const v1::SessionOpene
 }
 
 absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
-  absl::StatusOr<std::shared_ptr<SessionCore>> core = SessionCore::Start(*stub_);
+  absl::StatusOr<std::shared_ptr<SessionCore>> core =
+      SessionCore::Start(*stub_, options_.answer_spin);
   if (!core.ok()) return core.status();
   v1::SessionRequest open;
   open.mutable_open()->set_client_name(options_.client_name);

@@ -74,8 +74,11 @@ void SessionProtocol::Handle(const v1::SessionRequest& request) {
   switch (request.op_case()) {
     case v1::SessionRequest::kFetch:
       return Fetch(id, client, request.fetch());
-    case v1::SessionRequest::kRelease:
-      return Reply(id, tier_.Release(client, request.release().lease_id()));
+    case v1::SessionRequest::kRelease: {
+      absl::Status released = tier_.Release(client, request.release().lease_id());
+      if (released.ok() && request.release().quiet()) return;
+      return Reply(id, released);
+    }
     case v1::SessionRequest::kPrefetch:
       return Prefetch(id, request.prefetch());
     case v1::SessionRequest::kReserve:
