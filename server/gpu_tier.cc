@@ -459,20 +459,27 @@ void GpuTier::StartDrainLocked(Client& client, Drain drain, uint32_t event) {
   drain.event = event;
   drains_[id] = std::move(drain);
   client.drains.insert(id);
-  // Enqueued under the lock so the drain is registered before its callback can run.
-  absl::Status status = device_.WaitEvent(*client.drain_stream, events_.event(event));
-  if (status.ok()) {
-    status = device_.NotifyWhenDone(*client.drain_stream, [live = liveness_, id] {
-      absl::MutexLock lock(&live->mu);
-      if (live->tier != nullptr) live->tier->FinishDrain(id);
-    });
-  }
-  if (!status.ok()) {
-    // Without the wait nothing says when the client is done: the drain stays pending, so what it
-    // holds is freed only by the close grace when the session ends.
-    TIERD_LOG(ERROR) << "session " << client.id << ": cannot wait for its event (" << status
-                     << "); its buffer is freed when the session ends";
-  }
+  // The device calls are made on the timer thread, not here: a release is on the path of the
+  // session's next request (the stream's requests are handled in order), and its device calls
+  // took the next fetch from 80 to 150 µs on the GPU machine. The drain is registered already, so
+  // its callback finds it; were it forced meanwhile (the session closed), the callback finds it
+  // gone and the wait only delays the retired slot's stream, which the stream reference keeps.
+  timer_.RunAfter(absl::ZeroDuration(), [this, stream = client.drain_stream, client_id = client.id,
+                                         done = &events_.event(event), id] {
+    absl::Status status = device_.WaitEvent(*stream, *done);
+    if (status.ok()) {
+      status = device_.NotifyWhenDone(*stream, [live = liveness_, id] {
+        absl::MutexLock lock(&live->mu);
+        if (live->tier != nullptr) live->tier->FinishDrain(id);
+      });
+    }
+    if (!status.ok()) {
+      // Without the wait nothing says when the client is done: the drain stays pending, so what
+      // it holds is freed only by the close grace when the session ends.
+      TIERD_LOG(ERROR) << "session " << client_id << ": cannot wait for its event (" << status
+                       << "); its buffer is freed when the session ends";
+    }
+  });
 }
 
 void GpuTier::FinishDrain(uint64_t drain_id) {
