@@ -266,6 +266,8 @@ class CudaDevice final : public Device {
 
 }  // namespace
 
+void* NativeCudaStream(Stream& stream) { return Native(stream); }
+
 absl::StatusOr<int> CudaDeviceCount() {
   int count = 0;
   RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));

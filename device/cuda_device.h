@@ -17,6 +17,10 @@ namespace tierd {
 // Number of GPUs the CUDA runtime can see; UNAVAILABLE when there is no driver or no GPU.
 absl::StatusOr<int> CudaDeviceCount();
 
+// The cudaStream_t behind `stream`, for launching kernels or library calls on it (returned as
+// void* to keep CUDA headers out of this header). REQUIRES: `stream` was created by a CudaDevice.
+void* NativeCudaStream(Stream& stream);
+
 // Opens GPU `ordinal` (as numbered under CUDA_VISIBLE_DEVICES). Host waits on it block rather than
 // spin (cudaDeviceScheduleBlockingSync). Errors: INVALID_ARGUMENT for an ordinal out of range,
 // UNAVAILABLE when the GPU or driver cannot be used.

@@ -9,6 +9,10 @@
 //       them with the expected tensors each time; exit 0 when they never changed.
 //   api_peer hold-forever SOCKET KEY
 //       fetch KEY, print "holding" and sleep until killed.
+//   api_peer slow-read SOCKET KEY EXPECTED_DIR DELAY_MS
+//       fetch KEY, enqueue a read of it that starts DELAY_MS later (on CUDA a kernel that waits on
+//       the GPU, on the host backend a stalled stream), release the lease at once and print
+//       "released"; then wait for the read and compare what it read with the expected tensors.
 #include <unistd.h>
 
 #include <cstdio>
@@ -22,6 +26,10 @@
 #include "absl/time/clock.h"
 #include "client/tierd_client.h"
 #include "device/pinned_host_buffer.h"
+#ifdef TIERD_TEST_CUDA_KERNELS
+#include "device/cuda_device.h"
+#include "tests/slow_copy_kernel.h"
+#endif
 
 namespace {
 
@@ -32,27 +40,34 @@ std::string ReadWholeFile(const std::string& path) {
   return contents.str();
 }
 
-// Copies the lease's bytes to host memory through the lease's stream (the buffer is device memory
-// in general) and compares each tensor with its expected file. Returns an error naming the first
+// Copies `size` bytes at `data` (device memory in general) to host memory through the session's
+// stream and compares each of `tensors` with its expected file. Returns an error naming the first
 // mismatch.
-absl::Status CheckLease(tierd::Session& session, tierd::Lease& lease,
+absl::Status CheckBytes(tierd::Session& session, const std::string& key, const void* data,
+                        uint64_t size, const std::vector<tierd::v1::TensorInfo>& tensors,
                         const std::string& expected_dir) {
-  std::string copy(lease.size(), '\0');
+  std::string copy(size, '\0');
   tierd::Device& device = session.device();
   tierd::Stream& stream = session.default_stream();
-  absl::Status status = device.CopyAsync(stream, copy.data(), lease.data(), lease.size());
+  absl::Status status = device.CopyAsync(stream, copy.data(), data, size);
   if (status.ok()) status = device.SynchronizeStream(stream);
   if (!status.ok()) return status;
-  if (lease.tensors().empty()) return absl::InternalError(lease.key() + " has no tensors");
-  for (const tierd::v1::TensorInfo& tensor : lease.tensors()) {
+  if (tensors.empty()) return absl::InternalError(key + " has no tensors");
+  for (const tierd::v1::TensorInfo& tensor : tensors) {
     const std::string expected = ReadWholeFile(absl::StrCat(expected_dir, "/", tensor.name()));
     if (expected.size() != tensor.size() ||
         copy.compare(tensor.offset(), tensor.size(), expected) != 0) {
-      return absl::DataLossError(absl::StrCat(lease.key(), ": tensor ", tensor.name(),
+      return absl::DataLossError(absl::StrCat(key, ": tensor ", tensor.name(),
                                               " differs from the file's bytes"));
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckLease(tierd::Session& session, tierd::Lease& lease,
+                        const std::string& expected_dir) {
+  return CheckBytes(session, lease.key(), lease.data(), lease.size(), lease.tensors(),
+                    expected_dir);
 }
 
 int Fail(const absl::Status& status) {
@@ -112,12 +127,61 @@ int HoldForever(tierd::Client& client, const std::string& key) {
   while (true) ::pause();
 }
 
+// Enqueues on `stream` a copy of `bytes` from `src` to `dst` that starts `delay` from now.
+absl::Status EnqueueSlowCopy(tierd::Session& session, tierd::Stream& stream, void* dst,
+                             const void* src, uint64_t bytes, absl::Duration delay) {
+  if (session.info().backend() == "cuda") {
+#ifdef TIERD_TEST_CUDA_KERNELS
+    const std::string error =
+        tierd::testing::LaunchSlowCopy(tierd::NativeCudaStream(stream), dst, src, bytes,
+                                       static_cast<uint64_t>(absl::ToInt64Nanoseconds(delay)));
+    return error.empty() ? absl::OkStatus() : absl::InternalError("slow copy kernel: " + error);
+#else
+    return absl::UnimplementedError("this api_peer was built without CUDA kernels");
+#endif
+  }
+  tierd::Device& device = session.device();
+  absl::Status status =
+      device.LaunchHostFunction(stream, [delay] { absl::SleepFor(delay); });
+  if (status.ok()) status = device.CopyAsync(stream, dst, src, bytes);
+  return status;
+}
+
+int SlowRead(tierd::Client& client, const std::string& key, const std::string& expected_dir,
+             int delay_ms) {
+  absl::StatusOr<std::unique_ptr<tierd::Session>> session = client.OpenSession();
+  if (!session.ok()) return Fail(session.status());
+  tierd::Device& device = (*session)->device();
+  absl::StatusOr<std::unique_ptr<tierd::Stream>> stream =
+      device.CreateStream(tierd::StreamPriority::kNormal);
+  if (!stream.ok()) return Fail(stream.status());
+  absl::StatusOr<tierd::Lease> lease = (*session)->Fetch(key, **stream);
+  if (!lease.ok()) return Fail(lease.status());
+  const uint64_t size = lease->size();
+  const std::vector<tierd::v1::TensorInfo> tensors = lease->tensors();
+  absl::StatusOr<std::unique_ptr<tierd::Slab>> copy = device.AllocateSlab(size);
+  if (!copy.ok()) return Fail(copy.status());
+  absl::Status status = EnqueueSlowCopy(**session, **stream, (*copy)->data(), lease->data(), size,
+                                        absl::Milliseconds(delay_ms));
+  if (!status.ok()) return Fail(status);
+  lease->Release(**stream);  // the done event completes only after the slow copy
+  std::printf("released\n");
+  std::fflush(stdout);
+  if (status = device.SynchronizeStream(**stream); !status.ok()) return Fail(status);
+  if (status = CheckBytes(**session, key, (*copy)->data(), size, tensors, expected_dir);
+      !status.ok()) {
+    return Fail(status);
+  }
+  std::printf("read after the release matched\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.size() < 3) {
-    std::fprintf(stderr, "usage: api_peer verify|hold|hold-forever SOCKET ...\n");
+    std::fprintf(stderr, "usage: api_peer verify|hold|hold-forever|slow-read SOCKET ...\n");
     return 2;
   }
   tierd::ClientOptions options;
@@ -133,6 +197,9 @@ int main(int argc, char** argv) {
     return Hold(**client, args[2], args[3], number);
   }
   if (args[0] == "hold-forever" && args.size() == 3) return HoldForever(**client, args[2]);
+  if (args[0] == "slow-read" && args.size() == 5 && absl::SimpleAtoi(args[4], &number)) {
+    return SlowRead(**client, args[2], args[3], number);
+  }
   std::fprintf(stderr, "api_peer: bad arguments\n");
   return 2;
 }

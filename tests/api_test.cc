@@ -300,6 +300,63 @@ TEST_F(ApiTest, AStoreTheHostTierCannotHoldFailsWithResourceExhaustedAndLosesNot
   }
 }
 
+TEST_F(ApiTest, AReadStillRunningAfterItsReleaseSeesTheBytesItWasLeased) {
+  // A client process releases block 0 right after enqueuing a read of it that starts 1.5 s later
+  // (on CUDA a kernel waiting on the GPU). Meanwhile the pool fills: blocks 1-3 are held here, so
+  // block 4 can only go where block 0 is. The daemon must wait for the done event before it
+  // copies block 4 over it.
+  constexpr absl::Duration kReadDelay = absl::Milliseconds(1500);
+  auto holding = client_->OpenSession();
+  ASSERT_THAT(holding, IsOk());
+  std::vector<Lease> held;
+  for (int block = 1; block <= 3; ++block) {
+    auto lease = (*holding)->Fetch(Key(block));
+    ASSERT_THAT(lease, IsOk());
+    held.push_back(*std::move(lease));
+  }
+  auto reader = StartPeer({"slow-read", Key(0), expected_dir(),
+                           absl::StrCat(absl::ToInt64Milliseconds(kReadDelay))});
+  ASSERT_NE(reader, nullptr);
+  ASSERT_THAT(reader->ReadLine(kTimeout), ::tierd::testing::IsOkAndHolds(std::string("released")));
+  const absl::Time released = absl::Now();
+  auto other = client_->OpenSession();
+  ASSERT_THAT(other, IsOk());
+  auto fourth = (*other)->Fetch(Key(4));
+  ASSERT_THAT(fourth, IsOk());
+  // The fetch waited for the slow read (with slack for the time between launch and "released").
+  EXPECT_GE(absl::Now() - released, kReadDelay - absl::Milliseconds(500));
+  ExpectTensorsMatch(**other, *fourth);
+  // The peer compared what its read saw with block 0's bytes.
+  EXPECT_THAT(reader->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
+  // Block 4 did take block 0's place: the test exercised the reuse it guards.
+  auto objects = client_->ListObjects("m");
+  ASSERT_THAT(objects, IsOk());
+  for (const v1::ObjectInfo& object : *objects) {
+    if (object.key() == Key(0)) {
+      EXPECT_FALSE(object.on_gpu());
+    }
+  }
+}
+
+TEST_F(ApiTest, TwoClientProcessesShareOneGpuCopy) {
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  auto lease = (*session)->Fetch(Key(2));
+  ASSERT_THAT(lease, IsOk());
+  // Copies are counted when they complete.
+  ASSERT_TRUE(WaitForStats([](const v1::Stats& s) { return s.copies_in_flight() == 0; }, kTimeout));
+  const v1::Stats before = Stats();
+  // Another process fetches the same key while this one holds it, and checks the bytes.
+  auto peer = StartPeer({"hold", Key(2), expected_dir(), "1"});
+  ASSERT_NE(peer, nullptr);
+  EXPECT_THAT(peer->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
+  const v1::Stats after = Stats();
+  EXPECT_EQ(after.bytes_host_to_gpu(), before.bytes_host_to_gpu()) << "a second copy was made";
+  EXPECT_EQ(after.gpu().objects(), before.gpu().objects());
+  EXPECT_EQ(after.gpu().hits(), before.gpu().hits() + 1);
+  ExpectTensorsMatch(**session, *lease);
+}
+
 TEST_F(ApiTest, LeasedBytesNeverChangeWhileAnotherClientForcesEviction) {
   auto holder = StartPeer({"hold", Key(0), expected_dir(), "3"});
   ASSERT_NE(holder, nullptr);
