@@ -17,7 +17,9 @@
 //   latency  Fetch of an object already on the GPU through a session, --fetches times;
 //            p50/p99 of the call (request sent → lease usable). Targets p50 ≤ 50 µs, p99 ≤ 200 µs.
 // The model is registered with per-tensor grouping (one object per tensor) when not yet known.
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -64,7 +66,6 @@ ABSL_FLAG(int, fio_queue_depth, 32, "cold: fio's queue depth (4 MiB reads, one j
 ABSL_FLAG(std::string, python, "python3", "cold: Python with torch and safetensors");
 ABSL_FLAG(std::string, safetensors_script, "",
           "cold: bench/safetensors_load.py, to time safetensors.torch.load_file; empty: skip");
-ABSL_FLAG(int, answer_spin_us, 50, "The client's answer spin (ClientOptions::answer_spin), µs");
 ABSL_FLAG(std::string, json, "", "Write the results here as JSON");
 
 namespace {
@@ -180,7 +181,6 @@ class Bench {
     options.socket_path = absl::GetFlag(FLAGS_socket);
     options.client_name = "gpu_path_bench";
     options.call_timeout = absl::Minutes(10);
-    options.answer_spin = absl::Microseconds(absl::GetFlag(FLAGS_answer_spin_us));
     client_ = Check(tierd::Client::Connect(options), "connecting");
     session_ = Check(client_->OpenSession(), "opening a session");
     stream_ = Check(device().CreateStream(tierd::StreamPriority::kHigh), "creating a stream");
@@ -278,7 +278,6 @@ class Bench {
 
 nlohmann::json Environment(Bench& bench) {
   return {{"date", tierd::bench::TodayUtc()},
-          {"answer_spin_us", absl::GetFlag(FLAGS_answer_spin_us)},
           {"device", bench.session().info().device()},
           {"model", bench.model()}};
 }
@@ -585,6 +584,36 @@ nlohmann::json Duplex(Bench& bench) {
 
 // ---- latency ------------------------------------------------------------------------------------
 
+// The floor any request/answer between two processes pays on this machine: a 64-byte message to
+// a child process over a Unix socket pair and the child's 64-byte answer, both sides blocking in
+// read(). Microseconds per round trip.
+std::vector<double> UnixSocketPingPong(int round_trips) {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) Die("socketpair failed");
+  char message[64] = {};
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(fds[0]);
+    while (::read(fds[1], message, sizeof(message)) == sizeof(message)) {
+      if (::write(fds[1], message, sizeof(message)) != sizeof(message)) break;
+    }
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::vector<double> us;
+  for (int i = 0; i < round_trips; ++i) {
+    const Clock::time_point start = Clock::now();
+    if (::write(fds[0], message, sizeof(message)) != sizeof(message) ||
+        ::read(fds[0], message, sizeof(message)) != sizeof(message)) {
+      Die("ping-pong over the socket pair failed");
+    }
+    us.push_back(SecondsSince(start) * 1e6);
+  }
+  ::close(fds[0]);
+  ::waitpid(child, nullptr, 0);
+  return us;
+}
+
 nlohmann::json Latency(Bench& bench) {
   const Object& object = *std::min_element(
       bench.objects().begin(), bench.objects().end(),
@@ -625,6 +654,7 @@ nlohmann::json Latency(Bench& bench) {
     unary_us.push_back(SecondsSince(start) * 1e6);
   }
   Check(bench.session().Unpin(object.key), "unpin");
+  const std::vector<double> socket_us = UnixSocketPingPong(fetches);
   auto summary = [](const std::vector<double>& us) {
     return nlohmann::json{{"count", us.size()},
                           {"p50_us", Percentile(us, 0.50)},
@@ -635,10 +665,11 @@ nlohmann::json Latency(Bench& bench) {
   };
   Progress(absl::StrFormat(
       "latency: fetch p50 %.1f us, p99 %.1f us (targets 50, 200); releases batched: p50 %.1f us, "
-      "p99 %.1f us; session round trip p50 %.1f us, p99 %.1f; unary GetStats p50 %.1f us",
+      "p99 %.1f us; session round trip p50 %.1f us, p99 %.1f; unary GetStats p50 %.1f us; Unix "
+      "socket ping-pong p50 %.1f us, p99 %.1f us",
       Percentile(fetch_us, 0.5), Percentile(fetch_us, 0.99), Percentile(batched_us, 0.5),
       Percentile(batched_us, 0.99), Percentile(session_us, 0.5), Percentile(session_us, 0.99),
-      Percentile(unary_us, 0.5)));
+      Percentile(unary_us, 0.5), Percentile(socket_us, 0.5), Percentile(socket_us, 0.99)));
   nlohmann::json result = Environment(bench);
   result.update({{"benchmark", "fetch_latency"},
                  {"object_bytes", object.size},
@@ -646,7 +677,8 @@ nlohmann::json Latency(Bench& bench) {
                  {"fetch", summary(fetch_us)},
                  {"fetch_releases_batched", summary(batched_us)},
                  {"session_round_trip", summary(session_us)},
-                 {"unary_get_stats", summary(unary_us)}});
+                 {"unary_get_stats", summary(unary_us)},
+                 {"unix_socket_ping_pong", summary(socket_us)}});
   return result;
 }
 

@@ -1,6 +1,5 @@
 #include "client/session_core.h"
 
-#include <chrono>
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -31,10 +30,8 @@ absl::Status StatusOf(const v1::SessionResponse& response) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<SessionCore>> SessionCore::Start(v1::Tierd::Stub& stub,
-                                                                absl::Duration answer_spin) {
+absl::StatusOr<std::shared_ptr<SessionCore>> SessionCore::Start(v1::Tierd::Stub& stub) {
   std::shared_ptr<SessionCore> core(new SessionCore);
-  core->answer_spin_ = answer_spin;
   core->stream_ = stub.Session(&core->context_);
   if (core->stream_ == nullptr) return absl::UnavailableError("cannot start a session");
   core->reader_ = std::thread([raw = core.get()] { raw->ReadLoop(); });
@@ -119,22 +116,10 @@ absl::StatusOr<v1::SessionResponse> SessionCore::Call(v1::SessionRequest request
       return absl::UnavailableError("the session with tierd has ended");
     }
   }
-  WaitForAnswer(pending->done);
+  pending->done.WaitForNotification();
   if (!pending->response.ok()) return pending->response.status();
   if (absl::Status status = StatusOf(*pending->response); !status.ok()) return status;
   return std::move(pending->response);
-}
-
-void SessionCore::WaitForAnswer(absl::Notification& answered) const {
-  if (answer_spin_ > absl::ZeroDuration()) {
-    const auto until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(answer_spin_);
-    while (!answered.HasBeenNotified() && std::chrono::steady_clock::now() < until) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-    }
-  }
-  answered.WaitForNotification();
 }
 
 absl::Status SessionCore::Send(v1::SessionRequest request,

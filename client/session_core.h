@@ -15,8 +15,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
-#include "absl/time/time.h"
 #include "device/device.h"
 #include "tierd/v1/tierd.grpc.pb.h"
 
@@ -24,10 +22,8 @@ namespace tierd {
 
 class SessionCore {
  public:
-  // Starts the stream and the reader thread. Call Open next. Call spins up to `answer_spin` for
-  // its answer before it sleeps.
-  static absl::StatusOr<std::shared_ptr<SessionCore>> Start(v1::Tierd::Stub& stub,
-                                                            absl::Duration answer_spin);
+  // Starts the stream and the reader thread. Call Open next.
+  static absl::StatusOr<std::shared_ptr<SessionCore>> Start(v1::Tierd::Stub& stub);
   // Ends the stream (the daemon releases what the session holds) and joins the reader.
   ~SessionCore();
   SessionCore(const SessionCore&) = delete;
@@ -59,11 +55,8 @@ class SessionCore {
   struct Pending;
   SessionCore() = default;
   void ReadLoop() ABSL_LOCKS_EXCLUDED(mu_);
-  // Spins up to answer_spin_ for `answered`, then sleeps until it is notified.
-  void WaitForAnswer(absl::Notification& answered) const;
 
   std::shared_ptr<Device> device_;
-  absl::Duration answer_spin_;
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
   absl::Mutex write_mu_;  // one Write at a time; taken before mu_ is never needed

@@ -248,8 +248,7 @@ absl::StatusOr<std::shared_ptr<Device>> Client::DeviceFor(const v1::SessionOpene
 }
 
 absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
-  absl::StatusOr<std::shared_ptr<SessionCore>> core =
-      SessionCore::Start(*stub_, options_.answer_spin);
+  absl::StatusOr<std::shared_ptr<SessionCore>> core = SessionCore::Start(*stub_);
   if (!core.ok()) return core.status();
   v1::SessionRequest open;
   open.mutable_open()->set_client_name(options_.client_name);

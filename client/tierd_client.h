@@ -41,11 +41,6 @@ struct ClientOptions {
   std::string client_name;
   // Deadline of each unary call; sessions have none.
   absl::Duration call_timeout = absl::Seconds(30);
-  // How long a thread waiting for a session answer (a fetch's, say) spins before it sleeps. An
-  // answer that comes within it is picked up without the cost of waking a sleeping thread, tens of
-  // microseconds on a virtual machine; the price is at most this much CPU per call. 0: always
-  // sleep.
-  absl::Duration answer_spin = absl::Microseconds(50);
 };
 
 // A fetched object in a daemon staging buffer. Valid until released; its bytes do not change

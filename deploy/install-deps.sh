@@ -11,6 +11,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libabsl-dev liburing-dev libsystemd-dev libxxhash-dev libre2-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev
+  fio
 )
 
 missing=()
