@@ -30,10 +30,9 @@ absl::Status StatusOf(const v1::SessionResponse& response) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<SessionCore>> SessionCore::Start(v1::Tierd::Stub& stub) {
+std::shared_ptr<SessionCore> SessionCore::Start(std::unique_ptr<SessionTransport> transport) {
   std::shared_ptr<SessionCore> core(new SessionCore);
-  core->stream_ = stub.Session(&core->context_);
-  if (core->stream_ == nullptr) return absl::UnavailableError("cannot start a session");
+  core->transport_ = std::move(transport);
   core->reader_ = std::thread([raw = core.get()] { raw->ReadLoop(); });
   return core;
 }
@@ -41,16 +40,15 @@ absl::StatusOr<std::shared_ptr<SessionCore>> SessionCore::Start(v1::Tierd::Stub&
 SessionCore::~SessionCore() {
   {
     absl::MutexLock lock(&write_mu_);
-    stream_->WritesDone();
+    transport_->CloseWrites();
   }
   reader_.join();
-  grpc::Status status = stream_->Finish();
-  (void)status;  // the session is over either way
+  transport_.reset();
 }
 
 void SessionCore::ReadLoop() {
   v1::SessionResponse response;
-  while (stream_->Read(&response)) {
+  while (transport_->Read(response)) {
     std::shared_ptr<Pending> pending;
     {
       absl::MutexLock lock(&mu_);
@@ -110,7 +108,7 @@ absl::StatusOr<v1::SessionResponse> SessionCore::Call(v1::SessionRequest request
   }
   {
     absl::MutexLock lock(&write_mu_);
-    if (!stream_->Write(request)) {
+    if (!transport_->Write(request)) {
       absl::MutexLock state(&mu_);
       pending_.erase(request.request_id());
       return absl::UnavailableError("the session with tierd has ended");
@@ -137,7 +135,7 @@ absl::Status SessionCore::Send(v1::SessionRequest request,
   bool written;
   {
     absl::MutexLock lock(&write_mu_);
-    written = stream_->Write(request);
+    written = transport_->Write(request);
   }
   if (!written) {
     bool still_ours;
@@ -165,7 +163,7 @@ absl::Status SessionCore::SendQuiet(v1::SessionRequest request) {
     request.set_request_id(next_request_++);
   }
   absl::MutexLock lock(&write_mu_);
-  if (!stream_->Write(request)) return absl::UnavailableError("the session with tierd has ended");
+  if (!transport_->Write(request)) return absl::UnavailableError("the session with tierd has ended");
   return absl::OkStatus();
 }
 

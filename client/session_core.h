@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "client/session_transport.h"
 #include "device/device.h"
 #include "tierd/v1/tierd.grpc.pb.h"
 
@@ -22,8 +23,8 @@ namespace tierd {
 
 class SessionCore {
  public:
-  // Starts the stream and the reader thread. Call Open next.
-  static absl::StatusOr<std::shared_ptr<SessionCore>> Start(v1::Tierd::Stub& stub);
+  // Starts the reader thread on `transport`. Call Open next.
+  static std::shared_ptr<SessionCore> Start(std::unique_ptr<SessionTransport> transport);
   // Ends the stream (the daemon releases what the session holds) and joins the reader.
   ~SessionCore();
   SessionCore(const SessionCore&) = delete;
@@ -41,6 +42,7 @@ class SessionCore {
   // a failure.
   absl::Status SendQuiet(v1::SessionRequest request) ABSL_LOCKS_EXCLUDED(mu_);
 
+  const char* transport_kind() const { return transport_->kind(); }
   void set_device(std::shared_ptr<Device> device) { device_ = std::move(device); }
   Device& device() { return *device_; }
   // Opens the handles `response` brings that this session has not opened yet.
@@ -57,8 +59,7 @@ class SessionCore {
   void ReadLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   std::shared_ptr<Device> device_;
-  grpc::ClientContext context_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
+  std::unique_ptr<SessionTransport> transport_;
   absl::Mutex write_mu_;  // one Write at a time; taken before mu_ is never needed
   absl::Mutex mu_;
   uint64_t next_request_ ABSL_GUARDED_BY(mu_) = 1;

@@ -8,6 +8,7 @@
 #include "client/health.h"
 #include "client/session_core.h"
 #include "common/grpc_poll_strategy.h"
+#include "common/session_socket.h"
 #include "device/device_factory.h"
 
 namespace tierd {
@@ -71,6 +72,7 @@ Session::~Session() {
 Device& Session::device() { return core_->device(); }
 Stream& Session::default_stream() { return *default_stream_; }
 const v1::SessionOpened& Session::info() const { return opened_; }
+const char* Session::transport() const { return core_->transport_kind(); }
 
 absl::StatusOr<Lease> Session::Fetch(const std::string& key) { return Fetch(key, *default_stream_); }
 
@@ -248,18 +250,30 @@ absl::StatusOr<std::shared_ptr<Device>> Client::DeviceFor(const v1::SessionOpene
 }
 
 absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
-  absl::StatusOr<std::shared_ptr<SessionCore>> core = SessionCore::Start(*stub_);
-  if (!core.ok()) return core.status();
+  std::unique_ptr<SessionTransport> transport;
+  if (!options_.session_socket_path.empty()) {
+    const std::string path = options_.session_socket_path == "default"
+                                 ? SessionSocketPathFor(options_.socket_path)
+                                 : options_.session_socket_path;
+    // Nothing there (an older daemon, or one started without it): the gRPC stream serves.
+    if (auto socket = ConnectSessionSocket(path); socket.ok()) transport = *std::move(socket);
+  }
+  if (transport == nullptr) {
+    absl::StatusOr<std::unique_ptr<SessionTransport>> grpc = StartGrpcSession(*stub_);
+    if (!grpc.ok()) return grpc.status();
+    transport = *std::move(grpc);
+  }
+  std::shared_ptr<SessionCore> core = SessionCore::Start(std::move(transport));
   v1::SessionRequest open;
   open.mutable_open()->set_client_name(options_.client_name);
-  absl::StatusOr<v1::SessionResponse> opened = (*core)->Call(std::move(open));
+  absl::StatusOr<v1::SessionResponse> opened = core->Call(std::move(open));
   if (!opened.ok()) return opened.status();
   absl::StatusOr<std::shared_ptr<Device>> device = DeviceFor(opened->opened());
   if (!device.ok()) return device.status();
-  (*core)->set_device(*device);
+  core->set_device(*device);
   absl::StatusOr<std::unique_ptr<Stream>> stream = (*device)->CreateStream(StreamPriority::kHigh);
   if (!stream.ok()) return stream.status();
-  std::unique_ptr<Session> session(new Session(*std::move(core)));
+  std::unique_ptr<Session> session(new Session(std::move(core)));
   session->opened_ = opened->opened();
   session->default_stream_ = *std::move(stream);
   return session;

@@ -39,6 +39,10 @@ struct ClientOptions {
   std::string socket_path = "/run/tierd/gpu0.sock";
   // Shown in the daemon's logs and stats.
   std::string client_name;
+  // Where sessions go: the daemon's session socket (tierd --session-socket), the fast path for
+  // fetches. "default" is the daemon's default, beside socket_path; empty: the gRPC Session
+  // stream. When nothing answers there, sessions use the gRPC stream.
+  std::string session_socket_path = "default";
   // Deadline of each unary call; sessions have none.
   absl::Duration call_timeout = absl::Seconds(30);
 };
@@ -104,6 +108,8 @@ class Session {
   // A stream of device(), owned by the session, for callers without one of their own.
   Stream& default_stream();
   const v1::SessionOpened& info() const;
+  // How this session's messages travel: "socket" (the session socket) or "grpc".
+  const char* transport() const;
 
   // Fetches `key` and makes `stream` wait for its bytes. Returns once the daemon has enqueued the
   // copy. Errors: the daemon's (NOT_FOUND, RESOURCE_EXHAUSTED, DATA_LOSS, ...), UNAVAILABLE when

@@ -114,6 +114,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
   if (::chmod(options.socket_path.c_str(), 0660) != 0) {
     return PosixError(absl::StrCat("chmod ", options.socket_path), errno);
   }
+  if (!options.session_socket_path.empty()) {
+    ASSIGN_OR_RETURN(daemon->session_server_,
+                     SessionSocketServer::Start(options.session_socket_path, *daemon->gpu_tier_,
+                                                SessionOptionsFor(*daemon->device_, options)));
+    TIERD_LOG(INFO) << "serving sessions on " << options.session_socket_path;
+  }
   daemon->server_->GetHealthCheckService()->SetServingStatus(true);
   TIERD_LOG(INFO) << "serving on unix:" << options.socket_path;
   return daemon;
@@ -149,6 +155,7 @@ Daemon::Daemon(DaemonOptions options, std::unique_ptr<Device> device, int state_
 
 Daemon::~Daemon() {
   Shutdown(absl::ZeroDuration());
+  session_server_.reset();
   server_.reset();
   service_.reset();
   gpu_tier_.reset();
@@ -164,9 +171,12 @@ Daemon::~Daemon() {
 void Daemon::Shutdown(absl::Duration grace) {
   if (server_ == nullptr) return;  // storage failed to start: nothing serves
   service_->StartShutdown();
+  if (session_server_ != nullptr) session_server_->StopAccepting();
   server_->GetHealthCheckService()->SetServingStatus(false);
   // grpc::Server::Shutdown is idempotent and thread-safe.
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
+  // The grace is over: sessions on the session socket end too.
+  if (session_server_ != nullptr) session_server_->Shutdown();
   ::unlink(options_.socket_path.c_str());
 }
 

@@ -12,6 +12,7 @@
 #include "device/device.h"
 #include "server/daemon_options.h"
 #include "server/gpu_tier.h"
+#include "server/session_socket_server.h"
 #include "server/tierd_service.h"
 #include "storage/catalog.h"
 #include "storage/disk_reader.h"
@@ -39,8 +40,9 @@ class Daemon {
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
 
-  // Refuses new sessions and calls (UNAVAILABLE), gives in-flight calls up to `grace` to finish,
-  // then cancels the rest: their sessions end and release what they hold.
+  // Refuses new sessions and calls (UNAVAILABLE), gives in-flight calls and open sessions (on
+  // either socket) up to `grace` to finish, then cancels the rest: their sessions end and release
+  // what they hold.
   // Idempotent; thread-safe.
   void Shutdown(absl::Duration grace);
 
@@ -65,6 +67,7 @@ class Daemon {
   std::unique_ptr<GpuTier> gpu_tier_;
   std::unique_ptr<TierdService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<SessionSocketServer> session_server_;
 };
 
 }  // namespace tierd

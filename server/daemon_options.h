@@ -15,6 +15,9 @@ namespace tierd {
 struct DaemonOptions {
   DeviceSpec device;              // --device
   std::string socket_path;        // --socket: unix socket the gRPC server listens on
+  // --session-socket: where sessions are served without gRPC (common/session_socket.h); empty:
+  // none.
+  std::string session_socket_path;
   std::string state_dir;          // --state-dir: persistent state; one daemon per directory
   uint64_t host_cache_bytes = 0;  // --host-cache-bytes: budget of the pinned host tier
   uint64_t gpu_pool_bytes = 0;    // --gpu-pool-bytes: budget of the GPU staging tier

@@ -11,6 +11,7 @@
 #include "common/byte_size.h"
 #include "common/command_line.h"
 #include "common/grpc_poll_strategy.h"
+#include "common/session_socket.h"
 #include "common/log.h"
 #include "device/device_factory.h"
 #include "server/daemon.h"
@@ -18,6 +19,9 @@
 ABSL_FLAG(std::string, device, "auto",
           "auto, host or cuda:N; auto picks cuda:0 when a GPU is visible");
 ABSL_FLAG(std::string, socket, "/run/tierd/gpu0.sock", "Unix socket to serve gRPC on");
+ABSL_FLAG(std::string, session_socket, "default",
+          "Unix socket serving sessions without gRPC, for the data path's latency; \"default\": "
+          "beside --socket (X.sock -> X.session.sock); empty: none");
 ABSL_FLAG(std::string, state_dir, "/var/lib/tierd/gpu0", "Directory for persistent state");
 ABSL_FLAG(tierd::ByteSize, host_cache_bytes, tierd::ByteSize{4ull << 30},
           "Budget of the pinned host cache, e.g. 64GiB");
@@ -55,6 +59,10 @@ int Run() {
   tierd::DaemonOptions options;
   options.device = *device;
   options.socket_path = absl::GetFlag(FLAGS_socket);
+  options.session_socket_path = absl::GetFlag(FLAGS_session_socket);
+  if (options.session_socket_path == "default") {
+    options.session_socket_path = tierd::SessionSocketPathFor(options.socket_path);
+  }
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.host_cache_bytes = absl::GetFlag(FLAGS_host_cache_bytes).bytes;
   options.gpu_pool_bytes = absl::GetFlag(FLAGS_gpu_pool_bytes).bytes;

@@ -2,7 +2,9 @@
 // api_test_cuda), clients in this process and in peer processes (api_peer), real files.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <map>
@@ -16,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "client/health.h"
 #include "client/tierd_client.h"
+#include "common/session_socket.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -357,6 +360,104 @@ TEST_F(ApiTest, TwoClientProcessesShareOneGpuCopy) {
   ExpectTensorsMatch(**session, *lease);
 }
 
+TEST_F(ApiTest, SessionsGoOverTheSessionSocketAndTheGrpcStreamAlike) {
+  auto fast = client_->OpenSession();
+  ASSERT_THAT(fast, IsOk());
+  EXPECT_STREQ((*fast)->transport(), "socket");
+  // Without the session socket (or where nothing answers on it) sessions use the gRPC stream.
+  for (const std::string& path : {std::string(), absl::StrCat(dir_.path(), "/nothing.sock")}) {
+    ClientOptions options;
+    options.socket_path = socket_path();
+    options.session_socket_path = path;
+    auto client = Client::Connect(options);
+    ASSERT_THAT(client, IsOk());
+    auto session = (*client)->OpenSession();
+    ASSERT_THAT(session, IsOk());
+    EXPECT_STREQ((*session)->transport(), "grpc");
+    auto lease = (*session)->Fetch(Key(1));
+    ASSERT_THAT(lease, IsOk());
+    ExpectTensorsMatch(**session, *lease);
+    // What one transport stores the other fetches.
+    std::string bytes(4096, '\0');
+    testing::FillPattern(bytes.data(), bytes.size(), 7);
+    StoreRequest store;
+    store.key = "acts/over_grpc";
+    store.data = bytes.data();
+    store.size = bytes.size();
+    ASSERT_THAT((*session)->StoreAsync(store), IsOk());
+    ASSERT_THAT((*session)->Flush(), IsOk());
+    auto back = (*fast)->Fetch(store.key);
+    ASSERT_THAT(back, IsOk());
+    EXPECT_EQ(Bytes(**fast, *back), bytes);
+  }
+}
+
+constexpr int Code(absl::StatusCode code) { return static_cast<int>(code); }
+
+// Connects to the session socket, sends `bytes` and nothing more (a half-close); returns what the
+// daemon sent back before it closed the connection.
+std::string SendRawToSessionSocket(const std::string& path, const std::string& bytes) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  EXPECT_THAT(SendAll(fd, bytes), IsOk());
+  ::shutdown(fd, SHUT_WR);
+  timeval timeout{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  std::string answer;
+  char buffer[4096];
+  ssize_t got;
+  while ((got = ::recv(fd, buffer, sizeof(buffer), 0)) > 0) answer.append(buffer, got);
+  EXPECT_EQ(got, 0) << "the daemon did not close the connection";
+  ::close(fd);
+  return answer;
+}
+
+TEST_F(ApiTest, TheSessionSocketClosesOnWhatIsNotItsProtocolAndKeepsServing) {
+  const std::string path = SessionSocketPathFor(socket_path());
+  const std::string hello(kSessionSocketHello);
+  // A wrong greeting: closed without an answer.
+  EXPECT_EQ(SendRawToSessionSocket(path, "GET / HTTP/1.1\r\n\r\n"), "");
+  // A frame longer than the limit, and a frame that is no SessionRequest: the greeting comes back,
+  // then the connection is closed.
+  std::string oversize = hello + std::string("\xff\xff\xff\x7f", 4);
+  EXPECT_EQ(SendRawToSessionSocket(path, oversize), hello);
+  EXPECT_EQ(SendRawToSessionSocket(path, hello + EncodeFrame(std::string(8, '\xff'))), hello);
+  // A connection that ends inside a frame: 16 bytes announced, 3 sent.
+  EXPECT_EQ(SendRawToSessionSocket(path, hello + EncodeFrame(std::string(16, 'x')).substr(0, 7)),
+            hello);
+  // A well-formed request before open is answered FAILED_PRECONDITION, like on the gRPC stream.
+  v1::SessionRequest fetch;
+  fetch.set_request_id(1);
+  fetch.mutable_fetch()->set_key(Key(0));
+  {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    ASSERT_THAT(SendAll(fd, hello + EncodeFrame(fetch.SerializeAsString())), IsOk());
+    std::string greeting(hello.size(), '\0');
+    ASSERT_THAT(ReadExactly(fd, greeting.data(), greeting.size()), IsOk());
+    std::string payload;
+    ASSERT_THAT(ReadFrame(fd, payload), IsOk());
+    v1::SessionResponse response;
+    ASSERT_TRUE(response.ParseFromString(payload));
+    EXPECT_EQ(response.request_id(), 1u);
+    EXPECT_EQ(response.code(), Code(absl::StatusCode::kFailedPrecondition));
+    ::close(fd);
+  }
+  // The daemon serves on.
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  auto lease = (*session)->Fetch(Key(0));
+  ASSERT_THAT(lease, IsOk());
+  ExpectTensorsMatch(**session, *lease);
+  EXPECT_EQ(Stats().sessions(), 1u);
+}
+
 TEST_F(ApiTest, LeasedBytesNeverChangeWhileAnotherClientForcesEviction) {
   auto holder = StartPeer({"hold", Key(0), expected_dir(), "3"});
   ASSERT_NE(holder, nullptr);
@@ -456,7 +557,6 @@ class RawSession {
   uint64_t next_id_ = 0;
 };
 
-constexpr int Code(absl::StatusCode code) { return static_cast<int>(code); }
 
 TEST_F(ApiTest, EachFailureHasItsPreciseStatus) {
   auto session = client_->OpenSession();

@@ -1,0 +1,36 @@
+// How a client Session's messages travel: over the daemon's session socket (common/session_socket.h,
+// the fast path) or over the gRPC Session stream. Internal to the client library.
+#ifndef TIERD_CLIENT_SESSION_TRANSPORT_H_
+#define TIERD_CLIENT_SESSION_TRANSPORT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "tierd/v1/tierd.grpc.pb.h"
+
+namespace tierd {
+
+class SessionTransport {
+ public:
+  virtual ~SessionTransport() = default;
+  // Sends one request. One writer at a time; may run beside Read. False once the session is over.
+  virtual bool Write(const v1::SessionRequest& request) = 0;
+  // Waits for the next response. One reader at a time. False once the session is over.
+  virtual bool Read(v1::SessionResponse& response) = 0;
+  // Sends no more: the daemon ends the session, and Read returns false after the last answer.
+  virtual void CloseWrites() = 0;
+  // "socket" or "grpc".
+  virtual const char* kind() const = 0;
+};
+
+// Connects to a daemon's session socket and exchanges the greeting. UNAVAILABLE when nothing (or
+// something else) listens at `path`.
+absl::StatusOr<std::unique_ptr<SessionTransport>> ConnectSessionSocket(const std::string& path);
+
+// Starts the gRPC Session stream. UNAVAILABLE when it cannot be started.
+absl::StatusOr<std::unique_ptr<SessionTransport>> StartGrpcSession(v1::Tierd::Stub& stub);
+
+}  // namespace tierd
+
+#endif  // TIERD_CLIENT_SESSION_TRANSPORT_H_

@@ -1,0 +1,80 @@
+#include "common/session_socket.h"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/strip.h"
+#include "absl/strings/str_cat.h"
+#include "common/posix_error.h"
+
+namespace tierd {
+
+std::string SessionSocketPathFor(const std::string& grpc_socket) {
+  absl::string_view base = grpc_socket;
+  if (absl::ConsumeSuffix(&base, ".sock")) return absl::StrCat(base, ".session.sock");
+  return absl::StrCat(grpc_socket, ".session");
+}
+
+std::string EncodeFrame(absl::string_view payload) {
+  const uint32_t length = static_cast<uint32_t>(payload.size());
+  std::string frame(4 + payload.size(), '\0');
+  for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+  std::memcpy(frame.data() + 4, payload.data(), payload.size());
+  return frame;
+}
+
+absl::Status SendAll(int fd, absl::string_view data) {
+  while (!data.empty()) {
+    const ssize_t sent = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EPIPE || errno == ECONNRESET) {
+        return absl::UnavailableError("the session socket's peer is gone");
+      }
+      return PosixError("sending on the session socket", errno);
+    }
+    data.remove_prefix(static_cast<size_t>(sent));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadExactly(int fd, char* data, size_t bytes) {
+  size_t total = 0;
+  while (total < bytes) {
+    const ssize_t got = ::recv(fd, data + total, bytes - total, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      if (errno == ECONNRESET) return absl::UnavailableError("the session socket was reset");
+      return PosixError("reading the session socket", errno);
+    }
+    if (got == 0) {
+      if (total == 0) return absl::OutOfRangeError("the session socket was closed");
+      return absl::UnavailableError("the session socket was closed inside a message");
+    }
+    total += static_cast<size_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadFrame(int fd, std::string& payload) {
+  unsigned char header[4];
+  if (absl::Status status = ReadExactly(fd, reinterpret_cast<char*>(header), 4); !status.ok()) {
+    return status;
+  }
+  const uint32_t length = header[0] | (header[1] << 8) | (header[2] << 16) |
+                          (static_cast<uint32_t>(header[3]) << 24);
+  if (length > kMaxSessionFrameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a session message of ", length,
+                                                   " bytes; the limit is ", kMaxSessionFrameBytes));
+  }
+  payload.resize(length);
+  absl::Status status = ReadExactly(fd, payload.data(), length);
+  if (absl::IsOutOfRange(status)) {
+    return absl::UnavailableError("the session socket was closed inside a message");
+  }
+  return status;
+}
+
+}  // namespace tierd

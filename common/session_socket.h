@@ -1,0 +1,46 @@
+// The session socket: a Unix stream socket beside the gRPC one that carries the Session stream's
+// messages (tierd.v1.SessionRequest / SessionResponse, the same protocol) without HTTP/2. A gRPC
+// round trip on the session stream costs 61 µs at p50 on the GPU machine, a plain Unix-socket
+// round trip 10 µs (bench/results/README.md); fetches go where the latency is.
+//
+// Wire format: the client first sends kSessionSocketHello and the daemon answers with it; then
+// each message is a frame: its length (4 bytes, little-endian, at most kMaxSessionFrameBytes)
+// followed by the serialized message. Requests go one way, responses the other, exactly as on
+// the gRPC stream; closing the connection ends the session.
+#ifndef TIERD_COMMON_SESSION_SOCKET_H_
+#define TIERD_COMMON_SESSION_SOCKET_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace tierd {
+
+inline constexpr absl::string_view kSessionSocketHello("tierd.v1.Session\n", 17);
+inline constexpr uint32_t kMaxSessionFrameBytes = 64u << 20;
+
+// Where the daemon serving gRPC on `grpc_socket` listens for sessions: "X.sock" → "X.session.sock",
+// any other path gets ".session" appended.
+std::string SessionSocketPathFor(const std::string& grpc_socket);
+
+// `payload` with its length in front.
+std::string EncodeFrame(absl::string_view payload);
+
+// Sends all of `data` (blocking), without SIGPIPE. Errors: UNAVAILABLE when the peer is gone,
+// other POSIX errors as Status.
+absl::Status SendAll(int fd, absl::string_view data);
+
+// Reads one frame into `payload`. OUT_OF_RANGE when the stream ended cleanly before a frame began;
+// UNAVAILABLE when it ended inside one or the connection broke; INVALID_ARGUMENT for a length
+// over kMaxSessionFrameBytes.
+absl::Status ReadFrame(int fd, std::string& payload);
+
+// Reads exactly `bytes` bytes. OUT_OF_RANGE when the stream ended before the first byte,
+// UNAVAILABLE when it ended later or broke.
+absl::Status ReadExactly(int fd, char* data, size_t bytes);
+
+}  // namespace tierd
+
+#endif  // TIERD_COMMON_SESSION_SOCKET_H_
