@@ -37,6 +37,7 @@ class SocketTransport final : public SessionTransport {
 class GrpcTransport final : public SessionTransport {
  public:
   ~GrpcTransport() override {
+    if (stream_ == nullptr) return;  // never started
     grpc::Status status = stream_->Finish();
     (void)status;  // the session is over either way
   }
@@ -62,18 +63,22 @@ absl::StatusOr<std::unique_ptr<SessionTransport>> ConnectSessionSocket(const std
   auto transport = std::make_unique<SocketTransport>(fd);
   address.sun_family = AF_UNIX;
   std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  // Connecting and the greeting have a deadline (a Unix connect waits while the listener's backlog
+  // is full; SO_SNDTIMEO bounds it): whatever listens there must be a tierd that answers, else the
+  // gRPC stream serves.
+  timeval timeout{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
     return absl::UnavailableError(absl::StrCat("connecting to ", path, ": ", std::strerror(errno)));
   }
-  // The greeting, with a deadline: whatever listens there must be a tierd that answers.
-  timeval timeout{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   std::string hello(kSessionSocketHello.size(), '\0');
   if (!SendAll(fd, kSessionSocketHello).ok() ||
       !ReadExactly(fd, hello.data(), hello.size()).ok() || hello != kSessionSocketHello) {
     return absl::UnavailableError(absl::StrCat(path, " is not a tierd session socket"));
   }
   timeval none{0, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
   return transport;
 }

@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -69,12 +70,19 @@ absl::Status ReadFrame(int fd, std::string& payload) {
     return absl::InvalidArgumentError(absl::StrCat("a session message of ", length,
                                                    " bytes; the limit is ", kMaxSessionFrameBytes));
   }
-  payload.resize(length);
-  absl::Status status = ReadExactly(fd, payload.data(), length);
-  if (absl::IsOutOfRange(status)) {
-    return absl::UnavailableError("the session socket was closed inside a message");
+  // Grown as the bytes arrive: a length alone does not get its memory.
+  constexpr uint32_t kStep = 1u << 20;
+  payload.clear();
+  while (payload.size() < length) {
+    const size_t at = payload.size();
+    payload.resize(at + std::min<uint32_t>(kStep, length - static_cast<uint32_t>(at)));
+    absl::Status status = ReadExactly(fd, payload.data() + at, payload.size() - at);
+    if (absl::IsOutOfRange(status)) {
+      return absl::UnavailableError("the session socket was closed inside a message");
+    }
+    if (!status.ok()) return status;
   }
-  return status;
+  return absl::OkStatus();
 }
 
 }  // namespace tierd

@@ -19,7 +19,8 @@
 namespace tierd {
 
 inline constexpr absl::string_view kSessionSocketHello("tierd.v1.Session\n", 17);
-inline constexpr uint32_t kMaxSessionFrameBytes = 64u << 20;
+// A message's limit: a stored object's tensor index (65536 tensors at most) fits well within it.
+inline constexpr uint32_t kMaxSessionFrameBytes = 16u << 20;
 
 // Where the daemon serving gRPC on `grpc_socket` listens for sessions: "X.sock" → "X.session.sock",
 // any other path gets ".session" appended.

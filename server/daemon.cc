@@ -170,13 +170,14 @@ Daemon::~Daemon() {
 
 void Daemon::Shutdown(absl::Duration grace) {
   if (server_ == nullptr) return;  // storage failed to start: nothing serves
+  const absl::Time deadline = absl::Now() + grace;
   service_->StartShutdown();
   if (session_server_ != nullptr) session_server_->StopAccepting();
   server_->GetHealthCheckService()->SetServingStatus(false);
   // grpc::Server::Shutdown is idempotent and thread-safe.
-  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace));
-  // The grace is over: sessions on the session socket end too.
-  if (session_server_ != nullptr) session_server_->Shutdown();
+  server_->Shutdown(absl::ToChronoTime(deadline));
+  // Sessions on the session socket get what is left of the grace.
+  if (session_server_ != nullptr) session_server_->Shutdown(deadline);
   ::unlink(options_.socket_path.c_str());
 }
 

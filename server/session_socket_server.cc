@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -20,17 +21,32 @@ namespace tierd {
 
 struct SessionSocketServer::Connection {
   explicit Connection(int fd) : fd(fd) {}
-  ~Connection() { ::close(fd); }
+  ~Connection() {
+    if (fd >= 0) ::close(fd);
+  }
 
-  const int fd;
+  // Shuts the socket down (waking its reader and writer) unless it is closed already.
+  void ShutDown() ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    ShutDownLocked();
+  }
+  void ShutDownLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    closed = true;
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  }
+
   absl::Mutex mu;
+  // Closed by the reader once the writer is joined, under mu: whoever holds mu and sees it >= 0
+  // may use it.
+  int fd ABSL_GUARDED_BY(mu);
   std::deque<std::string> queue ABSL_GUARDED_BY(mu);  // frames (or their rests) not yet sent
   uint64_t queued_bytes ABSL_GUARDED_BY(mu) = 0;
   bool writer_busy ABSL_GUARDED_BY(mu) = false;  // sending the frame it took off the queue
-  bool closed ABSL_GUARDED_BY(mu) = false;
-  bool finished ABSL_GUARDED_BY(mu) = false;  // the reader is done: ready to be joined
+  bool reads_done ABSL_GUARDED_BY(mu) = false;   // the client half-closed: send what is queued
+  bool closed ABSL_GUARDED_BY(mu) = false;       // nothing more is sent
+  bool finished ABSL_GUARDED_BY(mu) = false;     // the reader is done: ready to be joined
   std::thread reader;
-  std::thread writer;
+  std::thread writer;  // started and joined by the reader
 };
 
 absl::StatusOr<std::unique_ptr<SessionSocketServer>> SessionSocketServer::Start(
@@ -41,10 +57,16 @@ absl::StatusOr<std::unique_ptr<SessionSocketServer>> SessionSocketServer::Start(
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   std::memcpy(address.sun_path, path.c_str(), path.size() + 1);  // PrepareSocketPath checked it
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      ::chmod(path.c_str(), 0660) != 0 || ::listen(fd, 128) != 0) {
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
     const int error = errno;
     ::close(fd);
+    return PosixError(absl::StrCat("binding ", path), error);
+  }
+  // Whoever may use the GPU through this daemon is in the socket's group; nobody else.
+  if (::chmod(path.c_str(), 0660) != 0 || ::listen(fd, 128) != 0) {
+    const int error = errno;
+    ::close(fd);
+    ::unlink(path.c_str());
     return PosixError(absl::StrCat("listening on ", path), error);
   }
   std::unique_ptr<SessionSocketServer> server(
@@ -58,14 +80,20 @@ SessionSocketServer::SessionSocketServer(std::string path, int listen_fd, GpuTie
     : path_(std::move(path)), listen_fd_(listen_fd), tier_(tier), options_(std::move(options)) {}
 
 SessionSocketServer::~SessionSocketServer() {
-  Shutdown();
+  Shutdown(absl::Now());
   ::close(listen_fd_);
 }
 
 void SessionSocketServer::StopAccepting() {
+  absl::MutexLock lock(&shutdown_mu_);
+  StopAcceptingLocked();
+}
+
+void SessionSocketServer::StopAcceptingLocked() {
+  if (!accepting_) return;
+  accepting_ = false;
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_) return;
     stopping_ = true;
   }
   ::shutdown(listen_fd_, SHUT_RDWR);  // wakes accept()
@@ -73,36 +101,51 @@ void SessionSocketServer::StopAccepting() {
   ::unlink(path_.c_str());
 }
 
-void SessionSocketServer::Shutdown() {
-  StopAccepting();
+void SessionSocketServer::Shutdown(absl::Time deadline) {
+  absl::MutexLock serialize(&shutdown_mu_);
+  StopAcceptingLocked();
   std::list<std::shared_ptr<Connection>> connections;
   {
     absl::MutexLock lock(&mu_);
-    if (ended_) return;
-    ended_ = true;
+    // Sessions their clients end within the grace end on their own.
+    mu_.AwaitWithDeadline(
+        absl::Condition(
+            +[](int* active) { return *active == 0; }, &active_),
+        deadline);
     connections.swap(connections_);
   }
-  for (const std::shared_ptr<Connection>& connection : connections) {
-    ::shutdown(connection->fd, SHUT_RDWR);  // the reader sees the end and closes the session
-  }
+  for (const std::shared_ptr<Connection>& connection : connections) connection->ShutDown();
   for (const std::shared_ptr<Connection>& connection : connections) connection->reader.join();
 }
 
 void SessionSocketServer::AcceptLoop() {
   while (true) {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    const int error = errno;
     absl::MutexLock lock(&mu_);
     if (stopping_) {
       if (fd >= 0) ::close(fd);
       return;
     }
+    ReapLocked();
     if (fd < 0) {
-      if (errno != EINTR && errno != ECONNABORTED) {
-        TIERD_LOG(WARNING) << "accepting on " << path_ << ": " << std::strerror(errno);
+      if (error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM) {
+        // Out of descriptors or memory: the connection waits in the backlog; try again later
+        // rather than spin.
+        TIERD_LOG(WARNING) << "accepting on " << path_ << ": " << std::strerror(error)
+                           << "; retrying in 100 ms";
+        mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(100));
+      } else if (error != EINTR && error != ECONNABORTED) {
+        TIERD_LOG(WARNING) << "accepting on " << path_ << ": " << std::strerror(error);
       }
       continue;
     }
-    ReapLocked();
+    if (active_ >= kMaxConnections) {
+      TIERD_LOG(WARNING) << "session socket: " << active_ << " connections already; refusing one";
+      ::close(fd);
+      continue;
+    }
+    ++active_;
     auto connection = std::make_shared<Connection>(fd);
     connection->reader = std::thread([this, connection] { Serve(connection); });
     connections_.push_back(std::move(connection));
@@ -126,12 +169,22 @@ void SessionSocketServer::ReapLocked() {
 }
 
 void SessionSocketServer::Serve(const std::shared_ptr<Connection>& connection) {
+  int fd;
+  {
+    absl::MutexLock lock(&connection->mu);
+    fd = connection->fd;  // stays open until this thread closes it below
+  }
+  const auto set_receive_timeout = [fd](absl::Duration timeout) {
+    const timeval value = absl::ToTimeval(timeout);
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &value, sizeof(value));
+  };
+  set_receive_timeout(kGreetingTimeout);
   std::string hello(kSessionSocketHello.size(), '\0');
-  std::shared_ptr<SessionProtocol> protocol;
-  if (ReadExactly(connection->fd, hello.data(), hello.size()).ok() &&
-      hello == kSessionSocketHello && SendAll(connection->fd, kSessionSocketHello).ok()) {
+  if (ReadExactly(fd, hello.data(), hello.size()).ok() && hello == kSessionSocketHello &&
+      SendAll(fd, kSessionSocketHello).ok()) {
+    set_receive_timeout(absl::ZeroDuration());
     connection->writer = std::thread([connection] { WriteLoop(connection); });
-    protocol = std::make_shared<SessionProtocol>(
+    auto protocol = std::make_shared<SessionProtocol>(
         tier_, options_, [weak = std::weak_ptr<Connection>(connection)](v1::SessionResponse r) {
           if (std::shared_ptr<Connection> live = weak.lock()) {
             Enqueue(live, EncodeFrame(r.SerializeAsString()));
@@ -139,10 +192,12 @@ void SessionSocketServer::Serve(const std::shared_ptr<Connection>& connection) {
         });
     std::string payload;
     v1::SessionRequest request;
+    bool clean_end = false;
     while (true) {
-      absl::Status status = ReadFrame(connection->fd, payload);
+      absl::Status status = ReadFrame(fd, payload);
       if (!status.ok()) {
-        if (!absl::IsOutOfRange(status) && !absl::IsUnavailable(status)) {
+        clean_end = absl::IsOutOfRange(status);
+        if (!clean_end && !absl::IsUnavailable(status)) {
           TIERD_LOG(WARNING) << "session socket: " << status << "; closing the session";
         }
         break;
@@ -155,14 +210,28 @@ void SessionSocketServer::Serve(const std::shared_ptr<Connection>& connection) {
       protocol->Handle(request);
     }
     protocol->Close();
+    {
+      absl::MutexLock lock(&connection->mu);
+      // A client that half-closed still reads: the answers already queued go out first.
+      if (clean_end) {
+        connection->reads_done = true;
+      } else {
+        connection->ShutDownLocked();
+      }
+    }
+    connection->writer.join();
   }
   {
     absl::MutexLock lock(&connection->mu);
-    connection->closed = true;
+    connection->ShutDownLocked();
+    ::close(connection->fd);
+    connection->fd = -1;
   }
-  ::shutdown(connection->fd, SHUT_RDWR);  // a writer blocked in send() gives up
-  if (connection->writer.joinable()) connection->writer.join();
-  absl::MutexLock lock(&connection->mu);
+  // Last, and in the lock order (mu_, then the connection's): once `finished` is set the acceptor
+  // may join this thread while holding mu_, so nothing after it may wait for mu_.
+  absl::MutexLock lock(&mu_);
+  --active_;
+  absl::MutexLock connection_lock(&connection->mu);
   connection->finished = true;
 }
 
@@ -176,8 +245,7 @@ void SessionSocketServer::Enqueue(const std::shared_ptr<Connection>& connection,
         ::send(connection->fd, frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
     if (sent == static_cast<ssize_t>(frame.size())) return;
     if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      connection->closed = true;
-      ::shutdown(connection->fd, SHUT_RDWR);
+      connection->ShutDownLocked();
       return;
     }
     if (sent > 0) frame.erase(0, static_cast<size_t>(sent));
@@ -185,8 +253,7 @@ void SessionSocketServer::Enqueue(const std::shared_ptr<Connection>& connection,
   if (connection->queued_bytes + frame.size() > kMaxQueuedBytes) {
     TIERD_LOG(WARNING) << "session socket: the client has not read "
                        << connection->queued_bytes << " bytes of answers; closing its session";
-    connection->closed = true;
-    ::shutdown(connection->fd, SHUT_RDWR);
+    connection->ShutDownLocked();
     return;
   }
   connection->queued_bytes += frame.size();
@@ -196,25 +263,26 @@ void SessionSocketServer::Enqueue(const std::shared_ptr<Connection>& connection,
 void SessionSocketServer::WriteLoop(const std::shared_ptr<Connection>& connection) {
   while (true) {
     std::string frame;
+    int fd;
     {
       absl::MutexLock lock(&connection->mu);
       connection->mu.Await(absl::Condition(
           +[](Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
-            return c->closed || !c->queue.empty();
+            return c->closed || !c->queue.empty() || c->reads_done;
           },
           connection.get()));
-      if (connection->closed) return;
+      if (connection->closed || connection->queue.empty()) return;  // closed, or all sent
       frame = std::move(connection->queue.front());
       connection->queue.pop_front();
       connection->writer_busy = true;
+      fd = connection->fd;  // the reader closes it only after joining this thread
     }
-    const absl::Status sent = SendAll(connection->fd, frame);
+    const absl::Status sent = SendAll(fd, frame);
     absl::MutexLock lock(&connection->mu);
     connection->writer_busy = false;
     connection->queued_bytes -= frame.size();
     if (!sent.ok()) {
-      connection->closed = true;
-      ::shutdown(connection->fd, SHUT_RDWR);
+      connection->ShutDownLocked();
       return;
     }
   }

@@ -3,8 +3,9 @@
 //
 // One reader thread per connection feeds SessionProtocol, in order. Answers are sent at once when
 // the socket takes them without blocking, and otherwise queued for the connection's writer thread,
-// so SessionProtocol's `send` never blocks. A client that stops reading while more than
-// kMaxQueuedBytes of answers wait is disconnected (its session ends and what it held is released).
+// so SessionProtocol's `send` never blocks. Limits: at most kMaxConnections connections; a client
+// must greet within kGreetingTimeout; one that stops reading while more than kMaxQueuedBytes of
+// answers wait is disconnected. A disconnected session ends and what it held is released.
 //
 // Thread-safe.
 #ifndef TIERD_SERVER_SESSION_SOCKET_SERVER_H_
@@ -19,6 +20,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/gpu_tier.h"
 #include "server/session.h"
 
@@ -27,43 +29,49 @@ namespace tierd {
 class SessionSocketServer {
  public:
   static constexpr uint64_t kMaxQueuedBytes = 256ull << 20;
+  static constexpr int kMaxConnections = 1024;
+  static constexpr absl::Duration kGreetingTimeout = absl::Seconds(5);
 
   // Binds `path` (replacing a stale socket; refusing one a live server answers on), makes it
   // mode 0660 and starts accepting. `tier` must outlive the server.
   static absl::StatusOr<std::unique_ptr<SessionSocketServer>> Start(const std::string& path,
                                                                     GpuTier& tier,
                                                                     SessionOptions options);
-  // Shutdown(), then joins every thread.
+  // Shutdown(now), then joins every thread.
   ~SessionSocketServer();
   SessionSocketServer(const SessionSocketServer&) = delete;
   SessionSocketServer& operator=(const SessionSocketServer&) = delete;
 
   // Refuses new connections and removes the socket file; sessions already open go on.
-  // Idempotent.
-  void StopAccepting() ABSL_LOCKS_EXCLUDED(mu_);
-  // StopAccepting(), then ends every session (what they hold is released). Idempotent.
-  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+  void StopAccepting() ABSL_LOCKS_EXCLUDED(mu_, shutdown_mu_);
+  // StopAccepting(), lets open sessions run until their clients end them or `deadline` passes,
+  // then ends the rest (what they hold is released) and joins their threads. Callers are
+  // serialized; later calls find nothing left to do.
+  void Shutdown(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_, shutdown_mu_);
 
   const std::string& path() const { return path_; }
 
  private:
   struct Connection;
   SessionSocketServer(std::string path, int listen_fd, GpuTier& tier, SessionOptions options);
+  void StopAcceptingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shutdown_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   void AcceptLoop() ABSL_LOCKS_EXCLUDED(mu_);
-  void Serve(const std::shared_ptr<Connection>& connection);
+  void Serve(const std::shared_ptr<Connection>& connection) ABSL_LOCKS_EXCLUDED(mu_);
   static void Enqueue(const std::shared_ptr<Connection>& connection, std::string frame);
   static void WriteLoop(const std::shared_ptr<Connection>& connection);
-  // Joins and forgets connections whose sessions are over.
+  // Joins and forgets connections whose readers are done.
   void ReapLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
   const int listen_fd_;
   GpuTier& tier_;
   const SessionOptions options_;
+  absl::Mutex shutdown_mu_;  // held through StopAccepting and Shutdown; taken before mu_
+  bool accepting_ ABSL_GUARDED_BY(shutdown_mu_) = true;
   absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // accepting no more
-  bool ended_ ABSL_GUARDED_BY(mu_) = false;     // sessions ended
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // the acceptor is to stop
   std::list<std::shared_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
+  int active_ ABSL_GUARDED_BY(mu_) = 0;  // connections whose reader still runs
   std::thread acceptor_;
 };
 
