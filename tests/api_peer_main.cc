@@ -12,7 +12,8 @@
 //   api_peer slow-read SOCKET KEY EXPECTED_DIR DELAY_MS
 //       fetch KEY, enqueue a read of it that starts DELAY_MS later (on CUDA a kernel that waits on
 //       the GPU, on the host backend a stalled stream), release the lease at once and print
-//       "released"; then wait for the read and compare what it read with the expected tensors.
+//       "released" once the daemon has the release; then wait for the read and compare what it
+//       read with the expected tensors.
 #include <unistd.h>
 
 #include <cstdio>
@@ -165,6 +166,12 @@ int SlowRead(tierd::Client& client, const std::string& key, const std::string& e
                                         absl::Milliseconds(delay_ms));
   if (!status.ok()) return Fail(status);
   lease->Release(**stream);  // the done event completes only after the slow copy
+  // A release is sent without waiting for an answer; a request answered after it (one session's
+  // requests are handled in order) says the daemon has it before "released" is printed.
+  if (absl::Status barrier = (*session)->Unpin("barrier/never-pinned");
+      barrier.code() != absl::StatusCode::kFailedPrecondition) {
+    return Fail(barrier);
+  }
   std::printf("released\n");
   std::fflush(stdout);
   if (status = device.SynchronizeStream(**stream); !status.ok()) return Fail(status);
