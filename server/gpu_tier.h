@@ -291,7 +291,8 @@ class GpuTier {
   uint64_t host_fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t host_reservations_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   GpuTierStats stats_ ABSL_GUARDED_BY(mu_);
-  // Last, so it goes first: a close-grace callback still pending runs while the rest is alive.
+  // Close-grace callbacks and the device calls of drains (StartDrainLocked). Last, so it goes
+  // first: what is still pending runs while the rest is alive.
   TimerThread timer_;
 };
 
