@@ -97,18 +97,35 @@ int Verify(tierd::Client& client, const std::string& model, const std::string& e
   return 0;
 }
 
-int Hold(tierd::Client& client, const std::string& key, const std::string& expected_dir,
-         int seconds) {
+// A lease and the session it belongs to (declared first, so destroyed last).
+struct Held {
+  std::unique_ptr<tierd::Session> session;
+  tierd::Lease lease;
+};
+
+// Opens a session, fetches `key` and prints "holding".
+absl::StatusOr<Held> FetchAndHold(tierd::Client& client, const std::string& key) {
+  Held held;
   absl::StatusOr<std::unique_ptr<tierd::Session>> session = client.OpenSession();
-  if (!session.ok()) return Fail(session.status());
-  absl::StatusOr<tierd::Lease> lease = (*session)->Fetch(key);
-  if (!lease.ok()) return Fail(lease.status());
+  if (!session.ok()) return session.status();
+  held.session = *std::move(session);
+  absl::StatusOr<tierd::Lease> lease = held.session->Fetch(key);
+  if (!lease.ok()) return lease.status();
+  held.lease = *std::move(lease);
   std::printf("holding\n");
   std::fflush(stdout);
+  return held;
+}
+
+int Hold(tierd::Client& client, const std::string& key, const std::string& expected_dir,
+         int seconds) {
+  absl::StatusOr<Held> held = FetchAndHold(client, key);
+  if (!held.ok()) return Fail(held.status());
   const absl::Time end = absl::Now() + absl::Seconds(seconds);
   int checks = 0;
   while (absl::Now() < end) {
-    if (absl::Status status = CheckLease(**session, *lease, expected_dir); !status.ok()) {
+    if (absl::Status status = CheckLease(*held->session, held->lease, expected_dir);
+        !status.ok()) {
       return Fail(status);
     }
     ++checks;
@@ -119,12 +136,8 @@ int Hold(tierd::Client& client, const std::string& key, const std::string& expec
 }
 
 int HoldForever(tierd::Client& client, const std::string& key) {
-  absl::StatusOr<std::unique_ptr<tierd::Session>> session = client.OpenSession();
-  if (!session.ok()) return Fail(session.status());
-  absl::StatusOr<tierd::Lease> lease = (*session)->Fetch(key);
-  if (!lease.ok()) return Fail(lease.status());
-  std::printf("holding\n");
-  std::fflush(stdout);
+  absl::StatusOr<Held> held = FetchAndHold(client, key);
+  if (!held.ok()) return Fail(held.status());
   while (true) ::pause();
 }
 

@@ -394,14 +394,20 @@ TEST_F(ApiTest, SessionsGoOverTheSessionSocketAndTheGrpcStreamAlike) {
 
 constexpr int Code(absl::StatusCode code) { return static_cast<int>(code); }
 
-// Connects to the session socket, sends `bytes` and nothing more (a half-close); returns what the
-// daemon sent back before it closed the connection.
-std::string SendRawToSessionSocket(const std::string& path, const std::string& bytes) {
+// A socket connected to the Unix socket at `path`.
+int ConnectUnix(const std::string& path) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0) << path;
+  return fd;
+}
+
+// Connects to the session socket, sends `bytes` and nothing more (a half-close); returns what the
+// daemon sent back before it closed the connection.
+std::string SendRawToSessionSocket(const std::string& path, const std::string& bytes) {
+  const int fd = ConnectUnix(path);
   EXPECT_THAT(SendAll(fd, bytes), IsOk());
   ::shutdown(fd, SHUT_WR);
   timeval timeout{10, 0};
@@ -435,11 +441,7 @@ TEST_F(ApiTest, TheSessionSocketClosesOnWhatIsNotItsProtocolAndKeepsServing) {
   fetch.set_request_id(1);
   fetch.mutable_fetch()->set_key(Key(0));
   {
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un address{};
-    address.sun_family = AF_UNIX;
-    std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    const int fd = ConnectUnix(path);
     ASSERT_THAT(SendAll(fd, hello + EncodeFrame(fetch.SerializeAsString())), IsOk());
     std::string greeting(hello.size(), '\0');
     ASSERT_THAT(ReadExactly(fd, greeting.data(), greeting.size()), IsOk());
