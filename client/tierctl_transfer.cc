@@ -157,6 +157,8 @@ absl::StatusOr<uint64_t> PutFileAsObject(Client& client, const std::string& key,
   const absl::Status synchronized = device.SynchronizeStream(stream);
   RETURN_IF_ERROR(stored);
   RETURN_IF_ERROR(synchronized);
+  // The commit's own outcome (the host tier may refuse it).
+  RETURN_IF_ERROR(session->Flush());
   return size;
 }
 

@@ -7,7 +7,6 @@
 #include "absl/synchronization/notification.h"
 #include "client/health.h"
 #include "client/session_core.h"
-#include "common/grpc_poll_strategy.h"
 #include "common/session_socket.h"
 #include "device/device_factory.h"
 
@@ -212,7 +211,6 @@ absl::StatusOr<v1::EvictResponse> Session::Evict(const std::string& key_or_prefi
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.socket_path.empty()) return absl::InvalidArgumentError("no socket path");
-  PreferLowLatencyPolling();
   grpc::ChannelArguments arguments;
   // Staging handles are small, but a model's object list can be long.
   arguments.SetMaxReceiveMessageSize(64 << 20);

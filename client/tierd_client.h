@@ -150,9 +150,7 @@ class Session {
 class Client {
  public:
   // Connects to the daemon at options.socket_path (without waiting for it: calls fail UNAVAILABLE
-  // while it is not there). Unless the environment names a gRPC poll strategy, this sets
-  // GRPC_POLL_STRATEGY=poll, which cuts a fetch's latency (common/grpc_poll_strategy.h); it takes
-  // effect only when this is the process's first use of gRPC.
+  // while it is not there).
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
   ~Client();
   Client(const Client&) = delete;

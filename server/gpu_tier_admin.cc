@@ -110,7 +110,8 @@ absl::StatusOr<EvictResult> GpuTier::Evict(const std::string& key_or_prefix, Evi
   std::set<std::string> evicted;
   std::set<std::string> skipped;
   bool known = false;
-  std::vector<std::string> host_keys;
+  // A set: a stored object is listed both here and by the host tier, and is evicted once.
+  std::set<std::string> host_keys;
   {
     absl::MutexLock lock(&mu_);
     std::vector<Object*> matches;
@@ -148,16 +149,16 @@ absl::StatusOr<EvictResult> GpuTier::Evict(const std::string& key_or_prefix, Evi
     if (prefix) {
       for (auto it = stored_.lower_bound(key_or_prefix);
            it != stored_.end() && absl::StartsWith(it->first, key_or_prefix); ++it) {
-        host_keys.push_back(it->first);
+        host_keys.insert(it->first);
       }
     } else {
       known = known || stored_.count(key_or_prefix) > 0;
     }
   }
   if (prefix) {
-    for (std::string& key : host_cache_.Keys(key_or_prefix)) host_keys.push_back(std::move(key));
+    for (std::string& key : host_cache_.Keys(key_or_prefix)) host_keys.insert(std::move(key));
   } else {
-    host_keys.push_back(key_or_prefix);
+    host_keys.insert(key_or_prefix);
     known = known || catalog_.Lookup(key_or_prefix).ok();
   }
   if (tier != EvictTier::kGpu) {

@@ -10,7 +10,6 @@
 #include "absl/flags/usage.h"
 #include "common/byte_size.h"
 #include "common/command_line.h"
-#include "common/grpc_poll_strategy.h"
 #include "common/session_socket.h"
 #include "common/log.h"
 #include "device/device_factory.h"
@@ -127,7 +126,6 @@ int main(int argc, char** argv) {
       "--host-cache-bytes=N --gpu-pool-bytes=N\n"
       "Flags may be spelled with dashes or underscores (--state-dir or --state_dir).");
   std::vector<std::string> positional = tierd::ParseCommandLineWithDashes(argc, argv);
-  tierd::PreferLowLatencyPolling();
   if (positional.size() > 1) {
     std::fprintf(stderr, "tierd: unexpected argument '%s'\n", positional[1].c_str());
     return kExitBadUsage;

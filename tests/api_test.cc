@@ -157,6 +157,16 @@ class ApiTest : public ::testing::Test {
     return stats.ok() ? *stats : v1::Stats();
   }
 
+  // Runs tierctl against the daemon with `args`.
+  testing::RunResult Tierctl(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {SiblingBinary("tierctl"),
+                                     absl::StrCat("--socket=", socket_path())};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto result = RunProgram(argv, kTimeout);
+    EXPECT_THAT(result, IsOk());
+    return result.ok() ? *result : testing::RunResult{};
+  }
+
   // Polls GetStats until `done` holds or `timeout` passes.
   bool WaitForStats(const std::function<bool(const v1::Stats&)>& done, absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
@@ -291,6 +301,16 @@ TEST_F(ApiTest, AStoreTheHostTierCannotHoldFailsWithResourceExhaustedAndLosesNot
   }
   EXPECT_THAT(failure, StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_THAT(std::string(failure.message()), HasSubstr("host cache full"));
+  // tierctl put reports the refused commit too.
+  const std::string file = absl::StrCat(dir_.path(), "/one-more");
+  ASSERT_THAT(testing::WriteFile(file, std::string(1 << 20, 'p')), IsOk());
+  auto put = RunProgram({"/bin/sh", "-c",
+                         absl::StrCat(SiblingBinary("tierctl"), " --socket=", socket_path(),
+                                      " put acts/one_more ", file, " --no-spill 2>&1")},
+                        kTimeout);
+  ASSERT_THAT(put, IsOk());
+  EXPECT_EQ(put->exit_code, 1) << put->output;
+  EXPECT_THAT(put->output, HasSubstr("RESOURCE_EXHAUSTED"));
   ASSERT_FALSE(stored.empty());
   // What was committed before is intact.
   for (size_t i = 0; i < stored.size(); ++i) {
@@ -390,6 +410,23 @@ TEST_F(ApiTest, SessionsGoOverTheSessionSocketAndTheGrpcStreamAlike) {
     ASSERT_THAT(back, IsOk());
     EXPECT_EQ(Bytes(**fast, *back), bytes);
   }
+}
+
+TEST_F(ApiTest, EvictingAPrefixFromTheHostTierCountsEachStoredObjectOnce) {
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  std::string bytes(64 * 1024, '\0');
+  testing::FillPattern(bytes.data(), bytes.size(), 9);
+  StoreRequest store;
+  store.key = "acts/one";
+  store.data = bytes.data();
+  store.size = bytes.size();
+  ASSERT_THAT((*session)->StoreAsync(store), IsOk());
+  ASSERT_THAT((*session)->Flush(), IsOk());
+  auto evicted = client_->Evict("acts/", v1::TIER_HOST);
+  ASSERT_THAT(evicted, IsOk());
+  EXPECT_EQ(evicted->evicted(), 1u);
+  EXPECT_EQ(evicted->skipped(), 0u);
 }
 
 constexpr int Code(absl::StatusCode code) { return static_cast<int>(code); }
@@ -675,37 +712,29 @@ TEST_F(ApiTest, ADroppedAndReRegisteredModelNeverServesItsOldBytes) {
 }
 
 TEST_F(ApiTest, TierctlCommandsWorkAndFailWithTheStatusName) {
-  auto tierctl = [&](const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {SiblingBinary("tierctl"),
-                                     absl::StrCat("--socket=", socket_path())};
-    argv.insert(argv.end(), args.begin(), args.end());
-    auto result = RunProgram(argv, kTimeout);
-    EXPECT_THAT(result, IsOk());
-    return result.ok() ? *result : testing::RunResult{};
-  };
-  auto loaded = tierctl({"load", "p", model_dir("model"), "--group=tensor"});
+  auto loaded = Tierctl({"load", "p", model_dir("model"), "--group=tensor"});
   EXPECT_EQ(loaded.exit_code, 0) << loaded.output;
   EXPECT_THAT(loaded.output, HasSubstr("16 tensors"));
-  EXPECT_THAT(tierctl({"ls"}).output, HasSubstr("p "));
-  EXPECT_THAT(tierctl({"ls", "m"}).output, HasSubstr("m/blocks.7"));
-  EXPECT_EQ(tierctl({"prefetch", Key(1), Key(2)}).exit_code, 0);
+  EXPECT_THAT(Tierctl({"ls"}).output, HasSubstr("p "));
+  EXPECT_THAT(Tierctl({"ls", "m"}).output, HasSubstr("m/blocks.7"));
+  EXPECT_EQ(Tierctl({"prefetch", Key(1), Key(2)}).exit_code, 0);
 
   const std::string out = absl::StrCat(dir_.path(), "/out.bin");
-  EXPECT_EQ(tierctl({"get", "p/blocks.3.ffn.up.weight", "-o", out}).exit_code, 0);
+  EXPECT_EQ(Tierctl({"get", "p/blocks.3.ffn.up.weight", "-o", out}).exit_code, 0);
   auto fetched = RunProgram({"/bin/cat", out}, kTimeout);
   ASSERT_THAT(fetched, IsOk());
   EXPECT_EQ(fetched->output, expected_["blocks.3.ffn.up.weight"]);
 
   const std::string in = absl::StrCat(dir_.path(), "/in.bin");
   ASSERT_THAT(testing::WriteFile(in, "stored through tierctl"), IsOk());
-  EXPECT_EQ(tierctl({"put", "acts/t", in}).exit_code, 0);
-  EXPECT_EQ(tierctl({"evict", "acts/t", "--tier=host"}).exit_code, 0);
-  EXPECT_EQ(tierctl({"get", "acts/t", "-o", out}).exit_code, 0);
+  EXPECT_EQ(Tierctl({"put", "acts/t", in}).exit_code, 0);
+  EXPECT_EQ(Tierctl({"evict", "acts/t", "--tier=host"}).exit_code, 0);
+  EXPECT_EQ(Tierctl({"get", "acts/t", "-o", out}).exit_code, 0);
   auto round_trip = RunProgram({"/bin/cat", out}, kTimeout);
   ASSERT_THAT(round_trip, IsOk());
   EXPECT_EQ(round_trip->output, "stored through tierctl");
 
-  auto stats = tierctl({"stats", "--json"});
+  auto stats = Tierctl({"stats", "--json"});
   ASSERT_EQ(stats.exit_code, 0);
   nlohmann::json json = nlohmann::json::parse(stats.output);
   EXPECT_EQ(json["models"], 2);
@@ -719,7 +748,7 @@ TEST_F(ApiTest, TierctlCommandsWorkAndFailWithTheStatusName) {
   ASSERT_THAT(missing, IsOk());
   EXPECT_EQ(missing->exit_code, 1);
   EXPECT_THAT(missing->output, HasSubstr("NOT_FOUND"));
-  EXPECT_EQ(tierctl({"frobnicate"}).exit_code, 2);
+  EXPECT_EQ(Tierctl({"frobnicate"}).exit_code, 2);
 }
 
 }  // namespace
