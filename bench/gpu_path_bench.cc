@@ -521,20 +521,16 @@ nlohmann::json Duplex(Bench& bench) {
   std::vector<double> tierd_runs, tierd_h2d_runs, tierd_d2h_runs, plain_runs;
   for (int run = 0; run < absl::GetFlag(FLAGS_repeat); ++run) {
     {
-      double h2d_seconds = 0;
-      double d2h_seconds = 0;
       const Clock::time_point start = Clock::now();
       std::thread h2d([&] {
-        h2d_seconds = PlainCopies(device, *plain_h2d, static_cast<uint8_t*>(to_gpu.gpu->data()),
+        PlainCopies(device, *plain_h2d, static_cast<uint8_t*>(to_gpu.gpu->data()),
                                   static_cast<const uint8_t*>(to_gpu.host->data()), buffer_bytes,
                                   h2d_sizes);
       });
-      d2h_seconds = PlainCopies(device, *plain_d2h, static_cast<uint8_t*>(from_gpu.host->data()),
+      PlainCopies(device, *plain_d2h, static_cast<uint8_t*>(from_gpu.host->data()),
                                 static_cast<const uint8_t*>(from_gpu.gpu->data()), buffer_bytes,
                                 d2h_sizes);
       h2d.join();
-      (void)h2d_seconds;
-      (void)d2h_seconds;
       plain_runs.push_back((h2d_bytes + d2h_bytes) / 1e9 / SecondsSince(start));
     }
     bench.Evict(bench.model() + "/", tierd::v1::TIER_GPU);
@@ -712,7 +708,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gpu_path_bench --mode=make-model|warm|cold|duplex|latency [--socket=SOCK] [--model=NAME] "
       "[--model-dir=DIR] [--json=OUT]");
-  std::vector<std::string> args = tierd::ParseCommandLineWithDashes(argc, argv);
+  tierd::ParseCommandLineWithDashes(argc, argv);
   std::string command;
   for (int i = 0; i < argc; ++i) absl::StrAppend(&command, i == 0 ? "" : " ", argv[i]);
   const std::string mode = absl::GetFlag(FLAGS_mode);

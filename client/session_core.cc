@@ -72,7 +72,6 @@ void SessionCore::ReadLoop() {
       pending->callback(response);
       continue;
     }
-    if (pending->done.HasBeenNotified()) continue;
     pending->response = std::move(response);
     pending->done.Notify();
     response = v1::SessionResponse();

@@ -21,7 +21,7 @@ class SocketTransport final : public SessionTransport {
   ~SocketTransport() override { ::close(fd_); }
 
   bool Write(const v1::SessionRequest& request) override {
-    return SendAll(fd_, EncodeFrame(request.SerializeAsString())).ok();
+    return SendAll(fd_, EncodeFrame(request)).ok();
   }
   bool Read(v1::SessionResponse& response) override {
     return ReadFrame(fd_, payload_).ok() && response.ParseFromString(payload_);

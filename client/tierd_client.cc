@@ -1,5 +1,6 @@
 #include "client/tierd_client.h"
 
+#include <iterator>
 #include <optional>
 #include <utility>
 
@@ -56,7 +57,6 @@ void Lease::Release() {
 struct SessionCommits {
   absl::Mutex mu;
   std::map<std::string, int> in_flight ABSL_GUARDED_BY(mu);  // by key
-  int total ABSL_GUARDED_BY(mu) = 0;
   absl::Status first_error ABSL_GUARDED_BY(mu);
 };
 
@@ -90,13 +90,15 @@ absl::StatusOr<Lease> Session::Fetch(const std::string& key, Stream& stream) {
   request.mutable_fetch()->set_key(key);
   absl::StatusOr<v1::SessionResponse> response = core_->Call(std::move(request));
   if (!response.ok()) return response.status();
-  const v1::Lease& granted = response->lease();
+  v1::Lease& granted = *response->mutable_lease();
   Lease lease;
   lease.session_ = core_;
   lease.lease_id_ = granted.lease_id();
   lease.key_ = granted.key();
   lease.size_ = granted.length();
-  lease.tensors_.assign(granted.tensors().begin(), granted.tensors().end());
+  // Moved out of the answer, not copied: an index can hold thousands of tensors.
+  lease.tensors_.assign(std::make_move_iterator(granted.mutable_tensors()->begin()),
+                        std::make_move_iterator(granted.mutable_tensors()->end()));
   lease.stream_ = &stream;
   // The reader thread opened the response's handles; a lookup fails only when the daemon named
   // one it never sent. Without the done event the lease cannot be released: the session's end
@@ -163,7 +165,6 @@ absl::Status Session::StoreAsync(const StoreRequest& store, Stream& stream) {
   {
     absl::MutexLock lock(&commits_->mu);
     ++commits_->in_flight[store.key];
-    ++commits_->total;
   }
   return core_->Send(std::move(commit), [commits = commits_, key = store.key](
                                             const v1::SessionResponse& answer) {
@@ -173,14 +174,15 @@ absl::Status Session::StoreAsync(const StoreRequest& store, Stream& stream) {
                                           absl::StrCat("commit of ", key, ": ", answer.message()));
     }
     if (--commits->in_flight[key] == 0) commits->in_flight.erase(key);
-    --commits->total;
   });
 }
 
 absl::Status Session::Flush() {
   absl::MutexLock lock(&commits_->mu);
   commits_->mu.Await(absl::Condition(
-      +[](SessionCommits* commits) ABSL_NO_THREAD_SAFETY_ANALYSIS { return commits->total == 0; },
+      +[](SessionCommits* commits) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return commits->in_flight.empty();
+      },
       commits_.get()));
   return std::exchange(commits_->first_error, absl::OkStatus());
 }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "common/fd_io.h"
 #include "common/posix_error.h"
 
 namespace tierd {
@@ -18,11 +19,26 @@ std::string SessionSocketPathFor(const std::string& grpc_socket) {
   return absl::StrCat(grpc_socket, ".session");
 }
 
-std::string EncodeFrame(absl::string_view payload) {
-  const uint32_t length = static_cast<uint32_t>(payload.size());
-  std::string frame(4 + payload.size(), '\0');
+namespace {
+
+// A frame of `length` payload bytes with its length written; the payload is left to the caller.
+std::string FrameOf(size_t length) {
+  std::string frame(4 + length, '\0');
   for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+  return frame;
+}
+
+}  // namespace
+
+std::string EncodeFrame(absl::string_view payload) {
+  std::string frame = FrameOf(payload.size());
   std::memcpy(frame.data() + 4, payload.data(), payload.size());
+  return frame;
+}
+
+std::string EncodeFrame(const google::protobuf::MessageLite& message) {
+  std::string frame = FrameOf(message.ByteSizeLong());
+  message.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(frame.data() + 4));
   return frame;
 }
 
@@ -42,21 +58,12 @@ absl::Status SendAll(int fd, absl::string_view data) {
 }
 
 absl::Status ReadExactly(int fd, char* data, size_t bytes) {
-  size_t total = 0;
-  while (total < bytes) {
-    const ssize_t got = ::recv(fd, data + total, bytes - total, 0);
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      if (errno == ECONNRESET) return absl::UnavailableError("the session socket was reset");
-      return PosixError("reading the session socket", errno);
-    }
-    if (got == 0) {
-      if (total == 0) return absl::OutOfRangeError("the session socket was closed");
-      return absl::UnavailableError("the session socket was closed inside a message");
-    }
-    total += static_cast<size_t>(got);
-  }
-  return absl::OkStatus();
+  // A reset connection is UNAVAILABLE (PosixError maps ECONNRESET so).
+  absl::StatusOr<size_t> got = ReadUpTo(fd, data, bytes, "the session socket");
+  if (!got.ok()) return got.status();
+  if (*got == bytes) return absl::OkStatus();
+  if (*got == 0) return absl::OutOfRangeError("the session socket was closed");
+  return absl::UnavailableError("the session socket was closed inside a message");
 }
 
 absl::Status ReadFrame(int fd, std::string& payload) {

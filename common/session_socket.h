@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "google/protobuf/message_lite.h"
 
 namespace tierd {
 
@@ -28,6 +29,8 @@ std::string SessionSocketPathFor(const std::string& grpc_socket);
 
 // `payload` with its length in front.
 std::string EncodeFrame(absl::string_view payload);
+// `message` serialized with its length in front, in one buffer (the data path's encoding).
+std::string EncodeFrame(const google::protobuf::MessageLite& message);
 
 // Sends all of `data` (blocking), without SIGPIPE. Errors: UNAVAILABLE when the peer is gone,
 // other POSIX errors as Status.

@@ -61,9 +61,4 @@ uint32_t EventPool::size() const {
   return events_.size();
 }
 
-uint32_t EventPool::in_use() const {
-  absl::MutexLock lock(&mu_);
-  return events_.size() - free_.size();
-}
-
 }  // namespace tierd

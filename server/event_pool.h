@@ -42,7 +42,6 @@ class EventPool {
   const std::string& handle(uint32_t id) const ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<EventInfo> Events() const ABSL_LOCKS_EXCLUDED(mu_);
   uint32_t size() const ABSL_LOCKS_EXCLUDED(mu_);
-  uint32_t in_use() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   Device& device_;

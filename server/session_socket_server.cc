@@ -187,7 +187,7 @@ void SessionSocketServer::Serve(const std::shared_ptr<Connection>& connection) {
     auto protocol = std::make_shared<SessionProtocol>(
         tier_, options_, [weak = std::weak_ptr<Connection>(connection)](v1::SessionResponse r) {
           if (std::shared_ptr<Connection> live = weak.lock()) {
-            Enqueue(live, EncodeFrame(r.SerializeAsString()));
+            Enqueue(live, EncodeFrame(r));
           }
         });
     std::string payload;
