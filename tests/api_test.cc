@@ -266,6 +266,11 @@ TEST_F(ApiTest, StoredObjectComesBackAfterLeavingTheGpuAndTheHostTier) {
   ASSERT_THAT((*session)->Flush(), IsOk());
 
   for (v1::Tier tier : {v1::TIER_GPU, v1::TIER_HOST}) {
+    // The last fetch's copy and release finish after its bytes are read; until then the object
+    // is in flight and cannot be evicted.
+    ASSERT_TRUE(WaitForStats(
+        [](const v1::Stats& s) { return s.leases() == 0 && s.copies_in_flight() == 0; },
+        kTimeout));
     auto evicted = client_->Evict(store.key, tier);
     ASSERT_THAT(evicted, IsOk());
     EXPECT_EQ(evicted->evicted(), 1u) << v1::Tier_Name(tier);
