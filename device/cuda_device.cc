@@ -69,8 +69,8 @@ class CudaStream final : public Stream {
 
   // Enqueues `fn` (a cudaHostFn_t and its argument) to run once the work enqueued so far has
   // completed, without holding up later work: a host function on the stream itself would stall
-  // the stream until the driver's callback thread has run it (tens of microseconds between every
-  // two copies on a virtual machine). Instead a marker event is recorded here, and a second stream
+  // the stream until the driver's callback thread has run it, a gap between every two copies (it
+  // cost warm 16 MiB fetches a fifth of their speed: bench/results/README.md). Instead a marker event is recorded here, and a second stream
   // that carries nothing else waits for it and runs the function.
   absl::Status LaunchHostFunctionBeside(cudaHostFn_t fn, void* arg) {
     absl::MutexLock lock(&notify_mu_);

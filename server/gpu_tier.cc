@@ -460,8 +460,8 @@ void GpuTier::StartDrainLocked(Client& client, Drain drain, uint32_t event) {
   drains_[id] = std::move(drain);
   client.drains.insert(id);
   // The device calls are made on the timer thread, not here: a release is on the path of the
-  // session's next request (a session's requests are handled in order); on the GPU machine a fetch
-  // right after a release took 150 µs at p50, against 85 µs with the release out of its way. The drain is registered already, so
+  // session's next request (a session's requests are handled in order), and there its device calls
+  // slowed the next fetch (bench/results/README.md, "What it took"). The drain is registered already, so
   // its callback finds it; were it forced meanwhile (the session closed), the callback finds it
   // gone and the wait only delays the retired slot's stream, which the stream reference keeps.
   timer_.RunAfter(absl::ZeroDuration(), [this, stream = client.drain_stream, client_id = client.id,
