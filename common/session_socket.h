@@ -1,7 +1,7 @@
 // The session socket: a Unix stream socket beside the gRPC one that carries the Session stream's
 // messages (tierd.v1.SessionRequest / SessionResponse, the same protocol) without HTTP/2. On the
-// GPU machine a round trip on the gRPC session stream costs 66 µs at p50, on this socket 32 µs,
-// and a fetch 99 µs against 41 µs (bench/results/README.md).
+// GPU machine a round trip on the gRPC session stream costs 66 µs at p50, on this socket 34 µs,
+// and a fetch 91 µs against 42 µs (bench/results/README.md).
 //
 // Wire format: the client first sends kSessionSocketHello and the daemon answers with it; then
 // each message is a frame: its length (4 bytes, little-endian, at most kMaxSessionFrameBytes)
