@@ -6,7 +6,9 @@
 # OpenSSL, ...). The binaries carry RPATH $ORIGIN/../lib, so OUT_DIR can be copied to a node that
 # has no -dev packages and run from anywhere. glibc, libstdc++, libgcc and the CUDA driver stay the
 # node's own. With --tests, the test binaries and a CTestTestfile.cmake come along too, so
-# `cd OUT_DIR && ctest -L gpu` runs the GPU tests there. With --bench, the benchmarks, their scripts
+# `cd OUT_DIR && ctest -L gpu` runs the GPU tests there (the Python client's among them: OUT_DIR/python
+# holds the package, its tests and examples; the node's own Python with torch, grpcio and protobuf
+# runs them). With --bench, the benchmarks, their scripts
 # (OUT_DIR/bench) and fio with its libraries (OUT_DIR/fio.tar.xz, unpacked by the scripts) come
 # along instead, for bench/run-gpu-path-bench.sh. Binaries are stripped of debug information unless
 # --keep-symbols is given.
@@ -35,6 +37,15 @@ if ((with_tests)); then
   done
   cp "$build_dir/relocatable/CTestTestfile.cmake" "$out/"
 fi
+if ((with_tests || with_bench)); then
+  # The Python client package, with its tests and examples beside it (python/tests/run.sh).
+  here=$(cd "$(dirname "$0")/.." && pwd)
+  mkdir -p "$out/python"
+  cp -r "$build_dir/python/tierd" "$out/python/"
+  cp -r "$here/python/tests" "$here/python/examples" "$out/python/"
+  find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
+  binaries+=("$build_dir/python/tierd/libtierd_host_event.so")
+fi
 if ((with_bench)); then
   binaries+=("$build_dir/bin/gpu_path_bench" "$build_dir/bin/disk_read_bench")
   here=$(cd "$(dirname "$0")/.." && pwd)
@@ -52,8 +63,13 @@ fi
 
 system_libs='/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcuda|libnvidia[^/]*)\.so'
 for binary in "${binaries[@]}"; do
-  cp -L "$binary" "$out/bin/"
-  ((strip_binaries)) && strip --strip-debug "$out/bin/$(basename "$binary")"
+  if [[ $binary == *.so ]]; then
+    installed="$out/python/tierd/$(basename "$binary")"  # already copied with its package
+  else
+    cp -L "$binary" "$out/bin/"
+    installed="$out/bin/$(basename "$binary")"
+  fi
+  ((strip_binaries)) && strip --strip-debug "$installed"
   ldd "$binary" | awk '/=>/ && $3 ~ /^\// {print $3}' | grep -vE "$system_libs" |
     while read -r lib; do cp -Ln "$lib" "$out/lib/"; done
 done

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing tierd needs, from Debian 12's own archive. Idempotent: packages
-# already present are left alone and apt is not touched at all when nothing is missing.
+# already present are left alone and apt is not touched at all when nothing is missing. The Python
+# client and its tests use Debian's python3-torch (CPU-only), python3-grpcio and python3-protobuf.
 #
 # The CUDA backend additionally needs the CUDA Toolkit (nvcc under /usr/local/cuda), which is not in
 # Debian's archive; without it tierd builds with the host backend only.
@@ -12,6 +13,7 @@ packages=(
   libabsl-dev liburing-dev libsystemd-dev libxxhash-dev libre2-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev
   fio
+  python3-torch python3-grpcio python3-protobuf python3-numpy
 )
 
 missing=()

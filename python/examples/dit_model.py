@@ -1,0 +1,118 @@
+"""A DiT-like diffusion transformer in the shape of Wan's (self-attention, cross-attention over text
+context, a GELU feed-forward network, adaLN modulation per block), and a plain safetensors writer.
+Used by the streaming example, the Python tests and the streaming benchmark. With dim 5120, FFN
+13824 and bf16, one block is 670 MiB, as in Wan 14B.
+"""
+
+import json
+import math
+import struct
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def _attention(q, k, v):
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v)
+    weights = torch.softmax((q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1]), dim=-1)
+    return weights @ v
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+
+    def forward(self, x, context=None):
+        context = x if context is None else context
+        batch, tokens, dim = x.shape
+
+        def heads(t):
+            return t.view(batch, -1, self.heads, dim // self.heads).transpose(1, 2)
+
+        out = _attention(heads(self.q(x)), heads(self.k(context)), heads(self.v(context)))
+        return self.o(out.transpose(1, 2).reshape(batch, tokens, dim))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, ffn_dim):
+        super().__init__()
+        self.up = nn.Linear(dim, ffn_dim)
+        self.down = nn.Linear(ffn_dim, dim)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, dim, ffn_dim, heads):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.self_attn = Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.cross_attn = Attention(dim, heads)
+        self.norm3 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.ffn = FeedForward(dim, ffn_dim)
+        self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim ** 0.5)
+
+    def forward(self, x, context, time):
+        shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation + time).chunk(6, dim=1)
+        x = x + self.self_attn(self.norm1(x) * (1 + scale1) + shift1) * gate1
+        x = x + self.cross_attn(self.norm2(x), context)
+        return x + self.ffn(self.norm3(x) * (1 + scale2) + shift2) * gate2
+
+
+class DiT(nn.Module):
+    """Patch tokens in, patch tokens out; `time` is a per-sample timestep in [0, 1]."""
+
+    def __init__(self, blocks=4, dim=64, ffn_dim=128, heads=4, in_dim=16, context_dim=32):
+        super().__init__()
+        self.dim = dim
+        self.patch_embedding = nn.Linear(in_dim, dim)
+        self.text_embedding = nn.Linear(context_dim, dim)
+        self.time_embedding = nn.Sequential(nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, 6 * dim))
+        self.blocks = nn.ModuleList(DiTBlock(dim, ffn_dim, heads) for _ in range(blocks))
+        self.head_norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.head = nn.Linear(dim, in_dim)
+
+    def forward(self, patches, context, time):
+        x = self.patch_embedding(patches)
+        context = self.text_embedding(context)
+        half = self.dim // 2
+        frequencies = torch.exp(-math.log(10000.0) * torch.arange(half, device=x.device) / half)
+        angles = time[:, None].float() * 1000.0 * frequencies[None]
+        sinusoid = torch.cat([angles.cos(), angles.sin()], dim=-1).to(x.dtype)
+        time = self.time_embedding(sinusoid).view(-1, 6, self.dim)
+        for block in self.blocks:
+            x = block(x, context, time)
+        return self.head(self.head_norm(x))
+
+
+def save_safetensors(tensors, path):
+    """Writes {name: tensor} as a .safetensors file (8-byte aligned header, tensors back to back
+    in name order)."""
+    from tierd.dtypes import to_safetensors
+
+    header = {}
+    payloads = []
+    offset = 0
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().contiguous().cpu()
+        data = tensor.reshape(-1).view(torch.uint8).numpy()  # no copy: written as it is
+        header[name] = {"dtype": to_safetensors(tensor.dtype), "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + data.nbytes]}
+        payloads.append(data)
+        offset += data.nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(encoded)))
+        out.write(encoded)
+        for data in payloads:
+            out.write(data)

@@ -1,0 +1,190 @@
+"""The Python client against a real daemon: fetch, store and release round trips, the activation
+cache calls, errors, both transports, and a killed client's leases."""
+
+import os
+import signal
+import time
+
+import torch
+
+import tierd
+from dit_model import save_safetensors
+from tierd_testing import TIMEOUT, DaemonTestCase, run_python, synchronize, torch_device
+
+BLOCKS = 6
+
+
+def model_tensors(seed):
+    """Per block: an F32 and a BF16 weight and an I64 index tensor (odd sizes on purpose)."""
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for block in range(BLOCKS):
+        tensors[f"blocks.{block}.attn.qkv.weight"] = torch.randn(96, 256, generator=generator)
+        tensors[f"blocks.{block}.ffn.up.weight"] = torch.randn(
+            130, 77, generator=generator).to(torch.bfloat16)
+        tensors[f"blocks.{block}.ffn.index"] = torch.randint(0, 1 << 40, (33,),
+                                                             generator=generator)
+    tensors["head.weight"] = torch.randn(16, 96, generator=generator)
+    return tensors
+
+
+class ClientTest(DaemonTestCase):
+    def setUp(self):
+        super().setUp()
+        self.tensors = model_tensors(seed=7)
+        save_safetensors(self.tensors, os.path.join(self.model_dir("model"), "model.safetensors"))
+        progress = []
+        summary = self.client.register_model("m", self.model_dir("model"),
+                                             progress=lambda *args: progress.append(args))
+        self.assertEqual(summary.objects, BLOCKS + 1)
+        self.assertEqual(progress[-1][:2], (1, 1))
+
+    def assert_lease_holds(self, lease, names):
+        self.assertEqual(sorted(lease.tensors), sorted(names))
+        for name in names:
+            fetched = lease.tensors[name]
+            self.assertEqual(fetched.device.type, torch_device().type)
+            self.assertTrue(torch.equal(fetched.cpu(), self.tensors[name]), name)
+            # A view of the staging buffer, not a copy.
+            start = lease.buffer.data_ptr()
+            self.assertTrue(start <= fetched.data_ptr() < start + lease.buffer.numel(), name)
+
+    def block_names(self, block):
+        return [name for name in self.tensors if name.startswith(f"blocks.{block}.")]
+
+    def test_list_objects_describes_the_model(self):
+        objects = {info.key: info for info in self.client.list_objects("m")}
+        self.assertEqual(sorted(objects), sorted([f"m/blocks.{b}" for b in range(BLOCKS)] +
+                                                 ["m/head.weight"]))
+        self.assertEqual(sorted(t.name for t in objects["m/blocks.2"].tensors),
+                         sorted(self.block_names(2)))
+        self.assertEqual([m.name for m in self.client.list_models()], ["m"])
+
+    def test_fetch_views_the_files_tensors(self):
+        with self.client.session() as session:
+            self.assertEqual(session.transport, "socket")
+            for block in range(BLOCKS):
+                with session.fetch(f"m/blocks.{block}") as lease:
+                    self.assert_lease_holds(lease, self.block_names(block))
+                self.assertTrue(lease.released)
+            self.wait_for_stats(lambda stats: stats.leases == 0, "every lease released")
+
+    def test_prefetch_then_fetch_hits_the_gpu_copy(self):
+        with self.client.session() as session:
+            session.prefetch(["m/blocks.1", "m/blocks.2"])
+            deadline = time.monotonic() + TIMEOUT
+            while not all(info.on_gpu for info in self.client.list_objects("m")
+                          if info.key in ("m/blocks.1", "m/blocks.2")):
+                self.assertLess(time.monotonic(), deadline, "the prefetch never landed")
+                time.sleep(0.02)
+            hits = self.client.stats().gpu.hits
+            with session.fetch("m/blocks.2") as lease:
+                self.assert_lease_holds(lease, self.block_names(2))
+            self.assertEqual(self.client.stats().gpu.hits, hits + 1)
+
+    def test_the_grpc_stream_serves_the_same(self):
+        client = tierd.Client(self.daemon.socket, session_socket="")
+        with client.session() as session:
+            self.assertEqual(session.transport, "grpc")
+            with session.fetch("m/blocks.3") as lease:
+                self.assert_lease_holds(lease, self.block_names(3))
+            session.store_async("acts/x", torch.arange(1000, device=torch_device()))
+            session.flush()
+            with session.fetch("acts/x") as lease:
+                self.assertTrue(torch.equal(lease.tensor.cpu(), torch.arange(1000)))
+        client.close()
+
+    def test_store_then_fetch_round_trips(self):
+        device = torch_device()
+        kv = torch.randn(4, 33, 16, device=device).to(torch.bfloat16)
+        x = torch.randn(7, 5, device=device)
+        with self.client.session() as session:
+            session.store_async("acts/layer0", {"kv": kv, "x": x})
+            session.flush()
+            with session.fetch("acts/layer0") as lease:
+                self.assertEqual(list(lease.tensors), ["kv", "x"])
+                self.assertTrue(torch.equal(lease.tensors["kv"].cpu(), kv.cpu()))
+                self.assertTrue(torch.equal(lease.tensors["x"].cpu(), x.cpu()))
+            # A store replaces the key; the fetch waits for the commit without a flush.
+            session.store_async("acts/layer0", {"kv": kv * 2})
+            with session.fetch("acts/layer0") as lease:
+                self.assertEqual(list(lease.tensors), ["kv"])
+                self.assertTrue(torch.equal(lease.tensors["kv"].cpu(), (kv * 2).cpu()))
+            self.assertEqual(self.client.stats().stored_objects, 1)
+
+    def test_activation_cache_offloads_and_brings_back(self):
+        device = torch_device()
+        with self.client.session() as session:
+            cache = tierd.ActivationCache(session, "jano")
+            stored = {}
+            for cond in ("cond", "uncond"):
+                for layer in range(3):
+                    for kind in ("s_kv", "m_x"):
+                        key = f"{kind}_{cond}_{layer}"
+                        stored[key] = torch.randn(2, 9 + layer, 8, device=device)
+                        cache.store_async(stored[key], key)
+            cache.flush()
+            step = [f"s_kv_cond_{layer}" for layer in range(3)]
+            for _ in range(2):  # two fetch steps: the second releases the first's buffers
+                cache.begin_fetch_step(step)
+                for key in step:
+                    fetched = cache.fetch(key)
+                    self.assertTrue(torch.equal(torch.cat([fetched]).cpu(), stored[key].cpu()), key)
+                synchronize()
+                self.assertEqual(self.client.stats().leases, len(step))
+            # A key the step did not name is fetched on demand.
+            self.assertTrue(torch.equal(cache.fetch("m_x_uncond_2").cpu(), stored["m_x_uncond_2"].cpu()))
+            cache.end_fetch_step()
+            self.wait_for_stats(lambda stats: stats.leases == 0, "the step's leases released")
+
+    def test_errors_name_the_problem(self):
+        with self.client.session() as session:
+            with self.assertRaises(tierd.TierdError) as caught:
+                session.fetch("m/blocks.99")
+            self.assertEqual(caught.exception.code, tierd.StatusCode.NOT_FOUND)
+            with self.assertRaises(tierd.TierdError) as caught:
+                session.store_async("m/mine", torch.ones(4, device=torch_device()))
+            self.assertEqual(caught.exception.code, tierd.StatusCode.INVALID_ARGUMENT)
+            self.assertIn("registered model", caught.exception.message)
+            with self.assertRaises(tierd.TierdError) as caught:
+                session.store_async("no-namespace", torch.ones(4, device=torch_device()))
+            self.assertEqual(caught.exception.code, tierd.StatusCode.INVALID_ARGUMENT)
+            with self.assertRaises(TypeError):
+                session.store_async("acts/x", {"x": [1, 2, 3]})
+            with self.assertRaises(ValueError):
+                session.store_async("acts/x", torch.ones(0, device=torch_device()))
+            # The session still serves after the failures.
+            with session.fetch("m/blocks.0") as lease:
+                self.assert_lease_holds(lease, self.block_names(0))
+        with self.assertRaises(tierd.TierdError) as caught:
+            self.client.register_model("other", os.path.join(self.directory, "missing"))
+        self.assertEqual(caught.exception.code, tierd.StatusCode.NOT_FOUND)
+        with self.assertRaises(ValueError):
+            self.client.evict("m/", tier="disk")
+
+    def test_a_killed_client_leaves_no_leases(self):
+        holder = run_python(
+            "import sys, time, tierd\n"
+            "session = tierd.Client(sys.argv[1]).session()\n"
+            "leases = [session.fetch(f'm/blocks.{b}') for b in range(2)]\n"
+            "print('held', flush=True)\n"
+            "time.sleep(600)\n", self.daemon.socket)
+        try:
+            self.assertEqual(holder.stdout.readline().strip(), "held", holder.stderr.read()
+                             if holder.poll() is not None else "")
+            self.assertEqual(self.client.stats().leases, 2)
+            holder.send_signal(signal.SIGKILL)
+        finally:
+            holder.kill()
+            holder.communicate()
+        self.wait_for_stats(lambda stats: stats.leases == 0 and stats.sessions == 0,
+                            "the killed client's session ending")
+        with self.client.session() as session, session.fetch("m/blocks.0") as lease:
+            self.assert_lease_holds(lease, self.block_names(0))
+
+    def test_closed_session_refuses_calls(self):
+        session = self.client.session()
+        session.close()
+        with self.assertRaises(tierd.TierdError) as caught:
+            session.fetch("m/blocks.0")
+        self.assertEqual(caught.exception.code, tierd.StatusCode.UNAVAILABLE)

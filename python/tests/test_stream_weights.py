@@ -1,0 +1,117 @@
+"""tierd.torch.stream_weights: a DiT streamed block by block (and phase by phase) through a GPU pool
+smaller than the model gives the same outputs as the module holding all its weights."""
+
+import os
+
+import torch
+
+import tierd
+import tierd.torch
+from dit_model import DiT, save_safetensors
+from tierd_testing import DaemonTestCase, synchronize, torch_device
+
+BLOCKS = 6
+CONFIG = dict(blocks=BLOCKS, dim=64, ffn_dim=256, heads=4, in_dim=16, context_dim=32)
+
+
+def block_bytes(model):
+    return sum(t.numel() * t.element_size() for t in model.blocks[0].state_dict().values())
+
+
+class StreamWeightsTest(DaemonTestCase):
+    # 1.5 MiB of staging for 264 KiB blocks and 160 KiB of other weights: the six blocks cannot all
+    # stay on the GPU.
+    daemon_flags = dict(gpu_pool="1536KiB", gpu_slab="1536KiB")
+
+    def setUp(self):
+        super().setUp()
+        torch.manual_seed(3)
+        self.device = torch_device()
+        self.reference = DiT(**CONFIG).to(self.device).eval()
+        self.assertGreater(block_bytes(self.reference) * BLOCKS, 1536 << 10)
+        save_safetensors(self.reference.state_dict(),
+                         os.path.join(self.model_dir("dit"), "model.safetensors"))
+        self.client.register_model("dit", self.model_dir("dit"), grouping="block")
+        self.client.register_model("dit-phases", self.model_dir("dit"), grouping="phase")
+        generator = torch.Generator().manual_seed(11)
+        self.inputs = [(torch.randn(2, 24, 16, generator=generator).to(self.device),
+                        torch.randn(2, 8, 32, generator=generator).to(self.device),
+                        torch.rand(2, generator=generator).to(self.device)) for _ in range(3)]
+        with torch.no_grad():
+            self.expected = [self.reference(*args) for args in self.inputs]
+
+    def fresh_module(self):
+        # Different random weights: every weight that matters has to come from tierd.
+        torch.manual_seed(99)
+        return DiT(**CONFIG).to(self.device).eval()
+
+    def run_streamed(self, model, **options):
+        module = self.fresh_module()
+        with tierd.torch.stream_weights(module, self.client, model, **options) as streamed:
+            with torch.no_grad():
+                outputs = [module(*args) for args in self.inputs]
+            synchronize()
+            fetches = streamed.fetches
+            units = (streamed.streamed_units, streamed.resident_units)
+        self.wait_for_stats(lambda stats: stats.leases == 0 and stats.sessions == 0,
+                            "the streaming session's leases released")
+        return outputs, fetches, units
+
+    def assert_outputs_equal(self, outputs):
+        for got, want in zip(outputs, self.expected):
+            self.assertTrue(torch.equal(got, want), f"max difference {(got - want).abs().max()}")
+
+    def test_blocks_stream_and_outputs_match(self):
+        outputs, fetches, (streamed, resident) = self.run_streamed("dit", prefetch_depth=2)
+        self.assert_outputs_equal(outputs)
+        self.assertEqual(streamed, [f"blocks.{b}" for b in range(BLOCKS)])
+        self.assertIn("head", resident)
+        self.assertEqual(fetches, BLOCKS * len(self.inputs))
+        stats = self.client.stats()
+        self.assertGreater(stats.gpu.evictions, 0, "the pool was meant to be too small")
+
+    def test_resident_blocks_stay_and_the_rest_stream(self):
+        outputs, fetches, (streamed, resident) = self.run_streamed(
+            "dit", prefetch_depth=1, resident_blocks=2)
+        self.assert_outputs_equal(outputs)
+        self.assertEqual(streamed, [f"blocks.{b}" for b in range(2, BLOCKS)])
+        self.assertIn("blocks.0", resident)
+        self.assertEqual(fetches, (BLOCKS - 2) * len(self.inputs))
+
+    def test_phases_stream_and_outputs_match(self):
+        outputs, fetches, (streamed, _) = self.run_streamed("dit-phases", granularity="phase",
+                                                            prefetch_depth=3)
+        self.assert_outputs_equal(outputs)
+        self.assertIn("blocks.0.self_attn", streamed)
+        self.assertIn("blocks.0.cross_attn", streamed)
+        self.assertIn("blocks.0.ffn", streamed)
+        self.assertEqual(fetches, len(streamed) * len(self.inputs))
+
+    def test_block_granularity_over_phase_objects(self):
+        outputs, _, (streamed, _) = self.run_streamed("dit-phases", granularity="block")
+        self.assert_outputs_equal(outputs)
+        self.assertEqual(streamed, [f"blocks.{b}" for b in range(BLOCKS)])
+
+    def test_no_prefetch_still_matches(self):
+        outputs, _, _ = self.run_streamed("dit", prefetch_depth=0)
+        self.assert_outputs_equal(outputs)
+
+    def test_mistakes_are_refused_clearly(self):
+        module = self.fresh_module()
+        with self.assertRaisesRegex(ValueError, "grouping"):
+            tierd.torch.stream_weights(module, self.client, "dit", granularity="phase")
+        with self.assertRaisesRegex(tierd.TierdError, "not registered"):
+            tierd.torch.stream_weights(module, self.client, "nothing")
+        wider = DiT(**dict(CONFIG, ffn_dim=320)).to(self.device)
+        with self.assertRaisesRegex(ValueError, "in the module"):
+            tierd.torch.stream_weights(wider, self.client, "dit")
+        with tierd.torch.stream_weights(module, self.client, "dit") as streamed:
+            patches, context, time = self.inputs[0]
+            with self.assertRaisesRegex(RuntimeError, "inference only"):
+                module(patches.requires_grad_(), context, time)
+            patches.requires_grad_(False)
+            # Outside a forward the streamed weights are empty, not stale views of staging memory.
+            self.assertEqual(module.blocks[3].ffn.up.weight.numel(), 0)
+            self.assertEqual(streamed.fetches, 0)
+        self.wait_for_stats(lambda stats: stats.leases == 0 and stats.sessions == 0,
+                            "leases released after the refusals")

@@ -1,0 +1,17 @@
+"""tierd's Python client: fetch, store and release tensors held by a tierd daemon, zero-copy.
+
+    import tierd
+    client = tierd.Client("/run/tierd/gpu0.sock")
+    with client.session() as session, session.fetch("wan/blocks.0") as lease:
+        ...  # lease.tensors: {name: tensor viewing the daemon's staging buffer}
+
+tierd.ActivationCache offloads activation caches (store_async / begin_fetch_step / fetch);
+tierd.torch.stream_weights streams a model's blocks through forward hooks.
+"""
+
+from .activation_cache import ActivationCache
+from .client import Client, Lease, PendingFetch, Session
+from .errors import StatusCode, TierdError
+
+__all__ = ["ActivationCache", "Client", "Lease", "PendingFetch", "Session", "StatusCode",
+           "TierdError"]

@@ -1,0 +1,125 @@
+"""How a session's messages travel: the daemon's session socket (length-framed protobuf on a Unix
+stream socket, no HTTP/2; common/session_socket.h has the format) or the gRPC Session stream.
+Both carry the same tierd.v1.SessionRequest / SessionResponse messages."""
+
+import queue
+import socket
+import struct
+import threading
+
+import grpc
+
+from .errors import StatusCode, TierdError
+from .v1 import tierd_pb2
+
+SESSION_SOCKET_HELLO = b"tierd.v1.Session\n"
+MAX_FRAME_BYTES = 16 << 20
+_LENGTH = struct.Struct("<I")
+
+
+def session_socket_path_for(grpc_socket):
+    """Where a daemon serving gRPC on `grpc_socket` listens for sessions: X.sock -> X.session.sock."""
+    if grpc_socket.endswith(".sock"):
+        return grpc_socket[: -len(".sock")] + ".session.sock"
+    return grpc_socket + ".session"
+
+
+class SocketTransport:
+    kind = "socket"
+
+    def __init__(self, path, timeout):
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._socket.settimeout(timeout)
+            self._socket.connect(path)
+            self._socket.sendall(SESSION_SOCKET_HELLO)
+            if self._read_exactly(len(SESSION_SOCKET_HELLO)) != SESSION_SOCKET_HELLO:
+                raise OSError("the peer does not speak tierd's session protocol")
+            self._socket.settimeout(None)
+        except BaseException:
+            self._socket.close()
+            raise
+        self._reader = self._socket.makefile("rb", buffering=1 << 16)
+        self._send_lock = threading.Lock()
+
+    def _read_exactly(self, count):
+        data = b""
+        while len(data) < count:
+            chunk = self._socket.recv(count - len(data))
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+    def send(self, request):
+        payload = request.SerializeToString()
+        try:
+            with self._send_lock:
+                self._socket.sendall(_LENGTH.pack(len(payload)) + payload)
+        except OSError as error:
+            raise TierdError(StatusCode.UNAVAILABLE, f"the session socket broke: {error}") from None
+
+    def receive(self):
+        """The next response, or None when the daemon closed the session. Called by one thread."""
+        try:
+            header = self._reader.read(_LENGTH.size)
+            if not header:
+                self._reader.close()
+                return None
+            if len(header) != _LENGTH.size:
+                raise TierdError(StatusCode.UNAVAILABLE, "the session socket ended inside a frame")
+            (length,) = _LENGTH.unpack(header)
+            if length > MAX_FRAME_BYTES:
+                raise TierdError(StatusCode.INTERNAL, f"a {length}-byte frame is over the limit")
+            payload = self._reader.read(length)
+        except (OSError, ValueError) as error:  # ValueError: read after close
+            raise TierdError(StatusCode.UNAVAILABLE, f"the session socket broke: {error}") from None
+        if len(payload) != length:
+            raise TierdError(StatusCode.UNAVAILABLE, "the session socket ended inside a frame")
+        return tierd_pb2.SessionResponse.FromString(payload)
+
+    def close(self):
+        """Ends the session; a blocked receive() returns None."""
+        try:
+            self._socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._socket.close()
+
+
+class GrpcTransport:
+    kind = "grpc"
+    _END = object()
+
+    def __init__(self, stub):
+        self._requests = queue.SimpleQueue()
+        self._responses = stub.Session(iter(self._requests.get, self._END))
+
+    def send(self, request):
+        self._requests.put(request)
+
+    def receive(self):
+        try:
+            return next(self._responses)
+        except StopIteration:
+            return None
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.CANCELLED:
+                return None
+            raise TierdError(error.code(), f"session stream: {error.details()}") from None
+
+    def close(self):
+        self._requests.put(self._END)
+        self._responses.cancel()
+
+
+def connect(grpc_socket, session_socket, stub, timeout):
+    """The session socket where the daemon serves one, else the gRPC stream. `session_socket`:
+    "default" (beside `grpc_socket`), a path, or "" for gRPC always."""
+    if session_socket:
+        path = session_socket_path_for(grpc_socket) if session_socket == "default" else session_socket
+        try:
+            return SocketTransport(path, timeout)
+        except OSError:
+            pass  # an older daemon, or one started without it: the gRPC stream serves
+    return GrpcTransport(stub)

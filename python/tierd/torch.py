@@ -1,0 +1,314 @@
+"""Streaming a model's weights from tierd through forward hooks, without changing the model's code
+(the seeds' layerwise offload): stream_weights(module, client, model).
+
+The model's repeated blocks (the children of its nn.ModuleLists: "blocks.3", "layers.7") are the
+units streamed: a forward pre-hook on block i fetches it (the current stream waits on the copy's
+ready event; the CPU does not wait), points the block's parameters at the leased staging buffer
+and sends fetches for blocks i+1 … i+prefetch_depth, so their copies run while block i computes;
+a forward hook records the done event on the current stream and releases the lease. Fetches wrap
+around from the last block to the first, so a model called repeatedly (a denoising loop, decode
+steps) keeps the copy engine busy across calls. Objects outside the blocks (embeddings, final
+norms, heads) and the first `resident_blocks` blocks are fetched once and stay on the GPU (the
+seeds' offload_ratio).
+
+For inference: the weights are views of memory the daemon reuses once released, so nothing may
+keep them past the block's forward (autograd would).
+"""
+
+import collections
+
+import torch
+
+from .client import Client, Session
+from .dtypes import to_torch
+from .errors import StatusCode, TierdError
+
+_GROUPING_NAMES = {1: "tensor", 2: "block", 3: "phase"}
+
+
+def stream_weights(module, client, model, granularity="block", prefetch_depth=2,
+                   resident_blocks=0):
+    """Streams `module`'s weights from tierd model `model` (registered from the safetensors the
+    module's state dict was saved to). `client` is a tierd.Client (a session is opened and owned)
+    or a tierd.Session. granularity: "block" streams whole blocks; "phase" streams each phase
+    object (the model must be registered with grouping "phase"). The module's other tensors must
+    already be on the session's device. Returns a StreamedWeights; close() undoes it."""
+    if granularity not in ("block", "phase"):
+        raise ValueError(f'granularity must be "block" or "phase", not {granularity!r}')
+    if prefetch_depth < 0 or resident_blocks < 0:
+        raise ValueError("prefetch_depth and resident_blocks must not be negative")
+    if isinstance(client, Session):
+        session, owned = client, False
+    elif isinstance(client, Client):
+        session, owned = client.session(), True
+    else:
+        raise TypeError("client must be a tierd.Client or a tierd.Session")
+    try:
+        return StreamedWeights(module, session, owned, model, granularity, prefetch_depth,
+                               resident_blocks)
+    except BaseException:
+        if owned:
+            session.close()
+        raise
+
+
+class _Unit:
+    """What one hook pair streams: objects whose tensors are parameters of one submodule."""
+
+    def __init__(self, path, submodule):
+        self.path = path
+        self.submodule = submodule
+        self.keys = []
+        self.parameters = []  # (tensor name, Parameter or buffer owner, attribute)
+        self.resident = False
+        self.leases = None  # list of Lease while the unit's weights are in place
+        self.pending = None  # list of PendingFetch sent ahead
+
+
+class StreamedWeights:
+    """The hooks stream_weights() installed, and the leases they hold."""
+
+    def __init__(self, module, session, owns_session, model, granularity, prefetch_depth,
+                 resident_blocks):
+        self.session = session
+        self.model = model
+        self.prefetch_depth = prefetch_depth
+        self._owns_session = owns_session
+        self._device = session.device
+        self._placeholders = {}
+        self._hooks = []
+        self.fetches = 0  # leases taken by hooks, for tests and reports
+        grouping = _model_grouping(session._client, model)
+        if granularity == "phase" and grouping != "phase":
+            raise ValueError(f'model {model} is registered with grouping "{grouping}"; '
+                             f'register it with grouping "phase" to stream by phase')
+        if grouping == "tensor":
+            raise ValueError(f'model {model} is registered with grouping "tensor"; '
+                             f'register it with "block" or "phase" to stream it')
+        self.units = _plan_units(module, session._client.list_objects(model), model, granularity)
+        self._streamed = [unit for unit in self.units if not unit.resident]
+        for unit in self._streamed[:resident_blocks]:
+            unit.resident = True
+        self._streamed = [unit for unit in self.units if not unit.resident]
+        self._position = {id(unit): index for index, unit in enumerate(self._streamed)}
+        try:
+            for unit in self.units:
+                for _, owner, attribute in unit.parameters:
+                    tensor = getattr(owner, attribute)
+                    tensor.requires_grad_(False)
+                    _set_tensor(owner, attribute, self._placeholder(tensor.dtype))
+            for unit in self.units:
+                if unit.resident:
+                    self._take(unit, stream=None)
+            for unit in self._streamed:
+                self._hooks.append(unit.submodule.register_forward_pre_hook(
+                    lambda _module, inputs, unit=unit: self._before(unit, inputs)))
+                self._hooks.append(unit.submodule.register_forward_hook(
+                    lambda _module, _inputs, _output, unit=unit: self._after(unit)))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def resident_units(self):
+        return [unit.path for unit in self.units if unit.resident]
+
+    @property
+    def streamed_units(self):
+        return [unit.path for unit in self._streamed]
+
+    def close(self):
+        """Removes the hooks and releases every lease (after the current stream's work). The
+        streamed parameters are left empty."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        for unit in self.units:
+            self._drop(unit)
+        if self._owns_session:
+            self.session.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- hooks ------------------------------------------------------------------------------
+
+    def _before(self, unit, inputs):
+        if torch.is_grad_enabled() and any(
+                isinstance(value, torch.Tensor) and value.requires_grad for value in inputs):
+            raise RuntimeError("tierd.torch.stream_weights serves inference only: run the model "
+                               "under torch.no_grad() or torch.inference_mode()")
+        if unit.leases is None:
+            self._take(unit, stream=None)
+            self.fetches += 1
+        self._send_ahead(unit)
+
+    def _after(self, unit):
+        if unit.leases is None:
+            return
+        for _, owner, attribute in unit.parameters:
+            _set_tensor(owner, attribute, self._placeholder(getattr(owner, attribute).dtype))
+        leases, unit.leases = unit.leases, None
+        for lease in leases:
+            lease.release()
+
+    def _send_ahead(self, unit):
+        """Sends fetches for the prefetch_depth blocks after `unit` (wrapping around) and cancels
+        fetches sent ahead for blocks no longer in that window (the model took another path)."""
+        count = len(self._streamed)
+        start = self._position[id(unit)]
+        window = {id(self._streamed[(start + step) % count])
+                  for step in range(1, min(self.prefetch_depth, count - 1) + 1)}
+        for other in self._streamed:
+            if other.pending is not None and id(other) not in window:
+                for fetch in other.pending:
+                    fetch.cancel()
+                other.pending = None
+        for step in range(1, min(self.prefetch_depth, count - 1) + 1):
+            ahead = self._streamed[(start + step) % count]
+            if ahead.pending is None and ahead.leases is None:
+                ahead.pending = [self.session.fetch_async(key) for key in ahead.keys]
+
+    # ---- leases -----------------------------------------------------------------------------
+
+    def _take(self, unit, stream):
+        pending, unit.pending = unit.pending, None
+        if pending is None:
+            pending = [self.session.fetch_async(key) for key in unit.keys]
+        leases = []
+        try:
+            for fetch in pending:
+                leases.append(fetch.result(stream))
+        except BaseException:
+            for lease in leases:
+                lease.release(stream)
+            for fetch in pending[len(leases) + 1:]:
+                fetch.cancel()
+            raise
+        views = {}
+        for lease in leases:
+            views.update(lease.tensors)
+        for name, owner, attribute in unit.parameters:
+            _set_tensor(owner, attribute, views[name])
+        unit.leases = leases
+
+    def _drop(self, unit):
+        if unit.pending is not None:
+            for fetch in unit.pending:
+                fetch.cancel()
+            unit.pending = None
+        if unit.leases is not None:
+            for _, owner, attribute in unit.parameters:
+                _set_tensor(owner, attribute, self._placeholder(getattr(owner, attribute).dtype))
+            leases, unit.leases = unit.leases, None
+            for lease in leases:
+                lease.release()
+
+    def _placeholder(self, dtype):
+        placeholder = self._placeholders.get(dtype)
+        if placeholder is None:
+            placeholder = torch.empty(0, dtype=dtype, device=self._device)
+            self._placeholders[dtype] = placeholder
+        return placeholder
+
+
+def _set_tensor(owner, attribute, tensor):
+    current = owner._parameters.get(attribute)
+    if current is not None:
+        current.data = tensor
+    else:
+        owner._buffers[attribute] = tensor
+
+
+def _model_grouping(client, model):
+    for summary in client.list_models():
+        if summary.name == model:
+            return _GROUPING_NAMES.get(summary.grouping, "block")
+    raise TierdError(StatusCode.NOT_FOUND, f"model {model} is not registered")
+
+
+def _repeated_children(module):
+    """Paths of the children of every nn.ModuleList / nn.ModuleDict: the model's blocks."""
+    paths = set()
+    for path, submodule in module.named_modules():
+        if isinstance(submodule, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            for name, _ in submodule.named_children():
+                paths.add(f"{path}.{name}" if path else name)
+    return paths
+
+
+def _plan_units(module, objects, model, granularity):
+    """Groups the model's objects into units hooked on submodules, in the module's order."""
+    tensors = dict(module.named_parameters())
+    tensors.update(module.named_buffers())
+    owners = {}
+    for path, submodule in module.named_modules():
+        for attribute, _ in list(submodule._parameters.items()) + list(submodule._buffers.items()):
+            owners[f"{path}.{attribute}" if path else attribute] = (submodule, attribute)
+    blocks = _repeated_children(module)
+    modules = dict(module.named_modules())
+    units = collections.OrderedDict()
+    covered = set()
+    for info in objects:
+        names = [tensor.name for tensor in info.tensors]
+        for name in names:
+            if name not in owners:
+                raise ValueError(f"tensor {name} of {info.key} is not a parameter or buffer of "
+                                 f"the module")
+            stored = _tensor_info(info, name)
+            ours = tensors[name]
+            if tuple(stored.shape) != tuple(ours.shape) or to_torch(stored.dtype) != ours.dtype:
+                raise ValueError(f"{name} is {stored.dtype} {list(stored.shape)} in {model} but "
+                                 f"{ours.dtype} {list(ours.shape)} in the module")
+        root = _common_module(names, modules)
+        block = next((prefix for prefix in _prefixes(root) if prefix in blocks), None)
+        path = block if granularity == "block" and block is not None else root
+        unit = units.get(path)
+        if unit is None:
+            unit = units[path] = _Unit(path, modules[path])
+            unit.resident = block is None
+        unit.keys.append(info.key)
+        for name in names:
+            unit.parameters.append((name,) + owners[name])
+            covered.add(name)
+    for unit in units.values():
+        if unit.resident:
+            continue
+        missing = [name for name, _ in unit.submodule.named_parameters(prefix=unit.path)
+                   if name not in covered]
+        if missing:
+            raise ValueError(f"{unit.path} has parameters that {model} lacks: "
+                             f"{', '.join(missing[:5])}")
+    order = {path: index for index, (path, _) in enumerate(module.named_modules())}
+    return sorted(units.values(), key=lambda unit: order[unit.path])
+
+
+def _tensor_info(info, name):
+    for tensor in info.tensors:
+        if tensor.name == name:
+            return tensor
+    raise KeyError(name)
+
+
+def _prefixes(path):
+    """'a.b.c' -> 'a', 'a.b', 'a.b.c'."""
+    parts = path.split(".") if path else []
+    return [".".join(parts[: count]) for count in range(1, len(parts) + 1)]
+
+
+def _common_module(names, modules):
+    """The deepest module holding every tensor in `names`."""
+    split = [name.split(".")[:-1] for name in names]
+    common = split[0]
+    for parts in split[1:]:
+        length = 0
+        while length < min(len(common), len(parts)) and common[length] == parts[length]:
+            length += 1
+        common = common[:length]
+    path = ".".join(common)
+    while path not in modules:
+        path = path.rpartition(".")[0]
+    return path
