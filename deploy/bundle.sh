@@ -50,7 +50,8 @@ if ((with_bench)); then
   binaries+=("$build_dir/bin/gpu_path_bench" "$build_dir/bin/disk_read_bench")
   here=$(cd "$(dirname "$0")/.." && pwd)
   mkdir -p "$out/bench"
-  cp "$here/bench/run-gpu-path-bench.sh" "$here/bench/safetensors_load.py" "$out/bench/"
+  cp "$here/bench/run-gpu-path-bench.sh" "$here/bench/safetensors_load.py" \
+    "$here/bench/stream_weights_bench.py" "$out/bench/"
   fio=$(command -v fio) || { echo "bundle: --bench needs fio (apt-get install fio)" >&2; exit 1; }
   staging=$(mktemp -d)
   mkdir -p "$staging/fio/lib"

@@ -82,7 +82,7 @@ void HostArena::PinRemainingPieces() {
     }
     const uint64_t size = std::min(piece_bytes_, capacity_ - offset);
     absl::Status status = device_.RegisterHostMemory(base_ + offset, size);
-    absl::MutexLock lock(&mu_);
+    absl::ReleasableMutexLock lock(&mu_);
     if (!status.ok()) {
       pin_status_ = status;
       TIERD_LOG(ERROR) << "pinning the host arena stopped at " << FormatByteSize(offset) << " of "
@@ -92,13 +92,33 @@ void HostArena::PinRemainingPieces() {
     }
     pinned_ = offset + size;
     free_.Add(offset, size);
+    lock.Release();
+    NotifyPinListener();
   }
+  {
+    absl::MutexLock lock(&mu_);
+    pinning_done_ = true;
+    if (pinned_ == capacity_) {
+      TIERD_LOG(INFO) << "host arena fully pinned: " << FormatByteSize(capacity_) << " in "
+                      << absl::FormatDuration(absl::Now() - start);
+    }
+  }
+  NotifyPinListener();
+}
+
+void HostArena::NotifyPinListener() {
+  absl::MutexLock lock(&listener_mu_);
+  if (listener_) listener_();
+}
+
+void HostArena::SetPinListener(std::function<void()> listener) {
+  absl::MutexLock lock(&listener_mu_);
+  listener_ = std::move(listener);
+}
+
+bool HostArena::pinning() const {
   absl::MutexLock lock(&mu_);
-  pinning_done_ = true;
-  if (pinned_ == capacity_) {
-    TIERD_LOG(INFO) << "host arena fully pinned: " << FormatByteSize(capacity_) << " in "
-                    << absl::FormatDuration(absl::Now() - start);
-  }
+  return !pinning_done_;
 }
 
 std::optional<ArenaAllocation> HostArena::Allocate(uint64_t bytes) {

@@ -13,6 +13,7 @@
 #define TIERD_STORAGE_HOST_ARENA_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -68,10 +69,18 @@ class HostArena {
   // Blocks until the whole arena is pinned, pinning failed, or `timeout` passed; true when all of
   // it is pinned.
   bool WaitUntilFullyPinned(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
+  // True while the background thread is still pinning: more memory is coming.
+  bool pinning() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Calls `listener` on the pinning thread, without the arena's lock, each time another piece is
+  // pinned and once when pinning ends (done, failed or stopped). Replaces an earlier listener;
+  // nullptr removes it. Once this returns, a replaced listener is not running and will not run.
+  // The listener must not call SetPinListener.
+  void SetPinListener(std::function<void()> listener) ABSL_LOCKS_EXCLUDED(listener_mu_);
 
  private:
   HostArena(Device& device, uint8_t* base, uint64_t capacity, uint64_t piece_bytes);
   void PinRemainingPieces() ABSL_LOCKS_EXCLUDED(mu_);
+  void NotifyPinListener() ABSL_LOCKS_EXCLUDED(listener_mu_);
 
   Device& device_;
   uint8_t* const base_;
@@ -85,6 +94,9 @@ class HostArena {
   bool pinning_done_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status pin_status_ ABSL_GUARDED_BY(mu_);
+  // Held while the listener runs, so that replacing it waits for a call in progress.
+  absl::Mutex listener_mu_;
+  std::function<void()> listener_ ABSL_GUARDED_BY(listener_mu_);
   std::thread pinner_;
 };
 

@@ -101,9 +101,17 @@ void HostObject::Reset() {
 
 HostCache::HostCache(Catalog& catalog, DiskReader& reader, HostArena& arena, SpillWriter* spill,
                      const HostCacheOptions& options)
-    : catalog_(catalog), reader_(reader), arena_(arena), spill_(spill), options_(options) {}
+    : catalog_(catalog), reader_(reader), arena_(arena), spill_(spill), options_(options) {
+  // Room that pinning adds serves allocations waiting for it.
+  arena_.SetPinListener([this] {
+    DeferredCalls deferred;
+    absl::MutexLock lock(&mu_);
+    RetryWaitersLocked(deferred.calls());
+  });
+}
 
 HostCache::~HostCache() {
+  arena_.SetPinListener(nullptr);
   std::deque<AllocationWaiter> waiters;
   {
     absl::MutexLock lock(&mu_);
@@ -504,7 +512,8 @@ void HostCache::AllocateLocked(uint64_t bytes, AllocationCallback done, Deferred
   if (waiters_.empty()) {
     if (std::optional<ArenaAllocation> memory = TryAllocateLocked(bytes)) return answer(*memory);
   }
-  if (SpillForLocked(bytes)) {
+  // Spills under way, or pinning still adding memory, may make room: wait for them.
+  if (SpillForLocked(bytes) || arena_.pinning()) {
     waiters_.push_back({bytes, std::move(done)});
     return;
   }
@@ -576,7 +585,8 @@ void HostCache::RetryWaitersLocked(Deferred& deferred) {
   while (!waiters_.empty()) {
     AllocationWaiter& waiter = waiters_.front();
     std::optional<ArenaAllocation> memory = TryAllocateLocked(waiter.bytes);
-    if (!memory && SpillForLocked(waiter.bytes)) return;  // wait for the spills
+    // Wait for the spills, or for the pinning thread's next piece.
+    if (!memory && (SpillForLocked(waiter.bytes) || arena_.pinning())) return;
     absl::StatusOr<ArenaAllocation> result =
         memory ? absl::StatusOr<ArenaAllocation>(*memory)
                : absl::ResourceExhaustedError(

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "device/device_wrapper.h"
 #include "device/host_device.h"
 #include "gtest/gtest.h"
 #include "tests/storage_test_support.h"
@@ -39,20 +40,47 @@ struct Answer {
   absl::StatusOr<HostObject> object = absl::UnknownError("no answer");
 };
 
+// A device whose host-memory registrations after the first wait for `gate`: an arena on it keeps
+// pinning in the background until the test opens the gate.
+class SlowPinningDevice : public DeviceWrapper {
+ public:
+  using DeviceWrapper::DeviceWrapper;
+  absl::Status RegisterHostMemory(void* data, size_t bytes) override {
+    if (registrations_++ > 0) gate.WaitForNotification();
+    return DeviceWrapper::RegisterHostMemory(data, bytes);
+  }
+  void Open() {
+    if (!gate.HasBeenNotified()) gate.Notify();
+  }
+
+  absl::Notification gate;
+
+ private:
+  std::atomic<int> registrations_{0};
+};
+
 class HostCacheTest : public ::testing::Test {
  protected:
   // A cache holding `capacity_objects` block objects (each may take a page more than its size:
-  // room to read it in place).
+  // room to read it in place). With `slow_pinning`, only the arena's first piece is pinned until
+  // slow_device_->Open().
   void Start(int capacity_objects, EvictionPolicy policy = EvictionPolicy::kFifo,
-             DiskReaderOptions reader_options = {}) {
+             DiskReaderOptions reader_options = {}, bool slow_pinning = false) {
     auto device = HostDevice::Create();
     ASSERT_THAT(device, IsOk());
     device_ = *std::move(device);
+    Device* arena_device = device_.get();
+    if (slow_pinning) {
+      slow_device_ = std::make_unique<SlowPinningDevice>(*device_);
+      arena_device = slow_device_.get();
+    }
     auto arena =
-        HostArena::Create(*device_, {capacity_objects * (kObjectBytes + 4096), kObjectBytes});
+        HostArena::Create(*arena_device, {capacity_objects * (kObjectBytes + 4096), kObjectBytes});
     ASSERT_THAT(arena, IsOk());
     arena_ = *std::move(arena);
-    ASSERT_TRUE(arena_->WaitUntilFullyPinned(kTimeout));
+    if (!slow_pinning) {
+      ASSERT_TRUE(arena_->WaitUntilFullyPinned(kTimeout));
+    }
     auto reader = DiskReader::Create(reader_options);
     ASSERT_THAT(reader, IsOk());
     reader_ = *std::move(reader);
@@ -67,6 +95,7 @@ class HostCacheTest : public ::testing::Test {
   }
 
   void TearDown() override {
+    if (slow_device_ != nullptr) slow_device_->Open();
     cache_.reset();
     spill_.reset();
     catalog_.reset();
@@ -138,6 +167,7 @@ class HostCacheTest : public ::testing::Test {
   TempDir dir_;
   std::string model_dir_;
   std::unique_ptr<HostDevice> device_;
+  std::unique_ptr<SlowPinningDevice> slow_device_;
   std::unique_ptr<HostArena> arena_;
   std::unique_ptr<DiskReader> reader_;
   std::unique_ptr<Catalog> catalog_;
@@ -159,6 +189,22 @@ TEST_F(HostCacheTest, FetchReadsTheObjectAndRecordsItsChecksum) {
   EXPECT_EQ(stats.misses, 1u);
   EXPECT_EQ(stats.hits, 1u);
   EXPECT_EQ(stats.bytes_from_disk, kObjectBytes);
+}
+
+// The arena pins in the background after its first piece; an object that does not fit yet waits
+// for the pinning instead of failing (a prefetch right after start-up used to be refused as "host
+// cache full" and never read).
+TEST_F(HostCacheTest, FetchWaitsForTheArenaStillPinning) {
+  Start(3, EvictionPolicy::kFifo, {}, /*slow_pinning=*/true);
+  RegisterModel(2);
+  ASSERT_TRUE(arena_->pinning());
+  auto answer = Fetch("m/blocks.1");
+  EXPECT_FALSE(answer->ready.WaitForNotificationWithTimeout(absl::Milliseconds(200)))
+      << "answered before there was room: " << answer->object.status();
+  slow_device_->Open();
+  ASSERT_TRUE(answer->ready.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(answer->object, IsOk());
+  EXPECT_TRUE(HoldsBlock(*answer->object, 1));
 }
 
 TEST_F(HostCacheTest, ConcurrentFetchesOfOneObjectShareOneRead) {

@@ -45,8 +45,8 @@ class StreamWeightsTest(DaemonTestCase):
         torch.manual_seed(99)
         return DiT(**CONFIG).to(self.device).eval()
 
-    def run_streamed(self, model, **options):
-        module = self.fresh_module()
+    def run_streamed(self, model, module=None, **options):
+        module = self.fresh_module() if module is None else module
         with tierd.torch.stream_weights(module, self.client, model, **options) as streamed:
             with torch.no_grad():
                 outputs = [module(*args) for args in self.inputs]
@@ -91,6 +91,10 @@ class StreamWeightsTest(DaemonTestCase):
         outputs, _, (streamed, _) = self.run_streamed("dit-phases", granularity="block")
         self.assert_outputs_equal(outputs)
         self.assertEqual(streamed, [f"blocks.{b}" for b in range(BLOCKS)])
+
+    def test_a_module_built_on_the_meta_device_streams(self):
+        outputs, _, _ = self.run_streamed("dit", module=DiT(**CONFIG).to("meta").eval())
+        self.assert_outputs_equal(outputs)
 
     def test_no_prefetch_still_matches(self):
         outputs, _, _ = self.run_streamed("dit", prefetch_depth=0)

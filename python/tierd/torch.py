@@ -31,8 +31,9 @@ def stream_weights(module, client, model, granularity="block", prefetch_depth=2,
     """Streams `module`'s weights from tierd model `model` (registered from the safetensors the
     module's state dict was saved to). `client` is a tierd.Client (a session is opened and owned)
     or a tierd.Session. granularity: "block" streams whole blocks; "phase" streams each phase
-    object (the model must be registered with grouping "phase"). The module's other tensors must
-    already be on the session's device. Returns a StreamedWeights; close() undoes it."""
+    object (the model must be registered with grouping "phase"). The module may be built on the
+    meta device (its weights then take no memory of their own); tensors it has that the model
+    lacks must already be on the session's device. Returns a StreamedWeights; close() undoes it."""
     if granularity not in ("block", "phase"):
         raise ValueError(f'granularity must be "block" or "phase", not {granularity!r}')
     if prefetch_depth < 0 or resident_blocks < 0:
@@ -217,10 +218,13 @@ class StreamedWeights:
 
 def _set_tensor(owner, attribute, tensor):
     current = owner._parameters.get(attribute)
-    if current is not None:
-        current.data = tensor
-    else:
+    if current is None:
         owner._buffers[attribute] = tensor
+    elif current.is_meta:
+        # A module built on the meta device: its parameters cannot take real data in place.
+        owner._parameters[attribute] = torch.nn.Parameter(tensor, requires_grad=False)
+    else:
+        current.data = tensor
 
 
 def _model_grouping(client, model):
