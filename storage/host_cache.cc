@@ -460,6 +460,8 @@ void HostCache::Release(Entry* entry) {
 
 std::optional<ArenaAllocation> HostCache::TryAllocateLocked(uint64_t bytes) {
   if (std::optional<ArenaAllocation> memory = arena_.Allocate(bytes)) return memory;
+  // While pinning still adds memory that will fit it, wait for that rather than evict.
+  if (arena_.pinning() && arena_.capacity() - arena_.used_bytes() >= bytes) return std::nullopt;
   // Evict only when that can be enough: a request larger than everything free and evictable
   // together must not empty the cache for nothing.
   uint64_t reclaimable = arena_.pinned_bytes() - arena_.used_bytes();

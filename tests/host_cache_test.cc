@@ -40,13 +40,13 @@ struct Answer {
   absl::StatusOr<HostObject> object = absl::UnknownError("no answer");
 };
 
-// A device whose host-memory registrations after the first wait for `gate`: an arena on it keeps
-// pinning in the background until the test opens the gate.
+// A device whose host-memory registrations after the first `prompt` wait for `gate`: an arena on
+// it keeps pinning in the background until the test opens the gate.
 class SlowPinningDevice : public DeviceWrapper {
  public:
-  using DeviceWrapper::DeviceWrapper;
+  SlowPinningDevice(Device& target, int prompt) : DeviceWrapper(target), prompt_(prompt) {}
   absl::Status RegisterHostMemory(void* data, size_t bytes) override {
-    if (registrations_++ > 0) gate.WaitForNotification();
+    if (registrations_++ >= prompt_) gate.WaitForNotification();
     return DeviceWrapper::RegisterHostMemory(data, bytes);
   }
   void Open() {
@@ -56,22 +56,24 @@ class SlowPinningDevice : public DeviceWrapper {
   absl::Notification gate;
 
  private:
+  const int prompt_;
   std::atomic<int> registrations_{0};
 };
 
 class HostCacheTest : public ::testing::Test {
  protected:
   // A cache holding `capacity_objects` block objects (each may take a page more than its size:
-  // room to read it in place). With `slow_pinning`, only the arena's first piece is pinned until
-  // slow_device_->Open().
+  // room to read it in place). With `pinned_pieces` > 0, only that many of the arena's pieces
+  // (kObjectBytes each) are pinned until slow_device_->Open().
   void Start(int capacity_objects, EvictionPolicy policy = EvictionPolicy::kFifo,
-             DiskReaderOptions reader_options = {}, bool slow_pinning = false) {
+             DiskReaderOptions reader_options = {}, int pinned_pieces = 0) {
+    const bool slow_pinning = pinned_pieces > 0;
     auto device = HostDevice::Create();
     ASSERT_THAT(device, IsOk());
     device_ = *std::move(device);
     Device* arena_device = device_.get();
     if (slow_pinning) {
-      slow_device_ = std::make_unique<SlowPinningDevice>(*device_);
+      slow_device_ = std::make_unique<SlowPinningDevice>(*device_, pinned_pieces);
       arena_device = slow_device_.get();
     }
     auto arena =
@@ -195,7 +197,7 @@ TEST_F(HostCacheTest, FetchReadsTheObjectAndRecordsItsChecksum) {
 // for the pinning instead of failing (a prefetch right after start-up used to be refused as "host
 // cache full" and never read).
 TEST_F(HostCacheTest, FetchWaitsForTheArenaStillPinning) {
-  Start(3, EvictionPolicy::kFifo, {}, /*slow_pinning=*/true);
+  Start(3, EvictionPolicy::kFifo, {}, /*pinned_pieces=*/1);
   RegisterModel(2);
   ASSERT_TRUE(arena_->pinning());
   auto answer = Fetch("m/blocks.1");
@@ -205,6 +207,22 @@ TEST_F(HostCacheTest, FetchWaitsForTheArenaStillPinning) {
   ASSERT_TRUE(answer->ready.WaitForNotificationWithTimeout(kTimeout));
   ASSERT_THAT(answer->object, IsOk());
   EXPECT_TRUE(HoldsBlock(*answer->object, 1));
+}
+
+// Nor does it evict what is cached to make room that pinning is about to add.
+TEST_F(HostCacheTest, FetchWaitsForPinningRatherThanEvict) {
+  Start(4, EvictionPolicy::kFifo, {}, /*pinned_pieces=*/3);  // room for two objects so far
+  RegisterModel(3);
+  ASSERT_THAT(FetchNow("m/blocks.0"), IsOk());
+  ASSERT_THAT(FetchNow("m/blocks.1"), IsOk());
+  auto third = Fetch("m/blocks.2");
+  EXPECT_FALSE(third->ready.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  slow_device_->Open();
+  ASSERT_TRUE(third->ready.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(third->object, IsOk());
+  EXPECT_TRUE(HoldsBlock(*third->object, 2));
+  EXPECT_EQ(cache_->stats().evictions, 0u);
+  EXPECT_EQ(cache_->stats().objects, 3u);
 }
 
 TEST_F(HostCacheTest, ConcurrentFetchesOfOneObjectShareOneRead) {
