@@ -8,7 +8,7 @@ import torch
 import tierd
 import tierd.torch
 from dit_model import DiT, save_safetensors
-from tierd_testing import DaemonTestCase, synchronize, torch_device
+from tierd_testing import Daemon, DaemonTestCase, synchronize, torch_device
 
 BLOCKS = 6
 CONFIG = dict(blocks=BLOCKS, dim=64, ffn_dim=256, heads=4, in_dim=16, context_dim=32)
@@ -99,6 +99,38 @@ class StreamWeightsTest(DaemonTestCase):
     def test_no_prefetch_still_matches(self):
         outputs, _, _ = self.run_streamed("dit", prefetch_depth=0)
         self.assert_outputs_equal(outputs)
+
+    def stream_with_pool(self, name, blocks_in_pool, depth):
+        """Streams through a daemon whose pool holds the resident objects and `blocks_in_pool`
+        blocks; returns the outputs and the daemon's GPU evictions."""
+        def staged(size):
+            return -(-size // 4096) * 4096
+
+        objects = self.client.list_objects("dit")
+        block = max(staged(o.size) for o in objects if o.key.startswith("dit/blocks."))
+        resident = sum(staged(o.size) for o in objects if not o.key.startswith("dit/blocks."))
+        pool = resident + blocks_in_pool * block
+        daemon = Daemon(self.model_dir(name), gpu_pool=str(pool), gpu_slab=str(pool))
+        try:
+            with tierd.Client(daemon.socket) as client:
+                client.register_model("dit", self.model_dir("dit"))
+                module = self.fresh_module()
+                with tierd.torch.stream_weights(module, client, "dit", prefetch_depth=depth):
+                    with torch.no_grad():
+                        outputs = [module(*args) for args in self.inputs]
+                    synchronize()
+                return outputs, client.stats().gpu.evictions
+        finally:
+            daemon.stop()
+
+    def test_a_pool_of_depth_plus_one_blocks_is_enough(self):
+        outputs, evictions = self.stream_with_pool("tight", blocks_in_pool=3, depth=2)
+        self.assert_outputs_equal(outputs)
+        self.assertGreater(evictions, 0)
+        # One block fewer cannot hold the window: refused, not hung.
+        with self.assertRaises(tierd.TierdError) as caught:
+            self.stream_with_pool("too-tight", blocks_in_pool=2, depth=2)
+        self.assertEqual(caught.exception.code, tierd.StatusCode.RESOURCE_EXHAUSTED)
 
     def test_mistakes_are_refused_clearly(self):
         module = self.fresh_module()

@@ -26,7 +26,7 @@ import grpc
 import torch
 
 from . import _transport
-from .dtypes import to_safetensors, to_torch
+from .dtypes import ELEMENT_BYTES, to_safetensors, to_torch
 from .errors import StatusCode, TierdError, code_from_number, from_rpc_error
 from .v1 import tierd_pb2, tierd_pb2_grpc
 
@@ -70,8 +70,7 @@ def tensor_views(buffer, infos):
                              f"tensor {info.name} lies outside its object ({info.offset}+{info.size}"
                              f" > {buffer.numel()})")
         raw = buffer[info.offset: info.offset + info.size]
-        item = torch.empty((), dtype=dtype).element_size()
-        if (raw.storage_offset() % item) != 0:
+        if raw.storage_offset() % ELEMENT_BYTES[dtype] != 0:
             _log.warning("tensor %s is not aligned for %s in its object; copying it", info.name,
                          info.dtype)
             raw = raw.clone()
@@ -131,12 +130,18 @@ class PendingFetch:
         self._session = session
         self.key = key
         self._done = threading.Event()
+        self._lock = threading.Lock()
         self._response = None
         self._taken = False
+        self._cancelled = False
 
     def _answer(self, response):
-        self._response = response
+        with self._lock:
+            self._response = response
+            cancelled = self._cancelled
         self._done.set()
+        if cancelled:
+            self._session._release_unread(response)
 
     def result(self, stream=None, timeout=None):
         """The lease, with `stream` (default: the current stream) made to wait for its bytes."""
@@ -152,7 +157,11 @@ class PendingFetch:
         if self._taken:
             return
         self._taken = True
-        self._session._discard_fetch(self)
+        with self._lock:
+            self._cancelled = True
+            response = self._response
+        if response is not None:
+            self._session._release_unread(response)
 
 
 class _Pending:
@@ -179,7 +188,7 @@ class Session:
         self._handles_lock = threading.Lock()
         self._slabs = {}
         self._events = {}
-        self._handle_kinds = {}
+        self._handle_bytes = {}
         self._commits = collections.Counter()  # key -> commits in flight
         self._commit_error = None
         self._commits_changed = threading.Condition(self._lock)
@@ -194,7 +203,6 @@ class Session:
         except BaseException:
             self.close()
             raise
-        self._open_waiting_handles()
 
     # ---- public -----------------------------------------------------------------------------
 
@@ -337,37 +345,24 @@ class Session:
             tensors = tensor_views(buffer, lease.tensors)
             self._backend.wait_event(ready, self._stream(stream))
         except BaseException:
-            if done is not None:
-                self._release(lease.lease_id, done, stream)
-            else:
-                self._release_unused(lease.lease_id)
+            self._release(lease.lease_id, done, stream)
             raise
         return Lease(self, lease.key, lease.lease_id, buffer, tensors, done)
 
     def _release(self, lease_id, done_event, stream):
-        self._backend.record_event(done_event, self._stream(stream))
+        """Records `done_event` on `stream` (None: nothing of ours read the buffer, so there is
+        nothing to wait for) and sends the release without waiting for an answer."""
+        if done_event is not None:
+            self._backend.record_event(done_event, self._stream(stream))
         request = tierd_pb2.SessionRequest()
         request.release.lease_id = lease_id
         request.release.quiet = True
         self._send_quiet(request)
 
-    def _release_unused(self, lease_id):
-        # Nothing of ours read the buffer; its done event has never been recorded by us.
-        request = tierd_pb2.SessionRequest()
-        request.release.lease_id = lease_id
-        request.release.quiet = True
-        self._send_quiet(request)
-
-    def _discard_fetch(self, pending):
-        def release_when_answered():
-            pending._done.wait()
-            if pending._response is not None and pending._response.code == 0:
-                self._release_unused(pending._response.lease.lease_id)
-
-        if pending._done.is_set():
-            release_when_answered()
-        else:
-            threading.Thread(target=release_when_answered, daemon=True).start()
+    def _release_unread(self, response):
+        # A cancelled fetch's answer: may run on the reader thread, so it only sends.
+        if response.code == 0:
+            self._release(response.lease.lease_id, None, None)
 
     def _commit_done(self, key, response):
         with self._lock:
@@ -471,20 +466,14 @@ class Session:
         # Only recorded here; opened on first use (the reader thread must not block on a device).
         with self._handles_lock:
             for handle in handles:
-                self._handle_kinds[(handle.kind, handle.id)] = bytes(handle.handle)
-
-    def _open_waiting_handles(self):
-        with self._handles_lock:
-            waiting = list(self._handle_kinds)
-        for kind, handle_id in waiting:
-            (self._slab if kind == tierd_pb2.Handle.SLAB else self._event)(handle_id)
+                self._handle_bytes[(handle.kind, handle.id)] = bytes(handle.handle)
 
     def _opened(self, kind, handle_id, cache, open_handle):
         with self._handles_lock:
             opened = cache.get(handle_id)
             if opened is not None:
                 return opened
-            raw = self._handle_kinds.get((kind, handle_id))
+            raw = self._handle_bytes.get((kind, handle_id))
         if raw is None:
             raise TierdError(StatusCode.INTERNAL, f"the daemon never sent handle {handle_id}")
         opened = open_handle(raw)

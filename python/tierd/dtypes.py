@@ -11,6 +11,8 @@ _NAMES = {
 # Only the types this torch has (older releases lack unsigned wide ints and float8).
 TORCH_DTYPES = {name: getattr(torch, attr) for name, attr in _NAMES.items() if hasattr(torch, attr)}
 SAFETENSORS_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
+# Bytes per element, looked up on the fetch path rather than asked of torch each time.
+ELEMENT_BYTES = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in SAFETENSORS_NAMES}
 
 
 def to_torch(name):

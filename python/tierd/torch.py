@@ -87,10 +87,10 @@ class StreamedWeights:
             raise ValueError(f'model {model} is registered with grouping "tensor"; '
                              f'register it with "block" or "phase" to stream it')
         self.units = _plan_units(module, session._client.list_objects(model), model, granularity)
-        self._streamed = [unit for unit in self.units if not unit.resident]
-        for unit in self._streamed[:resident_blocks]:
+        blocks = [unit for unit in self.units if not unit.resident]
+        for unit in blocks[:resident_blocks]:
             unit.resident = True
-        self._streamed = [unit for unit in self.units if not unit.resident]
+        self._streamed = blocks[resident_blocks:]
         self._position = {id(unit): index for index, unit in enumerate(self._streamed)}
         try:
             for unit in self.units:
@@ -148,6 +148,7 @@ class StreamedWeights:
         self._send_ahead(unit)
 
     def _after(self, unit):
+        """Empties the unit's parameters and releases its leases after the current stream's work."""
         if unit.leases is None:
             return
         for _, owner, attribute in unit.parameters:
@@ -201,12 +202,7 @@ class StreamedWeights:
             for fetch in unit.pending:
                 fetch.cancel()
             unit.pending = None
-        if unit.leases is not None:
-            for _, owner, attribute in unit.parameters:
-                _set_tensor(owner, attribute, self._placeholder(getattr(owner, attribute).dtype))
-            leases, unit.leases = unit.leases, None
-            for lease in leases:
-                lease.release()
+        self._after(unit)
 
     def _placeholder(self, dtype):
         placeholder = self._placeholders.get(dtype)
@@ -246,8 +242,6 @@ def _repeated_children(module):
 
 def _plan_units(module, objects, model, granularity):
     """Groups the model's objects into units hooked on submodules, in the module's order."""
-    tensors = dict(module.named_parameters())
-    tensors.update(module.named_buffers())
     owners = {}
     for path, submodule in module.named_modules():
         for attribute, _ in list(submodule._parameters.items()) + list(submodule._buffers.items()):
@@ -258,12 +252,13 @@ def _plan_units(module, objects, model, granularity):
     covered = set()
     for info in objects:
         names = [tensor.name for tensor in info.tensors]
+        stored_tensors = {tensor.name: tensor for tensor in info.tensors}
         for name in names:
             if name not in owners:
                 raise ValueError(f"tensor {name} of {info.key} is not a parameter or buffer of "
                                  f"the module")
-            stored = _tensor_info(info, name)
-            ours = tensors[name]
+            stored = stored_tensors[name]
+            ours = getattr(*owners[name])
             if tuple(stored.shape) != tuple(ours.shape) or to_torch(stored.dtype) != ours.dtype:
                 raise ValueError(f"{name} is {stored.dtype} {list(stored.shape)} in {model} but "
                                  f"{ours.dtype} {list(ours.shape)} in the module")
@@ -288,13 +283,6 @@ def _plan_units(module, objects, model, granularity):
                              f"{', '.join(missing[:5])}")
     order = {path: index for index, (path, _) in enumerate(module.named_modules())}
     return sorted(units.values(), key=lambda unit: order[unit.path])
-
-
-def _tensor_info(info, name):
-    for tensor in info.tensors:
-        if tensor.name == name:
-            return tensor
-    raise KeyError(name)
 
 
 def _prefixes(path):
