@@ -3,7 +3,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -113,17 +112,6 @@ int Health(const Args&) {
 int Load(const Args& args) {
   const std::optional<tierd::v1::Grouping> grouping = ParseGrouping(absl::GetFlag(FLAGS_group));
   if (!grouping) return BadUsage("--group must be tensor, block or phase");
-  // The daemon resolves the directory itself, from its own working directory.
-  std::error_code error;
-  const std::filesystem::path absolute = std::filesystem::absolute(args[1], error);
-  if (error) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(args[1], ": ", error.message())));
-  }
-  // Only "." parts are dropped: dropping "x/.." (lexically_normal) would skip a symlink x.
-  std::filesystem::path directory;
-  for (const std::filesystem::path& part : absolute) {
-    if (part != ".") directory /= part;
-  }
   absl::StatusOr<std::unique_ptr<tierd::Client>> client = Connect();
   if (!client.ok()) return Fail(client.status());
 
@@ -131,7 +119,7 @@ int Load(const Args& args) {
   std::optional<tierd::RegisterProgress> progress;
   if (!json) progress.emplace();
   absl::StatusOr<tierd::v1::ModelSummary> summary =
-      (*client)->RegisterModel(args[0], directory.string(), *grouping,
+      (*client)->RegisterModel(args[0], args[1], *grouping,
                                [&progress](const tierd::v1::RegisterModelProgress& update) {
                                  if (progress) progress->Update(update);
                                });

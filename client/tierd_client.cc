@@ -1,11 +1,11 @@
 #include "client/tierd_client.h"
 
+#include <filesystem>
 #include <iterator>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "client/health.h"
 #include "client/session_core.h"
 #include "common/session_socket.h"
@@ -279,13 +279,32 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
   return session;
 }
 
+namespace {
+
+// `directory` made absolute against this process's working directory: the daemon takes absolute
+// paths only. Only "." parts are dropped: dropping "x/.." (lexically_normal) would skip a symlink x.
+absl::StatusOr<std::string> AbsoluteDirectory(const std::string& directory) {
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(directory, error);
+  if (error) return absl::InvalidArgumentError(absl::StrCat(directory, ": ", error.message()));
+  std::filesystem::path result;
+  for (const std::filesystem::path& part : absolute) {
+    if (part != ".") result /= part;
+  }
+  return result.string();
+}
+
+}  // namespace
+
 absl::StatusOr<v1::ModelSummary> Client::RegisterModel(
     const std::string& name, const std::string& directory, v1::Grouping grouping,
     const std::function<void(const v1::RegisterModelProgress&)>& progress) {
+  absl::StatusOr<std::string> absolute = AbsoluteDirectory(directory);
+  if (!absolute.ok()) return absolute.status();
   grpc::ClientContext context;
   v1::RegisterModelRequest request;
   request.set_name(name);
-  request.set_directory(directory);
+  request.set_directory(*absolute);
   request.set_grouping(grouping);
   std::unique_ptr<grpc::ClientReader<v1::RegisterModelProgress>> reader =
       stub_->RegisterModel(&context, request);

@@ -159,8 +159,9 @@ class Client {
   // Opens a data-path session. Errors: UNAVAILABLE when the daemon is not reachable.
   absl::StatusOr<std::unique_ptr<Session>> OpenSession();
 
-  // Registers a model; `progress` (optional) sees each progress message. No deadline: a large
-  // model on a cold disk takes a while.
+  // Registers a model from `directory`, relative to this process's working directory or absolute
+  // (the daemon is sent the absolute path); `progress` (optional) sees each progress message. No
+  // deadline: a large model on a cold disk takes a while.
   absl::StatusOr<v1::ModelSummary> RegisterModel(
       const std::string& name, const std::string& directory, v1::Grouping grouping,
       const std::function<void(const v1::RegisterModelProgress&)>& progress = nullptr);

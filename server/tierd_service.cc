@@ -43,6 +43,11 @@ class RegisterReactor final : public grpc::ServerWriteReactor<v1::RegisterModelP
     absl::StatusOr<ModelSummary> summary = absl::UnknownError("not registered");
     if (!grouping.ok()) {
       summary = grouping.status();
+    } else if (request_.directory().empty() || request_.directory().front() != '/') {
+      // A relative path would be resolved against the daemon's working directory, not the
+      // caller's; the client libraries send absolute ones.
+      summary = absl::InvalidArgumentError(absl::StrCat(
+          "register.directory must be an absolute path, not \"", request_.directory(), "\""));
     } else {
       TIERD_LOG(INFO) << "registering model " << request_.name() << " from "
                       << request_.directory() << " (" << GroupingName(*grouping) << ")";

@@ -55,13 +55,12 @@ def main():
 
     torch.manual_seed(0)
     reference = DiT(**config).to(device).eval()
-    model_dir = os.path.abspath(args.model_dir)  # the daemon resolves it, not this process
-    os.makedirs(model_dir, exist_ok=True)
-    path = os.path.join(model_dir, "model.safetensors")
+    os.makedirs(args.model_dir, exist_ok=True)
+    path = os.path.join(args.model_dir, "model.safetensors")
     save_safetensors(reference.state_dict(), path)
     if any(model.name == args.name for model in client.list_models()):
         client.drop_model(args.name)
-    summary = client.register_model(args.name, model_dir, grouping=args.granularity)
+    summary = client.register_model(args.name, args.model_dir, grouping=args.granularity)
     print(f"dit_streaming: saved {path} and registered {args.name}: {summary.objects} objects, "
           f"{summary.total_bytes / 2**20:.1f} MiB")
 

@@ -5,9 +5,11 @@ import os
 import signal
 import time
 
+import grpc
 import torch
 
 import tierd
+import tierd.v1.tierd_pb2
 from dit_model import save_safetensors
 from tierd_testing import TIMEOUT, DaemonTestCase, run_python, synchronize, torch_device
 
@@ -59,6 +61,21 @@ class ClientTest(DaemonTestCase):
         self.assertEqual(sorted(t.name for t in objects["m/blocks.2"].tensors),
                          sorted(self.block_names(2)))
         self.assertEqual([m.name for m in self.client.list_models()], ["m"])
+
+    def test_a_relative_model_directory_is_the_callers(self):
+        previous = os.getcwd()
+        os.chdir(self.directory)
+        try:
+            summary = self.client.register_model("relative", "model")
+        finally:
+            os.chdir(previous)
+        self.assertEqual(summary.directory, self.model_dir("model"))
+        # The daemon itself refuses a relative path: it would resolve it against its own directory.
+        with self.assertRaises(grpc.RpcError) as caught:
+            list(self.client._stub.RegisterModel(
+                tierd.v1.tierd_pb2.RegisterModelRequest(name="raw", directory="model")))
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("absolute", caught.exception.details())
 
     def test_fetch_views_the_files_tensors(self):
         with self.client.session() as session:

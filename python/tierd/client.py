@@ -535,10 +535,13 @@ class Client:
                              f"no daemon answered on {self.socket_path} within {timeout} s") from None
 
     def register_model(self, name, directory, grouping="block", progress=None):
-        """Registers a directory of .safetensors files as model `name`; `progress(files_done,
+        """Registers a directory of .safetensors files (absolute, or relative to this process's
+        working directory) as model `name`; `progress(files_done,
         files_total, current_file)` is called as each file's header is read. Returns the
         ModelSummary."""
-        request = tierd_pb2.RegisterModelRequest(name=name, directory=str(directory),
+        # The daemon takes absolute paths: a relative one is this process's, not the daemon's.
+        directory = os.path.join(os.getcwd(), os.fspath(directory))
+        request = tierd_pb2.RegisterModelRequest(name=name, directory=directory,
                                                  grouping=_grouping(grouping))
         summary = None
         try:
