@@ -1,7 +1,6 @@
 // The tierd daemon: owns the Device, the state directory, the storage tiers (catalog, pinned host
 // arena, disk reader, spill writer, host cache), the GPU tier and the gRPC server on the Unix
-// socket. Created by
-// main() (or a test) from DaemonOptions; serves until Shutdown().
+// socket. Created by main() (or a test) from DaemonOptions; serves until Shutdown().
 #ifndef TIERD_SERVER_DAEMON_H_
 #define TIERD_SERVER_DAEMON_H_
 
@@ -49,7 +48,6 @@ class Daemon {
   Device& device() { return *device_; }
   Catalog& catalog() { return *catalog_; }
   HostCache& host_cache() { return *host_cache_; }
-  GpuTier& gpu_tier() { return *gpu_tier_; }
 
  private:
   Daemon(DaemonOptions options, std::unique_ptr<Device> device, int state_lock_fd);

@@ -29,7 +29,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -280,7 +279,7 @@ class GpuTier {
   std::deque<AllocationWaiter> allocation_waiters_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, PendingCommit> commits_ ABSL_GUARDED_BY(mu_);  // between request and host tier
   uint64_t next_commit_ ABSL_GUARDED_BY(mu_) = 1;
-  // Index and spillability of committed stored objects, by key: fetches need them after the GPU
+  // Size and tensor index of committed stored objects, by key: fetches need them after the GPU
   // copy is gone.
   struct StoredMeta {
     uint64_t size = 0;

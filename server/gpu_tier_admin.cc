@@ -25,9 +25,8 @@ absl::StatusOr<bool> GpuTier::Prefetch(const std::string& key, absl::Time deadli
     TouchLocked(object);
     return false;
   }
-  ASSIGN_OR_RETURN(Object * object,
-                   StartLoadLocked(key, ReadPriority::kPrefetch, deadline, deferred.calls()));
-  (void)object;
+  RETURN_IF_ERROR(
+      StartLoadLocked(key, ReadPriority::kPrefetch, deadline, deferred.calls()).status());
   return true;
 }
 

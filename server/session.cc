@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 #include "server/proto_convert.h"
 
 namespace tierd {
@@ -22,6 +24,49 @@ absl::Time DeadlineFromMs(uint32_t deadline_ms) {
 }
 
 }  // namespace
+
+absl::Status CheckKey(const std::string& key, uint32_t max_key_bytes, absl::string_view field) {
+  if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
+  if (key.size() > max_key_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " is ", key.size(), " bytes, longer than the limit of ", max_key_bytes));
+  }
+  absl::Status split = SplitObjectKey(key).status();
+  if (!split.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", split.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::PrefetchResponse> RunPrefetch(GpuTier& tier, const v1::PrefetchRequest& request,
+                                                 uint32_t max_key_bytes, absl::string_view field) {
+  for (int i = 0; i < request.keys_size(); ++i) {
+    RETURN_IF_ERROR(
+        CheckKey(request.keys(i), max_key_bytes, absl::StrCat(field, ".keys[", i, "]")));
+  }
+  const absl::Time deadline = DeadlineFromMs(request.deadline_ms());
+  v1::PrefetchResponse response;
+  for (const std::string& key : request.keys()) {
+    ASSIGN_OR_RETURN(const bool started, tier.Prefetch(key, deadline, request.host_only()));
+    response.set_started(response.started() + (started ? 1 : 0));
+  }
+  return response;
+}
+
+absl::StatusOr<v1::EvictResponse> RunEvict(GpuTier& tier, const v1::EvictRequest& request,
+                                           uint32_t max_key_bytes, absl::string_view field) {
+  ASSIGN_OR_RETURN(const EvictTier evict_tier, FromProto(request.tier()));
+  if (request.key().empty() || request.key().size() > max_key_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".key must be a key or a prefix ending in '/' of at most ",
+                     max_key_bytes, " bytes"));
+  }
+  ASSIGN_OR_RETURN(const EvictResult result, tier.Evict(request.key(), evict_tier));
+  v1::EvictResponse response;
+  response.set_evicted(result.evicted);
+  response.set_skipped(result.skipped);
+  return response;
+}
 
 SessionProtocol::SessionProtocol(GpuTier& tier, SessionOptions options, Send send)
     : tier_(tier), options_(std::move(options)), send_(std::move(send)) {}
@@ -45,19 +90,6 @@ void SessionProtocol::Reply(uint64_t request_id, const absl::Status& status) {
   send_(std::move(response));
 }
 
-absl::Status SessionProtocol::CheckKey(const std::string& key, const char* field) const {
-  if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
-  if (key.size() > options_.max_key_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " is ", key.size(),
-                                                   " bytes, longer than the limit of ",
-                                                   options_.max_key_bytes));
-  }
-  absl::Status split = SplitObjectKey(key).status();
-  if (!split.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", split.message()));
-  }
-  return absl::OkStatus();
-}
 
 void SessionProtocol::Handle(const v1::SessionRequest& request) {
   const uint64_t id = request.request_id();
@@ -123,6 +155,7 @@ void SessionProtocol::Open(uint64_t request_id, const v1::OpenSession& open) {
     tier_.CloseClient(*client);
     return Reply(request_id, absl::FailedPreconditionError("the session is already open"));
   }
+  TIERD_VLOG(1) << "session " << *client << " opened by \"" << open.client_name() << "\"";
   v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
   v1::SessionOpened* opened = response.mutable_opened();
   opened->set_session_id(*client);
@@ -186,19 +219,11 @@ void SessionProtocol::Fetch(uint64_t request_id, ClientId client, const v1::Fetc
 }
 
 void SessionProtocol::Prefetch(uint64_t request_id, const v1::PrefetchRequest& prefetch) {
-  for (int i = 0; i < prefetch.keys_size(); ++i) {
-    absl::Status key = CheckKey(prefetch.keys(i), absl::StrCat("prefetch.keys[", i, "]").c_str());
-    if (!key.ok()) return Reply(request_id, key);
-  }
-  uint32_t started = 0;
-  const absl::Time deadline = DeadlineFromMs(prefetch.deadline_ms());
-  for (const std::string& key : prefetch.keys()) {
-    absl::StatusOr<bool> did = tier_.Prefetch(key, deadline, prefetch.host_only());
-    if (!did.ok()) return Reply(request_id, did.status());
-    started += *did ? 1 : 0;
-  }
+  absl::StatusOr<v1::PrefetchResponse> result =
+      RunPrefetch(tier_, prefetch, options_.max_key_bytes, "prefetch");
+  if (!result.ok()) return Reply(request_id, result.status());
   v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
-  response.mutable_prefetched()->set_started(started);
+  *response.mutable_prefetched() = *std::move(result);
   send_(std::move(response));
 }
 
@@ -252,17 +277,11 @@ void SessionProtocol::Pin(uint64_t request_id, ClientId client, const std::strin
 }
 
 void SessionProtocol::Evict(uint64_t request_id, const v1::EvictRequest& evict) {
-  absl::StatusOr<EvictTier> tier = FromProto(evict.tier());
-  if (!tier.ok()) return Reply(request_id, tier.status());
-  if (evict.key().empty() || evict.key().size() > options_.max_key_bytes) {
-    return Reply(request_id,
-                 absl::InvalidArgumentError("evict.key must be a key or a prefix ending in '/'"));
-  }
-  absl::StatusOr<EvictResult> result = tier_.Evict(evict.key(), *tier);
+  absl::StatusOr<v1::EvictResponse> result =
+      RunEvict(tier_, evict, options_.max_key_bytes, "evict");
   if (!result.ok()) return Reply(request_id, result.status());
   v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
-  response.mutable_evicted()->set_evicted(result->evicted);
-  response.mutable_evicted()->set_skipped(result->skipped);
+  *response.mutable_evicted() = *std::move(result);
   send_(std::move(response));
 }
 

@@ -17,6 +17,9 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "server/gpu_tier.h"
 #include "tierd/v1/tierd.pb.h"
@@ -31,6 +34,17 @@ struct SessionOptions {
   uint32_t max_key_bytes = 1024;
   uint32_t max_tensors = 65536;  // per stored object
 };
+
+// Checks an object key from a request: non-empty, at most `max_key_bytes`, "NAMESPACE/NAME".
+// INVALID_ARGUMENT naming `field` otherwise.
+absl::Status CheckKey(const std::string& key, uint32_t max_key_bytes, absl::string_view field);
+
+// Prefetch and Evict as both the session and the unary calls serve them: the request is checked
+// (errors name fields under `field`, e.g. "prefetch") and run on `tier`.
+absl::StatusOr<v1::PrefetchResponse> RunPrefetch(GpuTier& tier, const v1::PrefetchRequest& request,
+                                                 uint32_t max_key_bytes, absl::string_view field);
+absl::StatusOr<v1::EvictResponse> RunEvict(GpuTier& tier, const v1::EvictRequest& request,
+                                           uint32_t max_key_bytes, absl::string_view field);
 
 class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
  public:
@@ -62,7 +76,9 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
   // Adds the handles the session has not been sent yet to `response` and sends it.
   void SendWithHandles(v1::SessionResponse response, uint32_t slab,
                        std::initializer_list<uint32_t> events) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status CheckKey(const std::string& key, const char* field) const;
+  absl::Status CheckKey(const std::string& key, absl::string_view field) const {
+    return tierd::CheckKey(key, options_.max_key_bytes, field);
+  }
 
   GpuTier& tier_;
   const SessionOptions options_;

@@ -49,7 +49,6 @@ class SessionSocketServer {
   // serialized; later calls find nothing left to do.
   void Shutdown(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_, shutdown_mu_);
 
-  const std::string& path() const { return path_; }
 
  private:
   struct Connection;

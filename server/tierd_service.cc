@@ -188,35 +188,21 @@ grpc::ServerUnaryReactor* TierdService::Prefetch(grpc::CallbackServerContext* co
                                                  const v1::PrefetchRequest* request,
                                                  v1::PrefetchResponse* response) {
   if (absl::Status serving = CheckServing(); !serving.ok()) return Finish(context, serving);
-  for (int i = 0; i < request->keys_size(); ++i) {
-    absl::Status key = SplitObjectKey(request->keys(i)).status();
-    if (!key.ok()) {
-      return Finish(context, absl::InvalidArgumentError(
-                                 absl::StrCat("keys[", i, "]: ", key.message())));
-    }
-  }
-  const absl::Time deadline = request->deadline_ms() == 0
-                                  ? absl::InfiniteFuture()
-                                  : absl::Now() + absl::Milliseconds(request->deadline_ms());
-  uint32_t started = 0;
-  for (const std::string& key : request->keys()) {
-    absl::StatusOr<bool> did = gpu_tier_.Prefetch(key, deadline, request->host_only());
-    if (!did.ok()) return Finish(context, did.status());
-    started += *did ? 1 : 0;
-  }
-  response->set_started(started);
+  absl::StatusOr<v1::PrefetchResponse> result =
+      RunPrefetch(gpu_tier_, *request, session_options_.max_key_bytes, "prefetch");
+  if (!result.ok()) return Finish(context, result.status());
+  *response = *std::move(result);
   return Finish(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* TierdService::Evict(grpc::CallbackServerContext* context,
                                               const v1::EvictRequest* request,
                                               v1::EvictResponse* response) {
-  absl::StatusOr<EvictTier> tier = FromProto(request->tier());
-  if (!tier.ok()) return Finish(context, tier.status());
-  absl::StatusOr<EvictResult> result = gpu_tier_.Evict(request->key(), *tier);
+  if (absl::Status serving = CheckServing(); !serving.ok()) return Finish(context, serving);
+  absl::StatusOr<v1::EvictResponse> result =
+      RunEvict(gpu_tier_, *request, session_options_.max_key_bytes, "evict");
   if (!result.ok()) return Finish(context, result.status());
-  response->set_evicted(result->evicted);
-  response->set_skipped(result->skipped);
+  *response = *std::move(result);
   return Finish(context, absl::OkStatus());
 }
 
@@ -254,7 +240,7 @@ grpc::ServerUnaryReactor* TierdService::GetStats(grpc::CallbackServerContext* co
   response->set_reservations(gpu.reservations);
   response->set_pins(gpu.pins);
   response->set_checksum_failures(host.checksum_failures);
-  response->set_models(catalog_.ListModels().size());
+  response->set_models(catalog_.model_count());
   response->set_slabs(gpu.slabs);
   response->set_events(gpu.events);
   return Finish(context, absl::OkStatus());

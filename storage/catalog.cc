@@ -449,6 +449,11 @@ absl::Status Catalog::DropModel(const std::string& name) {
   return absl::OkStatus();
 }
 
+size_t Catalog::model_count() const {
+  absl::MutexLock lock(&mu_);
+  return models_.size();
+}
+
 std::vector<ModelSummary> Catalog::ListModels() const {
   absl::MutexLock lock(&mu_);
   std::vector<ModelSummary> summaries;

@@ -154,6 +154,8 @@ class Catalog {
   absl::Status DropModel(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
 
   std::vector<ModelSummary> ListModels() const ABSL_LOCKS_EXCLUDED(mu_);
+  // How many models are registered (without summarizing them).
+  size_t model_count() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::shared_ptr<const ModelInfo>> GetModel(const std::string& name) const
       ABSL_LOCKS_EXCLUDED(mu_);
 

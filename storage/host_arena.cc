@@ -13,9 +13,6 @@
 #include "device/pinned_host_buffer.h"
 
 namespace tierd {
-namespace {
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(Device& device,
                                                              const HostArenaOptions& options) {

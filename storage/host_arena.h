@@ -1,9 +1,8 @@
 // The pinned host memory of the host tier: one region of --host-cache-bytes, page-aligned, pinned
 // (registered with the Device) in pieces by a background thread, so the daemon is usable as soon as
-// the first piece is pinned rather than after the whole arena — pinning through registration ran
-// at 2–2.7 GiB/s on the H100 machine, and an arena can be hundreds of GiB. Allocations come only
-// from the pinned part; they are page-aligned and page-sized, so O_DIRECT I/O can use them as they
-// are.
+// the first piece is pinned rather than after the whole arena — pinning takes seconds for every
+// ten GiB or so, and an arena can be hundreds of GiB. Allocations come only from the pinned part;
+// they are page-aligned and page-sized, so O_DIRECT I/O can use them as they are.
 //
 // Each piece is its own registration, and the CUDA driver treats a copy that spans two
 // registrations as pageable. Device copies from the arena must therefore be split at multiples of

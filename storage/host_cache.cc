@@ -63,8 +63,6 @@ namespace {
 
 using Entry = HostObject::Entry;
 
-// Runs the calls collected under a lock once it is released: declared before the MutexLock, it is
-// destroyed after it.
 uint64_t Checksum(const uint8_t* data, uint64_t size) { return XXH3_64bits(data, size); }
 
 bool LosesStoredObject(const absl::Status& status) {
