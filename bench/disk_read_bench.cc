@@ -10,7 +10,6 @@
 // median is reported, and the ratio of the medians is the figure of merit.
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,7 +24,6 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
 #include "bench/bench_support.h"

@@ -211,8 +211,9 @@ class Bench {
 
   // Fetches `objects` on stream() and waits for their bytes; returns the seconds that took.
   // `prefetch_first` sends one prefetch of them all before the fetches, as a loader does.
-  double FetchAll(tierd::Session& session, tierd::Stream& stream,
-                  const std::vector<Object>& objects, bool prefetch_first) {
+  double FetchAll(const std::vector<Object>& objects, bool prefetch_first) {
+    tierd::Session& session = this->session();
+    tierd::Stream& stream = this->stream();
     std::vector<tierd::Lease> leases;
     leases.reserve(objects.size());
     const Clock::time_point start = Clock::now();
@@ -326,7 +327,7 @@ nlohmann::json Warm(Bench& bench) {
     largest_class = std::max(largest_class, TotalBytes(objects));
   }
   Progress("warm: loading the model into the host cache");
-  bench.FetchAll(bench.session(), bench.stream(), bench.objects(), /*prefetch_first=*/true);
+  bench.FetchAll(bench.objects(), /*prefetch_first=*/true);
   Buffers buffers = AllocateBuffers(bench.device(), largest_class);
   std::unique_ptr<tierd::Stream> plain_stream =
       Check(bench.device().CreateStream(tierd::StreamPriority::kHigh), "stream");
@@ -354,7 +355,7 @@ nlohmann::json Warm(Bench& bench) {
         bench.Evict(bench.model() + "/", tierd::v1::TIER_GPU);
         const double gbps =
             bytes / 1e9 /
-            bench.FetchAll(bench.session(), bench.stream(), objects, prefetch_first);
+            bench.FetchAll(objects, prefetch_first);
         (prefetch_first ? prefetch_runs : one_by_one_runs).push_back(gbps);
       }
     }
@@ -434,8 +435,7 @@ nlohmann::json Cold(Bench& bench) {
   for (int run = 0; run < absl::GetFlag(FLAGS_repeat); ++run) {
     bench.Evict(bench.model() + "/", tierd::v1::TIER_ALL);
     cold &= tierd::bench::DropPageCache();
-    tierd_runs.push_back(bytes / 1e9 / bench.FetchAll(bench.session(), bench.stream(),
-                                                      bench.objects(), /*prefetch_first=*/true));
+    tierd_runs.push_back(bytes / 1e9 / bench.FetchAll(bench.objects(), /*prefetch_first=*/true));
     cold &= tierd::bench::DropPageCache();
     tierd::bench::FioRead read;
     read.fio = absl::GetFlag(FLAGS_fio);
@@ -490,7 +490,7 @@ nlohmann::json Duplex(Bench& bench) {
   const uint64_t d2h_bytes = store_bytes * stores;
   const std::string store_prefix = "duplex-bench/";
   Progress("duplex: loading the model into the host cache");
-  bench.FetchAll(bench.session(), bench.stream(), bench.objects(), /*prefetch_first=*/true);
+  bench.FetchAll(bench.objects(), /*prefetch_first=*/true);
 
   // The storing side: its own session, stream and source buffer on the GPU.
   std::unique_ptr<tierd::Session> store_session =
@@ -538,7 +538,7 @@ nlohmann::json Duplex(Bench& bench) {
     double h2d_seconds = 0;
     const Clock::time_point start = Clock::now();
     std::thread h2d([&] {
-      h2d_seconds = bench.FetchAll(bench.session(), bench.stream(), bench.objects(),
+      h2d_seconds = bench.FetchAll(bench.objects(),
                                    /*prefetch_first=*/true);
     });
     for (int i = 0; i < stores; ++i) {

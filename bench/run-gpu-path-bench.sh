@@ -26,7 +26,6 @@ mkdir -p "$work"
 exec > >(tee "$out/bench.log") 2>&1
 
 [[ -x "$bundle/fio/fio" ]] || tar xJf "$bundle/fio.tar.xz" -C "$bundle"
-fio() { LD_LIBRARY_PATH=$bundle/fio/lib "$bundle/fio/fio" "$@"; }
 cat > "$bundle/fio/run" <<RUN
 #!/bin/sh
 LD_LIBRARY_PATH=$bundle/fio/lib exec $bundle/fio/fio "\$@"
@@ -39,7 +38,7 @@ chmod +x "$bundle/fio/run"
   echo "cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); kernel $(uname -r)"
   echo "memory: $(free -g | awk '/Mem:/ {print $2 " GiB"}')"
   echo "filesystem of $work: $(df -hT "$work" | tail -n 1)"
-  echo "fio: $(fio --version)"
+  echo "fio: $("$bundle/fio/run" --version)"
   echo "python: $("$python" -c 'import sys, torch, safetensors; print(sys.version.split()[0], "torch", torch.__version__, "safetensors", safetensors.__version__)' 2>&1 | tail -n 1)"
 } | tee "$out/environment.txt"
 

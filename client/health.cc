@@ -7,6 +7,11 @@
 
 namespace tierd {
 
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
 std::string UnixTarget(const std::string& socket_path) {
   return absl::StrCat("unix:", socket_path);
 }
@@ -18,9 +23,9 @@ absl::StatusOr<std::string> CheckHealth(const std::string& socket_path, absl::Du
   context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
   grpc::health::v1::HealthCheckRequest request;
   grpc::health::v1::HealthCheckResponse response;
-  grpc::Status status = stub->Check(&context, request, &response);
-  if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  if (absl::Status status = FromGrpcStatus(stub->Check(&context, request, &response));
+      !status.ok()) {
+    return status;
   }
   return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
 }

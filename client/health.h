@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
@@ -15,6 +16,17 @@ absl::StatusOr<std::string> CheckHealth(const std::string& socket_path, absl::Du
 
 // "unix:PATH", the gRPC target of a socket path.
 std::string UnixTarget(const std::string& socket_path);
+
+}  // namespace tierd
+
+namespace grpc {
+class Status;
+}  // namespace grpc
+
+namespace tierd {
+
+// A gRPC status as an absl::Status with the same code and message.
+absl::Status FromGrpcStatus(const grpc::Status& status);
 
 }  // namespace tierd
 

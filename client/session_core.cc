@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "client/tierd_client.h"
 
 namespace tierd {
 
@@ -17,6 +16,31 @@ struct SessionCore::Pending {
 };
 
 namespace {
+
+constexpr absl::string_view kEnded = "the session with tierd has ended";
+
+absl::Status Ended() { return absl::UnavailableError(kEnded); }
+
+// The answer a request gets when the session ends before the daemon's does.
+v1::SessionResponse EndedResponse(uint64_t request_id) {
+  v1::SessionResponse gone;
+  gone.set_request_id(request_id);
+  gone.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+  gone.set_message(std::string(kEnded));
+  return gone;
+}
+
+// The opened handle `id` in `handles`, or INTERNAL naming `what`.
+template <typename T>
+absl::StatusOr<T*> FindHandle(const std::map<uint32_t, std::unique_ptr<T>>& handles, uint32_t id,
+                              const char* what) {
+  auto it = handles.find(id);
+  if (it == handles.end()) {
+    return absl::InternalError(absl::StrCat("the daemon named ", what, " ", id,
+                                            " without its handle"));
+  }
+  return it->second.get();
+}
 
 void LogFailure(const v1::SessionResponse& response) {
   std::fprintf(stderr, "tierd client: request %llu failed: %s\n",
@@ -80,19 +104,14 @@ void SessionCore::ReadLoop() {
   {
     absl::MutexLock lock(&mu_);
     ended_ = true;
-    end_status_ = absl::UnavailableError("the session with tierd has ended");
     orphans.swap(pending_);
   }
   for (auto& [id, pending] : orphans) {
     if (pending->callback) {
-      v1::SessionResponse gone;
-      gone.set_request_id(id);
-      gone.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
-      gone.set_message("the session with tierd has ended");
-      pending->callback(gone);
+      pending->callback(EndedResponse(id));
       continue;
     }
-    pending->response = absl::UnavailableError("the session with tierd has ended");
+    pending->response = Ended();
     pending->done.Notify();
   }
 }
@@ -101,7 +120,7 @@ absl::StatusOr<v1::SessionResponse> SessionCore::Call(v1::SessionRequest request
   auto pending = std::make_shared<Pending>();
   {
     absl::MutexLock lock(&mu_);
-    if (ended_) return end_status_;
+    if (ended_) return Ended();
     request.set_request_id(next_request_++);
     pending_[request.request_id()] = pending;
   }
@@ -110,7 +129,7 @@ absl::StatusOr<v1::SessionResponse> SessionCore::Call(v1::SessionRequest request
     if (!transport_->Write(request)) {
       absl::MutexLock state(&mu_);
       pending_.erase(request.request_id());
-      return absl::UnavailableError("the session with tierd has ended");
+      return Ended();
     }
   }
   pending->done.WaitForNotification();
@@ -127,7 +146,7 @@ absl::Status SessionCore::Send(v1::SessionRequest request,
   };
   {
     absl::MutexLock lock(&mu_);
-    if (ended_) return end_status_;
+    if (ended_) return Ended();
     request.set_request_id(next_request_++);
     pending_[request.request_id()] = pending;
   }
@@ -143,14 +162,8 @@ absl::Status SessionCore::Send(v1::SessionRequest request,
       still_ours = pending_.erase(request.request_id()) > 0;
     }
     // Unless the reader already answered it as an orphan, its callback must still run once.
-    if (still_ours) {
-      v1::SessionResponse gone;
-      gone.set_request_id(request.request_id());
-      gone.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
-      gone.set_message("the session with tierd has ended");
-      pending->callback(gone);
-    }
-    return absl::UnavailableError("the session with tierd has ended");
+    if (still_ours) pending->callback(EndedResponse(request.request_id()));
+    return Ended();
   }
   return absl::OkStatus();
 }
@@ -158,11 +171,11 @@ absl::Status SessionCore::Send(v1::SessionRequest request,
 absl::Status SessionCore::SendQuiet(v1::SessionRequest request) {
   {
     absl::MutexLock lock(&mu_);
-    if (ended_) return end_status_;
+    if (ended_) return Ended();
     request.set_request_id(next_request_++);
   }
   absl::MutexLock lock(&write_mu_);
-  if (!transport_->Write(request)) return absl::UnavailableError("the session with tierd has ended");
+  if (!transport_->Write(request)) return Ended();
   return absl::OkStatus();
 }
 
@@ -193,20 +206,12 @@ absl::Status SessionCore::OpenHandles(const v1::SessionResponse& response) {
 
 absl::StatusOr<Slab*> SessionCore::slab(uint32_t id) {
   absl::MutexLock lock(&handles_mu_);
-  auto it = slabs_.find(id);
-  if (it == slabs_.end()) {
-    return absl::InternalError(absl::StrCat("the daemon named slab ", id, " without its handle"));
-  }
-  return it->second.get();
+  return FindHandle(slabs_, id, "slab");
 }
 
 absl::StatusOr<Event*> SessionCore::event(uint32_t id) {
   absl::MutexLock lock(&handles_mu_);
-  auto it = events_.find(id);
-  if (it == events_.end()) {
-    return absl::InternalError(absl::StrCat("the daemon named event ", id, " without its handle"));
-  }
-  return it->second.get();
+  return FindHandle(events_, id, "event");
 }
 
 void SessionCore::ReleaseLease(uint64_t lease_id, Event& done_event, Stream& stream) {

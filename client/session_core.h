@@ -23,7 +23,7 @@ namespace tierd {
 
 class SessionCore {
  public:
-  // Starts the reader thread on `transport`. Call Open next.
+  // Starts the reader thread on `transport`. The caller sends the session's `open` request first.
   static std::shared_ptr<SessionCore> Start(std::unique_ptr<SessionTransport> transport);
   // Ends the stream (the daemon releases what the session holds) and joins the reader.
   ~SessionCore();
@@ -65,7 +65,6 @@ class SessionCore {
   uint64_t next_request_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, std::shared_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status end_status_ ABSL_GUARDED_BY(mu_);
   absl::Mutex handles_mu_;
   std::map<uint32_t, std::unique_ptr<Slab>> slabs_ ABSL_GUARDED_BY(handles_mu_);
   std::map<uint32_t, std::unique_ptr<Event>> events_ ABSL_GUARDED_BY(handles_mu_);

@@ -9,14 +9,10 @@
 #include "client/health.h"
 #include "client/session_core.h"
 #include "common/session_socket.h"
+#include "common/status_macros.h"
 #include "device/device_factory.h"
 
 namespace tierd {
-
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
 
 // ---- Lease ---------------------------------------------------------------------------------------
 
@@ -319,77 +315,54 @@ absl::StatusOr<v1::ModelSummary> Client::RegisterModel(
   return *summary;
 }
 
-absl::StatusOr<std::vector<v1::ModelSummary>> Client::ListModels() {
+template <typename Request, typename Response>
+absl::StatusOr<Response> Client::Unary(
+    grpc::Status (v1::Tierd::Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
+    const Request& request) {
   grpc::ClientContext context;
   PrepareContext(context);
-  v1::ListModelsResponse response;
-  if (absl::Status status = FromGrpcStatus(stub_->ListModels(&context, {}, &response));
-      !status.ok()) {
-    return status;
-  }
+  Response response;
+  RETURN_IF_ERROR(FromGrpcStatus((stub_.get()->*rpc)(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::ModelSummary>> Client::ListModels() {
+  ASSIGN_OR_RETURN(v1::ListModelsResponse response,
+                   Unary(&v1::Tierd::Stub::ListModels, v1::ListModelsRequest()));
   return std::vector<v1::ModelSummary>(response.models().begin(), response.models().end());
 }
 
 absl::StatusOr<std::vector<v1::ObjectInfo>> Client::ListObjects(const std::string& model) {
-  grpc::ClientContext context;
-  PrepareContext(context);
   v1::ListObjectsRequest request;
   request.set_model(model);
-  v1::ListObjectsResponse response;
-  if (absl::Status status = FromGrpcStatus(stub_->ListObjects(&context, request, &response));
-      !status.ok()) {
-    return status;
-  }
+  ASSIGN_OR_RETURN(v1::ListObjectsResponse response,
+                   Unary(&v1::Tierd::Stub::ListObjects, request));
   return std::vector<v1::ObjectInfo>(response.objects().begin(), response.objects().end());
 }
 
 absl::Status Client::DropModel(const std::string& name) {
-  grpc::ClientContext context;
-  PrepareContext(context);
   v1::DropModelRequest request;
   request.set_name(name);
-  v1::DropModelResponse response;
-  return FromGrpcStatus(stub_->DropModel(&context, request, &response));
+  return Unary(&v1::Tierd::Stub::DropModel, request).status();
 }
 
 absl::StatusOr<v1::PrefetchResponse> Client::Prefetch(const std::vector<std::string>& keys,
                                                       bool host_only) {
-  grpc::ClientContext context;
-  PrepareContext(context);
   v1::PrefetchRequest request;
   for (const std::string& key : keys) request.add_keys(key);
   request.set_host_only(host_only);
-  v1::PrefetchResponse response;
-  if (absl::Status status = FromGrpcStatus(stub_->Prefetch(&context, request, &response));
-      !status.ok()) {
-    return status;
-  }
-  return response;
+  return Unary(&v1::Tierd::Stub::Prefetch, request);
 }
 
 absl::StatusOr<v1::EvictResponse> Client::Evict(const std::string& key_or_prefix, v1::Tier tier) {
-  grpc::ClientContext context;
-  PrepareContext(context);
   v1::EvictRequest request;
   request.set_key(key_or_prefix);
   request.set_tier(tier);
-  v1::EvictResponse response;
-  if (absl::Status status = FromGrpcStatus(stub_->Evict(&context, request, &response));
-      !status.ok()) {
-    return status;
-  }
-  return response;
+  return Unary(&v1::Tierd::Stub::Evict, request);
 }
 
 absl::StatusOr<v1::Stats> Client::GetStats() {
-  grpc::ClientContext context;
-  PrepareContext(context);
-  v1::Stats response;
-  if (absl::Status status = FromGrpcStatus(stub_->GetStats(&context, {}, &response));
-      !status.ok()) {
-    return status;
-  }
-  return response;
+  return Unary(&v1::Tierd::Stub::GetStats, v1::GetStatsRequest());
 }
 
 }  // namespace tierd

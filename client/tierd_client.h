@@ -179,6 +179,11 @@ class Client {
  private:
   Client(ClientOptions options, std::unique_ptr<v1::Tierd::Stub> stub);
   void PrepareContext(grpc::ClientContext& context) const;
+  // One unary call (a Stub method) with the client's deadline; gRPC errors become Status.
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Unary(
+      grpc::Status (v1::Tierd::Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
+      const Request& request);
   // The device matching the daemon's backend, created on first use and shared by all sessions.
   absl::StatusOr<std::shared_ptr<Device>> DeviceFor(const v1::SessionOpened& opened);
 
@@ -187,9 +192,6 @@ class Client {
   absl::Mutex device_mu_;
   std::shared_ptr<Device> device_ ABSL_GUARDED_BY(device_mu_);
 };
-
-// grpc::Status → absl::Status, keeping code and message.
-absl::Status FromGrpcStatus(const grpc::Status& status);
 
 }  // namespace tierd
 

@@ -13,6 +13,7 @@
 # along instead, for bench/run-gpu-path-bench.sh. Binaries are stripped of debug information unless
 # --keep-symbols is given.
 set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
 build_dir=build
 with_tests=0
 with_bench=0
@@ -39,7 +40,6 @@ if ((with_tests)); then
 fi
 if ((with_tests || with_bench)); then
   # The Python client package, with its tests and examples beside it (python/tests/run.sh).
-  here=$(cd "$(dirname "$0")/.." && pwd)
   mkdir -p "$out/python"
   cp -r "$build_dir/python/tierd" "$out/python/"
   cp -r "$here/python/tests" "$here/python/examples" "$out/python/"
@@ -48,7 +48,6 @@ if ((with_tests || with_bench)); then
 fi
 if ((with_bench)); then
   binaries+=("$build_dir/bin/gpu_path_bench" "$build_dir/bin/disk_read_bench")
-  here=$(cd "$(dirname "$0")/.." && pwd)
   mkdir -p "$out/bench"
   cp "$here/bench/run-gpu-path-bench.sh" "$here/bench/safetensors_load.py" \
     "$here/bench/stream_weights_bench.py" "$out/bench/"

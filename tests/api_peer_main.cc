@@ -17,8 +17,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -27,19 +25,13 @@
 #include "absl/time/clock.h"
 #include "client/tierd_client.h"
 #include "device/pinned_host_buffer.h"
+#include "tests/storage_test_support.h"
 #ifdef TIERD_TEST_CUDA_KERNELS
 #include "device/cuda_device.h"
 #include "tests/slow_copy_kernel.h"
 #endif
 
 namespace {
-
-std::string ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream contents;
-  contents << in.rdbuf();
-  return contents.str();
-}
 
 // Copies `size` bytes at `data` (device memory in general) to host memory through the session's
 // stream and compares each of `tensors` with its expected file. Returns an error naming the first
@@ -55,7 +47,8 @@ absl::Status CheckBytes(tierd::Session& session, const std::string& key, const v
   if (!status.ok()) return status;
   if (tensors.empty()) return absl::InternalError(key + " has no tensors");
   for (const tierd::v1::TensorInfo& tensor : tensors) {
-    const std::string expected = ReadWholeFile(absl::StrCat(expected_dir, "/", tensor.name()));
+    const std::string expected =
+        tierd::testing::ReadWholeFile(absl::StrCat(expected_dir, "/", tensor.name()));
     if (expected.size() != tensor.size() ||
         copy.compare(tensor.offset(), tensor.size(), expected) != 0) {
       return absl::DataLossError(absl::StrCat(key, ": tensor ", tensor.name(),

@@ -571,7 +571,8 @@ TEST_F(ApiTest, KilledClientsLeasesAreFreedWhileOthersKeepWorking) {
   EXPECT_THAT(worker->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
   EXPECT_TRUE(WaitForStats(
       [](const v1::Stats& s) { return s.leases() == 0 && s.sessions() == 0; }, kTimeout));
-  // "Within a second" of the session ending (the kill plus gRPC noticing the socket closed).
+  // Soon after the session ends (the kill plus the daemon noticing the socket closed); 5 s leaves
+  // room for a loaded machine.
   EXPECT_LT(absl::Now() - killed, absl::Seconds(5));
   EXPECT_THAT(client_->Evict(Key(1), v1::TIER_GPU), IsOk());
 }
@@ -726,18 +727,14 @@ TEST_F(ApiTest, TierctlCommandsWorkAndFailWithTheStatusName) {
 
   const std::string out = absl::StrCat(dir_.path(), "/out.bin");
   EXPECT_EQ(Tierctl({"get", "p/blocks.3.ffn.up.weight", "-o", out}).exit_code, 0);
-  auto fetched = RunProgram({"/bin/cat", out}, kTimeout);
-  ASSERT_THAT(fetched, IsOk());
-  EXPECT_EQ(fetched->output, expected_["blocks.3.ffn.up.weight"]);
+  EXPECT_EQ(testing::ReadWholeFile(out), expected_["blocks.3.ffn.up.weight"]);
 
   const std::string in = absl::StrCat(dir_.path(), "/in.bin");
   ASSERT_THAT(testing::WriteFile(in, "stored through tierctl"), IsOk());
   EXPECT_EQ(Tierctl({"put", "acts/t", in}).exit_code, 0);
   EXPECT_EQ(Tierctl({"evict", "acts/t", "--tier=host"}).exit_code, 0);
   EXPECT_EQ(Tierctl({"get", "acts/t", "-o", out}).exit_code, 0);
-  auto round_trip = RunProgram({"/bin/cat", out}, kTimeout);
-  ASSERT_THAT(round_trip, IsOk());
-  EXPECT_EQ(round_trip->output, "stored through tierctl");
+  EXPECT_EQ(testing::ReadWholeFile(out), "stored through tierctl");
 
   auto stats = Tierctl({"stats", "--json"});
   ASSERT_EQ(stats.exit_code, 0);

@@ -37,6 +37,7 @@ using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAreArray;
 using ::tierd::testing::IsOk;
 using ::tierd::testing::RandomTensor;
+using ::tierd::testing::ReadWholeFile;
 using ::tierd::testing::SafetensorsHeaderJson;
 using ::tierd::testing::StatusIs;
 using ::tierd::testing::TempDir;
@@ -49,11 +50,6 @@ constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 constexpr absl::StatusCode kNotFound = absl::StatusCode::kNotFound;
 
 // --- Helpers -------------------------------------------------------------------------------------
-
-std::string ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
 bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
 

@@ -59,11 +59,6 @@ std::string FileBytes(const std::string& header, const std::string& data,
   return bytes + header + data;
 }
 
-std::string ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 class SafetensorsHeaderTest : public ::testing::Test {
  protected:
   // Writes a raw file (see WriteRawSafetensors) and reads its header back.
@@ -106,7 +101,7 @@ TEST_F(SafetensorsHeaderTest, ValidFileRoundTripsEveryDTypeWithEmptyTensorsAndMe
     offset += spec.data.size();
   }
   std::sort(expected.begin(), expected.end());
-  const std::string file = ReadWholeFile(path_);
+  const std::string file = testing::ReadWholeFile(path_);
   ASSERT_EQ(header->tensors.size(), expected.size());
   for (size_t i = 0; i < expected.size(); ++i) {
     const auto& [begin, name, spec] = expected[i];
@@ -220,7 +215,7 @@ TEST_F(SafetensorsHeaderTest, DataShorterThanTheOffsetsIsTruncated) {
   const std::vector<TensorSpec> specs = {RandomTensor("first", "F32", {4}, 1),
                                          RandomTensor("last", "F16", {8}, 2)};
   ASSERT_THAT(testing::WriteSafetensors(path_, specs), IsOk());
-  const std::string file = ReadWholeFile(path_);
+  const std::string file = testing::ReadWholeFile(path_);
   ASSERT_THAT(testing::WriteFile(path_, file.substr(0, file.size() - 1)), IsOk());
   EXPECT_THAT(ReadSafetensorsHeader(path_),
               RefusedWith(kDataLoss, Fragments{path_, "tensor \"last\"", "truncated"}));

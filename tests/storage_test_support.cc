@@ -1,6 +1,7 @@
 #include "tests/storage_test_support.h"
 
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +49,11 @@ absl::Status WriteFile(const std::string& path, const std::string& contents) {
   out.close();
   if (!out) return absl::InternalError(absl::StrCat("writing ", path));
   return absl::OkStatus();
+}
+
+std::string ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 absl::Status WriteRawSafetensors(const std::string& path, const std::string& header,

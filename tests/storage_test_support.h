@@ -44,6 +44,8 @@ DiskReaderOptions ReaderOptions(int threads, int queue_depth, uint64_t chunk_byt
 
 // Writes `contents` to `path`, replacing it.
 absl::Status WriteFile(const std::string& path, const std::string& contents);
+// The bytes of the file at `path`; empty when it cannot be read.
+std::string ReadWholeFile(const std::string& path);
 
 }  // namespace tierd::testing
 
