@@ -135,6 +135,8 @@ class CudaDevice final : public Device {
         highest_priority_(highest_priority) {}
 
   std::string Describe() const override { return description_; }
+  const char* backend() const override { return "cuda"; }
+  int ordinal() const override { return ordinal_; }
 
   absl::StatusOr<std::unique_ptr<Slab>> AllocateSlab(size_t bytes) override {
     if (bytes == 0) return absl::InvalidArgumentError("slab of 0 bytes");

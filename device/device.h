@@ -90,6 +90,10 @@ class Device {
 
   // A short human-readable description, e.g. "host" or "cuda:0 (NVIDIA H100 80GB HBM3)".
   virtual std::string Describe() const = 0;
+  // The backend, as clients name it to open handles: "host" or "cuda".
+  virtual const char* backend() const = 0;
+  // The GPU's ordinal on the CUDA backend; 0 on the host backend.
+  virtual int ordinal() const = 0;
 
   // ---- Owner side -------------------------------------------------------------------------------
 

@@ -17,6 +17,8 @@ class DeviceWrapper : public Device {
   Device& target() const { return target_; }
 
   std::string Describe() const override { return target_.Describe(); }
+  const char* backend() const override { return target_.backend(); }
+  int ordinal() const override { return target_.ordinal(); }
   absl::StatusOr<std::unique_ptr<Slab>> AllocateSlab(size_t bytes) override {
     return target_.AllocateSlab(bytes);
   }

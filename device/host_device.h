@@ -28,6 +28,8 @@ class HostDevice final : public Device {
   ~HostDevice() override;
 
   std::string Describe() const override { return "host"; }
+  const char* backend() const override { return "host"; }
+  int ordinal() const override { return 0; }
 
   absl::StatusOr<std::unique_ptr<Slab>> AllocateSlab(size_t bytes) override;
   absl::Status RegisterHostMemory(void* data, size_t bytes) override ABSL_LOCKS_EXCLUDED(mu_);

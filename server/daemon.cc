@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -68,14 +67,8 @@ SessionOptions SessionOptionsFor(const Device& device, const DaemonOptions& opti
   SessionOptions session;
   session.limits = options.session_limits;
   session.device = device.Describe();
-  // Describe() is "host" or "cuda:N (name)".
-  int ordinal = 0;
-  if (std::sscanf(session.device.c_str(), "cuda:%d", &ordinal) == 1) {
-    session.backend = "cuda";
-    session.device_ordinal = ordinal;
-  } else {
-    session.backend = "host";
-  }
+  session.backend = device.backend();
+  session.device_ordinal = device.ordinal();
   return session;
 }
 

@@ -67,6 +67,17 @@ class DeviceTest : public ::testing::Test {
   std::unique_ptr<Stream> stream_;
 };
 
+TEST_F(DeviceTest, SaysWhichBackendAndGpuItIs) {
+  const DeviceSpec spec = testing::DeviceUnderTest();
+  if (spec.kind == DeviceSpec::Kind::kCuda) {
+    EXPECT_STREQ(device_->backend(), "cuda");
+    EXPECT_EQ(device_->ordinal(), spec.ordinal);
+  } else {
+    EXPECT_STREQ(device_->backend(), "host");
+    EXPECT_EQ(device_->ordinal(), 0);
+  }
+}
+
 TEST_F(DeviceTest, CopiesHostToDeviceToDeviceToHostPreserveEveryByte) {
   auto source = NewPinned(kBytes, 1);
   auto result = NewPinned(kBytes, 2);
