@@ -27,6 +27,14 @@ class DeferredCalls {
   Calls calls_;
 };
 
+// Queues `done(value)` on `calls`, to run once the lock is released.
+template <typename Callback, typename Value>
+void DeferAnswer(DeferredCalls::Calls& calls, Callback done, Value value) {
+  calls.push_back([done = std::move(done), value = std::move(value)]() mutable {
+    std::move(done)(std::move(value));
+  });
+}
+
 }  // namespace tierd
 
 #endif  // TIERD_COMMON_DEFERRED_CALLS_H_

@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/deferred_calls.h"
 #include "common/timer_thread.h"
 #include "device/device.h"
 #include "server/event_pool.h"
@@ -185,7 +186,7 @@ class GpuTier {
   struct Liveness;
   struct PendingCommit;
   // Calls collected under the lock and made after it is released.
-  using Deferred = std::vector<absl::AnyInvocable<void() &&>>;
+  using Deferred = DeferredCalls::Calls;
 
   GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& host_cache,
           const GpuTierOptions& options, std::unique_ptr<StagingPool> pool,

@@ -121,15 +121,6 @@ absl::Status LargerThanSlab(const std::string& key, uint64_t bytes, uint64_t sla
 absl::Status CheckStagingQuota(const ClientLimits& limits, uint64_t held, const std::string& key,
                                uint64_t bytes);
 
-// Queues `done(value)` to run once the lock is released.
-template <typename Callback, typename Value>
-void DeferAnswer(std::vector<absl::AnyInvocable<void() &&>>& deferred, Callback done,
-                 Value value) {
-  deferred.push_back([done = std::move(done), value = std::move(value)]() mutable {
-    std::move(done)(std::move(value));
-  });
-}
-
 }  // namespace tierd
 
 #endif  // TIERD_SERVER_GPU_TIER_INTERNAL_H_

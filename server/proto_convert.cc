@@ -64,6 +64,19 @@ void ToProto(const ModelSummary& summary, v1::ModelSummary* out) {
   out->set_stale(summary.stale);
 }
 
+void ToProto(const StagingSlabInfo& slab, v1::Handle* out) {
+  out->set_kind(v1::Handle::SLAB);
+  out->set_id(slab.id);
+  out->set_handle(slab.handle);
+  out->set_size(slab.size);
+}
+
+void ToProto(const EventInfo& event, v1::Handle* out) {
+  out->set_kind(v1::Handle::EVENT);
+  out->set_id(event.id);
+  out->set_handle(event.handle);
+}
+
 void ToProto(const TensorPlacement& tensor, v1::TensorInfo* out) {
   out->set_name(tensor.name);
   out->set_dtype(DTypeName(tensor.dtype));

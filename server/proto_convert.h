@@ -23,6 +23,8 @@ absl::StatusOr<EvictTier> FromProto(v1::Tier tier);
 
 void ToProto(const ModelSummary& summary, v1::ModelSummary* out);
 void ToProto(const TensorPlacement& tensor, v1::TensorInfo* out);
+void ToProto(const StagingSlabInfo& slab, v1::Handle* out);
+void ToProto(const EventInfo& event, v1::Handle* out);
 // Checks a client's tensor index for an object of `object_size` bytes: known dtypes, sizes that
 // match dtype × shape, every tensor inside the object. INVALID_ARGUMENT names `field` and the
 // tensor.

@@ -173,21 +173,12 @@ void SessionProtocol::SendWithHandles(v1::SessionResponse response, uint32_t sla
   // must not overtake the response carrying it.
   absl::MutexLock lock(&mu_);
   if (slabs_sent_.insert(slab).second) {
-    for (const StagingSlabInfo& info : tier_.pool().Slabs()) {
-      if (info.id != slab) continue;
-      v1::Handle* handle = response.add_new_handles();
-      handle->set_kind(v1::Handle::SLAB);
-      handle->set_id(info.id);
-      handle->set_handle(info.handle);
-      handle->set_size(info.size);
-    }
+    ToProto(tier_.pool().SlabInfo(slab), response.add_new_handles());
   }
   for (uint32_t event : events) {
-    if (!events_sent_.insert(event).second) continue;
-    v1::Handle* handle = response.add_new_handles();
-    handle->set_kind(v1::Handle::EVENT);
-    handle->set_id(event);
-    handle->set_handle(tier_.events().handle(event));
+    if (events_sent_.insert(event).second) {
+      ToProto(EventInfo{event, tier_.events().handle(event)}, response.add_new_handles());
+    }
   }
   send_(std::move(response));
 }

@@ -84,10 +84,12 @@ uint64_t StagingPool::used_bytes() const {
 
 std::vector<StagingSlabInfo> StagingPool::Slabs() const {
   std::vector<StagingSlabInfo> infos;
-  for (uint32_t i = 0; i < slabs_.size(); ++i) {
-    infos.push_back({i, slabs_[i]->size(), slabs_[i]->handle()});
-  }
+  for (uint32_t i = 0; i < slabs_.size(); ++i) infos.push_back(SlabInfo(i));
   return infos;
+}
+
+StagingSlabInfo StagingPool::SlabInfo(uint32_t id) const {
+  return {id, slabs_[id]->size(), slabs_[id]->handle()};
 }
 
 }  // namespace tierd

@@ -55,6 +55,8 @@ class StagingPool {
   uint64_t used_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   size_t slab_count() const { return slabs_.size(); }
   std::vector<StagingSlabInfo> Slabs() const;
+  // Slab `id`. REQUIRES: id < slab_count().
+  StagingSlabInfo SlabInfo(uint32_t id) const;
 
  private:
   explicit StagingPool(std::vector<std::unique_ptr<Slab>> slabs);

@@ -252,19 +252,8 @@ grpc::ServerUnaryReactor* TierdService::ListHandles(grpc::CallbackServerContext*
   response->set_backend(session_options_.backend);
   response->set_device_ordinal(session_options_.device_ordinal);
   const HandleList handles = gpu_tier_.Handles();
-  for (const StagingSlabInfo& slab : handles.slabs) {
-    v1::Handle* handle = response->add_handles();
-    handle->set_kind(v1::Handle::SLAB);
-    handle->set_id(slab.id);
-    handle->set_handle(slab.handle);
-    handle->set_size(slab.size);
-  }
-  for (const EventInfo& event : handles.events) {
-    v1::Handle* handle = response->add_handles();
-    handle->set_kind(v1::Handle::EVENT);
-    handle->set_id(event.id);
-    handle->set_handle(event.handle);
-  }
+  for (const StagingSlabInfo& slab : handles.slabs) ToProto(slab, response->add_handles());
+  for (const EventInfo& event : handles.events) ToProto(event, response->add_handles());
   return Finish(context, absl::OkStatus());
 }
 

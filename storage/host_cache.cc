@@ -156,8 +156,7 @@ void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time 
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   auto fail = [&](const absl::Status& status) {
-    deferred.calls().push_back(
-        [done = std::move(done), status]() mutable { std::move(done)(status); });
+    DeferAnswer(deferred.calls(), std::move(done), status);
   };
   Entry* entry = nullptr;
   if (auto it = entries_.find(key); it != entries_.end()) {
@@ -190,9 +189,7 @@ void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time 
     case Entry::State::kResident: {
       ++stats_.hits;
       TouchLocked(entry);
-      deferred.calls().push_back([done = std::move(done), ref = RefLocked(entry)]() mutable {
-        std::move(done)(std::move(ref));
-      });
+      DeferAnswer(deferred.calls(), std::move(done), RefLocked(entry));
       return;
     }
     case Entry::State::kAllocating:
@@ -348,18 +345,14 @@ void HostCache::FinishRead(Entry* entry, absl::Status status) {
   entry->position = order_.insert(order_.end(), entry);
   entry->in_order = true;
   for (FetchCallback& done : entry->waiters) {
-    deferred.calls().push_back([done = std::move(done), ref = RefLocked(entry)]() mutable {
-      std::move(done)(std::move(ref));
-    });
+    DeferAnswer(deferred.calls(), std::move(done), RefLocked(entry));
   }
   entry->waiters.clear();
   DeleteIfUnusedLocked(entry);
 }
 
 void HostCache::FailLoadLocked(Entry* entry, const absl::Status& status, Deferred& deferred) {
-  for (FetchCallback& done : entry->waiters) {
-    deferred.push_back([done = std::move(done), status]() mutable { std::move(done)(status); });
-  }
+  for (FetchCallback& done : entry->waiters) DeferAnswer(deferred, std::move(done), status);
   entry->waiters.clear();
   entry->demand = false;
   if (entry->memory) {
@@ -380,9 +373,8 @@ void HostCache::ReserveStore(const std::string& key, uint64_t bytes, bool spilla
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   if (key.empty() || bytes == 0) {
-    deferred.calls().push_back([done = std::move(done)]() mutable {
-      std::move(done)(absl::InvalidArgumentError("a stored object needs a key and a size"));
-    });
+    DeferAnswer(deferred.calls(), std::move(done),
+                absl::InvalidArgumentError("a stored object needs a key and a size"));
     return;
   }
   auto* entry = new Entry;
@@ -400,16 +392,12 @@ void HostCache::ReserveStore(const std::string& key, uint64_t bytes, bool spilla
         --allocations_pending_;
         if (!memory.ok()) {
           delete entry;
-          later.calls().push_back([done = std::move(done), status = memory.status()]() mutable {
-            std::move(done)(status);
-          });
+          DeferAnswer(later.calls(), std::move(done), memory.status());
           return;
         }
         entry->memory = *memory;
         entry->state = Entry::State::kWriting;
-        later.calls().push_back([done = std::move(done), ref = RefLocked(entry)]() mutable {
-          std::move(done)(std::move(ref));
-        });
+        DeferAnswer(later.calls(), std::move(done), RefLocked(entry));
       },
       deferred.calls());
 }
@@ -499,9 +487,7 @@ void HostCache::DropResidentLocked(Entry* entry) {
 void HostCache::AllocateLocked(uint64_t bytes, AllocationCallback done, Deferred& deferred) {
   bytes = std::max<uint64_t>(bytes, 1);
   auto answer = [&](absl::StatusOr<ArenaAllocation> result) {
-    deferred.push_back([done = std::move(done), result = std::move(result)]() mutable {
-      std::move(done)(std::move(result));
-    });
+    DeferAnswer(deferred, std::move(done), std::move(result));
   };
   if (bytes > arena_.capacity()) {
     return answer(absl::ResourceExhaustedError(absl::StrCat("an object of ", FormatByteSize(bytes),
@@ -592,9 +578,7 @@ void HostCache::RetryWaitersLocked(Deferred& deferred) {
                : absl::ResourceExhaustedError(
                      absl::StrCat("host cache full: nothing more can be evicted or spilled to fit ",
                                   FormatByteSize(waiter.bytes)));
-    deferred.push_back([done = std::move(waiter.done), result = std::move(result)]() mutable {
-      std::move(done)(std::move(result));
-    });
+    DeferAnswer(deferred, std::move(waiter.done), std::move(result));
     waiters_.pop_front();
   }
 }

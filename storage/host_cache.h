@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/deferred_calls.h"
 #include "storage/catalog.h"
 #include "storage/disk_reader.h"
 #include "storage/host_arena.h"
@@ -161,7 +162,7 @@ class HostCache {
     AllocationCallback done;
   };
   // Calls collected under the lock and made after it is released.
-  using Deferred = std::vector<absl::AnyInvocable<void() &&>>;
+  using Deferred = DeferredCalls::Calls;
 
   void Release(Entry* entry) ABSL_LOCKS_EXCLUDED(mu_);
   HostObject RefLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
