@@ -1,10 +1,10 @@
 #include "server/proto_convert.h"
 
-#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "storage/dtype.h"
+#include "storage/object_layout.h"
 
 namespace tierd {
 
@@ -100,24 +100,13 @@ absl::StatusOr<std::vector<TensorPlacement>> FromProto(
     }
     std::optional<DType> dtype = ParseDType(tensor.dtype());
     if (!dtype) return invalid(absl::StrCat("unknown dtype \"", tensor.dtype(), "\""));
-    uint64_t bytes = DTypeSize(*dtype);
-    for (uint64_t dim : tensor.shape()) {
-      if (dim != 0 && bytes > std::numeric_limits<uint64_t>::max() / dim) {
-        return invalid("shape overflows");
-      }
-      bytes *= dim;
+    TensorPlacement placement{tensor.name(), *dtype,
+                              std::vector<uint64_t>(tensor.shape().begin(), tensor.shape().end()),
+                              tensor.offset(), tensor.size()};
+    if (absl::Status placed = CheckPlacement(placement, object_size); !placed.ok()) {
+      return invalid(placed.message());
     }
-    if (bytes != tensor.size()) {
-      return invalid(absl::StrCat("size ", tensor.size(), " does not match dtype and shape (",
-                                  bytes, " bytes)"));
-    }
-    if (tensor.offset() > object_size || tensor.size() > object_size - tensor.offset()) {
-      return invalid(absl::StrCat("bytes [", tensor.offset(), ", +", tensor.size(),
-                                  ") are outside the object's ", object_size));
-    }
-    placements.push_back({tensor.name(), *dtype,
-                          std::vector<uint64_t>(tensor.shape().begin(), tensor.shape().end()),
-                          tensor.offset(), tensor.size()});
+    placements.push_back(std::move(placement));
   }
   return placements;
 }

@@ -37,4 +37,15 @@ const char* DTypeName(DType dtype) { return EntryOf(dtype).name; }
 
 size_t DTypeSize(DType dtype) { return EntryOf(dtype).size; }
 
+std::optional<uint64_t> TensorBytes(DType dtype, absl::Span<const uint64_t> shape) {
+  for (const uint64_t dim : shape) {
+    if (dim == 0) return 0;
+  }
+  uint64_t bytes = DTypeSize(dtype);
+  for (const uint64_t dim : shape) {
+    if (__builtin_mul_overflow(bytes, dim, &bytes)) return std::nullopt;
+  }
+  return bytes;
+}
+
 }  // namespace tierd

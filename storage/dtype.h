@@ -3,10 +3,12 @@
 #define TIERD_STORAGE_DTYPE_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace tierd {
 
@@ -34,6 +36,9 @@ std::optional<DType> ParseDType(absl::string_view name);
 const char* DTypeName(DType dtype);
 // Bytes per element.
 size_t DTypeSize(DType dtype);
+// Bytes a tensor of `dtype` and `shape` takes (0 when a dimension is 0); nullopt when that does not
+// fit in 64 bits.
+std::optional<uint64_t> TensorBytes(DType dtype, absl::Span<const uint64_t> shape);
 
 }  // namespace tierd
 

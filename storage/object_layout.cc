@@ -161,18 +161,26 @@ std::vector<ObjectInfo> BuildObjects(const ObjectGrouper& grouper,
   return objects;
 }
 
+absl::Status CheckPlacement(const TensorPlacement& tensor, uint64_t object_size) {
+  const std::optional<uint64_t> bytes = TensorBytes(tensor.dtype, tensor.shape);
+  if (!bytes) return absl::InvalidArgumentError("shape overflows 64 bits");
+  if (*bytes != tensor.size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "size ", tensor.size, " does not match dtype and shape (", *bytes, " bytes)"));
+  }
+  uint64_t end = 0;
+  if (!AddFits(tensor.offset, tensor.size, &end) || end > object_size) {
+    return absl::InvalidArgumentError(absl::StrCat("bytes [", tensor.offset, ", +", tensor.size,
+                                                   ") are outside the object's ", object_size));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateObject(const ObjectInfo& object, const std::vector<ModelFile>& files) {
   if (object.name.empty()) return Invalid(object, "empty name");
   for (const TensorPlacement& tensor : object.tensors) {
-    uint64_t bytes = DTypeSize(tensor.dtype);
-    for (uint64_t dim : tensor.shape) {
-      if (__builtin_mul_overflow(bytes, dim, &bytes)) {
-        return Invalid(object, absl::StrCat("tensor '", tensor.name, "' shape overflows"));
-      }
-    }
-    uint64_t end = 0;
-    if (bytes != tensor.size || !AddFits(tensor.offset, tensor.size, &end) || end > object.size) {
-      return Invalid(object, absl::StrCat("tensor '", tensor.name, "' does not fit its placement"));
+    if (absl::Status placed = CheckPlacement(tensor, object.size); !placed.ok()) {
+      return Invalid(object, absl::StrCat("tensor '", tensor.name, "': ", placed.message()));
     }
   }
   std::vector<const Extent*> by_object_offset;

@@ -58,6 +58,10 @@ class ObjectGrouper {
   std::vector<std::pair<std::string, std::unique_ptr<RE2>>> phase_patterns_;
 };
 
+// Why `tensor` cannot sit in an object of `object_size` bytes: its size does not match its dtype
+// and shape, or its bytes are outside the object (INVALID_ARGUMENT, without the tensor's name).
+absl::Status CheckPlacement(const TensorPlacement& tensor, uint64_t object_size);
+
 // Lays out one object from its tensors (any order): one file range when they are back to back in
 // one file, otherwise gathered at kGatheredTensorAlignment. See catalog.h for the result's shape.
 ObjectInfo LayOutObject(std::string name, std::vector<SourceTensor> tensors);

@@ -296,18 +296,11 @@ absl::Status PlaceTensor(absl::string_view label, uint64_t data_start, uint64_t 
   if (tensor.end > kMax - data_start) {
     return error(absl::StatusCode::kInvalidArgument, absl::StrCat(offsets(), " overflow 64 bits"));
   }
-  uint64_t bytes = DTypeSize(tensor.dtype);
-  bool empty = false;
-  for (const uint64_t dim : tensor.shape) {
-    if (dim == 0) {
-      empty = true;
-    } else if (bytes > kMax / dim) {
-      return error(absl::StatusCode::kInvalidArgument, absl::StrCat(shape(), " overflows 64 bits"));
-    } else {
-      bytes *= dim;
-    }
+  const std::optional<uint64_t> needed = TensorBytes(tensor.dtype, tensor.shape);
+  if (!needed) {
+    return error(absl::StatusCode::kInvalidArgument, absl::StrCat(shape(), " overflows 64 bits"));
   }
-  if (empty) bytes = 0;
+  const uint64_t bytes = *needed;
   if (bytes != tensor.end - tensor.begin) {
     return error(absl::StatusCode::kInvalidArgument,
                  absl::StrCat(shape(), " needs ", bytes, " bytes but ", offsets(), " hold ",
