@@ -40,6 +40,7 @@ absl::StatusCode CodeForErrno(int error_number) {
     case EBUSY:
     case ECONNREFUSED:
     case ECONNRESET:
+    case EPIPE:
       return absl::StatusCode::kUnavailable;
     case ENOSYS:
     case EOPNOTSUPP:

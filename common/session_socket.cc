@@ -47,10 +47,7 @@ absl::Status SendAll(int fd, absl::string_view data) {
     const ssize_t sent = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
     if (sent < 0) {
       if (errno == EINTR) continue;
-      if (errno == EPIPE || errno == ECONNRESET) {
-        return absl::UnavailableError("the session socket's peer is gone");
-      }
-      return PosixError("sending on the session socket", errno);
+      return PosixError("sending on the session socket", errno);  // EPIPE, ECONNRESET: UNAVAILABLE
     }
     data.remove_prefix(static_cast<size_t>(sent));
   }

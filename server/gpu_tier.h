@@ -169,7 +169,8 @@ class GpuTier {
   // objects are skipped and counted; `evicted` counts objects gone from every tier asked for.
   absl::StatusOr<EvictResult> Evict(const std::string& key_or_prefix, EvictTier tier)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Unlists every object of `model` (after DropModel): they are freed once nobody holds them.
+  // Unlists every object of `model` (after DropModel) here and in the host cache: they are freed
+  // once nobody holds them.
   void ForgetModel(const std::string& model) ABSL_LOCKS_EXCLUDED(mu_);
 
   bool IsOnGpu(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);

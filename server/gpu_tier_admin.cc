@@ -192,17 +192,21 @@ absl::StatusOr<EvictResult> GpuTier::Evict(const std::string& key_or_prefix, Evi
 }
 
 void GpuTier::ForgetModel(const std::string& model) {
-  absl::MutexLock lock(&mu_);
   const std::string prefix = absl::StrCat(model, "/");
-  std::vector<Object*> matches;
-  for (auto it = objects_.lower_bound(prefix);
-       it != objects_.end() && absl::StartsWith(it->first, prefix); ++it) {
-    if (it->second->model != nullptr) matches.push_back(it->second);
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<Object*> matches;
+    for (auto it = objects_.lower_bound(prefix);
+         it != objects_.end() && absl::StartsWith(it->first, prefix); ++it) {
+      if (it->second->model != nullptr) matches.push_back(it->second);
+    }
+    for (Object* object : matches) {
+      UnlistLocked(object);
+      DeleteIfUnusedLocked(object);
+    }
   }
-  for (Object* object : matches) {
-    UnlistLocked(object);
-    DeleteIfUnusedLocked(object);
-  }
+  // The host cache's copies go too; one still in use is freed when its holder lets go.
+  for (const std::string& key : host_cache_.Keys(prefix)) (void)host_cache_.Evict(key);
 }
 
 bool GpuTier::IsOnGpu(const std::string& key) const {

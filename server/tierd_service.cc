@@ -174,9 +174,6 @@ grpc::ServerUnaryReactor* TierdService::DropModel(grpc::CallbackServerContext* c
     if (status.ok()) {
       // Its objects are never served again (both tiers check the registration); free what can be.
       gpu_tier_.ForgetModel(name);
-      for (const std::string& key : host_cache_.Keys(absl::StrCat(name, "/"))) {
-        (void)host_cache_.Evict(key);
-      }
       TIERD_LOG(INFO) << "dropped model " << name;
     }
     reactor->Finish(ToGrpcStatus(status));
