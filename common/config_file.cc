@@ -1,0 +1,120 @@
+#include "common/config_file.h"
+
+#include <cerrno>
+#include <fstream>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/reflection.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+#include "common/posix_error.h"
+
+namespace tierd {
+namespace {
+
+struct Setting {
+  int line = 0;
+  std::string key;  // as written
+  std::string value;
+  absl::CommandLineFlag* flag = nullptr;
+};
+
+// The value part of a line: up to a " #" comment, blanks trimmed, one pair of quotes removed.
+absl::StatusOr<std::string> ParseValue(absl::string_view text) {
+  text = absl::StripAsciiWhitespace(text);
+  if (absl::StartsWith(text, "\"")) {
+    const size_t close = text.find('"', 1);
+    if (close == absl::string_view::npos) return absl::InvalidArgumentError("unterminated quote");
+    absl::string_view rest = absl::StripLeadingAsciiWhitespace(text.substr(close + 1));
+    if (!rest.empty() && rest[0] != '#') {
+      return absl::InvalidArgumentError("text after the closing quote");
+    }
+    return std::string(text.substr(1, close - 1));
+  }
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '#' && i > 0 && absl::ascii_isblank(text[i - 1])) {
+      text = absl::StripTrailingAsciiWhitespace(text.substr(0, i));
+      break;
+    }
+  }
+  return std::string(text);
+}
+
+}  // namespace
+
+absl::Status ApplyConfigFile(const std::string& path, absl::string_view flags_file,
+                             absl::string_view config_flag) {
+  std::ifstream in(path);
+  if (!in) return PosixError(absl::StrCat("opening --", config_flag, " file ", path), errno);
+  std::vector<Setting> settings;
+  std::map<std::string, int> first_line;  // flag name -> line
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    const auto error = [&](absl::string_view message) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", number, ": ", message));
+    };
+    absl::string_view text = absl::StripAsciiWhitespace(line);
+    if (text.empty() || text[0] == '#') continue;
+    const size_t equals = text.find('=');
+    if (equals == absl::string_view::npos) return error("expected KEY = VALUE");
+    Setting setting;
+    setting.line = number;
+    setting.key = std::string(absl::StripAsciiWhitespace(text.substr(0, equals)));
+    if (setting.key.empty()) return error("expected KEY = VALUE");
+    const std::string name = absl::StrReplaceAll(setting.key, {{"-", "_"}});
+    absl::StatusOr<std::string> value = ParseValue(text.substr(equals + 1));
+    if (!value.ok()) return error(absl::StrCat(setting.key, ": ", value.status().message()));
+    setting.value = *std::move(value);
+    if (name == config_flag) return error(absl::StrCat(setting.key, " cannot be set in a file"));
+    setting.flag = absl::FindCommandLineFlag(name);
+    if (setting.flag == nullptr || setting.flag->Filename() != flags_file) {
+      return error(absl::StrCat("unknown key \"", setting.key,
+                                "\" (keys are flags without their dashes, e.g. host-cache-bytes)"));
+    }
+    if (auto [it, inserted] = first_line.emplace(name, number); !inserted) {
+      return error(absl::StrCat(setting.key, " is set twice (first on line ", it->second, ")"));
+    }
+    settings.push_back(std::move(setting));
+  }
+  if (in.bad()) return PosixError(absl::StrCat("reading ", path), errno);
+  // Every value is checked before any is set, so a bad file changes nothing.
+  std::vector<std::pair<absl::CommandLineFlag*, std::string>> previous;
+  for (const Setting& setting : settings) {
+    previous.emplace_back(setting.flag, setting.flag->CurrentValue());
+    std::string parse_error;
+    if (!setting.flag->ParseFrom(setting.value, &parse_error)) {
+      for (auto& [flag, value] : previous) {
+        std::string ignored;
+        flag->ParseFrom(value, &ignored);
+      }
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", setting.line, ": ", setting.key,
+                                                     " = \"", setting.value, "\": ", parse_error));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::optional<std::string> FindFlagOnCommandLine(int argc, char** argv, absl::string_view name) {
+  std::optional<std::string> value;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) continue;
+    if (!absl::ConsumePrefix(&arg, name)) continue;
+    if (absl::ConsumePrefix(&arg, "=")) {
+      value = std::string(arg);
+    } else if (arg.empty() && i + 1 < argc) {
+      value = argv[++i];
+    }
+  }
+  return value;
+}
+
+}  // namespace tierd
