@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing tierd needs, from Debian 12's own archive. Idempotent: packages
 # already present are left alone and apt is not touched at all when nothing is missing. The Python
-# client and its tests use Debian's python3-torch (CPU-only), python3-grpcio and python3-protobuf.
+# client and its tests use Debian's python3-torch (CPU-only), python3-grpcio and python3-protobuf;
+# the deployment files' test uses systemd (systemd-analyze verify) and python3-yaml.
 #
 # The CUDA backend additionally needs the CUDA Toolkit (nvcc under /usr/local/cuda), which is not in
 # Debian's archive; without it tierd builds with the host backend only.
@@ -10,9 +11,9 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
-  libabsl-dev liburing-dev libsystemd-dev libxxhash-dev libre2-dev nlohmann-json3-dev
+  libabsl-dev liburing-dev libxxhash-dev libre2-dev nlohmann-json3-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev
-  fio
+  fio systemd python3-yaml
   python3-torch python3-grpcio python3-protobuf python3-numpy
 )
 

@@ -138,6 +138,16 @@ class CudaDevice final : public Device {
   const char* backend() const override { return "cuda"; }
   int ordinal() const override { return ordinal_; }
 
+  absl::Status CheckHealth() override {
+    RETURN_IF_ERROR(Activate());
+    // A driver call that reaches the GPU without queueing work: it fails once the GPU is gone
+    // (cudaErrorDevicesUnavailable and the like) and reports a sticky error left by any earlier
+    // failure in this context.
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+    return CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  }
+
   absl::StatusOr<std::unique_ptr<Slab>> AllocateSlab(size_t bytes) override {
     if (bytes == 0) return absl::InvalidArgumentError("slab of 0 bytes");
     RETURN_IF_ERROR(Activate());

@@ -94,6 +94,11 @@ class Device {
   virtual const char* backend() const = 0;
   // The GPU's ordinal on the CUDA backend; 0 on the host backend.
   virtual int ordinal() const = 0;
+  // Checks that the device still answers, cheaply and without waiting for queued work: for CUDA,
+  // that the driver still reaches the GPU and the context has no sticky error (a GPU that fell off
+  // the bus, an Xid that poisoned the context). Called periodically by the daemon's health monitor.
+  // Errors: the device's, e.g. UNAVAILABLE or INTERNAL with the driver's message.
+  virtual absl::Status CheckHealth() = 0;
 
   // ---- Owner side -------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ class DeviceWrapper : public Device {
   std::string Describe() const override { return target_.Describe(); }
   const char* backend() const override { return target_.backend(); }
   int ordinal() const override { return target_.ordinal(); }
+  absl::Status CheckHealth() override { return target_.CheckHealth(); }
   absl::StatusOr<std::unique_ptr<Slab>> AllocateSlab(size_t bytes) override {
     return target_.AllocateSlab(bytes);
   }

@@ -17,6 +17,8 @@
 #include "common/posix_error.h"
 #include "common/status_macros.h"
 #include "grpc/health/v1/health.pb.h"
+#include "server/metrics_text.h"
+#include "server/stats.h"
 #include "server/unix_socket.h"
 
 namespace tierd {
@@ -72,23 +74,69 @@ SessionOptions SessionOptionsFor(const Device& device, const DaemonOptions& opti
   return session;
 }
 
+// Where the gRPC server listens until it is ready to answer health checks: clients looking for the
+// socket find nothing rather than a server that answers before its health service says how it is.
+std::string StartingSocketPath(const std::string& path) { return path + ".starting"; }
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& options) {
   RETURN_IF_ERROR(ValidateOptions(options));
-  RETURN_IF_ERROR(PrepareSocketPath(options.socket_path));
-  ASSIGN_OR_RETURN(const int lock_fd, LockStateDir(options.state_dir));
-  absl::StatusOr<std::unique_ptr<Device>> device = CreateDevice(options.device);
-  if (!device.ok()) {
-    ::close(lock_fd);
-    return device.status();
+  std::optional<gid_t> group;
+  if (!options.socket_group.empty()) {
+    ASSIGN_OR_RETURN(group, LookupSocketGroup(options.socket_group));
   }
-  TIERD_LOG(INFO) << "device " << (*device)->Describe() << ", host cache budget "
+  RETURN_IF_ERROR(PrepareSocketPath(options.socket_path));
+  RETURN_IF_ERROR(PrepareSocketPath(StartingSocketPath(options.socket_path)));
+  ASSIGN_OR_RETURN(const int lock_fd, LockStateDir(options.state_dir));
+  std::unique_ptr<Daemon> daemon(new Daemon(options, lock_fd, group));
+  RETURN_IF_ERROR(daemon->StartGrpcServer());
+  TIERD_LOG(INFO) << "listening on unix:" << options.socket_path
+                  << " (NOT_SERVING until the device and the host cache are ready)";
+
+  absl::StatusOr<std::unique_ptr<Device>> device =
+      options.create_device ? options.create_device() : CreateDevice(options.device);
+  if (!device.ok()) return device.status();
+  daemon->device_ = *std::move(device);
+  TIERD_LOG(INFO) << "device " << daemon->device_->Describe() << ", host cache budget "
                   << FormatByteSize(options.host_cache_bytes) << ", GPU pool budget "
                   << FormatByteSize(options.gpu_pool_bytes);
-  std::unique_ptr<Daemon> daemon(new Daemon(options, *std::move(device), lock_fd));
   RETURN_IF_ERROR(daemon->StartStorage());
+  // The session socket first: a client that finds the gRPC calls answering also finds it.
+  SessionOptions session = SessionOptionsFor(*daemon->device_, options);
+  session.counters = &daemon->counters_;
+  if (!options.session_socket_path.empty()) {
+    ASSIGN_OR_RETURN(daemon->session_server_,
+                     SessionSocketServer::Start(options.session_socket_path, group,
+                                                *daemon->gpu_tier_, session));
+    TIERD_LOG(INFO) << "serving sessions on " << options.session_socket_path;
+  }
+  daemon->service_->Attach(*daemon->catalog_, *daemon->host_cache_, *daemon->gpu_tier_, session);
+  // The monitor's first round checks the device and turns health SERVING.
+  HealthMonitorOptions monitor;
+  monitor.period = options.health_check_period;
+  monitor.probe_tiers = [raw = daemon.get()] {
+    CollectStats(*raw->catalog_, *raw->host_cache_, *raw->gpu_tier_, "");
+  };
+  monitor.report = [raw = daemon.get()](bool healthy) { raw->ReportDeviceHealth(healthy); };
+  monitor.heartbeat = options.heartbeat;
+  daemon->monitor_ = std::make_unique<HealthMonitor>(*daemon->device_, std::move(monitor));
+  daemon->SampleCounters();  // the baseline the first rates are measured from
+  daemon->sampler_ = std::make_unique<PeriodicThread>(
+      absl::Seconds(1), [raw = daemon.get()] { raw->SampleCounters(); });
+  RETURN_IF_ERROR(daemon->StartMetrics());
+  TIERD_LOG(INFO) << "serving on unix:" << options.socket_path;
+  return daemon;
+}
 
+Daemon::Daemon(DaemonOptions options, int state_lock_fd, std::optional<gid_t> socket_group)
+    : options_(std::move(options)),
+      socket_group_(socket_group),
+      state_lock_fd_(state_lock_fd),
+      service_(std::make_unique<TierdService>(&counters_)) {}
+
+absl::Status Daemon::StartGrpcServer() {
+  const std::string starting = StartingSocketPath(options_.socket_path);
   grpc::EnableDefaultHealthCheckService(true);
   // gRPC's built-in health service encodes its messages without protobuf descriptors, so
   // reflection could list it but not describe it, and grpcurl could not call it. Touching the
@@ -96,26 +144,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
   (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat("unix:", options.socket_path),
-                           grpc::InsecureServerCredentials());
-  builder.RegisterService(daemon->service_.get());
-  daemon->server_ = builder.BuildAndStart();
-  if (daemon->server_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.socket_path));
+  builder.AddListeningPort(absl::StrCat("unix:", starting), grpc::InsecureServerCredentials());
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.socket_path));
   }
-  // Whoever may use the GPU through this daemon is in the socket's group; nobody else.
-  if (::chmod(options.socket_path.c_str(), 0660) != 0) {
-    return PosixError(absl::StrCat("chmod ", options.socket_path), errno);
+  // The default health service starts out SERVING; nobody can connect under the temporary name.
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  RETURN_IF_ERROR(SetSocketAccess(starting, socket_group_));
+  if (::rename(starting.c_str(), options_.socket_path.c_str()) != 0) {
+    return PosixError(absl::StrCat("renaming ", starting, " to ", options_.socket_path), errno);
   }
-  if (!options.session_socket_path.empty()) {
-    ASSIGN_OR_RETURN(daemon->session_server_,
-                     SessionSocketServer::Start(options.session_socket_path, *daemon->gpu_tier_,
-                                                SessionOptionsFor(*daemon->device_, options)));
-    TIERD_LOG(INFO) << "serving sessions on " << options.session_socket_path;
-  }
-  daemon->server_->GetHealthCheckService()->SetServingStatus(true);
-  TIERD_LOG(INFO) << "serving on unix:" << options.socket_path;
-  return daemon;
+  return absl::OkStatus();
 }
 
 absl::Status Daemon::StartStorage() {
@@ -136,18 +177,49 @@ absl::Status Daemon::StartStorage() {
   gpu.pool_bytes = options_.gpu_pool_bytes;
   gpu.slab_bytes = options_.gpu_slab_bytes;
   ASSIGN_OR_RETURN(gpu_tier_, GpuTier::Create(*device_, *catalog_, *arena_, *host_cache_, gpu));
-  TIERD_LOG(INFO) << "GPU staging pool: " << FormatByteSize(gpu_tier_->pool().capacity())
-                  << " in " << gpu_tier_->pool().slab_count() << " slab(s)";
-  service_ = std::make_unique<TierdService>(*catalog_, *host_cache_, *gpu_tier_,
-                                            SessionOptionsFor(*device_, options_));
+  TIERD_LOG(INFO) << "GPU staging pool: " << FormatByteSize(gpu_tier_->pool().capacity()) << " in "
+                  << gpu_tier_->pool().slab_count() << " slab(s)";
   return absl::OkStatus();
 }
 
-Daemon::Daemon(DaemonOptions options, std::unique_ptr<Device> device, int state_lock_fd)
-    : options_(std::move(options)), device_(std::move(device)), state_lock_fd_(state_lock_fd) {}
+absl::Status Daemon::StartMetrics() {
+  if (!options_.metrics_port.has_value()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(metrics_, MetricsServer::Start(options_.metrics_address, *options_.metrics_port,
+                                                  [this] { return RenderMetrics(); }));
+  TIERD_LOG(INFO) << "metrics on http://" << options_.metrics_address << ":" << metrics_->port()
+                  << "/metrics";
+  return absl::OkStatus();
+}
+
+void Daemon::ReportDeviceHealth(bool healthy) {
+  absl::MutexLock lock(&health_mu_);
+  if (shutting_down_) return;
+  serving_ = healthy;
+  server_->GetHealthCheckService()->SetServingStatus(healthy);
+}
+
+void Daemon::SampleCounters() {
+  const v1::Stats stats = CollectStats(*catalog_, *host_cache_, *gpu_tier_, "");
+  const absl::Time now = absl::Now();
+  throughput_.Sample(now, StageBytes(stats));
+  pressure_.Observe(now, stats,
+                    counters_.Snapshot()[static_cast<int>(absl::StatusCode::kResourceExhausted)]);
+}
+
+std::string Daemon::RenderMetrics() {
+  MetricsSnapshot snapshot;
+  snapshot.serving = serving_;
+  snapshot.stats = CollectStats(*catalog_, *host_cache_, *gpu_tier_, device_->Describe());
+  snapshot.stage_rates = throughput_.Rates();
+  snapshot.responses = counters_.Snapshot();
+  return RenderPrometheusText(snapshot);
+}
 
 Daemon::~Daemon() {
   Shutdown(absl::ZeroDuration());
+  metrics_.reset();
+  sampler_.reset();
+  monitor_.reset();
   session_server_.reset();
   server_.reset();
   service_.reset();
@@ -162,11 +234,18 @@ Daemon::~Daemon() {
 }
 
 void Daemon::Shutdown(absl::Duration grace) {
-  if (server_ == nullptr) return;  // storage failed to start: nothing serves
+  absl::MutexLock shutdown_lock(&shutdown_mu_);
+  if (shut_down_ || server_ == nullptr) return;  // done, or the gRPC server never started
+  shut_down_ = true;
   const absl::Time deadline = absl::Now() + grace;
+  {
+    absl::MutexLock lock(&health_mu_);
+    shutting_down_ = true;
+    serving_ = false;
+    server_->GetHealthCheckService()->SetServingStatus(false);
+  }
   service_->StartShutdown();
   if (session_server_ != nullptr) session_server_->StopAccepting();
-  server_->GetHealthCheckService()->SetServingStatus(false);
   // grpc::Server::Shutdown is idempotent and thread-safe.
   server_->Shutdown(absl::ToChronoTime(deadline));
   // Sessions on the session socket get what is left of the grace.

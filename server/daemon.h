@@ -1,17 +1,31 @@
 // The tierd daemon: owns the Device, the state directory, the storage tiers (catalog, pinned host
-// arena, disk reader, spill writer, host cache), the GPU tier and the gRPC server on the Unix
-// socket. Created by main() (or a test) from DaemonOptions; serves until Shutdown().
+// arena, disk reader, spill writer, host cache), the GPU tier, the gRPC server on the Unix socket
+// and the session socket, the health monitor and the metrics endpoint. Created by main() (or a
+// test) from DaemonOptions; serves until Shutdown().
 #ifndef TIERD_SERVER_DAEMON_H_
 #define TIERD_SERVER_DAEMON_H_
 
-#include <memory>
+#include <sys/types.h>
 
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/periodic_thread.h"
 #include "device/device.h"
 #include "server/daemon_options.h"
 #include "server/gpu_tier.h"
+#include "server/health_monitor.h"
+#include "server/metrics_server.h"
+#include "server/pressure_reporter.h"
+#include "server/response_counters.h"
 #include "server/session_socket_server.h"
+#include "server/throughput_meter.h"
 #include "server/tierd_service.h"
 #include "storage/catalog.h"
 #include "storage/disk_reader.h"
@@ -27,33 +41,60 @@ namespace tierd {
 
 class Daemon {
  public:
-  // Validates `options`, takes the state directory's lock, creates the device, loads the catalog,
-  // pins the first piece of the host arena (the rest pins in the background), allocates the GPU
-  // staging pool, and starts serving tierd.v1.Tierd, the standard health service (SERVING) and
-  // server reflection on the socket.
+  // Validates `options`, takes the state directory's lock and starts serving on the socket at once:
+  // the standard health service says NOT_SERVING and tierd.v1.Tierd answers UNAVAILABLE while the
+  // daemon creates the device, loads the catalog, pins the first piece of the host arena (the rest
+  // pins in the background) and allocates the GPU staging pool. Then it serves sessions (on the
+  // session socket too), health turns SERVING, and the health monitor and the metrics endpoint
+  // start. Returns once serving. The socket appears under its name only once health answers, with
+  // its mode and group already set.
   // Errors: INVALID_ARGUMENT for bad options (naming the option); FAILED_PRECONDITION when the
-  // socket or state directory is in use by another daemon; the device's errors.
+  // socket or state directory is in use by another daemon; UNAVAILABLE when a socket or the metrics
+  // port cannot be bound; the device's errors.
   static absl::StatusOr<std::unique_ptr<Daemon>> Create(const DaemonOptions& options);
   // Shuts down if still serving.
   ~Daemon();
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
 
-  // Refuses new sessions and calls (UNAVAILABLE), gives in-flight calls and open sessions (on
-  // either socket) up to `grace` to finish, then cancels the rest: their sessions end and release
-  // what they hold.
-  // Idempotent; thread-safe.
-  void Shutdown(absl::Duration grace);
+  // Health turns NOT_SERVING; new sessions and calls are refused (UNAVAILABLE); in-flight calls and
+  // open sessions (on either socket) get up to `grace` to finish, then the rest are cancelled:
+  // their sessions end and release what they hold. The sockets are removed. Idempotent;
+  // thread-safe.
+  void Shutdown(absl::Duration grace) ABSL_LOCKS_EXCLUDED(shutdown_mu_);
 
   Device& device() { return *device_; }
   Catalog& catalog() { return *catalog_; }
   HostCache& host_cache() { return *host_cache_; }
+  // The metrics endpoint's port; 0 when it is off.
+  int metrics_port() const { return metrics_ != nullptr ? metrics_->port() : 0; }
+  // What the health service says now.
+  bool serving() const { return serving_.load(); }
 
  private:
-  Daemon(DaemonOptions options, std::unique_ptr<Device> device, int state_lock_fd);
+  Daemon(DaemonOptions options, int state_lock_fd, std::optional<gid_t> socket_group);
+  // Starts the gRPC server, not serving yet, on a temporary name beside the socket path, then
+  // gives it its final name.
+  absl::Status StartGrpcServer();
   absl::Status StartStorage();
+  absl::Status StartMetrics();
+  // The device's health, as the monitor reports it, unless shutting down.
+  void ReportDeviceHealth(bool healthy) ABSL_LOCKS_EXCLUDED(health_mu_);
+  // Samples the counters for the throughput meter and the pressure log; once a second.
+  void SampleCounters();
+  std::string RenderMetrics();
 
   const DaemonOptions options_;
+  const std::optional<gid_t> socket_group_;
+  ResponseCounters counters_;
+  ThroughputMeter throughput_{absl::Seconds(10)};
+  PressureReporter pressure_{absl::Seconds(30)};  // only the sampler thread touches it
+  std::atomic<bool> serving_{false};
+  absl::Mutex health_mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(health_mu_) = false;
+  absl::Mutex shutdown_mu_ ABSL_ACQUIRED_BEFORE(health_mu_);
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+
   // Declared in dependency order: destroyed from the bottom up.
   std::unique_ptr<Device> device_;
   int state_lock_fd_;
@@ -66,6 +107,9 @@ class Daemon {
   std::unique_ptr<TierdService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<SessionSocketServer> session_server_;
+  std::unique_ptr<HealthMonitor> monitor_;
+  std::unique_ptr<PeriodicThread> sampler_;
+  std::unique_ptr<MetricsServer> metrics_;
 };
 
 }  // namespace tierd

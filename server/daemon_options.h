@@ -3,8 +3,14 @@
 #define TIERD_SERVER_DAEMON_OPTIONS_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "device/device.h"
 #include "device/device_factory.h"
 #include "server/gpu_tier.h"
 #include "storage/disk_reader.h"
@@ -28,6 +34,18 @@ struct DaemonOptions {
   uint64_t pin_piece_bytes = 1ull << 30;  // the host arena is pinned this much at a time
   DiskReaderOptions reader;       // --reader-threads, --reader-queue-depth, --reader-chunk-bytes,
                                   // --io-engine, --direct-io
+  std::string socket_group;       // --socket-group: the sockets' group; empty: the daemon's own
+  // --metrics-address, --metrics-port: where Prometheus text is served; nullopt: nowhere; 0: a
+  // port the kernel picks (Daemon::metrics_port() says which).
+  std::string metrics_address = "127.0.0.1";
+  std::optional<int> metrics_port;
+
+  // How often the health monitor checks the device and the tiers.
+  absl::Duration health_check_period = absl::Seconds(1);
+  // Called after every health round (tierd's main pings the systemd watchdog); may be empty.
+  std::function<void()> heartbeat;
+  // Makes the device instead of CreateDevice(device): tests wrap one to slow or fail it.
+  std::function<absl::StatusOr<std::unique_ptr<Device>>()> create_device;
 };
 
 }  // namespace tierd

@@ -116,14 +116,14 @@ GpuTier::Client* GpuTier::FindClientLocked(ClientId id) {
   return it->second.get();
 }
 
-void GpuTier::CloseClient(ClientId id) {
+ClosedClient GpuTier::CloseClient(ClientId id) {
   DeferredCalls deferred;
   std::shared_ptr<Stream> stream_to_destroy;
   absl::MutexLock lock(&mu_);
   Client* client = FindClientLocked(id);
-  if (client == nullptr) return;
+  if (client == nullptr) return {};
   client->closed = true;
-  const size_t leases = client->leases.size();
+  const ClosedClient freed{client->leases.size(), client->reservations.size(), client->pins.size()};
   for (auto& [lease_id, lease] : client->leases) {
     Drain drain;
     drain.object = lease.object;
@@ -149,9 +149,6 @@ void GpuTier::CloseClient(ClientId id) {
   }
   client->pins.clear();
   client->staging_bytes = 0;
-  if (leases > 0) {
-    TIERD_VLOG(1) << "session " << id << " ended holding " << leases << " lease(s)";
-  }
   if (client->drains.empty()) {
     stream_to_destroy = std::move(client->drain_stream);
     clients_.erase(id);
@@ -161,6 +158,7 @@ void GpuTier::CloseClient(ClientId id) {
   RetryAllocationsLocked(deferred.calls());
   // The stream goes after the lock: destroying it may run drain callbacks, which take it.
   deferred.calls().push_back([stream = std::move(stream_to_destroy)]() mutable { stream.reset(); });
+  return freed;
 }
 
 void GpuTier::ForceClose(ClientId id) {

@@ -101,12 +101,20 @@ struct GpuTierStats {
   uint64_t bytes_host_to_gpu = 0;
   uint64_t bytes_gpu_to_host = 0;
   uint64_t copies_in_flight = 0;
+  uint64_t allocation_waiters = 0;  // requests waiting for staging room that releases will free
   uint64_t clients = 0;
   uint64_t leases = 0;  // held and draining
   uint64_t reservations = 0;
   uint64_t pins = 0;
   uint64_t slabs = 0;
   uint64_t events = 0;
+};
+
+// What a client still held when it was closed.
+struct ClosedClient {
+  size_t leases = 0;
+  size_t reservations = 0;
+  size_t pins = 0;  // distinct keys pinned
 };
 
 struct HandleList {
@@ -132,8 +140,9 @@ class GpuTier {
 
   // A client (a session) that can hold leases, reservations and pins.
   absl::StatusOr<ClientId> OpenClient(const ClientLimits& limits) ABSL_LOCKS_EXCLUDED(mu_);
-  // Releases everything the client holds (see the header comment). Unknown ids are ignored.
-  void CloseClient(ClientId client) ABSL_LOCKS_EXCLUDED(mu_);
+  // Releases everything the client holds (see the header comment) and says what that was. Unknown
+  // ids are ignored (nothing freed).
+  ClosedClient CloseClient(ClientId client) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Brings `key` into staging and leases it to `client`. Errors: INVALID_ARGUMENT (malformed key),
   // NOT_FOUND, RESOURCE_EXHAUSTED (pool or the client's quota), FAILED_PRECONDITION (model files

@@ -222,6 +222,7 @@ GpuTierStats GpuTier::stats() const {
   stats.used_bytes = pool_->used_bytes();
   stats.objects = objects_.size();
   stats.copies_in_flight = copies_in_flight_;
+  stats.allocation_waiters = allocation_waiters_.size();
   stats.clients = 0;
   for (const auto& [id, client] : clients_) stats.clients += client->closed ? 0 : 1;
   stats.slabs = pool_->slab_count();

@@ -75,21 +75,37 @@ SessionProtocol::~SessionProtocol() = default;
 
 void SessionProtocol::Close() {
   ClientId client;
+  std::string name;
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
     client = client_;
+    name = client_name_;
   }
-  if (client != 0) tier_.CloseClient(client);
+  if (client == 0) return;
+  const ClosedClient freed = tier_.CloseClient(client);
+  if (freed.leases + freed.reservations + freed.pins > 0) {
+    TIERD_LOG(INFO) << "session " << client << " (\"" << name << "\") ended holding "
+                    << freed.leases << " lease(s), " << freed.reservations << " reservation(s) and "
+                    << freed.pins << " pin(s); freed";
+  } else {
+    TIERD_VLOG(1) << "session " << client << " (\"" << name << "\") ended";
+  }
 }
 
 void SessionProtocol::Reply(uint64_t request_id, const absl::Status& status) {
   v1::SessionResponse response = ResponseFor(request_id, status);
   if (status.ok()) response.mutable_done();
-  send_(std::move(response));
+  CountAndSend(std::move(response));
 }
 
+void SessionProtocol::CountAndSend(v1::SessionResponse response) {
+  if (options_.counters != nullptr) {
+    options_.counters->Count(static_cast<absl::StatusCode>(response.code()));
+  }
+  send_(std::move(response));
+}
 
 void SessionProtocol::Handle(const v1::SessionRequest& request) {
   const uint64_t id = request.request_id();
@@ -108,7 +124,10 @@ void SessionProtocol::Handle(const v1::SessionRequest& request) {
       return Fetch(id, client, request.fetch());
     case v1::SessionRequest::kRelease: {
       absl::Status released = tier_.Release(client, request.release().lease_id());
-      if (released.ok() && request.release().quiet()) return;
+      if (released.ok() && request.release().quiet()) {
+        if (options_.counters != nullptr) options_.counters->Count(absl::StatusCode::kOk);
+        return;
+      }
       return Reply(id, released);
     }
     case v1::SessionRequest::kPrefetch:
@@ -149,7 +168,10 @@ void SessionProtocol::Open(uint64_t request_id, const v1::OpenSession& open) {
   {
     absl::MutexLock lock(&mu_);
     raced = client_ != 0 || closed_;  // another open, or Close
-    if (!raced) client_ = *client;
+    if (!raced) {
+      client_ = *client;
+      client_name_ = open.client_name();
+    }
   }
   if (raced) {
     tier_.CloseClient(*client);
@@ -164,7 +186,7 @@ void SessionProtocol::Open(uint64_t request_id, const v1::OpenSession& open) {
   opened->set_device_ordinal(options_.device_ordinal);
   opened->set_max_leases(options_.limits.max_leases);
   opened->set_max_staging_bytes(options_.limits.max_staging_bytes);
-  send_(std::move(response));
+  CountAndSend(std::move(response));
 }
 
 void SessionProtocol::SendWithHandles(v1::SessionResponse response, uint32_t slab,
@@ -180,7 +202,7 @@ void SessionProtocol::SendWithHandles(v1::SessionResponse response, uint32_t sla
       ToProto(EventInfo{event, tier_.events().handle(event)}, response.add_new_handles());
     }
   }
-  send_(std::move(response));
+  CountAndSend(std::move(response));
 }
 
 void SessionProtocol::Fetch(uint64_t request_id, ClientId client, const v1::FetchRequest& fetch) {
@@ -215,7 +237,7 @@ void SessionProtocol::Prefetch(uint64_t request_id, const v1::PrefetchRequest& p
   if (!result.ok()) return Reply(request_id, result.status());
   v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
   *response.mutable_prefetched() = *std::move(result);
-  send_(std::move(response));
+  CountAndSend(std::move(response));
 }
 
 void SessionProtocol::Reserve(uint64_t request_id, ClientId client,
@@ -273,7 +295,7 @@ void SessionProtocol::Evict(uint64_t request_id, const v1::EvictRequest& evict) 
   if (!result.ok()) return Reply(request_id, result.status());
   v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
   *response.mutable_evicted() = *std::move(result);
-  send_(std::move(response));
+  CountAndSend(std::move(response));
 }
 
 }  // namespace tierd

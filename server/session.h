@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "server/gpu_tier.h"
+#include "server/response_counters.h"
 #include "tierd/v1/tierd.pb.h"
 
 namespace tierd {
@@ -33,6 +34,8 @@ struct SessionOptions {
   int device_ordinal = 0;
   uint32_t max_key_bytes = 1024;
   uint32_t max_tensors = 65536;  // per stored object
+  // Where answers are counted by code; null: not counted. Must outlive the sessions.
+  ResponseCounters* counters = nullptr;
 };
 
 // Checks an object key from a request: non-empty, at most `max_key_bytes`, "NAMESPACE/NAME".
@@ -73,6 +76,8 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
   void Evict(uint64_t request_id, const v1::EvictRequest& evict);
 
   void Reply(uint64_t request_id, const absl::Status& status);
+  // Counts `response` by its code and sends it.
+  void CountAndSend(v1::SessionResponse response);
   // Adds the handles the session has not been sent yet to `response` and sends it.
   void SendWithHandles(v1::SessionResponse response, uint32_t slab,
                        std::initializer_list<uint32_t> events) ABSL_LOCKS_EXCLUDED(mu_);
@@ -86,6 +91,7 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
 
   mutable absl::Mutex mu_;
   ClientId client_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string client_name_ ABSL_GUARDED_BY(mu_);  // from open, for the logs
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   std::set<uint32_t> slabs_sent_ ABSL_GUARDED_BY(mu_);
   std::set<uint32_t> events_sent_ ABSL_GUARDED_BY(mu_);

@@ -50,7 +50,7 @@ struct SessionSocketServer::Connection {
 };
 
 absl::StatusOr<std::unique_ptr<SessionSocketServer>> SessionSocketServer::Start(
-    const std::string& path, GpuTier& tier, SessionOptions options) {
+    const std::string& path, std::optional<gid_t> group, GpuTier& tier, SessionOptions options) {
   if (absl::Status prepared = PrepareSocketPath(path); !prepared.ok()) return prepared;
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return PosixError("creating the session socket", errno);
@@ -62,8 +62,12 @@ absl::StatusOr<std::unique_ptr<SessionSocketServer>> SessionSocketServer::Start(
     ::close(fd);
     return PosixError(absl::StrCat("binding ", path), error);
   }
-  // Whoever may use the GPU through this daemon is in the socket's group; nobody else.
-  if (::chmod(path.c_str(), 0660) != 0 || ::listen(fd, 128) != 0) {
+  if (absl::Status access = SetSocketAccess(path, group); !access.ok()) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    return access;
+  }
+  if (::listen(fd, 128) != 0) {
     const int error = errno;
     ::close(fd);
     ::unlink(path.c_str());

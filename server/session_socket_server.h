@@ -11,9 +11,12 @@
 #ifndef TIERD_SERVER_SESSION_SOCKET_SERVER_H_
 #define TIERD_SERVER_SESSION_SOCKET_SERVER_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -33,8 +36,9 @@ class SessionSocketServer {
   static constexpr absl::Duration kGreetingTimeout = absl::Seconds(5);
 
   // Binds `path` (replacing a stale socket; refusing one a live server answers on), makes it
-  // mode 0660 and starts accepting. `tier` must outlive the server.
+  // mode 0660 with `group` (unless nullopt) and starts accepting. `tier` must outlive the server.
   static absl::StatusOr<std::unique_ptr<SessionSocketServer>> Start(const std::string& path,
+                                                                    std::optional<gid_t> group,
                                                                     GpuTier& tier,
                                                                     SessionOptions options);
   // Shutdown(now), then joins every thread.

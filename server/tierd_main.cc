@@ -1,17 +1,27 @@
-// tierd: the per-GPU tiered memory daemon. Parses flags, builds DaemonOptions, runs until SIGTERM
-// or SIGINT.
+// tierd: the per-GPU tiered memory daemon. Parses flags (and --config's file), builds
+// DaemonOptions, tells systemd when it serves, runs until SIGTERM or SIGINT, then drains and exits
+// within a bound.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/byte_size.h"
 #include "common/command_line.h"
-#include "common/session_socket.h"
+#include "common/config_file.h"
 #include "common/log.h"
+#include "common/session_socket.h"
+#include "common/systemd_notify.h"
 #include "device/device_factory.h"
 #include "server/daemon.h"
 
@@ -43,13 +53,47 @@ ABSL_FLAG(std::string, io_engine, "auto", "auto (io_uring, else pread), io_uring
 ABSL_FLAG(bool, direct_io, true, "Read model files with O_DIRECT where the filesystem allows");
 ABSL_FLAG(int, v, 0, "Verbosity of debug logging (0 = off)");
 ABSL_FLAG(int, shutdown_grace_ms, 5000, "How long in-flight calls may finish after SIGTERM");
+ABSL_FLAG(std::string, socket_group, "",
+          "Group to give the sockets (mode 0660), e.g. tierd; empty: the daemon's own group");
+ABSL_FLAG(int, metrics_port, 0,
+          "Serve Prometheus metrics over HTTP on this port at /metrics; 0: no metrics endpoint");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1",
+          "Address the metrics endpoint listens on (loopback by default; 0.0.0.0 for all)");
+ABSL_FLAG(std::string, config, "",
+          "File of further flags, one `key = value` per line (key: a flag without its dashes); "
+          "flags on the command line win");
 
 namespace {
 
 constexpr int kExitBadUsage = 2;
+// After SIGTERM the daemon exits within --shutdown-grace-ms plus this, whatever its teardown waits
+// on (such as a device that never completes a dead client's work).
+constexpr absl::Duration kTeardownBound = absl::Seconds(10);
+
+// Pings the systemd watchdog at half its interval, from the health monitor's rounds.
+std::function<void()> WatchdogHeartbeat(const tierd::SystemdNotifier& systemd) {
+  if (!systemd.watchdog_interval().has_value()) return nullptr;
+  const absl::Duration every = *systemd.watchdog_interval() / 2;
+  auto last = std::make_shared<absl::Time>(absl::InfinitePast());
+  return [&systemd, every, last] {
+    const absl::Time now = absl::Now();
+    if (now - *last < every) return;
+    *last = now;
+    if (absl::Status sent = systemd.Notify("WATCHDOG=1"); !sent.ok()) {
+      TIERD_LOG_FIRST_N(WARNING, 1) << "cannot ping the systemd watchdog: " << sent;
+    }
+  };
+}
+
+void NotifySystemd(const tierd::SystemdNotifier& systemd, const std::string& state) {
+  if (absl::Status sent = systemd.Notify(state); !sent.ok()) {
+    TIERD_LOG(WARNING) << "cannot notify systemd: " << sent;
+  }
+}
 
 int Run() {
   tierd::SetLogVerbosity(absl::GetFlag(FLAGS_v));
+  static const tierd::SystemdNotifier systemd = tierd::SystemdNotifier::FromEnvironment();
   absl::StatusOr<tierd::DeviceSpec> device = tierd::ParseDeviceSpec(absl::GetFlag(FLAGS_device));
   if (!device.ok()) {
     std::fprintf(stderr, "tierd: %s\n", std::string(device.status().message()).c_str());
@@ -93,6 +137,20 @@ int Run() {
     std::fprintf(stderr, "tierd: --io-engine must be auto, io_uring or pread\n");
     return kExitBadUsage;
   }
+  options.socket_group = absl::GetFlag(FLAGS_socket_group);
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (metrics_port < 0 || metrics_port > 65535) {
+    std::fprintf(stderr, "tierd: --metrics-port must be 0 (off) or a port, 1..65535\n");
+    return kExitBadUsage;
+  }
+  if (metrics_port != 0) options.metrics_port = metrics_port;
+  options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  options.heartbeat = WatchdogHeartbeat(systemd);
+  if (systemd.watchdog_interval().has_value()) {
+    // Rounds often enough that a ping at half the interval is never late by much.
+    options.health_check_period =
+        std::min(options.health_check_period, *systemd.watchdog_interval() / 4);
+  }
 
   // Signals are taken synchronously by this thread; every thread created after this inherits the
   // mask, so none of them is interrupted.
@@ -106,13 +164,26 @@ int Run() {
   absl::StatusOr<std::unique_ptr<tierd::Daemon>> daemon = tierd::Daemon::Create(options);
   if (!daemon.ok()) {
     TIERD_LOG(ERROR) << "cannot start: " << daemon.status();
+    NotifySystemd(systemd, absl::StrCat("STATUS=cannot start: ", daemon.status().message()));
     return daemon.status().code() == absl::StatusCode::kInvalidArgument ? kExitBadUsage : 1;
   }
+  NotifySystemd(systemd, absl::StrCat("READY=1\nSTATUS=serving on ", options.socket_path));
   int received = 0;
   sigwait(&signals, &received);
+  const absl::Duration grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
   TIERD_LOG(INFO) << "received " << (received == SIGTERM ? "SIGTERM" : "SIGINT")
-                  << ", shutting down";
-  (*daemon)->Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
+                  << ", shutting down (in-flight work has " << absl::FormatDuration(grace) << ")";
+  NotifySystemd(systemd, "STOPPING=1\nSTATUS=shutting down");
+  // The bound: a teardown that waits longer is cut short. The process's exit frees what the device
+  // holds, and nothing durable is left half-written (the catalog is written before registration
+  // answers; spilled objects are not kept across restarts).
+  std::thread([bound = grace + kTeardownBound] {
+    absl::SleepFor(bound);
+    TIERD_LOG(WARNING) << "shutdown took longer than " << absl::FormatDuration(bound)
+                       << " (the device is still finishing work); exiting without waiting";
+    std::_Exit(0);
+  }).detach();
+  (*daemon)->Shutdown(grace);
   daemon->reset();
   TIERD_LOG(INFO) << "stopped";
   return 0;
@@ -122,9 +193,18 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "tierd --device=auto|host|cuda:N --socket=PATH --state-dir=DIR "
+      "tierd [--config=FILE] --device=auto|host|cuda:N --socket=PATH --state-dir=DIR "
       "--host-cache-bytes=N --gpu-pool-bytes=N\n"
-      "Flags may be spelled with dashes or underscores (--state-dir or --state_dir).");
+      "Flags may be spelled with dashes or underscores (--state-dir or --state_dir), and given "
+      "in --config's file as `state-dir = DIR`.");
+  // The file's flags first, so those on the command line, parsed next, win.
+  if (std::optional<std::string> config = tierd::FindFlagOnCommandLine(argc, argv, "config");
+      config.has_value() && !config->empty()) {
+    if (absl::Status applied = tierd::ApplyConfigFile(*config, __FILE__, "config"); !applied.ok()) {
+      std::fprintf(stderr, "tierd: %s\n", std::string(applied.message()).c_str());
+      return kExitBadUsage;
+    }
+  }
   std::vector<std::string> positional = tierd::ParseCommandLineWithDashes(argc, argv);
   if (positional.size() > 1) {
     std::fprintf(stderr, "tierd: unexpected argument '%s'\n", positional[1].c_str());

@@ -1,5 +1,6 @@
 #include "server/tierd_service.h"
 
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,15 +9,16 @@
 #include "common/log.h"
 #include "server/proto_convert.h"
 #include "server/session_reactor.h"
+#include "server/stats.h"
 
 namespace tierd {
 namespace {
 
-// A Session refused at once (the daemon is shutting down).
+// A Session refused at once (the daemon is starting or shutting down).
 class RefusedSession final
     : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse> {
  public:
-  explicit RefusedSession(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  explicit RefusedSession(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
 };
 
@@ -25,8 +27,9 @@ class RefusedSession final
 // registration.
 class RegisterReactor final : public grpc::ServerWriteReactor<v1::RegisterModelProgress> {
  public:
-  RegisterReactor(Catalog& catalog, TimerThread& admin, v1::RegisterModelRequest request)
-      : catalog_(catalog), request_(std::move(request)) {
+  RegisterReactor(Catalog& catalog, TimerThread& admin, v1::RegisterModelRequest request,
+                  std::function<grpc::Status(const absl::Status&)> answer)
+      : catalog_(catalog), request_(std::move(request)), answer_(std::move(answer)) {
     admin.RunAfter(absl::ZeroDuration(), [this] { Run(); });
   }
 
@@ -63,7 +66,7 @@ class RegisterReactor final : public grpc::ServerWriteReactor<v1::RegisterModelP
     }
     if (!summary.ok()) {
       TIERD_LOG(WARNING) << "registering " << request_.name() << " failed: " << summary.status();
-      Finish(ToGrpcStatus(summary.status()));
+      Finish(answer_(summary.status()));
       return;
     }
     TIERD_LOG(INFO) << "registered model " << summary->name << ": " << summary->objects
@@ -74,7 +77,7 @@ class RegisterReactor final : public grpc::ServerWriteReactor<v1::RegisterModelP
     last.set_files_total(summary->files);
     ToProto(*summary, last.mutable_summary());
     Write(last);
-    Finish(grpc::Status::OK);
+    Finish(answer_(absl::OkStatus()));
   }
 
   // Writes `message` and waits until the write is done (or the client is gone).
@@ -90,6 +93,7 @@ class RegisterReactor final : public grpc::ServerWriteReactor<v1::RegisterModelP
 
   Catalog& catalog_;
   const v1::RegisterModelRequest request_;
+  const std::function<grpc::Status(const absl::Status&)> answer_;
   absl::Mutex mu_;
   v1::RegisterModelProgress message_;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -98,50 +102,65 @@ class RegisterReactor final : public grpc::ServerWriteReactor<v1::RegisterModelP
 
 }  // namespace
 
-TierdService::TierdService(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
-                           SessionOptions session_options)
-    : catalog_(catalog),
-      host_cache_(host_cache),
-      gpu_tier_(gpu_tier),
-      session_options_(std::move(session_options)) {}
+TierdService::TierdService(ResponseCounters* counters) : counters_(counters) {}
 
 TierdService::~TierdService() = default;
 
-absl::Status TierdService::CheckServing() const {
-  if (shutting_down_) return absl::UnavailableError("tierd is shutting down");
-  return absl::OkStatus();
+void TierdService::Attach(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
+                          SessionOptions session_options) {
+  attached_.reset(new Tiers{catalog, host_cache, gpu_tier, std::move(session_options)});
+  tiers_.store(attached_.get(), std::memory_order_release);
+}
+
+absl::StatusOr<TierdService::Tiers*> TierdService::Serving(bool during_shutdown) const {
+  Tiers* tiers = tiers_.load(std::memory_order_acquire);
+  if (tiers == nullptr) {
+    return absl::UnavailableError("tierd is starting (its health check says when it serves)");
+  }
+  if (shutting_down_ && !during_shutdown) return absl::UnavailableError("tierd is shutting down");
+  return tiers;
+}
+
+grpc::Status TierdService::Answer(const absl::Status& status) const {
+  if (counters_ != nullptr) counters_->Count(status.code());
+  return ToGrpcStatus(status);
 }
 
 grpc::ServerUnaryReactor* TierdService::Finish(grpc::CallbackServerContext* context,
                                                const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
+  reactor->Finish(Answer(status));
   return reactor;
 }
 
 grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* TierdService::Session(
     grpc::CallbackServerContext* /*context*/) {
-  if (absl::Status serving = CheckServing(); !serving.ok()) return new RefusedSession(serving);
-  return new SessionReactor(gpu_tier_, session_options_);
+  absl::StatusOr<Tiers*> tiers = Serving();
+  if (!tiers.ok()) return new RefusedSession(Answer(tiers.status()));
+  return new SessionReactor((*tiers)->gpu_tier, (*tiers)->session_options);
 }
 
 grpc::ServerWriteReactor<v1::RegisterModelProgress>* TierdService::RegisterModel(
     grpc::CallbackServerContext* /*context*/, const v1::RegisterModelRequest* request) {
-  if (absl::Status serving = CheckServing(); !serving.ok()) {
+  absl::StatusOr<Tiers*> tiers = Serving();
+  if (!tiers.ok()) {
     class Refused final : public grpc::ServerWriteReactor<v1::RegisterModelProgress> {
      public:
-      explicit Refused(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+      explicit Refused(const grpc::Status& status) { Finish(status); }
       void OnDone() override { delete this; }
     };
-    return new Refused(serving);
+    return new Refused(Answer(tiers.status()));
   }
-  return new RegisterReactor(catalog_, admin_, *request);
+  return new RegisterReactor((*tiers)->catalog, admin_, *request,
+                             [this](const absl::Status& status) { return Answer(status); });
 }
 
 grpc::ServerUnaryReactor* TierdService::ListModels(grpc::CallbackServerContext* context,
                                                    const v1::ListModelsRequest* /*request*/,
                                                    v1::ListModelsResponse* response) {
-  for (const ModelSummary& summary : catalog_.ListModels()) {
+  absl::StatusOr<Tiers*> tiers = Serving(/*during_shutdown=*/true);
+  if (!tiers.ok()) return Finish(context, tiers.status());
+  for (const ModelSummary& summary : (*tiers)->catalog.ListModels()) {
     ToProto(summary, response->add_models());
   }
   return Finish(context, absl::OkStatus());
@@ -150,15 +169,18 @@ grpc::ServerUnaryReactor* TierdService::ListModels(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* TierdService::ListObjects(grpc::CallbackServerContext* context,
                                                     const v1::ListObjectsRequest* request,
                                                     v1::ListObjectsResponse* response) {
-  absl::StatusOr<std::shared_ptr<const ModelInfo>> model = catalog_.GetModel(request->model());
+  absl::StatusOr<Tiers*> tiers = Serving(/*during_shutdown=*/true);
+  if (!tiers.ok()) return Finish(context, tiers.status());
+  absl::StatusOr<std::shared_ptr<const ModelInfo>> model =
+      (*tiers)->catalog.GetModel(request->model());
   if (!model.ok()) return Finish(context, model.status());
   for (const ObjectInfo& object : (*model)->objects) {
     v1::ObjectInfo* info = response->add_objects();
     info->set_key(absl::StrCat((*model)->name, "/", object.name));
     info->set_size(object.size);
     for (const TensorPlacement& tensor : object.tensors) ToProto(tensor, info->add_tensors());
-    info->set_on_gpu(gpu_tier_.IsOnGpu(info->key()));
-    info->set_in_host_cache(host_cache_.IsResident(info->key()));
+    info->set_on_gpu((*tiers)->gpu_tier.IsOnGpu(info->key()));
+    info->set_in_host_cache((*tiers)->host_cache.IsResident(info->key()));
   }
   return Finish(context, absl::OkStatus());
 }
@@ -166,17 +188,18 @@ grpc::ServerUnaryReactor* TierdService::ListObjects(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* TierdService::DropModel(grpc::CallbackServerContext* context,
                                                   const v1::DropModelRequest* request,
                                                   v1::DropModelResponse* /*response*/) {
-  if (absl::Status serving = CheckServing(); !serving.ok()) return Finish(context, serving);
+  absl::StatusOr<Tiers*> tiers = Serving();
+  if (!tiers.ok()) return Finish(context, tiers.status());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Deleting the persisted file syncs the directory: not on a gRPC thread.
-  admin_.RunAfter(absl::ZeroDuration(), [this, reactor, name = request->name()] {
-    absl::Status status = catalog_.DropModel(name);
+  admin_.RunAfter(absl::ZeroDuration(), [this, tiers = *tiers, reactor, name = request->name()] {
+    absl::Status status = tiers->catalog.DropModel(name);
     if (status.ok()) {
       // Its objects are never served again (both tiers check the registration); free what can be.
-      gpu_tier_.ForgetModel(name);
+      tiers->gpu_tier.ForgetModel(name);
       TIERD_LOG(INFO) << "dropped model " << name;
     }
-    reactor->Finish(ToGrpcStatus(status));
+    reactor->Finish(Answer(status));
   });
   return reactor;
 }
@@ -184,9 +207,10 @@ grpc::ServerUnaryReactor* TierdService::DropModel(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* TierdService::Prefetch(grpc::CallbackServerContext* context,
                                                  const v1::PrefetchRequest* request,
                                                  v1::PrefetchResponse* response) {
-  if (absl::Status serving = CheckServing(); !serving.ok()) return Finish(context, serving);
-  absl::StatusOr<v1::PrefetchResponse> result =
-      RunPrefetch(gpu_tier_, *request, session_options_.max_key_bytes, "prefetch");
+  absl::StatusOr<Tiers*> tiers = Serving();
+  if (!tiers.ok()) return Finish(context, tiers.status());
+  absl::StatusOr<v1::PrefetchResponse> result = RunPrefetch(
+      (*tiers)->gpu_tier, *request, (*tiers)->session_options.max_key_bytes, "prefetch");
   if (!result.ok()) return Finish(context, result.status());
   *response = *std::move(result);
   return Finish(context, absl::OkStatus());
@@ -195,9 +219,10 @@ grpc::ServerUnaryReactor* TierdService::Prefetch(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* TierdService::Evict(grpc::CallbackServerContext* context,
                                               const v1::EvictRequest* request,
                                               v1::EvictResponse* response) {
-  if (absl::Status serving = CheckServing(); !serving.ok()) return Finish(context, serving);
+  absl::StatusOr<Tiers*> tiers = Serving();
+  if (!tiers.ok()) return Finish(context, tiers.status());
   absl::StatusOr<v1::EvictResponse> result =
-      RunEvict(gpu_tier_, *request, session_options_.max_key_bytes, "evict");
+      RunEvict((*tiers)->gpu_tier, *request, (*tiers)->session_options.max_key_bytes, "evict");
   if (!result.ok()) return Finish(context, result.status());
   *response = *std::move(result);
   return Finish(context, absl::OkStatus());
@@ -206,49 +231,21 @@ grpc::ServerUnaryReactor* TierdService::Evict(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* TierdService::GetStats(grpc::CallbackServerContext* context,
                                                  const v1::GetStatsRequest* /*request*/,
                                                  v1::Stats* response) {
-  const GpuTierStats gpu = gpu_tier_.stats();
-  const HostCacheStats host = host_cache_.stats();
-  response->set_device(session_options_.device);
-  v1::TierStats* gpu_out = response->mutable_gpu();
-  gpu_out->set_budget_bytes(gpu.budget_bytes);
-  gpu_out->set_used_bytes(gpu.used_bytes);
-  gpu_out->set_objects(gpu.objects);
-  gpu_out->set_hits(gpu.hits);
-  gpu_out->set_misses(gpu.misses);
-  gpu_out->set_evictions(gpu.evictions);
-  v1::TierStats* host_out = response->mutable_host();
-  host_out->set_budget_bytes(host.capacity_bytes);
-  host_out->set_used_bytes(host.used_bytes);
-  host_out->set_objects(host.objects);
-  host_out->set_hits(host.hits);
-  host_out->set_misses(host.misses);
-  host_out->set_evictions(host.evictions);
-  response->set_host_pinned_bytes(host.pinned_bytes);
-  response->set_stored_objects(host.stored_objects);
-  response->set_spilled_objects(host.spilled_objects);
-  response->set_bytes_disk_to_host(host.bytes_from_disk);
-  response->set_bytes_host_to_gpu(gpu.bytes_host_to_gpu);
-  response->set_bytes_gpu_to_host(gpu.bytes_gpu_to_host);
-  response->set_bytes_host_to_disk(host.bytes_to_spill);
-  response->set_disk_reads_in_flight(host.loading);
-  response->set_copies_in_flight(gpu.copies_in_flight);
-  response->set_sessions(gpu.clients);
-  response->set_leases(gpu.leases);
-  response->set_reservations(gpu.reservations);
-  response->set_pins(gpu.pins);
-  response->set_checksum_failures(host.checksum_failures);
-  response->set_models(catalog_.model_count());
-  response->set_slabs(gpu.slabs);
-  response->set_events(gpu.events);
+  absl::StatusOr<Tiers*> tiers = Serving(/*during_shutdown=*/true);
+  if (!tiers.ok()) return Finish(context, tiers.status());
+  *response = CollectStats((*tiers)->catalog, (*tiers)->host_cache, (*tiers)->gpu_tier,
+                           (*tiers)->session_options.device);
   return Finish(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* TierdService::ListHandles(grpc::CallbackServerContext* context,
                                                     const v1::ListHandlesRequest* /*request*/,
                                                     v1::ListHandlesResponse* response) {
-  response->set_backend(session_options_.backend);
-  response->set_device_ordinal(session_options_.device_ordinal);
-  const HandleList handles = gpu_tier_.Handles();
+  absl::StatusOr<Tiers*> tiers = Serving(/*during_shutdown=*/true);
+  if (!tiers.ok()) return Finish(context, tiers.status());
+  response->set_backend((*tiers)->session_options.backend);
+  response->set_device_ordinal((*tiers)->session_options.device_ordinal);
+  const HandleList handles = (*tiers)->gpu_tier.Handles();
   for (const StagingSlabInfo& slab : handles.slabs) ToProto(slab, response->add_handles());
   for (const EventInfo& event : handles.events) ToProto(event, response->add_handles());
   return Finish(context, absl::OkStatus());

@@ -1,13 +1,17 @@
 // The tierd.v1.Tierd service: the Session stream (SessionReactor) and the unary calls people and
-// scripts make. Handlers never block on I/O: registration and dropping models run on the service's
-// admin thread; everything else is in-memory bookkeeping or hands work to the tiers.
+// scripts make. It is served from the daemon's first moment (answering UNAVAILABLE while the
+// daemon starts) and attached to the tiers once they are ready. Handlers never block on I/O:
+// registration and dropping models run on the service's admin thread; everything else is
+// in-memory bookkeeping or hands work to the tiers.
 #ifndef TIERD_SERVER_TIERD_SERVICE_H_
 #define TIERD_SERVER_TIERD_SERVICE_H_
 
 #include <atomic>
+#include <memory>
 
 #include "common/timer_thread.h"
 #include "server/gpu_tier.h"
+#include "server/response_counters.h"
 #include "server/session.h"
 #include "storage/catalog.h"
 #include "storage/host_cache.h"
@@ -17,13 +21,17 @@ namespace tierd {
 
 class TierdService final : public v1::Tierd::CallbackService {
  public:
-  // All references must outlive the service.
-  TierdService(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
-               SessionOptions session_options);
+  // The service starts out not serving: every call is answered UNAVAILABLE ("tierd is starting")
+  // until Attach. Answers are counted in `counters` (must outlive the service; may be null).
+  explicit TierdService(ResponseCounters* counters);
   // Waits for registrations in progress.
   ~TierdService() override;
 
-  // From now on new sessions and calls are refused with UNAVAILABLE.
+  // Serves calls on these tiers from now on. The references must outlive the service. Call once.
+  void Attach(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
+              SessionOptions session_options);
+  // From now on new sessions and calls that change state are refused with UNAVAILABLE; listing
+  // and stats still answer.
   void StartShutdown() { shutting_down_ = true; }
 
   grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* Session(
@@ -53,14 +61,24 @@ class TierdService final : public v1::Tierd::CallbackService {
                                         v1::ListHandlesResponse* response) override;
 
  private:
+  struct Tiers {
+    Catalog& catalog;
+    HostCache& host_cache;
+    GpuTier& gpu_tier;
+    SessionOptions session_options;
+  };
+
+  // The tiers to serve a call on. UNAVAILABLE while starting, and once shutting down unless
+  // `during_shutdown` (calls that only read).
+  absl::StatusOr<Tiers*> Serving(bool during_shutdown = false) const;
+  // Counts `status` and converts it for gRPC.
+  grpc::Status Answer(const absl::Status& status) const;
   grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
                                    const absl::Status& status);
-  absl::Status CheckServing() const;
 
-  Catalog& catalog_;
-  HostCache& host_cache_;
-  GpuTier& gpu_tier_;
-  const SessionOptions session_options_;
+  ResponseCounters* const counters_;
+  std::unique_ptr<Tiers> attached_;  // set once by Attach, before tiers_ publishes it
+  std::atomic<Tiers*> tiers_{nullptr};
   std::atomic<bool> shutting_down_{false};
   TimerThread admin_;  // last: joined first
 };

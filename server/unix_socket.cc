@@ -1,5 +1,6 @@
 #include "server/unix_socket.h"
 
+#include <grp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -8,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -60,6 +62,27 @@ absl::Status PrepareSocketPath(const std::string& path) {
     return PosixError(absl::StrCat("removing stale socket ", path), errno);
   }
   TIERD_LOG(INFO) << "removed stale socket " << path;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<gid_t> LookupSocketGroup(const std::string& name) {
+  struct group entry;
+  struct group* found = nullptr;
+  std::vector<char> buffer(16384);
+  const int error = ::getgrnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found);
+  if (error != 0) return PosixError(absl::StrCat("looking up --socket-group ", name), error);
+  if (found == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--socket-group: there is no group \"", name, "\""));
+  }
+  return found->gr_gid;
+}
+
+absl::Status SetSocketAccess(const std::string& path, std::optional<gid_t> group) {
+  if (group.has_value() && ::chown(path.c_str(), static_cast<uid_t>(-1), *group) != 0) {
+    return PosixError(absl::StrCat("giving ", path, " group ", *group), errno);
+  }
+  if (::chmod(path.c_str(), 0660) != 0) return PosixError(absl::StrCat("chmod ", path), errno);
   return absl::OkStatus();
 }
 

@@ -1,0 +1,48 @@
+#include "server/stats.h"
+
+namespace tierd {
+
+v1::Stats CollectStats(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
+                       const std::string& device) {
+  const GpuTierStats gpu = gpu_tier.stats();
+  const HostCacheStats host = host_cache.stats();
+  v1::Stats stats;
+  stats.set_device(device);
+  v1::TierStats* gpu_out = stats.mutable_gpu();
+  gpu_out->set_budget_bytes(gpu.budget_bytes);
+  gpu_out->set_used_bytes(gpu.used_bytes);
+  gpu_out->set_objects(gpu.objects);
+  gpu_out->set_hits(gpu.hits);
+  gpu_out->set_misses(gpu.misses);
+  gpu_out->set_evictions(gpu.evictions);
+  v1::TierStats* host_out = stats.mutable_host();
+  host_out->set_budget_bytes(host.capacity_bytes);
+  host_out->set_used_bytes(host.used_bytes);
+  host_out->set_objects(host.objects);
+  host_out->set_hits(host.hits);
+  host_out->set_misses(host.misses);
+  host_out->set_evictions(host.evictions);
+  stats.set_host_pinned_bytes(host.pinned_bytes);
+  stats.set_stored_objects(host.stored_objects);
+  stats.set_spilled_objects(host.spilled_objects);
+  stats.set_bytes_disk_to_host(host.bytes_from_disk);
+  stats.set_bytes_host_to_gpu(gpu.bytes_host_to_gpu);
+  stats.set_bytes_gpu_to_host(gpu.bytes_gpu_to_host);
+  stats.set_bytes_host_to_disk(host.bytes_to_spill);
+  stats.set_disk_reads_in_flight(host.loading);
+  stats.set_copies_in_flight(gpu.copies_in_flight);
+  stats.set_sessions(gpu.clients);
+  stats.set_leases(gpu.leases);
+  stats.set_reservations(gpu.reservations);
+  stats.set_pins(gpu.pins);
+  stats.set_checksum_failures(host.checksum_failures);
+  stats.set_models(catalog.model_count());
+  stats.set_slabs(gpu.slabs);
+  stats.set_events(gpu.events);
+  stats.set_gpu_allocation_waiters(gpu.allocation_waiters);
+  stats.set_spills(host.spills);
+  stats.set_spill_failures(host.spill_failures);
+  return stats;
+}
+
+}  // namespace tierd
