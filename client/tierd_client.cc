@@ -234,7 +234,7 @@ absl::StatusOr<std::shared_ptr<Device>> Client::DeviceFor(const v1::SessionOpene
     spec.kind = DeviceSpec::Kind::kHost;
   } else if (opened.backend() == "cuda") {
     spec.kind = DeviceSpec::Kind::kCuda;
-    spec.ordinal = opened.device_ordinal();
+    spec.ordinal = options_.cuda_ordinal.value_or(opened.device_ordinal());
   } else {
     return absl::FailedPreconditionError(
         absl::StrCat("the daemon's backend \"", opened.backend(), "\" is unknown to this client"));

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,9 @@ struct ClientOptions {
   std::string session_socket_path = "default";
   // Deadline of each unary call; sessions have none.
   absl::Duration call_timeout = absl::Seconds(30);
+  // The CUDA ordinal this process knows the daemon's GPU by; unset: the daemon's own. Set it where
+  // this process sees GPUs numbered otherwise, e.g. in a container given only that GPU (0).
+  std::optional<int> cuda_ordinal;
 };
 
 // A fetched object in a daemon staging buffer. Valid until released; its bytes do not change

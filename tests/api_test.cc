@@ -577,6 +577,32 @@ TEST_F(ApiTest, KilledClientsLeasesAreFreedWhileOthersKeepWorking) {
   EXPECT_THAT(client_->Evict(Key(1), v1::TIER_GPU), IsOk());
 }
 
+// A client killed after releasing a lease whose read was still queued leaves a done event that
+// will never complete (on CUDA its context is gone with the kernel; on the host backend its stream
+// thread). SIGTERM must still end the daemon with status 0 within the grace plus the 10 s teardown
+// bound, whatever its teardown waits on.
+TEST_F(ApiTest, SigtermAfterAClientDiedWithAReadQueuedExitsZeroWithinTheBound) {
+  auto reader = StartPeer({"slow-read", Key(0), expected_dir(), "60000"});
+  ASSERT_NE(reader, nullptr);
+  ASSERT_THAT(reader->ReadLine(kTimeout), ::tierd::testing::IsOkAndHolds(std::string("released")));
+  reader->Signal(SIGKILL);
+  ASSERT_THAT(reader->Wait(kTimeout), IsOk());
+  // The daemon still serves others meanwhile.
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  auto lease = (*session)->Fetch(Key(1));
+  ASSERT_THAT(lease, IsOk());
+  ExpectTensorsMatch(**session, *lease);
+  lease->Release();
+  session->reset();
+  const absl::Time signalled = absl::Now();
+  daemon_->Signal(SIGTERM);
+  // --shutdown-grace-ms=2000 plus the 10 s bound, plus slack for a loaded machine.
+  EXPECT_THAT(daemon_->Wait(absl::Seconds(20)), ::tierd::testing::IsOkAndHolds(0));
+  EXPECT_LT(absl::Now() - signalled, absl::Seconds(2 + 10 + 3));
+  daemon_.reset();
+}
+
 // A session driven with raw protocol messages, for the errors the C++ client never provokes.
 class RawSession {
  public:
