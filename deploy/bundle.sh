@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# deploy/bundle.sh [--tests | --bench] [--keep-symbols] [--build-dir DIR] OUT_DIR
+# deploy/bundle.sh [--tests | --bench] [--keep-symbols] [--build-dir DIR] OUT_DIR | OUT.tar.gz
 #
 # Makes a relocatable tree of a finished build: OUT_DIR/bin (tierd, tierctl) and OUT_DIR/lib (every
 # shared library they load that is not part of the base system: gRPC, Protobuf, Abseil, liburing,
@@ -11,7 +11,8 @@
 # runs them). With --bench, the benchmarks, their scripts
 # (OUT_DIR/bench) and fio with its libraries (OUT_DIR/fio.tar.xz, unpacked by the scripts) come
 # along instead, for bench/run-gpu-path-bench.sh. Binaries are stripped of debug information unless
-# --keep-symbols is given.
+# --keep-symbols is given. Given a name ending in .tar.gz, the tree is packed into that tarball
+# instead, under one top folder tierd/ (tar xzf OUT.tar.gz -C /opt gives /opt/tierd/bin/tierd).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build_dir=build
@@ -27,8 +28,15 @@ while (($# > 1)); do
     *) echo "bundle: unknown option $1" >&2; exit 2 ;;
   esac
 done
-out=${1:?usage: deploy/bundle.sh [--tests] [--keep-symbols] [--build-dir DIR] OUT_DIR}
+out=${1:?usage: deploy/bundle.sh [--tests | --bench] [--keep-symbols] [--build-dir DIR] OUT_DIR | OUT.tar.gz}
 [[ -x "$build_dir/bin/tierd" ]] || { echo "bundle: no build in $build_dir (run deploy/build.sh)" >&2; exit 1; }
+tarball=
+if [[ $out == *.tar.gz ]]; then
+  tarball=$(cd "$(dirname "$out")" && pwd)/$(basename "$out")
+  packing=$(mktemp -d)
+  trap 'rm -rf "$packing"' EXIT
+  out=$packing/tierd
+fi
 
 mkdir -p "$out/bin" "$out/lib"
 binaries=("$build_dir/bin/tierd" "$build_dir/bin/tierctl")
@@ -73,4 +81,9 @@ for binary in "${binaries[@]}"; do
   ldd "$binary" | awk '/=>/ && $3 ~ /^\// {print $3}' | grep -vE "$system_libs" |
     while read -r lib; do cp -Ln "$lib" "$out/lib/"; done
 done
-echo "bundle: ${#binaries[@]} binaries and $(ls "$out/lib" | wc -l) libraries in $out ($(du -sh "$out" | cut -f1))"
+if [[ -n $tarball ]]; then
+  tar czf "$tarball" -C "$(dirname "$out")" tierd
+  echo "bundle: ${#binaries[@]} binaries and $(ls "$out/lib" | wc -l) libraries in $tarball ($(du -sh "$tarball" | cut -f1))"
+else
+  echo "bundle: ${#binaries[@]} binaries and $(ls "$out/lib" | wc -l) libraries in $out ($(du -sh "$out" | cut -f1))"
+fi
