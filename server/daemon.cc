@@ -217,19 +217,27 @@ std::string Daemon::RenderMetrics() {
 
 Daemon::~Daemon() {
   Shutdown(absl::ZeroDuration());
+  // Each step is logged at --v=1: a teardown that hangs (tierd's main bounds it) says where.
+  const auto step = [](const char* what) { TIERD_VLOG(1) << "teardown: " << what; };
+  step("metrics, monitor, servers");
   metrics_.reset();
   sampler_.reset();
   monitor_.reset();
   session_server_.reset();
   server_.reset();
   service_.reset();
+  step("GPU tier");
   gpu_tier_.reset();
+  step("host cache");
   host_cache_.reset();
   spill_.reset();
   reader_.reset();
+  step("host arena");
   arena_.reset();
   catalog_.reset();
+  step("device");
   device_.reset();
+  step("done");
   ::close(state_lock_fd_);
 }
 
