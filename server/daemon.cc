@@ -227,16 +227,26 @@ Daemon::~Daemon() {
   server_.reset();
   service_.reset();
   step("GPU tier");
+  const bool never_idle = gpu_tier_ != nullptr && gpu_tier_->device_may_never_idle();
   gpu_tier_.reset();
   step("host cache");
   host_cache_.reset();
   spill_.reset();
   reader_.reset();
-  step("host arena");
-  arena_.reset();
-  catalog_.reset();
-  step("device");
-  device_.reset();
+  if (never_idle) {
+    // Unregistering pinned memory and destroying the device wait for the device to go idle, which
+    // a dead client's queued work may keep it from ever doing; the process's exit frees both.
+    TIERD_LOG(WARNING) << "teardown: the host arena and the device are left to the process's exit";
+    (void)arena_.release();
+    catalog_.reset();
+    (void)device_.release();
+  } else {
+    step("host arena");
+    arena_.reset();
+    catalog_.reset();
+    step("device");
+    device_.reset();
+  }
   step("done");
   ::close(state_lock_fd_);
 }

@@ -94,6 +94,14 @@ GpuTier::~GpuTier() {
   absl::MutexLock lock(&mu_);
   for (auto& [key, object] : objects_) delete object;
   objects_.clear();
+  if (abandoned_waits_ > 0) {
+    // Freeing device memory waits for every stream of the device, among them drain streams
+    // waiting on events that dead clients will never record. The process's exit frees it instead.
+    TIERD_LOG(WARNING) << abandoned_waits_
+                       << " wait(s) on events of clients that died with work queued may never "
+                          "complete; the staging pool is left to the process's exit";
+    (void)pool_.release();
+  }
 }
 
 // ---- Clients ------------------------------------------------------------------------------------
@@ -496,7 +504,11 @@ void GpuTier::FinishDrainLocked(uint64_t drain_id, bool forced, Deferred& deferr
   }
   // A forced drain's event may still have a record pending that will never complete; a later
   // owner would wait on it forever. Retire the slot instead.
-  if (!forced) events_.Release(drain.event);
+  if (forced) {
+    ++abandoned_waits_;
+  } else {
+    events_.Release(drain.event);
+  }
   switch (drain.kind) {
     case Drain::Kind::kLease:
       --drain.object->leases;

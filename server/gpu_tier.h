@@ -186,6 +186,10 @@ class GpuTier {
   GpuTierStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
   HandleList Handles() const;
   const StagingPool& pool() const { return *pool_; }
+  // True once a dead client left a wait that may never complete on one of the tier's streams:
+  // whatever synchronizes the whole device (freeing or unregistering memory, destroying it) could
+  // then wait forever.
+  bool device_may_never_idle() const ABSL_LOCKS_EXCLUDED(mu_);
   const EventPool& events() const { return events_; }
 
  private:
@@ -273,7 +277,7 @@ class GpuTier {
   HostArena& arena_;
   HostCache& host_cache_;
   const GpuTierOptions options_;
-  const std::unique_ptr<StagingPool> pool_;
+  std::unique_ptr<StagingPool> pool_;  // left to the process's exit after abandoned waits
   EventPool events_;
   const std::unique_ptr<Stream> demand_stream_;    // H2D, high priority
   const std::unique_ptr<Stream> prefetch_stream_;  // H2D
@@ -298,6 +302,9 @@ class GpuTier {
   };
   std::map<std::string, StoredMeta> stored_ ABSL_GUARDED_BY(mu_);
   uint64_t copies_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Drains forced while their client's done event was still pending: the drain stream may wait
+  // on it forever, and so would anything that synchronizes the whole device (freeing the pool).
+  uint64_t abandoned_waits_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t host_fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t host_reservations_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   GpuTierStats stats_ ABSL_GUARDED_BY(mu_);

@@ -230,6 +230,11 @@ GpuTierStats GpuTier::stats() const {
   return stats;
 }
 
+bool GpuTier::device_may_never_idle() const {
+  absl::MutexLock lock(&mu_);
+  return abandoned_waits_ > 0;
+}
+
 HandleList GpuTier::Handles() const { return {pool_->Slabs(), events_.Events()}; }
 
 }  // namespace tierd

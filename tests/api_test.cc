@@ -579,8 +579,9 @@ TEST_F(ApiTest, KilledClientsLeasesAreFreedWhileOthersKeepWorking) {
 
 // A client killed after releasing a lease whose read was still queued leaves a done event that
 // will never complete (on CUDA its context is gone with the kernel; on the host backend its stream
-// thread). SIGTERM must still end the daemon with status 0 within the grace plus the 10 s teardown
-// bound, whatever its teardown waits on.
+// thread), and a drain stream waiting on it. SIGTERM must still end the daemon with status 0 soon
+// after the grace: the teardown skips what would wait for the device to go idle, without needing
+// the 10 s bound.
 TEST_F(ApiTest, SigtermAfterAClientDiedWithAReadQueuedExitsZeroWithinTheBound) {
   auto reader = StartPeer({"slow-read", Key(0), expected_dir(), "60000"});
   ASSERT_NE(reader, nullptr);
@@ -597,9 +598,9 @@ TEST_F(ApiTest, SigtermAfterAClientDiedWithAReadQueuedExitsZeroWithinTheBound) {
   session->reset();
   const absl::Time signalled = absl::Now();
   daemon_->Signal(SIGTERM);
-  // --shutdown-grace-ms=2000 plus the 10 s bound, plus slack for a loaded machine.
+  // --shutdown-grace-ms=2000 plus slack for a loaded machine, well short of the 10 s bound.
   EXPECT_THAT(daemon_->Wait(absl::Seconds(20)), ::tierd::testing::IsOkAndHolds(0));
-  EXPECT_LT(absl::Now() - signalled, absl::Seconds(2 + 10 + 3));
+  EXPECT_LT(absl::Now() - signalled, absl::Seconds(2 + 5));
   daemon_.reset();
 }
 
