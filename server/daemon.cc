@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/byte_size.h"
 #include "common/log.h"
 #include "common/posix_error.h"
@@ -160,7 +161,13 @@ absl::Status Daemon::StartGrpcServer() {
 }
 
 absl::Status Daemon::StartStorage() {
-  ASSIGN_OR_RETURN(catalog_, Catalog::Open(options_.state_dir));
+  ASSIGN_OR_RETURN(ModelRoots roots, ModelRoots::Create(options_.model_roots));
+  if (roots.confined()) {
+    TIERD_LOG(INFO) << "models are registered only from " << absl::StrJoin(roots.roots(), ", ");
+  } else {
+    TIERD_LOG(INFO) << "models may be registered from any directory (--model-roots confines them)";
+  }
+  ASSIGN_OR_RETURN(catalog_, Catalog::Open(options_.state_dir, std::move(roots)));
   TIERD_LOG(INFO) << "catalog: " << catalog_->ListModels().size() << " model(s) registered";
   ASSIGN_OR_RETURN(
       arena_, HostArena::Create(*device_, {options_.host_cache_bytes, options_.pin_piece_bytes}));

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -35,6 +36,8 @@ struct DaemonOptions {
   DiskReaderOptions reader;       // --reader-threads, --reader-queue-depth, --reader-chunk-bytes,
                                   // --io-engine, --direct-io
   std::string socket_group;       // --socket-group: the sockets' group; empty: the daemon's own
+  // --model-roots: directories models may be registered from; empty: anywhere.
+  std::vector<std::string> model_roots;
   // --metrics-address, --metrics-port: where Prometheus text is served; nullopt: nowhere; 0: a
   // port the kernel picks (Daemon::metrics_port() says which).
   std::string metrics_address = "127.0.0.1";

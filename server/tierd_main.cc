@@ -14,7 +14,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/byte_size.h"
 #include "common/command_line.h"
@@ -55,6 +57,9 @@ ABSL_FLAG(int, v, 0, "Verbosity of debug logging (0 = off)");
 ABSL_FLAG(int, shutdown_grace_ms, 5000, "How long in-flight calls may finish after SIGTERM");
 ABSL_FLAG(std::string, socket_group, "",
           "Group to give the sockets (mode 0660), e.g. tierd; empty: the daemon's own group");
+ABSL_FLAG(std::string, model_roots, "",
+          "Comma-separated directories models may be registered from (symlinks resolved); empty: "
+          "any directory");
 ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus metrics over HTTP on this port at /metrics; 0: no metrics endpoint");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1",
@@ -138,6 +143,10 @@ int Run() {
     return kExitBadUsage;
   }
   options.socket_group = absl::GetFlag(FLAGS_socket_group);
+  for (absl::string_view root :
+       absl::StrSplit(absl::GetFlag(FLAGS_model_roots), ',', absl::SkipWhitespace())) {
+    options.model_roots.emplace_back(absl::StripAsciiWhitespace(root));
+  }
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   if (metrics_port < 0 || metrics_port > 65535) {
     std::fprintf(stderr, "tierd: --metrics-port must be 0 (off) or a port, 1..65535\n");

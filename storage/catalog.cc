@@ -334,14 +334,16 @@ absl::StatusOr<std::pair<std::string, std::string>> SplitObjectKey(absl::string_
   return std::make_pair(std::string(model), std::string(key.substr(slash + 1)));
 }
 
-Catalog::Catalog(std::string directory) : directory_(std::move(directory)) {}
+Catalog::Catalog(std::string directory, ModelRoots roots)
+    : directory_(std::move(directory)), roots_(std::move(roots)) {}
 
-absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& state_dir) {
+absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& state_dir,
+                                                       ModelRoots roots) {
   if (state_dir.empty()) return absl::InvalidArgumentError("state directory is empty");
   const std::string dir = absl::StrCat(state_dir, "/catalog");
   RETURN_IF_ERROR(MakeDirectories(dir));
   ASSIGN_OR_RETURN(const std::vector<std::string> names, ListDirectory(dir));
-  std::unique_ptr<Catalog> catalog(new Catalog(dir));
+  std::unique_ptr<Catalog> catalog(new Catalog(dir, std::move(roots)));
   for (const std::string& file_name : names) {
     const std::string path = absl::StrCat(dir, "/", file_name);
     if (absl::EndsWith(file_name, ".json.tmp")) {
@@ -409,7 +411,9 @@ absl::StatusOr<ModelSummary> Catalog::RegisterModel(
   };
   // Checked before the slow part so a duplicate fails fast, and again before committing.
   if (taken()) return name_taken();
-  ASSIGN_OR_RETURN(ScannedModel scanned, ScanModelDirectory(directory, progress));
+  // The path as given: ".." and relative paths are refused before they are normalized away.
+  if (roots_.confined()) RETURN_IF_ERROR(roots_.Check(directory));
+  ASSIGN_OR_RETURN(ScannedModel scanned, ScanModelDirectory(directory, progress, roots_));
 
   auto info = std::make_shared<ModelInfo>();
   info->name = name;

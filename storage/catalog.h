@@ -31,6 +31,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "storage/dtype.h"
+#include "storage/model_roots.h"
 
 namespace tierd {
 
@@ -131,13 +132,15 @@ class Catalog {
  public:
   // Opens (creating if needed) the catalog persisted under `state_dir`/catalog and loads every
   // model in it. A model file that cannot be parsed is set aside (renamed *.corrupt) with a
-  // logged error rather than failing the daemon.
-  static absl::StatusOr<std::unique_ptr<Catalog>> Open(const std::string& state_dir);
+  // logged error rather than failing the daemon. Models are registered from `roots` only.
+  static absl::StatusOr<std::unique_ptr<Catalog>> Open(const std::string& state_dir,
+                                                       ModelRoots roots = ModelRoots());
   ~Catalog();  // flushes pending checksums
   Catalog(const Catalog&) = delete;
   Catalog& operator=(const Catalog&) = delete;
 
-  // Registers every .safetensors file in `directory` as model `name`. When
+  // Registers every .safetensors file in `directory` as model `name`. The directory and its files
+  // must pass the roots' check (ModelRoots::Check: absolute, no "..", inside a root). When
   // model.safetensors.index.json is present, exactly the files its weight_map names are used and
   // every tensor must be in the file the index says. All or nothing: on error nothing is
   // registered. Errors: INVALID_ARGUMENT (bad name, bad rules, malformed header or index — naming
@@ -179,10 +182,11 @@ class Catalog {
 
  private:
   struct ModelEntry;
-  explicit Catalog(std::string directory);
+  Catalog(std::string directory, ModelRoots roots);
   void FlushLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string directory_;  // <state_dir>/catalog
+  const ModelRoots roots_;
   // Held while a model's file is written or deleted, and across the check-and-insert of a
   // registration, so that a flush never brings back a dropped model's file and two registrations
   // of one name never both write it. Slow (fsync) work happens under it, never under mu_.

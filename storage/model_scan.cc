@@ -120,7 +120,9 @@ absl::Status CheckIndexAgainstFiles(const std::map<std::string, std::string>& we
 }
 
 absl::StatusOr<ScannedModel> ScanModelDirectoryIn(
-    const std::string& dir, const std::function<void(const RegistrationProgress&)>& progress) {
+    const std::string& dir, const std::function<void(const RegistrationProgress&)>& progress,
+    const ModelRoots& roots) {
+  RETURN_IF_ERROR(roots.Check(dir));
   ASSIGN_OR_RETURN(const struct stat dir_stat, Stat(dir));
   if (!S_ISDIR(dir_stat.st_mode)) {
     return absl::NotFoundError(absl::StrCat(dir, " is not a directory"));
@@ -129,6 +131,7 @@ absl::StatusOr<ScannedModel> ScanModelDirectoryIn(
   std::optional<std::map<std::string, std::string>> weight_map;
   std::vector<std::string> file_names;
   if (access(index_path.c_str(), F_OK) == 0) {
+    RETURN_IF_ERROR(roots.Check(index_path));
     ASSIGN_OR_RETURN(weight_map, ReadIndex(index_path));
     std::set<std::string> distinct;
     for (const auto& [tensor, file] : *weight_map) distinct.insert(file);
@@ -145,6 +148,7 @@ absl::StatusOr<ScannedModel> ScanModelDirectoryIn(
   std::map<std::string, uint32_t> tensor_file;
   for (uint32_t i = 0; i < file_names.size(); ++i) {
     const std::string path = absl::StrCat(dir, "/", file_names[i]);
+    RETURN_IF_ERROR(roots.Check(path));
     ASSIGN_OR_RETURN(const struct stat before, Stat(path));
     auto header = ReadSafetensorsHeader(path);
     if (!header.ok()) return WithFileNamed(header.status(), path);
@@ -177,9 +181,9 @@ absl::StatusOr<ScannedModel> ScanModelDirectoryIn(
 
 absl::StatusOr<ScannedModel> ScanModelDirectory(
     const std::string& directory,
-    const std::function<void(const RegistrationProgress&)>& progress) {
+    const std::function<void(const RegistrationProgress&)>& progress, const ModelRoots& roots) {
   ASSIGN_OR_RETURN(const std::string dir, AbsoluteDirectory(directory));
-  return ScanModelDirectoryIn(dir, progress);
+  return ScanModelDirectoryIn(dir, progress, roots);
 }
 
 std::string DescribeChangedFile(const std::vector<ModelFile>& files) {

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "storage/catalog.h"
+#include "storage/model_roots.h"
 #include "storage/object_layout.h"
 
 namespace tierd {
@@ -34,8 +35,11 @@ struct ScannedModel {
 // files, or an index that names a path instead of a bare file name, lists a tensor in a file that
 // does not hold it, or leaves out a tensor the files hold — naming the tensor and files;
 // DATA_LOSS for a truncated file; UNAVAILABLE when a file changed while it was read; I/O errors.
+// The directory, the index and each file are checked against `roots` before they are read
+// (ModelRoots::Check's errors).
 absl::StatusOr<ScannedModel> ScanModelDirectory(
-    const std::string& directory, const std::function<void(const RegistrationProgress&)>& progress);
+    const std::string& directory, const std::function<void(const RegistrationProgress&)>& progress,
+    const ModelRoots& roots = ModelRoots());
 
 // "" when every file still has the size and mtime recorded in `files`; otherwise a sentence
 // naming the first one that does not and how it changed.

@@ -1019,5 +1019,88 @@ TEST_F(CatalogTest, ConcurrentLookupsChecksumsAndRegistrationsAgree) {
   EXPECT_EQ(catalog->Checksum("stable/blocks.1"), last);
 }
 
+
+// --- Model roots ---------------------------------------------------------------------------------
+
+class ModelRootsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = absl::StrCat(dir_.path(), "/models");
+    outside_ = absl::StrCat(dir_.path(), "/elsewhere");
+    for (const std::string& model : {absl::StrCat(root_, "/good"), absl::StrCat(outside_, "/secret")}) {
+      std::filesystem::create_directories(model);
+      ASSERT_THAT(WriteSafetensors(absl::StrCat(model, "/model.safetensors"),
+                                   {RandomTensor("blocks.0.w", "F32", {4, 4}, 1)}),
+                  IsOk());
+    }
+    auto roots = ModelRoots::Create({root_});
+    ASSERT_THAT(roots, IsOk());
+    auto catalog = Catalog::Open(absl::StrCat(dir_.path(), "/state"), *std::move(roots));
+    ASSERT_THAT(catalog, IsOk());
+    catalog_ = *std::move(catalog);
+  }
+
+  absl::Status Register(const std::string& name, const std::string& directory) {
+    return catalog_->RegisterModel(name, directory, Grouping::kBlock, GroupingRules::Defaults())
+        .status();
+  }
+
+  TempDir dir_;
+  std::string root_;
+  std::string outside_;
+  std::unique_ptr<Catalog> catalog_;
+};
+
+TEST_F(ModelRootsTest, ADirectoryInsideARootIsRegistered) {
+  EXPECT_THAT(Register("good", absl::StrCat(root_, "/good")), IsOk());
+}
+
+TEST_F(ModelRootsTest, ADirectoryOutsideIsRefusedWithoutReadingIt) {
+  const absl::Status status = Register("secret", absl::StrCat(outside_, "/secret"));
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("outside --model-roots"));
+  EXPECT_EQ(catalog_->model_count(), 0u);
+}
+
+TEST_F(ModelRootsTest, DotDotIsRefusedEvenWhenItWouldLandInside) {
+  EXPECT_THAT(Register("dots", absl::StrCat(root_, "/good/../good")), StatusIs(kInvalid));
+  EXPECT_THAT(Register("dots", absl::StrCat(root_, "/../elsewhere/secret")), StatusIs(kInvalid));
+}
+
+TEST_F(ModelRootsTest, SymlinksThatEscapeAreRefused) {
+  // A directory link inside the root that points outside it.
+  const std::string link = absl::StrCat(root_, "/link");
+  ASSERT_EQ(::symlink(absl::StrCat(outside_, "/secret").c_str(), link.c_str()), 0);
+  const absl::Status status = Register("link", link);
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("which resolves to"));
+  // A file link inside a directory that is itself inside the root.
+  const std::string mixed = absl::StrCat(root_, "/mixed");
+  std::filesystem::create_directories(mixed);
+  ASSERT_EQ(::symlink(absl::StrCat(outside_, "/secret/model.safetensors").c_str(),
+                      absl::StrCat(mixed, "/model.safetensors").c_str()),
+            0);
+  EXPECT_THAT(Register("mixed", mixed), StatusIs(absl::StatusCode::kPermissionDenied));
+  // A link that stays inside the root is fine.
+  const std::string inner = absl::StrCat(root_, "/inner");
+  ASSERT_EQ(::symlink(absl::StrCat(root_, "/good").c_str(), inner.c_str()), 0);
+  EXPECT_THAT(Register("inner", inner), IsOk());
+  EXPECT_EQ(catalog_->model_count(), 1u);
+}
+
+TEST_F(ModelRootsTest, RootsMustBeAbsoluteDirectories) {
+  EXPECT_THAT(ModelRoots::Create({"models"}), StatusIs(kInvalid));
+  EXPECT_THAT(ModelRoots::Create({absl::StrCat(dir_.path(), "/absent")}), StatusIs(kInvalid));
+  EXPECT_THAT(ModelRoots::Create({absl::StrCat(root_, "/good/model.safetensors")}),
+              StatusIs(kInvalid));
+  // A prefix of a root's name is not inside it.
+  auto roots = ModelRoots::Create({absl::StrCat(root_, "/go")}).status();
+  EXPECT_THAT(roots, StatusIs(kInvalid));  // no such directory
+  std::filesystem::create_directories(absl::StrCat(root_, "/go"));
+  auto go = ModelRoots::Create({absl::StrCat(root_, "/go")});
+  ASSERT_THAT(go, IsOk());
+  EXPECT_THAT(go->Check(absl::StrCat(root_, "/good")), StatusIs(absl::StatusCode::kPermissionDenied));
+}
+
 }  // namespace
 }  // namespace tierd

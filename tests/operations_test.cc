@@ -24,6 +24,7 @@
 #include "client/tierd_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 
 namespace tierd {
@@ -431,6 +432,40 @@ TEST_F(OperationsTest, SocketsGetTheConfiguredGroupAndMode0660) {
   auto unknown = RunProgram(TierdArgs({"--socket-group=no-such-group-tierd"}), kTimeout);
   ASSERT_THAT(unknown, IsOk());
   EXPECT_EQ(unknown->exit_code, 2);
+}
+
+TEST_F(OperationsTest, ModelsAreRegisteredOnlyFromTheModelRoots) {
+  const std::string root = absl::StrCat(dir_.path(), "/models");
+  const std::string outside = absl::StrCat(dir_.path(), "/elsewhere");
+  for (const std::string& model : {absl::StrCat(root, "/good"), outside}) {
+    ASSERT_EQ(::system(absl::StrCat("mkdir -p ", model).c_str()), 0);
+    ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(model, "/model.safetensors"),
+                                          {testing::RandomTensor("blocks.0.w", "F32", {4, 4}, 1)}),
+                IsOk());
+  }
+  ASSERT_EQ(::symlink(outside.c_str(), absl::StrCat(root, "/escape").c_str()), 0);
+  auto daemon = StartDaemon(TierdArgs({absl::StrCat("--model-roots=", root)}));
+  ASSERT_NE(daemon, nullptr);
+  auto good = Tierctl({"load", "good", absl::StrCat(root, "/good")});
+  ASSERT_THAT(good, IsOk());
+  EXPECT_EQ(good->exit_code, 0);
+  for (const std::string& bad : {outside, absl::StrCat(root, "/escape"),
+                                 absl::StrCat(root, "/../elsewhere")}) {
+    auto refused = RunProgram({"/bin/sh", "-c",
+                               absl::StrCat(SiblingBinary("tierctl"), " --socket=", socket_path(),
+                                            " load bad ", bad, " 2>&1")},
+                              kTimeout);
+    ASSERT_THAT(refused, IsOk());
+    EXPECT_EQ(refused->exit_code, 1) << bad;
+    EXPECT_THAT(refused->output, ::testing::AnyOf(HasSubstr("PERMISSION_DENIED"),
+                                                  HasSubstr("INVALID_ARGUMENT")))
+        << bad;
+  }
+  daemon->Signal(SIGTERM);
+  EXPECT_THAT(daemon->Wait(kTimeout), IsOkAndHolds(0));
+  auto bad_root = RunProgram(TierdArgs({"--model-roots=relative/models"}), kTimeout);
+  ASSERT_THAT(bad_root, IsOk());
+  EXPECT_EQ(bad_root->exit_code, 2);
 }
 
 // ---- SIGTERM ------------------------------------------------------------------------------------
