@@ -1,0 +1,48 @@
+// The daemon's tiers in one process on the host backend, for the fuzzers: a device, a catalog with
+// one small registered model, the host arena and cache, the disk reader, the spill writer and the
+// GPU tier. Built once per fuzzer process (the first call) and shared by every input.
+#ifndef TIERD_FUZZ_FUZZ_STACK_H_
+#define TIERD_FUZZ_FUZZ_STACK_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "device/host_device.h"
+#include "server/gpu_tier.h"
+#include "server/session.h"
+#include "storage/catalog.h"
+#include "storage/disk_reader.h"
+#include "storage/host_arena.h"
+#include "storage/host_cache.h"
+#include "storage/spill_writer.h"
+
+namespace tierd::fuzzing {
+
+struct FuzzStack {
+  // The stack, built on first use; aborts if it cannot be built.
+  static FuzzStack& Get();
+
+  // Aborts, naming what is left, unless within 10 s no session is open and nothing is leased,
+  // reserved or pinned: what every input must leave behind once its session is closed.
+  void ExpectNothingHeld();
+
+  std::string state_dir;
+  std::unique_ptr<HostDevice> device;
+  std::unique_ptr<Catalog> catalog;
+  std::unique_ptr<HostArena> arena;
+  std::unique_ptr<DiskReader> reader;
+  std::unique_ptr<SpillWriter> spill;
+  std::unique_ptr<HostCache> host_cache;
+  std::unique_ptr<GpuTier> tier;
+  SessionOptions session_options;
+  // Keys of the registered model "m" ("m/blocks.N"), and each tensor's bytes by name: what a
+  // lease's tensors must hold.
+  std::vector<std::string> model_keys;
+  std::map<std::string, std::string> tensor_bytes;
+};
+
+}  // namespace tierd::fuzzing
+
+#endif  // TIERD_FUZZ_FUZZ_STACK_H_
