@@ -577,6 +577,43 @@ TEST_F(ApiTest, KilledClientsLeasesAreFreedWhileOthersKeepWorking) {
   EXPECT_THAT(client_->Evict(Key(1), v1::TIER_GPU), IsOk());
 }
 
+// 100 client processes SIGKILLed one after another, half while holding a lease and half at a
+// moment that may fall anywhere in connecting, opening and fetching: the daemon ends up holding
+// nothing for them (stats back to the baseline) and still serves every block with its bytes.
+TEST_F(ApiTest, AHundredClientsKilledMidLeaseLeaveNothingBehind) {
+  constexpr int kKills = 100;
+  int killed_holding = 0;
+  for (int i = 0; i < kKills; ++i) {
+    auto peer = StartPeer({"hold-forever", Key(i % kBlocks)});
+    ASSERT_NE(peer, nullptr);
+    if (i % 2 == 0) {
+      ASSERT_THAT(peer->ReadLine(kTimeout), ::tierd::testing::IsOkAndHolds(std::string("holding")))
+          << "kill " << i;
+      ++killed_holding;
+    } else {
+      absl::SleepFor(absl::Milliseconds(i % 7 * 5));
+    }
+    peer->Signal(SIGKILL);
+    ASSERT_THAT(peer->Wait(kTimeout), IsOk());
+  }
+  EXPECT_EQ(killed_holding, kKills / 2);
+  EXPECT_TRUE(WaitForStats(
+      [](const v1::Stats& s) {
+        return s.sessions() == 0 && s.leases() == 0 && s.reservations() == 0 && s.pins() == 0;
+      },
+      kTimeout))
+      << Stats().DebugString();
+  EXPECT_EQ(Stats().copies_in_flight(), 0u);
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  for (int block = 0; block < kBlocks; ++block) {
+    auto lease = (*session)->Fetch(Key(block));
+    ASSERT_THAT(lease, IsOk()) << Key(block);
+    ExpectTensorsMatch(**session, *lease);
+    lease->Release();
+  }
+}
+
 // A client killed after releasing a lease whose read was still queued leaves a done event that
 // will never complete (on CUDA its context is gone with the kernel; on the host backend its stream
 // thread), and a drain stream waiting on it. SIGTERM must still end the daemon with status 0 soon
