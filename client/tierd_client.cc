@@ -212,6 +212,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   grpc::ChannelArguments arguments;
   // Staging handles are small, but a model's object list can be long.
   arguments.SetMaxReceiveMessageSize(64 << 20);
+  // A daemon that restarts is back within seconds on the same socket: reconnect with gRPC's
+  // exponential backoff, but never wait more than a second between tries (gRPC's default grows
+  // to two minutes, which suits remote servers, not a local socket).
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
       UnixTarget(options.socket_path), grpc::InsecureChannelCredentials(), arguments);
   return std::unique_ptr<Client>(new Client(options, v1::Tierd::NewStub(channel)));

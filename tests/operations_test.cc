@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <regex>
 #include <set>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -466,6 +468,74 @@ TEST_F(OperationsTest, ModelsAreRegisteredOnlyFromTheModelRoots) {
   auto bad_root = RunProgram(TierdArgs({"--model-roots=relative/models"}), kTimeout);
   ASSERT_THAT(bad_root, IsOk());
   EXPECT_EQ(bad_root->exit_code, 2);
+}
+
+// ---- Crashes ------------------------------------------------------------------------------------
+
+TEST_F(OperationsTest, ClientsSeeUnavailableWhenTheDaemonIsKilledAndReconnectOnceItIsBack) {
+  const std::string model = absl::StrCat(dir_.path(), "/model");
+  ASSERT_EQ(::mkdir(model.c_str(), 0755), 0);
+  const testing::TensorSpec tensor = testing::RandomTensor("blocks.0.w", "F32", {256, 256}, 5);
+  ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(model, "/model.safetensors"), {tensor}),
+              IsOk());
+  const std::vector<std::string> args = TierdArgs({"--gpu-pool-bytes=16MiB"});
+  auto daemon = StartDaemon(args);
+  ASSERT_NE(daemon, nullptr);
+  ClientOptions options;
+  options.socket_path = socket_path();
+  auto client = Client::Connect(options);
+  ASSERT_THAT(client, IsOk());
+  ASSERT_THAT((*client)->RegisterModel("m", model, v1::GROUPING_BLOCK), IsOk());
+
+  // Load: a thread fetching and releasing until its session fails.
+  auto session = (*client)->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  absl::Status failure;
+  int fetches = 0;
+  std::thread load([&] {
+    while (true) {
+      absl::StatusOr<Lease> lease = (*session)->Fetch("m/blocks.0");
+      if (!lease.ok()) {
+        failure = lease.status();
+        return;
+      }
+      ++fetches;
+      lease->Release();
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  daemon->Signal(SIGKILL);
+  ASSERT_THAT(daemon->Wait(kTimeout), IsOk());
+  load.join();
+  EXPECT_GT(fetches, 0);
+  EXPECT_THAT(failure, StatusIs(absl::StatusCode::kUnavailable)) << failure;
+  EXPECT_THAT((*client)->ListModels(), StatusIs(absl::StatusCode::kUnavailable));
+
+  // Back on the same socket and state directory after a while (the dead one's socket is stale).
+  absl::SleepFor(absl::Seconds(2));
+  daemon = StartDaemon(args);
+  ASSERT_NE(daemon, nullptr);
+  const absl::Time back = absl::Now();
+  absl::StatusOr<std::vector<v1::ModelSummary>> models;
+  do {
+    models = (*client)->ListModels();
+  } while (!models.ok() && absl::Now() - back < absl::Seconds(10));
+  ASSERT_THAT(models, IsOk());
+  // The same client reconnected within its backoff's bound (a second) plus slack.
+  EXPECT_LT(absl::Now() - back, absl::Seconds(3));
+  ASSERT_EQ(models->size(), 1u);
+  EXPECT_EQ((*models)[0].name(), "m");  // still registered
+  auto again = (*client)->OpenSession();
+  ASSERT_THAT(again, IsOk());
+  auto lease = (*again)->Fetch("m/blocks.0");
+  ASSERT_THAT(lease, IsOk());
+  ASSERT_EQ(lease->size(), tensor.data.size());
+  // The session's stream waits for the copy; so does this thread, before it reads (host backend).
+  ASSERT_THAT((*again)->device().SynchronizeStream((*again)->default_stream()), IsOk());
+  EXPECT_EQ(std::memcmp(lease->data(), tensor.data.data(), tensor.data.size()), 0);
+  lease->Release();
+  daemon->Signal(SIGTERM);
+  EXPECT_THAT(daemon->Wait(kTimeout), IsOkAndHolds(0));
 }
 
 // ---- SIGTERM ------------------------------------------------------------------------------------
