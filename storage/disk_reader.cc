@@ -185,7 +185,11 @@ class DiskReader::Worker {
       return false;
     }
     if (result < 0) {
-      reader_->FinishChunk(s.chunk, PosixError(absl::StrCat("reading ", s.file->path), -result));
+      // A read the kernel failed (EIO from a failing disk, a stale handle): the next request
+      // opens the file again, and the caller may retry.
+      reader_->RetireFile(s.file);
+      reader_->FinishChunk(s.chunk, absl::UnavailableError(absl::StrCat(
+                                        "reading ", s.file->path, ": ", std::strerror(-result))));
       return true;
     }
     reader_->NoteBytesRead(static_cast<uint64_t>(result));
@@ -435,6 +439,7 @@ bool DiskReader::NextChunk(bool wait, Chunk* chunk) {
 
 void DiskReader::FinishChunk(const Chunk& chunk, const absl::Status& status) {
   Request* request = chunk.request;
+  std::vector<std::unique_ptr<File>> retired;  // closed after the lock
   {
     absl::MutexLock lock(&mu_);
     --request->outstanding;
@@ -455,9 +460,19 @@ void DiskReader::FinishChunk(const Chunk& chunk, const absl::Status& status) {
     if (!request->issued_all || request->outstanding > 0) return;
     live_.erase(request->id);
     ++(request->status.ok() ? stats_.requests_completed : stats_.requests_failed);
+    // With no request live no read is in flight: retired descriptors can be closed (below).
+    if (live_.empty()) retired.swap(retired_files_);
   }
   std::move(request->done)(request->status);
   delete request;
+}
+
+void DiskReader::RetireFile(File* file) {
+  absl::MutexLock lock(&mu_);
+  auto it = files_.find(file->path);
+  if (it == files_.end() || it->second.get() != file) return;  // retired already
+  retired_files_.push_back(std::move(it->second));
+  files_.erase(it);
 }
 
 absl::StatusOr<DiskReader::File*> DiskReader::OpenFile(const std::string& path) {

@@ -130,6 +130,8 @@ class DiskReader {
   absl::StatusOr<File*> OpenFile(const std::string& path) ABSL_LOCKS_EXCLUDED(mu_);
   void NoteBytesRead(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   void UseBuffered(File* file, int error) ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops handing out `file` after a read of it failed; it is closed once no read is in flight.
+  void RetireFile(File* file) ABSL_LOCKS_EXCLUDED(mu_);
 
   const DiskReaderOptions options_;
 
@@ -139,6 +141,7 @@ class DiskReader {
   std::set<Request*, QueueOrder> queue_ ABSL_GUARDED_BY(mu_);
   std::map<RequestId, Request*> live_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<File>> files_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<File>> retired_files_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   DiskReaderStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Worker>> workers_;

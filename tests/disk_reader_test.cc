@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <iterator>
@@ -164,6 +165,32 @@ TEST_P(DiskReaderTest, FallsBackToBufferedReadsWhereODirectIsRefused) {
   ASSERT_THAT(outcome->status, IsOk());
   EXPECT_EQ(buffer, contents.substr(10));
   EXPECT_EQ(reader->stats().buffered_files, 1u);
+}
+
+TEST_P(DiskReaderTest, AFailedReadIsUnavailableAndTheFileIsOpenedAgainForTheNextRequest) {
+  const std::string path = absl::StrCat(dir_.path(), "/flaky");
+  const std::string contents = MakeFile(path, 64 * 1024, 6);
+  std::string buffer(contents.size(), '\0');
+  // The first open hands out a descriptor whose reads fail (a directory: EISDIR), as a failing
+  // disk's EIO would; later opens are real.
+  auto opens = std::make_shared<std::atomic<int>>(0);
+  DiskReaderOptions options;
+  options.direct = false;
+  options.open_file = [opens, dir = dir_.path()](const std::string& name, int flags) {
+    if (opens->fetch_add(1) == 0) return ::open(dir.c_str(), O_RDONLY | O_CLOEXEC);
+    return ::open(name.c_str(), flags);
+  };
+  auto reader = NewReader(options);
+  auto failed =
+      Read(*reader, {{path, 0, buffer.size(), reinterpret_cast<uint8_t*>(buffer.data())}});
+  ASSERT_TRUE(failed->finished.WaitForNotificationWithTimeout(kTimeout));
+  EXPECT_THAT(failed->status, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(std::string(failed->status.message()), ::testing::HasSubstr(path));
+  auto again = Read(*reader, {{path, 0, buffer.size(), reinterpret_cast<uint8_t*>(buffer.data())}});
+  ASSERT_TRUE(again->finished.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(again->status, IsOk());
+  EXPECT_EQ(buffer, contents);
+  EXPECT_EQ(*opens, 2);
 }
 
 TEST_P(DiskReaderTest, ReadsFilesOnTmpfs) {
