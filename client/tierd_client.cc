@@ -14,7 +14,8 @@
 
 namespace tierd {
 
-// ---- Lease ---------------------------------------------------------------------------------------
+// ---- Lease
+// ---------------------------------------------------------------------------------------
 
 Lease& Lease::operator=(Lease&& other) noexcept {
   if (this != &other) {
@@ -47,7 +48,8 @@ void Lease::Release() {
   if (valid()) Release(*stream_);
 }
 
-// ---- Session -------------------------------------------------------------------------------------
+// ---- Session
+// -------------------------------------------------------------------------------------
 
 // Commits sent and not yet answered, and the first failure among them.
 struct SessionCommits {
@@ -69,7 +71,9 @@ Stream& Session::default_stream() { return *default_stream_; }
 const v1::SessionOpened& Session::info() const { return opened_; }
 const char* Session::transport() const { return core_->transport_kind(); }
 
-absl::StatusOr<Lease> Session::Fetch(const std::string& key) { return Fetch(key, *default_stream_); }
+absl::StatusOr<Lease> Session::Fetch(const std::string& key) {
+  return Fetch(key, *default_stream_);
+}
 
 absl::StatusOr<Lease> Session::Fetch(const std::string& key, Stream& stream) {
   {
@@ -110,8 +114,8 @@ absl::StatusOr<Lease> Session::Fetch(const std::string& key, Stream& stream) {
   if (!slab.ok()) return slab.status();
   if (!ready.ok()) return ready.status();
   if (granted.offset() + granted.length() > (*slab)->size()) {
-    return absl::InternalError(absl::StrCat("lease of ", key, " lies outside slab ",
-                                            granted.slab_id()));
+    return absl::InternalError(
+        absl::StrCat("lease of ", key, " lies outside slab ", granted.slab_id()));
   }
   lease.data_ = static_cast<uint8_t*>((*slab)->data()) + granted.offset();
   if (absl::Status wait = core_->device().WaitEvent(stream, **ready); !wait.ok()) return wait;
@@ -162,8 +166,8 @@ absl::Status Session::StoreAsync(const StoreRequest& store, Stream& stream) {
     absl::MutexLock lock(&commits_->mu);
     ++commits_->in_flight[store.key];
   }
-  return core_->Send(std::move(commit), [commits = commits_, key = store.key](
-                                            const v1::SessionResponse& answer) {
+  return core_->Send(std::move(commit), [commits = commits_,
+                                         key = store.key](const v1::SessionResponse& answer) {
     absl::MutexLock lock(&commits->mu);
     if (answer.code() != 0 && commits->first_error.ok()) {
       commits->first_error = absl::Status(static_cast<absl::StatusCode>(answer.code()),
@@ -176,9 +180,8 @@ absl::Status Session::StoreAsync(const StoreRequest& store, Stream& stream) {
 absl::Status Session::Flush() {
   absl::MutexLock lock(&commits_->mu);
   commits_->mu.Await(absl::Condition(
-      +[](SessionCommits* commits) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return commits->in_flight.empty();
-      },
+      +[](SessionCommits* commits)
+           ABSL_NO_THREAD_SAFETY_ANALYSIS { return commits->in_flight.empty(); },
       commits_.get()));
   return std::exchange(commits_->first_error, absl::OkStatus());
 }
@@ -195,8 +198,7 @@ absl::Status Session::Unpin(const std::string& key) {
   return core_->Call(std::move(request)).status();
 }
 
-absl::StatusOr<v1::EvictResponse> Session::Evict(const std::string& key_or_prefix,
-                                                 v1::Tier tier) {
+absl::StatusOr<v1::EvictResponse> Session::Evict(const std::string& key_or_prefix, v1::Tier tier) {
   v1::SessionRequest request;
   request.mutable_evict()->set_key(key_or_prefix);
   request.mutable_evict()->set_tier(tier);
@@ -205,7 +207,8 @@ absl::StatusOr<v1::EvictResponse> Session::Evict(const std::string& key_or_prefi
   return response->evicted();
 }
 
-// ---- Client --------------------------------------------------------------------------------------
+// ---- Client
+// --------------------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.socket_path.empty()) return absl::InvalidArgumentError("no socket path");
@@ -284,7 +287,8 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
 namespace {
 
 // `directory` made absolute against this process's working directory: the daemon takes absolute
-// paths only. Only "." parts are dropped: dropping "x/.." (lexically_normal) would skip a symlink x.
+// paths only. Only "." parts are dropped: dropping "x/.." (lexically_normal) would skip a symlink
+// x.
 absl::StatusOr<std::string> AbsoluteDirectory(const std::string& directory) {
   std::error_code error;
   const std::filesystem::path absolute = std::filesystem::absolute(directory, error);
@@ -322,9 +326,10 @@ absl::StatusOr<v1::ModelSummary> Client::RegisterModel(
 }
 
 template <typename Request, typename Response>
-absl::StatusOr<Response> Client::Unary(
-    grpc::Status (v1::Tierd::Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
-    const Request& request) {
+absl::StatusOr<Response> Client::Unary(grpc::Status (v1::Tierd::Stub::*rpc)(grpc::ClientContext*,
+                                                                            const Request&,
+                                                                            Response*),
+                                       const Request& request) {
   grpc::ClientContext context;
   PrepareContext(context);
   Response response;
@@ -341,8 +346,7 @@ absl::StatusOr<std::vector<v1::ModelSummary>> Client::ListModels() {
 absl::StatusOr<std::vector<v1::ObjectInfo>> Client::ListObjects(const std::string& model) {
   v1::ListObjectsRequest request;
   request.set_model(model);
-  ASSIGN_OR_RETURN(v1::ListObjectsResponse response,
-                   Unary(&v1::Tierd::Stub::ListObjects, request));
+  ASSIGN_OR_RETURN(v1::ListObjectsResponse response, Unary(&v1::Tierd::Stub::ListObjects, request));
   return std::vector<v1::ObjectInfo>(response.objects().begin(), response.objects().end());
 }
 

@@ -60,16 +60,17 @@ FuzzStack* Build() {
   gpu.pool_bytes = 256 << 10;  // room for a few blocks: evictions and waits happen
   gpu.slab_bytes = 128 << 10;
   gpu.close_grace = absl::Milliseconds(200);
-  stack->tier = OrDie(GpuTier::Create(*stack->device, *stack->catalog, *stack->arena,
-                                      *stack->host_cache, gpu),
-                      "GPU tier");
+  stack->tier = OrDie(
+      GpuTier::Create(*stack->device, *stack->catalog, *stack->arena, *stack->host_cache, gpu),
+      "GPU tier");
   stack->session_options.backend = "host";
   stack->session_options.device = "host";
   stack->session_options.limits.max_leases = 8;
   stack->session_options.limits.max_staging_bytes = 256 << 10;
   stack->session_options.max_key_bytes = 128;
   stack->session_options.max_tensors = 16;
-  for (int block = 0; block < 4; ++block) stack->model_keys.push_back(absl::StrCat("m/blocks.", block));
+  for (int block = 0; block < 4; ++block)
+    stack->model_keys.push_back(absl::StrCat("m/blocks.", block));
   for (const testing::TensorSpec& tensor : tensors) stack->tensor_bytes[tensor.name] = tensor.data;
   return stack;
 }

@@ -38,9 +38,8 @@ class Answers {
   // The answer to `id`; aborts when none comes within 10 s.
   v1::SessionResponse Await(uint64_t id) {
     absl::MutexLock lock(&mu_);
-    auto answered = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return answers_.count(id) > 0;
-    };
+    auto answered = [this, id]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return answers_.count(id) > 0; };
     if (!mu_.AwaitWithTimeout(absl::Condition(&answered), absl::Seconds(10))) {
       Fail(absl::StrCat("request ", id, " got no answer in 10 s"));
     }
@@ -95,8 +94,8 @@ class Driver {
     switch (input_.ConsumeIntegralInRange(0, 4)) {
       case 0:
       case 1:
-        return stack_.model_keys[input_.ConsumeIntegralInRange<size_t>(
-            0, stack_.model_keys.size() - 1)];
+        return stack_
+            .model_keys[input_.ConsumeIntegralInRange<size_t>(0, stack_.model_keys.size() - 1)];
       case 2:
         return absl::StrCat("kv/", input_.ConsumeIntegralInRange(0, 3));
       case 3:
@@ -140,9 +139,8 @@ class Driver {
         v1::ReserveRequest* reserve = request.mutable_reserve();
         reserve->set_key(Key());
         const uint64_t length = input_.ConsumeIntegralInRange<uint64_t>(0, 96 << 10);
-        reserve->set_length(input_.ConsumeIntegralInRange(0, 9) == 0
-                                ? input_.ConsumeIntegral<uint64_t>()
-                                : length);
+        reserve->set_length(
+            input_.ConsumeIntegralInRange(0, 9) == 0 ? input_.ConsumeIntegral<uint64_t>() : length);
         for (int n = input_.ConsumeIntegralInRange(0, 2); n > 0; --n) {
           v1::TensorInfo* tensor = reserve->add_tensors();
           tensor->set_name(input_.ConsumeRandomLengthString(20));

@@ -60,9 +60,9 @@ absl::Status ModelRoots::Check(const std::string& path) const {
   absl::StatusOr<std::string> resolved = Resolve(path);
   if (!resolved.ok()) return resolved.status();
   for (const std::string& root : roots_) {
-    if (*resolved == root || (resolved->size() > root.size() &&
-                              resolved->compare(0, root.size(), root) == 0 &&
-                              ((*resolved)[root.size()] == '/' || root == "/"))) {
+    if (*resolved == root ||
+        (resolved->size() > root.size() && resolved->compare(0, root.size(), root) == 0 &&
+         ((*resolved)[root.size()] == '/' || root == "/"))) {
       return absl::OkStatus();
     }
   }

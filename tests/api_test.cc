@@ -90,12 +90,11 @@ class ApiTest : public ::testing::Test {
     ::mkdir(model_dir(name).c_str(), 0755);
     ::mkdir(expected_dir().c_str(), 0755);
     for (const TensorSpec& tensor : tensors) {
-      RETURN_IF_ERROR(testing::WriteFile(absl::StrCat(expected_dir(), "/", tensor.name),
-                                         tensor.data));
+      RETURN_IF_ERROR(
+          testing::WriteFile(absl::StrCat(expected_dir(), "/", tensor.name), tensor.data));
       expected_[tensor.name] = tensor.data;
     }
-    return testing::WriteSafetensors(absl::StrCat(model_dir(name), "/model.safetensors"),
-                                     tensors);
+    return testing::WriteSafetensors(absl::StrCat(model_dir(name), "/model.safetensors"), tensors);
   }
 
   std::vector<std::string> TierdArgs() const {
@@ -204,7 +203,8 @@ TEST_F(ApiTest, PrefetchThenFetchUsesTheCopyAlreadyOnTheGpu) {
   while (!on_gpu && absl::Now() < deadline) {
     auto objects = client_->ListObjects("m");
     ASSERT_THAT(objects, IsOk());
-    for (const v1::ObjectInfo& object : *objects) on_gpu |= object.key() == Key(2) && object.on_gpu();
+    for (const v1::ObjectInfo& object : *objects)
+      on_gpu |= object.key() == Key(2) && object.on_gpu();
     if (!on_gpu) absl::SleepFor(absl::Milliseconds(10));
   }
   ASSERT_TRUE(on_gpu);
@@ -269,8 +269,7 @@ TEST_F(ApiTest, StoredObjectComesBackAfterLeavingTheGpuAndTheHostTier) {
     // The last fetch's copy and release finish after its bytes are read; until then the object
     // is in flight and cannot be evicted.
     ASSERT_TRUE(WaitForStats(
-        [](const v1::Stats& s) { return s.leases() == 0 && s.copies_in_flight() == 0; },
-        kTimeout));
+        [](const v1::Stats& s) { return s.leases() == 0 && s.copies_in_flight() == 0; }, kTimeout));
     auto evicted = client_->Evict(store.key, tier);
     ASSERT_THAT(evicted, IsOk());
     EXPECT_EQ(evicted->evicted(), 1u) << v1::Tier_Name(tier);
@@ -342,8 +341,8 @@ TEST_F(ApiTest, AReadStillRunningAfterItsReleaseSeesTheBytesItWasLeased) {
     ASSERT_THAT(lease, IsOk());
     held.push_back(*std::move(lease));
   }
-  auto reader = StartPeer({"slow-read", Key(0), expected_dir(),
-                           absl::StrCat(absl::ToInt64Milliseconds(kReadDelay))});
+  auto reader = StartPeer(
+      {"slow-read", Key(0), expected_dir(), absl::StrCat(absl::ToInt64Milliseconds(kReadDelay))});
   ASSERT_NE(reader, nullptr);
   ASSERT_THAT(reader->ReadLine(kTimeout), ::tierd::testing::IsOkAndHolds(std::string("released")));
   const absl::Time released = absl::Now();
@@ -566,11 +565,11 @@ TEST_F(ApiTest, KilledClientsLeasesAreFreedWhileOthersKeepWorking) {
   holder->Signal(SIGKILL);
   const absl::Time killed = absl::Now();
   ASSERT_THAT(holder->Wait(kTimeout), IsOk());
-  EXPECT_TRUE(WaitForStats(
-      [](const v1::Stats& s) { return s.leases() == 0 || s.sessions() == 1; }, kTimeout));
+  EXPECT_TRUE(WaitForStats([](const v1::Stats& s) { return s.leases() == 0 || s.sessions() == 1; },
+                           kTimeout));
   EXPECT_THAT(worker->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
-  EXPECT_TRUE(WaitForStats(
-      [](const v1::Stats& s) { return s.leases() == 0 && s.sessions() == 0; }, kTimeout));
+  EXPECT_TRUE(WaitForStats([](const v1::Stats& s) { return s.leases() == 0 && s.sessions() == 0; },
+                           kTimeout));
   // Soon after the session ends (the kill plus the daemon noticing the socket closed); 5 s leaves
   // room for a loaded machine.
   EXPECT_LT(absl::Now() - killed, absl::Seconds(5));
@@ -667,7 +666,6 @@ class RawSession {
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
   uint64_t next_id_ = 0;
 };
-
 
 TEST_F(ApiTest, EachFailureHasItsPreciseStatus) {
   auto session = client_->OpenSession();

@@ -1019,7 +1019,6 @@ TEST_F(CatalogTest, ConcurrentLookupsChecksumsAndRegistrationsAgree) {
   EXPECT_EQ(catalog->Checksum("stable/blocks.1"), last);
 }
 
-
 // --- Model roots ---------------------------------------------------------------------------------
 
 class ModelRootsTest : public ::testing::Test {
@@ -1027,7 +1026,8 @@ class ModelRootsTest : public ::testing::Test {
   void SetUp() override {
     root_ = absl::StrCat(dir_.path(), "/models");
     outside_ = absl::StrCat(dir_.path(), "/elsewhere");
-    for (const std::string& model : {absl::StrCat(root_, "/good"), absl::StrCat(outside_, "/secret")}) {
+    for (const std::string& model :
+         {absl::StrCat(root_, "/good"), absl::StrCat(outside_, "/secret")}) {
       std::filesystem::create_directories(model);
       ASSERT_THAT(WriteSafetensors(absl::StrCat(model, "/model.safetensors"),
                                    {RandomTensor("blocks.0.w", "F32", {4, 4}, 1)}),
@@ -1099,7 +1099,8 @@ TEST_F(ModelRootsTest, RootsMustBeAbsoluteDirectories) {
   std::filesystem::create_directories(absl::StrCat(root_, "/go"));
   auto go = ModelRoots::Create({absl::StrCat(root_, "/go")});
   ASSERT_THAT(go, IsOk());
-  EXPECT_THAT(go->Check(absl::StrCat(root_, "/good")), StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(go->Check(absl::StrCat(root_, "/good")),
+              StatusIs(absl::StatusCode::kPermissionDenied));
 }
 
 }  // namespace

@@ -451,16 +451,16 @@ TEST_F(OperationsTest, ModelsAreRegisteredOnlyFromTheModelRoots) {
   auto good = Tierctl({"load", "good", absl::StrCat(root, "/good")});
   ASSERT_THAT(good, IsOk());
   EXPECT_EQ(good->exit_code, 0);
-  for (const std::string& bad : {outside, absl::StrCat(root, "/escape"),
-                                 absl::StrCat(root, "/../elsewhere")}) {
+  for (const std::string& bad :
+       {outside, absl::StrCat(root, "/escape"), absl::StrCat(root, "/../elsewhere")}) {
     auto refused = RunProgram({"/bin/sh", "-c",
                                absl::StrCat(SiblingBinary("tierctl"), " --socket=", socket_path(),
                                             " load bad ", bad, " 2>&1")},
                               kTimeout);
     ASSERT_THAT(refused, IsOk());
     EXPECT_EQ(refused->exit_code, 1) << bad;
-    EXPECT_THAT(refused->output, ::testing::AnyOf(HasSubstr("PERMISSION_DENIED"),
-                                                  HasSubstr("INVALID_ARGUMENT")))
+    EXPECT_THAT(refused->output,
+                ::testing::AnyOf(HasSubstr("PERMISSION_DENIED"), HasSubstr("INVALID_ARGUMENT")))
         << bad;
   }
   daemon->Signal(SIGTERM);
