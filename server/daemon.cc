@@ -153,11 +153,12 @@ absl::Status Daemon::StartGrpcServer() {
   }
   // The default health service starts out SERVING; nobody can connect under the temporary name.
   server_->GetHealthCheckService()->SetServingStatus(false);
-  RETURN_IF_ERROR(SetSocketAccess(starting, socket_group_));
-  if (::rename(starting.c_str(), options_.socket_path.c_str()) != 0) {
-    return PosixError(absl::StrCat("renaming ", starting, " to ", options_.socket_path), errno);
+  absl::Status access = SetSocketAccess(starting, socket_group_);
+  if (access.ok() && ::rename(starting.c_str(), options_.socket_path.c_str()) != 0) {
+    access = PosixError(absl::StrCat("renaming ", starting, " to ", options_.socket_path), errno);
   }
-  return absl::OkStatus();
+  if (!access.ok()) ::unlink(starting.c_str());  // Shutdown removes only the final name
+  return access;
 }
 
 absl::Status Daemon::StartStorage() {
