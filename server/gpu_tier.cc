@@ -342,10 +342,8 @@ void GpuTier::CopyInLocked(Object* object, HostObject host, Deferred& deferred) 
     }
   }
   if (!status.ok()) {
-    // Copies may be in flight that nothing tracks: retire the range and the event rather than
-    // risk handing them out while the device still writes.
-    TIERD_LOG(ERROR) << "copying " << object->key << " to the GPU failed: " << status
-                     << "; its staging range and event are retired";
+    FreeAfterStreamLocked(stream, *object->range, object->ready_event,
+                          absl::StrCat("copying ", object->key, " to the GPU"), status);
     object->range.reset();
     object->ready_event.reset();
     return FailLoadLocked(object,
@@ -486,6 +484,31 @@ void GpuTier::StartDrainLocked(Client& client, Drain drain, uint32_t event) {
                        << "); its buffer is freed when the session ends";
     }
   });
+}
+
+void GpuTier::FreeAfterStreamLocked(Stream& stream, StagingRange range,
+                                    std::optional<uint32_t> event, const std::string& what,
+                                    const absl::Status& error) {
+  const absl::Status arranged = device_.NotifyWhenDone(stream, [live = liveness_, range, event] {
+    absl::MutexLock lock(&live->mu);
+    if (live->tier != nullptr) live->tier->FreeAfterFailedCopy(range, event);
+  });
+  if (arranged.ok()) {
+    TIERD_LOG(ERROR) << what << " failed: " << error
+                     << "; its staging range is freed once the stream has run what was queued";
+    return;
+  }
+  TIERD_LOG(ERROR) << what << " failed: " << error << ", and the device cannot say when its "
+                   << "stream is done (" << arranged << "); its staging range and event are "
+                   << "retired";
+}
+
+void GpuTier::FreeAfterFailedCopy(StagingRange range, std::optional<uint32_t> event) {
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  pool_->Free(range);
+  if (event.has_value()) events_.Release(*event);
+  RetryAllocationsLocked(deferred.calls());
 }
 
 void GpuTier::FinishDrain(uint64_t drain_id) {

@@ -253,6 +253,15 @@ class GpuTier {
   void StartDrainLocked(Client& client, Drain drain, uint32_t event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishDrain(uint64_t drain_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // After a copy failed part-way, pieces of it may still be queued on `stream`: `range` and
+  // `event` are freed once the stream has run them. Where the device cannot even arrange that,
+  // they are retired for good (the pool is that much smaller) rather than risk handing them out
+  // while the device still uses them. `what` and `error` are for the log.
+  void FreeAfterStreamLocked(Stream& stream, StagingRange range, std::optional<uint32_t> event,
+                             const std::string& what, const absl::Status& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeAfterFailedCopy(StagingRange range, std::optional<uint32_t> event)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void FinishDrainLocked(uint64_t drain_id, bool forced, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ForceClose(ClientId client) ABSL_LOCKS_EXCLUDED(mu_);

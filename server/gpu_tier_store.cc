@@ -177,9 +177,11 @@ void GpuTier::StartCopyOutLocked(uint64_t commit_id, Deferred& deferred) {
                                     [this, commit_id, raw] { FinishCopyOut(commit_id, raw); });
   }
   if (!status.ok()) {
-    TIERD_LOG(ERROR) << "copying " << reservation.key << " to the host tier failed: " << status
-                     << "; its staging range and event are retired";
-    commit.reservation.range = {};  // retired: the device may still use it
+    FreeAfterStreamLocked(*store_stream_, reservation.range, *ready,
+                          absl::StrCat("copying ", reservation.key, " to the host tier"), status);
+    object->range.reset();
+    object->ready_event.reset();
+    commit.reservation.range = {};  // freed once the stream drains, not now
     commit.reservation.length = 0;
     return FailCommitLocked(
         commit_id,

@@ -183,6 +183,36 @@ TEST_F(FaultInjectionTest, ARefusedCopyFailsTheFetchAndTheNextOneSucceeds) {
   ExpectNothingHeld();
 }
 
+TEST_F(FaultInjectionTest, RepeatedCopyFailuresDoNotShrinkThePool) {
+  // Twelve failed copies of 256 KiB each: more than the 2 MiB pool, were their ranges lost.
+  for (int i = 0; i < 12; ++i) {
+    device_->fail_copies = true;
+    EXPECT_FALSE(FetchAndCheck(i % 4).ok());
+    device_->fail_copies = false;
+    // The range comes back once the stream has run what was queued before the failure.
+    ExpectNothingHeld();
+  }
+  // Every block held at once, with the right bytes: the pool has its full size.
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  std::vector<Lease> held;
+  for (int block = 0; block < 4; ++block) {
+    auto lease = (*session)->Fetch(absl::StrCat("m/blocks.", block));
+    ASSERT_THAT(lease, IsOk()) << block;
+    held.push_back(*std::move(lease));
+  }
+  ASSERT_THAT((*session)->device().SynchronizeStream((*session)->default_stream()), IsOk());
+  for (int block = 0; block < 4; ++block) {
+    EXPECT_EQ(
+        std::memcmp(held[block].data(), tensors_[block].data.data(), tensors_[block].data.size()),
+        0)
+        << block;
+  }
+  auto stats = client_->GetStats();
+  ASSERT_THAT(stats, IsOk());
+  EXPECT_EQ(stats->gpu().budget_bytes(), 2u << 20);
+}
+
 TEST_F(FaultInjectionTest, ARefusedEventRecordFailsTheFetchAndTheNextOneSucceeds) {
   device_->fail_events = true;
   const absl::Status failed = FetchAndCheck(3);
