@@ -667,6 +667,26 @@ class RawSession {
   uint64_t next_id_ = 0;
 };
 
+// Lease ids belong to their session: another session naming the same id releases nothing of the
+// first one's.
+TEST_F(ApiTest, ASessionCannotReleaseAnotherSessionsLease) {
+  RawSession owner(*client_);
+  v1::SessionRequest fetch;
+  fetch.mutable_fetch()->set_key(Key(0));
+  const v1::SessionResponse leased = owner.Call(fetch);
+  ASSERT_EQ(leased.code(), 0) << leased.message();
+  const uint64_t lease_id = leased.lease().lease_id();
+  RawSession intruder(*client_);
+  v1::SessionRequest release;
+  release.mutable_release()->set_lease_id(lease_id);
+  const v1::SessionResponse refused = intruder.Call(release);
+  EXPECT_EQ(refused.code(), static_cast<int>(absl::StatusCode::kNotFound)) << refused.message();
+  EXPECT_EQ(Stats().leases(), 1u);  // still the owner's
+  const v1::SessionResponse released = owner.Call(release);
+  EXPECT_EQ(released.code(), 0) << released.message();
+  EXPECT_TRUE(WaitForStats([](const v1::Stats& s) { return s.leases() == 0; }, kTimeout));
+}
+
 TEST_F(ApiTest, EachFailureHasItsPreciseStatus) {
   auto session = client_->OpenSession();
   ASSERT_THAT(session, IsOk());
