@@ -113,18 +113,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
     TIERD_LOG(INFO) << "serving sessions on " << options.session_socket_path;
   }
   daemon->service_->Attach(*daemon->catalog_, *daemon->host_cache_, *daemon->gpu_tier_, session);
-  // The monitor's first round checks the device and turns health SERVING.
+  // The monitor's first round checks the device, turns health SERVING and takes the counters'
+  // first sample (the baseline of the first rates). Sampling the counters takes every tier's lock:
+  // it is also the monitor's probe that the tiers still answer.
   HealthMonitorOptions monitor;
   monitor.period = options.health_check_period;
-  monitor.probe_tiers = [raw = daemon.get()] {
-    CollectStats(*raw->catalog_, *raw->host_cache_, *raw->gpu_tier_, "");
-  };
+  monitor.probe_tiers = [raw = daemon.get()] { raw->SampleCounters(); };
   monitor.report = [raw = daemon.get()](bool healthy) { raw->ReportDeviceHealth(healthy); };
   monitor.heartbeat = options.heartbeat;
   daemon->monitor_ = std::make_unique<HealthMonitor>(*daemon->device_, std::move(monitor));
-  daemon->SampleCounters();  // the baseline the first rates are measured from
-  daemon->sampler_ = std::make_unique<PeriodicThread>(
-      absl::Seconds(1), [raw = daemon.get()] { raw->SampleCounters(); });
   RETURN_IF_ERROR(daemon->StartMetrics());
   TIERD_LOG(INFO) << "serving on unix:" << options.socket_path;
   return daemon;
@@ -229,7 +226,6 @@ Daemon::~Daemon() {
   const auto step = [](const char* what) { TIERD_VLOG(1) << "teardown: " << what; };
   step("metrics, monitor, servers");
   metrics_.reset();
-  sampler_.reset();
   monitor_.reset();
   session_server_.reset();
   server_.reset();

@@ -16,7 +16,6 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/periodic_thread.h"
 #include "device/device.h"
 #include "server/daemon_options.h"
 #include "server/gpu_tier.h"
@@ -80,7 +79,8 @@ class Daemon {
   absl::Status StartMetrics();
   // The device's health, as the monitor reports it, unless shutting down.
   void ReportDeviceHealth(bool healthy) ABSL_LOCKS_EXCLUDED(health_mu_);
-  // Samples the counters for the throughput meter and the pressure log; once a second.
+  // Samples the counters for the throughput meter and the pressure log; every health round, on
+  // the monitor's thread.
   void SampleCounters();
   std::string RenderMetrics();
 
@@ -88,7 +88,7 @@ class Daemon {
   const std::optional<gid_t> socket_group_;
   ResponseCounters counters_;
   ThroughputMeter throughput_{absl::Seconds(10)};
-  PressureReporter pressure_{absl::Seconds(30)};  // only the sampler thread touches it
+  PressureReporter pressure_{absl::Seconds(30)};  // only the health monitor's rounds touch it
   std::atomic<bool> serving_{false};
   absl::Mutex health_mu_;
   bool shutting_down_ ABSL_GUARDED_BY(health_mu_) = false;
@@ -108,7 +108,6 @@ class Daemon {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<SessionSocketServer> session_server_;
   std::unique_ptr<HealthMonitor> monitor_;
-  std::unique_ptr<PeriodicThread> sampler_;
   std::unique_ptr<MetricsServer> metrics_;
 };
 
