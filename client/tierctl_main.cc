@@ -1,6 +1,7 @@
 // tierctl: talk to a tierd from the command line.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/health.h"
@@ -34,6 +36,9 @@ ABSL_FLAG(std::string, group, "",
           "load: how tensors are grouped into objects: tensor, block (default) or phase");
 ABSL_FLAG(std::string, output, "", "get: the file to write, - for stdout (also -o FILE)");
 ABSL_FLAG(bool, no_spill, false, "put: the object must stay in host memory, never spill to disk");
+ABSL_FLAG(bool, durable, false,
+          "put: the object survives a restart of the daemon (written and fsynced before put "
+          "returns)");
 ABSL_FLAG(std::string, tier, "", "evict: the tier to drop from: gpu (default), host or all");
 
 namespace {
@@ -50,7 +55,9 @@ constexpr char kUsage[] =
     "  stats                      print the daemon's tiers and counters\n"
     "  prefetch KEY...            start bringing objects to the GPU\n"
     "  get KEY -o FILE            write an object's bytes to FILE (- for stdout)\n"
-    "  put KEY FILE [--no-spill]  store the bytes of FILE (- for stdin) as object KEY\n"
+    "  put KEY FILE [--no-spill] [--durable]\n"
+    "                             store the bytes of FILE (- for stdin) as object KEY; --durable:\n"
+    "                             it survives a restart of the daemon\n"
     "  evict KEY|PREFIX/ [--tier=gpu|host|all]\n"
     "                             drop an object, or every one under PREFIX/, from a tier\n"
     "With --json a command prints one JSON document on stdout. A failure prints STATUS: message\n"
@@ -212,18 +219,23 @@ int Get(const Args& args) {
 }
 
 int Put(const Args& args) {
-  const bool spillable = !absl::GetFlag(FLAGS_no_spill);
+  tierd::PutOptions policy;
+  policy.spillable = !absl::GetFlag(FLAGS_no_spill);
+  policy.durable = absl::GetFlag(FLAGS_durable);
   absl::StatusOr<std::unique_ptr<tierd::Client>> client = Connect();
   if (!client.ok()) return Fail(client.status());
-  absl::StatusOr<uint64_t> bytes = tierd::PutFileAsObject(**client, args[0], args[1], spillable);
+  absl::StatusOr<uint64_t> bytes = tierd::PutFileAsObject(**client, args[0], args[1], policy);
   if (!bytes.ok()) return Fail(bytes.status());
   if (absl::GetFlag(FLAGS_json)) {
-    tierd::PrintJson(
-        Json{{"key", args[0]}, {"bytes", *bytes}, {"file", args[1]}, {"spillable", spillable}});
+    tierd::PrintJson(Json{{"key", args[0]},
+                          {"bytes", *bytes},
+                          {"file", args[1]},
+                          {"spillable", policy.spillable},
+                          {"durable", policy.durable}});
   } else {
-    std::printf("%s: %llu bytes stored from %s%s\n", args[0].c_str(),
+    std::printf("%s: %llu bytes stored from %s%s%s\n", args[0].c_str(),
                 static_cast<unsigned long long>(*bytes), args[1] == "-" ? "stdin" : args[1].c_str(),
-                spillable ? "" : " (never spilled)");
+                policy.spillable ? "" : " (never spilled)", policy.durable ? " (durable)" : "");
   }
   return 0;
 }
@@ -253,8 +265,8 @@ struct Command {
   absl::string_view name;
   size_t min_args;
   size_t max_args;
-  // The one per-command flag it takes, as the usage text spells it; empty for none.
-  absl::string_view flag;
+  // The per-command flags it takes, as the usage text spells them, separated by spaces.
+  absl::string_view flags;
   int (*run)(const Args& args);
 };
 
@@ -265,7 +277,7 @@ constexpr Command kCommands[] = {
     {"stats", 0, 0, "", Stats},
     {"prefetch", 1, kAnyNumber, "", Prefetch},
     {"get", 1, 1, "-o", Get},
-    {"put", 2, 2, "--no-spill", Put},
+    {"put", 2, 2, "--no-spill --durable", Put},
     {"evict", 1, 1, "--tier", Evict},
 };
 
@@ -275,11 +287,15 @@ std::vector<std::string> MisplacedFlags(const Command& command) {
       {"--group", !absl::GetFlag(FLAGS_group).empty()},
       {"-o", !absl::GetFlag(FLAGS_output).empty()},
       {"--no-spill", absl::GetFlag(FLAGS_no_spill)},
+      {"--durable", absl::GetFlag(FLAGS_durable)},
       {"--tier", !absl::GetFlag(FLAGS_tier).empty()},
   };
   std::vector<std::string> misplaced;
   for (const auto& [flag, is_given] : given) {
-    if (is_given && flag != command.flag) misplaced.emplace_back(flag);
+    const std::vector<absl::string_view> taken = absl::StrSplit(command.flags, ' ');
+    if (is_given && std::find(taken.begin(), taken.end(), flag) == taken.end()) {
+      misplaced.emplace_back(flag);
+    }
   }
   return misplaced;
 }

@@ -132,7 +132,7 @@ absl::StatusOr<uint64_t> GetObjectToFile(Client& client, const std::string& key,
 }
 
 absl::StatusOr<uint64_t> PutFileAsObject(Client& client, const std::string& key,
-                                         const std::string& path, bool spillable) {
+                                         const std::string& path, const PutOptions& policy) {
   // Opened before the session, so a missing file fails fast.
   const bool from_stdin = path == kStdio;
   const std::string name = from_stdin ? "stdin" : path;
@@ -150,7 +150,8 @@ absl::StatusOr<uint64_t> PutFileAsObject(Client& client, const std::string& key,
   request.key = key;
   request.data = buffer->data();
   request.size = size;
-  request.spillable = spillable;
+  request.spillable = policy.spillable;
+  request.durable = policy.durable;
   const absl::Status stored = session->StoreAsync(request, stream);
   // Even when the store failed, a copy out of the buffer may be in flight: the buffer may be freed
   // only once the stream has drained.

@@ -12,6 +12,12 @@
 
 namespace tierd {
 
+// How `tierctl put` stores an object (StoreRequest's flags).
+struct PutOptions {
+  bool spillable = true;
+  bool durable = false;
+};
+
 // Fetches `key` and writes its bytes to `path` ("-": stdout). A file appears under its name only
 // once complete: it is written as PATH.tmp and renamed. Returns the object's size.
 // Errors: the daemon's (NOT_FOUND, DATA_LOSS, ...) or the file system's.
@@ -21,7 +27,7 @@ absl::StatusOr<uint64_t> GetObjectToFile(Client& client, const std::string& key,
 // Stores the bytes of `path` ("-": stdin) as object `key` ("NAMESPACE/NAME"). Returns once the
 // daemon has committed it. Returns the object's size.
 absl::StatusOr<uint64_t> PutFileAsObject(Client& client, const std::string& key,
-                                         const std::string& path, bool spillable);
+                                         const std::string& path, const PutOptions& policy);
 
 }  // namespace tierd
 

@@ -139,6 +139,7 @@ absl::Status Session::StoreAsync(const StoreRequest& store, Stream& stream) {
   reserve->set_key(store.key);
   reserve->set_length(store.size);
   reserve->set_spillable(store.spillable);
+  reserve->set_durable(store.durable);
   for (const v1::TensorInfo& tensor : store.tensors) *reserve->add_tensors() = tensor;
   absl::StatusOr<v1::SessionResponse> response = core_->Call(std::move(request));
   if (!response.ok()) return response.status();

@@ -96,6 +96,8 @@ struct StoreRequest {
   uint64_t size = 0;
   std::vector<v1::TensorInfo> tensors;  // optional index handed back on fetch
   bool spillable = true;
+  // Survives a restart of the daemon: the commit (Flush) succeeds only once it is on disk.
+  bool durable = false;
 };
 
 class Session {

@@ -175,13 +175,26 @@ absl::Status Daemon::StartStorage() {
   ASSIGN_OR_RETURN(reader_, DiskReader::Create(options_.reader));
   const std::string spill_dir =
       options_.spill_dir.empty() ? absl::StrCat(options_.state_dir, "/spill") : options_.spill_dir;
-  ASSIGN_OR_RETURN(spill_, SpillWriter::Create(spill_dir));
+  ASSIGN_OR_RETURN(spill_, SpillWriter::Create(spill_dir, options_.spill));
+  std::vector<DurableRecord> durable_objects;
+  ASSIGN_OR_RETURN(durable_, DurableStore::Open(absl::StrCat(options_.state_dir, "/durable"),
+                                                options_.durable, &durable_objects));
   host_cache_ = std::make_unique<HostCache>(*catalog_, *reader_, *arena_, spill_.get(),
                                             HostCacheOptions{options_.host_cache_policy});
   GpuTierOptions gpu;
   gpu.pool_bytes = options_.gpu_pool_bytes;
   gpu.slab_bytes = options_.gpu_slab_bytes;
+  gpu.durable_store = durable_.get();
   ASSIGN_OR_RETURN(gpu_tier_, GpuTier::Create(*device_, *catalog_, *arena_, *host_cache_, gpu));
+  // Durable objects come back on disk only; the first fetch reads and verifies them.
+  uint64_t durable_bytes = 0;
+  for (DurableRecord& record : durable_objects) {
+    RETURN_IF_ERROR(host_cache_->AdoptDurable(record));
+    durable_bytes += record.size;
+    gpu_tier_->AdoptStored(record.key, record.size, std::move(record.tensors));
+  }
+  TIERD_LOG(INFO) << "durable objects: " << durable_objects.size() << " ("
+                  << FormatByteSize(durable_bytes) << ") in " << durable_->directory();
   TIERD_LOG(INFO) << "GPU staging pool: " << FormatByteSize(gpu_tier_->pool().capacity()) << " in "
                   << gpu_tier_->pool().slab_count() << " slab(s)";
   return absl::OkStatus();
@@ -235,6 +248,7 @@ Daemon::~Daemon() {
   gpu_tier_.reset();
   step("host cache");
   host_cache_.reset();
+  durable_.reset();
   spill_.reset();
   reader_.reset();
   if (never_idle) {

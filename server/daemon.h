@@ -30,6 +30,7 @@
 #include "storage/disk_reader.h"
 #include "storage/host_arena.h"
 #include "storage/host_cache.h"
+#include "storage/durable_store.h"
 #include "storage/spill_writer.h"
 
 namespace grpc {
@@ -102,6 +103,7 @@ class Daemon {
   std::unique_ptr<HostArena> arena_;
   std::unique_ptr<DiskReader> reader_;
   std::unique_ptr<SpillWriter> spill_;
+  std::unique_ptr<DurableStore> durable_;
   std::unique_ptr<HostCache> host_cache_;
   std::unique_ptr<GpuTier> gpu_tier_;
   std::unique_ptr<TierdService> service_;

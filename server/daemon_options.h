@@ -15,6 +15,8 @@
 #include "device/device_factory.h"
 #include "server/gpu_tier.h"
 #include "storage/disk_reader.h"
+#include "storage/durable_store.h"
+#include "storage/spill_writer.h"
 #include "storage/host_cache.h"
 
 namespace tierd {
@@ -47,6 +49,10 @@ struct DaemonOptions {
   absl::Duration health_check_period = absl::Seconds(1);
   // Called after every health round (tierd's main pings the systemd watchdog); may be empty.
   std::function<void()> heartbeat;
+  // Test hooks for the files stored objects are written to: spill files, and durable objects in
+  // <state-dir>/durable.
+  SpillWriterOptions spill;
+  DurableStoreOptions durable;
   // Makes the device instead of CreateDevice(device): tests wrap one to slow or fail it.
   std::function<absl::StatusOr<std::unique_ptr<Device>>()> create_device;
 };

@@ -56,6 +56,17 @@ struct GpuTierOptions {
   // stream is not stuck behind one huge copy.
   uint64_t copy_chunk_bytes = 64ull << 20;
   absl::Duration close_grace = absl::Seconds(1);
+  // Where durable stored objects go; null: durable reservations are refused (FAILED_PRECONDITION).
+  // Must outlive the tier.
+  DurableStore* durable_store = nullptr;
+};
+
+// How a stored object is kept (ReserveRequest's flags).
+struct StorePolicy {
+  bool spillable = false;  // may go to the spill directory under host-memory pressure
+  // Written and fsynced to the durable store before its commit is acknowledged; survives a restart
+  // of the daemon. A durable object does not spill: its durable copy serves instead.
+  bool durable = false;
 };
 
 struct ClientLimits {
@@ -159,12 +170,20 @@ class GpuTier {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Reserves staging for a stored object. `key` is "NAMESPACE/NAME" where NAMESPACE is not a
-  // registered model. Errors: INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE.
+  // registered model. Errors: INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNAVAILABLE,
+  // FAILED_PRECONDITION (durable, and the daemon has no durable store).
   void Reserve(ClientId client, const std::string& key, uint64_t length,
-               std::vector<TensorPlacement> tensors, bool spillable, ReserveCallback done)
+               std::vector<TensorPlacement> tensors, StorePolicy policy, ReserveCallback done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Lists a stored object recovered from the durable store at start (HostCache::AdoptDurable
+  // lists its bytes).
+  void AdoptStored(const std::string& key, uint64_t size, std::vector<TensorPlacement> tensors)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Publishes (or with `abort`, abandons) a reservation; `done` runs once the object is in the
-  // host tier. FAILED_PRECONDITION for a reservation the client does not have open.
+  // host tier, and for a durable one once it is durable. Commits of a key take effect in the
+  // order their copies finish. A commit that fails leaves the key's previous version, in memory
+  // and on disk. FAILED_PRECONDITION for a reservation the client does not have open; the durable
+  // store's errors (RESOURCE_EXHAUSTED for a full disk).
   void Commit(ClientId client, uint64_t reservation_id, bool abort, StatusCallback done)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -183,6 +202,8 @@ class GpuTier {
   void ForgetModel(const std::string& model) ABSL_LOCKS_EXCLUDED(mu_);
 
   bool IsOnGpu(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The store durable objects go to; null when there is none.
+  const DurableStore* durable_store() const { return options_.durable_store; }
   GpuTierStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
   HandleList Handles() const;
   const StagingPool& pool() const { return *pool_; }
@@ -273,7 +294,11 @@ class GpuTier {
   void WrittenLocked(uint64_t commit_id, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartCopyOutLocked(uint64_t commit_id, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The copy to the host tier is done: makes the object durable when asked, then publishes it.
   void FinishCopyOut(uint64_t commit_id, Object* object) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends a commit whose copy is done: `status` says whether the object was published.
+  void FinishCommit(uint64_t commit_id, Object* object, const absl::Status& status)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void FailCommitLocked(uint64_t commit_id, absl::Status status, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -169,8 +169,12 @@ absl::StatusOr<EvictResult> GpuTier::Evict(const std::string& key_or_prefix, Evi
         if (tier == EvictTier::kAll && stored) stored_.erase(key);
       }
       const bool resident = host_cache_.IsResident(key);
-      absl::Status status = tier == EvictTier::kAll && stored ? host_cache_.Delete(key)
-                                                              : host_cache_.Evict(key);
+      const bool deleting = tier == EvictTier::kAll && stored;
+      if (deleting && options_.durable_store != nullptr) {
+        // Off the disk before the answer, so that a restart cannot bring it back.
+        RETURN_IF_ERROR(options_.durable_store->RemoveAndWait(key));
+      }
+      absl::Status status = deleting ? host_cache_.Delete(key) : host_cache_.Evict(key);
       if (status.ok()) {
         known = true;
         if (resident || stored) evicted.insert(key);

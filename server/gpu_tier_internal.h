@@ -55,7 +55,7 @@ struct GpuTier::Client {
     uint64_t length = 0;
     uint32_t written_event = 0;
     Tensors tensors;
-    bool spillable = false;
+    StorePolicy policy;
   };
   struct PinRecord {
     Object* object = nullptr;

@@ -12,7 +12,8 @@
 namespace tierd {
 
 void GpuTier::Reserve(ClientId client_id, const std::string& key, uint64_t length,
-                      std::vector<TensorPlacement> tensors, bool spillable, ReserveCallback done) {
+                      std::vector<TensorPlacement> tensors, StorePolicy policy,
+                      ReserveCallback done) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   auto fail = [&](absl::Status status) { DeferAnswer(deferred.calls(), std::move(done), status); };
@@ -26,6 +27,10 @@ void GpuTier::Reserve(ClientId client_id, const std::string& key, uint64_t lengt
                      " is a registered model; stored objects need a namespace of their own")));
   }
   if (length == 0) return fail(absl::InvalidArgumentError("a stored object needs a length"));
+  if (policy.durable && options_.durable_store == nullptr) {
+    return fail(absl::FailedPreconditionError(
+        absl::StrCat("key ", key, ": this daemon keeps no durable objects")));
+  }
   if (RoundUp(length, kStagingAlignment) > pool_->largest_slab()) {
     return fail(LargerThanSlab(key, length, pool_->largest_slab()));
   }
@@ -39,7 +44,7 @@ void GpuTier::Reserve(ClientId client_id, const std::string& key, uint64_t lengt
   reservation.key = key;
   reservation.length = length;
   reservation.tensors = std::make_shared<const std::vector<TensorPlacement>>(std::move(tensors));
-  reservation.spillable = spillable;
+  reservation.policy = policy;
   AllocateLocked(
       length,
       [this, client_id, reservation = std::move(reservation),
@@ -101,7 +106,8 @@ void GpuTier::Commit(ClientId client_id, uint64_t reservation_id, bool abort,
   const uint64_t commit_id = next_commit_++;
   const std::string key = reservation.key;
   const uint64_t length = reservation.length;
-  const bool spillable = reservation.spillable;
+  // A durable object's copy on disk serves instead of a spill file.
+  const bool spillable = reservation.policy.spillable && !reservation.policy.durable;
   PendingCommit& commit = commits_[commit_id];
   commit.reservation = std::move(reservation);
   commit.done = std::move(done);
@@ -205,12 +211,42 @@ void GpuTier::StartCopyOutLocked(uint64_t commit_id, Deferred& deferred) {
 
 void GpuTier::FinishCopyOut(uint64_t commit_id, Object* object) {
   std::shared_ptr<HostObject> host;
+  StorePolicy policy;
+  std::string key;
+  std::vector<TensorPlacement> tensors;
   {
     absl::MutexLock lock(&mu_);
-    host = commits_.at(commit_id).host;
+    const PendingCommit& commit = commits_.at(commit_id);
+    host = commit.host;
+    policy = commit.reservation.policy;
+    key = commit.reservation.key;
+    if (policy.durable) tensors = *commit.reservation.tensors;
   }
-  absl::Status status = host_cache_.CommitStore(*host);
-  host.reset();
+  DurableStore* durable = options_.durable_store;
+  if (policy.durable) {
+    // Durable first, then published: a failed write leaves the previous version everywhere.
+    const uint8_t* data = host->data();
+    const uint64_t size = host->size();
+    durable->Persist(std::move(key), data, size, std::move(tensors),
+                     [this, commit_id, object, host](absl::StatusOr<DurableRecord> record) {
+                       absl::Status status = record.status();
+                       if (status.ok()) status = host_cache_.CommitStore(*host);
+                       if (status.ok()) host_cache_.SetDurableCopy(*host, *record);
+                       FinishCommit(commit_id, object, status);
+                     });
+  } else if (durable != nullptr) {
+    // An older durable version goes first, after the durable store's earlier jobs for the key, so
+    // that commits of a key land in order and a restart never brings back the older one.
+    durable->Remove(std::move(key), [this, commit_id, object, host](absl::Status status) {
+      if (status.ok()) status = host_cache_.CommitStore(*host);
+      FinishCommit(commit_id, object, status);
+    });
+  } else {
+    FinishCommit(commit_id, object, host_cache_.CommitStore(*host));
+  }
+}
+
+void GpuTier::FinishCommit(uint64_t commit_id, Object* object, const absl::Status& status) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   --copies_in_flight_;
@@ -233,6 +269,12 @@ void GpuTier::FinishCopyOut(uint64_t commit_id, Object* object) {
     std::move(done)(status);
   });
   RetryAllocationsLocked(deferred.calls());
+}
+
+void GpuTier::AdoptStored(const std::string& key, uint64_t size,
+                          std::vector<TensorPlacement> tensors) {
+  absl::MutexLock lock(&mu_);
+  stored_[key] = {size, std::make_shared<const std::vector<TensorPlacement>>(std::move(tensors))};
 }
 
 // `status` by value: callers pass the pending commit's own host_status, which the move below

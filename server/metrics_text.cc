@@ -89,6 +89,13 @@ std::string RenderPrometheusText(const MetricsSnapshot& snapshot) {
       .Sample(stats.spills());
   out.Metric("tierd_spill_failures_total", "counter", "Spills that failed")
       .Sample(stats.spill_failures());
+  out.Metric("tierd_durable_objects", "gauge", "Durable stored objects on disk")
+      .Sample(stats.durable_objects());
+  out.Metric("tierd_durable_bytes", "gauge", "Bytes of the durable stored objects on disk")
+      .Sample(stats.durable_bytes());
+  out.Metric("tierd_durable_write_failures_total", "counter",
+             "Durable writes that failed (their commits were refused)")
+      .Sample(stats.durable_write_failures());
 
   const StageCounts bytes = StageBytes(stats);
   out.Metric("tierd_stage_bytes_total", "counter", "Bytes moved by each stage");

@@ -256,7 +256,8 @@ void SessionProtocol::Reserve(uint64_t request_id, ClientId client,
   absl::StatusOr<std::vector<TensorPlacement>> tensors =
       FromProto(reserve.tensors(), reserve.length(), "reserve.tensors");
   if (!tensors.ok()) return Reply(request_id, tensors.status());
-  tier_.Reserve(client, reserve.key(), reserve.length(), *std::move(tensors), reserve.spillable(),
+  tier_.Reserve(client, reserve.key(), reserve.length(), *std::move(tensors),
+                StorePolicy{reserve.spillable(), reserve.durable()},
                 [self = shared_from_this(), request_id](absl::StatusOr<ReservationGrant> grant) {
                   if (!grant.ok()) return self->Reply(request_id, grant.status());
                   v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());

@@ -42,6 +42,12 @@ v1::Stats CollectStats(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tie
   stats.set_gpu_allocation_waiters(gpu.allocation_waiters);
   stats.set_spills(host.spills);
   stats.set_spill_failures(host.spill_failures);
+  if (const DurableStore* durable = gpu_tier.durable_store(); durable != nullptr) {
+    const DurableStoreStats on_disk = durable->stats();
+    stats.set_durable_objects(on_disk.objects);
+    stats.set_durable_bytes(on_disk.bytes);
+    stats.set_durable_write_failures(on_disk.persist_failures);
+  }
   return stats;
 }
 

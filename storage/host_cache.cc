@@ -42,7 +42,9 @@ struct HostObject::Entry {
   bool spillable = false;
   bool spilling = false;      // a spill write is in flight; the memory stays valid meanwhile
   bool spill_failed = false;  // do not try again
-  std::string spill_path;     // set once a spilled copy exists
+  std::string spill_path;     // set once a spilled (or durable) copy exists
+  uint64_t spill_offset = 0;  // where the object's bytes start in spill_path
+  bool durable_copy = false;  // spill_path belongs to the DurableStore: never removed here
   uint64_t checksum = 0;      // of a stored object, computed when it is spilled
   // Loading.
   std::vector<HostCache::FetchCallback> waiters;
@@ -130,7 +132,7 @@ HostCache::~HostCache() {
   absl::MutexLock lock(&mu_);
   for (auto& [key, entry] : entries_) {
     if (entry->memory) arena_.Free(*entry->memory);
-    if (!entry->spill_path.empty()) ::unlink(entry->spill_path.c_str());
+    if (!entry->spill_path.empty() && !entry->durable_copy) ::unlink(entry->spill_path.c_str());
     delete entry;
   }
 }
@@ -288,8 +290,9 @@ std::vector<ReadTarget> HostCache::TargetsLocked(const Entry* entry) const {
   std::vector<ReadTarget> targets;
   uint8_t* base = arena_.data(*entry->memory) + entry->head;
   if (entry->kind == Entry::Kind::kStored) {
-    // A spill file holds the object from offset 0, and the allocation is whole pages.
-    targets.push_back({entry->spill_path, 0, entry->size, base, /*aligned_window=*/true});
+    // A spill file holds the object from a page boundary, and the allocation is whole pages.
+    targets.push_back(
+        {entry->spill_path, entry->spill_offset, entry->size, base, /*aligned_window=*/true});
     return targets;
   }
   // One extent starting the object has its aligned window in the allocation (see head); gathered
@@ -319,7 +322,8 @@ void HostCache::FinishRead(Entry* entry, absl::Status status) {
       }
     } else if (checksum != entry->checksum) {
       status = absl::DataLossError(
-          absl::StrFormat("%s: spilled copy has checksum %016x, stored object had %016x",
+          absl::StrFormat("%s: its copy on disk has checksum %016x, the stored object had "
+                          "%016x",
                           entry->key, checksum, entry->checksum));
     }
   }
@@ -607,9 +611,44 @@ void HostCache::FreeEntryLocked(Entry* entry) {
   if (entry->memory) arena_.Free(*entry->memory);
   if (!entry->spill_path.empty()) {
     reader_.ForgetFile(entry->spill_path);
-    ::unlink(entry->spill_path.c_str());
+    if (!entry->durable_copy) ::unlink(entry->spill_path.c_str());
   }
   delete entry;
+}
+
+void HostCache::SetDurableCopy(const HostObject& object, const DurableRecord& record) {
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  Entry* entry = object.entry_;
+  if (!entry->spill_path.empty() && !entry->durable_copy) {
+    // Spilled before it was persisted: the durable copy serves from now on.
+    reader_.ForgetFile(entry->spill_path);
+    ::unlink(entry->spill_path.c_str());
+  }
+  entry->spill_path = record.path;
+  entry->spill_offset = record.payload_offset;
+  entry->durable_copy = true;
+  entry->checksum = record.checksum;
+  RetryWaitersLocked(deferred.calls());  // it may now be evicted to make room
+}
+
+absl::Status HostCache::AdoptDurable(const DurableRecord& record) {
+  absl::MutexLock lock(&mu_);
+  if (entries_.count(record.key) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat(record.key, " is already in the host cache"));
+  }
+  auto* entry = new Entry;
+  entry->key = record.key;
+  entry->kind = Entry::Kind::kStored;
+  entry->state = Entry::State::kSpilled;
+  entry->size = record.size;
+  entry->spill_path = record.path;
+  entry->spill_offset = record.payload_offset;
+  entry->durable_copy = true;
+  entry->checksum = record.checksum;
+  entry->listed = true;
+  entries_[record.key] = entry;
+  return absl::OkStatus();
 }
 
 absl::Status HostCache::Pin(const std::string& key) {

@@ -7,7 +7,10 @@
 //    handed out;
 //  - stored objects, written by clients (activation caches): reserved, filled, committed. Where
 //    the client allows it, a stored object is spilled to the spill directory when room is needed
-//    (checksummed as it is written) and read back, verified, on the next fetch.
+//    (checksummed as it is written) and read back, verified, on the next fetch. A durable stored
+//    object has a copy in the DurableStore (SetDurableCopy, or AdoptDurable after a restart): it
+//    is evicted like a spilled one and read back from that copy. The cache never removes a
+//    durable copy; the DurableStore does.
 //
 // Eviction is FIFO by default (LRU selectable) over objects that can be had again (weights, and
 // stored objects with a spilled copy). Objects that are referenced (a HostObject exists), pinned,
@@ -39,6 +42,7 @@
 #include "common/deferred_calls.h"
 #include "storage/catalog.h"
 #include "storage/disk_reader.h"
+#include "storage/durable_store.h"
 #include "storage/host_arena.h"
 #include "storage/spill_writer.h"
 
@@ -134,6 +138,13 @@ class HostCache {
   // until its references are gone). `reservation` stays a valid reference to the new object.
   // FAILED_PRECONDITION when it is not an uncommitted reservation.
   absl::Status CommitStore(HostObject& reservation) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Records that `object` (a committed stored object) has the durable copy `record`: from now on it
+  // can be evicted and read back from there.
+  void SetDurableCopy(const HostObject& object, const DurableRecord& record)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Lists a durable object recovered at start, on disk only. ALREADY_EXISTS when the key is known.
+  absl::Status AdoptDurable(const DurableRecord& record) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Keeps a resident object from being evicted until Unpin. Pins count. NOT_FOUND when it is not
   // resident; Unpin: NOT_FOUND when unknown, FAILED_PRECONDITION when not pinned.

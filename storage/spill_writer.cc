@@ -89,7 +89,8 @@ absl::Status WriteWithPwrite(int fd, const uint8_t* data, uint64_t bytes, const 
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SpillWriter>> SpillWriter::Create(const std::string& directory) {
+absl::StatusOr<std::unique_ptr<SpillWriter>> SpillWriter::Create(
+    const std::string& directory, const SpillWriterOptions& options) {
   std::error_code error;
   std::filesystem::create_directories(directory, error);
   if (error) return PosixError(absl::StrCat("creating spill directory ", directory), error.value());
@@ -103,12 +104,17 @@ absl::StatusOr<std::unique_ptr<SpillWriter>> SpillWriter::Create(const std::stri
   }
   if (removed > 0)
     TIERD_LOG(INFO) << "removed " << removed << " old spill files from " << directory;
-  std::unique_ptr<SpillWriter> writer(new SpillWriter(directory));
+  std::unique_ptr<SpillWriter> writer(new SpillWriter(directory, options));
   writer->thread_ = std::thread([self = writer.get()] { self->Run(); });
   return writer;
 }
 
-SpillWriter::SpillWriter(std::string directory) : directory_(std::move(directory)) {}
+SpillWriter::SpillWriter(std::string directory, const SpillWriterOptions& options)
+    : directory_(std::move(directory)), options_(options) {}
+
+int SpillWriter::OpenFile(const std::string& path, int flags) {
+  return options_.open_file ? options_.open_file(path, flags) : ::open(path.c_str(), flags, 0600);
+}
 
 SpillWriter::~SpillWriter() {
   {
@@ -143,11 +149,11 @@ void SpillWriter::Run() {
 
 absl::Status SpillWriter::WriteFile(const SpillJob& job) {
   const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
-  int fd = ::open(job.path.c_str(), flags | O_DIRECT, 0600);
+  int fd = OpenFile(job.path, flags | O_DIRECT);
   if (fd < 0 && errno == EINVAL) {
     TIERD_LOG_FIRST_N(WARNING, 1) << "O_DIRECT refused in " << directory_
                                   << ": spilling through the page cache";
-    fd = ::open(job.path.c_str(), flags, 0600);
+    fd = OpenFile(job.path, flags);
   }
   if (fd < 0) return PosixError(absl::StrCat("creating ", job.path), errno);
   struct io_uring ring;

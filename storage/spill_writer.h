@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -32,10 +33,17 @@ struct SpillJob {
   absl::AnyInvocable<void(absl::Status) &&> done;
 };
 
+struct SpillWriterOptions {
+  // Opens files like open(2) (a descriptor, or -1 with errno set); null means open(2). Tests
+  // inject a full disk here.
+  std::function<int(const std::string& path, int flags)> open_file;
+};
+
 class SpillWriter {
  public:
   // Creates `directory` if needed and empties it of earlier spill files.
-  static absl::StatusOr<std::unique_ptr<SpillWriter>> Create(const std::string& directory);
+  static absl::StatusOr<std::unique_ptr<SpillWriter>> Create(
+      const std::string& directory, const SpillWriterOptions& options = {});
   // Finishes queued jobs, then joins.
   ~SpillWriter();
   SpillWriter(const SpillWriter&) = delete;
@@ -46,11 +54,13 @@ class SpillWriter {
   void Write(SpillJob job) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  explicit SpillWriter(std::string directory);
+  SpillWriter(std::string directory, const SpillWriterOptions& options);
+  int OpenFile(const std::string& path, int flags);
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status WriteFile(const SpillJob& job);
 
   const std::string directory_;
+  const SpillWriterOptions options_;
   absl::Mutex mu_;
   std::deque<SpillJob> jobs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -240,7 +240,7 @@ class Session:
         request.prefetch.host_only = host_only
         return self._call(request).prefetched.started
 
-    def store_async(self, key, tensors, spillable=True, stream=None):
+    def store_async(self, key, tensors, spillable=True, durable=False, stream=None):
         """Stores `tensors` ({name: tensor}, or one tensor, named NAME) as object `key`
         ("NAMESPACE/NAME").
 
@@ -248,6 +248,8 @@ class Session:
         stream), records the written event there and sends the commit, without waiting for the
         copy or the commit: the sources must not change until the stream has run the copy. A later
         fetch of `key` through this session waits for the commit. flush() reports the outcome.
+        `durable`: the object survives a restart of the daemon (the commit succeeds once it is
+        written and fsynced there).
         """
         named = _named_tensors(tensors, default_name=key.rpartition("/")[2] or "tensor")
         infos, length = _layout(named)
@@ -257,6 +259,7 @@ class Session:
         request.reserve.key = key
         request.reserve.length = length
         request.reserve.spillable = spillable
+        request.reserve.durable = durable
         request.reserve.tensors.extend(infos)
         reservation = self._call(request).reservation
         commit = tierd_pb2.SessionRequest()
