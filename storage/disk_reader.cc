@@ -163,6 +163,7 @@ class DiskReader::Worker {
     for (;;) {
       Chunk chunk;
       if (!reader_->NextChunk(wait, &chunk)) return false;
+      if (reader_->options_.before_chunk) reader_->options_.before_chunk(chunk.target->path);
       absl::StatusOr<File*> file = reader_->OpenFile(chunk.target->path);
       if (!file.ok()) {
         reader_->FinishChunk(chunk, file.status());

@@ -49,6 +49,9 @@ struct DiskReaderOptions {
   // Opens files like open(2) (returns a descriptor, or -1 with errno set); null means open(2).
   // Tests inject failures here.
   std::function<int(const std::string& path, int flags)> open_file;
+  // Called on a reader thread before each chunk of `path` is read; null means nothing. Tests
+  // stall it to model a slow disk.
+  std::function<void(const std::string& path)> before_chunk;
 };
 
 // Bytes [offset, offset + length) of the file at `path` go to `destination`.

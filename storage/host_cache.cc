@@ -41,7 +41,8 @@ struct HostObject::Entry {
   // Stored objects.
   bool spillable = false;
   bool spilling = false;      // a spill write is in flight; the memory stays valid meanwhile
-  bool spill_failed = false;  // do not try again
+  // When its last spill failed (a full disk): it is not tried again before kSpillRetryDelay.
+  absl::Time spill_failed_at = absl::InfinitePast();
   std::string spill_path;     // set once a spilled (or durable) copy exists
   uint64_t spill_offset = 0;  // where the object's bytes start in spill_path
   bool durable_copy = false;  // spill_path belongs to the DurableStore: never removed here
@@ -66,6 +67,14 @@ namespace {
 using Entry = HostObject::Entry;
 
 uint64_t Checksum(const uint8_t* data, uint64_t size) { return XXH3_64bits(data, size); }
+
+// A failed spill (a full or failing disk) is not retried at once: room is then looked for
+// elsewhere, or the request is refused, instead of spinning on the same failure.
+constexpr absl::Duration kSpillRetryDelay = absl::Seconds(1);
+
+bool MaySpillAgain(const Entry& entry) {
+  return absl::Now() - entry.spill_failed_at >= kSpillRetryDelay;
+}
 
 bool LosesStoredObject(const absl::Status& status) {
   return status.code() == absl::StatusCode::kDataLoss ||
@@ -519,7 +528,7 @@ bool HostCache::SpillForLocked(uint64_t bytes) {
   if (spill_ == nullptr) return spilling_bytes_ > 0;
   for (Entry* entry : order_) {
     if (spilling_bytes_ >= bytes) break;
-    if (entry->kind == Entry::Kind::kStored && entry->spillable && !entry->spill_failed &&
+    if (entry->kind == Entry::Kind::kStored && entry->spillable && MaySpillAgain(*entry) &&
         entry->spill_path.empty() && entry->refs == 0 && entry->pins == 0 && !entry->busy() &&
         entry->state == Entry::State::kResident) {
       StartSpillLocked(entry);
@@ -557,9 +566,10 @@ void HostCache::FinishSpill(Entry* entry, const std::string& path, const absl::S
     entry->checksum = checksum;
   } else {
     ++stats_.spill_failures;
-    entry->spill_failed = true;
+    entry->spill_failed_at = absl::Now();
     TIERD_LOG(WARNING) << "spilling " << entry->key << " failed: " << status
-                       << "; it stays in memory";
+                       << "; it stays in memory (tried again in "
+                       << absl::FormatDuration(kSpillRetryDelay) << " at the earliest)";
   }
   if (!entry->listed) {
     // Deleted or replaced while it was being written.
@@ -687,7 +697,7 @@ absl::Status HostCache::Evict(const std::string& key) {
   if (IsEvictableLocked(entry)) {
     ++stats_.evictions;
     DropResidentLocked(entry);
-  } else if (entry->spillable && !entry->spill_failed) {
+  } else if (entry->spillable && MaySpillAgain(*entry)) {
     StartSpillLocked(entry);
   } else {
     return absl::FailedPreconditionError(absl::StrCat(

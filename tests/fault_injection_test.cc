@@ -1,16 +1,20 @@
-// Faults injected under a serving daemon: a model file whose reads fail, host <-> GPU copies and
-// event records the device refuses. Each gives the request it hits a clear error, frees what the
-// request held, and leaves the daemon serving: once the fault is gone the same request succeeds
-// with the right bytes. The daemon runs in this process on a device wrapper and a reader hook;
-// the client is the C++ client on the daemon's socket.
+// Faults injected under a serving daemon: a model file whose reads fail, a slow disk, a full disk
+// under spills and durable commits (writes go to /dev/full, which fails them with ENOSPC), host <->
+// GPU copies and event records the device refuses. Each gives the request it hits a clear error,
+// frees what the request held, and leaves the daemon serving: once the fault is gone the same
+// request succeeds with the right bytes. The daemon runs in this process on a device wrapper and
+// file hooks; the client is the C++ client on the daemon's socket.
 #include <fcntl.h>
 #include <sys/stat.h>
 
 #include <atomic>
 #include <cstring>
+#include <filesystem>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/health.h"
 #include "client/tierd_client.h"
 #include "common/status_macros.h"
 #include "device/device_wrapper.h"
@@ -26,6 +30,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::tierd::testing::IsOk;
+using ::tierd::testing::IsOkAndHolds;
 using ::tierd::testing::StatusIs;
 using ::tierd::testing::TempDir;
 
@@ -93,6 +98,23 @@ class FaultInjectionTest : public ::testing::Test {
       }
       return ::open(path.c_str(), flags);
     };
+    // A slow disk: every chunk read waits this long first, holding the one reader thread.
+    options.reader.before_chunk = [this](const std::string&) {
+      if (const int ms = slow_read_ms.load(); ms > 0) {
+        ++slowed_reads;
+        absl::SleepFor(absl::Milliseconds(ms));
+      }
+    };
+    // A full disk: spill files and durable objects are written to /dev/full (ENOSPC).
+    auto full_disk = [this](const std::string& path, int flags) {
+      if (disk_full) {
+        ++write_faults;
+        return ::open("/dev/full", O_WRONLY | O_CLOEXEC);
+      }
+      return ::open(path.c_str(), flags, 0600);
+    };
+    options.spill.open_file = full_disk;
+    options.durable.open_file = full_disk;
     options.create_device = [this]() -> absl::StatusOr<std::unique_ptr<Device>> {
       auto device = std::make_unique<FaultyDevice>(*host_);
       device_ = device.get();
@@ -130,6 +152,28 @@ class FaultInjectionTest : public ::testing::Test {
                   << (stats.ok() ? stats->DebugString() : stats.status().ToString());
   }
 
+  // Stores `bytes` as `key` through `session` and waits for the commit.
+  static absl::Status Store(Session& session, const std::string& key, const std::string& bytes,
+                            StorePolicy policy) {
+    StoreRequest store;
+    store.key = key;
+    store.data = bytes.data();
+    store.size = bytes.size();
+    store.spillable = policy.spillable;
+    store.durable = policy.durable;
+    RETURN_IF_ERROR(session.StoreAsync(store));
+    return session.Flush();
+  }
+
+  // The bytes of `key` as a fetch through `session` hands them out.
+  static absl::StatusOr<std::string> FetchBytes(Session& session, const std::string& key) {
+    ASSIGN_OR_RETURN(Lease lease, session.Fetch(key));
+    RETURN_IF_ERROR(session.device().SynchronizeStream(session.default_stream()));
+    std::string bytes(static_cast<const char*>(lease.data()), lease.size());
+    lease.Release();
+    return bytes;
+  }
+
   // Fetches block `block` through a new session and checks its bytes.
   absl::Status FetchAndCheck(int block) {
     absl::StatusOr<std::unique_ptr<Session>> session = client_->OpenSession();
@@ -151,6 +195,10 @@ class FaultInjectionTest : public ::testing::Test {
   FaultyDevice* device_ = nullptr;  // owned by the daemon
   std::atomic<bool> fail_reads{false};
   std::atomic<int> read_faults{0};
+  std::atomic<int> slow_read_ms{0};
+  std::atomic<int> slowed_reads{0};
+  std::atomic<bool> disk_full{false};
+  std::atomic<int> write_faults{0};
   std::string model_dir_;
   std::vector<testing::TensorSpec> tensors_;
   std::unique_ptr<Daemon> daemon_;
@@ -253,6 +301,123 @@ TEST_F(FaultInjectionTest, AStoreWhoseCopyIsRefusedFailsAndLeavesNoObject) {
   EXPECT_EQ(std::memcmp(lease->data(), bytes.data(), bytes.size()), 0);
   lease->Release();
   ASSERT_THAT((*session)->device().UnregisterHostMemory(bytes.data()), IsOk());
+}
+
+TEST_F(FaultInjectionTest, ASlowDiskDelaysOnlyTheReadsThatNeedItAndLosesNothing) {
+  // Resident before the disk slows down: a stored object and block 0.
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  const std::string stored(64 << 10, 's');
+  ASSERT_THAT(Store(**session, "kv/resident", stored, {}), IsOk());
+  ASSERT_THAT(FetchAndCheck(0), IsOk());
+
+  slow_read_ms = 1500;
+  absl::Status slow_fetch;
+  absl::Time slow_done;
+  const absl::Time start = absl::Now();
+  std::thread slow([&] {
+    slow_fetch = FetchAndCheck(1);
+    slow_done = absl::Now();
+  });
+  // A session whose read is stuck behind the slow disk goes away before it completes.
+  std::thread abandoned([&] {
+    auto doomed = client_->OpenSession();
+    ASSERT_THAT(doomed, IsOk());
+    std::thread fetch([&] { (void)(*doomed)->Fetch("m/blocks.2"); });
+    absl::SleepFor(absl::Milliseconds(200));
+    doomed->reset();  // closes the session with its fetch queued behind the slow read
+    fetch.join();
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  // What is resident is served while the disk crawls.
+  const absl::Time fast_start = absl::Now();
+  EXPECT_THAT(FetchBytes(**session, "kv/resident"), IsOkAndHolds(stored));
+  EXPECT_THAT(FetchAndCheck(0), IsOk());
+  EXPECT_LT(absl::Now() - fast_start, absl::Milliseconds(1000));
+  auto health = CheckHealth(absl::StrCat(dir_.path(), "/gpu0.sock"), absl::Seconds(5));
+  EXPECT_THAT(health, IsOkAndHolds("SERVING"));
+  slow.join();
+  abandoned.join();
+  EXPECT_THAT(slow_fetch, IsOk());  // late, with the right bytes
+  EXPECT_GE(slow_done - start, absl::Milliseconds(1500));
+  EXPECT_GE(slowed_reads, 1);
+  slow_read_ms = 0;
+  ExpectNothingHeld();
+  EXPECT_THAT(FetchAndCheck(2), IsOk());
+  EXPECT_THAT(FetchAndCheck(3), IsOk());
+  ExpectNothingHeld();
+}
+
+TEST_F(FaultInjectionTest, AFullDiskRefusesSpillsCleanlyAndTheyResumeWhenThereIsRoom) {
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  disk_full = true;
+  // 1 MiB objects into an 8 MiB host cache: the ninth needs a spill, which the disk refuses.
+  std::vector<std::string> stored;
+  absl::Status refused;
+  for (int i = 0; i < 16 && refused.ok(); ++i) {
+    std::string bytes(1 << 20, '\0');
+    testing::FillPattern(bytes.data(), bytes.size(), 300 + i);
+    refused = Store(**session, absl::StrCat("kv/", i), bytes, {/*spillable=*/true});
+    if (refused.ok()) stored.push_back(bytes);
+  }
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("host cache full")) << refused;
+  EXPECT_GE(write_faults, 1);
+  auto stats = client_->GetStats();
+  ASSERT_THAT(stats, IsOk());
+  EXPECT_GE(stats->spill_failures(), 1u);
+  EXPECT_EQ(stats->spills(), 0u);
+  ExpectNothingHeld();
+  // Everything committed is intact and served.
+  ASSERT_FALSE(stored.empty());
+  for (size_t i = 0; i < stored.size(); ++i) {
+    EXPECT_THAT(FetchBytes(**session, absl::StrCat("kv/", i)), IsOkAndHolds(stored[i])) << i;
+  }
+
+  // Room on the disk again: once the failed spills may be retried, stores spill and succeed.
+  disk_full = false;
+  absl::SleepFor(absl::Milliseconds(1100));
+  for (int i = 100; i < 104; ++i) {
+    std::string bytes(1 << 20, '\0');
+    testing::FillPattern(bytes.data(), bytes.size(), 300 + i);
+    ASSERT_THAT(Store(**session, absl::StrCat("kv/", i), bytes, {/*spillable=*/true}), IsOk()) << i;
+  }
+  stats = client_->GetStats();
+  ASSERT_THAT(stats, IsOk());
+  EXPECT_GE(stats->spills(), 1u);
+  // Spilled ones come back from disk with their bytes.
+  for (size_t i = 0; i < stored.size(); ++i) {
+    EXPECT_THAT(FetchBytes(**session, absl::StrCat("kv/", i)), IsOkAndHolds(stored[i])) << i;
+  }
+  ExpectNothingHeld();
+}
+
+TEST_F(FaultInjectionTest, AFullDiskRefusesADurableCommitAndKeepsThePreviousVersion) {
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  const std::string first(96 << 10, '1');
+  const std::string second(96 << 10, '2');
+  ASSERT_THAT(Store(**session, "kv/durable", first, {false, /*durable=*/true}), IsOk());
+  disk_full = true;
+  const absl::Status refused = Store(**session, "kv/durable", second, {false, /*durable=*/true});
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("durable")) << refused;
+  // The previous version stays, in memory and on disk; no unfinished file is left.
+  EXPECT_THAT(FetchBytes(**session, "kv/durable"), IsOkAndHolds(first));
+  auto stats = client_->GetStats();
+  ASSERT_THAT(stats, IsOk());
+  EXPECT_EQ(stats->durable_write_failures(), 1u);
+  EXPECT_EQ(stats->durable_objects(), 1u);
+  for (const auto& file :
+       std::filesystem::directory_iterator(absl::StrCat(dir_.path(), "/state/durable"))) {
+    EXPECT_TRUE(absl::EndsWith(file.path().string(), ".tdo")) << file.path();
+  }
+  ExpectNothingHeld();
+  disk_full = false;
+  ASSERT_THAT(Store(**session, "kv/durable", second, {false, /*durable=*/true}), IsOk());
+  EXPECT_THAT(FetchBytes(**session, "kv/durable"), IsOkAndHolds(second));
+  ExpectNothingHeld();
 }
 
 }  // namespace
