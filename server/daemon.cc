@@ -39,6 +39,12 @@ absl::Status ValidateOptions(const DaemonOptions& options) {
   if (options.session_limits.max_leases == 0) {
     return absl::InvalidArgumentError("--session-max-leases must be greater than 0");
   }
+  if (options.session_max_requests == 0) {
+    return absl::InvalidArgumentError("--session-max-requests must be greater than 0");
+  }
+  if (options.max_sessions == 0) {
+    return absl::InvalidArgumentError("--max-sessions must be greater than 0");
+  }
   if (options.session_limits.max_staging_bytes == 0) {
     return absl::InvalidArgumentError("--session-max-staging-bytes must be greater than 0");
   }
@@ -69,6 +75,7 @@ absl::StatusOr<int> LockStateDir(const std::string& dir) {
 SessionOptions SessionOptionsFor(const Device& device, const DaemonOptions& options) {
   SessionOptions session;
   session.limits = options.session_limits;
+  session.max_requests_in_flight = options.session_max_requests;
   session.device = device.Describe();
   session.backend = device.backend();
   session.device_ordinal = device.ordinal();
@@ -185,6 +192,7 @@ absl::Status Daemon::StartStorage() {
   gpu.pool_bytes = options_.gpu_pool_bytes;
   gpu.slab_bytes = options_.gpu_slab_bytes;
   gpu.durable_store = durable_.get();
+  gpu.max_clients = options_.max_sessions;
   ASSIGN_OR_RETURN(gpu_tier_, GpuTier::Create(*device_, *catalog_, *arena_, *host_cache_, gpu));
   // Durable objects come back on disk only; the first fetch reads and verifies them.
   uint64_t durable_bytes = 0;

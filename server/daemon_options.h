@@ -32,6 +32,8 @@ struct DaemonOptions {
   uint64_t gpu_pool_bytes = 0;    // --gpu-pool-bytes: budget of the GPU staging tier
   uint64_t gpu_slab_bytes = 2ull << 30;  // --gpu-slab-bytes: the pool is allocated in slabs this big
   ClientLimits session_limits;    // --session-max-leases, --session-max-staging-bytes
+  uint32_t session_max_requests = 1024;  // --session-max-requests: unanswered, per session
+  uint32_t max_sessions = 1024;          // --max-sessions: open at once
   std::string spill_dir;          // --spill-dir: where stored objects spill; empty: <state-dir>/spill
   EvictionPolicy host_cache_policy = EvictionPolicy::kFifo;  // --host-cache-policy
   uint64_t pin_piece_bytes = 1ull << 30;  // the host arena is pinned this much at a time

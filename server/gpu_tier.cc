@@ -107,8 +107,13 @@ GpuTier::~GpuTier() {
 // ---- Clients ------------------------------------------------------------------------------------
 
 absl::StatusOr<ClientId> GpuTier::OpenClient(const ClientLimits& limits) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (OpenClientsLocked() >= options_.max_clients) return TooManyClients();
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device_.CreateStream(StreamPriority::kNormal));
   absl::MutexLock lock(&mu_);
+  if (OpenClientsLocked() >= options_.max_clients) return TooManyClients();
   auto client = std::make_unique<Client>();
   client->id = next_client_++;
   client->limits = limits;
@@ -116,6 +121,18 @@ absl::StatusOr<ClientId> GpuTier::OpenClient(const ClientLimits& limits) {
   const ClientId id = client->id;
   clients_[id] = std::move(client);
   return id;
+}
+
+uint32_t GpuTier::OpenClientsLocked() const {
+  uint32_t open = 0;
+  for (const auto& [id, client] : clients_) open += client->closed ? 0 : 1;
+  return open;
+}
+
+absl::Status GpuTier::TooManyClients() const {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("the daemon already has ", options_.max_clients,
+                   " sessions open (--max-sessions); close one, or share a session"));
 }
 
 GpuTier::Client* GpuTier::FindClientLocked(ClientId id) {

@@ -56,6 +56,8 @@ struct GpuTierOptions {
   // stream is not stuck behind one huge copy.
   uint64_t copy_chunk_bytes = 64ull << 20;
   absl::Duration close_grace = absl::Seconds(1);
+  // Sessions open at once (each has a stream of its own); OpenClient refuses one more.
+  uint32_t max_clients = 1024;
   // Where durable stored objects go; null: durable reservations are refused (FAILED_PRECONDITION).
   // Must outlive the tier.
   DurableStore* durable_store = nullptr;
@@ -229,6 +231,8 @@ class GpuTier {
           std::unique_ptr<Stream> store_stream);
 
   Client* FindClientLocked(ClientId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t OpenClientsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status TooManyClients() const;
   // The listed object for `key`, unless it is a weight of an older registration (then it is
   // unlisted and nullptr returned).
   Object* FindListedLocked(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

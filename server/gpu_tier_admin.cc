@@ -227,8 +227,7 @@ GpuTierStats GpuTier::stats() const {
   stats.objects = objects_.size();
   stats.copies_in_flight = copies_in_flight_;
   stats.allocation_waiters = allocation_waiters_.size();
-  stats.clients = 0;
-  for (const auto& [id, client] : clients_) stats.clients += client->closed ? 0 : 1;
+  stats.clients = OpenClientsLocked();
   stats.slabs = pool_->slab_count();
   stats.events = events_.size();
   return stats;

@@ -100,21 +100,38 @@ void SessionProtocol::Reply(uint64_t request_id, const absl::Status& status) {
   CountAndSend(std::move(response));
 }
 
+void SessionProtocol::EndRequest(absl::StatusCode code) {
+  absl::MutexLock lock(&mu_);
+  EndRequestLocked(code);
+}
+
+void SessionProtocol::EndRequestLocked(absl::StatusCode code) {
+  if (options_.counters != nullptr) options_.counters->Count(code);
+  --requests_in_flight_;
+}
+
 void SessionProtocol::CountAndSend(v1::SessionResponse response) {
-  if (options_.counters != nullptr) {
-    options_.counters->Count(static_cast<absl::StatusCode>(response.code()));
-  }
+  EndRequest(static_cast<absl::StatusCode>(response.code()));
   send_(std::move(response));
 }
 
 void SessionProtocol::Handle(const v1::SessionRequest& request) {
   const uint64_t id = request.request_id();
   ClientId client;
+  absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
-    if (closed_) return Reply(id, absl::UnavailableError("the session has ended"));
+    ++requests_in_flight_;
+    if (closed_) {
+      refused = absl::UnavailableError("the session has ended");
+    } else if (requests_in_flight_ > options_.max_requests_in_flight) {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "this session already has ", options_.max_requests_in_flight,
+          " requests in flight (--session-max-requests); wait for answers before sending more"));
+    }
     client = client_;
   }
+  if (!refused.ok()) return Reply(id, refused);
   if (request.op_case() == v1::SessionRequest::kOpen) return Open(id, request.open());
   if (client == 0 && request.op_case() != v1::SessionRequest::OP_NOT_SET) {
     return Reply(id, absl::FailedPreconditionError("the first request of a session must be open"));
@@ -124,10 +141,7 @@ void SessionProtocol::Handle(const v1::SessionRequest& request) {
       return Fetch(id, client, request.fetch());
     case v1::SessionRequest::kRelease: {
       absl::Status released = tier_.Release(client, request.release().lease_id());
-      if (released.ok() && request.release().quiet()) {
-        if (options_.counters != nullptr) options_.counters->Count(absl::StatusCode::kOk);
-        return;
-      }
+      if (released.ok() && request.release().quiet()) return EndRequest(absl::StatusCode::kOk);
       return Reply(id, released);
     }
     case v1::SessionRequest::kPrefetch:
@@ -202,7 +216,8 @@ void SessionProtocol::SendWithHandles(v1::SessionResponse response, uint32_t sla
       ToProto(EventInfo{event, tier_.events().handle(event)}, response.add_new_handles());
     }
   }
-  CountAndSend(std::move(response));
+  EndRequestLocked(static_cast<absl::StatusCode>(response.code()));
+  send_(std::move(response));
 }
 
 void SessionProtocol::Fetch(uint64_t request_id, ClientId client, const v1::FetchRequest& fetch) {

@@ -34,6 +34,9 @@ struct SessionOptions {
   int device_ordinal = 0;
   uint32_t max_key_bytes = 1024;
   uint32_t max_tensors = 65536;  // per stored object
+  // Requests of one session received and not yet answered (fetches waiting for the disk or for
+  // room, commits waiting for their copy); one more is refused with RESOURCE_EXHAUSTED at once.
+  uint32_t max_requests_in_flight = 1024;
   // Where answers are counted by code; null: not counted. Must outlive the sessions.
   ResponseCounters* counters = nullptr;
 };
@@ -76,7 +79,11 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
   void Evict(uint64_t request_id, const v1::EvictRequest& evict);
 
   void Reply(uint64_t request_id, const absl::Status& status);
-  // Counts `response` by its code and sends it.
+  // The request in flight is done; `status` counted. Every request ends here exactly once: through
+  // CountAndSend, or directly when it is answered with nothing (a quiet release).
+  void EndRequest(absl::StatusCode code) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndRequestLocked(absl::StatusCode code) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts `response` by its code, ends its request and sends it.
   void CountAndSend(v1::SessionResponse response);
   // Adds the handles the session has not been sent yet to `response` and sends it.
   void SendWithHandles(v1::SessionResponse response, uint32_t slab,
@@ -93,6 +100,7 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
   ClientId client_ ABSL_GUARDED_BY(mu_) = 0;
   std::string client_name_ ABSL_GUARDED_BY(mu_);  // from open, for the logs
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  uint32_t requests_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<uint32_t> slabs_sent_ ABSL_GUARDED_BY(mu_);
   std::set<uint32_t> events_sent_ ABSL_GUARDED_BY(mu_);
 };

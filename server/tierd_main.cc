@@ -42,6 +42,9 @@ ABSL_FLAG(tierd::ByteSize, gpu_slab_bytes, tierd::ByteSize{2ull << 30},
           "The GPU pool is allocated in slabs of this size (one IPC handle each); the largest "
           "object that fits on the GPU");
 ABSL_FLAG(uint32_t, session_max_leases, 4096, "Leases one session may hold at once");
+ABSL_FLAG(uint32_t, session_max_requests, 1024,
+          "Requests one session may have sent and not had answered; one more is refused");
+ABSL_FLAG(uint32_t, max_sessions, 1024, "Sessions open at once; one more is refused");
 ABSL_FLAG(tierd::ByteSize, session_max_staging_bytes, tierd::ByteSize{0},
           "GPU staging bytes one session may hold leased, reserved or pinned (0: the whole pool)");
 ABSL_FLAG(std::string, spill_dir, "",
@@ -116,6 +119,8 @@ int Run() {
   options.gpu_pool_bytes = absl::GetFlag(FLAGS_gpu_pool_bytes).bytes;
   options.gpu_slab_bytes = absl::GetFlag(FLAGS_gpu_slab_bytes).bytes;
   options.session_limits.max_leases = absl::GetFlag(FLAGS_session_max_leases);
+  options.session_max_requests = absl::GetFlag(FLAGS_session_max_requests);
+  options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   const uint64_t session_staging = absl::GetFlag(FLAGS_session_max_staging_bytes).bytes;
   options.session_limits.max_staging_bytes =
       session_staging == 0 ? options.gpu_pool_bytes : session_staging;

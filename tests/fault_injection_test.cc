@@ -85,6 +85,8 @@ class FaultInjectionTest : public ::testing::Test {
     options.gpu_slab_bytes = 2 << 20;
     options.session_limits.max_leases = 16;
     options.session_limits.max_staging_bytes = 2 << 20;
+    options.session_max_requests = 4;
+    options.max_sessions = 6;
     options.reader.threads = 1;
     options.reader.queue_depth = 4;
     options.reader.chunk_bytes = 1 << 20;
@@ -417,6 +419,74 @@ TEST_F(FaultInjectionTest, AFullDiskRefusesADurableCommitAndKeepsThePreviousVers
   disk_full = false;
   ASSERT_THAT(Store(**session, "kv/durable", second, {false, /*durable=*/true}), IsOk());
   EXPECT_THAT(FetchBytes(**session, "kv/durable"), IsOkAndHolds(second));
+  ExpectNothingHeld();
+}
+
+TEST_F(FaultInjectionTest, SessionsAndRequestsInFlightAreBounded) {
+  // Six sessions may be open at once (the fixture's max_sessions); a seventh is refused.
+  std::vector<std::unique_ptr<Session>> open;
+  for (int i = 0; i < 6; ++i) {
+    auto session = client_->OpenSession();
+    ASSERT_THAT(session, IsOk()) << i;
+    open.push_back(*std::move(session));
+  }
+  auto refused = client_->OpenSession();
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--max-sessions"));
+  // A session that ends makes room for another.
+  open.pop_back();
+  absl::StatusOr<std::unique_ptr<Session>> another;
+  const absl::Time deadline = absl::Now() + kTimeout;
+  do {
+    another = client_->OpenSession();
+  } while (!another.ok() && absl::Now() < deadline);
+  ASSERT_THAT(another, IsOk());
+  another->reset();
+  open.clear();
+
+  // With the disk slowed down, fetches wait in flight: four may, in one session; the fifth and
+  // sixth are refused at once, and the four are answered with leases once read.
+  slow_read_ms = 300;
+  grpc::ClientContext context;
+  auto stream = client_->stub().Session(&context);
+  v1::SessionRequest request;
+  request.set_request_id(1);
+  request.mutable_open()->set_client_name("pipelining");
+  ASSERT_TRUE(stream->Write(request));
+  v1::SessionResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  ASSERT_EQ(response.code(), 0) << response.message();
+  for (int i = 0; i < 6; ++i) {
+    request.Clear();
+    request.set_request_id(10 + i);
+    request.mutable_fetch()->set_key(absl::StrCat("m/blocks.", i % 4));
+    ASSERT_TRUE(stream->Write(request));
+  }
+  std::vector<uint64_t> leases;
+  int too_many = 0;
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(stream->Read(&response));
+    if (response.code() == 0) {
+      leases.push_back(response.lease().lease_id());
+    } else {
+      EXPECT_EQ(response.code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+      EXPECT_THAT(response.message(), HasSubstr("requests in flight"));
+      ++too_many;
+    }
+  }
+  EXPECT_EQ(leases.size(), 4u);
+  EXPECT_EQ(too_many, 2);
+  slow_read_ms = 0;
+  for (uint64_t lease : leases) {
+    request.Clear();
+    request.set_request_id(100 + lease);
+    request.mutable_release()->set_lease_id(lease);
+    ASSERT_TRUE(stream->Write(request));
+    ASSERT_TRUE(stream->Read(&response));
+    EXPECT_EQ(response.code(), 0) << response.message();
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
   ExpectNothingHeld();
 }
 
