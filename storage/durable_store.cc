@@ -308,7 +308,9 @@ void DurableStore::RunPersist(Job& job) {
   const std::string base = absl::StrCat(directory_, "/", BaseName(job.key, record.generation));
   record.path = absl::StrCat(base, kSuffix);
   const std::string temporary = absl::StrCat(base, kTemporarySuffix);
-  absl::Status status = WriteVersion(job, record, temporary);
+  const std::string metadata = Metadata(record).dump();
+  record.payload_offset = RoundUpToPage(kFixedHeaderBytes + metadata.size());
+  absl::Status status = WriteVersion(job, record, metadata, temporary);
   if (status.ok() && !previous.empty() && ::unlink(previous.c_str()) != 0 && errno != ENOENT) {
     // The new version is durable and newer: a restart keeps it and removes this one.
     TIERD_LOG(WARNING) << "removing the previous version " << previous << " of " << job.key
@@ -342,9 +344,9 @@ void DurableStore::RunPersist(Job& job) {
 }
 
 absl::Status DurableStore::WriteVersion(const Job& job, const DurableRecord& record,
+                                        const std::string& metadata,
                                         const std::string& temporary) {
-  const std::string metadata = Metadata(record).dump();
-  std::string header(RoundUpToPage(kFixedHeaderBytes + metadata.size()), '\0');
+  std::string header(record.payload_offset, '\0');
   auto* bytes = reinterpret_cast<uint8_t*>(header.data());
   std::memcpy(bytes, kMagic, sizeof(kMagic));
   PutLittleEndian(bytes + 8, metadata.size(), 4);

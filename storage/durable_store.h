@@ -119,9 +119,10 @@ class DurableStore {
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
   void RunPersist(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
   void RunRemove(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
-  // Writes `job`'s version to `temporary` and makes it durable as `path`.
+  // Writes `job`'s version (the header with `metadata`, then the bytes from
+  // record.payload_offset) to `temporary` and makes it durable as record.path.
   absl::Status WriteVersion(const Job& job, const DurableRecord& record,
-                            const std::string& temporary);
+                            const std::string& metadata, const std::string& temporary);
   absl::Status SyncDirectory();
 
   const std::string directory_;
