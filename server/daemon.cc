@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/byte_size.h"
+#include "common/leak_on_purpose.h"
 #include "common/log.h"
 #include "common/posix_error.h"
 #include "common/status_macros.h"
@@ -263,9 +264,9 @@ Daemon::~Daemon() {
     // Unregistering pinned memory and destroying the device wait for the device to go idle, which
     // a dead client's queued work may keep it from ever doing; the process's exit frees both.
     TIERD_LOG(WARNING) << "teardown: the host arena and the device are left to the process's exit";
-    (void)arena_.release();
+    LeakOnPurpose(arena_);
     catalog_.reset();
-    (void)device_.release();
+    LeakOnPurpose(device_);
   } else {
     step("host arena");
     arena_.reset();

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
 #include "common/deferred_calls.h"
+#include "common/leak_on_purpose.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 
@@ -100,7 +101,7 @@ GpuTier::~GpuTier() {
     TIERD_LOG(WARNING) << abandoned_waits_
                        << " wait(s) on events of clients that died with work queued may never "
                           "complete; the staging pool is left to the process's exit";
-    (void)pool_.release();
+    LeakOnPurpose(pool_);
   }
 }
 

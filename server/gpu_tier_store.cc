@@ -228,19 +228,24 @@ void GpuTier::FinishCopyOut(uint64_t commit_id, Object* object) {
     const uint8_t* data = host->data();
     const uint64_t size = host->size();
     durable->Persist(std::move(key), data, size, std::move(tensors),
-                     [this, commit_id, object, host](absl::StatusOr<DurableRecord> record) {
+                     [this, commit_id, object,
+                      host = std::move(host)](absl::StatusOr<DurableRecord> record) mutable {
                        absl::Status status = record.status();
                        if (status.ok()) status = host_cache_.CommitStore(*host);
                        if (status.ok()) host_cache_.SetDurableCopy(*host, *record);
+                       // Let go before the answer: the store may destroy this closure later.
+                       host.reset();
                        FinishCommit(commit_id, object, status);
                      });
   } else if (durable != nullptr) {
     // An older durable version goes first, after the durable store's earlier jobs for the key, so
     // that commits of a key land in order and a restart never brings back the older one.
-    durable->Remove(std::move(key), [this, commit_id, object, host](absl::Status status) {
-      if (status.ok()) status = host_cache_.CommitStore(*host);
-      FinishCommit(commit_id, object, status);
-    });
+    durable->Remove(std::move(key),
+                    [this, commit_id, object, host = std::move(host)](absl::Status status) mutable {
+                      if (status.ok()) status = host_cache_.CommitStore(*host);
+                      host.reset();  // as above
+                      FinishCommit(commit_id, object, status);
+                    });
   } else {
     FinishCommit(commit_id, object, host_cache_.CommitStore(*host));
   }

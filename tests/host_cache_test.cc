@@ -98,6 +98,14 @@ class HostCacheTest : public ::testing::Test {
 
   void TearDown() override {
     if (slow_device_ != nullptr) slow_device_->Open();
+    // A callback's closure, which shares its Answer, may be destroyed on the cache's thread after
+    // the test has read the answer: drop the references answers hold before the cache goes.
+    for (const std::weak_ptr<Answer>& weak : answers_) {
+      std::shared_ptr<Answer> answer = weak.lock();
+      if (answer != nullptr && answer->ready.HasBeenNotified()) {
+        answer->object = absl::CancelledError("test over");
+      }
+    }
     cache_.reset();
     spill_.reset();
     catalog_.reset();
@@ -122,9 +130,15 @@ class HostCacheTest : public ::testing::Test {
         IsOk());
   }
 
+  std::shared_ptr<Answer> NewAnswer() {
+    auto answer = std::make_shared<Answer>();
+    answers_.push_back(answer);
+    return answer;
+  }
+
   std::shared_ptr<Answer> Fetch(const std::string& key,
                                 ReadPriority priority = ReadPriority::kDemand) {
-    auto answer = std::make_shared<Answer>();
+    auto answer = NewAnswer();
     cache_->Fetch(key, priority, absl::InfiniteFuture(), [answer](absl::StatusOr<HostObject> o) {
       answer->object = std::move(o);
       answer->ready.Notify();
@@ -141,7 +155,7 @@ class HostCacheTest : public ::testing::Test {
   }
 
   std::shared_ptr<Answer> Reserve(const std::string& key, uint64_t bytes, bool spillable) {
-    auto answer = std::make_shared<Answer>();
+    auto answer = NewAnswer();
     cache_->ReserveStore(key, bytes, spillable, [answer](absl::StatusOr<HostObject> o) {
       answer->object = std::move(o);
       answer->ready.Notify();
@@ -175,6 +189,7 @@ class HostCacheTest : public ::testing::Test {
   std::unique_ptr<Catalog> catalog_;
   std::unique_ptr<SpillWriter> spill_;
   std::unique_ptr<HostCache> cache_;
+  std::vector<std::weak_ptr<Answer>> answers_;  // every answer given out, for TearDown
 };
 
 TEST_F(HostCacheTest, FetchReadsTheObjectAndRecordsItsChecksum) {
@@ -479,7 +494,7 @@ TEST_F(HostCacheTest, LoadsOfOneStoredObjectStartedFromFailureCallbacksDoNotColl
     while (cache_->IsResident(key) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
     // The first read fails with PERMISSION_DENIED (the object stays) and its callback starts a
     // second load at once, racing the first one's submission; the second loses the object.
-    auto final_answer = std::make_shared<Answer>();
+    auto final_answer = NewAnswer();
     cache_->Fetch(key, ReadPriority::kDemand, absl::InfiniteFuture(),
                   [this, key, final_answer](absl::StatusOr<HostObject> first) {
                     EXPECT_THAT(first, StatusIs(absl::StatusCode::kPermissionDenied));
