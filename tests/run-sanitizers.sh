@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# tests/run-sanitizers.sh [address|thread]... (default: both)
+#
+# Builds tierd with sanitizers (host backend only: no GPU on a CI machine) and runs its tests:
+#   address  ASan + UBSan, in build-asan/: the whole suite but the deployment test (which checks
+#            packaging, not memory) and the GPU tests.
+#   thread   TSan, in build-tsan/: the tests of the concurrent parts — the host arena, cache and
+#            disk reader, the daemon in process (health, faults, metrics) and the API against real
+#            daemon processes. Debian's Abseil is not built with TSan, so every test preloads
+#            tests/tsan/absl_sync_annotations.cc's library, which tells TSan what absl::Mutex does.
+# Any finding fails the test that provoked it. Extra ctest arguments come from $CTEST_ARGS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+modes=("$@")
+((${#modes[@]} > 0)) || modes=(address thread)
+tsan_tests=(host_arena_test host_cache_test disk_reader_test daemon_health_test
+            fault_injection_test metrics_test api_test_host)
+
+status=0
+for mode in "${modes[@]}"; do
+  case $mode in
+    address) build=build-asan; sanitize=address,undefined; targets=(all)
+             select=(-LE gpu -E '^deploy_test$') ;;
+    thread)  build=build-tsan; sanitize=thread
+             targets=("${tsan_tests[@]}" tierd tierctl api_peer tierd_tsan_absl)
+             select=(-R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$") ;;
+    *) echo "usage: tests/run-sanitizers.sh [address|thread]..." >&2; exit 2 ;;
+  esac
+  if [[ ! -f $build/CMakeCache.txt ]]; then
+    # -O1 with debug info: readable reports, and a build a small CI machine finishes.
+    cmake -S . -B "$build" -G Ninja -DTIERD_SANITIZE="$sanitize" -DTIERD_WITH_CUDA=OFF \
+      -DTIERD_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" >/dev/null
+  fi
+  echo "run-sanitizers: building ($sanitize) in $build"
+  cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}"
+  echo "run-sanitizers: testing ($sanitize)"
+  # Reports go to the test's output; the first one ends the process with a failure.
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=1
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:exitcode=66"
+  # shellcheck disable=SC2086
+  if ! (cd "$build" && ctest --output-on-failure --parallel "$(nproc)" "${select[@]}" \
+          ${CTEST_ARGS:-}); then
+    echo "run-sanitizers: $sanitize FAILED"
+    status=1
+  fi
+done
+exit "$status"
