@@ -247,7 +247,9 @@ void GpuTier::FinishCopyOut(uint64_t commit_id, Object* object) {
                       FinishCommit(commit_id, object, status);
                     });
   } else {
-    FinishCommit(commit_id, object, host_cache_.CommitStore(*host));
+    const absl::Status status = host_cache_.CommitStore(*host);
+    host.reset();  // as above
+    FinishCommit(commit_id, object, status);
   }
 }
 
