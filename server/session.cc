@@ -170,11 +170,14 @@ void SessionProtocol::Open(uint64_t request_id, const v1::OpenSession& open) {
     return Reply(request_id,
                  absl::InvalidArgumentError("open.client_name is longer than 256 bytes"));
   }
+  bool already_open;
   {
     absl::MutexLock lock(&mu_);
-    if (client_ != 0) {
-      return Reply(request_id, absl::FailedPreconditionError("the session is already open"));
-    }
+    already_open = client_ != 0;
+  }
+  if (already_open) {
+    // Answered without the lock: answering ends the request, which takes it.
+    return Reply(request_id, absl::FailedPreconditionError("the session is already open"));
   }
   absl::StatusOr<ClientId> client = tier_.OpenClient(options_.limits);
   if (!client.ok()) return Reply(request_id, client.status());
