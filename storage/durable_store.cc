@@ -262,11 +262,6 @@ absl::Status DurableStore::RemoveAndWait(std::string key) {
   return status;
 }
 
-bool DurableStore::Holds(const std::string& key) const {
-  absl::MutexLock lock(&mu_);
-  return on_disk_.count(key) > 0 || persists_queued_.count(key) > 0;
-}
-
 DurableStoreStats DurableStore::stats() const {
   absl::MutexLock lock(&mu_);
   return stats_;
@@ -321,7 +316,6 @@ void DurableStore::RunPersist(Job& job) {
     absl::MutexLock lock(&mu_);
     if (--persists_queued_[job.key] == 0) persists_queued_.erase(job.key);
     if (status.ok()) {
-      ++stats_.persisted;
       auto [it, inserted] = on_disk_.try_emplace(job.key);
       if (inserted) {
         ++stats_.objects;
@@ -383,7 +377,6 @@ void DurableStore::RunRemove(Job& job) {
       auto it = on_disk_.find(job.key);
       --stats_.objects;
       stats_.bytes -= it->second.size;
-      ++stats_.removed;
       on_disk_.erase(it);
     }
   }

@@ -59,9 +59,7 @@ struct DurableStoreOptions {
 struct DurableStoreStats {
   uint64_t objects = 0;  // keys with a version on disk
   uint64_t bytes = 0;    // their sizes
-  uint64_t persisted = 0;
   uint64_t persist_failures = 0;
-  uint64_t removed = 0;
 };
 
 class DurableStore {
@@ -95,8 +93,6 @@ class DurableStore {
   // Remove, waiting for it.
   absl::Status RemoveAndWait(std::string key) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Whether `key` has a version on disk or a Persist queued.
-  bool Holds(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
   DurableStoreStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

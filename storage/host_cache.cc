@@ -630,11 +630,6 @@ void HostCache::SetDurableCopy(const HostObject& object, const DurableRecord& re
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   Entry* entry = object.entry_;
-  if (!entry->spill_path.empty() && !entry->durable_copy) {
-    // Spilled before it was persisted: the durable copy serves from now on.
-    reader_.ForgetFile(entry->spill_path);
-    ::unlink(entry->spill_path.c_str());
-  }
   entry->spill_path = record.path;
   entry->spill_offset = record.payload_offset;
   entry->durable_copy = true;

@@ -140,7 +140,8 @@ class HostCache {
   absl::Status CommitStore(HostObject& reservation) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Records that `object` (a committed stored object) has the durable copy `record`: from now on it
-  // can be evicted and read back from there.
+  // can be evicted and read back from there. REQUIRES: it was reserved not spillable (a durable
+  // object's copy on disk serves instead of a spill file).
   void SetDurableCopy(const HostObject& object, const DurableRecord& record)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Lists a durable object recovered at start, on disk only. ALREADY_EXISTS when the key is known.

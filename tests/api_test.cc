@@ -16,13 +16,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/health.h"
 #include "client/tierd_client.h"
 #include "common/session_socket.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/daemon_test_support.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 
@@ -110,17 +110,9 @@ class ApiTest : public ::testing::Test {
   }
 
   std::unique_ptr<Subprocess> StartDaemon() {
-    auto daemon = Subprocess::Start(TierdArgs());
+    auto daemon = testing::StartServingDaemon(TierdArgs(), socket_path(), kTimeout);
     EXPECT_THAT(daemon, IsOk());
-    if (!daemon.ok()) return nullptr;
-    const absl::Time deadline = absl::Now() + kTimeout;
-    while (absl::Now() < deadline) {
-      auto health = CheckHealth(socket_path(), absl::Seconds(1));
-      if (health.ok() && *health == "SERVING") return *std::move(daemon);
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    ADD_FAILURE() << "tierd did not become healthy";
-    return nullptr;
+    return daemon.ok() ? *std::move(daemon) : nullptr;
   }
 
   std::unique_ptr<Subprocess> StartPeer(const std::vector<std::string>& args) {

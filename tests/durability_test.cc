@@ -13,11 +13,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "client/health.h"
 #include "client/tierd_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/status_macros.h"
+#include "tests/daemon_test_support.h"
 #include "tests/test_support.h"
 
 namespace tierd {
@@ -54,19 +54,13 @@ class DurabilityTest : public ::testing::Test {
 
   // Starts tierd and connects a client and a session once it is SERVING.
   void StartDaemon() {
-    auto daemon = Subprocess::Start({SiblingBinary("tierd"), "--device=host",
-                                     absl::StrCat("--socket=", socket_path()),
-                                     absl::StrCat("--state-dir=", dir_.path(), "/state"),
-                                     "--gpu-pool-bytes=16MiB", "--host-cache-bytes=64MiB"});
+    auto daemon = testing::StartServingDaemon(
+        {SiblingBinary("tierd"), "--device=host", absl::StrCat("--socket=", socket_path()),
+         absl::StrCat("--state-dir=", dir_.path(), "/state"), "--gpu-pool-bytes=16MiB",
+         "--host-cache-bytes=64MiB"},
+        socket_path(), kTimeout);
     ASSERT_THAT(daemon, IsOk());
     daemon_ = *std::move(daemon);
-    const absl::Time deadline = absl::Now() + kTimeout;
-    absl::StatusOr<std::string> health;
-    do {
-      absl::SleepFor(absl::Milliseconds(20));
-      health = CheckHealth(socket_path(), absl::Seconds(1));
-    } while (!(health.ok() && *health == "SERVING") && absl::Now() < deadline);
-    ASSERT_THAT(health, IsOkAndHolds("SERVING"));
     ClientOptions options;
     options.socket_path = socket_path();
     auto client = Client::Connect(options);
@@ -87,21 +81,17 @@ class DurabilityTest : public ::testing::Test {
     StartDaemon();
   }
 
-  // Stores `bytes` as `key` (one U8 tensor named after `seed`) and waits for the commit.
+  // Stores `bytes` as `key` (one U8 tensor, so that the index is kept too) and waits for the commit.
   absl::Status Store(const std::string& key, const std::string& bytes, bool durable) {
     StoreRequest store;
-    store.key = key;
-    store.data = bytes.data();
-    store.size = bytes.size();
     store.durable = durable;
     v1::TensorInfo tensor;
-    tensor.set_name(absl::StrCat("t_", key.size()));
+    tensor.set_name("all");
     tensor.set_dtype("U8");
     tensor.add_shape(bytes.size());
     tensor.set_size(bytes.size());
     store.tensors.push_back(tensor);
-    RETURN_IF_ERROR(session_->StoreAsync(store));
-    return session_->Flush();
+    return testing::StoreBytes(*session_, key, bytes, store);
   }
 
   // The bytes of `key` as a fetch hands them out.

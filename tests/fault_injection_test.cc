@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/daemon.h"
+#include "tests/daemon_test_support.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 
@@ -29,9 +30,11 @@ namespace tierd {
 namespace {
 
 using ::testing::HasSubstr;
+using ::tierd::testing::FetchBytes;
 using ::tierd::testing::IsOk;
 using ::tierd::testing::IsOkAndHolds;
 using ::tierd::testing::StatusIs;
+using ::tierd::testing::StoreBytes;
 using ::tierd::testing::TempDir;
 
 constexpr absl::Duration kTimeout = absl::Seconds(30);
@@ -154,26 +157,12 @@ class FaultInjectionTest : public ::testing::Test {
                   << (stats.ok() ? stats->DebugString() : stats.status().ToString());
   }
 
-  // Stores `bytes` as `key` through `session` and waits for the commit.
-  static absl::Status Store(Session& session, const std::string& key, const std::string& bytes,
-                            StorePolicy policy) {
-    StoreRequest store;
-    store.key = key;
-    store.data = bytes.data();
-    store.size = bytes.size();
-    store.spillable = policy.spillable;
-    store.durable = policy.durable;
-    RETURN_IF_ERROR(session.StoreAsync(store));
-    return session.Flush();
-  }
-
-  // The bytes of `key` as a fetch through `session` hands them out.
-  static absl::StatusOr<std::string> FetchBytes(Session& session, const std::string& key) {
-    ASSIGN_OR_RETURN(Lease lease, session.Fetch(key));
-    RETURN_IF_ERROR(session.device().SynchronizeStream(session.default_stream()));
-    std::string bytes(static_cast<const char*>(lease.data()), lease.size());
-    lease.Release();
-    return bytes;
+  // A store that must survive a restart, and so never spills.
+  static StoreRequest Durable() {
+    StoreRequest request;
+    request.spillable = false;
+    request.durable = true;
+    return request;
   }
 
   // Fetches block `block` through a new session and checks its bytes.
@@ -310,7 +299,7 @@ TEST_F(FaultInjectionTest, ASlowDiskDelaysOnlyTheReadsThatNeedItAndLosesNothing)
   auto session = client_->OpenSession();
   ASSERT_THAT(session, IsOk());
   const std::string stored(64 << 10, 's');
-  ASSERT_THAT(Store(**session, "kv/resident", stored, {}), IsOk());
+  ASSERT_THAT(StoreBytes(**session, "kv/resident", stored), IsOk());
   ASSERT_THAT(FetchAndCheck(0), IsOk());
 
   slow_read_ms = 1500;
@@ -360,7 +349,7 @@ TEST_F(FaultInjectionTest, AFullDiskRefusesSpillsCleanlyAndTheyResumeWhenThereIs
   for (int i = 0; i < 16 && refused.ok(); ++i) {
     std::string bytes(1 << 20, '\0');
     testing::FillPattern(bytes.data(), bytes.size(), 300 + i);
-    refused = Store(**session, absl::StrCat("kv/", i), bytes, {/*spillable=*/true});
+    refused = StoreBytes(**session, absl::StrCat("kv/", i), bytes);
     if (refused.ok()) stored.push_back(bytes);
   }
   EXPECT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted));
@@ -383,7 +372,7 @@ TEST_F(FaultInjectionTest, AFullDiskRefusesSpillsCleanlyAndTheyResumeWhenThereIs
   for (int i = 100; i < 104; ++i) {
     std::string bytes(1 << 20, '\0');
     testing::FillPattern(bytes.data(), bytes.size(), 300 + i);
-    ASSERT_THAT(Store(**session, absl::StrCat("kv/", i), bytes, {/*spillable=*/true}), IsOk()) << i;
+    ASSERT_THAT(StoreBytes(**session, absl::StrCat("kv/", i), bytes), IsOk()) << i;
   }
   stats = client_->GetStats();
   ASSERT_THAT(stats, IsOk());
@@ -400,9 +389,9 @@ TEST_F(FaultInjectionTest, AFullDiskRefusesADurableCommitAndKeepsThePreviousVers
   ASSERT_THAT(session, IsOk());
   const std::string first(96 << 10, '1');
   const std::string second(96 << 10, '2');
-  ASSERT_THAT(Store(**session, "kv/durable", first, {false, /*durable=*/true}), IsOk());
+  ASSERT_THAT(StoreBytes(**session, "kv/durable", first, Durable()), IsOk());
   disk_full = true;
-  const absl::Status refused = Store(**session, "kv/durable", second, {false, /*durable=*/true});
+  const absl::Status refused = StoreBytes(**session, "kv/durable", second, Durable());
   EXPECT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_THAT(std::string(refused.message()), HasSubstr("durable")) << refused;
   // The previous version stays, in memory and on disk; no unfinished file is left.
@@ -417,7 +406,7 @@ TEST_F(FaultInjectionTest, AFullDiskRefusesADurableCommitAndKeepsThePreviousVers
   }
   ExpectNothingHeld();
   disk_full = false;
-  ASSERT_THAT(Store(**session, "kv/durable", second, {false, /*durable=*/true}), IsOk());
+  ASSERT_THAT(StoreBytes(**session, "kv/durable", second, Durable()), IsOk());
   EXPECT_THAT(FetchBytes(**session, "kv/durable"), IsOkAndHolds(second));
   ExpectNothingHeld();
 }

@@ -26,6 +26,7 @@
 #include "client/tierd_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/daemon_test_support.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 
@@ -125,17 +126,9 @@ class OperationsTest : public ::testing::Test {
 
   // Starts tierd with `args` and waits until its health check says SERVING.
   std::unique_ptr<Subprocess> StartDaemon(const std::vector<std::string>& args) {
-    auto daemon = Subprocess::Start(args);
+    auto daemon = testing::StartServingDaemon(args, socket_path(), kTimeout);
     EXPECT_THAT(daemon, IsOk());
-    if (!daemon.ok()) return nullptr;
-    const absl::Time deadline = absl::Now() + kTimeout;
-    while (absl::Now() < deadline) {
-      auto health = CheckHealth(socket_path(), absl::Seconds(1));
-      if (health.ok() && *health == "SERVING") return *std::move(daemon);
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    ADD_FAILURE() << "tierd did not become healthy";
-    return nullptr;
+    return daemon.ok() ? *std::move(daemon) : nullptr;
   }
 
   // `tierctl stats --json`'s field at `path`, e.g. {"gpu", "budget_bytes"}.

@@ -20,11 +20,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "client/health.h"
 #include "client/tierd_client.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/daemon_test_support.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 
@@ -114,20 +114,13 @@ class SoakTest : public ::testing::Test {
                 IsOk());
     socket_path_ = absl::StrCat(dir_.path(), "/gpu0.sock");
     // Budgets small enough that the load fills them: evictions, spills, refusals.
-    auto daemon = Subprocess::Start({SiblingBinary("tierd"), "--device=host",
-                                     absl::StrCat("--socket=", socket_path_),
-                                     absl::StrCat("--state-dir=", dir_.path(), "/state"),
-                                     "--host-cache-bytes=24MiB", "--gpu-pool-bytes=4MiB",
-                                     "--gpu-slab-bytes=2MiB", "--session-max-leases=6"});
+    auto daemon = testing::StartServingDaemon(
+        {SiblingBinary("tierd"), "--device=host", absl::StrCat("--socket=", socket_path_),
+         absl::StrCat("--state-dir=", dir_.path(), "/state"), "--host-cache-bytes=24MiB",
+         "--gpu-pool-bytes=4MiB", "--gpu-slab-bytes=2MiB", "--session-max-leases=6"},
+        socket_path_, kTimeout);
     ASSERT_THAT(daemon, IsOk());
     daemon_ = *std::move(daemon);
-    const absl::Time deadline = absl::Now() + kTimeout;
-    absl::StatusOr<std::string> health;
-    do {
-      absl::SleepFor(absl::Milliseconds(20));
-      health = CheckHealth(socket_path_, absl::Seconds(1));
-    } while (!(health.ok() && *health == "SERVING") && absl::Now() < deadline);
-    ASSERT_THAT(health, IsOkAndHolds("SERVING"));
     auto client = Connect(/*grpc_only=*/false);
     ASSERT_THAT(client, IsOk());
     client_ = *std::move(client);
@@ -209,14 +202,10 @@ class SoakTest : public ::testing::Test {
         testing::FillPattern(bytes.data() + 8, bytes.size() - 8, seed);
         std::memcpy(bytes.data(), &seed, sizeof(seed));
         StoreRequest store;
-        store.key = stored_key;
-        store.data = bytes.data();
-        store.size = bytes.size();
         store.durable = random() % 4 == 0;
         store.spillable = !store.durable;
         tally_.Operation(store.durable ? "store durable" : "store");
-        absl::Status status = session.StoreAsync(store);
-        if (status.ok()) status = session.Flush();
+        absl::Status status = testing::StoreBytes(session, stored_key, bytes, store);
         if (!status.ok()) tally_.Error("store", status);
         return;
       }

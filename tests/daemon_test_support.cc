@@ -1,0 +1,42 @@
+#include "tests/daemon_test_support.h"
+
+#include "absl/strings/str_cat.h"
+#include "client/health.h"
+#include "common/status_macros.h"
+
+namespace tierd::testing {
+
+absl::StatusOr<std::unique_ptr<Subprocess>> StartServingDaemon(const std::vector<std::string>& argv,
+                                                               const std::string& socket_path,
+                                                               absl::Duration timeout) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> daemon, Subprocess::Start(argv));
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::StatusOr<std::string> health;
+  while (absl::Now() < deadline) {
+    health = CheckHealth(socket_path, absl::Seconds(1));
+    if (health.ok() && *health == "SERVING") return daemon;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "tierd did not become SERVING on ", socket_path, " within ", absl::FormatDuration(timeout),
+      "; last health: ", health.ok() ? *health : health.status().ToString()));
+}
+
+absl::Status StoreBytes(Session& session, const std::string& key, const std::string& bytes,
+                        StoreRequest request) {
+  request.key = key;
+  request.data = bytes.data();
+  request.size = bytes.size();
+  RETURN_IF_ERROR(session.StoreAsync(request));
+  return session.Flush();
+}
+
+absl::StatusOr<std::string> FetchBytes(Session& session, const std::string& key) {
+  ASSIGN_OR_RETURN(Lease lease, session.Fetch(key));
+  RETURN_IF_ERROR(session.device().SynchronizeStream(session.default_stream()));
+  std::string bytes(static_cast<const char*>(lease.data()), lease.size());
+  lease.Release();
+  return bytes;
+}
+
+}  // namespace tierd::testing

@@ -1,0 +1,32 @@
+// Helpers for tests that run tierd as a separate process and talk to it through the C++ client.
+#ifndef TIERD_TESTS_DAEMON_TEST_SUPPORT_H_
+#define TIERD_TESTS_DAEMON_TEST_SUPPORT_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/tierd_client.h"
+#include "tests/test_support.h"
+
+namespace tierd::testing {
+
+// Starts tierd with `argv` and waits until the health check on `socket_path` says SERVING.
+// DEADLINE_EXCEEDED (the daemon is killed) when it does not within `timeout`.
+absl::StatusOr<std::unique_ptr<Subprocess>> StartServingDaemon(const std::vector<std::string>& argv,
+                                                               const std::string& socket_path,
+                                                               absl::Duration timeout);
+
+// Stores `bytes` as `key` through `session` with `request`'s flags (its key and data are set here)
+// and waits for the commit.
+absl::Status StoreBytes(Session& session, const std::string& key, const std::string& bytes,
+                        StoreRequest request = {});
+
+// The bytes of `key` as a fetch through `session` hands them out; the lease is released.
+absl::StatusOr<std::string> FetchBytes(Session& session, const std::string& key);
+
+}  // namespace tierd::testing
+
+#endif  // TIERD_TESTS_DAEMON_TEST_SUPPORT_H_
