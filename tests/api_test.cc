@@ -35,6 +35,7 @@ using ::tierd::testing::RandomTensor;
 using ::tierd::testing::RunProgram;
 using ::tierd::testing::SiblingBinary;
 using ::tierd::testing::StatusIs;
+using ::tierd::testing::StoreBytes;
 using ::tierd::testing::Subprocess;
 using ::tierd::testing::TempDir;
 using ::tierd::testing::TensorSpec;
@@ -245,35 +246,32 @@ TEST_F(ApiTest, StoredObjectComesBackAfterLeavingTheGpuAndTheHostTier) {
   std::string bytes(300 * 1024, '\0');
   testing::FillPattern(bytes.data(), bytes.size(), 42);
   StoreRequest store;
-  store.key = "acts/s_kv_cond_12";
-  store.data = bytes.data();
-  store.size = bytes.size();
   v1::TensorInfo tensor;
   tensor.set_name("kv");
   tensor.set_dtype("U8");
   tensor.add_shape(bytes.size());
   tensor.set_size(bytes.size());
   store.tensors.push_back(tensor);
-  ASSERT_THAT((*session)->StoreAsync(store), IsOk());
-  ASSERT_THAT((*session)->Flush(), IsOk());
+  const std::string key = "acts/s_kv_cond_12";
+  ASSERT_THAT(StoreBytes(**session, key, bytes, store), IsOk());
 
   for (v1::Tier tier : {v1::TIER_GPU, v1::TIER_HOST}) {
     // The last fetch's copy and release finish after its bytes are read; until then the object
     // is in flight and cannot be evicted.
     ASSERT_TRUE(WaitForStats(
         [](const v1::Stats& s) { return s.leases() == 0 && s.copies_in_flight() == 0; }, kTimeout));
-    auto evicted = client_->Evict(store.key, tier);
+    auto evicted = client_->Evict(key, tier);
     ASSERT_THAT(evicted, IsOk());
     EXPECT_EQ(evicted->evicted(), 1u) << v1::Tier_Name(tier);
-    auto lease = (*session)->Fetch(store.key);
+    auto lease = (*session)->Fetch(key);
     ASSERT_THAT(lease, IsOk());
     EXPECT_EQ(Bytes(**session, *lease), bytes) << "after eviction from " << v1::Tier_Name(tier);
     ASSERT_EQ(lease->tensors().size(), 1u);
     EXPECT_EQ(lease->tensors()[0].name(), "kv");
   }
   EXPECT_GE(Stats().spilled_objects() + Stats().stored_objects(), 1u);
-  ASSERT_THAT(client_->Evict(store.key, v1::TIER_ALL), IsOk());
-  EXPECT_THAT((*session)->Fetch(store.key), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_THAT(client_->Evict(key, v1::TIER_ALL), IsOk());
+  EXPECT_THAT((*session)->Fetch(key), StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST_F(ApiTest, AStoreTheHostTierCannotHoldFailsWithResourceExhaustedAndLosesNothingElse) {
@@ -293,6 +291,8 @@ TEST_F(ApiTest, AStoreTheHostTierCannotHoldFailsWithResourceExhaustedAndLosesNot
     store.spillable = false;
     ASSERT_THAT((*session)->StoreAsync(store), IsOk());
     failure = (*session)->Flush();
+    // `bytes` must outlive the copy from it; only a successful commit waits for that.
+    ASSERT_THAT((*session)->device().SynchronizeStream((*session)->default_stream()), IsOk());
     if (failure.ok()) stored.push_back(store.key);
   }
   EXPECT_THAT(failure, StatusIs(absl::StatusCode::kResourceExhausted));
@@ -396,13 +396,8 @@ TEST_F(ApiTest, SessionsGoOverTheSessionSocketAndTheGrpcStreamAlike) {
     // What one transport stores the other fetches.
     std::string bytes(4096, '\0');
     testing::FillPattern(bytes.data(), bytes.size(), 7);
-    StoreRequest store;
-    store.key = "acts/over_grpc";
-    store.data = bytes.data();
-    store.size = bytes.size();
-    ASSERT_THAT((*session)->StoreAsync(store), IsOk());
-    ASSERT_THAT((*session)->Flush(), IsOk());
-    auto back = (*fast)->Fetch(store.key);
+    ASSERT_THAT(StoreBytes(**session, "acts/over_grpc", bytes), IsOk());
+    auto back = (*fast)->Fetch("acts/over_grpc");
     ASSERT_THAT(back, IsOk());
     EXPECT_EQ(Bytes(**fast, *back), bytes);
   }
@@ -413,12 +408,7 @@ TEST_F(ApiTest, EvictingAPrefixFromTheHostTierCountsEachStoredObjectOnce) {
   ASSERT_THAT(session, IsOk());
   std::string bytes(64 * 1024, '\0');
   testing::FillPattern(bytes.data(), bytes.size(), 9);
-  StoreRequest store;
-  store.key = "acts/one";
-  store.data = bytes.data();
-  store.size = bytes.size();
-  ASSERT_THAT((*session)->StoreAsync(store), IsOk());
-  ASSERT_THAT((*session)->Flush(), IsOk());
+  ASSERT_THAT(StoreBytes(**session, "acts/one", bytes), IsOk());
   auto evicted = client_->Evict("acts/", v1::TIER_HOST);
   ASSERT_THAT(evicted, IsOk());
   EXPECT_EQ(evicted->evicted(), 1u);
@@ -566,6 +556,7 @@ TEST_F(ApiTest, KilledClientsLeasesAreFreedWhileOthersKeepWorking) {
   // room for a loaded machine.
   EXPECT_LT(absl::Now() - killed, absl::Seconds(5));
   EXPECT_THAT(client_->Evict(Key(1), v1::TIER_GPU), IsOk());
+  RecordProperty("clients_killed", 1);
 }
 
 // 100 client processes SIGKILLed one after another, half while holding a lease and half at a
@@ -603,6 +594,10 @@ TEST_F(ApiTest, AHundredClientsKilledMidLeaseLeaveNothingBehind) {
     ExpectTensorsMatch(**session, *lease);
     lease->Release();
   }
+  // For docs/RELIABILITY.md (tests/reliability_report.py).
+  RecordProperty("clients_killed", kKills);
+  RecordProperty("clients_killed_holding_a_lease", killed_holding);
+  RecordProperty("leases_left", static_cast<int>(Stats().leases()));
 }
 
 // A client killed after releasing a lease whose read was still queued leaves a done event that

@@ -72,6 +72,7 @@ class DaemonHealthTest : public ::testing::Test {
     options.create_device = [this]() -> absl::StatusOr<std::unique_ptr<Device>> {
       auto device = std::make_unique<ControlledDevice>(*host_);
       device_ = device.get();
+      device_created_.Notify();
       return device;
     };
     return options;
@@ -105,6 +106,7 @@ class DaemonHealthTest : public ::testing::Test {
   TempDir dir_;
   std::unique_ptr<HostDevice> host_;
   ControlledDevice* device_ = nullptr;  // owned by the daemon
+  absl::Notification device_created_;   // device_ is set
 };
 
 TEST_F(DaemonHealthTest, NotServingWhileStartingThenServing) {
@@ -134,7 +136,7 @@ TEST_F(DaemonHealthTest, NotServingWhileTheDeviceIsLost) {
   options.heartbeat = [&] { ++heartbeats; };
   options.metrics_port = 0;  // any free port
   std::thread([this] {
-    while (device_ == nullptr) absl::SleepFor(absl::Milliseconds(1));
+    device_created_.WaitForNotification();
     device_->may_pin.Notify();
   }).detach();
   auto daemon = Daemon::Create(options);

@@ -28,7 +28,10 @@ absl::Status StoreBytes(Session& session, const std::string& key, const std::str
   request.data = bytes.data();
   request.size = bytes.size();
   RETURN_IF_ERROR(session.StoreAsync(request));
-  return session.Flush();
+  const absl::Status committed = session.Flush();
+  // `bytes` must outlive the copy from it; only a successful commit waits for that.
+  RETURN_IF_ERROR(session.device().SynchronizeStream(session.default_stream()));
+  return committed;
 }
 
 absl::StatusOr<std::string> FetchBytes(Session& session, const std::string& key) {

@@ -40,6 +40,11 @@ using ::tierd::testing::TempDir;
 constexpr absl::Duration kTimeout = absl::Seconds(30);
 constexpr int kBlocks = 8;
 constexpr int kWorkers = 8;
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
 
 absl::Duration SoakLength() {
   int seconds = 20;
@@ -304,8 +309,13 @@ TEST_F(SoakTest, ManySessionsOfRandomOperationsLoseNothingAndLeaveNothing) {
   EXPECT_EQ(stats->copies_in_flight(), 0u);
   EXPECT_EQ(stats->checksum_failures(), 0u);
   EXPECT_LE(stats->gpu().used_bytes(), stats->gpu().budget_bytes());
-  // Allocator noise is a few MiB; a leak per operation would be far more over this many.
-  EXPECT_LT(end_kib - warm_kib, 16 * 1024) << "RSS " << warm_kib << " KiB -> " << end_kib << " KiB";
+  // Allocator noise is a few MiB; a leak per operation would be far more over this many. Under
+  // AddressSanitizer freed memory waits in its quarantine (256 MiB), so RSS says nothing there;
+  // LeakSanitizer checks the daemon's exit instead (TearDown expects status 0).
+  if (!kAddressSanitizer) {
+    EXPECT_LT(end_kib - warm_kib, 16 * 1024)
+        << "RSS " << warm_kib << " KiB -> " << end_kib << " KiB";
+  }
 
   int64_t operations = 0;
   std::string summary;

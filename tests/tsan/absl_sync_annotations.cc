@@ -8,6 +8,11 @@
 // holder does after acquiring it. That is all race detection needs; lock-order checking is not
 // modelled. Code compiled here calls these through the PLT, as does gRPC, and Abseil itself for
 // the mutex inside a Notification.
+//
+// Abseil evaluates a Condition with the mutex held, but not always on the waiting thread: the
+// thread that unlocks evaluates its waiters' conditions. So every Condition handed to Abseil is
+// wrapped in one that acquires before evaluating and releases after, as a critical section of its
+// own. Abseil's deadlock detection is turned off: its graph is guarded by a lock TSan cannot see.
 #include <dlfcn.h>
 #include <sanitizer/tsan_interface.h>
 
@@ -49,6 +54,25 @@ void* NotifiedFlag(absl::Notification* notification) {
   static_assert(sizeof(absl::Notification) == sizeof(absl::Mutex) + sizeof(void*),
                 "absl::Notification is laid out as { Mutex mutex_; atomic<bool> notified_yet_; }");
   return reinterpret_cast<char*>(notification) + sizeof(absl::Mutex);
+}
+
+// A Condition evaluated as a critical section of `mu`'s (see the header comment).
+struct AnnotatedCondition {
+  AnnotatedCondition(absl::Mutex* mu, const absl::Condition& condition)
+      : mu(mu), condition(condition), wrapped(&Eval, this) {}
+  static bool Eval(AnnotatedCondition* self) {
+    __tsan_acquire(self->mu);
+    const bool met = self->condition.Eval();
+    __tsan_release(self->mu);
+    return met;
+  }
+  absl::Mutex* mu;
+  const absl::Condition& condition;
+  absl::Condition wrapped;
+};
+
+[[gnu::constructor]] void IgnoreDeadlockCycles() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
 }  // namespace
@@ -96,21 +120,24 @@ void Mutex::ReaderUnlock() {
 
 void Mutex::LockWhen(const Condition& condition) {
   static auto real = Next<void (*)(Mutex*, const Condition&)>("5Mutex8LockWhenERKNS0_9ConditionE");
-  real(this, condition);
+  AnnotatedCondition annotated(this, condition);
+  real(this, annotated.wrapped);
   __tsan_acquire(this);
 }
 
 void Mutex::ReaderLockWhen(const Condition& condition) {
   static auto real =
       Next<void (*)(Mutex*, const Condition&)>("5Mutex14ReaderLockWhenERKNS0_9ConditionE");
-  real(this, condition);
+  AnnotatedCondition annotated(this, condition);
+  real(this, annotated.wrapped);
   __tsan_acquire(this);
 }
 
 bool Mutex::LockWhenWithTimeout(const Condition& condition, Duration timeout) {
   static auto real = Next<bool (*)(Mutex*, const Condition&, Duration)>(
       "5Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  const bool met = real(this, condition, timeout);
+  AnnotatedCondition annotated(this, condition);
+  const bool met = real(this, annotated.wrapped, timeout);
   __tsan_acquire(this);  // held whether or not the condition became true
   return met;
 }
@@ -118,7 +145,8 @@ bool Mutex::LockWhenWithTimeout(const Condition& condition, Duration timeout) {
 bool Mutex::LockWhenWithDeadline(const Condition& condition, Time deadline) {
   static auto real = Next<bool (*)(Mutex*, const Condition&, Time)>(
       "5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
-  const bool met = real(this, condition, deadline);
+  AnnotatedCondition annotated(this, condition);
+  const bool met = real(this, annotated.wrapped, deadline);
   __tsan_acquire(this);
   return met;
 }
@@ -126,8 +154,9 @@ bool Mutex::LockWhenWithDeadline(const Condition& condition, Time deadline) {
 // Await releases the mutex while it waits and holds it again when it returns.
 void Mutex::Await(const Condition& condition) {
   static auto real = Next<void (*)(Mutex*, const Condition&)>("5Mutex5AwaitERKNS0_9ConditionE");
+  AnnotatedCondition annotated(this, condition);
   __tsan_release(this);
-  real(this, condition);
+  real(this, annotated.wrapped);
   __tsan_acquire(this);
 }
 
@@ -135,7 +164,8 @@ bool Mutex::AwaitWithTimeout(const Condition& condition, Duration timeout) {
   static auto real = Next<bool (*)(Mutex*, const Condition&, Duration)>(
       "5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
   __tsan_release(this);
-  const bool met = real(this, condition, timeout);
+  AnnotatedCondition annotated(this, condition);
+  const bool met = real(this, annotated.wrapped, timeout);
   __tsan_acquire(this);
   return met;
 }
@@ -144,7 +174,8 @@ bool Mutex::AwaitWithDeadline(const Condition& condition, Time deadline) {
   static auto real = Next<bool (*)(Mutex*, const Condition&, Time)>(
       "5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
   __tsan_release(this);
-  const bool met = real(this, condition, deadline);
+  AnnotatedCondition annotated(this, condition);
+  const bool met = real(this, annotated.wrapped, deadline);
   __tsan_acquire(this);
   return met;
 }
