@@ -47,6 +47,7 @@ class DurabilityTest : public ::testing::Test {
       daemon_->Signal(SIGTERM);
       EXPECT_THAT(daemon_->Wait(kTimeout), IsOkAndHolds(0));
     }
+    RecordProperty("daemons_killed", kills_);  // for docs/RELIABILITY.md
   }
 
   std::string socket_path() const { return absl::StrCat(dir_.path(), "/gpu0.sock"); }
@@ -73,12 +74,17 @@ class DurabilityTest : public ::testing::Test {
 
   // SIGKILL, then the same daemon again.
   void CrashAndRestart() {
+    Kill();
+    StartDaemon();
+  }
+
+  void Kill() {
     session_.reset();
     client_.reset();
     daemon_->Signal(SIGKILL);
     ASSERT_THAT(daemon_->Wait(kTimeout), IsOk());
     daemon_.reset();
-    StartDaemon();
+    ++kills_;
   }
 
   // Stores `bytes` as `key` (one U8 tensor, so that the index is kept too) and waits for the commit.
@@ -138,6 +144,7 @@ class DurabilityTest : public ::testing::Test {
   std::unique_ptr<Subprocess> daemon_;
   std::unique_ptr<Client> client_;
   std::unique_ptr<Session> session_;
+  int kills_ = 0;
 };
 
 TEST_F(DurabilityTest, DurableObjectsSurviveAKillAndNothingElseComesBack) {
@@ -174,6 +181,7 @@ TEST_F(DurabilityTest, DurableObjectsSurviveAKillAndNothingElseComesBack) {
   ASSERT_THAT(stats, IsOk());
   EXPECT_EQ(stats->durable_objects(), 2u);
   EXPECT_EQ(stats->stored_objects(), 2u);
+  RecordProperty("durable_objects_recovered", static_cast<int>(stats->durable_objects()));
 
   // Recovered objects behave like any other: evicted from memory, read back from their file.
   EXPECT_THAT(EvictFromMemory("kv/kept"), IsOk());
@@ -190,11 +198,7 @@ TEST_F(DurabilityTest, DamagedFilesAreNeverHandedOutAndUnfinishedOnesAreRemoved)
   ASSERT_THAT(Store("kv/flipped_header", bytes, /*durable=*/true), IsOk());
   std::vector<std::string> files = DurableFiles(".tdo");
   ASSERT_EQ(files.size(), 2u);
-  session_.reset();
-  client_.reset();
-  daemon_->Signal(SIGKILL);
-  ASSERT_THAT(daemon_->Wait(kTimeout), IsOk());
-  daemon_.reset();
+  Kill();
 
   // Which file is which: the key is in the header's JSON.
   auto holds = [](const std::string& path, const std::string& text) {

@@ -529,6 +529,7 @@ TEST_F(OperationsTest, ClientsSeeUnavailableWhenTheDaemonIsKilledAndReconnectOnc
   lease->Release();
   daemon->Signal(SIGTERM);
   EXPECT_THAT(daemon->Wait(kTimeout), IsOkAndHolds(0));
+  RecordProperty("daemons_killed", 1);  // for docs/RELIABILITY.md
 }
 
 // ---- SIGTERM ------------------------------------------------------------------------------------

@@ -1,11 +1,52 @@
 #!/usr/bin/env bash
-# Builds tierd with warnings as errors and runs the whole test suite (ctest), then builds the
-# fuzzers and runs each for FUZZ_SECONDS (default 30) from its seed corpus (tests/run-fuzzers.sh).
-# On a machine with no GPU, tests labelled "gpu" report themselves skipped; on a GPU machine they
-# run.
+# tests/run-all.sh [CTEST ARGS...]: every test tierd has, as CI runs them.
+#
+#  1. Builds tierd with warnings as errors and runs the test suite (ctest). On a machine with no
+#     GPU, tests labelled "gpu" report themselves skipped; on a GPU machine they run.
+#  2. Builds the fuzzers and runs each for FUZZ_SECONDS (default 30) from its seed corpus
+#     (tests/run-fuzzers.sh).
+#  3. Runs the suite under ASan+UBSan and its concurrent part under TSan (tests/run-sanitizers.sh;
+#     TIERD_SANITIZERS=0 leaves them out).
+#  4. Writes the figures the run recorded to BUILD_DIR/RELIABILITY.md (tests/reliability_report.py;
+#     tests/reliability-report.sh makes docs/RELIABILITY.md this way). Left out when CTEST ARGS
+#     select part of the suite.
+# Every step runs even when an earlier one failed; the exit status is 1 if any did.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build=${BUILD_DIR:-build}
 deploy/install-deps.sh
-BUILD_DIR=${BUILD_DIR:-build} deploy/build.sh -DTIERD_WERROR=ON
-(cd "${BUILD_DIR:-build}" && ctest --output-on-failure --parallel "$(nproc)" "$@")
-tests/run-fuzzers.sh "${FUZZ_SECONDS:-30}"
+BUILD_DIR=$build deploy/build.sh -DTIERD_WERROR=ON
+
+failed=()
+step() {  # step NAME COMMAND...: runs it, timed, and notes a failure
+  local name=$1 start=$SECONDS
+  shift
+  echo "run-all: $name"
+  "$@" || failed+=("$name")
+  echo "run-all: $name took $((SECONDS - start)) s"
+}
+ctest_in() {  # ctest_in DIR ARGS...: ctest with each test's JSON report in DIR/test-results
+  local dir=$1
+  shift
+  rm -rf "$dir/test-results"
+  (cd "$dir" && GTEST_OUTPUT="json:$PWD/test-results/" \
+     ctest --output-on-failure --parallel "$(nproc)" "$@")
+}
+
+step tests ctest_in "$build" "$@"
+step fuzzers tests/run-fuzzers.sh "${FUZZ_SECONDS:-30}"
+report_args=(--gtest "$build/test-results" --fuzz-logs build-fuzz/logs)
+if [[ ${TIERD_SANITIZERS:-1} != 0 ]]; then
+  step sanitizers tests/run-sanitizers.sh
+  report_args+=(--gtest-asan build-asan/test-results --gtest-tsan build-tsan/test-results)
+fi
+if (($# == 0)); then
+  step report python3 tests/reliability_report.py "${report_args[@]}" \
+    --command "${RELIABILITY_COMMAND:-tests/run-all.sh}" --out "$build/RELIABILITY.md"
+fi
+
+if ((${#failed[@]} > 0)); then
+  echo "run-all: FAILED: ${failed[*]}"
+  exit 1
+fi
+echo "run-all: everything passed"
