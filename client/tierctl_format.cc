@@ -260,6 +260,13 @@ std::string FormatStats(const v1::Stats& stats) {
                        {"slabs", absl::StrCat(stats.slabs())},
                        {"events", absl::StrCat(stats.events())},
                        {"checksum failures", absl::StrCat(stats.checksum_failures())}}});
+  for (const v1::ClientGroupStats& group : stats.client_groups()) {
+    Section section{absl::StrCat("client group ", group.name(), ": GPU tier"),
+                    TierLines(group.gpu())};
+    section.lines.push_back({"sessions", absl::StrCat(group.sessions(), " (", group.leases(),
+                                                      " leases, ", group.pins(), " pins)")});
+    sections.push_back(std::move(section));
+  }
   return FormatSections(sections);
 }
 

@@ -257,7 +257,17 @@ absl::StatusOr<std::shared_ptr<Device>> Client::DeviceFor(const v1::SessionOpene
 
 absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
   std::unique_ptr<SessionTransport> transport;
-  if (!options_.session_socket_path.empty()) {
+  if (!options_.client_group.empty()) {
+    // Never another way in: a session elsewhere would belong to another group.
+    const std::string path = ClientGroupSocketPathFor(options_.socket_path, options_.client_group);
+    absl::StatusOr<std::unique_ptr<SessionTransport>> socket = ConnectSessionSocket(path);
+    if (!socket.ok()) {
+      return absl::Status(socket.status().code(),
+                          absl::StrCat("client group ", options_.client_group, ": ",
+                                       socket.status().message()));
+    }
+    transport = *std::move(socket);
+  } else if (!options_.session_socket_path.empty()) {
     const std::string path = options_.session_socket_path == "default"
                                  ? SessionSocketPathFor(options_.socket_path)
                                  : options_.session_socket_path;

@@ -44,6 +44,11 @@ struct ClientOptions {
   // fetches. "default" is the daemon's default, beside socket_path; empty: the gRPC Session
   // stream. When nothing answers there, sessions use the gRPC stream.
   std::string session_socket_path = "default";
+  // The client group (tierd --client-groups) this client's sessions belong to: they go to the
+  // group's session socket beside socket_path (ClientGroupSocketPathFor) and nowhere else, and
+  // see only the group's staging slabs and stored objects. Empty: the default group, over
+  // session_socket_path. Unary calls (stats, models, evictions) always act on the default group.
+  std::string client_group;
   // Deadline of each unary call; sessions have none.
   absl::Duration call_timeout = absl::Seconds(30);
   // The CUDA ordinal this process knows the daemon's GPU by; unset: the daemon's own. Set it where

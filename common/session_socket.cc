@@ -19,6 +19,12 @@ std::string SessionSocketPathFor(const std::string& grpc_socket) {
   return absl::StrCat(grpc_socket, ".session");
 }
 
+std::string ClientGroupSocketPathFor(const std::string& grpc_socket, const std::string& group) {
+  absl::string_view base = grpc_socket;
+  if (absl::ConsumeSuffix(&base, ".sock")) return absl::StrCat(base, ".", group, ".session.sock");
+  return absl::StrCat(grpc_socket, ".", group, ".session");
+}
+
 namespace {
 
 // A frame of `length` payload bytes with its length written; the payload is left to the caller.

@@ -26,6 +26,9 @@ inline constexpr uint32_t kMaxSessionFrameBytes = 16u << 20;
 // Where the daemon serving gRPC on `grpc_socket` listens for sessions: "X.sock" → "X.session.sock",
 // any other path gets ".session" appended.
 std::string SessionSocketPathFor(const std::string& grpc_socket);
+// Where client group `group` (tierd --client-groups) opens its sessions on that daemon:
+// "X.sock" → "X.GROUP.session.sock", any other path gets ".GROUP.session" appended.
+std::string ClientGroupSocketPathFor(const std::string& grpc_socket, const std::string& group);
 
 // `payload` with its length in front.
 std::string EncodeFrame(absl::string_view payload);

@@ -11,12 +11,15 @@
 #include <cerrno>
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/byte_size.h"
 #include "common/leak_on_purpose.h"
 #include "common/log.h"
 #include "common/posix_error.h"
+#include "common/session_socket.h"
 #include "common/status_macros.h"
 #include "grpc/health/v1/health.pb.h"
 #include "server/metrics_text.h"
@@ -48,6 +51,10 @@ absl::Status ValidateOptions(const DaemonOptions& options) {
   }
   if (options.session_limits.max_staging_bytes == 0) {
     return absl::InvalidArgumentError("--session-max-staging-bytes must be greater than 0");
+  }
+  if (!options.client_groups.empty() && options.session_socket_path.empty()) {
+    return absl::InvalidArgumentError(
+        "--client-groups needs the session socket: their sessions go to sockets beside it");
   }
   return absl::OkStatus();
 }
@@ -95,10 +102,27 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
   if (!options.socket_group.empty()) {
     ASSIGN_OR_RETURN(group, LookupSocketGroup(options.socket_group));
   }
+  std::vector<gid_t> client_group_ids;
+  for (const ClientGroupOptions& client_group : options.client_groups) {
+    absl::StatusOr<gid_t> gid = LookupSocketGroup(client_group.unix_group);
+    if (!gid.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--client-groups: ", client_group.name,
+                                                     ": no Unix group '", client_group.unix_group,
+                                                     "'"));
+    }
+    client_group_ids.push_back(*gid);
+    RETURN_IF_ERROR(
+        PrepareSocketPath(ClientGroupSocketPathFor(options.socket_path, client_group.name)));
+  }
   RETURN_IF_ERROR(PrepareSocketPath(options.socket_path));
   RETURN_IF_ERROR(PrepareSocketPath(StartingSocketPath(options.socket_path)));
   ASSIGN_OR_RETURN(const int lock_fd, LockStateDir(options.state_dir));
   std::unique_ptr<Daemon> daemon(new Daemon(options, lock_fd, group));
+  for (size_t i = 0; i < options.client_groups.size(); ++i) {
+    ClientGroup& client_group = daemon->client_groups_.emplace_back();
+    client_group.options = options.client_groups[i];
+    client_group.gid = client_group_ids[i];
+  }
   RETURN_IF_ERROR(daemon->StartGrpcServer());
   TIERD_LOG(INFO) << "listening on unix:" << options.socket_path
                   << " (NOT_SERVING until the device and the host cache are ready)";
@@ -120,7 +144,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
                                                 *daemon->gpu_tier_, session));
     TIERD_LOG(INFO) << "serving sessions on " << options.session_socket_path;
   }
-  daemon->service_->Attach(*daemon->catalog_, *daemon->host_cache_, *daemon->gpu_tier_, session);
+  RETURN_IF_ERROR(daemon->StartClientGroupSockets(session));
+  daemon->service_->Attach(*daemon->catalog_, *daemon->host_cache_, *daemon->gpu_tier_,
+                           daemon->ClientGroupTiers(), session);
   // The monitor's first round checks the device, turns health SERVING and takes the counters'
   // first sample (the baseline of the first rates). Sampling the counters takes every tier's lock:
   // it is also the monitor's probe that the tiers still answer.
@@ -189,24 +215,82 @@ absl::Status Daemon::StartStorage() {
                                                 options_.durable, &durable_objects));
   host_cache_ = std::make_unique<HostCache>(*catalog_, *reader_, *arena_, spill_.get(),
                                             HostCacheOptions{options_.host_cache_policy});
+  return StartGpuTiers(std::move(durable_objects));
+}
+
+absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   GpuTierOptions gpu;
   gpu.pool_bytes = options_.gpu_pool_bytes;
   gpu.slab_bytes = options_.gpu_slab_bytes;
   gpu.durable_store = durable_.get();
   gpu.max_clients = options_.max_sessions;
   ASSIGN_OR_RETURN(gpu_tier_, GpuTier::Create(*device_, *catalog_, *arena_, *host_cache_, gpu));
-  // Durable objects come back on disk only; the first fetch reads and verifies them.
+  TIERD_LOG(INFO) << "GPU staging pool: " << FormatByteSize(gpu_tier_->pool().capacity()) << " in "
+                  << gpu_tier_->pool().slab_count() << " slab(s)";
+  for (ClientGroup& group : client_groups_) {
+    GpuTierOptions own = gpu;
+    own.pool_bytes = group.options.gpu_pool_bytes;
+    own.stored_key_prefix = ClientGroupKeyPrefix(group.options.name);
+    absl::StatusOr<std::unique_ptr<GpuTier>> tier =
+        GpuTier::Create(*device_, *catalog_, *arena_, *host_cache_, own);
+    if (!tier.ok()) {
+      return absl::Status(tier.status().code(), absl::StrCat("client group ", group.options.name,
+                                                             ": ", tier.status().message()));
+    }
+    group.tier = *std::move(tier);
+    TIERD_LOG(INFO) << "client group " << group.options.name << ": GPU staging pool "
+                    << FormatByteSize(group.tier->pool().capacity()) << " in "
+                    << group.tier->pool().slab_count() << " slab(s) of its own";
+  }
+  // Durable objects come back on disk only; the first fetch reads and verifies them. Each goes to
+  // the tier whose key prefix it carries.
   uint64_t durable_bytes = 0;
+  size_t unclaimed = 0;
   for (DurableRecord& record : durable_objects) {
     RETURN_IF_ERROR(host_cache_->AdoptDurable(record));
     durable_bytes += record.size;
-    gpu_tier_->AdoptStored(record.key, record.size, std::move(record.tensors));
+    GpuTier* owner = gpu_tier_.get();
+    absl::string_view key = record.key;
+    if (absl::StartsWith(key, "@")) {
+      owner = nullptr;
+      for (ClientGroup& group : client_groups_) {
+        if (absl::ConsumePrefix(&key, group.tier->stored_key_prefix())) owner = group.tier.get();
+        if (owner != nullptr) break;
+      }
+    }
+    if (owner == nullptr) {
+      ++unclaimed;
+      continue;
+    }
+    owner->AdoptStored(std::string(key), record.size, std::move(record.tensors));
   }
   TIERD_LOG(INFO) << "durable objects: " << durable_objects.size() << " ("
                   << FormatByteSize(durable_bytes) << ") in " << durable_->directory();
-  TIERD_LOG(INFO) << "GPU staging pool: " << FormatByteSize(gpu_tier_->pool().capacity()) << " in "
-                  << gpu_tier_->pool().slab_count() << " slab(s)";
+  if (unclaimed > 0) {
+    TIERD_LOG(WARNING) << unclaimed
+                       << " durable object(s) belong to client groups this daemon does not have "
+                          "(--client-groups): kept on disk, not served";
+  }
   return absl::OkStatus();
+}
+
+absl::Status Daemon::StartClientGroupSockets(const SessionOptions& session) {
+  for (ClientGroup& group : client_groups_) {
+    const std::string path = ClientGroupSocketPathFor(options_.socket_path, group.options.name);
+    ASSIGN_OR_RETURN(group.sessions, SessionSocketServer::Start(path, group.gid, *group.tier,
+                                                                session));
+    TIERD_LOG(INFO) << "client group " << group.options.name << ": sessions on " << path
+                    << " (group " << group.options.unix_group << ", mode 0660)";
+  }
+  return absl::OkStatus();
+}
+
+std::vector<NamedGpuTier> Daemon::ClientGroupTiers() const {
+  std::vector<NamedGpuTier> tiers;
+  for (const ClientGroup& group : client_groups_) {
+    if (group.tier != nullptr) tiers.push_back({group.options.name, group.tier.get()});
+  }
+  return tiers;
 }
 
 absl::Status Daemon::StartMetrics() {
@@ -226,7 +310,7 @@ void Daemon::ReportDeviceHealth(bool healthy) {
 }
 
 void Daemon::SampleCounters() {
-  const v1::Stats stats = CollectStats(*catalog_, *host_cache_, *gpu_tier_, "");
+  const v1::Stats stats = CollectStats(*catalog_, *host_cache_, *gpu_tier_, ClientGroupTiers(), "");
   const absl::Time now = absl::Now();
   throughput_.Sample(now, StageBytes(stats));
   pressure_.Observe(now, stats,
@@ -236,7 +320,8 @@ void Daemon::SampleCounters() {
 std::string Daemon::RenderMetrics() {
   MetricsSnapshot snapshot;
   snapshot.serving = serving_;
-  snapshot.stats = CollectStats(*catalog_, *host_cache_, *gpu_tier_, device_->Describe());
+  snapshot.stats =
+      CollectStats(*catalog_, *host_cache_, *gpu_tier_, ClientGroupTiers(), device_->Describe());
   snapshot.stage_rates = throughput_.Rates();
   snapshot.responses = counters_.Snapshot();
   return RenderPrometheusText(snapshot);
@@ -250,10 +335,15 @@ Daemon::~Daemon() {
   metrics_.reset();
   monitor_.reset();
   session_server_.reset();
+  for (ClientGroup& group : client_groups_) group.sessions.reset();
   server_.reset();
   service_.reset();
-  step("GPU tier");
-  const bool never_idle = gpu_tier_ != nullptr && gpu_tier_->device_may_never_idle();
+  step("GPU tiers");
+  bool never_idle = gpu_tier_ != nullptr && gpu_tier_->device_may_never_idle();
+  for (ClientGroup& group : client_groups_) {
+    never_idle = never_idle || (group.tier != nullptr && group.tier->device_may_never_idle());
+    group.tier.reset();
+  }
   gpu_tier_.reset();
   step("host cache");
   host_cache_.reset();
@@ -291,10 +381,16 @@ void Daemon::Shutdown(absl::Duration grace) {
   }
   service_->StartShutdown();
   if (session_server_ != nullptr) session_server_->StopAccepting();
+  for (ClientGroup& group : client_groups_) {
+    if (group.sessions != nullptr) group.sessions->StopAccepting();
+  }
   // grpc::Server::Shutdown is idempotent and thread-safe.
   server_->Shutdown(absl::ToChronoTime(deadline));
   // Sessions on the session socket get what is left of the grace.
   if (session_server_ != nullptr) session_server_->Shutdown(deadline);
+  for (ClientGroup& group : client_groups_) {
+    if (group.sessions != nullptr) group.sessions->Shutdown(deadline);
+  }
   ::unlink(options_.socket_path.c_str());
 }
 

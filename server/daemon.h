@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -22,6 +23,7 @@
 #include "server/health_monitor.h"
 #include "server/metrics_server.h"
 #include "server/pressure_reporter.h"
+#include "server/stats.h"
 #include "server/response_counters.h"
 #include "server/session_socket_server.h"
 #include "server/throughput_meter.h"
@@ -77,6 +79,11 @@ class Daemon {
   // gives it its final name.
   absl::Status StartGrpcServer();
   absl::Status StartStorage();
+  // The default group's and every client group's GPU tier; adopts the durable objects.
+  absl::Status StartGpuTiers(std::vector<DurableRecord> durable_objects);
+  // The client groups' session sockets.
+  absl::Status StartClientGroupSockets(const SessionOptions& session);
+  std::vector<NamedGpuTier> ClientGroupTiers() const;
   absl::Status StartMetrics();
   // The device's health, as the monitor reports it, unless shutting down.
   void ReportDeviceHealth(bool healthy) ABSL_LOCKS_EXCLUDED(health_mu_);
@@ -106,6 +113,14 @@ class Daemon {
   std::unique_ptr<DurableStore> durable_;
   std::unique_ptr<HostCache> host_cache_;
   std::unique_ptr<GpuTier> gpu_tier_;
+  // --client-groups, in the order given.
+  struct ClientGroup {
+    ClientGroupOptions options;
+    gid_t gid = 0;
+    std::unique_ptr<GpuTier> tier;
+    std::unique_ptr<SessionSocketServer> sessions;
+  };
+  std::vector<ClientGroup> client_groups_;
   std::unique_ptr<TierdService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<SessionSocketServer> session_server_;

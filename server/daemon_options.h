@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "device/device.h"
 #include "device/device_factory.h"
+#include "server/client_groups.h"
 #include "server/gpu_tier.h"
 #include "storage/disk_reader.h"
 #include "storage/durable_store.h"
@@ -40,6 +41,9 @@ struct DaemonOptions {
   DiskReaderOptions reader;       // --reader-threads, --reader-queue-depth, --reader-chunk-bytes,
                                   // --io-engine, --direct-io
   std::string socket_group;       // --socket-group: the sockets' group; empty: the daemon's own
+  // --client-groups: groups with GPU staging and stored objects of their own, each serving
+  // sessions on ClientGroupSocketPathFor(socket_path, name). Needs the session socket.
+  std::vector<ClientGroupOptions> client_groups;
   // --model-roots: directories models may be registered from; empty: anywhere.
   std::vector<std::string> model_roots;
   // --metrics-address, --metrics-port: where Prometheus text is served; nullopt: nowhere; 0: a

@@ -105,6 +105,20 @@ GpuTier::~GpuTier() {
   }
 }
 
+absl::StatusOr<std::string> GpuTier::OwnHostKey(const std::string& key) const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stored_.count(key) > 0) return HostKey(key, /*stored=*/true);
+  }
+  if (!options_.stored_key_prefix.empty() && !catalog_.Lookup(key).ok()) {
+    // Not a weight, nor one of this group's objects: whatever the host cache has under this key
+    // is someone else's, and not even its existence is this group's business.
+    RETURN_IF_ERROR(SplitObjectKey(key).status());
+    return absl::NotFoundError(absl::StrCat("no object ", key));
+  }
+  return key;
+}
+
 // ---- Clients ------------------------------------------------------------------------------------
 
 absl::StatusOr<ClientId> GpuTier::OpenClient(const ClientLimits& limits) {
@@ -286,7 +300,8 @@ void GpuTier::IssueHostFetchLocked(Object* object, ReadPriority priority, absl::
                                    Deferred& deferred) {
   ++object->host_fetches;
   ++host_fetches_in_flight_;
-  deferred.push_back([this, object, key = object->key, priority, deadline] {
+  deferred.push_back([this, object, key = HostKey(object->key, object->model == nullptr), priority,
+                      deadline] {
     host_cache_.Fetch(key, priority, deadline, [this, object](absl::StatusOr<HostObject> host) {
       OnHostObject(object, std::move(host));
     });

@@ -61,7 +61,13 @@ struct GpuTierOptions {
   // Where durable stored objects go; null: durable reservations are refused (FAILED_PRECONDITION).
   // Must outlive the tier.
   DurableStore* durable_store = nullptr;
+  // Prefixed to the keys of this tier's stored objects in the host cache and the durable store,
+  // which tiers share: a client group's tier (server/client_groups.h) keeps its
+  // stored objects apart from every other tier's, and such a tier serves, prefetches and evicts
+  // only its own stored objects and model weights. Empty for the daemon's default tier.
+  std::string stored_key_prefix;
 };
+
 
 // How a stored object is kept (ReserveRequest's flags).
 struct StorePolicy {
@@ -204,6 +210,7 @@ class GpuTier {
   void ForgetModel(const std::string& model) ABSL_LOCKS_EXCLUDED(mu_);
 
   bool IsOnGpu(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
+  const std::string& stored_key_prefix() const { return options_.stored_key_prefix; }
   // The store durable objects go to; null when there is none.
   const DurableStore* durable_store() const { return options_.durable_store; }
   GpuTierStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -231,6 +238,15 @@ class GpuTier {
           std::unique_ptr<Stream> store_stream);
 
   Client* FindClientLocked(ClientId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The host cache's (and the durable store's) key for this tier's `key`: stored objects carry
+  // the tier's prefix, model weights are shared.
+  std::string HostKey(const std::string& key, bool stored) const {
+    return stored ? options_.stored_key_prefix + key : key;
+  }
+  // The host key of `key` when this tier may act on it in the host cache: its own stored objects,
+  // model weights, and (in the default tier) whatever else the host cache holds under that key.
+  // NOT_FOUND for another client group's objects.
+  absl::StatusOr<std::string> OwnHostKey(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
   uint32_t OpenClientsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status TooManyClients() const;
   // The listed object for `key`, unless it is a weight of an older registration (then it is

@@ -15,8 +15,9 @@ namespace tierd {
 absl::StatusOr<bool> GpuTier::Prefetch(const std::string& key, absl::Time deadline,
                                        bool host_only) {
   if (host_only) {
-    const bool resident = host_cache_.IsResident(key);
-    RETURN_IF_ERROR(host_cache_.Prefetch(key, deadline));
+    ASSIGN_OR_RETURN(const std::string host_key, OwnHostKey(key));
+    const bool resident = host_cache_.IsResident(host_key);
+    RETURN_IF_ERROR(host_cache_.Prefetch(host_key, deadline));
     return !resident;
   }
   DeferredCalls deferred;
@@ -155,7 +156,13 @@ absl::StatusOr<EvictResult> GpuTier::Evict(const std::string& key_or_prefix, Evi
     }
   }
   if (prefix) {
-    for (std::string& key : host_cache_.Keys(key_or_prefix)) host_keys.insert(std::move(key));
+    // The default tier acts on everything the host cache lists under the prefix; a client group's
+    // tier on model weights only (its own stored objects were listed from stored_ above).
+    for (std::string& key : host_cache_.Keys(key_or_prefix)) {
+      if (options_.stored_key_prefix.empty() || catalog_.Lookup(key).ok()) {
+        host_keys.insert(std::move(key));
+      }
+    }
   } else {
     host_keys.insert(key_or_prefix);
     known = known || catalog_.Lookup(key_or_prefix).ok();
@@ -168,13 +175,18 @@ absl::StatusOr<EvictResult> GpuTier::Evict(const std::string& key_or_prefix, Evi
         stored = stored_.count(key) > 0;
         if (tier == EvictTier::kAll && stored) stored_.erase(key);
       }
-      const bool resident = host_cache_.IsResident(key);
+      if (!stored && !options_.stored_key_prefix.empty() && !catalog_.Lookup(key).ok()) {
+        continue;  // another group's object (see OwnHostKey)
+      }
+      const std::string host_key = HostKey(key, stored);
+      const bool resident = host_cache_.IsResident(host_key);
       const bool deleting = tier == EvictTier::kAll && stored;
       if (deleting && options_.durable_store != nullptr) {
         // Off the disk before the answer, so that a restart cannot bring it back.
-        RETURN_IF_ERROR(options_.durable_store->RemoveAndWait(key));
+        RETURN_IF_ERROR(options_.durable_store->RemoveAndWait(host_key));
       }
-      absl::Status status = deleting ? host_cache_.Delete(key) : host_cache_.Evict(key);
+      absl::Status status =
+          deleting ? host_cache_.Delete(host_key) : host_cache_.Evict(host_key);
       if (status.ok()) {
         known = true;
         if (resident || stored) evicted.insert(key);

@@ -117,7 +117,8 @@ void GpuTier::Commit(ClientId client_id, uint64_t reservation_id, bool abort,
   drain.commit = commit_id;
   StartDrainLocked(*client, std::move(drain), written_event);
   ++host_reservations_in_flight_;
-  deferred.calls().push_back([this, commit_id, key, length, spillable] {
+  deferred.calls().push_back([this, commit_id, key = HostKey(key, /*stored=*/true), length,
+                              spillable] {
     host_cache_.ReserveStore(key, length, spillable,
                              [this, commit_id](absl::StatusOr<HostObject> host) {
                                OnHostReservation(commit_id, std::move(host));
@@ -219,7 +220,7 @@ void GpuTier::FinishCopyOut(uint64_t commit_id, Object* object) {
     const PendingCommit& commit = commits_.at(commit_id);
     host = commit.host;
     policy = commit.reservation.policy;
-    key = commit.reservation.key;
+    key = HostKey(commit.reservation.key, /*stored=*/true);
     if (policy.durable) tensors = *commit.reservation.tensors;
   }
   DurableStore* durable = options_.durable_store;

@@ -1,20 +1,64 @@
 #include "server/stats.h"
 
 namespace tierd {
+namespace {
+
+void AddTo(GpuTierStats& total, const GpuTierStats& tier) {
+  total.budget_bytes += tier.budget_bytes;
+  total.used_bytes += tier.used_bytes;
+  total.objects += tier.objects;
+  total.hits += tier.hits;
+  total.misses += tier.misses;
+  total.evictions += tier.evictions;
+  total.bytes_host_to_gpu += tier.bytes_host_to_gpu;
+  total.bytes_gpu_to_host += tier.bytes_gpu_to_host;
+  total.copies_in_flight += tier.copies_in_flight;
+  total.allocation_waiters += tier.allocation_waiters;
+  total.clients += tier.clients;
+  total.leases += tier.leases;
+  total.reservations += tier.reservations;
+  total.pins += tier.pins;
+  total.slabs += tier.slabs;
+  total.events += tier.events;
+}
+
+void SetTierStats(v1::TierStats* out, const GpuTierStats& gpu) {
+  out->set_budget_bytes(gpu.budget_bytes);
+  out->set_used_bytes(gpu.used_bytes);
+  out->set_objects(gpu.objects);
+  out->set_hits(gpu.hits);
+  out->set_misses(gpu.misses);
+  out->set_evictions(gpu.evictions);
+}
+
+void AddGroup(v1::Stats& stats, const std::string& name, const GpuTierStats& gpu) {
+  v1::ClientGroupStats* group = stats.add_client_groups();
+  group->set_name(name);
+  SetTierStats(group->mutable_gpu(), gpu);
+  group->set_sessions(gpu.clients);
+  group->set_leases(gpu.leases);
+  group->set_reservations(gpu.reservations);
+  group->set_pins(gpu.pins);
+  group->set_slabs(gpu.slabs);
+}
+
+}  // namespace
 
 v1::Stats CollectStats(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
-                       const std::string& device) {
-  const GpuTierStats gpu = gpu_tier.stats();
-  const HostCacheStats host = host_cache.stats();
+                       const std::vector<NamedGpuTier>& client_groups, const std::string& device) {
   v1::Stats stats;
+  GpuTierStats gpu = gpu_tier.stats();
+  if (!client_groups.empty()) {
+    AddGroup(stats, "default", gpu);
+    for (const NamedGpuTier& group : client_groups) {
+      const GpuTierStats own = group.tier->stats();
+      AddGroup(stats, group.name, own);
+      AddTo(gpu, own);
+    }
+  }
+  const HostCacheStats host = host_cache.stats();
   stats.set_device(device);
-  v1::TierStats* gpu_out = stats.mutable_gpu();
-  gpu_out->set_budget_bytes(gpu.budget_bytes);
-  gpu_out->set_used_bytes(gpu.used_bytes);
-  gpu_out->set_objects(gpu.objects);
-  gpu_out->set_hits(gpu.hits);
-  gpu_out->set_misses(gpu.misses);
-  gpu_out->set_evictions(gpu.evictions);
+  SetTierStats(stats.mutable_gpu(), gpu);
   v1::TierStats* host_out = stats.mutable_host();
   host_out->set_budget_bytes(host.capacity_bytes);
   host_out->set_used_bytes(host.used_bytes);

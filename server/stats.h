@@ -4,6 +4,7 @@
 #define TIERD_SERVER_STATS_H_
 
 #include <string>
+#include <vector>
 
 #include "server/gpu_tier.h"
 #include "storage/catalog.h"
@@ -12,10 +13,17 @@
 
 namespace tierd {
 
+// A client group's GPU tier (server/client_groups.h).
+struct NamedGpuTier {
+  std::string name;
+  GpuTier* tier = nullptr;
+};
+
 // Takes each tier's lock in turn (not all at once): the figures of different tiers may be a few
-// microseconds apart. `device` is Device::Describe().
+// microseconds apart. `gpu_tier` is the default group's tier, `client_groups` the others' (their
+// figures are summed in, and each is listed when there are any). `device` is Device::Describe().
 v1::Stats CollectStats(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
-                       const std::string& device);
+                       const std::vector<NamedGpuTier>& client_groups, const std::string& device);
 
 }  // namespace tierd
 

@@ -60,6 +60,10 @@ ABSL_FLAG(int, v, 0, "Verbosity of debug logging (0 = off)");
 ABSL_FLAG(int, shutdown_grace_ms, 5000, "How long in-flight calls may finish after SIGTERM");
 ABSL_FLAG(std::string, socket_group, "",
           "Group to give the sockets (mode 0660), e.g. tierd; empty: the daemon's own group");
+ABSL_FLAG(std::string, client_groups, "",
+          "Client groups with GPU staging slabs and stored objects of their own, as "
+          "NAME:UNIXGROUP:GPU_POOL_BYTES[,...]; each serves sessions on X.NAME.session.sock beside "
+          "--socket, owned by UNIXGROUP (mode 0660)");
 ABSL_FLAG(std::string, model_roots, "",
           "Comma-separated directories models may be registered from (symlinks resolved); empty: "
           "any directory");
@@ -148,6 +152,13 @@ int Run() {
     return kExitBadUsage;
   }
   options.socket_group = absl::GetFlag(FLAGS_socket_group);
+  absl::StatusOr<std::vector<tierd::ClientGroupOptions>> client_groups =
+      tierd::ParseClientGroups(absl::GetFlag(FLAGS_client_groups));
+  if (!client_groups.ok()) {
+    std::fprintf(stderr, "tierd: %s\n", std::string(client_groups.status().message()).c_str());
+    return kExitBadUsage;
+  }
+  options.client_groups = *std::move(client_groups);
   for (absl::string_view root :
        absl::StrSplit(absl::GetFlag(FLAGS_model_roots), ',', absl::SkipWhitespace())) {
     options.model_roots.emplace_back(absl::StripAsciiWhitespace(root));

@@ -107,8 +107,10 @@ TierdService::TierdService(ResponseCounters* counters) : counters_(counters) {}
 TierdService::~TierdService() = default;
 
 void TierdService::Attach(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
+                          std::vector<NamedGpuTier> client_groups,
                           SessionOptions session_options) {
-  attached_.reset(new Tiers{catalog, host_cache, gpu_tier, std::move(session_options)});
+  attached_.reset(new Tiers{catalog, host_cache, gpu_tier, std::move(client_groups),
+                            std::move(session_options)});
   tiers_.store(attached_.get(), std::memory_order_release);
 }
 
@@ -197,6 +199,7 @@ grpc::ServerUnaryReactor* TierdService::DropModel(grpc::CallbackServerContext* c
     if (status.ok()) {
       // Its objects are never served again (both tiers check the registration); free what can be.
       tiers->gpu_tier.ForgetModel(name);
+      for (const NamedGpuTier& group : tiers->client_groups) group.tier->ForgetModel(name);
       TIERD_LOG(INFO) << "dropped model " << name;
     }
     reactor->Finish(Answer(status));
@@ -234,7 +237,7 @@ grpc::ServerUnaryReactor* TierdService::GetStats(grpc::CallbackServerContext* co
   absl::StatusOr<Tiers*> tiers = Serving(/*during_shutdown=*/true);
   if (!tiers.ok()) return Finish(context, tiers.status());
   *response = CollectStats((*tiers)->catalog, (*tiers)->host_cache, (*tiers)->gpu_tier,
-                           (*tiers)->session_options.device);
+                           (*tiers)->client_groups, (*tiers)->session_options.device);
   return Finish(context, absl::OkStatus());
 }
 

@@ -8,11 +8,13 @@
 
 #include <atomic>
 #include <memory>
+#include <vector>
 
 #include "common/timer_thread.h"
 #include "server/gpu_tier.h"
 #include "server/response_counters.h"
 #include "server/session.h"
+#include "server/stats.h"
 #include "storage/catalog.h"
 #include "storage/host_cache.h"
 #include "tierd/v1/tierd.grpc.pb.h"
@@ -27,9 +29,12 @@ class TierdService final : public v1::Tierd::CallbackService {
   // Waits for registrations in progress.
   ~TierdService() override;
 
-  // Serves calls on these tiers from now on. The references must outlive the service. Call once.
+  // Serves calls on these tiers from now on: `gpu_tier` is the default client group's, the one
+  // sessions and calls on this service use; `client_groups` are the other groups' tiers, which
+  // stats include and dropped models are removed from. The references must outlive the service.
+  // Call once.
   void Attach(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
-              SessionOptions session_options);
+              std::vector<NamedGpuTier> client_groups, SessionOptions session_options);
   // From now on new sessions and calls that change state are refused with UNAVAILABLE; listing
   // and stats still answer.
   void StartShutdown() { shutting_down_ = true; }
@@ -65,6 +70,7 @@ class TierdService final : public v1::Tierd::CallbackService {
     Catalog& catalog;
     HostCache& host_cache;
     GpuTier& gpu_tier;
+    std::vector<NamedGpuTier> client_groups;
     SessionOptions session_options;
   };
 

@@ -1,6 +1,7 @@
 """The Python client against a real daemon: fetch, store and release round trips, the activation
 cache calls, errors, both transports, and a killed client's leases."""
 
+import grp
 import os
 import signal
 import time
@@ -11,7 +12,8 @@ import torch
 import tierd
 import tierd.v1.tierd_pb2
 from dit_model import save_safetensors
-from tierd_testing import TIMEOUT, DaemonTestCase, run_python, synchronize, torch_device
+from tierd_testing import (TIMEOUT, Daemon, DaemonTestCase, run_python, synchronize,
+                           torch_device)
 
 BLOCKS = 6
 
@@ -208,3 +210,54 @@ class ClientTest(DaemonTestCase):
         with self.assertRaises(tierd.TierdError) as caught:
             session.fetch("m/blocks.0")
         self.assertEqual(caught.exception.code, tierd.StatusCode.UNAVAILABLE)
+
+    def test_a_durable_store_survives_a_killed_daemon_and_others_do_not(self):
+        kept = torch.randn(3, 300, device=torch_device())
+        with self.client.session() as session:
+            session.store_async("acts/kept", {"kv": kept}, durable=True)
+            session.store_async("acts/volatile", torch.ones(64, device=torch_device()))
+            session.flush()
+        self.assertEqual(self.client.stats().durable_objects, 1)
+        self.client.close()
+        self.daemon.kill()
+        self.daemon = Daemon(self.directory)
+        self.client = tierd.Client(self.daemon.socket, client_name=self.id())
+        with self.client.session() as session:
+            with session.fetch("acts/kept") as lease:
+                self.assertEqual(list(lease.tensors), ["kv"])
+                self.assertTrue(torch.equal(lease.tensors["kv"].cpu(), kept.cpu()))
+            with self.assertRaises(tierd.TierdError) as caught:
+                session.fetch("acts/volatile")
+            self.assertEqual(caught.exception.code, tierd.StatusCode.NOT_FOUND)
+
+
+class ClientGroupTest(DaemonTestCase):
+    """A client group (tierd --client-groups) through the Python client."""
+
+    # The test's own group: the one group an unprivileged process can give its files.
+    daemon_flags = {"extra_flags": (
+        f"--client-groups=tenant:{grp.getgrgid(os.getgid()).gr_name}:4MiB",)}
+
+    def test_a_groups_stored_objects_are_its_own(self):
+        x = torch.randn(5, 7, device=torch_device())
+        with tierd.Client(self.daemon.socket, client_group="tenant") as tenant:
+            with tenant.session() as session:
+                self.assertEqual(session.transport, "socket")
+                session.store_async("acts/t", x)
+                session.flush()
+                with session.fetch("acts/t") as lease:
+                    self.assertTrue(torch.equal(lease.tensor.cpu(), x.cpu()))
+        with self.client.session() as session:
+            with self.assertRaises(tierd.TierdError) as caught:
+                session.fetch("acts/t")
+            self.assertEqual(caught.exception.code, tierd.StatusCode.NOT_FOUND)
+        stats = self.client.stats()
+        self.assertEqual([group.name for group in stats.client_groups], ["default", "tenant"])
+        self.assertEqual(stats.client_groups[1].gpu.budget_bytes, 4 << 20)
+
+    def test_a_group_the_daemon_lacks_gets_no_session(self):
+        with tierd.Client(self.daemon.socket, client_group="absent") as absent:
+            with self.assertRaises(tierd.TierdError) as caught:
+                absent.session()
+            self.assertEqual(caught.exception.code, tierd.StatusCode.UNAVAILABLE)
+            self.assertIn("client group absent", caught.exception.message)

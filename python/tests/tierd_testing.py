@@ -60,6 +60,12 @@ class Daemon:
         with open(self.log_path, "rb") as log:
             return log.read().decode(errors="replace")
 
+    def kill(self):
+        """SIGKILL: the daemon gets no chance to clean up or flush anything."""
+        self.process.kill()
+        self.process.wait(TIMEOUT)
+        self._log.close()
+
     def stop(self):
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)

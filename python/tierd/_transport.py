@@ -113,9 +113,19 @@ class GrpcTransport:
         self._responses.cancel()
 
 
-def connect(grpc_socket, session_socket, stub, timeout):
+def client_group_socket_path_for(grpc_socket, group):
+    """Where client group `group` (tierd --client-groups) opens sessions: X.sock -> X.GROUP.session.sock."""
+    if grpc_socket.endswith(".sock"):
+        return grpc_socket[: -len(".sock")] + "." + group + ".session.sock"
+    return grpc_socket + "." + group + ".session"
+
+
+def connect(grpc_socket, session_socket, stub, timeout, client_group=None):
     """The session socket where the daemon serves one, else the gRPC stream. `session_socket`:
-    "default" (beside `grpc_socket`), a path, or "" for gRPC always."""
+    "default" (beside `grpc_socket`), a path, or "" for gRPC always. With `client_group`, the
+    group's session socket and nothing else (OSError when it cannot be reached)."""
+    if client_group:
+        return SocketTransport(client_group_socket_path_for(grpc_socket, client_group), timeout)
     if session_socket:
         path = session_socket_path_for(grpc_socket) if session_socket == "default" else session_socket
         try:

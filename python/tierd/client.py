@@ -495,16 +495,20 @@ class Client:
     """A connection to one daemon (one GPU). `socket_path` is the daemon's gRPC socket.
 
     session_socket: "default" (the session socket beside `socket_path`, when the daemon serves
-    one), a path, or "" to carry sessions over gRPC. device: the torch device to open staging
-    buffers on (default: the daemon's GPU ordinal, which assumes both see the same GPUs).
+    one), a path, or "" to carry sessions over gRPC. client_group: the client group (tierd
+    --client-groups) whose sessions this client opens, on the group's own socket only; its sessions
+    see only the group's staging slabs and stored objects (unary calls act on the default group).
+    device: the torch device to open staging buffers on (default: the daemon's GPU ordinal, which
+    assumes both see the same GPUs).
     """
 
     def __init__(self, socket_path="/run/tierd/gpu0.sock", client_name=None,
-                 session_socket="default", device=None, timeout=30.0):
+                 session_socket="default", device=None, timeout=30.0, client_group=None):
         self.socket_path = socket_path
         self.client_name = client_name or f"python pid {os.getpid()}"
         self.timeout = timeout
         self._session_socket = session_socket
+        self._client_group = client_group
         self._device = device
         self._channel = grpc.insecure_channel(
             "unix:" + socket_path, options=[("grpc.max_receive_message_length", 64 << 20)])
@@ -521,8 +525,14 @@ class Client:
 
     def session(self):
         """Opens a session (over the session socket when the daemon serves one)."""
-        transport = _transport.connect(self.socket_path, self._session_socket, self._stub,
-                                       self.timeout)
+        try:
+            transport = _transport.connect(self.socket_path, self._session_socket, self._stub,
+                                           self.timeout, self._client_group)
+        except OSError as e:
+            # Only a client group's socket is never fallen back from.
+            raise TierdError(StatusCode.UNAVAILABLE,
+                             f"client group {self._client_group}: cannot open a session: {e}"
+                             ) from None
         try:
             return Session(self, transport, self._device)
         except BaseException:

@@ -1,0 +1,329 @@
+// Client groups (tierd --client-groups) against a tierd process: each group's sessions come in
+// through its own socket (its Unix group, mode 0660), are handed the handles of its own staging
+// slabs only, and see only its own stored objects, also after a restart; model weights are served
+// to every group with their bytes. Bad --client-groups values are refused with exit status 2.
+#include <grp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/tierd_client.h"
+#include "common/session_socket.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/daemon_test_support.h"
+#include "tests/storage_test_support.h"
+#include "tests/test_support.h"
+
+namespace tierd {
+namespace {
+
+using ::testing::HasSubstr;
+using ::tierd::testing::FetchBytes;
+using ::tierd::testing::IsOk;
+using ::tierd::testing::IsOkAndHolds;
+using ::tierd::testing::RunProgram;
+using ::tierd::testing::SiblingBinary;
+using ::tierd::testing::StatusIs;
+using ::tierd::testing::StoreBytes;
+using ::tierd::testing::Subprocess;
+using ::tierd::testing::TempDir;
+
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+
+class ClientGroupsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // The test's own group: the one group an unprivileged process can give its files.
+    const struct group* group = ::getgrgid(::getgid());
+    ASSERT_NE(group, nullptr);
+    unix_group_ = group->gr_name;
+    const std::string model = absl::StrCat(dir_.path(), "/model");
+    ASSERT_EQ(::mkdir(model.c_str(), 0755), 0);
+    for (int block = 0; block < 2; ++block) {
+      tensors_.push_back(testing::RandomTensor(absl::StrCat("blocks.", block, ".w"), "F32",
+                                               {128, 128}, 40 + block));
+    }
+    ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(model, "/model.safetensors"), tensors_),
+                IsOk());
+    StartDaemon(GroupsFlag());
+    ASSERT_NE(daemon_, nullptr);
+    ASSERT_THAT(Connect("")->RegisterModel("m", model, v1::GROUPING_BLOCK), IsOk());
+  }
+
+  void TearDown() override { StopDaemon(); }
+
+  std::string socket_path() const { return absl::StrCat(dir_.path(), "/gpu0.sock"); }
+  std::string GroupsFlag() const {
+    return absl::StrCat("--client-groups=tenant:", unix_group_, ":4MiB,other:", unix_group_,
+                        ":2MiB");
+  }
+  std::vector<std::string> TierdArgs(const std::vector<std::string>& extra) const {
+    std::vector<std::string> args = {
+        SiblingBinary("tierd"), "--device=host", absl::StrCat("--socket=", socket_path()),
+        absl::StrCat("--state-dir=", dir_.path(), "/state"), "--host-cache-bytes=32MiB",
+        "--gpu-pool-bytes=4MiB", "--gpu-slab-bytes=2MiB"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+
+  void StartDaemon(const std::string& groups_flag) {
+    auto daemon = testing::StartServingDaemon(TierdArgs({groups_flag}), socket_path(), kTimeout);
+    ASSERT_THAT(daemon, IsOk());
+    daemon_ = *std::move(daemon);
+  }
+  void StopDaemon() {
+    clients_.clear();
+    if (daemon_ == nullptr) return;
+    daemon_->Signal(SIGTERM);
+    EXPECT_THAT(daemon_->Wait(kTimeout), IsOkAndHolds(0));
+    daemon_.reset();
+  }
+
+  // A client of `group` ("": the default group); kept until the daemon stops.
+  Client* Connect(const std::string& group) {
+    ClientOptions options;
+    options.socket_path = socket_path();
+    options.client_group = group;
+    auto client = Client::Connect(options);
+    EXPECT_THAT(client, IsOk());
+    if (!client.ok()) return nullptr;
+    clients_.push_back(*std::move(client));
+    return clients_.back().get();
+  }
+  std::unique_ptr<Session> Open(const std::string& group) {
+    auto session = Connect(group)->OpenSession();
+    EXPECT_THAT(session, IsOk()) << group;
+    return session.ok() ? *std::move(session) : nullptr;
+  }
+
+  // The slab handles a session on the session socket at `path` is handed when it fetches `key`:
+  // the raw protocol, to see exactly what crosses the socket.
+  std::set<std::string> SlabHandlesHandedOut(const std::string& path, const std::string& key) {
+    std::set<std::string> slabs;
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0) << path;
+    v1::SessionRequest open;
+    open.set_request_id(1);
+    open.mutable_open()->set_client_name("raw");
+    v1::SessionRequest fetch;
+    fetch.set_request_id(2);
+    fetch.mutable_fetch()->set_key(key);
+    EXPECT_THAT(SendAll(fd, absl::StrCat(kSessionSocketHello, EncodeFrame(open),
+                                         EncodeFrame(fetch))),
+                IsOk());
+    std::string greeting(kSessionSocketHello.size(), '\0');
+    EXPECT_THAT(ReadExactly(fd, greeting.data(), greeting.size()), IsOk());
+    for (int answers = 0; answers < 2; ++answers) {
+      std::string payload;
+      EXPECT_THAT(ReadFrame(fd, payload), IsOk());
+      v1::SessionResponse response;
+      EXPECT_TRUE(response.ParseFromString(payload));
+      EXPECT_EQ(response.code(), 0) << response.message();
+      for (const v1::Handle& handle : response.new_handles()) {
+        if (handle.kind() == v1::Handle::SLAB) slabs.insert(handle.handle());
+      }
+    }
+    ::close(fd);  // ends the session, releasing its lease
+    return slabs;
+  }
+
+  static std::string Pattern(size_t size, int seed) {
+    std::string bytes(size, '\0');
+    testing::FillPattern(bytes.data(), bytes.size(), seed);
+    return bytes;
+  }
+
+  TempDir dir_;
+  std::string unix_group_;
+  std::vector<testing::TensorSpec> tensors_;
+  std::unique_ptr<Subprocess> daemon_;
+  std::vector<std::unique_ptr<Client>> clients_;
+};
+
+TEST_F(ClientGroupsTest, EachGroupHasItsOwnSocketSlabsAndGpuCopies) {
+  for (const char* group : {"tenant", "other"}) {
+    const std::string path = ClientGroupSocketPathFor(socket_path(), group);
+    struct stat st;
+    ASSERT_EQ(::stat(path.c_str(), &st), 0) << path;
+    EXPECT_TRUE(S_ISSOCK(st.st_mode)) << path;
+    EXPECT_EQ(st.st_mode & 0777, 0660u) << path;
+    EXPECT_EQ(st.st_gid, ::getgid()) << path;
+  }
+  // Weights are served to every group with their bytes, each from a GPU copy of its own.
+  for (const char* group : {"", "tenant", "other"}) {
+    std::unique_ptr<Session> session = Open(group);
+    ASSERT_NE(session, nullptr);
+    EXPECT_STREQ(session->transport(), "socket");
+    EXPECT_THAT(FetchBytes(*session, "m/blocks.0"), IsOkAndHolds(tensors_[0].data)) << group;
+  }
+  auto stats = Connect("")->GetStats();
+  ASSERT_THAT(stats, IsOk());
+  ASSERT_EQ(stats->client_groups_size(), 3);
+  const uint64_t budgets[] = {4u << 20, 4u << 20, 2u << 20};
+  const char* names[] = {"default", "tenant", "other"};
+  for (int i = 0; i < 3; ++i) {
+    const v1::ClientGroupStats& group = stats->client_groups(i);
+    EXPECT_EQ(group.name(), names[i]);
+    EXPECT_EQ(group.gpu().budget_bytes(), budgets[i]) << names[i];
+    EXPECT_EQ(group.gpu().objects(), 1u) << names[i];  // its own copy of m/blocks.0
+    EXPECT_GE(group.slabs(), 1u) << names[i];
+  }
+  EXPECT_EQ(stats->gpu().budget_bytes(), 10u << 20);  // the sum
+  EXPECT_EQ(stats->gpu().objects(), 3u);
+  auto shown = RunProgram(
+      {SiblingBinary("tierctl"), absl::StrCat("--socket=", socket_path()), "stats"}, kTimeout);
+  ASSERT_THAT(shown, IsOk());
+  EXPECT_EQ(shown->exit_code, 0);
+  EXPECT_THAT(shown->output, HasSubstr("client group tenant: GPU tier"));
+
+  // What crosses each socket: slab handles of that group's pool, never another's.
+  const std::set<std::string> default_slabs =
+      SlabHandlesHandedOut(SessionSocketPathFor(socket_path()), "m/blocks.1");
+  const std::set<std::string> tenant_slabs =
+      SlabHandlesHandedOut(ClientGroupSocketPathFor(socket_path(), "tenant"), "m/blocks.1");
+  ASSERT_FALSE(default_slabs.empty());
+  ASSERT_FALSE(tenant_slabs.empty());
+  for (const std::string& slab : tenant_slabs) EXPECT_EQ(default_slabs.count(slab), 0u);
+}
+
+TEST_F(ClientGroupsTest, StoredObjectsAreSeenOnlyByTheGroupThatStoredThem) {
+  std::unique_ptr<Session> tenant = Open("tenant");
+  std::unique_ptr<Session> other = Open("other");
+  std::unique_ptr<Session> main = Open("");
+  ASSERT_TRUE(tenant && other && main);
+  const std::string tenants = Pattern(64 << 10, 1);
+  const std::string mains = Pattern(32 << 10, 2);
+  ASSERT_THAT(StoreBytes(*tenant, "kv/x", tenants), IsOk());
+  // Another group neither fetches nor prefetches it, not even to learn that it exists.
+  EXPECT_THAT(FetchBytes(*main, "kv/x"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(FetchBytes(*other, "kv/x"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(other->Prefetch({"kv/x"}), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(other->Evict("kv/x", v1::TIER_ALL), StatusIs(absl::StatusCode::kNotFound));
+  // The same key in two groups is two objects.
+  ASSERT_THAT(StoreBytes(*main, "kv/x", mains), IsOk());
+  EXPECT_THAT(FetchBytes(*tenant, "kv/x"), IsOkAndHolds(tenants));
+  EXPECT_THAT(FetchBytes(*main, "kv/x"), IsOkAndHolds(mains));
+  // Evicting a prefix from every tier (a delete) on the main socket leaves the tenant's alone.
+  auto evicted = Connect("")->Evict("kv/", v1::TIER_ALL);
+  ASSERT_THAT(evicted, IsOk());
+  EXPECT_EQ(evicted->evicted(), 1u);
+  EXPECT_THAT(FetchBytes(*main, "kv/x"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(FetchBytes(*tenant, "kv/x"), IsOkAndHolds(tenants));
+  // Out of memory and back: the tenant's object comes back to the tenant only.
+  for (v1::Tier tier : {v1::TIER_GPU, v1::TIER_HOST}) {
+    // The last fetch's lease is released once its read is done; until then it stays.
+    absl::StatusOr<v1::EvictResponse> gone;
+    const absl::Time deadline = absl::Now() + kTimeout;
+    do {
+      gone = tenant->Evict("kv/x", tier);
+    } while (!gone.ok() && gone.status().code() == absl::StatusCode::kFailedPrecondition &&
+             absl::Now() < deadline);
+    ASSERT_THAT(gone, IsOk()) << v1::Tier_Name(tier);
+    EXPECT_EQ(gone->evicted(), 1u) << v1::Tier_Name(tier);
+  }
+  EXPECT_THAT(FetchBytes(*tenant, "kv/x"), IsOkAndHolds(tenants));
+  EXPECT_THAT(FetchBytes(*other, "kv/x"), StatusIs(absl::StatusCode::kNotFound));
+  // The tenant deletes it.
+  ASSERT_THAT(tenant->Evict("kv/x", v1::TIER_ALL), IsOk());
+  EXPECT_THAT(FetchBytes(*tenant, "kv/x"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(ClientGroupsTest, DurableObjectsComeBackToTheirGroupOnly) {
+  StoreRequest durable;
+  durable.durable = true;
+  const std::string bytes = Pattern(48 << 10, 3);
+  {
+    std::unique_ptr<Session> tenant = Open("tenant");
+    ASSERT_NE(tenant, nullptr);
+    ASSERT_THAT(StoreBytes(*tenant, "kv/d", bytes, durable), IsOk());
+  }
+  // Restarted without the group: the object stays on disk and nobody is served it.
+  StopDaemon();
+  StartDaemon("--client-groups=");
+  ASSERT_NE(daemon_, nullptr);
+  {
+    std::unique_ptr<Session> main = Open("");
+    ASSERT_NE(main, nullptr);
+    EXPECT_THAT(FetchBytes(*main, "kv/d"), StatusIs(absl::StatusCode::kNotFound));
+    auto stats = Connect("")->GetStats();
+    ASSERT_THAT(stats, IsOk());
+    EXPECT_EQ(stats->durable_objects(), 1u);
+    EXPECT_EQ(stats->client_groups_size(), 0);
+  }
+  // With the group again, after a SIGKILL: back to the tenant, and to nobody else.
+  StopDaemon();
+  StartDaemon(GroupsFlag());
+  ASSERT_NE(daemon_, nullptr);
+  daemon_->Signal(SIGKILL);
+  ASSERT_THAT(daemon_->Wait(kTimeout), IsOk());
+  daemon_.reset();
+  clients_.clear();
+  StartDaemon(GroupsFlag());
+  ASSERT_NE(daemon_, nullptr);
+  std::unique_ptr<Session> tenant = Open("tenant");
+  std::unique_ptr<Session> other = Open("other");
+  std::unique_ptr<Session> main = Open("");
+  ASSERT_TRUE(tenant && other && main);
+  EXPECT_THAT(FetchBytes(*tenant, "kv/d"), IsOkAndHolds(bytes));
+  EXPECT_THAT(FetchBytes(*other, "kv/d"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(FetchBytes(*main, "kv/d"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(ClientGroupsTest, AClientOfAGroupTheDaemonLacksGetsNoSessionAtAll) {
+  ClientOptions options;
+  options.socket_path = socket_path();
+  options.client_group = "absent";
+  auto client = Client::Connect(options);
+  ASSERT_THAT(client, IsOk());
+  // Not the default group's session instead: an error.
+  auto session = (*client)->OpenSession();
+  EXPECT_FALSE(session.ok());
+  EXPECT_THAT(std::string(session.status().message()), HasSubstr("client group absent"));
+}
+
+TEST_F(ClientGroupsTest, BadClientGroupsAreRefused) {
+  StopDaemon();
+  const std::string group = unix_group_;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--client-groups=tenant", "three fields"},
+      {absl::StrCat("--client-groups=ten/ant:", group, ":1MiB"), "the name"},
+      {absl::StrCat("--client-groups=default:", group, ":1MiB"), "main sockets"},
+      {absl::StrCat("--client-groups=a:", group, ":0"), "above 0"},
+      {absl::StrCat("--client-groups=a:", group, ":lots"), "above 0"},
+      {absl::StrCat("--client-groups=a:", group, ":1MiB,a:", group, ":1MiB"), "twice"},
+      {"--client-groups=a:no-such-group-tierd:1MiB", "no Unix group"},
+  };
+  // stderr is merged into the output so that the message can be checked (no argument here has
+  // a space or a quote in it).
+  auto run_tierd = [&](const std::vector<std::string>& extra) {
+    return RunProgram({"/bin/sh", "-c", absl::StrCat(absl::StrJoin(TierdArgs(extra), " "), " 2>&1")},
+                      kTimeout);
+  };
+  for (const auto& [flag, why] : cases) {
+    auto run = run_tierd({flag});
+    ASSERT_THAT(run, IsOk());
+    EXPECT_EQ(run->exit_code, 2) << flag << ": " << run->output;
+    EXPECT_THAT(run->output, HasSubstr(why)) << flag;
+  }
+  auto no_session_socket =
+      run_tierd({absl::StrCat("--client-groups=a:", group, ":1MiB"), "--session-socket="});
+  ASSERT_THAT(no_session_socket, IsOk());
+  EXPECT_EQ(no_session_socket->exit_code, 2) << no_session_socket->output;
+  EXPECT_THAT(no_session_socket->output, HasSubstr("needs the session socket"));
+}
+
+}  // namespace
+}  // namespace tierd
