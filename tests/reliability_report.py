@@ -101,8 +101,7 @@ def sanitizer_line(name, reports):
 
 
 def describe_machine():
-    cores = os.cpu_count()
-    return "%s, %d cores, Linux %s" % (platform.machine(), cores, platform.release())
+    return "%s, %d cores" % (platform.machine(), os.cpu_count())
 
 
 def git_commit():
