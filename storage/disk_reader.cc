@@ -198,7 +198,10 @@ class DiskReader::Worker {
     // A read that stops short of a block boundary has reached the end of the file.
     const bool end_of_file = result == 0 || (s.direct && result % kAlignment != 0);
     if (s.chunk.read < s.chunk.length && !end_of_file) return false;
-    reader_->FinishChunk(s.chunk, DeliverChunk(s.chunk, BounceOf(slot)));
+    const absl::Status delivered = DeliverChunk(s.chunk, BounceOf(slot));
+    // A file that ended early may have been cut off or replaced: the next request opens it again.
+    if (!delivered.ok()) reader_->RetireFile(s.file);
+    reader_->FinishChunk(s.chunk, delivered);
     return true;
   }
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -78,6 +79,13 @@ class FaultInjectionTest : public ::testing::Test {
     }
     ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(model_dir_, "/model.safetensors"), tensors_),
                 IsOk());
+    truncated_copy_ = absl::StrCat(dir_.path(), "/truncated.safetensors");
+    {
+      std::ifstream in(absl::StrCat(model_dir_, "/model.safetensors"), std::ios::binary);
+      std::string head(64 << 10, '\0');
+      in.read(head.data(), head.size());
+      std::ofstream(truncated_copy_, std::ios::binary).write(head.data(), head.size());
+    }
 
     DaemonOptions options;
     options.socket_path = absl::StrCat(dir_.path(), "/gpu0.sock");
@@ -96,10 +104,16 @@ class FaultInjectionTest : public ::testing::Test {
     options.reader.direct = false;
     // A model file whose reads fail while `fail_reads` is set: opened as a directory, whose
     // reads the kernel refuses (EISDIR), as a disk that returns EIO would.
+    // While `short_reads` is set, the model file is opened as a copy of its first 64 KiB: reads
+    // past that come back short, as from a file cut off under the daemon.
     options.reader.open_file = [this](const std::string& path, int flags) {
       if (fail_reads && absl::EndsWith(path, ".safetensors")) {
         ++read_faults;
         return ::open(dir_.path().c_str(), O_RDONLY | O_CLOEXEC);
+      }
+      if (short_reads && absl::EndsWith(path, ".safetensors")) {
+        ++short_read_faults;
+        return ::open(truncated_copy_.c_str(), O_RDONLY | O_CLOEXEC);
       }
       return ::open(path.c_str(), flags);
     };
@@ -139,6 +153,7 @@ class FaultInjectionTest : public ::testing::Test {
   void TearDown() override {
     // For docs/RELIABILITY.md (tests/reliability_report.py): what this test injected.
     RecordProperty("faults_read_errors", read_faults.load());
+    RecordProperty("faults_short_reads", short_read_faults.load());
     RecordProperty("faults_slowed_reads", slowed_reads.load());
     RecordProperty("faults_full_disk_writes", write_faults.load());
     RecordProperty("faults_refused_device_calls", device_ == nullptr ? 0 : device_->faults.load());
@@ -191,6 +206,9 @@ class FaultInjectionTest : public ::testing::Test {
   FaultyDevice* device_ = nullptr;  // owned by the daemon
   std::atomic<bool> fail_reads{false};
   std::atomic<int> read_faults{0};
+  std::atomic<bool> short_reads{false};
+  std::atomic<int> short_read_faults{0};
+  std::string truncated_copy_;
   std::atomic<int> slow_read_ms{0};
   std::atomic<int> slowed_reads{0};
   std::atomic<bool> disk_full{false};
@@ -212,6 +230,19 @@ TEST_F(FaultInjectionTest, AFailingDiskReadFailsTheFetchAndTheNextOneSucceeds) {
   fail_reads = false;
   EXPECT_THAT(FetchAndCheck(0), IsOk());
   EXPECT_THAT(FetchAndCheck(1), IsOk());
+  ExpectNothingHeld();
+}
+
+TEST_F(FaultInjectionTest, AShortReadIsDataLossAndTheNextFullReadServesTheRightBytes) {
+  // Block 3 lies past the first 64 KiB of the file (each block is 256 KiB).
+  short_reads = true;
+  const absl::Status failed = FetchAndCheck(3);
+  EXPECT_THAT(failed, StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(std::string(failed.message()), HasSubstr("model.safetensors")) << failed;
+  EXPECT_GE(short_read_faults, 1);
+  ExpectNothingHeld();
+  short_reads = false;
+  EXPECT_THAT(FetchAndCheck(3), IsOk());
   ExpectNothingHeld();
 }
 

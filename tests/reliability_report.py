@@ -160,7 +160,8 @@ def build_report(gtest, asan, tsan, fuzzers, command):
     out("## Faults injected")
     out("")
     faults = gtest.get("fault_injection_test", [])
-    kinds = (("faults_read_errors", "failed reads"), ("faults_slowed_reads", "slowed reads"),
+    kinds = (("faults_read_errors", "failed reads"), ("faults_short_reads", "short reads"),
+             ("faults_slowed_reads", "slowed reads"),
              ("faults_full_disk_writes", "writes to a full disk"),
              ("faults_refused_device_calls", "refused copies and event records"))
     if faults:
