@@ -35,6 +35,7 @@ using ::tierd::testing::RandomTensor;
 using ::tierd::testing::RunProgram;
 using ::tierd::testing::SiblingBinary;
 using ::tierd::testing::StatusIs;
+using ::tierd::testing::ConnectUnix;
 using ::tierd::testing::StoreBytes;
 using ::tierd::testing::Subprocess;
 using ::tierd::testing::TempDir;
@@ -416,16 +417,6 @@ TEST_F(ApiTest, EvictingAPrefixFromTheHostTierCountsEachStoredObjectOnce) {
 }
 
 constexpr int Code(absl::StatusCode code) { return static_cast<int>(code); }
-
-// A socket connected to the Unix socket at `path`.
-int ConnectUnix(const std::string& path) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0) << path;
-  return fd;
-}
 
 // Connects to the session socket, sends `bytes` and nothing more (a half-close); returns what the
 // daemon sent back before it closed the connection.

@@ -110,11 +110,7 @@ class ClientGroupsTest : public ::testing::Test {
   // the raw protocol, to see exactly what crosses the socket.
   std::set<std::string> SlabHandlesHandedOut(const std::string& path, const std::string& key) {
     std::set<std::string> slabs;
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un address{};
-    address.sun_family = AF_UNIX;
-    std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
-    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0) << path;
+    const int fd = testing::ConnectUnix(path);
     v1::SessionRequest open;
     open.set_request_id(1);
     open.mutable_open()->set_client_name("raw");

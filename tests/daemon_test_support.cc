@@ -1,8 +1,14 @@
 #include "tests/daemon_test_support.h"
 
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "client/health.h"
 #include "common/status_macros.h"
+#include "gtest/gtest.h"
 
 namespace tierd::testing {
 
@@ -32,6 +38,15 @@ absl::Status StoreBytes(Session& session, const std::string& key, const std::str
   // `bytes` must outlive the copy from it; only a successful commit waits for that.
   RETURN_IF_ERROR(session.device().SynchronizeStream(session.default_stream()));
   return committed;
+}
+
+int ConnectUnix(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0) << path;
+  return fd;
 }
 
 absl::StatusOr<std::string> FetchBytes(Session& session, const std::string& key) {

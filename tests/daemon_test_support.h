@@ -24,6 +24,10 @@ absl::StatusOr<std::unique_ptr<Subprocess>> StartServingDaemon(const std::vector
 absl::Status StoreBytes(Session& session, const std::string& key, const std::string& bytes,
                         StoreRequest request = {});
 
+// A stream socket connected to the Unix socket at `path` (a failure is a test failure); the caller
+// closes it.
+int ConnectUnix(const std::string& path);
+
 // The bytes of `key` as a fetch through `session` hands them out; the lease is released.
 absl::StatusOr<std::string> FetchBytes(Session& session, const std::string& key);
 
