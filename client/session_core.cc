@@ -36,8 +36,8 @@ absl::StatusOr<T*> FindHandle(const std::map<uint32_t, std::unique_ptr<T>>& hand
                               const char* what) {
   auto it = handles.find(id);
   if (it == handles.end()) {
-    return absl::InternalError(absl::StrCat("the daemon named ", what, " ", id,
-                                            " without its handle"));
+    return absl::InternalError(
+        absl::StrCat("the daemon named ", what, " ", id, " without its handle"));
   }
   return it->second.get();
 }
@@ -116,6 +116,11 @@ void SessionCore::ReadLoop() {
   }
 }
 
+bool SessionCore::ended() {
+  absl::MutexLock lock(&mu_);
+  return ended_;
+}
+
 absl::StatusOr<v1::SessionResponse> SessionCore::Call(v1::SessionRequest request) {
   auto pending = std::make_shared<Pending>();
   {
@@ -186,17 +191,16 @@ absl::Status SessionCore::OpenHandles(const v1::SessionResponse& response) {
       if (slabs_.count(handle.id()) > 0) continue;
       absl::StatusOr<std::unique_ptr<Slab>> slab = device_->OpenSlab(handle.handle());
       if (!slab.ok()) {
-        return absl::Status(slab.status().code(), absl::StrCat("opening staging slab ",
-                                                               handle.id(), ": ",
-                                                               slab.status().message()));
+        return absl::Status(slab.status().code(), absl::StrCat("opening staging slab ", handle.id(),
+                                                               ": ", slab.status().message()));
       }
       slabs_[handle.id()] = *std::move(slab);
     } else if (handle.kind() == v1::Handle::EVENT) {
       if (events_.count(handle.id()) > 0) continue;
       absl::StatusOr<std::unique_ptr<Event>> event = device_->OpenEvent(handle.handle());
       if (!event.ok()) {
-        return absl::Status(event.status().code(), absl::StrCat("opening event ", handle.id(),
-                                                                ": ", event.status().message()));
+        return absl::Status(event.status().code(), absl::StrCat("opening event ", handle.id(), ": ",
+                                                                event.status().message()));
       }
       events_[handle.id()] = *std::move(event);
     }
@@ -219,7 +223,8 @@ void SessionCore::ReleaseLease(uint64_t lease_id, Event& done_event, Stream& str
   if (!status.ok()) {
     // Without the record the daemon could reuse the buffer while the stream still reads it: wait
     // for the stream on the CPU instead.
-    std::fprintf(stderr, "tierd client: cannot record the release of lease %llu (%s); waiting "
+    std::fprintf(stderr,
+                 "tierd client: cannot record the release of lease %llu (%s); waiting "
                  "for the stream instead\n",
                  static_cast<unsigned long long>(lease_id), std::string(status.message()).c_str());
     (void)device_->SynchronizeStream(stream);

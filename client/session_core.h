@@ -4,13 +4,13 @@
 #ifndef TIERD_CLIENT_SESSION_CORE_H_
 #define TIERD_CLIENT_SESSION_CORE_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -43,6 +43,8 @@ class SessionCore {
   absl::Status SendQuiet(v1::SessionRequest request) ABSL_LOCKS_EXCLUDED(mu_);
 
   const char* transport_kind() const { return transport_->kind(); }
+  // True once the stream has ended (the daemon went away or closed it); every call then fails.
+  bool ended() ABSL_LOCKS_EXCLUDED(mu_);
   void set_device(std::shared_ptr<Device> device) { device_ = std::move(device); }
   Device& device() { return *device_; }
   // Opens the handles `response` brings that this session has not opened yet.

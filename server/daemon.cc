@@ -224,11 +224,20 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   gpu.slab_bytes = options_.gpu_slab_bytes;
   gpu.durable_store = durable_.get();
   gpu.max_clients = options_.max_sessions;
+  if (!options_.peer_sockets.empty()) {
+    ASSIGN_OR_RETURN(
+        peers_, PeerDaemons::Create(*device_, {options_.peer_sockets, options_.socket_path,
+                                               absl::StrCat("tierd peer (", device_->Describe(),
+                                                            ", ", options_.socket_path, ")")}));
+    TIERD_LOG(INFO) << "peers: " << absl::StrJoin(peers_->sockets(), ", ");
+  }
+  GpuTierOptions own_groups = gpu;  // client groups' tiers do not ask peers
+  gpu.peers = peers_.get();
   ASSIGN_OR_RETURN(gpu_tier_, GpuTier::Create(*device_, *catalog_, *arena_, *host_cache_, gpu));
   TIERD_LOG(INFO) << "GPU staging pool: " << FormatByteSize(gpu_tier_->pool().capacity()) << " in "
                   << gpu_tier_->pool().slab_count() << " slab(s)";
   for (ClientGroup& group : client_groups_) {
-    GpuTierOptions own = gpu;
+    GpuTierOptions own = own_groups;
     own.pool_bytes = group.options.gpu_pool_bytes;
     own.stored_key_prefix = ClientGroupKeyPrefix(group.options.name);
     absl::StatusOr<std::unique_ptr<GpuTier>> tier =
@@ -277,8 +286,8 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
 absl::Status Daemon::StartClientGroupSockets(const SessionOptions& session) {
   for (ClientGroup& group : client_groups_) {
     const std::string path = ClientGroupSocketPathFor(options_.socket_path, group.options.name);
-    ASSIGN_OR_RETURN(group.sessions, SessionSocketServer::Start(path, group.gid, *group.tier,
-                                                                session));
+    ASSIGN_OR_RETURN(group.sessions,
+                     SessionSocketServer::Start(path, group.gid, *group.tier, session));
     TIERD_LOG(INFO) << "client group " << group.options.name << ": sessions on " << path
                     << " (group " << group.options.unix_group << ", mode 0660)";
   }
@@ -345,6 +354,8 @@ Daemon::~Daemon() {
     group.tier.reset();
   }
   gpu_tier_.reset();
+  step("peer sessions");
+  peers_.reset();
   step("host cache");
   host_cache_.reset();
   durable_.reset();

@@ -22,17 +22,18 @@
 #include "server/gpu_tier.h"
 #include "server/health_monitor.h"
 #include "server/metrics_server.h"
+#include "server/peer_daemons.h"
 #include "server/pressure_reporter.h"
-#include "server/stats.h"
 #include "server/response_counters.h"
 #include "server/session_socket_server.h"
+#include "server/stats.h"
 #include "server/throughput_meter.h"
 #include "server/tierd_service.h"
 #include "storage/catalog.h"
 #include "storage/disk_reader.h"
+#include "storage/durable_store.h"
 #include "storage/host_arena.h"
 #include "storage/host_cache.h"
-#include "storage/durable_store.h"
 #include "storage/spill_writer.h"
 
 namespace grpc {
@@ -112,6 +113,7 @@ class Daemon {
   std::unique_ptr<SpillWriter> spill_;
   std::unique_ptr<DurableStore> durable_;
   std::unique_ptr<HostCache> host_cache_;
+  std::unique_ptr<PeerDaemons> peers_;  // --peers; null without
   std::unique_ptr<GpuTier> gpu_tier_;
   // --client-groups, in the order given.
   struct ClientGroup {

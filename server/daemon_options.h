@@ -44,6 +44,9 @@ struct DaemonOptions {
   // --client-groups: groups with GPU staging and stored objects of their own, each serving
   // sessions on ClientGroupSocketPathFor(socket_path, name). Needs the session socket.
   std::vector<ClientGroupOptions> client_groups;
+  // --peers: the gRPC sockets of the node's other daemons, asked for stored objects not found here
+  // (server/peer_daemons.h); this daemon's own socket_path among them is skipped.
+  std::vector<std::string> peer_sockets;
   // --model-roots: directories models may be registered from; empty: anywhere.
   std::vector<std::string> model_roots;
   // --metrics-address, --metrics-port: where Prometheus text is served; nullopt: nowhere; 0: a

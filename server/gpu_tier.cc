@@ -44,15 +44,17 @@ absl::StatusOr<std::unique_ptr<GpuTier>> GpuTier::Create(Device& device, Catalog
   ASSIGN_OR_RETURN(std::unique_ptr<Stream> demand, device.CreateStream(StreamPriority::kHigh));
   ASSIGN_OR_RETURN(std::unique_ptr<Stream> prefetch, device.CreateStream(StreamPriority::kNormal));
   ASSIGN_OR_RETURN(std::unique_ptr<Stream> store, device.CreateStream(StreamPriority::kNormal));
+  ASSIGN_OR_RETURN(std::unique_ptr<Stream> handoff, device.CreateStream(StreamPriority::kHigh));
   return std::unique_ptr<GpuTier>(new GpuTier(device, catalog, arena, host_cache, options,
                                               std::move(pool), std::move(demand),
-                                              std::move(prefetch), std::move(store)));
+                                              std::move(prefetch), std::move(store),
+                                              std::move(handoff)));
 }
 
 GpuTier::GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& host_cache,
                  const GpuTierOptions& options, std::unique_ptr<StagingPool> pool,
                  std::unique_ptr<Stream> demand_stream, std::unique_ptr<Stream> prefetch_stream,
-                 std::unique_ptr<Stream> store_stream)
+                 std::unique_ptr<Stream> store_stream, std::unique_ptr<Stream> handoff_stream)
     : device_(device),
       catalog_(catalog),
       arena_(arena),
@@ -63,6 +65,7 @@ GpuTier::GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& 
       demand_stream_(std::move(demand_stream)),
       prefetch_stream_(std::move(prefetch_stream)),
       store_stream_(std::move(store_stream)),
+      handoff_stream_(std::move(handoff_stream)),
       liveness_(std::make_shared<Liveness>()) {
   absl::MutexLock lock(&liveness_->mu);
   liveness_->tier = this;
@@ -79,12 +82,13 @@ GpuTier::~GpuTier() {
     ForceClose(id);
   }
   {
-    // Copies, commits and host fetches in flight call back into the tier; wait for them.
+    // Copies, commits and host and peer fetches in flight call back into the tier; wait for them.
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
         +[](GpuTier* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
           return self->copies_in_flight_ == 0 && self->host_fetches_in_flight_ == 0 &&
-                 self->host_reservations_in_flight_ == 0 && self->commits_.empty();
+                 self->peer_fetches_in_flight_ == 0 && self->host_reservations_in_flight_ == 0 &&
+                 self->commits_.empty();
         },
         this));
   }
@@ -237,7 +241,7 @@ GpuTier::Object* GpuTier::FindListedLocked(const std::string& key) {
 }
 
 void GpuTier::Fetch(ClientId client_id, const std::string& key, ReadPriority priority,
-                    absl::Time deadline, LeaseCallback done) {
+                    absl::Time deadline, LeaseCallback done, FetchScope scope) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   auto fail = [&](absl::Status status) { DeferAnswer(deferred.calls(), std::move(done), status); };
@@ -257,6 +261,10 @@ void GpuTier::Fetch(ClientId client_id, const std::string& key, ReadPriority pri
   ++stats_.misses;
   if (object == nullptr) {
     absl::StatusOr<Object*> started = StartLoadLocked(key, priority, deadline, deferred.calls());
+    if (absl::IsNotFound(started.status()) && scope == FetchScope::kLocalThenPeers &&
+        options_.peers != nullptr) {
+      return StartPeerLoadLocked(*client, key, std::move(done), deferred.calls());
+    }
     if (!started.ok()) return fail(started.status());
     object = *started;
   } else if (priority == ReadPriority::kDemand && !object->demand) {
@@ -623,6 +631,7 @@ void GpuTier::FreeObjectLocked(Object* object) {
 void GpuTier::DeleteIfUnusedLocked(Object* object) {
   if (object->listed || object->leases > 0 || object->pins > 0 || object->copying ||
       object->host_fetches > 0 || object->state == Object::State::kAllocating ||
+      object->state == Object::State::kFetchingPeer ||
       !object->waiters.empty()) {
     return;
   }

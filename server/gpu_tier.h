@@ -41,6 +41,7 @@
 #include "common/timer_thread.h"
 #include "device/device.h"
 #include "server/event_pool.h"
+#include "server/peer_source.h"
 #include "server/staging_pool.h"
 #include "storage/catalog.h"
 #include "storage/host_arena.h"
@@ -66,8 +67,10 @@ struct GpuTierOptions {
   // stored objects apart from every other tier's, and such a tier serves, prefetches and evicts
   // only its own stored objects and model weights. Empty for the daemon's default tier.
   std::string stored_key_prefix;
+  // Where fetches of stored objects this tier does not have look next: the node's other daemons.
+  // Null: nowhere (NOT_FOUND). Must outlive the tier.
+  PeerSource* peers = nullptr;
 };
-
 
 // How a stored object is kept (ReserveRequest's flags).
 struct StorePolicy {
@@ -119,6 +122,9 @@ struct GpuTierStats {
   uint64_t evictions = 0;
   uint64_t bytes_host_to_gpu = 0;
   uint64_t bytes_gpu_to_host = 0;
+  uint64_t peer_fetches = 0;  // fetches answered with a copy of a peer's object
+  uint64_t bytes_peer_to_gpu = 0;
+  uint64_t peer_fetches_through_host = 0;
   uint64_t copies_in_flight = 0;
   uint64_t allocation_waiters = 0;  // requests waiting for staging room that releases will free
   uint64_t clients = 0;
@@ -127,6 +133,12 @@ struct GpuTierStats {
   uint64_t pins = 0;
   uint64_t slabs = 0;
   uint64_t events = 0;
+};
+
+// Where a fetch may look for its key.
+enum class FetchScope {
+  kLocal,           // this tier (and the host tier and disk behind it) only
+  kLocalThenPeers,  // then, for a stored object it does not have, GpuTierOptions::peers
 };
 
 // What a client still held when it was closed.
@@ -166,8 +178,14 @@ class GpuTier {
   // Brings `key` into staging and leases it to `client`. Errors: INVALID_ARGUMENT (malformed key),
   // NOT_FOUND, RESOURCE_EXHAUSTED (pool or the client's quota), FAILED_PRECONDITION (model files
   // changed), DATA_LOSS, UNAVAILABLE (client closed), the host tier's errors.
+  //
+  // With kLocalThenPeers, a key this tier knows nothing of is looked for at the peers; the first
+  // that has it lends it, and this tier copies it into a staging range of its own on the handoff
+  // stream: the copy waits on the peer's ready event, the lease's ready event follows the copy, and
+  // the peer's lease is given back once the copy has completed. Nothing is kept: the range is freed
+  // with the lease, and every fetch copies the peer's current version again.
   void Fetch(ClientId client, const std::string& key, ReadPriority priority, absl::Time deadline,
-             LeaseCallback done) ABSL_LOCKS_EXCLUDED(mu_);
+             LeaseCallback done, FetchScope scope = FetchScope::kLocal) ABSL_LOCKS_EXCLUDED(mu_);
   // Hands the lease's buffer back once its done event completes. NOT_FOUND for a lease the client
   // never had; FAILED_PRECONDITION for one already released.
   absl::Status Release(ClientId client, uint64_t lease_id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -235,7 +253,7 @@ class GpuTier {
   GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& host_cache,
           const GpuTierOptions& options, std::unique_ptr<StagingPool> pool,
           std::unique_ptr<Stream> demand_stream, std::unique_ptr<Stream> prefetch_stream,
-          std::unique_ptr<Stream> store_stream);
+          std::unique_ptr<Stream> store_stream, std::unique_ptr<Stream> handoff_stream);
 
   Client* FindClientLocked(ClientId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The host cache's (and the durable store's) key for this tier's `key`: stored objects carry
@@ -258,14 +276,22 @@ class GpuTier {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void IssueHostFetchLocked(Object* object, ReadPriority priority, absl::Time deadline,
                             Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnHostObject(Object* object, absl::StatusOr<HostObject> host)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  void OnHostObject(Object* object, absl::StatusOr<HostObject> host) ABSL_LOCKS_EXCLUDED(mu_);
   // Copies `host` into the object's staging range and answers its waiters.
   void CopyInLocked(Object* object, HostObject host, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishCopyIn(Object* object) ABSL_LOCKS_EXCLUDED(mu_);
   void FailLoadLocked(Object* object, const absl::Status& status, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The handoff from a peer (gpu_tier_peer.cc): asks the peers for `key` on behalf of `client`
+  // with an unlisted object; once a peer lends it, allocates staging and copies it in.
+  void StartPeerLoadLocked(Client& client, const std::string& key, LeaseCallback done,
+                           Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnPeerCopy(Object* object, absl::StatusOr<PeerCopy> copy) ABSL_LOCKS_EXCLUDED(mu_);
+  void CopyFromPeerLocked(Object* object, std::shared_ptr<PeerCopy> copy, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishCopyFromPeer(Object* object) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<LeaseGrant> GrantLocked(Client& client, Object* object)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AnswerWaitersLocked(Object* object, const absl::Status& status, Deferred& deferred)
@@ -274,7 +300,8 @@ class GpuTier {
   // A staging range of `bytes`, evicting LRU objects as needed; nullopt when that is not enough.
   std::optional<StagingRange> TryAllocateLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Allocates now, once copies or drains in flight free room, or fails RESOURCE_EXHAUSTED.
-  void AllocateLocked(uint64_t bytes, absl::AnyInvocable<void(absl::StatusOr<StagingRange>) &&> done,
+  void AllocateLocked(uint64_t bytes,
+                      absl::AnyInvocable<void(absl::StatusOr<StagingRange>) &&> done,
                       Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetryAllocationsLocked(Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PoolExhaustedLocked(uint64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -336,7 +363,9 @@ class GpuTier {
   const std::unique_ptr<Stream> demand_stream_;    // H2D, high priority
   const std::unique_ptr<Stream> prefetch_stream_;  // H2D
   const std::unique_ptr<Stream> store_stream_;     // D2H
-  std::shared_ptr<Liveness> liveness_;             // lets late drain callbacks find the tier gone
+  // Copies from peers' memory, which wait on the peer daemon's events.
+  const std::unique_ptr<Stream> handoff_stream_;
+  std::shared_ptr<Liveness> liveness_;  // lets late drain callbacks find the tier gone
 
   mutable absl::Mutex mu_;
   std::map<std::string, Object*> objects_ ABSL_GUARDED_BY(mu_);  // listed, by key
@@ -360,6 +389,7 @@ class GpuTier {
   // on it forever, and so would anything that synchronizes the whole device (freeing the pool).
   uint64_t abandoned_waits_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t host_fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t peer_fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // asked, not answered yet
   uint64_t host_reservations_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   GpuTierStats stats_ ABSL_GUARDED_BY(mu_);
   // Close-grace callbacks and the device calls of drains (StartDrainLocked). Last, so it goes

@@ -17,6 +17,7 @@ namespace tierd {
 struct GpuTier::Object {
   enum class State {
     kFetchingHost,  // waiting for the host tier
+    kFetchingPeer,  // waiting for a peer daemon to lend it (unlisted: see GpuTier::Fetch)
     kAllocating,    // has the host bytes, waiting for staging room
     kResident,      // the copy into staging is enqueued (or done) and the ready event recorded
   };

@@ -108,6 +108,15 @@ std::string RenderPrometheusText(const MetricsSnapshot& snapshot) {
     out.Sample(snapshot.stage_rates[i], Label("stage", StageName(static_cast<Stage>(i))));
   }
 
+  out.Metric("tierd_peer_fetches_total", "counter",
+             "Fetches answered with a copy of a peer daemon's object (--peers)")
+      .Sample(stats.peer_fetches());
+  out.Metric("tierd_peer_fetches_through_host_total", "counter",
+             "Peer fetches copied through pinned host memory (the GPUs cannot reach each other)")
+      .Sample(stats.peer_fetches_through_host());
+  out.Metric("tierd_peer_bytes_total", "counter", "Bytes copied from peer daemons into staging")
+      .Sample(stats.bytes_peer_to_gpu());
+
   out.Metric("tierd_disk_reads_in_flight", "gauge", "Objects being read from disk")
       .Sample(stats.disk_reads_in_flight());
   out.Metric("tierd_copies_in_flight", "gauge", "Copies between host and GPU in flight")

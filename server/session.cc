@@ -227,26 +227,29 @@ void SessionProtocol::Fetch(uint64_t request_id, ClientId client, const v1::Fetc
   if (absl::Status key = CheckKey(fetch.key(), "fetch.key"); !key.ok()) {
     return Reply(request_id, key);
   }
-  tier_.Fetch(client, fetch.key(), ReadPriority::kDemand, absl::InfiniteFuture(),
-              [self = shared_from_this(), request_id](absl::StatusOr<LeaseGrant> grant) {
-                if (!grant.ok()) return self->Reply(request_id, grant.status());
-                v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
-                v1::Lease* lease = response.mutable_lease();
-                lease->set_lease_id(grant->lease_id);
-                lease->set_key(grant->key);
-                lease->set_slab_id(grant->range.slab);
-                lease->set_offset(grant->range.offset);
-                lease->set_length(grant->length);
-                lease->set_ready_event_id(grant->ready_event);
-                lease->set_done_event_id(grant->done_event);
-                if (grant->tensors != nullptr) {
-                  for (const TensorPlacement& tensor : *grant->tensors) {
-                    ToProto(tensor, lease->add_tensors());
-                  }
-                }
-                self->SendWithHandles(std::move(response), grant->range.slab,
-                                      {grant->ready_event, grant->done_event});
-              });
+  const FetchScope scope = fetch.local_only() ? FetchScope::kLocal : FetchScope::kLocalThenPeers;
+  tier_.Fetch(
+      client, fetch.key(), ReadPriority::kDemand, absl::InfiniteFuture(),
+      [self = shared_from_this(), request_id](absl::StatusOr<LeaseGrant> grant) {
+        if (!grant.ok()) return self->Reply(request_id, grant.status());
+        v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
+        v1::Lease* lease = response.mutable_lease();
+        lease->set_lease_id(grant->lease_id);
+        lease->set_key(grant->key);
+        lease->set_slab_id(grant->range.slab);
+        lease->set_offset(grant->range.offset);
+        lease->set_length(grant->length);
+        lease->set_ready_event_id(grant->ready_event);
+        lease->set_done_event_id(grant->done_event);
+        if (grant->tensors != nullptr) {
+          for (const TensorPlacement& tensor : *grant->tensors) {
+            ToProto(tensor, lease->add_tensors());
+          }
+        }
+        self->SendWithHandles(std::move(response), grant->range.slab,
+                              {grant->ready_event, grant->done_event});
+      },
+      scope);
 }
 
 void SessionProtocol::Prefetch(uint64_t request_id, const v1::PrefetchRequest& prefetch) {
@@ -267,9 +270,9 @@ void SessionProtocol::Reserve(uint64_t request_id, ClientId client,
     return Reply(request_id, absl::InvalidArgumentError("reserve.length must be greater than 0"));
   }
   if (static_cast<uint32_t>(reserve.tensors_size()) > options_.max_tensors) {
-    return Reply(request_id, absl::InvalidArgumentError(absl::StrCat(
-                                 "reserve.tensors has more than ", options_.max_tensors,
-                                 " entries")));
+    return Reply(request_id,
+                 absl::InvalidArgumentError(absl::StrCat("reserve.tensors has more than ",
+                                                         options_.max_tensors, " entries")));
   }
   absl::StatusOr<std::vector<TensorPlacement>> tensors =
       FromProto(reserve.tensors(), reserve.length(), "reserve.tensors");

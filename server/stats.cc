@@ -12,6 +12,9 @@ void AddTo(GpuTierStats& total, const GpuTierStats& tier) {
   total.evictions += tier.evictions;
   total.bytes_host_to_gpu += tier.bytes_host_to_gpu;
   total.bytes_gpu_to_host += tier.bytes_gpu_to_host;
+  total.peer_fetches += tier.peer_fetches;
+  total.bytes_peer_to_gpu += tier.bytes_peer_to_gpu;
+  total.peer_fetches_through_host += tier.peer_fetches_through_host;
   total.copies_in_flight += tier.copies_in_flight;
   total.allocation_waiters += tier.allocation_waiters;
   total.clients += tier.clients;
@@ -86,6 +89,9 @@ v1::Stats CollectStats(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tie
   stats.set_gpu_allocation_waiters(gpu.allocation_waiters);
   stats.set_spills(host.spills);
   stats.set_spill_failures(host.spill_failures);
+  stats.set_peer_fetches(gpu.peer_fetches);
+  stats.set_bytes_peer_to_gpu(gpu.bytes_peer_to_gpu);
+  stats.set_peer_fetches_through_host(gpu.peer_fetches_through_host);
   if (const DurableStore* durable = gpu_tier.durable_store(); durable != nullptr) {
     const DurableStoreStats on_disk = durable->stats();
     stats.set_durable_objects(on_disk.objects);

@@ -67,6 +67,11 @@ ABSL_FLAG(std::string, client_groups, "",
 ABSL_FLAG(std::string, model_roots, "",
           "Comma-separated directories models may be registered from (symlinks resolved); empty: "
           "any directory");
+ABSL_FLAG(
+    std::string, peers, "",
+    "Comma-separated --socket paths of the daemons of this node's other GPUs; a stored object "
+    "not found here is fetched from the first that has it (this daemon's own socket may be "
+    "listed: it is skipped)");
 ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus metrics over HTTP on this port at /metrics; 0: no metrics endpoint");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1",
@@ -162,6 +167,16 @@ int Run() {
   for (absl::string_view root :
        absl::StrSplit(absl::GetFlag(FLAGS_model_roots), ',', absl::SkipWhitespace())) {
     options.model_roots.emplace_back(absl::StripAsciiWhitespace(root));
+  }
+  for (absl::string_view peer :
+       absl::StrSplit(absl::GetFlag(FLAGS_peers), ',', absl::SkipWhitespace())) {
+    peer = absl::StripAsciiWhitespace(peer);
+    if (!absl::StartsWith(peer, "/")) {
+      std::fprintf(stderr, "tierd: --peers: \"%s\" is not an absolute socket path\n",
+                   std::string(peer).c_str());
+      return kExitBadUsage;
+    }
+    options.peer_sockets.emplace_back(peer);
   }
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   if (metrics_port < 0 || metrics_port > 65535) {

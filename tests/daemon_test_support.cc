@@ -51,9 +51,17 @@ int ConnectUnix(const std::string& path) {
 
 absl::StatusOr<std::string> FetchBytes(Session& session, const std::string& key) {
   ASSIGN_OR_RETURN(Lease lease, session.Fetch(key));
-  RETURN_IF_ERROR(session.device().SynchronizeStream(session.default_stream()));
-  std::string bytes(static_cast<const char*>(lease.data()), lease.size());
+  std::string bytes = LeaseBytes(session, lease);
   lease.Release();
+  return bytes;
+}
+
+std::string LeaseBytes(Session& session, const Lease& lease) {
+  std::string bytes(lease.size(), '\0');
+  EXPECT_TRUE(session.device()
+                  .CopyAsync(session.default_stream(), bytes.data(), lease.data(), lease.size())
+                  .ok());
+  EXPECT_TRUE(session.device().SynchronizeStream(session.default_stream()).ok());
   return bytes;
 }
 

@@ -31,6 +31,10 @@ int ConnectUnix(const std::string& path);
 // The bytes of `key` as a fetch through `session` hands them out; the lease is released.
 absl::StatusOr<std::string> FetchBytes(Session& session, const std::string& key);
 
+// The bytes `lease` holds, copied to the host through the session's stream (staging is device
+// memory on CUDA). A failed copy is a test failure.
+std::string LeaseBytes(Session& session, const Lease& lease);
+
 }  // namespace tierd::testing
 
 #endif  // TIERD_TESTS_DAEMON_TEST_SUPPORT_H_

@@ -1,0 +1,218 @@
+#include "server/peer_daemons.h"
+
+#include <atomic>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/session_core.h"
+#include "client/session_transport.h"
+#include "common/log.h"
+#include "common/session_socket.h"
+#include "common/status_macros.h"
+#include "server/proto_convert.h"
+
+namespace tierd {
+
+struct PeerDaemons::Peer {
+  std::string socket;
+  std::string session_socket;
+  absl::Mutex mu;
+  std::shared_ptr<SessionCore> core ABSL_GUARDED_BY(mu);
+  // Sessions that ended, kept until the PeerDaemons goes: a copy may still hold one (its opened
+  // slab), and the last reference must not be dropped on the session's own reader thread.
+  std::vector<std::shared_ptr<SessionCore>> retired ABSL_GUARDED_BY(mu);
+};
+
+// One Fetch going through the peers.
+struct PeerDaemons::Search {
+  std::string key;
+  Callback done;
+  size_t next = 0;                   // the peer to ask next
+  std::vector<std::string> answers;  // what the peers asked so far said
+};
+
+namespace {
+
+absl::Status StatusOf(const v1::SessionResponse& response) {
+  if (response.code() == 0) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
+}
+
+// Gives a lease back without waiting for the answer (a failure is only logged).
+void ReleaseQuietly(SessionCore& core, uint64_t lease_id) {
+  v1::SessionRequest request;
+  request.mutable_release()->set_lease_id(lease_id);
+  request.mutable_release()->set_quiet(true);
+  (void)core.SendQuiet(std::move(request));
+}
+
+// The PeerCopy of a lease the peer answered with, whose handles `core` has opened.
+absl::StatusOr<PeerCopy> CopyOfLease(const std::shared_ptr<SessionCore>& core,
+                                     const std::string& peer, const v1::Lease& lease) {
+  ASSIGN_OR_RETURN(Slab * slab, core->slab(lease.slab_id()));
+  if (lease.length() == 0 || lease.offset() > slab->size() ||
+      lease.length() > slab->size() - lease.offset()) {
+    return absl::InternalError(absl::StrCat(peer, " lent ", lease.key(), " at [", lease.offset(),
+                                            ", +", lease.length(), ") of a slab of ", slab->size(),
+                                            " bytes"));
+  }
+  ASSIGN_OR_RETURN(Event * ready, core->event(lease.ready_event_id()));
+  ASSIGN_OR_RETURN(std::vector<TensorPlacement> tensors,
+                   FromProto(lease.tensors(), lease.length(), "lease.tensors"));
+  PeerCopy copy;
+  copy.data = static_cast<const uint8_t*>(slab->data()) + lease.offset();
+  copy.size = lease.length();
+  copy.ready = ready;
+  copy.tensors = std::make_shared<const std::vector<TensorPlacement>>(std::move(tensors));
+  copy.peer = peer;
+  copy.release = [core, lease_id = lease.lease_id()] { ReleaseQuietly(*core, lease_id); };
+  return copy;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PeerDaemons>> PeerDaemons::Create(Device& device,
+                                                                 PeerDaemonsOptions options) {
+  for (const std::string& socket : options.sockets) {
+    if (socket.empty() || socket[0] != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("peer socket \"", socket, "\" is not an absolute path"));
+    }
+  }
+  return std::unique_ptr<PeerDaemons>(new PeerDaemons(device, std::move(options)));
+}
+
+PeerDaemons::PeerDaemons(Device& device, PeerDaemonsOptions options)
+    : device_(std::shared_ptr<Device>(), &device), client_name_(std::move(options.client_name)) {
+  for (std::string& socket : options.sockets) {
+    if (socket == options.own_socket) continue;
+    bool seen = false;
+    for (const std::string& earlier : sockets_) seen = seen || earlier == socket;
+    if (seen) continue;
+    auto peer = std::make_unique<Peer>();
+    peer->socket = socket;
+    peer->session_socket = SessionSocketPathFor(socket);
+    peers_.push_back(std::move(peer));
+    sockets_.push_back(std::move(socket));
+  }
+}
+
+PeerDaemons::~PeerDaemons() {
+  for (auto& peer : peers_) {
+    std::shared_ptr<SessionCore> core;
+    std::vector<std::shared_ptr<SessionCore>> retired;
+    {
+      absl::MutexLock lock(&peer->mu);
+      core = std::move(peer->core);
+      retired.swap(peer->retired);
+    }
+    // Destroyed here, on this thread: each ends its session and joins its reader.
+    core.reset();
+    retired.clear();
+  }
+}
+
+void PeerDaemons::Fetch(const std::string& key, Callback done) {
+  auto search = std::make_shared<Search>();
+  search->key = key;
+  search->done = std::move(done);
+  AskNext(std::move(search));
+}
+
+void PeerDaemons::AskNext(std::shared_ptr<Search> search) {
+  while (search->next < peers_.size()) {
+    Peer& peer = *peers_[search->next++];
+    absl::StatusOr<std::shared_ptr<SessionCore>> core = SessionTo(peer);
+    if (!core.ok()) {
+      search->answers.push_back(absl::StrCat(peer.socket, ": ", core.status().message()));
+      continue;
+    }
+    v1::SessionRequest request;
+    request.mutable_fetch()->set_key(search->key);
+    request.mutable_fetch()->set_local_only(true);
+    // SessionCore::Send calls back when a failed write ends the session, but not when it had
+    // already ended; whichever comes first handles the answer.
+    auto claimed = std::make_shared<std::atomic<bool>>(false);
+    std::weak_ptr<SessionCore> weak = *core;
+    absl::Status sent = (*core)->Send(std::move(request), [this, search, &peer, weak, claimed](
+                                                              const v1::SessionResponse& answer) {
+      if (claimed->exchange(true)) return;
+      std::shared_ptr<SessionCore> session = weak.lock();
+      absl::Status status = StatusOf(answer);
+      if (answer.has_lease()) {
+        // A peer that has it answers for it, good or bad: this fetch ends here.
+        absl::StatusOr<PeerCopy> copy =
+            status.ok() && session != nullptr
+                ? CopyOfLease(session, peer.socket, answer.lease())
+                : absl::StatusOr<PeerCopy>(status.ok() ? absl::UnavailableError("gone") : status);
+        if (!copy.ok()) {
+          if (session != nullptr) ReleaseQuietly(*session, answer.lease().lease_id());
+          return std::move(search->done)(
+              absl::Status(copy.status().code(),
+                           absl::StrCat("peer ", peer.socket, " has ", search->key,
+                                        " but lending it failed: ", copy.status().message())));
+        }
+        return std::move(search->done)(std::move(copy));
+      }
+      if (absl::IsUnavailable(status) && session != nullptr) Forget(peer, session);
+      if (!absl::IsNotFound(status) && !absl::IsUnavailable(status)) {
+        return std::move(search->done)(absl::Status(
+            status.code(), absl::StrCat("peer ", peer.socket, ": ", status.message())));
+      }
+      search->answers.push_back(absl::StrCat(peer.socket, ": ", status.message()));
+      AskNext(search);
+    });
+    if (!sent.ok() && !claimed->exchange(true)) {
+      Forget(peer, *core);
+      search->answers.push_back(absl::StrCat(peer.socket, ": ", sent.message()));
+      continue;
+    }
+    return;
+  }
+  std::string why =
+      search->answers.empty() ? "no peers are configured" : absl::StrJoin(search->answers, "; ");
+  std::move(search->done)(
+      absl::NotFoundError(absl::StrCat(search->key, " is not here nor at a peer (", why, ")")));
+}
+
+absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::SessionTo(Peer& peer) {
+  absl::MutexLock lock(&peer.mu);
+  if (peer.core != nullptr && !peer.core->ended()) return peer.core;
+  if (peer.core != nullptr) peer.retired.push_back(std::move(peer.core));
+  // Ended sessions nothing holds any more go now. This never runs on one of this peer's reader
+  // threads: a search asks each peer once, so it reaches here only from earlier peers' answers.
+  for (size_t i = 0; i < peer.retired.size();) {
+    if (peer.retired[i].use_count() == 1) {
+      peer.retired[i] = std::move(peer.retired.back());
+      peer.retired.pop_back();
+    } else {
+      ++i;
+    }
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<SessionTransport> transport,
+                   ConnectSessionSocket(peer.session_socket));
+  std::shared_ptr<SessionCore> core = SessionCore::Start(std::move(transport));
+  v1::SessionRequest open;
+  open.mutable_open()->set_client_name(client_name_);
+  absl::StatusOr<v1::SessionResponse> opened = core->Call(std::move(open));
+  // A failed session is ended here, on this thread, not its reader's.
+  if (!opened.ok()) return opened.status();
+  if (opened->opened().backend() != device_->backend()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "runs the ", opened->opened().backend(), " backend, this daemon ", device_->backend()));
+  }
+  core->set_device(device_);
+  TIERD_VLOG(1) << "peer " << peer.socket << ": session open, " << opened->opened().device();
+  peer.core = core;
+  return core;
+}
+
+void PeerDaemons::Forget(Peer& peer, const std::shared_ptr<SessionCore>& core) {
+  absl::MutexLock lock(&peer.mu);
+  if (peer.core != core) return;
+  TIERD_LOG(INFO) << "peer " << peer.socket << ": session ended; the next fetch reconnects";
+  peer.retired.push_back(std::move(peer.core));
+}
+
+}  // namespace tierd

@@ -1,0 +1,75 @@
+// The daemons of the node's other GPUs (tierd --peers), as a PeerSource: this daemon asks them for
+// the stored objects it does not have, as a client of theirs.
+//
+// Each peer gets one session on its session socket, opened on first use and again after the peer
+// restarts. A fetch goes to the peers in the order given, with FetchRequest.local_only so a peer
+// never asks further (two daemons that name each other do not loop). The first lease found is
+// lent to the tier: the peer's staging slab opened in this process (CUDA IPC with peer access,
+// or the host backend's shared memory) and its ready event. The lease is released, quietly, when
+// the tier says its copy has read the buffer.
+//
+// Thread-safe. Fetch blocks only to connect to a peer (a local socket and one round trip); the
+// callbacks run on the peers' session reader threads.
+#ifndef TIERD_SERVER_PEER_DAEMONS_H_
+#define TIERD_SERVER_PEER_DAEMONS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "device/device.h"
+#include "server/peer_source.h"
+
+namespace tierd {
+
+class SessionCore;
+
+struct PeerDaemonsOptions {
+  // The peers' gRPC sockets (their --socket); sessions go to the session socket beside each
+  // (SessionSocketPathFor). This daemon's own socket may be among them: it is skipped.
+  std::vector<std::string> sockets;
+  std::string own_socket;
+  // Shown in the peers' logs.
+  std::string client_name = "tierd peer";
+};
+
+class PeerDaemons : public PeerSource {
+ public:
+  // `device` is this daemon's: peers' slabs and events are opened with it. It must outlive this.
+  // INVALID_ARGUMENT for an empty or relative socket path. Connects to nobody yet.
+  static absl::StatusOr<std::unique_ptr<PeerDaemons>> Create(Device& device,
+                                                             PeerDaemonsOptions options);
+  // Ends the sessions (the peers release what they still lend). REQUIRES: every PeerCopy handed
+  // out has been released, i.e. the tiers that use this are gone.
+  ~PeerDaemons() override;
+  PeerDaemons(const PeerDaemons&) = delete;
+  PeerDaemons& operator=(const PeerDaemons&) = delete;
+
+  void Fetch(const std::string& key, Callback done) override;
+
+  const std::vector<std::string>& sockets() const { return sockets_; }
+
+ private:
+  struct Peer;
+  struct Search;
+  PeerDaemons(Device& device, PeerDaemonsOptions options);
+
+  // Asks peer `search->next` and, when it does not have the key, the ones after it.
+  void AskNext(std::shared_ptr<Search> search);
+  // The open session to `peer`, connecting when there is none or the last one ended.
+  absl::StatusOr<std::shared_ptr<SessionCore>> SessionTo(Peer& peer);
+  // Drops `core` as `peer`'s session if it still is: the next fetch reconnects.
+  void Forget(Peer& peer, const std::shared_ptr<SessionCore>& core);
+
+  std::shared_ptr<Device> device_;  // not owned
+  const std::string client_name_;
+  std::vector<std::string> sockets_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_SERVER_PEER_DAEMONS_H_

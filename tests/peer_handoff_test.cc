@@ -1,0 +1,258 @@
+// Cross-GPU handoff (tierd --peers) between two tierd processes on the device under test: an object
+// stored through one daemon is fetched through the other, which copies it from the first's staging
+// into its own. On the CUDA build both daemons share GPU 0, which runs the same protocol (IPC
+// handles, interprocess events) as two GPUs do; the two-GPU run is bench/pipeline_bench.py's.
+#include <signal.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/tierd_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/daemon_test_support.h"
+#include "tests/test_support.h"
+
+namespace tierd {
+namespace {
+
+using ::testing::HasSubstr;
+using ::tierd::testing::FetchBytes;
+using ::tierd::testing::IsOk;
+using ::tierd::testing::IsOkAndHolds;
+using ::tierd::testing::SiblingBinary;
+using ::tierd::testing::StatusIs;
+using ::tierd::testing::StoreBytes;
+using ::tierd::testing::Subprocess;
+using ::tierd::testing::TempDir;
+
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+
+std::string Pattern(size_t bytes, int seed) {
+  std::string data(bytes, '\0');
+  uint32_t state = 2463534242u + seed;
+  for (char& c : data) {
+    state ^= state << 13;
+    state ^= state >> 17;
+    state ^= state << 5;
+    c = static_cast<char>(state);
+  }
+  return data;
+}
+
+class PeerHandoffTest : public ::testing::Test {
+ protected:
+  static constexpr int kDaemons = 2;
+
+  void SetUp() override {
+    for (int i = 0; i < kDaemons; ++i) {
+      StartDaemon(i);
+      ASSERT_NE(daemons_[i], nullptr);
+    }
+  }
+
+  void TearDown() override {
+    for (int i = 0; i < kDaemons; ++i) {
+      sessions_[i].reset();
+      clients_[i].reset();
+    }
+    for (int i = 0; i < kDaemons; ++i) StopDaemon(i);
+  }
+
+  std::string socket_path(int i) const { return absl::StrCat(dir_.path(), "/gpu", i, ".sock"); }
+
+  // Daemon i names every daemon as its peer (its own socket is skipped), as a node's shared
+  // configuration would.
+  void StartDaemon(int i) {
+    std::vector<std::string> argv = {
+        SiblingBinary("tierd"),
+        absl::StrCat("--device=", testing::DeviceUnderTest().ToString()),
+        absl::StrCat("--socket=", socket_path(i)),
+        absl::StrCat("--state-dir=", dir_.path(), "/state", i),
+        "--host-cache-bytes=64MiB",
+        "--gpu-pool-bytes=16MiB",
+        "--gpu-slab-bytes=8MiB",
+        "--shutdown-grace-ms=2000",
+        absl::StrCat("--peers=", socket_path(0), ",", socket_path(1))};
+    auto daemon = testing::StartServingDaemon(argv, socket_path(i), kTimeout);
+    ASSERT_THAT(daemon, IsOk());
+    daemons_[i] = *std::move(daemon);
+  }
+
+  void StopDaemon(int i) {
+    if (daemons_[i] == nullptr) return;
+    daemons_[i]->Signal(SIGTERM);
+    EXPECT_THAT(daemons_[i]->Wait(kTimeout), IsOkAndHolds(0));
+    daemons_[i].reset();
+  }
+
+  Client& client(int i) {
+    if (clients_[i] == nullptr) {
+      ClientOptions options;
+      options.socket_path = socket_path(i);
+      options.client_name = absl::StrCat("peer_handoff_test to ", i);
+      auto client = Client::Connect(options);
+      EXPECT_THAT(client, IsOk());
+      clients_[i] = *std::move(client);
+    }
+    return *clients_[i];
+  }
+
+  Session& session(int i) {
+    if (sessions_[i] == nullptr) {
+      auto session = client(i).OpenSession();
+      EXPECT_THAT(session, IsOk());
+      sessions_[i] = *std::move(session);
+    }
+    return *sessions_[i];
+  }
+
+  v1::Stats Stats(int i) {
+    auto stats = client(i).GetStats();
+    EXPECT_THAT(stats, IsOk());
+    return stats.ok() ? *stats : v1::Stats();
+  }
+
+  // Waits until daemon i holds no lease: a peer's lease is given back once the copy that reads it
+  // has completed, shortly after the fetch is answered.
+  void ExpectLeasesDrain(int i) {
+    const absl::Time deadline = absl::Now() + kTimeout;
+    uint64_t leases = 0;
+    while (absl::Now() < deadline) {
+      leases = Stats(i).leases();
+      if (leases == 0) return;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ADD_FAILURE() << "daemon " << i << " still holds " << leases << " lease(s)";
+  }
+
+  TempDir dir_;
+  std::unique_ptr<Subprocess> daemons_[kDaemons];
+  std::unique_ptr<Client> clients_[kDaemons];
+  std::unique_ptr<Session> sessions_[kDaemons];
+};
+
+TEST_F(PeerHandoffTest, StoredThroughOneDaemonIsFetchedThroughTheOther) {
+  const std::string bytes = Pattern(3 << 20, 1);
+  StoreRequest request;
+  v1::TensorInfo tensor;
+  tensor.set_name("hidden");
+  tensor.set_dtype("F32");
+  tensor.add_shape(768);
+  tensor.add_shape(1024);
+  tensor.set_offset(0);
+  tensor.set_size(bytes.size());
+  request.tensors.push_back(tensor);
+  ASSERT_THAT(StoreBytes(session(0), "act/window-0", bytes, request), IsOk());
+
+  auto lease = session(1).Fetch("act/window-0");
+  ASSERT_THAT(lease, IsOk());
+  ASSERT_EQ(lease->size(), bytes.size());
+  ASSERT_EQ(lease->tensors().size(), 1u);
+  EXPECT_EQ(lease->tensors()[0].name(), "hidden");
+  EXPECT_THAT(lease->tensors()[0].shape(), ::testing::ElementsAre(768, 1024));
+  EXPECT_EQ(testing::LeaseBytes(session(1), *lease), bytes);
+  lease->Release();
+
+  const v1::Stats receiver = Stats(1);
+  EXPECT_EQ(receiver.peer_fetches(), 1u);
+  EXPECT_EQ(receiver.bytes_peer_to_gpu(), bytes.size());
+  EXPECT_EQ(receiver.peer_fetches_through_host(), 0u);
+  ExpectLeasesDrain(0);
+  ExpectLeasesDrain(1);
+}
+
+TEST_F(PeerHandoffTest, EveryFetchCopiesThePeersCurrentVersion) {
+  ASSERT_THAT(StoreBytes(session(0), "act/x", Pattern(1 << 20, 1)), IsOk());
+  EXPECT_THAT(FetchBytes(session(1), "act/x"), IsOkAndHolds(Pattern(1 << 20, 1)));
+  // A new version under the same key, smaller: no stale copy is served.
+  ASSERT_THAT(StoreBytes(session(0), "act/x", Pattern(1000, 2)), IsOk());
+  EXPECT_THAT(FetchBytes(session(1), "act/x"), IsOkAndHolds(Pattern(1000, 2)));
+  EXPECT_EQ(Stats(1).peer_fetches(), 2u);
+}
+
+TEST_F(PeerHandoffTest, ACopyOutlivesThePeersEviction) {
+  const std::string bytes = Pattern(2 << 20, 3);
+  ASSERT_THAT(StoreBytes(session(0), "act/y", bytes), IsOk());
+  auto lease = session(1).Fetch("act/y");
+  ASSERT_THAT(lease, IsOk());
+  ExpectLeasesDrain(0);
+  ASSERT_THAT(session(0).Evict("act/y", v1::TIER_ALL), IsOk());
+  EXPECT_THAT(FetchBytes(session(0), "act/y"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(testing::LeaseBytes(session(1), *lease), bytes);
+  lease->Release();
+}
+
+TEST_F(PeerHandoffTest, AKeyNoDaemonHasIsNotFoundWithoutLooping) {
+  // Each daemon names the other: a fetch of an unknown key asks the other once, not forever.
+  for (int i = 0; i < kDaemons; ++i) {
+    auto lease = session(i).Fetch("act/nobody-has-this");
+    EXPECT_THAT(lease, StatusIs(absl::StatusCode::kNotFound));
+    EXPECT_THAT(lease.status().message(), HasSubstr(socket_path(1 - i)));
+  }
+  EXPECT_EQ(Stats(0).peer_fetches(), 0u);
+  EXPECT_EQ(Stats(1).peer_fetches(), 0u);
+}
+
+TEST_F(PeerHandoffTest, APeerThatRestartsIsReconnected) {
+  ASSERT_THAT(StoreBytes(session(0), "act/z", Pattern(4096, 4)), IsOk());
+  EXPECT_THAT(FetchBytes(session(1), "act/z"), IsOkAndHolds(Pattern(4096, 4)));
+
+  sessions_[0].reset();
+  clients_[0].reset();
+  StopDaemon(0);
+  auto gone = session(1).Fetch("act/z");
+  EXPECT_THAT(gone, StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(gone.status().message(), HasSubstr(socket_path(0)));
+
+  StartDaemon(0);
+  ASSERT_NE(daemons_[0], nullptr);
+  ASSERT_THAT(StoreBytes(session(0), "act/z", Pattern(4096, 5)), IsOk());
+  EXPECT_THAT(FetchBytes(session(1), "act/z"), IsOkAndHolds(Pattern(4096, 5)));
+}
+
+TEST_F(PeerHandoffTest, ConcurrentFetchesThroughThePeerAllGetTheirBytes) {
+  constexpr int kObjects = 16;
+  for (int k = 0; k < kObjects; ++k) {
+    ASSERT_THAT(StoreBytes(session(0), absl::StrCat("act/", k), Pattern((64 << 10) + k, k)),
+                IsOk());
+  }
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 8;
+  std::atomic<int> good{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      auto own = client(1).OpenSession();
+      ASSERT_THAT(own, IsOk());
+      for (int round = 0; round < kRounds; ++round) {
+        const int k = (t * kRounds + round) % kObjects;
+        absl::StatusOr<std::string> bytes = FetchBytes(**own, absl::StrCat("act/", k));
+        EXPECT_THAT(bytes, IsOkAndHolds(Pattern((64 << 10) + k, k)));
+        if (bytes.ok() && *bytes == Pattern((64 << 10) + k, k)) ++good;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(good.load(), kThreads * kRounds);
+  EXPECT_EQ(Stats(1).peer_fetches(), static_cast<uint64_t>(kThreads * kRounds));
+  ExpectLeasesDrain(0);
+  ExpectLeasesDrain(1);
+}
+
+TEST(PeerFlagsTest, ARelativePeerSocketIsRefused) {
+  TempDir dir;
+  auto daemon = Subprocess::Start(
+      {SiblingBinary("tierd"), "--device=host", absl::StrCat("--socket=", dir.path(), "/gpu0.sock"),
+       absl::StrCat("--state-dir=", dir.path(), "/state"), "--peers=gpu1.sock"});
+  ASSERT_THAT(daemon, IsOk());
+  EXPECT_THAT((*daemon)->Wait(kTimeout), IsOkAndHolds(2));
+}
+
+}  // namespace
+}  // namespace tierd
