@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/session_transport.h"
 #include "device/device.h"
+#include "device/shared_memory.h"
 #include "tierd/v1/tierd.grpc.pb.h"
 
 namespace tierd {
@@ -51,13 +52,23 @@ class SessionCore {
   absl::Status OpenHandles(const v1::SessionResponse& response) ABSL_LOCKS_EXCLUDED(handles_mu_);
   absl::StatusOr<Slab*> slab(uint32_t id) ABSL_LOCKS_EXCLUDED(handles_mu_);
   absl::StatusOr<Event*> event(uint32_t id) ABSL_LOCKS_EXCLUDED(handles_mu_);
+  // A host handoff buffer (Handle.HOST_BUFFER), mapped and registered with device(); only
+  // daemons asking each other for objects through the host are sent one.
+  absl::StatusOr<const SharedMemory*> host_buffer(uint32_t id) ABSL_LOCKS_EXCLUDED(handles_mu_);
 
   // Releases a lease: records its done event on `stream`, then tells the daemon.
   void ReleaseLease(uint64_t lease_id, Event& done_event, Stream& stream);
 
  private:
   struct Pending;
+  struct MappedHostBuffer {
+    std::unique_ptr<SharedMemory> memory;
+    std::shared_ptr<Device> device;  // set once registered with it
+    ~MappedHostBuffer();
+  };
   SessionCore() = default;
+  absl::Status OpenHostBufferLocked(const v1::Handle& handle)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(handles_mu_);
   void ReadLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   std::shared_ptr<Device> device_;
@@ -70,6 +81,7 @@ class SessionCore {
   absl::Mutex handles_mu_;
   std::map<uint32_t, std::unique_ptr<Slab>> slabs_ ABSL_GUARDED_BY(handles_mu_);
   std::map<uint32_t, std::unique_ptr<Event>> events_ ABSL_GUARDED_BY(handles_mu_);
+  std::map<uint32_t, std::unique_ptr<MappedHostBuffer>> host_buffers_ ABSL_GUARDED_BY(handles_mu_);
   std::thread reader_;
 };
 

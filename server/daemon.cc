@@ -224,12 +224,15 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   gpu.slab_bytes = options_.gpu_slab_bytes;
   gpu.durable_store = durable_.get();
   gpu.max_clients = options_.max_sessions;
+  gpu.handoff_buffer_bytes = options_.peer_host_buffer_bytes;
   if (!options_.peer_sockets.empty()) {
-    ASSIGN_OR_RETURN(
-        peers_, PeerDaemons::Create(*device_, {options_.peer_sockets, options_.socket_path,
-                                               absl::StrCat("tierd peer (", device_->Describe(),
-                                                            ", ", options_.socket_path, ")")}));
-    TIERD_LOG(INFO) << "peers: " << absl::StrJoin(peers_->sockets(), ", ");
+    ASSIGN_OR_RETURN(peers_,
+                     PeerDaemons::Create(
+                         *device_, {options_.peer_sockets, options_.socket_path, options_.peer_copy,
+                                    absl::StrCat("tierd peer (", device_->Describe(), ", ",
+                                                 options_.socket_path, ")")}));
+    TIERD_LOG(INFO) << "peers: " << absl::StrJoin(peers_->sockets(), ", ")
+                    << " (copies: " << PeerCopyPathName(options_.peer_copy) << ")";
   }
   GpuTierOptions own_groups = gpu;  // client groups' tiers do not ask peers
   gpu.peers = peers_.get();

@@ -15,38 +15,43 @@
 #include "device/device_factory.h"
 #include "server/client_groups.h"
 #include "server/gpu_tier.h"
+#include "server/peer_daemons.h"
 #include "storage/disk_reader.h"
 #include "storage/durable_store.h"
-#include "storage/spill_writer.h"
 #include "storage/host_cache.h"
+#include "storage/spill_writer.h"
 
 namespace tierd {
 
 struct DaemonOptions {
-  DeviceSpec device;              // --device
-  std::string socket_path;        // --socket: unix socket the gRPC server listens on
+  DeviceSpec device;        // --device
+  std::string socket_path;  // --socket: unix socket the gRPC server listens on
   // --session-socket: where sessions are served without gRPC (common/session_socket.h); empty:
   // none.
   std::string session_socket_path;
   std::string state_dir;          // --state-dir: persistent state; one daemon per directory
   uint64_t host_cache_bytes = 0;  // --host-cache-bytes: budget of the pinned host tier
   uint64_t gpu_pool_bytes = 0;    // --gpu-pool-bytes: budget of the GPU staging tier
-  uint64_t gpu_slab_bytes = 2ull << 30;  // --gpu-slab-bytes: the pool is allocated in slabs this big
-  ClientLimits session_limits;    // --session-max-leases, --session-max-staging-bytes
+  uint64_t gpu_slab_bytes =
+      2ull << 30;               // --gpu-slab-bytes: the pool is allocated in slabs this big
+  ClientLimits session_limits;  // --session-max-leases, --session-max-staging-bytes
   uint32_t session_max_requests = 1024;  // --session-max-requests: unanswered, per session
   uint32_t max_sessions = 1024;          // --max-sessions: open at once
-  std::string spill_dir;          // --spill-dir: where stored objects spill; empty: <state-dir>/spill
+  std::string spill_dir;  // --spill-dir: where stored objects spill; empty: <state-dir>/spill
   EvictionPolicy host_cache_policy = EvictionPolicy::kFifo;  // --host-cache-policy
   uint64_t pin_piece_bytes = 1ull << 30;  // the host arena is pinned this much at a time
-  DiskReaderOptions reader;       // --reader-threads, --reader-queue-depth, --reader-chunk-bytes,
-                                  // --io-engine, --direct-io
-  std::string socket_group;       // --socket-group: the sockets' group; empty: the daemon's own
+  DiskReaderOptions reader;  // --reader-threads, --reader-queue-depth, --reader-chunk-bytes,
+                             // --io-engine, --direct-io
+  std::string socket_group;  // --socket-group: the sockets' group; empty: the daemon's own
   // --client-groups: groups with GPU staging and stored objects of their own, each serving
   // sessions on ClientGroupSocketPathFor(socket_path, name). Needs the session socket.
   std::vector<ClientGroupOptions> client_groups;
   // --peers: the gRPC sockets of the node's other daemons, asked for stored objects not found here
   // (server/peer_daemons.h); this daemon's own socket_path among them is skipped.
   std::vector<std::string> peer_sockets;
+  PeerCopyPath peer_copy = PeerCopyPath::kAuto;  // --peer-copy
+  // --peer-host-buffer-bytes: pinned host memory for peers that copy through the host.
+  uint64_t peer_host_buffer_bytes = 256ull << 20;
   // --model-roots: directories models may be registered from; empty: anywhere.
   std::vector<std::string> model_roots;
   // --metrics-address, --metrics-port: where Prometheus text is served; nullopt: nowhere; 0: a

@@ -1,7 +1,5 @@
 #include "server/gpu_tier.h"
 
-#include "server/gpu_tier_internal.h"
-
 #include <algorithm>
 #include <utility>
 
@@ -12,25 +10,25 @@
 #include "common/leak_on_purpose.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "server/gpu_tier_internal.h"
 
 namespace tierd {
 
 absl::Status ClientGone() { return absl::UnavailableError("the session has ended"); }
 
 absl::Status LargerThanSlab(const std::string& key, uint64_t bytes, uint64_t slab_bytes) {
-  return absl::ResourceExhaustedError(absl::StrCat(key, " is ", FormatByteSize(bytes),
-                                                   ", larger than a GPU staging slab (",
-                                                   FormatByteSize(slab_bytes),
-                                                   "): raise --gpu-slab-bytes"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat(key, " is ", FormatByteSize(bytes), ", larger than a GPU staging slab (",
+                   FormatByteSize(slab_bytes), "): raise --gpu-slab-bytes"));
 }
 
 absl::Status CheckStagingQuota(const ClientLimits& limits, uint64_t held, const std::string& key,
                                uint64_t bytes) {
   if (held + bytes <= limits.max_staging_bytes) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "the session's staging quota of ", FormatByteSize(limits.max_staging_bytes),
-      " would be exceeded (", FormatByteSize(held), " held, ", key, " is ",
-      FormatByteSize(bytes), ")"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("the session's staging quota of ", FormatByteSize(limits.max_staging_bytes),
+                   " would be exceeded (", FormatByteSize(held), " held, ", key, " is ",
+                   FormatByteSize(bytes), ")"));
 }
 
 absl::StatusOr<std::unique_ptr<GpuTier>> GpuTier::Create(Device& device, Catalog& catalog,
@@ -45,10 +43,9 @@ absl::StatusOr<std::unique_ptr<GpuTier>> GpuTier::Create(Device& device, Catalog
   ASSIGN_OR_RETURN(std::unique_ptr<Stream> prefetch, device.CreateStream(StreamPriority::kNormal));
   ASSIGN_OR_RETURN(std::unique_ptr<Stream> store, device.CreateStream(StreamPriority::kNormal));
   ASSIGN_OR_RETURN(std::unique_ptr<Stream> handoff, device.CreateStream(StreamPriority::kHigh));
-  return std::unique_ptr<GpuTier>(new GpuTier(device, catalog, arena, host_cache, options,
-                                              std::move(pool), std::move(demand),
-                                              std::move(prefetch), std::move(store),
-                                              std::move(handoff)));
+  return std::unique_ptr<GpuTier>(
+      new GpuTier(device, catalog, arena, host_cache, options, std::move(pool), std::move(demand),
+                  std::move(prefetch), std::move(store), std::move(handoff)));
 }
 
 GpuTier::GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& host_cache,
@@ -62,6 +59,7 @@ GpuTier::GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& 
       options_(options),
       pool_(std::move(pool)),
       events_(device, options.max_events),
+      handoff_buffer_(std::make_unique<HostHandoffBuffer>(device, options.handoff_buffer_bytes)),
       demand_stream_(std::move(demand_stream)),
       prefetch_stream_(std::move(prefetch_stream)),
       store_stream_(std::move(store_stream)),
@@ -171,6 +169,7 @@ ClosedClient GpuTier::CloseClient(ClientId id) {
   for (auto& [lease_id, lease] : client->leases) {
     Drain drain;
     drain.object = lease.object;
+    drain.host_offset = lease.host_offset;
     StartDrainLocked(*client, std::move(drain), lease.done_event);
   }
   client->leases.clear();
@@ -241,28 +240,28 @@ GpuTier::Object* GpuTier::FindListedLocked(const std::string& key) {
 }
 
 void GpuTier::Fetch(ClientId client_id, const std::string& key, ReadPriority priority,
-                    absl::Time deadline, LeaseCallback done, FetchScope scope) {
+                    absl::Time deadline, LeaseCallback done, FetchOptions options) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   auto fail = [&](absl::Status status) { DeferAnswer(deferred.calls(), std::move(done), status); };
   Client* client = FindClientLocked(client_id);
   if (client == nullptr) return fail(ClientGone());
   if (client->leases.size() + client->pending_fetches >= client->limits.max_leases) {
-    return fail(absl::ResourceExhaustedError(absl::StrCat(
-        "the session holds its quota of ", client->limits.max_leases,
-        " leases: release some first")));
+    return fail(absl::ResourceExhaustedError(absl::StrCat("the session holds its quota of ",
+                                                          client->limits.max_leases,
+                                                          " leases: release some first")));
   }
   Object* object = FindListedLocked(key);
   if (object != nullptr && object->state == Object::State::kResident) {
     ++stats_.hits;
     TouchLocked(object);
-    return DeferAnswer(deferred.calls(), std::move(done), GrantLocked(*client, object));
+    return DeferAnswer(deferred.calls(), std::move(done),
+                       GrantLocked(*client, object, options.through_host));
   }
   ++stats_.misses;
   if (object == nullptr) {
     absl::StatusOr<Object*> started = StartLoadLocked(key, priority, deadline, deferred.calls());
-    if (absl::IsNotFound(started.status()) && scope == FetchScope::kLocalThenPeers &&
-        options_.peers != nullptr) {
+    if (absl::IsNotFound(started.status()) && options.ask_peers && options_.peers != nullptr) {
       return StartPeerLoadLocked(*client, key, std::move(done), deferred.calls());
     }
     if (!started.ok()) return fail(started.status());
@@ -275,13 +274,12 @@ void GpuTier::Fetch(ClientId client_id, const std::string& key, ReadPriority pri
     }
   }
   ++client->pending_fetches;
-  object->waiters.push_back({client_id, std::move(done), nullptr});
+  object->waiters.push_back({client_id, std::move(done), nullptr, options.through_host});
 }
 
 absl::StatusOr<GpuTier::Object*> GpuTier::StartLoadLocked(const std::string& key,
                                                           ReadPriority priority,
-                                                          absl::Time deadline,
-                                                          Deferred& deferred) {
+                                                          absl::Time deadline, Deferred& deferred) {
   auto object = std::make_unique<Object>();
   object->key = key;
   if (auto stored = stored_.find(key); stored != stored_.end()) {
@@ -308,12 +306,12 @@ void GpuTier::IssueHostFetchLocked(Object* object, ReadPriority priority, absl::
                                    Deferred& deferred) {
   ++object->host_fetches;
   ++host_fetches_in_flight_;
-  deferred.push_back([this, object, key = HostKey(object->key, object->model == nullptr), priority,
-                      deadline] {
-    host_cache_.Fetch(key, priority, deadline, [this, object](absl::StatusOr<HostObject> host) {
-      OnHostObject(object, std::move(host));
-    });
-  });
+  deferred.push_back(
+      [this, object, key = HostKey(object->key, object->model == nullptr), priority, deadline] {
+        host_cache_.Fetch(key, priority, deadline, [this, object](absl::StatusOr<HostObject> host) {
+          OnHostObject(object, std::move(host));
+        });
+      });
 }
 
 void GpuTier::OnHostObject(Object* object, absl::StatusOr<HostObject> host) {
@@ -324,7 +322,8 @@ void GpuTier::OnHostObject(Object* object, absl::StatusOr<HostObject> host) {
   if (object->state != Object::State::kFetchingHost) {
     // A promoted fetch answered first; this answer is not needed. Its reference goes after the
     // lock: releasing it can run host-cache callbacks that take the lock.
-    if (host.ok()) deferred.calls().push_back([host = *std::move(host)]() mutable { host.Reset(); });
+    if (host.ok())
+      deferred.calls().push_back([host = *std::move(host)]() mutable { host.Reset(); });
     DeleteIfUnusedLocked(object);
     return;
   }
@@ -333,11 +332,11 @@ void GpuTier::OnHostObject(Object* object, absl::StatusOr<HostObject> host) {
     return FailLoadLocked(object, host.status(), deferred.calls());
   }
   if (host->size() != object->size) {
-    return FailLoadLocked(object,
-                          absl::InternalError(absl::StrCat("host tier has ", host->size(),
-                                                           " bytes of ", object->key, ", expected ",
-                                                           object->size)),
-                          deferred.calls());
+    return FailLoadLocked(
+        object,
+        absl::InternalError(absl::StrCat("host tier has ", host->size(), " bytes of ", object->key,
+                                         ", expected ", object->size)),
+        deferred.calls());
   }
   object->state = Object::State::kAllocating;
   auto shared_host = std::make_shared<HostObject>(*std::move(host));
@@ -347,9 +346,8 @@ void GpuTier::OnHostObject(Object* object, absl::StatusOr<HostObject> host) {
         DeferredCalls later;
         absl::MutexLock relock(&mu_);
         if (!range.ok()) {
-          later.calls().push_back([shared_host = std::move(shared_host)]() mutable {
-            shared_host.reset();
-          });
+          later.calls().push_back(
+              [shared_host = std::move(shared_host)]() mutable { shared_host.reset(); });
           return FailLoadLocked(object, range.status(), later.calls());
         }
         object->range = *range;
@@ -387,11 +385,11 @@ void GpuTier::CopyInLocked(Object* object, HostObject host, Deferred& deferred) 
                           absl::StrCat("copying ", object->key, " to the GPU"), status);
     object->range.reset();
     object->ready_event.reset();
-    return FailLoadLocked(object,
-                          absl::Status(status.code(), absl::StrCat("copying ", object->key,
-                                                                   " to the GPU: ",
-                                                                   status.message())),
-                          deferred);
+    return FailLoadLocked(
+        object,
+        absl::Status(status.code(),
+                     absl::StrCat("copying ", object->key, " to the GPU: ", status.message())),
+        deferred);
   }
   object->state = Object::State::kResident;
   if (object->listed) TouchLocked(object);
@@ -425,17 +423,17 @@ void GpuTier::FailLoadLocked(Object* object, const absl::Status& status, Deferre
   DeleteIfUnusedLocked(object);
 }
 
-void GpuTier::AnswerWaitersLocked(Object* object, const absl::Status& status,
-                                  Deferred& deferred) {
+void GpuTier::AnswerWaitersLocked(Object* object, const absl::Status& status, Deferred& deferred) {
   std::vector<Object::Waiter> waiters = std::move(object->waiters);
   object->waiters.clear();
   for (Object::Waiter& waiter : waiters) {
     Client* client = FindClientLocked(waiter.client);
     if (waiter.lease) {
       if (client != nullptr) --client->pending_fetches;
-      absl::StatusOr<LeaseGrant> grant = !status.ok()        ? status
-                                         : client == nullptr ? ClientGone()
-                                                             : GrantLocked(*client, object);
+      absl::StatusOr<LeaseGrant> grant = !status.ok() ? status
+                                         : client == nullptr
+                                             ? ClientGone()
+                                             : GrantLocked(*client, object, waiter.through_host);
       DeferAnswer(deferred, std::move(waiter.lease), std::move(grant));
     } else {
       if (!status.ok() && client != nullptr) {
@@ -455,12 +453,30 @@ void GpuTier::AnswerWaitersLocked(Object* object, const absl::Status& status,
   }
 }
 
-absl::StatusOr<LeaseGrant> GpuTier::GrantLocked(Client& client, Object* object) {
+absl::StatusOr<LeaseGrant> GpuTier::GrantLocked(Client& client, Object* object, bool through_host) {
   RETURN_IF_ERROR(
       CheckStagingQuota(client.limits, client.staging_bytes, object->key, object->size));
   ASSIGN_OR_RETURN(const uint32_t done_event, events_.Acquire());
+  std::optional<uint64_t> host_offset;
+  if (through_host) {
+    absl::StatusOr<uint64_t> offset = handoff_buffer_->Allocate(object->size);
+    if (!offset.ok()) {
+      events_.Release(done_event);
+      return offset.status();
+    }
+    if (absl::Status copied = CopyToHandoffBufferLocked(object, *offset, done_event);
+        !copied.ok()) {
+      // Nothing recorded the event; pieces of the copy may still be queued.
+      events_.Release(done_event);
+      FreeHandoffRangeLater(*offset, object->size);
+      return absl::Status(
+          copied.code(),
+          absl::StrCat("copying ", object->key, " to the host handoff buffer: ", copied.message()));
+    }
+    host_offset = *offset;
+  }
   const uint64_t lease_id = client.next_lease++;
-  client.leases[lease_id] = {object, done_event};
+  client.leases[lease_id] = {object, done_event, host_offset};
   client.staging_bytes += object->size;
   ++object->leases;
   ++stats_.leases;
@@ -469,9 +485,12 @@ absl::StatusOr<LeaseGrant> GpuTier::GrantLocked(Client& client, Object* object) 
   grant.key = object->key;
   grant.range = *object->range;
   grant.length = object->size;
-  grant.ready_event = *object->ready_event;
+  // Through the host, the bytes are where the reader looks once the tier's own record of the done
+  // event, after its copy, completes.
+  grant.ready_event = through_host ? done_event : *object->ready_event;
   grant.done_event = done_event;
   grant.tensors = object->tensors;
+  grant.host_offset = host_offset;
   return grant;
 }
 
@@ -492,6 +511,7 @@ absl::Status GpuTier::Release(ClientId client_id, uint64_t lease_id) {
   client->staging_bytes -= lease.object->size;
   Drain drain;
   drain.object = lease.object;
+  drain.host_offset = lease.host_offset;
   StartDrainLocked(*client, std::move(drain), lease.done_event);
   return absl::OkStatus();
 }
@@ -506,9 +526,10 @@ void GpuTier::StartDrainLocked(Client& client, Drain drain, uint32_t event) {
   client.drains.insert(id);
   // The device calls are made on the timer thread, not here: a release is on the path of the
   // session's next request (a session's requests are handled in order), and there its device calls
-  // slowed the next fetch (bench/results/README.md, "What it took"). The drain is registered already, so
-  // its callback finds it; were it forced meanwhile (the session closed), the callback finds it
-  // gone and the wait only delays the retired slot's stream, which the stream reference keeps.
+  // slowed the next fetch (bench/results/README.md, "What it took"). The drain is registered
+  // already, so its callback finds it; were it forced meanwhile (the session closed), the callback
+  // finds it gone and the wait only delays the retired slot's stream, which the stream reference
+  // keeps.
   timer_.RunAfter(absl::ZeroDuration(), [this, stream = client.drain_stream, client_id = client.id,
                                          done = &events_.event(event), id] {
     absl::Status status = device_.WaitEvent(*stream, *done);
@@ -575,6 +596,14 @@ void GpuTier::FinishDrainLocked(uint64_t drain_id, bool forced, Deferred& deferr
   }
   switch (drain.kind) {
     case Drain::Kind::kLease:
+      if (drain.host_offset.has_value()) {
+        // A forced drain's event says nothing: the copy into the range may still be queued.
+        if (forced) {
+          FreeHandoffRangeLater(*drain.host_offset, drain.object->size);
+        } else {
+          handoff_buffer_->Free(*drain.host_offset, drain.object->size);
+        }
+      }
       --drain.object->leases;
       --stats_.leases;
       if (drain.object->listed) {
@@ -631,8 +660,7 @@ void GpuTier::FreeObjectLocked(Object* object) {
 void GpuTier::DeleteIfUnusedLocked(Object* object) {
   if (object->listed || object->leases > 0 || object->pins > 0 || object->copying ||
       object->host_fetches > 0 || object->state == Object::State::kAllocating ||
-      object->state == Object::State::kFetchingPeer ||
-      !object->waiters.empty()) {
+      object->state == Object::State::kFetchingPeer || !object->waiters.empty()) {
     return;
   }
   FreeObjectLocked(object);
@@ -699,8 +727,8 @@ absl::Status GpuTier::PoolExhaustedLocked(uint64_t bytes) const {
       " pinned, the rest reserved for stores); release leases or raise --gpu-pool-bytes"));
 }
 
-absl::Status GpuTier::CopyChunked(Stream& stream, uint8_t* dst, const uint8_t* src,
-                                  uint64_t bytes, bool host_is_dst) {
+absl::Status GpuTier::CopyChunked(Stream& stream, uint8_t* dst, const uint8_t* src, uint64_t bytes,
+                                  bool host_is_dst) {
   const uint8_t* host = host_is_dst ? dst : src;
   const uint64_t piece = arena_.piece_bytes();
   uint64_t done = 0;

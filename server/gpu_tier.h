@@ -41,6 +41,7 @@
 #include "common/timer_thread.h"
 #include "device/device.h"
 #include "server/event_pool.h"
+#include "server/host_handoff_buffer.h"
 #include "server/peer_source.h"
 #include "server/staging_pool.h"
 #include "storage/catalog.h"
@@ -70,6 +71,9 @@ struct GpuTierOptions {
   // Where fetches of stored objects this tier does not have look next: the node's other daemons.
   // Null: nowhere (NOT_FOUND). Must outlive the tier.
   PeerSource* peers = nullptr;
+  // The pinned host memory objects are copied through for peers that cannot read this GPU's
+  // memory (FetchOptions::through_host); allocated on first use.
+  uint64_t handoff_buffer_bytes = 256ull << 20;
 };
 
 // How a stored object is kept (ReserveRequest's flags).
@@ -96,6 +100,8 @@ struct LeaseGrant {
   uint32_t ready_event = 0;
   uint32_t done_event = 0;
   Tensors tensors;
+  // FetchOptions::through_host: where the bytes are in the host handoff buffer.
+  std::optional<uint64_t> host_offset;
 };
 
 struct ReservationGrant {
@@ -135,10 +141,15 @@ struct GpuTierStats {
   uint64_t events = 0;
 };
 
-// Where a fetch may look for its key.
-enum class FetchScope {
-  kLocal,           // this tier (and the host tier and disk behind it) only
-  kLocalThenPeers,  // then, for a stored object it does not have, GpuTierOptions::peers
+// How a fetch is answered (FetchRequest's flags).
+struct FetchOptions {
+  // Where a key this tier (and the host tier and disk behind it) does not know is looked for
+  // next: GpuTierOptions::peers, or nowhere (NOT_FOUND).
+  bool ask_peers = false;
+  // Also copy the object into the host handoff buffer and answer with its range there; the
+  // lease's ready event is then the done event, recorded by the tier after that copy. For a peer
+  // daemon whose GPU cannot read this one's memory.
+  bool through_host = false;
 };
 
 // What a client still held when it was closed.
@@ -179,13 +190,13 @@ class GpuTier {
   // NOT_FOUND, RESOURCE_EXHAUSTED (pool or the client's quota), FAILED_PRECONDITION (model files
   // changed), DATA_LOSS, UNAVAILABLE (client closed), the host tier's errors.
   //
-  // With kLocalThenPeers, a key this tier knows nothing of is looked for at the peers; the first
+  // With ask_peers, a key this tier knows nothing of is looked for at the peers; the first
   // that has it lends it, and this tier copies it into a staging range of its own on the handoff
   // stream: the copy waits on the peer's ready event, the lease's ready event follows the copy, and
   // the peer's lease is given back once the copy has completed. Nothing is kept: the range is freed
   // with the lease, and every fetch copies the peer's current version again.
   void Fetch(ClientId client, const std::string& key, ReadPriority priority, absl::Time deadline,
-             LeaseCallback done, FetchScope scope = FetchScope::kLocal) ABSL_LOCKS_EXCLUDED(mu_);
+             LeaseCallback done, FetchOptions options = {}) ABSL_LOCKS_EXCLUDED(mu_);
   // Hands the lease's buffer back once its done event completes. NOT_FOUND for a lease the client
   // never had; FAILED_PRECONDITION for one already released.
   absl::Status Release(ClientId client, uint64_t lease_id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -239,6 +250,7 @@ class GpuTier {
   // then wait forever.
   bool device_may_never_idle() const ABSL_LOCKS_EXCLUDED(mu_);
   const EventPool& events() const { return events_; }
+  const HostHandoffBuffer& handoff_buffer() const { return *handoff_buffer_; }
 
  private:
   struct Object;
@@ -292,8 +304,14 @@ class GpuTier {
   void CopyFromPeerLocked(Object* object, std::shared_ptr<PeerCopy> copy, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishCopyFromPeer(Object* object) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<LeaseGrant> GrantLocked(Client& client, Object* object)
+  absl::StatusOr<LeaseGrant> GrantLocked(Client& client, Object* object, bool through_host)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies a lease's object into the host handoff buffer after its ready event and records the
+  // lease's done event after that copy (gpu_tier_peer.cc).
+  absl::Status CopyToHandoffBufferLocked(Object* object, uint64_t host_offset, uint32_t done_event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees a handoff buffer range once the handoff stream has run what is queued on it.
+  void FreeHandoffRangeLater(uint64_t offset, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AnswerWaitersLocked(Object* object, const absl::Status& status, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -360,6 +378,7 @@ class GpuTier {
   const GpuTierOptions options_;
   std::unique_ptr<StagingPool> pool_;  // left to the process's exit after abandoned waits
   EventPool events_;
+  std::unique_ptr<HostHandoffBuffer> handoff_buffer_;
   const std::unique_ptr<Stream> demand_stream_;    // H2D, high priority
   const std::unique_ptr<Stream> prefetch_stream_;  // H2D
   const std::unique_ptr<Stream> store_stream_;     // D2H

@@ -42,8 +42,8 @@ void GpuTier::Pin(ClientId client_id, const std::string& key, StatusCallback don
   Object* object = FindListedLocked(key);
   auto record = client->pins.find(key);
   if (record != client->pins.end() && record->second.object != object) {
-    return answer(absl::FailedPreconditionError(absl::StrCat(
-        key, " changed since this session pinned it: unpin it, then pin it again")));
+    return answer(absl::FailedPreconditionError(
+        absl::StrCat(key, " changed since this session pinned it: unpin it, then pin it again")));
   }
   if (object == nullptr) {
     absl::StatusOr<Object*> started =
@@ -116,8 +116,8 @@ absl::StatusOr<EvictResult> GpuTier::Evict(const std::string& key_or_prefix, Evi
     absl::MutexLock lock(&mu_);
     std::vector<Object*> matches;
     for (auto it = objects_.lower_bound(key_or_prefix);
-         it != objects_.end() && (prefix ? absl::StartsWith(it->first, key_or_prefix)
-                                         : it->first == key_or_prefix);
+         it != objects_.end() &&
+         (prefix ? absl::StartsWith(it->first, key_or_prefix) : it->first == key_or_prefix);
          ++it) {
       matches.push_back(it->second);
     }
@@ -136,12 +136,12 @@ absl::StatusOr<EvictResult> GpuTier::Evict(const std::string& key_or_prefix, Evi
         UnlistLocked(object);
         DeleteIfUnusedLocked(object);
       } else if (!prefix) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            key_or_prefix, " is ",
-            object->leases > 0  ? absl::StrCat("leased (", object->leases, " lease(s))")
-            : object->pins > 0  ? "pinned"
-                                : "being copied",
-            " on the GPU; it can be evicted once released"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(key_or_prefix, " is ",
+                         object->leases > 0 ? absl::StrCat("leased (", object->leases, " lease(s))")
+                         : object->pins > 0 ? "pinned"
+                                            : "being copied",
+                         " on the GPU; it can be evicted once released"));
       } else {
         skipped.insert(object->key);
       }
@@ -185,8 +185,7 @@ absl::StatusOr<EvictResult> GpuTier::Evict(const std::string& key_or_prefix, Evi
         // Off the disk before the answer, so that a restart cannot bring it back.
         RETURN_IF_ERROR(options_.durable_store->RemoveAndWait(host_key));
       }
-      absl::Status status =
-          deleting ? host_cache_.Delete(host_key) : host_cache_.Evict(host_key);
+      absl::Status status = deleting ? host_cache_.Delete(host_key) : host_cache_.Evict(host_key);
       if (status.ok()) {
         known = true;
         if (resident || stored) evicted.insert(key);

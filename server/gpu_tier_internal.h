@@ -23,8 +23,9 @@ struct GpuTier::Object {
   };
   struct Waiter {
     ClientId client = 0;
-    LeaseCallback lease;  // a fetch, or
-    StatusCallback pin;   // a pin (the pin itself is already counted)
+    LeaseCallback lease;        // a fetch, or
+    StatusCallback pin;         // a pin (the pin itself is already counted)
+    bool through_host = false;  // the fetch's FetchOptions::through_host
   };
 
   std::string key;
@@ -49,6 +50,7 @@ struct GpuTier::Client {
   struct Lease {
     Object* object = nullptr;
     uint32_t done_event = 0;
+    std::optional<uint64_t> host_offset;  // its range in the host handoff buffer
   };
   struct Reservation {
     std::string key;
@@ -90,6 +92,7 @@ struct GpuTier::Drain {
   Object* object = nullptr;
   std::optional<StagingRange> range;
   uint64_t commit = 0;
+  std::optional<uint64_t> host_offset;  // kLease: its range in the host handoff buffer
 };
 
 struct GpuTier::AllocationWaiter {

@@ -1,5 +1,6 @@
-// GpuTier: fetches answered with a copy of a peer daemon's object (GpuTier::Fetch with
-// FetchScope::kLocalThenPeers).
+// GpuTier's side of the handoff between daemons: fetches answered with a copy of a peer daemon's
+// object (FetchOptions::ask_peers), and leases lent through the host handoff buffer to a peer that
+// cannot read this GPU's memory (FetchOptions::through_host).
 //
 // The copy is ordered by events only: the handoff stream waits on the peer's ready event, copies,
 // and records the lease's ready event; the client's stream waits on that. The peer's lease is
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/deferred_calls.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "server/gpu_tier.h"
 #include "server/gpu_tier_internal.h"
 
@@ -137,6 +139,34 @@ void GpuTier::FinishCopyFromPeer(Object* object) {
   stats_.bytes_peer_to_gpu += object->size;
   DeleteIfUnusedLocked(object);
   RetryAllocationsLocked(deferred.calls());
+}
+
+absl::Status GpuTier::CopyToHandoffBufferLocked(Object* object, uint64_t host_offset,
+                                                uint32_t done_event) {
+  Stream& stream = *handoff_stream_;
+  RETURN_IF_ERROR(device_.WaitEvent(stream, events_.event(*object->ready_event)));
+  uint8_t* dst = handoff_buffer_->data() + host_offset;
+  const auto* src = static_cast<const uint8_t*>(pool_->data(*object->range));
+  for (uint64_t done = 0; done < object->size;) {
+    const uint64_t n = std::min(object->size - done, options_.copy_chunk_bytes);
+    RETURN_IF_ERROR(device_.CopyAsync(stream, dst + done, src + done, n));
+    done += n;
+  }
+  RETURN_IF_ERROR(device_.RecordEvent(events_.event(done_event), stream));
+  stats_.bytes_gpu_to_host += object->size;
+  return absl::OkStatus();
+}
+
+void GpuTier::FreeHandoffRangeLater(uint64_t offset, uint64_t bytes) {
+  const absl::Status arranged =
+      device_.NotifyWhenDone(*handoff_stream_, [live = liveness_, offset, bytes] {
+        absl::MutexLock lock(&live->mu);
+        if (live->tier != nullptr) live->tier->handoff_buffer_->Free(offset, bytes);
+      });
+  if (!arranged.ok()) {
+    TIERD_LOG(ERROR) << "the device cannot say when the handoff stream is done (" << arranged
+                     << "); " << bytes << " bytes of the host handoff buffer are retired";
+  }
 }
 
 }  // namespace tierd

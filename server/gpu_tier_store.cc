@@ -34,8 +34,7 @@ void GpuTier::Reserve(ClientId client_id, const std::string& key, uint64_t lengt
   if (RoundUp(length, kStagingAlignment) > pool_->largest_slab()) {
     return fail(LargerThanSlab(key, length, pool_->largest_slab()));
   }
-  if (absl::Status quota =
-          CheckStagingQuota(client->limits, client->staging_bytes, key, length);
+  if (absl::Status quota = CheckStagingQuota(client->limits, client->staging_bytes, key, length);
       !quota.ok()) {
     return fail(quota);
   }
@@ -52,7 +51,7 @@ void GpuTier::Reserve(ClientId client_id, const std::string& key, uint64_t lengt
         DeferredCalls later;
         absl::MutexLock relock(&mu_);
         Client* client = FindClientLocked(client_id);
-        absl::StatusOr<uint32_t> written = !range.ok()          ? range.status()
+        absl::StatusOr<uint32_t> written = !range.ok()         ? range.status()
                                            : client == nullptr ? ClientGone()
                                                                : events_.Acquire();
         if (!written.ok()) {
@@ -75,8 +74,7 @@ void GpuTier::Reserve(ClientId client_id, const std::string& key, uint64_t lengt
       deferred.calls());
 }
 
-void GpuTier::Commit(ClientId client_id, uint64_t reservation_id, bool abort,
-                     StatusCallback done) {
+void GpuTier::Commit(ClientId client_id, uint64_t reservation_id, bool abort, StatusCallback done) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   Client* client = FindClientLocked(client_id);
@@ -117,13 +115,13 @@ void GpuTier::Commit(ClientId client_id, uint64_t reservation_id, bool abort,
   drain.commit = commit_id;
   StartDrainLocked(*client, std::move(drain), written_event);
   ++host_reservations_in_flight_;
-  deferred.calls().push_back([this, commit_id, key = HostKey(key, /*stored=*/true), length,
-                              spillable] {
-    host_cache_.ReserveStore(key, length, spillable,
-                             [this, commit_id](absl::StatusOr<HostObject> host) {
-                               OnHostReservation(commit_id, std::move(host));
-                             });
-  });
+  deferred.calls().push_back(
+      [this, commit_id, key = HostKey(key, /*stored=*/true), length, spillable] {
+        host_cache_.ReserveStore(key, length, spillable,
+                                 [this, commit_id](absl::StatusOr<HostObject> host) {
+                                   OnHostReservation(commit_id, std::move(host));
+                                 });
+      });
 }
 
 void GpuTier::OnHostReservation(uint64_t commit_id, absl::StatusOr<HostObject> host) {
@@ -133,7 +131,8 @@ void GpuTier::OnHostReservation(uint64_t commit_id, absl::StatusOr<HostObject> h
   auto it = commits_.find(commit_id);
   if (it == commits_.end()) {
     // The commit failed meanwhile (its client vanished); the reservation goes after the lock.
-    if (host.ok()) deferred.calls().push_back([host = *std::move(host)]() mutable { host.Reset(); });
+    if (host.ok())
+      deferred.calls().push_back([host = *std::move(host)]() mutable { host.Reset(); });
     return;
   }
   PendingCommit& commit = it->second;
@@ -192,9 +191,8 @@ void GpuTier::StartCopyOutLocked(uint64_t commit_id, Deferred& deferred) {
     commit.reservation.length = 0;
     return FailCommitLocked(
         commit_id,
-        absl::Status(status.code(),
-                     absl::StrCat("copying ", reservation.key, " to the host tier: ",
-                                  status.message())),
+        absl::Status(status.code(), absl::StrCat("copying ", reservation.key,
+                                                 " to the host tier: ", status.message())),
         deferred);
   }
   ++copies_in_flight_;
@@ -271,11 +269,11 @@ void GpuTier::FinishCommit(uint64_t commit_id, Object* object, const absl::Statu
   }
   // A newer commit of the key may have replaced it meanwhile.
   DeleteIfUnusedLocked(object);
-  deferred.calls().push_back([done = std::move(commit.done), host = std::move(commit.host),
-                              status]() mutable {
-    host.reset();
-    std::move(done)(status);
-  });
+  deferred.calls().push_back(
+      [done = std::move(commit.done), host = std::move(commit.host), status]() mutable {
+        host.reset();
+        std::move(done)(status);
+      });
   RetryAllocationsLocked(deferred.calls());
 }
 

@@ -19,6 +19,8 @@ struct PeerDaemons::Peer {
   std::string session_socket;
   absl::Mutex mu;
   std::shared_ptr<SessionCore> core ABSL_GUARDED_BY(mu);
+  // Its staging could not be opened here: it is asked to lend through the host (kAuto).
+  bool through_host ABSL_GUARDED_BY(mu) = false;
   // Sessions that ended, kept until the PeerDaemons goes: a copy may still hold one (its opened
   // slab), and the last reference must not be dropped on the session's own reader thread.
   std::vector<std::shared_ptr<SessionCore>> retired ABSL_GUARDED_BY(mu);
@@ -28,8 +30,9 @@ struct PeerDaemons::Peer {
 struct PeerDaemons::Search {
   std::string key;
   Callback done;
-  size_t next = 0;                   // the peer to ask next
-  std::vector<std::string> answers;  // what the peers asked so far said
+  size_t next = 0;                    // the peer to ask next
+  std::vector<std::string> answers;   // what the peers asked so far said
+  bool retried_through_host = false;  // a peer failed direct and was asked again
 };
 
 namespace {
@@ -49,28 +52,61 @@ void ReleaseQuietly(SessionCore& core, uint64_t lease_id) {
 
 // The PeerCopy of a lease the peer answered with, whose handles `core` has opened.
 absl::StatusOr<PeerCopy> CopyOfLease(const std::shared_ptr<SessionCore>& core,
-                                     const std::string& peer, const v1::Lease& lease) {
-  ASSIGN_OR_RETURN(Slab * slab, core->slab(lease.slab_id()));
-  if (lease.length() == 0 || lease.offset() > slab->size() ||
-      lease.length() > slab->size() - lease.offset()) {
-    return absl::InternalError(absl::StrCat(peer, " lent ", lease.key(), " at [", lease.offset(),
-                                            ", +", lease.length(), ") of a slab of ", slab->size(),
-                                            " bytes"));
+                                     const std::string& peer, const v1::Lease& lease,
+                                     bool through_host) {
+  const uint8_t* base = nullptr;
+  uint64_t region = 0;
+  uint64_t offset = 0;
+  if (through_host) {
+    ASSIGN_OR_RETURN(const SharedMemory* buffer, core->host_buffer(lease.host_buffer_id()));
+    base = static_cast<const uint8_t*>(buffer->data());
+    region = buffer->size();
+    offset = lease.host_offset();
+  } else {
+    ASSIGN_OR_RETURN(Slab * slab, core->slab(lease.slab_id()));
+    base = static_cast<const uint8_t*>(slab->data());
+    region = slab->size();
+    offset = lease.offset();
+  }
+  if (lease.length() == 0 || offset > region || lease.length() > region - offset) {
+    return absl::InternalError(absl::StrCat(peer, " lent ", lease.key(), " at [", offset, ", +",
+                                            lease.length(), ") of a region of ", region, " bytes"));
   }
   ASSIGN_OR_RETURN(Event * ready, core->event(lease.ready_event_id()));
   ASSIGN_OR_RETURN(std::vector<TensorPlacement> tensors,
                    FromProto(lease.tensors(), lease.length(), "lease.tensors"));
   PeerCopy copy;
-  copy.data = static_cast<const uint8_t*>(slab->data()) + lease.offset();
+  copy.data = base + offset;
   copy.size = lease.length();
   copy.ready = ready;
   copy.tensors = std::make_shared<const std::vector<TensorPlacement>>(std::move(tensors));
+  copy.through_host = through_host;
   copy.peer = peer;
   copy.release = [core, lease_id = lease.lease_id()] { ReleaseQuietly(*core, lease_id); };
   return copy;
 }
 
 }  // namespace
+
+absl::StatusOr<PeerCopyPath> ParsePeerCopyPath(absl::string_view text) {
+  if (text == "auto") return PeerCopyPath::kAuto;
+  if (text == "direct") return PeerCopyPath::kDirect;
+  if (text == "host") return PeerCopyPath::kThroughHost;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown peer copy path \"", text, "\": auto, direct or host"));
+}
+
+const char* PeerCopyPathName(PeerCopyPath path) {
+  switch (path) {
+    case PeerCopyPath::kAuto:
+      return "auto";
+    case PeerCopyPath::kDirect:
+      return "direct";
+    case PeerCopyPath::kThroughHost:
+      return "host";
+  }
+  return "?";
+}
 
 absl::StatusOr<std::unique_ptr<PeerDaemons>> PeerDaemons::Create(Device& device,
                                                                  PeerDaemonsOptions options) {
@@ -84,7 +120,9 @@ absl::StatusOr<std::unique_ptr<PeerDaemons>> PeerDaemons::Create(Device& device,
 }
 
 PeerDaemons::PeerDaemons(Device& device, PeerDaemonsOptions options)
-    : device_(std::shared_ptr<Device>(), &device), client_name_(std::move(options.client_name)) {
+    : device_(std::shared_ptr<Device>(), &device),
+      client_name_(std::move(options.client_name)),
+      path_(options.path) {
   for (std::string& socket : options.sockets) {
     if (socket == options.own_socket) continue;
     bool seen = false;
@@ -128,41 +166,25 @@ void PeerDaemons::AskNext(std::shared_ptr<Search> search) {
       search->answers.push_back(absl::StrCat(peer.socket, ": ", core.status().message()));
       continue;
     }
+    bool through_host = path_ == PeerCopyPath::kThroughHost;
+    {
+      absl::MutexLock lock(&peer.mu);
+      through_host = through_host || peer.through_host;
+    }
     v1::SessionRequest request;
     request.mutable_fetch()->set_key(search->key);
     request.mutable_fetch()->set_local_only(true);
+    request.mutable_fetch()->set_through_host(through_host);
     // SessionCore::Send calls back when a failed write ends the session, but not when it had
     // already ended; whichever comes first handles the answer.
     auto claimed = std::make_shared<std::atomic<bool>>(false);
     std::weak_ptr<SessionCore> weak = *core;
-    absl::Status sent = (*core)->Send(std::move(request), [this, search, &peer, weak, claimed](
-                                                              const v1::SessionResponse& answer) {
-      if (claimed->exchange(true)) return;
-      std::shared_ptr<SessionCore> session = weak.lock();
-      absl::Status status = StatusOf(answer);
-      if (answer.has_lease()) {
-        // A peer that has it answers for it, good or bad: this fetch ends here.
-        absl::StatusOr<PeerCopy> copy =
-            status.ok() && session != nullptr
-                ? CopyOfLease(session, peer.socket, answer.lease())
-                : absl::StatusOr<PeerCopy>(status.ok() ? absl::UnavailableError("gone") : status);
-        if (!copy.ok()) {
-          if (session != nullptr) ReleaseQuietly(*session, answer.lease().lease_id());
-          return std::move(search->done)(
-              absl::Status(copy.status().code(),
-                           absl::StrCat("peer ", peer.socket, " has ", search->key,
-                                        " but lending it failed: ", copy.status().message())));
-        }
-        return std::move(search->done)(std::move(copy));
-      }
-      if (absl::IsUnavailable(status) && session != nullptr) Forget(peer, session);
-      if (!absl::IsNotFound(status) && !absl::IsUnavailable(status)) {
-        return std::move(search->done)(absl::Status(
-            status.code(), absl::StrCat("peer ", peer.socket, ": ", status.message())));
-      }
-      search->answers.push_back(absl::StrCat(peer.socket, ": ", status.message()));
-      AskNext(search);
-    });
+    absl::Status sent = (*core)->Send(
+        std::move(request),
+        [this, search, &peer, weak, claimed, through_host](const v1::SessionResponse& answer) {
+          if (claimed->exchange(true)) return;
+          OnAnswer(search, peer, weak.lock(), through_host, answer);
+        });
     if (!sent.ok() && !claimed->exchange(true)) {
       Forget(peer, *core);
       search->answers.push_back(absl::StrCat(peer.socket, ": ", sent.message()));
@@ -176,12 +198,52 @@ void PeerDaemons::AskNext(std::shared_ptr<Search> search) {
       absl::NotFoundError(absl::StrCat(search->key, " is not here nor at a peer (", why, ")")));
 }
 
+void PeerDaemons::OnAnswer(std::shared_ptr<Search> search, Peer& peer,
+                           std::shared_ptr<SessionCore> session, bool through_host,
+                           const v1::SessionResponse& answer) {
+  absl::Status status = StatusOf(answer);
+  if (!answer.has_lease()) {
+    if (absl::IsUnavailable(status) && session != nullptr) Forget(peer, session);
+    if (!absl::IsNotFound(status) && !absl::IsUnavailable(status)) {
+      return std::move(search->done)(
+          absl::Status(status.code(), absl::StrCat("peer ", peer.socket, ": ", status.message())));
+    }
+    search->answers.push_back(absl::StrCat(peer.socket, ": ", status.message()));
+    return AskNext(std::move(search));
+  }
+  // A peer that has it answers for it, good or bad: the search ends with this peer.
+  absl::StatusOr<PeerCopy> copy =
+      !status.ok()         ? absl::StatusOr<PeerCopy>(status)
+      : session == nullptr ? absl::StatusOr<PeerCopy>(absl::UnavailableError("session ended"))
+                           : CopyOfLease(session, peer.socket, answer.lease(), through_host);
+  if (copy.ok()) return std::move(search->done)(std::move(copy));
+  if (session != nullptr) ReleaseQuietly(*session, answer.lease().lease_id());
+  if (!through_host && path_ == PeerCopyPath::kAuto && session != nullptr &&
+      !search->retried_through_host) {
+    // Its memory cannot be opened here (no peer access between the GPUs, most likely): ask it
+    // again, and from now on, through the host.
+    {
+      absl::MutexLock lock(&peer.mu);
+      peer.through_host = true;
+    }
+    TIERD_LOG(WARNING) << "peer " << peer.socket << ": cannot read its staging ("
+                       << copy.status().message()
+                       << "); its objects are copied through pinned host memory from now on";
+    search->retried_through_host = true;
+    --search->next;
+    return AskNext(std::move(search));
+  }
+  std::move(search->done)(absl::Status(
+      copy.status().code(), absl::StrCat("peer ", peer.socket, " has ", search->key,
+                                         " but lending it failed: ", copy.status().message())));
+}
+
 absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::SessionTo(Peer& peer) {
   absl::MutexLock lock(&peer.mu);
   if (peer.core != nullptr && !peer.core->ended()) return peer.core;
   if (peer.core != nullptr) peer.retired.push_back(std::move(peer.core));
-  // Ended sessions nothing holds any more go now. This never runs on one of this peer's reader
-  // threads: a search asks each peer once, so it reaches here only from earlier peers' answers.
+  // Ended sessions nothing holds any more go now. Where this runs on the reader thread of one of
+  // them (a search asking its peer again), the answer's handler holds that one: it stays.
   for (size_t i = 0; i < peer.retired.size();) {
     if (peer.retired[i].use_count() == 1) {
       peer.retired[i] = std::move(peer.retired.back());

@@ -4,9 +4,15 @@
 // Each peer gets one session on its session socket, opened on first use and again after the peer
 // restarts. A fetch goes to the peers in the order given, with FetchRequest.local_only so a peer
 // never asks further (two daemons that name each other do not loop). The first lease found is
-// lent to the tier: the peer's staging slab opened in this process (CUDA IPC with peer access,
-// or the host backend's shared memory) and its ready event. The lease is released, quietly, when
-// the tier says its copy has read the buffer.
+// lent to the tier, one of two ways:
+//  - direct: the peer's staging slab opened in this process (CUDA IPC with peer access, or the
+//    host backend's shared memory) and its ready event;
+//  - through the host (FetchRequest.through_host): the peer copies the object into its pinned
+//    host handoff buffer, which this process maps and registers, and lends that range with the
+//    event that completes once the bytes are there.
+// With PeerCopyPath::kAuto a peer is asked for direct leases until its slab cannot be opened here
+// (the GPUs have no peer access to each other); from then on, and for that fetch again, through
+// the host. The lease is released, quietly, when the tier says its copy has read the buffer.
 //
 // Thread-safe. Fetch blocks only to connect to a peer (a local socket and one round trip); the
 // callbacks run on the peers' session reader threads.
@@ -19,19 +25,33 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "device/device.h"
 #include "server/peer_source.h"
+#include "tierd/v1/tierd.pb.h"
 
 namespace tierd {
 
 class SessionCore;
+
+// tierd --peer-copy.
+enum class PeerCopyPath {
+  kAuto,         // direct where the peer's memory can be opened, through the host otherwise
+  kDirect,       // direct only: a peer whose memory cannot be opened fails the fetch
+  kThroughHost,  // always through the host
+};
+
+// Parses "auto", "direct" or "host"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<PeerCopyPath> ParsePeerCopyPath(absl::string_view text);
+const char* PeerCopyPathName(PeerCopyPath path);
 
 struct PeerDaemonsOptions {
   // The peers' gRPC sockets (their --socket); sessions go to the session socket beside each
   // (SessionSocketPathFor). This daemon's own socket may be among them: it is skipped.
   std::vector<std::string> sockets;
   std::string own_socket;
+  PeerCopyPath path = PeerCopyPath::kAuto;
   // Shown in the peers' logs.
   std::string client_name = "tierd peer";
 };
@@ -59,6 +79,9 @@ class PeerDaemons : public PeerSource {
 
   // Asks peer `search->next` and, when it does not have the key, the ones after it.
   void AskNext(std::shared_ptr<Search> search);
+  // Handles `peer`'s answer to a fetch `session` sent (null once the session is gone).
+  void OnAnswer(std::shared_ptr<Search> search, Peer& peer, std::shared_ptr<SessionCore> session,
+                bool through_host, const v1::SessionResponse& answer);
   // The open session to `peer`, connecting when there is none or the last one ended.
   absl::StatusOr<std::shared_ptr<SessionCore>> SessionTo(Peer& peer);
   // Drops `core` as `peer`'s session if it still is: the next fetch reconnects.
@@ -66,6 +89,7 @@ class PeerDaemons : public PeerSource {
 
   std::shared_ptr<Device> device_;  // not owned
   const std::string client_name_;
+  const PeerCopyPath path_;
   std::vector<std::string> sockets_;
   std::vector<std::unique_ptr<Peer>> peers_;
 };

@@ -3,9 +3,9 @@
 #ifndef TIERD_SERVER_PROTO_CONVERT_H_
 #define TIERD_SERVER_PROTO_CONVERT_H_
 
-#include <vector>
-
 #include <grpcpp/support/status.h>
+
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/gpu_tier.h"

@@ -206,13 +206,21 @@ void SessionProtocol::Open(uint64_t request_id, const v1::OpenSession& open) {
   CountAndSend(std::move(response));
 }
 
-void SessionProtocol::SendWithHandles(v1::SessionResponse response, uint32_t slab,
-                                      std::initializer_list<uint32_t> events) {
+void SessionProtocol::SendWithHandles(v1::SessionResponse response, std::optional<uint32_t> slab,
+                                      bool host_buffer, std::initializer_list<uint32_t> events) {
   // Attached and sent under one lock: a later response that relies on a handle "already sent"
   // must not overtake the response carrying it.
   absl::MutexLock lock(&mu_);
-  if (slabs_sent_.insert(slab).second) {
-    ToProto(tier_.pool().SlabInfo(slab), response.add_new_handles());
+  if (slab.has_value() && slabs_sent_.insert(*slab).second) {
+    ToProto(tier_.pool().SlabInfo(*slab), response.add_new_handles());
+  }
+  if (host_buffer && !host_buffer_sent_) {
+    host_buffer_sent_ = true;
+    v1::Handle* handle = response.add_new_handles();
+    handle->set_kind(v1::Handle::HOST_BUFFER);
+    handle->set_id(HostHandoffBuffer::kHandleId);
+    handle->set_handle(tier_.handoff_buffer().handle());
+    handle->set_size(tier_.handoff_buffer().size());
   }
   for (uint32_t event : events) {
     if (events_sent_.insert(event).second) {
@@ -227,7 +235,9 @@ void SessionProtocol::Fetch(uint64_t request_id, ClientId client, const v1::Fetc
   if (absl::Status key = CheckKey(fetch.key(), "fetch.key"); !key.ok()) {
     return Reply(request_id, key);
   }
-  const FetchScope scope = fetch.local_only() ? FetchScope::kLocal : FetchScope::kLocalThenPeers;
+  FetchOptions options;
+  options.ask_peers = !fetch.local_only();
+  options.through_host = fetch.through_host();
   tier_.Fetch(
       client, fetch.key(), ReadPriority::kDemand, absl::InfiniteFuture(),
       [self = shared_from_this(), request_id](absl::StatusOr<LeaseGrant> grant) {
@@ -246,10 +256,17 @@ void SessionProtocol::Fetch(uint64_t request_id, ClientId client, const v1::Fetc
             ToProto(tensor, lease->add_tensors());
           }
         }
-        self->SendWithHandles(std::move(response), grant->range.slab,
+        if (grant->host_offset.has_value()) {
+          // The reader may not be able to open a staging slab of this GPU: it is not sent.
+          lease->set_host_buffer_id(HostHandoffBuffer::kHandleId);
+          lease->set_host_offset(*grant->host_offset);
+          return self->SendWithHandles(std::move(response), std::nullopt, /*host_buffer=*/true,
+                                       {grant->ready_event, grant->done_event});
+        }
+        self->SendWithHandles(std::move(response), grant->range.slab, /*host_buffer=*/false,
                               {grant->ready_event, grant->done_event});
       },
-      scope);
+      options);
 }
 
 void SessionProtocol::Prefetch(uint64_t request_id, const v1::PrefetchRequest& prefetch) {
@@ -289,7 +306,7 @@ void SessionProtocol::Reserve(uint64_t request_id, ClientId client,
                   reservation->set_offset(grant->range.offset);
                   reservation->set_length(grant->length);
                   reservation->set_written_event_id(grant->written_event);
-                  self->SendWithHandles(std::move(response), grant->range.slab,
+                  self->SendWithHandles(std::move(response), grant->range.slab, false,
                                         {grant->written_event});
                 });
 }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -85,8 +86,9 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
   void EndRequestLocked(absl::StatusCode code) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts `response` by its code, ends its request and sends it.
   void CountAndSend(v1::SessionResponse response);
-  // Adds the handles the session has not been sent yet to `response` and sends it.
-  void SendWithHandles(v1::SessionResponse response, uint32_t slab,
+  // Adds to `response` the handles it needs that the session has not been sent yet (`slab`, each
+  // of `events`, and with `host_buffer` the host handoff buffer) and sends it.
+  void SendWithHandles(v1::SessionResponse response, std::optional<uint32_t> slab, bool host_buffer,
                        std::initializer_list<uint32_t> events) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckKey(const std::string& key, absl::string_view field) const {
     return tierd::CheckKey(key, options_.max_key_bytes, field);
@@ -103,6 +105,7 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
   uint32_t requests_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<uint32_t> slabs_sent_ ABSL_GUARDED_BY(mu_);
   std::set<uint32_t> events_sent_ ABSL_GUARDED_BY(mu_);
+  bool host_buffer_sent_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tierd

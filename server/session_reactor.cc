@@ -11,9 +11,8 @@ SessionReactor::SessionReactor(GpuTier& tier, const SessionOptions& options)
     outbox_->reactor = this;
   }
   protocol_ = std::make_shared<SessionProtocol>(
-      tier, options, [outbox = outbox_](v1::SessionResponse response) {
-        Send(outbox, std::move(response));
-      });
+      tier, options,
+      [outbox = outbox_](v1::SessionResponse response) { Send(outbox, std::move(response)); });
   StartRead(&request_);
 }
 

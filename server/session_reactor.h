@@ -5,10 +5,10 @@
 #ifndef TIERD_SERVER_SESSION_REACTOR_H_
 #define TIERD_SERVER_SESSION_REACTOR_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <deque>
 #include <memory>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"

@@ -112,10 +112,9 @@ void SessionSocketServer::Shutdown(absl::Time deadline) {
   {
     absl::MutexLock lock(&mu_);
     // Sessions their clients end within the grace end on their own.
-    mu_.AwaitWithDeadline(
-        absl::Condition(
-            +[](int* active) { return *active == 0; }, &active_),
-        deadline);
+    mu_.AwaitWithDeadline(absl::Condition(
+                              +[](int* active) { return *active == 0; }, &active_),
+                          deadline);
     connections.swap(connections_);
   }
   for (const std::shared_ptr<Connection>& connection : connections) connection->ShutDown();
@@ -255,8 +254,8 @@ void SessionSocketServer::Enqueue(const std::shared_ptr<Connection>& connection,
     if (sent > 0) frame.erase(0, static_cast<size_t>(sent));
   }
   if (connection->queued_bytes + frame.size() > kMaxQueuedBytes) {
-    TIERD_LOG(WARNING) << "session socket: the client has not read "
-                       << connection->queued_bytes << " bytes of answers; closing its session";
+    TIERD_LOG(WARNING) << "session socket: the client has not read " << connection->queued_bytes
+                       << " bytes of answers; closing its session";
     connection->ShutDownLocked();
     return;
   }

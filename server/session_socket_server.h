@@ -53,7 +53,6 @@ class SessionSocketServer {
   // serialized; later calls find nothing left to do.
   void Shutdown(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_, shutdown_mu_);
 
-
  private:
   struct Connection;
   SessionSocketServer(std::string path, int listen_fd, GpuTier& tier, SessionOptions options);

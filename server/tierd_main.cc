@@ -72,6 +72,12 @@ ABSL_FLAG(
     "Comma-separated --socket paths of the daemons of this node's other GPUs; a stored object "
     "not found here is fetched from the first that has it (this daemon's own socket may be "
     "listed: it is skipped)");
+ABSL_FLAG(std::string, peer_copy, "auto",
+          "How objects are copied from --peers: auto (GPU to GPU where this GPU can read the "
+          "peer's memory, through pinned host memory otherwise), direct, or host");
+ABSL_FLAG(tierd::ByteSize, peer_host_buffer_bytes, tierd::ByteSize{256ull << 20},
+          "Pinned host memory objects are copied through for peers that cannot read this GPU's "
+          "memory (allocated on first use); an object larger cannot go that way");
 ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus metrics over HTTP on this port at /metrics; 0: no metrics endpoint");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1",
@@ -178,6 +184,15 @@ int Run() {
     }
     options.peer_sockets.emplace_back(peer);
   }
+  absl::StatusOr<tierd::PeerCopyPath> peer_copy =
+      tierd::ParsePeerCopyPath(absl::GetFlag(FLAGS_peer_copy));
+  if (!peer_copy.ok()) {
+    std::fprintf(stderr, "tierd: --peer-copy: %s\n",
+                 std::string(peer_copy.status().message()).c_str());
+    return kExitBadUsage;
+  }
+  options.peer_copy = *peer_copy;
+  options.peer_host_buffer_bytes = absl::GetFlag(FLAGS_peer_host_buffer_bytes).bytes;
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   if (metrics_port < 0 || metrics_port > 65535) {
     std::fprintf(stderr, "tierd: --metrics-port must be 0 (off) or a port, 1..65535\n");

@@ -52,17 +52,17 @@ class RegisterReactor final : public grpc::ServerWriteReactor<v1::RegisterModelP
       summary = absl::InvalidArgumentError(absl::StrCat(
           "register.directory must be an absolute path, not \"", request_.directory(), "\""));
     } else {
-      TIERD_LOG(INFO) << "registering model " << request_.name() << " from "
-                      << request_.directory() << " (" << GroupingName(*grouping) << ")";
-      summary = catalog_.RegisterModel(
-          request_.name(), request_.directory(), *grouping, GroupingRules::Defaults(),
-          [this](const RegistrationProgress& progress) {
-            v1::RegisterModelProgress message;
-            message.set_files_done(progress.files_done);
-            message.set_files_total(progress.files_total);
-            message.set_current_file(progress.current_file);
-            Write(message);
-          });
+      TIERD_LOG(INFO) << "registering model " << request_.name() << " from " << request_.directory()
+                      << " (" << GroupingName(*grouping) << ")";
+      summary = catalog_.RegisterModel(request_.name(), request_.directory(), *grouping,
+                                       GroupingRules::Defaults(),
+                                       [this](const RegistrationProgress& progress) {
+                                         v1::RegisterModelProgress message;
+                                         message.set_files_done(progress.files_done);
+                                         message.set_files_total(progress.files_total);
+                                         message.set_current_file(progress.current_file);
+                                         Write(message);
+                                       });
     }
     if (!summary.ok()) {
       TIERD_LOG(WARNING) << "registering " << request_.name() << " failed: " << summary.status();
@@ -107,8 +107,7 @@ TierdService::TierdService(ResponseCounters* counters) : counters_(counters) {}
 TierdService::~TierdService() = default;
 
 void TierdService::Attach(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
-                          std::vector<NamedGpuTier> client_groups,
-                          SessionOptions session_options) {
+                          std::vector<NamedGpuTier> client_groups, SessionOptions session_options) {
   attached_.reset(new Tiers{catalog, host_cache, gpu_tier, std::move(client_groups),
                             std::move(session_options)});
   tiers_.store(attached_.get(), std::memory_order_release);

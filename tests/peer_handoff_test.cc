@@ -2,6 +2,8 @@
 // stored through one daemon is fetched through the other, which copies it from the first's staging
 // into its own. On the CUDA build both daemons share GPU 0, which runs the same protocol (IPC
 // handles, interprocess events) as two GPUs do; the two-GPU run is bench/pipeline_bench.py's.
+// Both ways of copying run: GPU to GPU (direct) and through the lender's pinned host buffer, and
+// the automatic fallback from one to the other when the lender's memory cannot be opened.
 #include <signal.h>
 
 #include <atomic>
@@ -13,8 +15,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/tierd_client.h"
+#include "common/session_socket.h"
+#include "common/status_macros.h"
+#include "device/device_factory.h"
+#include "device/device_wrapper.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/daemon.h"
 #include "tests/daemon_test_support.h"
 #include "tests/test_support.h"
 
@@ -45,7 +52,8 @@ std::string Pattern(size_t bytes, int seed) {
   return data;
 }
 
-class PeerHandoffTest : public ::testing::Test {
+// Parameter: the daemons' --peer-copy, "direct" or "host".
+class PeerHandoffTest : public ::testing::TestWithParam<const char*> {
  protected:
   static constexpr int kDaemons = 2;
 
@@ -64,6 +72,7 @@ class PeerHandoffTest : public ::testing::Test {
     for (int i = 0; i < kDaemons; ++i) StopDaemon(i);
   }
 
+  bool through_host() const { return std::string(GetParam()) == "host"; }
   std::string socket_path(int i) const { return absl::StrCat(dir_.path(), "/gpu", i, ".sock"); }
 
   // Daemon i names every daemon as its peer (its own socket is skipped), as a node's shared
@@ -78,7 +87,8 @@ class PeerHandoffTest : public ::testing::Test {
         "--gpu-pool-bytes=16MiB",
         "--gpu-slab-bytes=8MiB",
         "--shutdown-grace-ms=2000",
-        absl::StrCat("--peers=", socket_path(0), ",", socket_path(1))};
+        absl::StrCat("--peers=", socket_path(0), ",", socket_path(1)),
+        absl::StrCat("--peer-copy=", GetParam())};
     auto daemon = testing::StartServingDaemon(argv, socket_path(i), kTimeout);
     ASSERT_THAT(daemon, IsOk());
     daemons_[i] = *std::move(daemon);
@@ -137,7 +147,7 @@ class PeerHandoffTest : public ::testing::Test {
   std::unique_ptr<Session> sessions_[kDaemons];
 };
 
-TEST_F(PeerHandoffTest, StoredThroughOneDaemonIsFetchedThroughTheOther) {
+TEST_P(PeerHandoffTest, StoredThroughOneDaemonIsFetchedThroughTheOther) {
   const std::string bytes = Pattern(3 << 20, 1);
   StoreRequest request;
   v1::TensorInfo tensor;
@@ -162,12 +172,12 @@ TEST_F(PeerHandoffTest, StoredThroughOneDaemonIsFetchedThroughTheOther) {
   const v1::Stats receiver = Stats(1);
   EXPECT_EQ(receiver.peer_fetches(), 1u);
   EXPECT_EQ(receiver.bytes_peer_to_gpu(), bytes.size());
-  EXPECT_EQ(receiver.peer_fetches_through_host(), 0u);
+  EXPECT_EQ(receiver.peer_fetches_through_host(), through_host() ? 1u : 0u);
   ExpectLeasesDrain(0);
   ExpectLeasesDrain(1);
 }
 
-TEST_F(PeerHandoffTest, EveryFetchCopiesThePeersCurrentVersion) {
+TEST_P(PeerHandoffTest, EveryFetchCopiesThePeersCurrentVersion) {
   ASSERT_THAT(StoreBytes(session(0), "act/x", Pattern(1 << 20, 1)), IsOk());
   EXPECT_THAT(FetchBytes(session(1), "act/x"), IsOkAndHolds(Pattern(1 << 20, 1)));
   // A new version under the same key, smaller: no stale copy is served.
@@ -176,7 +186,7 @@ TEST_F(PeerHandoffTest, EveryFetchCopiesThePeersCurrentVersion) {
   EXPECT_EQ(Stats(1).peer_fetches(), 2u);
 }
 
-TEST_F(PeerHandoffTest, ACopyOutlivesThePeersEviction) {
+TEST_P(PeerHandoffTest, ACopyOutlivesThePeersEviction) {
   const std::string bytes = Pattern(2 << 20, 3);
   ASSERT_THAT(StoreBytes(session(0), "act/y", bytes), IsOk());
   auto lease = session(1).Fetch("act/y");
@@ -188,7 +198,7 @@ TEST_F(PeerHandoffTest, ACopyOutlivesThePeersEviction) {
   lease->Release();
 }
 
-TEST_F(PeerHandoffTest, AKeyNoDaemonHasIsNotFoundWithoutLooping) {
+TEST_P(PeerHandoffTest, AKeyNoDaemonHasIsNotFoundWithoutLooping) {
   // Each daemon names the other: a fetch of an unknown key asks the other once, not forever.
   for (int i = 0; i < kDaemons; ++i) {
     auto lease = session(i).Fetch("act/nobody-has-this");
@@ -199,7 +209,7 @@ TEST_F(PeerHandoffTest, AKeyNoDaemonHasIsNotFoundWithoutLooping) {
   EXPECT_EQ(Stats(1).peer_fetches(), 0u);
 }
 
-TEST_F(PeerHandoffTest, APeerThatRestartsIsReconnected) {
+TEST_P(PeerHandoffTest, APeerThatRestartsIsReconnected) {
   ASSERT_THAT(StoreBytes(session(0), "act/z", Pattern(4096, 4)), IsOk());
   EXPECT_THAT(FetchBytes(session(1), "act/z"), IsOkAndHolds(Pattern(4096, 4)));
 
@@ -216,7 +226,7 @@ TEST_F(PeerHandoffTest, APeerThatRestartsIsReconnected) {
   EXPECT_THAT(FetchBytes(session(1), "act/z"), IsOkAndHolds(Pattern(4096, 5)));
 }
 
-TEST_F(PeerHandoffTest, ConcurrentFetchesThroughThePeerAllGetTheirBytes) {
+TEST_P(PeerHandoffTest, ConcurrentFetchesThroughThePeerAllGetTheirBytes) {
   constexpr int kObjects = 16;
   for (int k = 0; k < kObjects; ++k) {
     ASSERT_THAT(StoreBytes(session(0), absl::StrCat("act/", k), Pattern((64 << 10) + k, k)),
@@ -243,6 +253,90 @@ TEST_F(PeerHandoffTest, ConcurrentFetchesThroughThePeerAllGetTheirBytes) {
   EXPECT_EQ(Stats(1).peer_fetches(), static_cast<uint64_t>(kThreads * kRounds));
   ExpectLeasesDrain(0);
   ExpectLeasesDrain(1);
+}
+
+INSTANTIATE_TEST_SUITE_P(CopyPaths, PeerHandoffTest, ::testing::Values("direct", "host"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param) == "host" ? "ThroughHost" : "Direct";
+                         });
+
+// A device that cannot open another process's staging slabs, as a GPU without peer access to
+// the GPU they live on.
+class NoPeerAccessDevice : public DeviceWrapper {
+ public:
+  explicit NoPeerAccessDevice(std::unique_ptr<Device> target)
+      : DeviceWrapper(*target), target_(std::move(target)) {}
+  absl::StatusOr<std::unique_ptr<Slab>> OpenSlab(absl::string_view) override {
+    ++refused;
+    return absl::FailedPreconditionError("peer access is not supported (injected)");
+  }
+  std::atomic<int> refused{0};
+
+ private:
+  std::unique_ptr<Device> target_;
+};
+
+TEST(PeerCopyFallbackTest, AutoCopiesThroughTheHostWhenThePeersMemoryCannotBeOpened) {
+  TempDir dir;
+  const std::string lender_socket = absl::StrCat(dir.path(), "/gpu0.sock");
+  auto lender = testing::StartServingDaemon(
+      {SiblingBinary("tierd"), absl::StrCat("--device=", testing::DeviceUnderTest().ToString()),
+       absl::StrCat("--socket=", lender_socket), absl::StrCat("--state-dir=", dir.path(), "/s0"),
+       "--host-cache-bytes=32MiB", "--gpu-pool-bytes=8MiB", "--gpu-slab-bytes=8MiB"},
+      lender_socket, kTimeout);
+  ASSERT_THAT(lender, IsOk());
+
+  // The borrower runs in this process, on a device that cannot open the lender's slabs.
+  NoPeerAccessDevice* device = nullptr;
+  DaemonOptions options;
+  options.socket_path = absl::StrCat(dir.path(), "/gpu1.sock");
+  options.session_socket_path = SessionSocketPathFor(options.socket_path);
+  options.state_dir = absl::StrCat(dir.path(), "/s1");
+  options.host_cache_bytes = 32 << 20;
+  options.gpu_pool_bytes = 8 << 20;
+  options.gpu_slab_bytes = 8 << 20;
+  options.peer_sockets = {lender_socket};
+  options.create_device = [&device]() -> absl::StatusOr<std::unique_ptr<Device>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<Device> real, CreateDevice(testing::DeviceUnderTest()));
+    auto wrapped = std::make_unique<NoPeerAccessDevice>(std::move(real));
+    device = wrapped.get();
+    return wrapped;
+  };
+  auto borrower = Daemon::Create(options);
+  ASSERT_THAT(borrower, IsOk());
+
+  ClientOptions to_lender;
+  to_lender.socket_path = lender_socket;
+  auto lender_client = Client::Connect(to_lender);
+  ASSERT_THAT(lender_client, IsOk());
+  auto lender_session = (*lender_client)->OpenSession();
+  ASSERT_THAT(lender_session, IsOk());
+  ClientOptions to_borrower;
+  to_borrower.socket_path = options.socket_path;
+  auto borrower_client = Client::Connect(to_borrower);
+  ASSERT_THAT(borrower_client, IsOk());
+  auto borrower_session = (*borrower_client)->OpenSession();
+  ASSERT_THAT(borrower_session, IsOk());
+
+  for (int round = 0; round < 3; ++round) {
+    const std::string bytes = Pattern((1 << 20) + round, 10 + round);
+    ASSERT_THAT(StoreBytes(**lender_session, "act/h", bytes), IsOk());
+    EXPECT_THAT(FetchBytes(**borrower_session, "act/h"), IsOkAndHolds(bytes));
+  }
+  auto stats = (*borrower_client)->GetStats();
+  ASSERT_THAT(stats, IsOk());
+  EXPECT_EQ(stats->peer_fetches(), 3u);
+  EXPECT_EQ(stats->peer_fetches_through_host(), 3u);
+  // Only the first lease was tried direct; the lender was asked through the host from then on.
+  EXPECT_EQ(device->refused.load(), 1);
+
+  borrower_session->reset();
+  borrower_client->reset();
+  borrower->reset();
+  lender_session->reset();
+  lender_client->reset();
+  (*lender)->Signal(SIGTERM);
+  EXPECT_THAT((*lender)->Wait(kTimeout), IsOkAndHolds(0));
 }
 
 TEST(PeerFlagsTest, ARelativePeerSocketIsRefused) {
