@@ -82,15 +82,28 @@ class DiT(nn.Module):
         self.head = nn.Linear(dim, in_dim)
 
     def forward(self, patches, context, time):
+        x, context, time = self.embed(patches, context, time)
+        x = self.run_blocks(x, context, time, 0, len(self.blocks))
+        return self.unembed(x)
+
+    # The forward pass in pieces, for running its blocks in stages (two_stage_pipeline.py).
+
+    def embed(self, patches, context, time):
+        """Token, context and time embeddings: what every block takes."""
         x = self.patch_embedding(patches)
         context = self.text_embedding(context)
         half = self.dim // 2
         frequencies = torch.exp(-math.log(10000.0) * torch.arange(half, device=x.device) / half)
         angles = time[:, None].float() * 1000.0 * frequencies[None]
         sinusoid = torch.cat([angles.cos(), angles.sin()], dim=-1).to(x.dtype)
-        time = self.time_embedding(sinusoid).view(-1, 6, self.dim)
-        for block in self.blocks:
+        return x, context, self.time_embedding(sinusoid).view(-1, 6, self.dim)
+
+    def run_blocks(self, x, context, time, start, stop):
+        for block in self.blocks[start:stop]:
             x = block(x, context, time)
+        return x
+
+    def unembed(self, x):
         return self.head(self.head_norm(x))
 
 

@@ -298,6 +298,17 @@ class Session:
         if error is not None:
             raise error
 
+    def wait_committed(self, key, timeout=None):
+        """Waits until the commits of `key` sent so far through this session are in the daemon's
+        host tier, without waiting for other keys' (flush() waits for all): then a fetch of `key`
+        through another session, or another daemon (tierd --peers), finds this version. Raises the
+        first commit failure since the last flush, if any."""
+        self._wait_for_commits_of(key, timeout)
+        with self._lock:
+            error, self._commit_error = self._commit_error, None
+        if error is not None:
+            raise error
+
     def pin(self, key):
         """Keeps `key` on the GPU until unpin() or the session ends."""
         request = tierd_pb2.SessionRequest()
@@ -377,8 +388,8 @@ class Session:
                 del self._commits[key]
             self._commits_changed.notify_all()
 
-    def _wait_for_commits_of(self, key):
-        deadline = time.monotonic() + self._timeout
+    def _wait_for_commits_of(self, key, timeout=None):
+        deadline = time.monotonic() + (self._timeout if timeout is None else timeout)
         with self._lock:
             while self._commits.get(key) and self._ended is None:
                 if not self._commits_changed.wait(deadline - time.monotonic()):
