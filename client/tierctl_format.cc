@@ -242,11 +242,15 @@ std::string FormatStats(const v1::Stats& stats) {
   host.lines.push_back({"stored", absl::StrCat(stats.stored_objects(), " objects (",
                                                stats.spilled_objects(), " spilled to disk)")});
   sections.push_back(std::move(host));
-  sections.push_back({"bytes moved",
-                      {{"disk → host", FormatByteSize(stats.bytes_disk_to_host())},
-                       {"host → GPU", FormatByteSize(stats.bytes_host_to_gpu())},
-                       {"GPU → host", FormatByteSize(stats.bytes_gpu_to_host())},
-                       {"host → disk", FormatByteSize(stats.bytes_host_to_disk())}}});
+  sections.push_back(
+      {"bytes moved",
+       {{"disk → host", FormatByteSize(stats.bytes_disk_to_host())},
+        {"host → GPU", FormatByteSize(stats.bytes_host_to_gpu())},
+        {"GPU → host", FormatByteSize(stats.bytes_gpu_to_host())},
+        {"host → disk", FormatByteSize(stats.bytes_host_to_disk())},
+        {"peers → GPU",
+         absl::StrCat(FormatByteSize(stats.bytes_peer_to_gpu()), " in ", stats.peer_fetches(),
+                      " fetches (", stats.peer_fetches_through_host(), " through the host)")}}});
   sections.push_back({"in flight",
                       {{"disk reads", absl::StrCat(stats.disk_reads_in_flight())},
                        {"copies", absl::StrCat(stats.copies_in_flight())}}});

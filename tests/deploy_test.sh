@@ -364,7 +364,16 @@ if both_healthy; then
   check "tierd-node printed a line per daemon started" \
     test "$(grep -c '^tierd-node: started tierd for GPU [01] ' "$tmp/node1.log")" -eq 2
   check "the daemons run with --device=host" grep -q -- "started tierd for GPU 1 .* --device=host " "$tmp/node1.log"
+  check "each daemon names every GPU's daemon as a peer" \
+    grep -q -- "started tierd for GPU 1 .* --peers=[^ ]*/gpu0.sock,[^ ]*/gpu1.sock" "$tmp/node1.log"
   check "and without --config (TIERD_CONFIG does not exist)" lacks "--config=" "$tmp/node1.log"
+  head -c 3000000 /dev/urandom >"$tmp/activations"
+  handed_over() {
+    timeout 20 "$tierctl" --socket="$node_dir/run/gpu0.sock" put act/window-0 "$tmp/activations" &&
+      timeout 20 "$tierctl" --socket="$node_dir/run/gpu1.sock" get act/window-0 -o "$tmp/handed" &&
+      cmp -s "$tmp/activations" "$tmp/handed"
+  }
+  check "an object put through GPU 0's daemon is got, the same bytes, through GPU 1's" handed_over
   kill -TERM "$node_pid"
   if wait_node 20; then
     check "SIGTERM: tierd-node exits 0 within 20 s (status $node_status)" test "$node_status" = 0

@@ -5,8 +5,9 @@
 # DaemonSet (deploy/k8s/tierd-daemonset.yaml), where one container serves every GPU. GPU N gets
 #   tierd [--config=$TIERD_CONFIG] --device=${TIERD_DEVICE_PREFIX}N \
 #         --socket=$TIERD_SOCKET_DIR/gpuN.sock --state-dir=$TIERD_STATE_DIR/gpuN \
-#         --metrics-port=$((TIERD_METRICS_BASE_PORT + N)) TIERD_FLAG...
-# TIERD_FLAGs (any flags of tierd) are passed to every daemon, after the ones above, so they win.
+#         --metrics-port=$((TIERD_METRICS_BASE_PORT + N)) --peers=EVERY_GPU'S_SOCKET TIERD_FLAG...
+# TIERD_FLAGs (any flags of tierd) are passed to every daemon, after the ones above, so they win
+# (--peers= turns the handoff between the GPUs' daemons off).
 #
 # Environment (defaults in brackets):
 #   TIERD_GPUS               number of GPUs [nvidia-smi -L, else the count of /dev/nvidia[0-9]*]
@@ -96,11 +97,13 @@ rm -f "$sockets_file"
 declare -A gpu_of=()  # pid -> GPU index, for the daemons still running
 pids=()
 sockets=()
+peers=
+for ((n = 0; n < gpus; n++)); do peers+="${peers:+,}$socket_dir/gpu$n.sock"; done
 for ((n = 0; n < gpus; n++)); do
   if [[ $device_prefix == host ]]; then device=host; else device=$device_prefix$n; fi
   socket=$socket_dir/gpu$n.sock
   args=("${common[@]}" "--device=$device" "--socket=$socket" "--state-dir=$state_dir/gpu$n")
-  args+=("--metrics-port=$((metrics_base == 0 ? 0 : metrics_base + n))")
+  args+=("--metrics-port=$((metrics_base == 0 ? 0 : metrics_base + n))" "--peers=$peers")
   args+=("$@")
   # Each daemon's log lines are prefixed with its GPU; they all go to this container's output.
   "$tierd" "${args[@]}" > >(sed -u "s/^/[gpu$n] /") 2>&1 &
