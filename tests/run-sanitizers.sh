@@ -17,7 +17,8 @@ cd "$(dirname "$0")/.."
 modes=("$@")
 ((${#modes[@]} > 0)) || modes=(address thread)
 tsan_tests=(host_arena_test host_cache_test disk_reader_test daemon_health_test
-            fault_injection_test metrics_test api_test_host client_groups_test)
+            fault_injection_test metrics_test api_test_host client_groups_test
+            peer_handoff_test_host)
 
 status=0
 for mode in "${modes[@]}"; do
