@@ -69,7 +69,9 @@ class PeerHandoffTest : public ::testing::TestWithParam<const char*> {
       sessions_[i].reset();
       clients_[i].reset();
     }
-    for (int i = 0; i < kDaemons; ++i) StopDaemon(i);
+    // The borrower first: a daemon's shutdown grace waits for the sessions open to it, among
+    // them its peers'.
+    for (int i = kDaemons - 1; i >= 0; --i) StopDaemon(i);
   }
 
   bool through_host() const { return std::string(GetParam()) == "host"; }
@@ -86,7 +88,7 @@ class PeerHandoffTest : public ::testing::TestWithParam<const char*> {
         "--host-cache-bytes=64MiB",
         "--gpu-pool-bytes=16MiB",
         "--gpu-slab-bytes=8MiB",
-        "--shutdown-grace-ms=2000",
+        "--shutdown-grace-ms=500",
         absl::StrCat("--peers=", socket_path(0), ",", socket_path(1)),
         absl::StrCat("--peer-copy=", GetParam())};
     auto daemon = testing::StartServingDaemon(argv, socket_path(i), kTimeout);
