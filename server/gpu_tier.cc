@@ -90,6 +90,12 @@ GpuTier::~GpuTier() {
         },
         this));
   }
+  if (handoff_buffer_->allocated()) {
+    // Copies into the handoff buffer for peers may still run: the buffer is unregistered below.
+    if (absl::Status idle = device_.SynchronizeStream(*handoff_stream_); !idle.ok()) {
+      TIERD_LOG(WARNING) << "waiting for the handoff stream: " << idle;
+    }
+  }
   {
     absl::MutexLock lock(&liveness_->mu);
     liveness_->tier = nullptr;

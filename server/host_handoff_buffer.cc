@@ -67,6 +67,11 @@ uint8_t* HostHandoffBuffer::data() const {
   return static_cast<uint8_t*>(region_->data());
 }
 
+bool HostHandoffBuffer::allocated() const {
+  absl::MutexLock lock(&mu_);
+  return region_ != nullptr;
+}
+
 std::string HostHandoffBuffer::handle() const {
   absl::MutexLock lock(&mu_);
   return region_->name();

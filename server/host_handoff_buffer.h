@@ -42,6 +42,8 @@ class HostHandoffBuffer {
   // The handle a peer maps it with: the shared memory object's name.
   std::string handle() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t size() const { return bytes_; }
+  // Whether the region exists (an Allocate succeeded once).
+  bool allocated() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   Device& device_;
