@@ -42,9 +42,9 @@ class PeerSource {
   virtual ~PeerSource() = default;
 
   // Looks for `key` at the peers, in order, and calls `done` once with the first copy found, or
-  // NOT_FOUND when no peer has it (the message says what each peer answered). Never calls `done`
-  // on the caller's thread before returning: `done` may take the caller's locks. `done` must not
-  // block.
+  // NOT_FOUND when no peer has it (the message says what each peer answered). `done` may run
+  // before Fetch returns, on the caller's thread (when no peer can be asked), or later on another
+  // thread: call it holding no lock that `done` takes. `done` must not block.
   virtual void Fetch(const std::string& key, Callback done) = 0;
 };
 
