@@ -68,10 +68,13 @@ class ClientGroupsTest : public ::testing::Test {
                         ":2MiB");
   }
   std::vector<std::string> TierdArgs(const std::vector<std::string>& extra) const {
-    std::vector<std::string> args = {
-        SiblingBinary("tierd"), "--device=host", absl::StrCat("--socket=", socket_path()),
-        absl::StrCat("--state-dir=", dir_.path(), "/state"), "--host-cache-bytes=32MiB",
-        "--gpu-pool-bytes=4MiB", "--gpu-slab-bytes=2MiB"};
+    std::vector<std::string> args = {SiblingBinary("tierd"),
+                                     "--device=host",
+                                     absl::StrCat("--socket=", socket_path()),
+                                     absl::StrCat("--state-dir=", dir_.path(), "/state"),
+                                     "--host-cache-bytes=32MiB",
+                                     "--gpu-pool-bytes=4MiB",
+                                     "--gpu-slab-bytes=2MiB"};
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
   }
@@ -117,9 +120,9 @@ class ClientGroupsTest : public ::testing::Test {
     v1::SessionRequest fetch;
     fetch.set_request_id(2);
     fetch.mutable_fetch()->set_key(key);
-    EXPECT_THAT(SendAll(fd, absl::StrCat(kSessionSocketHello, EncodeFrame(open),
-                                         EncodeFrame(fetch))),
-                IsOk());
+    EXPECT_THAT(
+        SendAll(fd, absl::StrCat(kSessionSocketHello, EncodeFrame(open), EncodeFrame(fetch))),
+        IsOk());
     std::string greeting(kSessionSocketHello.size(), '\0');
     EXPECT_THAT(ReadExactly(fd, greeting.data(), greeting.size()), IsOk());
     for (int answers = 0; answers < 2; ++answers) {
@@ -134,12 +137,6 @@ class ClientGroupsTest : public ::testing::Test {
     }
     ::close(fd);  // ends the session, releasing its lease
     return slabs;
-  }
-
-  static std::string Pattern(size_t size, int seed) {
-    std::string bytes(size, '\0');
-    testing::FillPattern(bytes.data(), bytes.size(), seed);
-    return bytes;
   }
 
   TempDir dir_;
@@ -200,8 +197,8 @@ TEST_F(ClientGroupsTest, StoredObjectsAreSeenOnlyByTheGroupThatStoredThem) {
   std::unique_ptr<Session> other = Open("other");
   std::unique_ptr<Session> main = Open("");
   ASSERT_TRUE(tenant && other && main);
-  const std::string tenants = Pattern(64 << 10, 1);
-  const std::string mains = Pattern(32 << 10, 2);
+  const std::string tenants = testing::PatternBytes(64 << 10, 1);
+  const std::string mains = testing::PatternBytes(32 << 10, 2);
   ASSERT_THAT(StoreBytes(*tenant, "kv/x", tenants), IsOk());
   // Another group neither fetches nor prefetches it, not even to learn that it exists.
   EXPECT_THAT(FetchBytes(*main, "kv/x"), StatusIs(absl::StatusCode::kNotFound));
@@ -240,7 +237,7 @@ TEST_F(ClientGroupsTest, StoredObjectsAreSeenOnlyByTheGroupThatStoredThem) {
 TEST_F(ClientGroupsTest, DurableObjectsComeBackToTheirGroupOnly) {
   StoreRequest durable;
   durable.durable = true;
-  const std::string bytes = Pattern(48 << 10, 3);
+  const std::string bytes = testing::PatternBytes(48 << 10, 3);
   {
     std::unique_ptr<Session> tenant = Open("tenant");
     ASSERT_NE(tenant, nullptr);
@@ -305,8 +302,8 @@ TEST_F(ClientGroupsTest, BadClientGroupsAreRefused) {
   // stderr is merged into the output so that the message can be checked (no argument here has
   // a space or a quote in it).
   auto run_tierd = [&](const std::vector<std::string>& extra) {
-    return RunProgram({"/bin/sh", "-c", absl::StrCat(absl::StrJoin(TierdArgs(extra), " "), " 2>&1")},
-                      kTimeout);
+    return RunProgram(
+        {"/bin/sh", "-c", absl::StrCat(absl::StrJoin(TierdArgs(extra), " "), " 2>&1")}, kTimeout);
   };
   for (const auto& [flag, why] : cases) {
     auto run = run_tierd({flag});

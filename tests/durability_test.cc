@@ -14,9 +14,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/tierd_client.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/status_macros.h"
 #include "tests/daemon_test_support.h"
 #include "tests/test_support.h"
 
@@ -87,7 +87,8 @@ class DurabilityTest : public ::testing::Test {
     ++kills_;
   }
 
-  // Stores `bytes` as `key` (one U8 tensor, so that the index is kept too) and waits for the commit.
+  // Stores `bytes` as `key` (one U8 tensor, so that the index is kept too) and waits for the
+  // commit.
   absl::Status Store(const std::string& key, const std::string& bytes, bool durable) {
     StoreRequest store;
     store.durable = durable;
@@ -134,12 +135,6 @@ class DurabilityTest : public ::testing::Test {
     return files;
   }
 
-  static std::string Pattern(size_t size, int seed) {
-    std::string bytes(size, '\0');
-    testing::FillPattern(bytes.data(), bytes.size(), seed);
-    return bytes;
-  }
-
   TempDir dir_;
   std::unique_ptr<Subprocess> daemon_;
   std::unique_ptr<Client> client_;
@@ -148,16 +143,16 @@ class DurabilityTest : public ::testing::Test {
 };
 
 TEST_F(DurabilityTest, DurableObjectsSurviveAKillAndNothingElseComesBack) {
-  const std::string kept = Pattern(300 * 1024, 1);
-  const std::string replaced_v2 = Pattern(70 * 1024, 3);
+  const std::string kept = testing::PatternBytes(300 * 1024, 1);
+  const std::string replaced_v2 = testing::PatternBytes(70 * 1024, 3);
   ASSERT_THAT(Store("kv/kept", kept, /*durable=*/true), IsOk());
-  ASSERT_THAT(Store("kv/volatile", Pattern(4096, 2), /*durable=*/false), IsOk());
-  ASSERT_THAT(Store("kv/newer", Pattern(8192, 4), /*durable=*/true), IsOk());
+  ASSERT_THAT(Store("kv/volatile", testing::PatternBytes(4096, 2), /*durable=*/false), IsOk());
+  ASSERT_THAT(Store("kv/newer", testing::PatternBytes(8192, 4), /*durable=*/true), IsOk());
   ASSERT_THAT(Store("kv/newer", replaced_v2, /*durable=*/true), IsOk());
   // A durable version replaced by a non-durable one, and a deleted one, must not come back.
-  ASSERT_THAT(Store("kv/demoted", Pattern(4096, 5), /*durable=*/true), IsOk());
-  ASSERT_THAT(Store("kv/demoted", Pattern(4096, 6), /*durable=*/false), IsOk());
-  ASSERT_THAT(Store("kv/deleted", Pattern(4096, 7), /*durable=*/true), IsOk());
+  ASSERT_THAT(Store("kv/demoted", testing::PatternBytes(4096, 5), /*durable=*/true), IsOk());
+  ASSERT_THAT(Store("kv/demoted", testing::PatternBytes(4096, 6), /*durable=*/false), IsOk());
+  ASSERT_THAT(Store("kv/deleted", testing::PatternBytes(4096, 7), /*durable=*/true), IsOk());
   ASSERT_THAT(client_->Evict("kv/deleted", v1::TIER_ALL), IsOk());
   // Before any restart, a durable object evicted from memory comes back from its file.
   EXPECT_THAT(EvictFromMemory("kv/newer"), IsOk());
@@ -193,7 +188,7 @@ TEST_F(DurabilityTest, DurableObjectsSurviveAKillAndNothingElseComesBack) {
 }
 
 TEST_F(DurabilityTest, DamagedFilesAreNeverHandedOutAndUnfinishedOnesAreRemoved) {
-  const std::string bytes = Pattern(64 * 1024, 11);
+  const std::string bytes = testing::PatternBytes(64 * 1024, 11);
   ASSERT_THAT(Store("kv/flipped_payload", bytes, /*durable=*/true), IsOk());
   ASSERT_THAT(Store("kv/flipped_header", bytes, /*durable=*/true), IsOk());
   std::vector<std::string> files = DurableFiles(".tdo");
@@ -240,11 +235,12 @@ TEST_F(DurabilityTest, DamagedFilesAreNeverHandedOutAndUnfinishedOnesAreRemoved)
 
 TEST_F(DurabilityTest, TierctlPutDurableSurvivesAKill) {
   const std::string file = absl::StrCat(dir_.path(), "/input.bin");
-  const std::string bytes = Pattern(12345, 21);
+  const std::string bytes = testing::PatternBytes(12345, 21);
   std::ofstream(file, std::ios::binary) << bytes;
-  auto put = testing::RunProgram({SiblingBinary("tierctl"), absl::StrCat("--socket=", socket_path()),
-                                  "put", "files/input", file, "--durable"},
-                                 kTimeout);
+  auto put =
+      testing::RunProgram({SiblingBinary("tierctl"), absl::StrCat("--socket=", socket_path()),
+                           "put", "files/input", file, "--durable"},
+                          kTimeout);
   ASSERT_THAT(put, IsOk());
   EXPECT_EQ(put->exit_code, 0) << put->output;
   EXPECT_THAT(put->output, HasSubstr("(durable)"));

@@ -32,6 +32,7 @@ using ::testing::HasSubstr;
 using ::tierd::testing::FetchBytes;
 using ::tierd::testing::IsOk;
 using ::tierd::testing::IsOkAndHolds;
+using ::tierd::testing::PatternBytes;
 using ::tierd::testing::SiblingBinary;
 using ::tierd::testing::StatusIs;
 using ::tierd::testing::StoreBytes;
@@ -39,18 +40,6 @@ using ::tierd::testing::Subprocess;
 using ::tierd::testing::TempDir;
 
 constexpr absl::Duration kTimeout = absl::Seconds(30);
-
-std::string Pattern(size_t bytes, int seed) {
-  std::string data(bytes, '\0');
-  uint32_t state = 2463534242u + seed;
-  for (char& c : data) {
-    state ^= state << 13;
-    state ^= state >> 17;
-    state ^= state << 5;
-    c = static_cast<char>(state);
-  }
-  return data;
-}
 
 // Parameter: the daemons' --peer-copy, "direct" or "host".
 class PeerHandoffTest : public ::testing::TestWithParam<const char*> {
@@ -150,7 +139,7 @@ class PeerHandoffTest : public ::testing::TestWithParam<const char*> {
 };
 
 TEST_P(PeerHandoffTest, StoredThroughOneDaemonIsFetchedThroughTheOther) {
-  const std::string bytes = Pattern(3 << 20, 1);
+  const std::string bytes = PatternBytes(3 << 20, 1);
   StoreRequest request;
   v1::TensorInfo tensor;
   tensor.set_name("hidden");
@@ -180,22 +169,25 @@ TEST_P(PeerHandoffTest, StoredThroughOneDaemonIsFetchedThroughTheOther) {
 }
 
 TEST_P(PeerHandoffTest, EveryFetchCopiesThePeersCurrentVersion) {
-  ASSERT_THAT(StoreBytes(session(0), "act/x", Pattern(1 << 20, 1)), IsOk());
-  EXPECT_THAT(FetchBytes(session(1), "act/x"), IsOkAndHolds(Pattern(1 << 20, 1)));
+  ASSERT_THAT(StoreBytes(session(0), "act/x", PatternBytes(1 << 20, 1)), IsOk());
+  EXPECT_THAT(FetchBytes(session(1), "act/x"), IsOkAndHolds(PatternBytes(1 << 20, 1)));
   // A new version under the same key, smaller: no stale copy is served.
-  ASSERT_THAT(StoreBytes(session(0), "act/x", Pattern(1000, 2)), IsOk());
-  EXPECT_THAT(FetchBytes(session(1), "act/x"), IsOkAndHolds(Pattern(1000, 2)));
+  ASSERT_THAT(StoreBytes(session(0), "act/x", PatternBytes(1000, 2)), IsOk());
+  EXPECT_THAT(FetchBytes(session(1), "act/x"), IsOkAndHolds(PatternBytes(1000, 2)));
   EXPECT_EQ(Stats(1).peer_fetches(), 2u);
 }
 
-TEST_P(PeerHandoffTest, ACopyOutlivesThePeersEviction) {
-  const std::string bytes = Pattern(2 << 20, 3);
+TEST_P(PeerHandoffTest, ACopyOutlivesThePeersEvictionAndNewVersions) {
+  const std::string bytes = PatternBytes(2 << 20, 3);
   ASSERT_THAT(StoreBytes(session(0), "act/y", bytes), IsOk());
   auto lease = session(1).Fetch("act/y");
   ASSERT_THAT(lease, IsOk());
   ExpectLeasesDrain(0);
   ASSERT_THAT(session(0).Evict("act/y", v1::TIER_ALL), IsOk());
   EXPECT_THAT(FetchBytes(session(0), "act/y"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(testing::LeaseBytes(session(1), *lease), bytes);
+  // A new version stored at the lender leaves the borrower's lease as it was.
+  ASSERT_THAT(StoreBytes(session(0), "act/y", PatternBytes(2 << 20, 4)), IsOk());
   EXPECT_EQ(testing::LeaseBytes(session(1), *lease), bytes);
   lease->Release();
 }
@@ -212,8 +204,8 @@ TEST_P(PeerHandoffTest, AKeyNoDaemonHasIsNotFoundWithoutLooping) {
 }
 
 TEST_P(PeerHandoffTest, APeerThatRestartsIsReconnected) {
-  ASSERT_THAT(StoreBytes(session(0), "act/z", Pattern(4096, 4)), IsOk());
-  EXPECT_THAT(FetchBytes(session(1), "act/z"), IsOkAndHolds(Pattern(4096, 4)));
+  ASSERT_THAT(StoreBytes(session(0), "act/z", PatternBytes(4096, 4)), IsOk());
+  EXPECT_THAT(FetchBytes(session(1), "act/z"), IsOkAndHolds(PatternBytes(4096, 4)));
 
   sessions_[0].reset();
   clients_[0].reset();
@@ -224,14 +216,14 @@ TEST_P(PeerHandoffTest, APeerThatRestartsIsReconnected) {
 
   StartDaemon(0);
   ASSERT_NE(daemons_[0], nullptr);
-  ASSERT_THAT(StoreBytes(session(0), "act/z", Pattern(4096, 5)), IsOk());
-  EXPECT_THAT(FetchBytes(session(1), "act/z"), IsOkAndHolds(Pattern(4096, 5)));
+  ASSERT_THAT(StoreBytes(session(0), "act/z", PatternBytes(4096, 5)), IsOk());
+  EXPECT_THAT(FetchBytes(session(1), "act/z"), IsOkAndHolds(PatternBytes(4096, 5)));
 }
 
 TEST_P(PeerHandoffTest, ConcurrentFetchesThroughThePeerAllGetTheirBytes) {
   constexpr int kObjects = 16;
   for (int k = 0; k < kObjects; ++k) {
-    ASSERT_THAT(StoreBytes(session(0), absl::StrCat("act/", k), Pattern((64 << 10) + k, k)),
+    ASSERT_THAT(StoreBytes(session(0), absl::StrCat("act/", k), PatternBytes((64 << 10) + k, k)),
                 IsOk());
   }
   constexpr int kThreads = 4;
@@ -246,8 +238,8 @@ TEST_P(PeerHandoffTest, ConcurrentFetchesThroughThePeerAllGetTheirBytes) {
       for (int round = 0; round < kRounds; ++round) {
         const int k = (t * kRounds + round) % kObjects;
         absl::StatusOr<std::string> bytes = FetchBytes(**own, absl::StrCat("act/", k));
-        EXPECT_THAT(bytes, IsOkAndHolds(Pattern((64 << 10) + k, k)));
-        if (bytes.ok() && *bytes == Pattern((64 << 10) + k, k)) ++good;
+        EXPECT_THAT(bytes, IsOkAndHolds(PatternBytes((64 << 10) + k, k)));
+        if (bytes.ok() && *bytes == PatternBytes((64 << 10) + k, k)) ++good;
       }
     });
   }
@@ -328,7 +320,7 @@ TEST(PeerCopyFallbackTest, AutoCopiesThroughTheHostWhenThePeersMemoryCannotBeOpe
   ASSERT_THAT(borrower_session, IsOk());
 
   for (int round = 0; round < 3; ++round) {
-    const std::string bytes = Pattern((1 << 20) + round, 10 + round);
+    const std::string bytes = PatternBytes((1 << 20) + round, 10 + round);
     ASSERT_THAT(StoreBytes(**lender_session, "act/h", bytes), IsOk());
     EXPECT_THAT(FetchBytes(**borrower_session, "act/h"), IsOkAndHolds(bytes));
   }

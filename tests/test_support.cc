@@ -185,6 +185,12 @@ void FillPattern(void* data, size_t bytes, uint64_t seed) {
   }
 }
 
+std::string PatternBytes(size_t bytes, uint64_t seed) {
+  std::string data(bytes, '\0');
+  FillPattern(data.data(), data.size(), seed);
+  return data;
+}
+
 int64_t FirstPatternMismatch(const void* data, size_t bytes, uint64_t seed) {
   const auto* in = static_cast<const uint8_t*>(data);
   uint64_t state = seed;

@@ -110,6 +110,8 @@ absl::StatusOr<RunResult> RunProgram(const std::vector<std::string>& argv, absl:
 
 // Deterministic pseudo-random bytes for `seed` (splitmix64), for filling and checking buffers.
 void FillPattern(void* data, size_t bytes, uint64_t seed);
+// `bytes` bytes of FillPattern(seed).
+std::string PatternBytes(size_t bytes, uint64_t seed);
 // Offset of the first byte of `data` that differs from FillPattern(seed), or -1 when all match.
 int64_t FirstPatternMismatch(const void* data, size_t bytes, uint64_t seed);
 
