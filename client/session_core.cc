@@ -48,12 +48,12 @@ void LogFailure(const v1::SessionResponse& response) {
                static_cast<unsigned long long>(response.request_id()), response.message().c_str());
 }
 
+}  // namespace
+
 absl::Status StatusOf(const v1::SessionResponse& response) {
   if (response.code() == 0) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
 }
-
-}  // namespace
 
 std::shared_ptr<SessionCore> SessionCore::Start(std::unique_ptr<SessionTransport> transport) {
   std::shared_ptr<SessionCore> core(new SessionCore);

@@ -22,6 +22,9 @@
 
 namespace tierd {
 
+// The status a session response carries (its code and message).
+absl::Status StatusOf(const v1::SessionResponse& response);
+
 class SessionCore {
  public:
   // Starts the reader thread on `transport`. The caller sends the session's `open` request first.

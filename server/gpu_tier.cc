@@ -379,7 +379,7 @@ void GpuTier::CopyInLocked(Object* object, HostObject host, Deferred& deferred) 
     object->copying = true;
     status = device_.NotifyWhenDone(stream, [this, object, shared_host]() mutable {
       shared_host->Reset();  // no lock is held here
-      FinishCopyIn(object);
+      FinishCopyIn(object, &GpuTierStats::bytes_host_to_gpu);
     });
     if (!status.ok()) {
       --copies_in_flight_;
@@ -402,12 +402,12 @@ void GpuTier::CopyInLocked(Object* object, HostObject host, Deferred& deferred) 
   AnswerWaitersLocked(object, absl::OkStatus(), deferred);
 }
 
-void GpuTier::FinishCopyIn(Object* object) {
+void GpuTier::FinishCopyIn(Object* object, uint64_t GpuTierStats::*bytes_moved) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   --copies_in_flight_;
   object->copying = false;
-  stats_.bytes_host_to_gpu += object->size;
+  stats_.*bytes_moved += object->size;
   DeleteIfUnusedLocked(object);
   RetryAllocationsLocked(deferred.calls());
 }
@@ -731,6 +731,16 @@ absl::Status GpuTier::PoolExhaustedLocked(uint64_t bytes) const {
       FormatByteSize(pool_->used_bytes()), " of ", FormatByteSize(pool_->capacity()), " in use (",
       FormatByteSize(leased), " leased, ", FormatByteSize(pinned),
       " pinned, the rest reserved for stores); release leases or raise --gpu-pool-bytes"));
+}
+
+absl::Status GpuTier::CopyInPieces(Stream& stream, uint8_t* dst, const uint8_t* src,
+                                   uint64_t bytes) {
+  for (uint64_t done = 0; done < bytes;) {
+    const uint64_t n = std::min(bytes - done, options_.copy_chunk_bytes);
+    RETURN_IF_ERROR(device_.CopyAsync(stream, dst + done, src + done, n));
+    done += n;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status GpuTier::CopyChunked(Stream& stream, uint8_t* dst, const uint8_t* src, uint64_t bytes,

@@ -292,7 +292,8 @@ class GpuTier {
   // Copies `host` into the object's staging range and answers its waiters.
   void CopyInLocked(Object* object, HostObject host, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishCopyIn(Object* object) ABSL_LOCKS_EXCLUDED(mu_);
+  // A copy into the object's range finished; `bytes_moved` is the stage it counts towards.
+  void FinishCopyIn(Object* object, uint64_t GpuTierStats::*bytes_moved) ABSL_LOCKS_EXCLUDED(mu_);
   void FailLoadLocked(Object* object, const absl::Status& status, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -303,7 +304,6 @@ class GpuTier {
   void OnPeerCopy(Object* object, absl::StatusOr<PeerCopy> copy) ABSL_LOCKS_EXCLUDED(mu_);
   void CopyFromPeerLocked(Object* object, std::shared_ptr<PeerCopy> copy, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishCopyFromPeer(Object* object) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<LeaseGrant> GrantLocked(Client& client, Object* object, bool through_host)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Copies a lease's object into the host handoff buffer after its ready event and records the
@@ -367,6 +367,8 @@ class GpuTier {
   void FailCommitLocked(uint64_t commit_id, absl::Status status, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Copies in pieces of at most copy_chunk_bytes, for ranges outside the host arena.
+  absl::Status CopyInPieces(Stream& stream, uint8_t* dst, const uint8_t* src, uint64_t bytes);
   // Copies in pieces of at most copy_chunk_bytes that never span two pinned pieces of the arena.
   absl::Status CopyChunked(Stream& stream, uint8_t* dst, const uint8_t* src, uint64_t bytes,
                            bool host_is_dst);

@@ -89,11 +89,7 @@ void GpuTier::CopyFromPeerLocked(Object* object, std::shared_ptr<PeerCopy> copy,
   absl::Status status = device_.WaitEvent(stream, *copy->ready);
   auto* dst = static_cast<uint8_t*>(pool_->data(*object->range));
   const auto* src = static_cast<const uint8_t*>(copy->data);
-  for (uint64_t done = 0; status.ok() && done < object->size;) {
-    const uint64_t n = std::min(object->size - done, options_.copy_chunk_bytes);
-    status = device_.CopyAsync(stream, dst + done, src + done, n);
-    done += n;
-  }
+  if (status.ok()) status = CopyInPieces(stream, dst, src, object->size);
   if (status.ok()) status = device_.RecordEvent(events_.event(*ready), stream);
   if (status.ok()) {
     ++copies_in_flight_;
@@ -101,7 +97,7 @@ void GpuTier::CopyFromPeerLocked(Object* object, std::shared_ptr<PeerCopy> copy,
     status = device_.NotifyWhenDone(stream, [this, object, copy]() mutable {
       std::move(copy->release)();
       copy->release = nullptr;
-      FinishCopyFromPeer(object);
+      FinishCopyIn(object, &GpuTierStats::bytes_peer_to_gpu);
     });
     if (!status.ok()) {
       --copies_in_flight_;
@@ -131,27 +127,13 @@ void GpuTier::CopyFromPeerLocked(Object* object, std::shared_ptr<PeerCopy> copy,
   AnswerWaitersLocked(object, absl::OkStatus(), deferred);
 }
 
-void GpuTier::FinishCopyFromPeer(Object* object) {
-  DeferredCalls deferred;
-  absl::MutexLock lock(&mu_);
-  --copies_in_flight_;
-  object->copying = false;
-  stats_.bytes_peer_to_gpu += object->size;
-  DeleteIfUnusedLocked(object);
-  RetryAllocationsLocked(deferred.calls());
-}
-
 absl::Status GpuTier::CopyToHandoffBufferLocked(Object* object, uint64_t host_offset,
                                                 uint32_t done_event) {
   Stream& stream = *handoff_stream_;
   RETURN_IF_ERROR(device_.WaitEvent(stream, events_.event(*object->ready_event)));
   uint8_t* dst = handoff_buffer_->data() + host_offset;
   const auto* src = static_cast<const uint8_t*>(pool_->data(*object->range));
-  for (uint64_t done = 0; done < object->size;) {
-    const uint64_t n = std::min(object->size - done, options_.copy_chunk_bytes);
-    RETURN_IF_ERROR(device_.CopyAsync(stream, dst + done, src + done, n));
-    done += n;
-  }
+  RETURN_IF_ERROR(CopyInPieces(stream, dst, src, object->size));
   RETURN_IF_ERROR(device_.RecordEvent(events_.event(done_event), stream));
   stats_.bytes_gpu_to_host += object->size;
   return absl::OkStatus();

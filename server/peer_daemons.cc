@@ -37,11 +37,6 @@ struct PeerDaemons::Search {
 
 namespace {
 
-absl::Status StatusOf(const v1::SessionResponse& response) {
-  if (response.code() == 0) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
-}
-
 // Gives a lease back without waiting for the answer (a failure is only logged).
 void ReleaseQuietly(SessionCore& core, uint64_t lease_id) {
   v1::SessionRequest request;
