@@ -25,9 +25,7 @@ import datetime
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,50 +38,29 @@ for candidate in (os.path.join(HERE, "..", "python", "examples"), os.path.join(H
         sys.path.insert(0, candidate)
 import tierd  # noqa: E402
 from dit_model import DiT  # noqa: E402
+from stream_weights_bench import Daemon  # noqa: E402
 from two_stage_pipeline import (TwoStagePipeline, compare, reference_outputs,  # noqa: E402
                                 windows)
 
 MiB = 1 << 20
 
 
-class Daemons:
-    """One tierd per device, each naming both sockets in --peers."""
-
-    def __init__(self, tierd_bin, work, devices, peer_copy, gpu_pool, host_cache):
-        self.work = work
-        self.sockets = [os.path.join(work, f"gpu{i}.sock") for i in range(len(devices))]
-        self.processes = []
-        self.logs = []
-        for i, device in enumerate(devices):
-            log = open(os.path.join(work, f"tierd{i}-{peer_copy}.log"), "wb")
-            self.logs.append(log)
-            self.processes.append(subprocess.Popen(
-                [tierd_bin, f"--device={device}", f"--socket={self.sockets[i]}",
-                 f"--state-dir={work}/state{i}", f"--host-cache-bytes={host_cache}",
-                 f"--gpu-pool-bytes={gpu_pool}", f"--gpu-slab-bytes={gpu_pool}",
-                 f"--peers={','.join(self.sockets)}", f"--peer-copy={peer_copy}",
-                 "--peer-host-buffer-bytes=1GiB"],
-                stdout=log, stderr=subprocess.STDOUT))
-        for i, socket in enumerate(self.sockets):
-            deadline = time.monotonic() + 60
-            while True:
-                if self.processes[i].poll() is not None:
-                    raise RuntimeError(f"tierd {i} exited with {self.processes[i].returncode}")
-                with tierd.Client(socket, timeout=1.0) as client:
-                    try:
-                        client.stats()
-                        break
-                    except tierd.TierdError:
-                        if time.monotonic() > deadline:
-                            raise
-                time.sleep(0.05)
-
-    def stop(self):
-        for process in self.processes:
-            process.send_signal(signal.SIGTERM)
-        for process, log in zip(self.processes, self.logs):
-            process.wait(60)
-            log.close()
+def start_daemons(tierd_bin, work, devices, peer_copy, gpu_pool, host_cache):
+    """One tierd per device, each naming every socket in --peers."""
+    names = [f"gpu{i}" for i in range(len(devices))]
+    peers = ",".join(os.path.join(work, f"{name}.sock") for name in names)
+    daemons = []
+    try:
+        for name, device in zip(names, devices):
+            daemons.append(Daemon(tierd_bin, work, gpu_pool, gpu_pool, host_cache, device=device,
+                                  name=name,
+                                  extra_flags=(f"--peers={peers}", f"--peer-copy={peer_copy}",
+                                               "--peer-host-buffer-bytes=1GiB")))
+    except BaseException:
+        for daemon in daemons:
+            daemon.stop()
+        raise
+    return daemons
 
 
 def median_time(fn, repeat, synchronize):
@@ -234,10 +211,10 @@ def main():
     status = 0
     for peer_copy in args.peer_copy.split(","):
         print(f"pipeline_bench: --peer-copy={peer_copy}", flush=True)
-        daemons = Daemons(args.tierd, work, devices, peer_copy, gpu_pool, host_cache)
+        daemons = start_daemons(args.tierd, work, devices, peer_copy, gpu_pool, host_cache)
         try:
-            clients = [tierd.Client(s, client_name=f"pipeline_bench {peer_copy}")
-                       for s in daemons.sockets]
+            clients = [tierd.Client(d.socket, client_name=f"pipeline_bench {peer_copy}")
+                       for d in daemons]
             sessions = [c.session() for c in clients]
             run = {"pipeline": bench_pipeline(args, sessions, torch.bfloat16),
                    "handoff": bench_handoff(args, sessions, clients)}
@@ -250,7 +227,9 @@ def main():
             for c in clients:
                 c.close()
         finally:
-            daemons.stop()
+            # The borrower first: a daemon's shutdown grace waits for its peers' sessions.
+            for daemon in reversed(daemons):
+                daemon.stop()
         result["runs"][peer_copy] = run
         p = run["pipeline"]
         print(f"  pipeline: one GPU {p['one_gpu_s'] * 1e3:.1f} ms, overlap "

@@ -164,14 +164,18 @@ def sync_pass(pinned, slot, inputs):
 # ---- the daemon ---------------------------------------------------------------------------
 
 class Daemon:
-    def __init__(self, binary, directory, pool_bytes, slab_bytes, host_cache_bytes):
-        self.socket = os.path.join(directory, "gpu0.sock")
-        self.log_path = os.path.join(directory, "tierd.log")
+    """tierd on `device`, serving `directory`/`name`.sock; the constructor returns once it answers.
+    Also used by pipeline_bench.py."""
+
+    def __init__(self, binary, directory, pool_bytes, slab_bytes, host_cache_bytes,
+                 device="cuda:0", name="gpu0", extra_flags=()):
+        self.socket = os.path.join(directory, f"{name}.sock")
+        self.log_path = os.path.join(directory, f"tierd-{name}.log")
         self._log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [binary, "--device=cuda:0", f"--socket={self.socket}",
-             f"--state-dir={directory}/state", f"--host-cache-bytes={host_cache_bytes}",
-             f"--gpu-pool-bytes={pool_bytes}", f"--gpu-slab-bytes={slab_bytes}"],
+            [binary, f"--device={device}", f"--socket={self.socket}",
+             f"--state-dir={directory}/state-{name}", f"--host-cache-bytes={host_cache_bytes}",
+             f"--gpu-pool-bytes={pool_bytes}", f"--gpu-slab-bytes={slab_bytes}", *extra_flags],
             stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while True:
