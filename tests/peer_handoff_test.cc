@@ -4,7 +4,9 @@
 // handles, interprocess events) as two GPUs do; the two-GPU run is bench/pipeline_bench.py's.
 // Both ways of copying run: GPU to GPU (direct) and through the lender's pinned host buffer, and
 // the automatic fallback from one to the other when the lender's memory cannot be opened.
+#include <grp.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <memory>
@@ -338,6 +340,64 @@ TEST(PeerCopyFallbackTest, AutoCopiesThroughTheHostWhenThePeersMemoryCannotBeOpe
   lender_client->reset();
   (*lender)->Signal(SIGTERM);
   EXPECT_THAT((*lender)->Wait(kTimeout), IsOkAndHolds(0));
+}
+
+// Only the default group lends and borrows: a client group's stored objects are not handed to a
+// peer, and a group's sessions do not ask peers.
+TEST(PeerClientGroupsTest, ClientGroupsNeitherLendNorBorrow) {
+  const struct group* unix_group = ::getgrgid(::getgid());
+  ASSERT_NE(unix_group, nullptr);
+  TempDir dir;
+  std::string sockets[2];
+  std::unique_ptr<Subprocess> daemons[2];
+  for (int i = 0; i < 2; ++i) sockets[i] = absl::StrCat(dir.path(), "/gpu", i, ".sock");
+  for (int i = 0; i < 2; ++i) {
+    auto daemon = testing::StartServingDaemon(
+        {SiblingBinary("tierd"), absl::StrCat("--device=", testing::DeviceUnderTest().ToString()),
+         absl::StrCat("--socket=", sockets[i]), absl::StrCat("--state-dir=", dir.path(), "/s", i),
+         "--host-cache-bytes=32MiB", "--gpu-pool-bytes=8MiB", "--gpu-slab-bytes=4MiB",
+         "--shutdown-grace-ms=500", absl::StrCat("--peers=", sockets[0], ",", sockets[1]),
+         absl::StrCat("--client-groups=tenant:", unix_group->gr_name, ":4MiB")},
+        sockets[i], kTimeout);
+    ASSERT_THAT(daemon, IsOk());
+    daemons[i] = *std::move(daemon);
+  }
+  std::unique_ptr<Client> clients[2][2];  // [daemon][0: default group, 1: tenant]
+  std::unique_ptr<Session> sessions[2][2];
+  for (int i = 0; i < 2; ++i) {
+    for (int group = 0; group < 2; ++group) {
+      ClientOptions options;
+      options.socket_path = sockets[i];
+      options.client_group = group == 0 ? "" : "tenant";
+      auto client = Client::Connect(options);
+      ASSERT_THAT(client, IsOk());
+      clients[i][group] = *std::move(client);
+      auto session = clients[i][group]->OpenSession();
+      ASSERT_THAT(session, IsOk());
+      sessions[i][group] = *std::move(session);
+    }
+  }
+  const std::string bytes = PatternBytes(4096, 7);
+  ASSERT_THAT(StoreBytes(*sessions[0][1], "act/tenants", bytes), IsOk());
+  ASSERT_THAT(StoreBytes(*sessions[0][0], "act/everyones", bytes), IsOk());
+  // GPU 1's default group borrows the default group's object, not the tenant's.
+  EXPECT_THAT(FetchBytes(*sessions[1][0], "act/everyones"), IsOkAndHolds(bytes));
+  EXPECT_THAT(FetchBytes(*sessions[1][0], "act/tenants"), StatusIs(absl::StatusCode::kNotFound));
+  // GPU 1's tenant asks nobody: neither object is there for it.
+  EXPECT_THAT(FetchBytes(*sessions[1][1], "act/tenants"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(FetchBytes(*sessions[1][1], "act/everyones"), StatusIs(absl::StatusCode::kNotFound));
+  auto stats = clients[1][0]->GetStats();
+  ASSERT_THAT(stats, IsOk());
+  EXPECT_EQ(stats->peer_fetches(), 1u);
+
+  for (int i = 1; i >= 0; --i) {
+    sessions[i][0].reset();
+    sessions[i][1].reset();
+    clients[i][0].reset();
+    clients[i][1].reset();
+    daemons[i]->Signal(SIGTERM);
+    EXPECT_THAT(daemons[i]->Wait(kTimeout), IsOkAndHolds(0));
+  }
 }
 
 TEST(PeerFlagsTest, ARelativePeerSocketIsRefused) {
