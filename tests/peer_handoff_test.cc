@@ -177,6 +177,9 @@ TEST_P(PeerHandoffTest, EveryFetchCopiesThePeersCurrentVersion) {
   ASSERT_THAT(StoreBytes(session(0), "act/x", PatternBytes(1000, 2)), IsOk());
   EXPECT_THAT(FetchBytes(session(1), "act/x"), IsOkAndHolds(PatternBytes(1000, 2)));
   EXPECT_EQ(Stats(1).peer_fetches(), 2u);
+  // Only fetches ask peers.
+  EXPECT_THAT(session(1).Prefetch({"act/x"}), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(session(1).Pin("act/x"), StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST_P(PeerHandoffTest, ACopyOutlivesThePeersEvictionAndNewVersions) {
