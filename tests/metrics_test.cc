@@ -54,6 +54,9 @@ TEST(MetricsTextTest, EveryMetricHasHelpAndTypeAndCodesAreNamed) {
   snapshot.stats.set_bytes_host_to_gpu(123456789012ull);
   snapshot.stage_rates[static_cast<int>(Stage::kHostToGpu)] = 5.5e10;
   snapshot.responses[static_cast<int>(absl::StatusCode::kResourceExhausted)] = 7;
+  snapshot.stats.set_peer_fetches(5);
+  snapshot.stats.set_peer_fetches_through_host(2);
+  snapshot.stats.set_bytes_peer_to_gpu(4096);
   const std::string text = RenderPrometheusText(snapshot);
   EXPECT_THAT(text, HasSubstr("tierd_serving 1\n"));
   // Label values are escaped.
@@ -64,6 +67,9 @@ TEST(MetricsTextTest, EveryMetricHasHelpAndTypeAndCodesAreNamed) {
       text, HasSubstr("tierd_stage_throughput_bytes_per_second{stage=\"host_to_gpu\"} 5.5e+10\n"));
   EXPECT_THAT(text, HasSubstr("tierd_requests_total{code=\"RESOURCE_EXHAUSTED\"} 7\n"));
   EXPECT_THAT(text, HasSubstr("tierd_requests_total{code=\"DEADLINE_EXCEEDED\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("tierd_peer_fetches_total 5\n"));
+  EXPECT_THAT(text, HasSubstr("tierd_peer_fetches_through_host_total 2\n"));
+  EXPECT_THAT(text, HasSubstr("tierd_peer_bytes_total 4096\n"));
   // Each metric name announced once, with HELP then TYPE.
   int help = 0;
   int type = 0;
