@@ -20,6 +20,7 @@ a tierd error.
 """
 
 import argparse
+import contextlib
 import copy
 import sys
 import time
@@ -43,19 +44,9 @@ def stream_of(device):
     return torch.cuda.Stream(device) if device.type == "cuda" else None
 
 
-class _On:
-    """`with _On(stream):` runs torch work on `stream` (no-op on the CPU)."""
-
-    def __init__(self, stream):
-        self._context = torch.cuda.stream(stream) if stream is not None else None
-
-    def __enter__(self):
-        if self._context is not None:
-            self._context.__enter__()
-
-    def __exit__(self, *exc):
-        if self._context is not None:
-            self._context.__exit__(*exc)
+def on(stream):
+    """`with on(stream):` runs torch work on `stream` (nothing to do on the CPU)."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def synchronize(device):
@@ -113,7 +104,7 @@ class TwoStagePipeline:
         return outputs
 
     def _first_stage(self, t, patches, context, timestep):
-        with _On(self.stream0):
+        with on(self.stream0):
             x, ctx, time_embedding = self.stage1.embed(patches.to(self.device0), context, timestep)
             x = self.stage1.run_blocks(x, ctx, time_embedding, 0, self.split)
             activations = {"x": x, "context": ctx, "time": time_embedding}
@@ -126,7 +117,7 @@ class TwoStagePipeline:
         # then); the fetch through GPU 1's daemon copies it over and makes stream1 wait for it.
         self.session0.wait_committed(self.key(t))
         lease = self.session1.fetch(self.key(t), stream=self.stream1)
-        with _On(self.stream1):
+        with on(self.stream1):
             x = self.stage2.run_blocks(lease.tensors["x"], lease.tensors["context"],
                                        lease.tensors["time"], self.split, len(self.stage2.blocks))
             out = self.stage2.unembed(x)
@@ -139,7 +130,7 @@ def reference_outputs(model, patches, context, timestep, device):
     model = model.to(device)
     stream = stream_of(device)
     outputs = []
-    with torch.no_grad(), _On(stream):
+    with torch.no_grad(), on(stream):
         for window in patches:
             outputs.append(model(window.to(device), context.to(device), timestep.to(device)))
     synchronize(device)
