@@ -3,8 +3,8 @@
 #
 #  1. Builds tierd with warnings as errors and runs the test suite (ctest). On a machine with no
 #     GPU, tests labelled "gpu" report themselves skipped; on a GPU machine they run.
-#  2. Builds the fuzzers and runs each for FUZZ_SECONDS (default 30) from its seed corpus
-#     (tests/run-fuzzers.sh).
+#  2. Builds the fuzzers and runs them side by side, each for FUZZ_SECONDS (default 30) from its
+#     seed corpus (tests/run-fuzzers.sh).
 #  3. Runs the suite under ASan+UBSan and its concurrent part under TSan (tests/run-sanitizers.sh;
 #     TIERD_SANITIZERS=0 leaves them out).
 #  4. Writes the figures the run recorded to BUILD_DIR/RELIABILITY.md (tests/reliability_report.py;
