@@ -4,8 +4,9 @@
 # Builds the libFuzzer fuzzers (fuzz/: clang 14 with ASan and UBSan, in build-fuzz/) and runs them
 # side by side, each for SECONDS (default 60) from its seed corpus in tests/fuzz_corpus/NAME, after
 # replaying every input in tests/fuzz_regressions/NAME (inputs that once crashed it: each must now
-# pass). New corpus entries stay in build-fuzz/corpus/NAME; a crash leaves its input in build-fuzz/crashes/
-# and fails the run: fix the bug, then add the input to tests/fuzz_regressions/NAME.
+# pass). New corpus entries stay in build-fuzz/corpus/NAME; a crash leaves its input in
+# build-fuzz/crashes/ and fails the run: fix the bug, then add the input to
+# tests/fuzz_regressions/NAME.
 # Prints one line per fuzzer with its executions; exits 0 when none crashed.
 set -euo pipefail
 shopt -s nullglob
