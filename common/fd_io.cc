@@ -13,6 +13,14 @@ ScopedFd::~ScopedFd() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+ScopedFd& ScopedFd::operator=(ScopedFd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.Release();
+  }
+  return *this;
+}
+
 absl::Status ScopedFd::Close(absl::string_view what) {
   const int fd = fd_;
   fd_ = -1;

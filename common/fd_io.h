@@ -17,7 +17,15 @@ class ScopedFd {
   ~ScopedFd();
   ScopedFd(const ScopedFd&) = delete;
   ScopedFd& operator=(const ScopedFd&) = delete;
+  ScopedFd(ScopedFd&& other) noexcept : fd_(other.Release()) {}
+  ScopedFd& operator=(ScopedFd&& other) noexcept;
   int get() const { return fd_; }
+  // Gives up ownership: the caller closes the descriptor.
+  int Release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
   // Closes now, reporting the error that a deferred close would lose (NFS and full disks report
   // write errors there). `what` names the file in the error.
   absl::Status Close(absl::string_view what);
