@@ -292,16 +292,23 @@ RegisterProgress::~RegisterProgress() {
 
 void RegisterProgress::Update(const v1::RegisterModelProgress& progress) {
   if (progress.files_total() == 0 || progress.current_file().empty()) return;
-  const std::string count = absl::StrCat(progress.files_done(), "/", progress.files_total());
+  // Headers first, a file at a time; then, with --verify, every object's bytes.
+  const bool verifying = progress.bytes_to_verify() > 0;
+  const std::string count =
+      verifying ? absl::StrCat(FormatByteSize(progress.bytes_verified()), "/",
+                               FormatByteSize(progress.bytes_to_verify()), " verified")
+                : absl::StrCat(progress.files_done(), "/", progress.files_total(), " files");
   if (!terminal_) {
     std::fprintf(stderr, "[%s] %s\n", count.c_str(), progress.current_file().c_str());
     return;
   }
   constexpr int kBarWidth = 24;
-  const uint32_t done = std::min(progress.files_done(), progress.files_total());
-  const int filled = static_cast<int>(uint64_t{done} * kBarWidth / progress.files_total());
+  const uint64_t total = verifying ? progress.bytes_to_verify() : progress.files_total();
+  const uint64_t done =
+      std::min<uint64_t>(verifying ? progress.bytes_verified() : progress.files_done(), total);
+  const int filled = static_cast<int>(static_cast<double>(done) / total * kBarWidth);
   std::string line = absl::StrCat("[", std::string(filled, '#'),
-                                  std::string(kBarWidth - filled, '.'), "] ", count, " files  ");
+                                  std::string(kBarWidth - filled, '.'), "] ", count, "  ");
   // Keep the line within the terminal: a wrapped line cannot be redrawn with \r.
   const size_t room = static_cast<size_t>(std::max(TerminalColumns() - 1, 0));
   std::string file = progress.current_file();

@@ -34,6 +34,9 @@ ABSL_FLAG(bool, json, false, "Print one JSON document on stdout instead of text"
 // caught instead of silently ignored.
 ABSL_FLAG(std::string, group, "",
           "load: how tensors are grouped into objects: tensor, block (default) or phase");
+ABSL_FLAG(bool, verify, false,
+          "load: read every object now and record its checksum, so that even its first read from "
+          "disk is checked (takes as long as reading the model once)");
 ABSL_FLAG(std::string, output, "", "get: the file to write, - for stdout (also -o FILE)");
 ABSL_FLAG(bool, no_spill, false, "put: the object must stay in host memory, never spill to disk");
 ABSL_FLAG(bool, durable, false,
@@ -49,8 +52,9 @@ constexpr char kUsage[] =
     "tierctl [--socket=PATH] [--timeout-ms=N] [--json] COMMAND [ARGS]\n"
     "commands:\n"
     "  health                     print the daemon's serving status; exit 0 only when SERVING\n"
-    "  load NAME DIR [--group=tensor|block|phase]\n"
-    "                             register the .safetensors files in DIR as model NAME\n"
+    "  load NAME DIR [--group=tensor|block|phase] [--verify]\n"
+    "                             register the .safetensors files in DIR as model NAME;\n"
+    "                             --verify: hash every object now, so first reads are checked\n"
     "  ls [NAME]                  list the models, or the objects of model NAME\n"
     "  stats                      print the daemon's tiers and counters\n"
     "  prefetch KEY...            start bringing objects to the GPU\n"
@@ -125,11 +129,12 @@ int Load(const Args& args) {
   const bool json = absl::GetFlag(FLAGS_json);
   std::optional<tierd::RegisterProgress> progress;
   if (!json) progress.emplace();
-  absl::StatusOr<tierd::v1::ModelSummary> summary =
-      (*client)->RegisterModel(args[0], args[1], *grouping,
-                               [&progress](const tierd::v1::RegisterModelProgress& update) {
-                                 if (progress) progress->Update(update);
-                               });
+  absl::StatusOr<tierd::v1::ModelSummary> summary = (*client)->RegisterModel(
+      args[0], args[1], *grouping,
+      [&progress](const tierd::v1::RegisterModelProgress& update) {
+        if (progress) progress->Update(update);
+      },
+      absl::GetFlag(FLAGS_verify));
   // Clears the progress bar before anything else is printed.
   progress.reset();
   if (!summary.ok()) return Fail(summary.status());
@@ -272,7 +277,7 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"health", 0, 0, "", Health},
-    {"load", 2, 2, "--group", Load},
+    {"load", 2, 2, "--group --verify", Load},
     {"ls", 0, 1, "", List},
     {"stats", 0, 0, "", Stats},
     {"prefetch", 1, kAnyNumber, "", Prefetch},
@@ -285,6 +290,7 @@ constexpr Command kCommands[] = {
 std::vector<std::string> MisplacedFlags(const Command& command) {
   const std::pair<absl::string_view, bool> given[] = {
       {"--group", !absl::GetFlag(FLAGS_group).empty()},
+      {"--verify", absl::GetFlag(FLAGS_verify)},
       {"-o", !absl::GetFlag(FLAGS_output).empty()},
       {"--no-spill", absl::GetFlag(FLAGS_no_spill)},
       {"--durable", absl::GetFlag(FLAGS_durable)},

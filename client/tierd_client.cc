@@ -262,9 +262,9 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
     const std::string path = ClientGroupSocketPathFor(options_.socket_path, options_.client_group);
     absl::StatusOr<std::unique_ptr<SessionTransport>> socket = ConnectSessionSocket(path);
     if (!socket.ok()) {
-      return absl::Status(socket.status().code(),
-                          absl::StrCat("client group ", options_.client_group, ": ",
-                                       socket.status().message()));
+      return absl::Status(
+          socket.status().code(),
+          absl::StrCat("client group ", options_.client_group, ": ", socket.status().message()));
     }
     transport = *std::move(socket);
   } else if (!options_.session_socket_path.empty()) {
@@ -315,7 +315,7 @@ absl::StatusOr<std::string> AbsoluteDirectory(const std::string& directory) {
 
 absl::StatusOr<v1::ModelSummary> Client::RegisterModel(
     const std::string& name, const std::string& directory, v1::Grouping grouping,
-    const std::function<void(const v1::RegisterModelProgress&)>& progress) {
+    const std::function<void(const v1::RegisterModelProgress&)>& progress, bool verify) {
   absl::StatusOr<std::string> absolute = AbsoluteDirectory(directory);
   if (!absolute.ok()) return absolute.status();
   grpc::ClientContext context;
@@ -323,6 +323,7 @@ absl::StatusOr<v1::ModelSummary> Client::RegisterModel(
   request.set_name(name);
   request.set_directory(*absolute);
   request.set_grouping(grouping);
+  request.set_verify(verify);
   std::unique_ptr<grpc::ClientReader<v1::RegisterModelProgress>> reader =
       stub_->RegisterModel(&context, request);
   v1::RegisterModelProgress message;

@@ -171,11 +171,14 @@ class Client {
   absl::StatusOr<std::unique_ptr<Session>> OpenSession();
 
   // Registers a model from `directory`, relative to this process's working directory or absolute
-  // (the daemon is sent the absolute path); `progress` (optional) sees each progress message. No
-  // deadline: a large model on a cold disk takes a while.
+  // (the daemon is sent the absolute path); `progress` (optional) sees each progress message.
+  // `verify`: the daemon reads every object now and records its checksum, so that even its first
+  // read is checked (RegisterModelRequest.verify). No deadline: a large model on a cold disk takes
+  // a while.
   absl::StatusOr<v1::ModelSummary> RegisterModel(
       const std::string& name, const std::string& directory, v1::Grouping grouping,
-      const std::function<void(const v1::RegisterModelProgress&)>& progress = nullptr);
+      const std::function<void(const v1::RegisterModelProgress&)>& progress = nullptr,
+      bool verify = false);
   absl::StatusOr<std::vector<v1::ModelSummary>> ListModels();
   absl::StatusOr<std::vector<v1::ObjectInfo>> ListObjects(const std::string& model);
   absl::Status DropModel(const std::string& name);
@@ -192,9 +195,9 @@ class Client {
   void PrepareContext(grpc::ClientContext& context) const;
   // One unary call (a Stub method) with the client's deadline; gRPC errors become Status.
   template <typename Request, typename Response>
-  absl::StatusOr<Response> Unary(
-      grpc::Status (v1::Tierd::Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
-      const Request& request);
+  absl::StatusOr<Response> Unary(grpc::Status (v1::Tierd::Stub::*rpc)(grpc::ClientContext*,
+                                                                      const Request&, Response*),
+                                 const Request& request);
   // The device matching the daemon's backend, created on first use and shared by all sessions.
   absl::StatusOr<std::shared_ptr<Device>> DeviceFor(const v1::SessionOpened& opened);
 

@@ -199,14 +199,17 @@ absl::Status Daemon::StartStorage() {
   } else {
     TIERD_LOG(INFO) << "models may be registered from any directory (--model-roots confines them)";
   }
-  ASSIGN_OR_RETURN(catalog_, Catalog::Open(options_.state_dir, std::move(roots)));
+  ASSIGN_OR_RETURN(catalog_, Catalog::Open(options_.state_dir, std::move(roots),
+                                           options_.max_tensors_per_model));
   TIERD_LOG(INFO) << "catalog: " << catalog_->ListModels().size() << " model(s) registered";
   ASSIGN_OR_RETURN(
       arena_, HostArena::Create(*device_, {options_.host_cache_bytes, options_.pin_piece_bytes}));
   TIERD_LOG(INFO) << "host arena: " << FormatByteSize(arena_->pinned_bytes()) << " of "
                   << FormatByteSize(arena_->capacity())
                   << " pinned; the rest pins in the background";
-  ASSIGN_OR_RETURN(reader_, DiskReader::Create(options_.reader));
+  DiskReaderOptions reader = options_.reader;
+  reader.model_roots = catalog_->roots();  // model files are opened beneath them
+  ASSIGN_OR_RETURN(reader_, DiskReader::Create(reader));
   const std::string spill_dir =
       options_.spill_dir.empty() ? absl::StrCat(options_.state_dir, "/spill") : options_.spill_dir;
   ASSIGN_OR_RETURN(spill_, SpillWriter::Create(spill_dir, options_.spill));

@@ -16,6 +16,7 @@
 #include "server/client_groups.h"
 #include "server/gpu_tier.h"
 #include "server/peer_daemons.h"
+#include "storage/catalog.h"
 #include "storage/disk_reader.h"
 #include "storage/durable_store.h"
 #include "storage/host_cache.h"
@@ -54,6 +55,8 @@ struct DaemonOptions {
   uint64_t peer_host_buffer_bytes = 256ull << 20;
   // --model-roots: directories models may be registered from; empty: anywhere.
   std::vector<std::string> model_roots;
+  // Tensors one registered model may have (--max-tensors-per-model).
+  size_t max_tensors_per_model = kDefaultMaxTensorsPerModel;
   // --metrics-address, --metrics-port: where Prometheus text is served; nullopt: nowhere; 0: a
   // port the kernel picks (Daemon::metrics_port() says which).
   std::string metrics_address = "127.0.0.1";

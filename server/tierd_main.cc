@@ -67,6 +67,8 @@ ABSL_FLAG(std::string, client_groups, "",
 ABSL_FLAG(std::string, model_roots, "",
           "Comma-separated directories models may be registered from (symlinks resolved); empty: "
           "any directory");
+ABSL_FLAG(uint32_t, max_tensors_per_model, tierd::kDefaultMaxTensorsPerModel,
+          "Tensors one registered model may have; a model with more is refused");
 ABSL_FLAG(
     std::string, peers, "",
     "Comma-separated --socket paths of the daemons of this node's other GPUs; a stored object "
@@ -173,6 +175,11 @@ int Run() {
   for (absl::string_view root :
        absl::StrSplit(absl::GetFlag(FLAGS_model_roots), ',', absl::SkipWhitespace())) {
     options.model_roots.emplace_back(absl::StripAsciiWhitespace(root));
+  }
+  options.max_tensors_per_model = absl::GetFlag(FLAGS_max_tensors_per_model);
+  if (options.max_tensors_per_model == 0) {
+    std::fprintf(stderr, "tierd: --max-tensors-per-model must be at least 1\n");
+    return kExitBadUsage;
   }
   for (absl::string_view peer :
        absl::StrSplit(absl::GetFlag(FLAGS_peers), ',', absl::SkipWhitespace())) {

@@ -1,6 +1,7 @@
 #include "storage/catalog.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,9 +19,11 @@
 #include "common/fd_io.h"
 #include "common/log.h"
 #include "common/posix_error.h"
+#include "common/quote.h"
 #include "common/status_macros.h"
 #include "storage/json_file.h"
 #include "storage/model_scan.h"
+#include "storage/object_checksum.h"
 #include "storage/object_layout.h"
 
 namespace tierd {
@@ -28,11 +31,11 @@ namespace tierd {
 using Json = nlohmann::json;
 
 struct Catalog::ModelEntry {
-  // Both set before the entry is published in models_, immutable afterwards.
+  // Set before the entry is published in models_, immutable afterwards.
   std::shared_ptr<const ModelInfo> info;
-  std::string stale;  // non-empty: a file changed since registration, and why reads must not go on
 
   // Guarded by Catalog::mu_ (an annotation here cannot name the enclosing catalog's mutex).
+  std::string stale;  // non-empty: a file changed since registration, and why reads must not go on
   std::map<std::string, uint64_t> checksums;  // object name → checksum
   bool dirty = false;                         // checksums not yet persisted
 };
@@ -85,7 +88,11 @@ absl::StatusOr<std::string> SerializeModel(const ModelInfo& info,
                                            const std::map<std::string, uint64_t>& checksums) {
   Json files = Json::array();
   for (const ModelFile& file : info.files) {
-    files.push_back({{"path", file.path}, {"size", file.size}, {"mtime_ns", file.mtime_ns}});
+    files.push_back({{"path", file.path},
+                     {"size", file.size},
+                     {"mtime_ns", file.mtime_ns},
+                     {"device", file.device},
+                     {"inode", file.inode}});
   }
   Json objects = Json::array();
   for (const ObjectInfo& object : info.objects) {
@@ -116,9 +123,9 @@ absl::StatusOr<std::string> SerializeModel(const ModelInfo& info,
                     {"objects", objects},
                     {"checksums", sums}};
   // Paths are bytes on Linux but JSON strings are UTF-8; refuse rather than persist a mangled
-  // name that would not match on reload.
+  // name that would not match on reload. Compact: a model of many tensors makes a large file.
   try {
-    return doc.dump(1);
+    return doc.dump();
   } catch (const Json::exception&) {
     return absl::InvalidArgumentError(
         absl::StrCat("model '", info.name, "' has a path or tensor name that is not UTF-8"));
@@ -238,6 +245,13 @@ absl::StatusOr<LoadedModel> ParseModel(absl::string_view text, const std::string
         !absl::StartsWith(file.path, "/")) {
       return Corrupt("bad file");
     }
+    // Absent from files written before they were recorded: 0, filled in by Open.
+    const Json* device = JsonMember(&json_file, "device");
+    const Json* inode = JsonMember(&json_file, "inode");
+    if ((device != nullptr && !JsonUint(device, &file.device)) ||
+        (inode != nullptr && !JsonUint(inode, &file.inode))) {
+      return Corrupt("bad file");
+    }
   }
   for (const Json& json_object : *objects) {
     ASSIGN_OR_RETURN(ObjectInfo object, ParseObject(json_object, info.files));
@@ -317,33 +331,37 @@ absl::Status ValidateModelName(absl::string_view name) {
                       c == '.' || c == '_' || c == '-');
   }
   if (valid) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "model name '", name, "' must be 1-128 characters of [A-Za-z0-9._-], not starting with '.'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("model name ", Quote(name),
+                   " must be 1-128 characters of [A-Za-z0-9._-], not starting with '.'"));
 }
 
 absl::StatusOr<std::pair<std::string, std::string>> SplitObjectKey(absl::string_view key) {
   const size_t slash = key.find('/');
   if (slash == absl::string_view::npos || slash == 0 || slash + 1 == key.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("key '", key, "' is not MODEL/OBJECT"));
+    return absl::InvalidArgumentError(absl::StrCat("key ", Quote(key), " is not MODEL/OBJECT"));
   }
   const absl::string_view model = key.substr(0, slash);
   const absl::Status valid = ValidateModelName(model);
   if (!valid.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("key '", key, "': ", valid.message()));
+    return absl::InvalidArgumentError(absl::StrCat("key ", Quote(key), ": ", valid.message()));
   }
   return std::make_pair(std::string(model), std::string(key.substr(slash + 1)));
 }
 
-Catalog::Catalog(std::string directory, ModelRoots roots)
-    : directory_(std::move(directory)), roots_(std::move(roots)) {}
+Catalog::Catalog(std::string directory, ModelRoots roots, size_t max_tensors_per_model)
+    : directory_(std::move(directory)),
+      roots_(std::move(roots)),
+      max_tensors_per_model_(max_tensors_per_model) {}
 
 absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& state_dir,
-                                                       ModelRoots roots) {
+                                                       ModelRoots roots,
+                                                       size_t max_tensors_per_model) {
   if (state_dir.empty()) return absl::InvalidArgumentError("state directory is empty");
   const std::string dir = absl::StrCat(state_dir, "/catalog");
   RETURN_IF_ERROR(MakeDirectories(dir));
   ASSIGN_OR_RETURN(const std::vector<std::string> names, ListDirectory(dir));
-  std::unique_ptr<Catalog> catalog(new Catalog(dir, std::move(roots)));
+  std::unique_ptr<Catalog> catalog(new Catalog(dir, std::move(roots), max_tensors_per_model));
   for (const std::string& file_name : names) {
     const std::string path = absl::StrCat(dir, "/", file_name);
     if (absl::EndsWith(file_name, ".json.tmp")) {
@@ -369,12 +387,18 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& state_
       continue;
     }
     auto entry = std::make_shared<ModelEntry>();
+    // A catalog written before devices and inodes were recorded gets them now, for files that
+    // still have their recorded size and mtime (the check such a catalog relied on), and is
+    // written again with them.
+    for (ModelFile& file : loaded->info.files) {
+      if (RecordMissingIdentity(catalog->roots_, file)) entry->dirty = true;
+    }
     // Offsets recorded for a file that changed would read the wrong bytes without any error; the
     // model stays listed so the operator sees it, but its objects cannot be read.
-    const std::string changed = DescribeChangedFile(loaded->info.files);
+    const std::string changed = DescribeChangedFile(loaded->info.files, catalog->roots_);
     if (!changed.empty()) {
       entry->stale = absl::StrCat("model '", model, "' is stale: ", changed,
-                                  " since it was registered; drop and re-register the model");
+                                  "; drop and re-register the model");
       TIERD_LOG(WARNING) << "catalog: " << entry->stale;
     }
     entry->info = std::make_shared<const ModelInfo>(std::move(loaded->info));
@@ -399,8 +423,14 @@ Catalog::~Catalog() {
 
 absl::StatusOr<ModelSummary> Catalog::RegisterModel(
     const std::string& name, const std::string& directory, Grouping grouping,
-    const GroupingRules& rules, const std::function<void(const RegistrationProgress&)>& progress) {
+    const GroupingRules& rules, const std::function<void(const RegistrationProgress&)>& progress,
+    bool verify) {
   RETURN_IF_ERROR(ValidateModelName(name));
+  // What a registration builds and drops (the headers' tensors, the serialized file) can be
+  // hundreds of megabytes for a model of many tensors: given back to the system once done.
+  struct TrimOnReturn {
+    ~TrimOnReturn() { malloc_trim(0); }
+  } trim;
   ASSIGN_OR_RETURN(const ObjectGrouper grouper, ObjectGrouper::Create(grouping, rules));
   const auto taken = [this, &name] {
     absl::MutexLock lock(&mu_);
@@ -413,7 +443,8 @@ absl::StatusOr<ModelSummary> Catalog::RegisterModel(
   if (taken()) return name_taken();
   // The path as given: ".." and relative paths are refused before they are normalized away.
   if (roots_.confined()) RETURN_IF_ERROR(roots_.Check(directory));
-  ASSIGN_OR_RETURN(ScannedModel scanned, ScanModelDirectory(directory, progress, roots_));
+  ASSIGN_OR_RETURN(ScannedModel scanned,
+                   ScanModelDirectory(directory, progress, roots_, max_tensors_per_model_));
 
   auto info = std::make_shared<ModelInfo>();
   info->name = name;
@@ -422,13 +453,25 @@ absl::StatusOr<ModelSummary> Catalog::RegisterModel(
   info->files = std::move(scanned.files);
   info->objects = BuildObjects(grouper, std::move(scanned.tensors));
   for (const ObjectInfo& object : info->objects) info->total_bytes += object.size;
-  ASSIGN_OR_RETURN(const std::string text, SerializeModel(*info, {}));
+  std::map<std::string, uint64_t> checksums;
+  if (verify) {
+    const size_t files = info->files.size();
+    ASSIGN_OR_RETURN(
+        checksums, ChecksumModelObjects(
+                       *info, roots_,
+                       [&progress, files](uint64_t done, uint64_t total, const std::string& file) {
+                         if (progress)
+                           progress(RegistrationProgress{files, files, file, done, total});
+                       }));
+  }
+  ASSIGN_OR_RETURN(const std::string text, SerializeModel(*info, checksums));
 
   absl::MutexLock persist(&persist_mu_);
   if (taken()) return name_taken();
   RETURN_IF_ERROR(WriteFileAtomically(directory_, ModelFileName(name), text));
   auto entry = std::make_shared<ModelEntry>();
   entry->info = info;
+  entry->checksums = std::move(checksums);
   absl::MutexLock lock(&mu_);
   models_.emplace(name, std::move(entry));
   return Summarize(*info);
@@ -439,7 +482,7 @@ absl::Status Catalog::DropModel(const std::string& name) {
   {
     absl::MutexLock lock(&mu_);
     if (models_.count(name) == 0) {
-      return absl::NotFoundError(absl::StrCat("model '", name, "' is not registered"));
+      return absl::NotFoundError(absl::StrCat("model ", Quote(name), " is not registered"));
     }
   }
   // File first: if it cannot be removed the model stays registered, matching what a restart sees.
@@ -448,8 +491,12 @@ absl::Status Catalog::DropModel(const std::string& name) {
     return PosixError(absl::StrCat("removing ", path), errno);
   }
   RETURN_IF_ERROR(SyncDirectory(directory_));
-  absl::MutexLock lock(&mu_);
-  models_.erase(name);
+  {
+    absl::MutexLock lock(&mu_);
+    models_.erase(name);
+  }
+  // A model of many tensors frees much at once (when the tiers hold none of it any more).
+  malloc_trim(0);
   return absl::OkStatus();
 }
 
@@ -473,7 +520,7 @@ absl::StatusOr<std::shared_ptr<const ModelInfo>> Catalog::GetModel(const std::st
   absl::MutexLock lock(&mu_);
   auto it = models_.find(name);
   if (it == models_.end()) {
-    return absl::NotFoundError(absl::StrCat("model '", name, "' is not registered"));
+    return absl::NotFoundError(absl::StrCat("model ", Quote(name), " is not registered"));
   }
   return it->second->info;
 }
@@ -485,7 +532,7 @@ absl::StatusOr<ObjectRef> Catalog::Lookup(absl::string_view key) const {
     absl::MutexLock lock(&mu_);
     auto it = models_.find(split.first);
     if (it == models_.end()) {
-      return absl::NotFoundError(absl::StrCat("model '", split.first, "' is not registered"));
+      return absl::NotFoundError(absl::StrCat("model ", Quote(split.first), " is not registered"));
     }
     if (!it->second->stale.empty()) return absl::FailedPreconditionError(it->second->stale);
     info = it->second->info;
@@ -493,7 +540,7 @@ absl::StatusOr<ObjectRef> Catalog::Lookup(absl::string_view key) const {
   const ObjectInfo* object = FindObject(*info, split.second);
   if (object == nullptr) {
     return absl::NotFoundError(
-        absl::StrCat("model '", split.first, "' has no object '", split.second, "'"));
+        absl::StrCat("model ", Quote(split.first), " has no object ", Quote(split.second)));
   }
   return ObjectRef{std::move(info), object, std::string(key)};
 }
@@ -502,6 +549,15 @@ bool Catalog::IsCurrent(const std::shared_ptr<const ModelInfo>& model) const {
   absl::MutexLock lock(&mu_);
   auto it = models_.find(model->name);
   return it != models_.end() && it->second->info == model && it->second->stale.empty();
+}
+
+void Catalog::MarkStale(const std::shared_ptr<const ModelInfo>& model, const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  auto it = models_.find(model->name);
+  if (it == models_.end() || it->second->info != model || !it->second->stale.empty()) return;
+  it->second->stale =
+      absl::StrCat("model '", model->name, "' is stale: ", why, "; drop and re-register the model");
+  TIERD_LOG(WARNING) << "catalog: " << it->second->stale;
 }
 
 std::optional<uint64_t> Catalog::Checksum(const std::string& key) const {

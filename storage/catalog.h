@@ -81,10 +81,16 @@ struct ObjectInfo {
   std::vector<Extent> extents;           // sorted by (file, file_offset); adjacent ones merged
 };
 
+// A model file as registration found it. Every open of it must find the same file (CheckModelFile
+// in model_scan.h): a changed file makes reads fail, not lie.
 struct ModelFile {
-  std::string path;  // absolute
+  std::string path;  // absolute, every symbolic link resolved
   uint64_t size = 0;
-  int64_t mtime_ns = 0;  // as when registered: a changed file makes reads fail, not lie
+  int64_t mtime_ns = 0;
+  // st_dev and st_ino; both 0 in a catalog written before they were recorded, until its next load
+  // records them.
+  uint64_t device = 0;
+  uint64_t inode = 0;
 };
 
 struct ModelInfo {
@@ -108,12 +114,19 @@ struct ModelSummary {
   std::string stale;
 };
 
-// Progress of a registration, reported after each file's header is parsed.
+// Progress of a registration, reported after each file's header is parsed and, when the model is
+// verified, as its bytes are hashed.
 struct RegistrationProgress {
   size_t files_done = 0;
   size_t files_total = 0;
   std::string current_file;
+  uint64_t bytes_verified = 0;
+  uint64_t bytes_to_verify = 0;  // 0 unless verifying
 };
+
+// A model with more tensors than this is refused (tierd --max-tensors-per-model): the largest
+// published models have under 100,000, and every tensor costs memory in the catalog and the tiers.
+inline constexpr size_t kDefaultMaxTensorsPerModel = 131072;
 
 // An object looked up by key; keeps its model's description alive.
 struct ObjectRef {
@@ -132,9 +145,12 @@ class Catalog {
  public:
   // Opens (creating if needed) the catalog persisted under `state_dir`/catalog and loads every
   // model in it. A model file that cannot be parsed is set aside (renamed *.corrupt) with a
-  // logged error rather than failing the daemon. Models are registered from `roots` only.
-  static absl::StatusOr<std::unique_ptr<Catalog>> Open(const std::string& state_dir,
-                                                       ModelRoots roots = ModelRoots());
+  // logged error rather than failing the daemon; a model whose files changed (CheckModelFile) is
+  // loaded stale. Models are registered from `roots` only, with at most `max_tensors_per_model`
+  // tensors each.
+  static absl::StatusOr<std::unique_ptr<Catalog>> Open(
+      const std::string& state_dir, ModelRoots roots = ModelRoots(),
+      size_t max_tensors_per_model = kDefaultMaxTensorsPerModel);
   ~Catalog();  // flushes pending checksums
   Catalog(const Catalog&) = delete;
   Catalog& operator=(const Catalog&) = delete;
@@ -142,16 +158,19 @@ class Catalog {
   // Registers every .safetensors file in `directory` as model `name`. The directory and its files
   // must pass the roots' check (ModelRoots::Check: absolute, no "..", inside a root). When
   // model.safetensors.index.json is present, exactly the files its weight_map names are used and
-  // every tensor must be in the file the index says. All or nothing: on error nothing is
-  // registered. Errors: INVALID_ARGUMENT (bad name, bad rules, malformed header or index — naming
-  // file and tensor), DATA_LOSS (truncated file), NOT_FOUND (no directory or no .safetensors in
-  // it), ALREADY_EXISTS (name taken), UNAVAILABLE (a file changed while it was read: retry), and
-  // I/O errors.
+  // every tensor must be in the file the index says. With `verify`, every object is read and its
+  // checksum recorded now (ChecksumModelObjects), so that its first read from disk is checked too;
+  // without, the first read records it. All or nothing: on error nothing is registered. Errors:
+  // INVALID_ARGUMENT (bad name, bad rules, malformed header or index — naming file and tensor —,
+  // more tensors than the limit), DATA_LOSS (truncated file), NOT_FOUND (no directory or no
+  // .safetensors in it), ALREADY_EXISTS (name taken), PERMISSION_DENIED (outside the roots, or a
+  // link that appeared), UNAVAILABLE (a file changed while it was read: retry), FAILED_PRECONDITION
+  // (a file changed while it was verified), and I/O errors.
   absl::StatusOr<ModelSummary> RegisterModel(
       const std::string& name, const std::string& directory, Grouping grouping,
       const GroupingRules& rules,
-      const std::function<void(const RegistrationProgress&)>& progress = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_);
+      const std::function<void(const RegistrationProgress&)>& progress = nullptr,
+      bool verify = false) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Forgets model `name` and deletes its persisted file. NOT_FOUND when unknown.
   absl::Status DropModel(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
@@ -172,7 +191,16 @@ class Catalog {
   // tiers' hit paths.
   bool IsCurrent(const std::shared_ptr<const ModelInfo>& model) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The checksum recorded at the object's first read, if any.
+  // Marks `model` stale with `why` (a file changed since registration, found by a read), so that
+  // its objects are refused at once from now on and the listing says why. No-op unless `model` is
+  // still the registration its name maps to.
+  void MarkStale(const std::shared_ptr<const ModelInfo>& model, const std::string& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The roots model files are opened beneath.
+  const ModelRoots& roots() const { return roots_; }
+
+  // The checksum recorded at the object's first read (or at a verified registration), if any.
   std::optional<uint64_t> Checksum(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
   // Records an object's checksum (first read). Persisted within about a second, and on
   // destruction. No-op for a key whose model or object is gone.
@@ -182,11 +210,12 @@ class Catalog {
 
  private:
   struct ModelEntry;
-  Catalog(std::string directory, ModelRoots roots);
+  Catalog(std::string directory, ModelRoots roots, size_t max_tensors_per_model);
   void FlushLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string directory_;  // <state_dir>/catalog
   const ModelRoots roots_;
+  const size_t max_tensors_per_model_;
   // Held while a model's file is written or deleted, and across the check-and-insert of a
   // registration, so that a flush never brings back a dropped model's file and two registrations
   // of one name never both write it. Slow (fsync) work happens under it, never under mu_.

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/posix_error.h"
+#include "storage/model_scan.h"
 
 namespace tierd {
 namespace {
@@ -164,7 +165,7 @@ class DiskReader::Worker {
       Chunk chunk;
       if (!reader_->NextChunk(wait, &chunk)) return false;
       if (reader_->options_.before_chunk) reader_->options_.before_chunk(chunk.target->path);
-      absl::StatusOr<File*> file = reader_->OpenFile(chunk.target->path);
+      absl::StatusOr<File*> file = reader_->OpenFile(*chunk.target);
       if (!file.ok()) {
         reader_->FinishChunk(chunk, file.status());
         continue;
@@ -479,23 +480,61 @@ void DiskReader::RetireFile(File* file) {
   files_.erase(it);
 }
 
-absl::StatusOr<DiskReader::File*> DiskReader::OpenFile(const std::string& path) {
+absl::StatusOr<int> DiskReader::OpenDescriptor(const ReadTarget& target, int flags) const {
+  int fd;
+  if (options_.open_file) {
+    fd = options_.open_file(target.path, flags);
+    if (fd < 0) return PosixError(absl::StrCat("opening ", target.path), errno);
+  } else if (target.model_file != nullptr) {
+    absl::StatusOr<ScopedFd> opened = options_.model_roots.OpenBeneath(target.path, flags);
+    if (!opened.ok()) return opened.status();
+    fd = opened->Release();
+  } else {
+    fd = ::open(target.path.c_str(), flags);
+    if (fd < 0) return PosixError(absl::StrCat("opening ", target.path), errno);
+  }
+  if (target.model_file != nullptr) {
+    if (absl::Status same = CheckModelFile(fd, *target.model_file); !same.ok()) {
+      ::close(fd);
+      return same;
+    }
+  }
+  return fd;
+}
+
+absl::StatusOr<DiskReader::File*> DiskReader::OpenFile(const ReadTarget& target) {
+  const std::string& path = target.path;
   {
     absl::MutexLock lock(&mu_);
     auto it = files_.find(path);
-    if (it != files_.end()) return it->second.get();
+    if (it != files_.end()) {
+      File* file = it->second.get();
+      // A file modified in place since it was opened (its descriptors still name it) is caught
+      // here, before another chunk of it is read.
+      if (target.model_file != nullptr) {
+        if (absl::Status same = CheckModelFile(file->buffered_fd, *target.model_file); !same.ok()) {
+          return same;
+        }
+      }
+      return file;
+    }
   }
-  auto open_file = [this](const std::string& name, int flags) {
-    return options_.open_file ? options_.open_file(name, flags) : ::open(name.c_str(), flags);
-  };
   auto file = std::make_unique<File>();
   file->path = path;
-  file->buffered_fd = open_file(path, O_RDONLY | O_CLOEXEC);
-  if (file->buffered_fd < 0) return PosixError(absl::StrCat("opening ", path), errno);
+  absl::StatusOr<int> buffered = OpenDescriptor(target, O_RDONLY | O_CLOEXEC);
+  if (!buffered.ok()) return buffered.status();
+  file->buffered_fd = *buffered;
   bool direct_refused = false;
   if (options_.direct) {
-    file->direct_fd = open_file(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
-    direct_refused = file->direct_fd < 0;
+    absl::StatusOr<int> direct = OpenDescriptor(target, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    // Both descriptors must be the recorded file: the path could change between the two opens.
+    if (!direct.ok() && target.model_file != nullptr &&
+        (absl::IsFailedPrecondition(direct.status()) ||
+         absl::IsPermissionDenied(direct.status()))) {
+      return direct.status();
+    }
+    direct_refused = !direct.ok();
+    file->direct_fd = direct.ok() ? *direct : -1;
     file->use_direct = !direct_refused;
   }
   absl::MutexLock lock(&mu_);

@@ -34,6 +34,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "storage/catalog.h"
+#include "storage/model_roots.h"
 
 namespace tierd {
 
@@ -46,8 +48,11 @@ struct DiskReaderOptions {
   uint64_t chunk_bytes = 4ull << 20;  // a multiple of 4 KiB
   IoEngine engine = IoEngine::kAuto;  // kAuto: io_uring, else pread
   bool direct = true;                 // O_DIRECT where the filesystem allows it
-  // Opens files like open(2) (returns a descriptor, or -1 with errno set); null means open(2).
-  // Tests inject failures here.
+  // Where model files are opened: beneath their root, following no symbolic link (see
+  // ReadTarget::model_file).
+  ModelRoots model_roots;
+  // Opens files like open(2) (returns a descriptor, or -1 with errno set) in place of open(2) and
+  // of the model roots' confined open. Tests inject failures here; null in the daemon.
   std::function<int(const std::string& path, int flags)> open_file;
   // Called on a reader thread before each chunk of `path` is read; null means nothing. Tests
   // stall it to model a slow disk.
@@ -66,6 +71,12 @@ struct ReadTarget {
   // reads straight into the destination, with no bounce copy; the bytes around the range get the
   // file's bytes there (or whatever, past the end of the file).
   bool aligned_window = false;
+  // Set when `path` is a registered model file (it is then `model_file->path`): the file is opened
+  // beneath its model root without following links (DiskReaderOptions::model_roots), and every
+  // descriptor of it must still be the file registration recorded (CheckModelFile) when it is
+  // opened and before each chunk is read from it: a file replaced or modified since then fails the
+  // request with that check's error. REQUIRES: outlives the request.
+  const ModelFile* model_file = nullptr;
 };
 
 struct ReadRequest {
@@ -74,8 +85,9 @@ struct ReadRequest {
   absl::Time deadline = absl::InfiniteFuture();
   // Called exactly once, on a reader thread (or in Cancel), when every target has been read or the
   // request failed: OK, or the first error (DATA_LOSS for a file shorter than the range or EIO,
-  // NOT_FOUND / PERMISSION_DENIED for files that cannot be opened, CANCELLED, UNAVAILABLE when the
-  // reader shuts down first). Must not block.
+  // NOT_FOUND / PERMISSION_DENIED for files that cannot be opened or are links where a model file
+  // was registered, FAILED_PRECONDITION for a model file changed since its registration,
+  // CANCELLED, UNAVAILABLE when the reader shuts down first). Must not block.
   absl::AnyInvocable<void(absl::Status) &&> done;
 };
 
@@ -130,7 +142,10 @@ class DiskReader {
   // Returns false when there is none.
   bool NextChunk(bool wait, Chunk* chunk) ABSL_LOCKS_EXCLUDED(mu_);
   void FinishChunk(const Chunk& chunk, const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<File*> OpenFile(const std::string& path) ABSL_LOCKS_EXCLUDED(mu_);
+  // The open file `target` reads, opened (and checked, for a model file) on first use.
+  absl::StatusOr<File*> OpenFile(const ReadTarget& target) ABSL_LOCKS_EXCLUDED(mu_);
+  // One descriptor of `target`'s file with `flags`, checked when it is a model file.
+  absl::StatusOr<int> OpenDescriptor(const ReadTarget& target, int flags) const;
   void NoteBytesRead(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   void UseBuffered(File* file, int error) ABSL_LOCKS_EXCLUDED(mu_);
   // Stops handing out `file` after a read of it failed; it is closed once no read is in flight.

@@ -1,7 +1,6 @@
 #include "storage/host_cache.h"
 
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <utility>
@@ -13,6 +12,7 @@
 #include "common/deferred_calls.h"
 #include "common/log.h"
 #include "device/pinned_host_buffer.h"
+#include "storage/object_checksum.h"
 
 namespace tierd {
 
@@ -40,7 +40,7 @@ struct HostObject::Entry {
   std::optional<ObjectRef> source;  // weights: where the bytes are in the model's files
   // Stored objects.
   bool spillable = false;
-  bool spilling = false;      // a spill write is in flight; the memory stays valid meanwhile
+  bool spilling = false;  // a spill write is in flight; the memory stays valid meanwhile
   // When its last spill failed (a full disk): it is not tried again before kSpillRetryDelay.
   absl::Time spill_failed_at = absl::InfinitePast();
   std::string spill_path;     // set once a spilled (or durable) copy exists
@@ -65,8 +65,6 @@ struct HostObject::Entry {
 namespace {
 
 using Entry = HostObject::Entry;
-
-uint64_t Checksum(const uint8_t* data, uint64_t size) { return XXH3_64bits(data, size); }
 
 // A failed spill (a full or failing disk) is not retried at once: room is then looked for
 // elsewhere, or the request is refused, instead of spinning on the same failure.
@@ -309,9 +307,18 @@ std::vector<ReadTarget> HostCache::TargetsLocked(const Entry* entry) const {
   const std::vector<Extent>& extents = entry->source->object->extents;
   const bool in_place = extents.size() == 1 && extents[0].object_offset == 0;
   const ModelInfo& model = *entry->source->model;
+  // The memory may hold an evicted object's bytes: the gaps between gathered tensors, which no
+  // read fills, must not make the checksum differ from the last read's.
+  ZeroObjectGaps(*entry->source->object, base);
   for (const Extent& extent : extents) {
-    targets.push_back({model.files[extent.file].path, extent.file_offset, extent.length,
-                       base + extent.object_offset, in_place});
+    const ModelFile& file = model.files[extent.file];
+    ReadTarget& target = targets.emplace_back();
+    target.path = file.path;
+    target.offset = extent.file_offset;
+    target.length = extent.length;
+    target.destination = base + extent.object_offset;
+    target.aligned_window = in_place;
+    target.model_file = &file;  // the entry's source keeps the model alive while it loads
   }
   return targets;
 }
@@ -319,14 +326,15 @@ std::vector<ReadTarget> HostCache::TargetsLocked(const Entry* entry) const {
 void HostCache::FinishRead(Entry* entry, absl::Status status) {
   // Checksum without the lock: nothing else touches a loading entry's memory.
   if (status.ok()) {
-    const uint64_t checksum = Checksum(arena_.data(*entry->memory) + entry->head, entry->size);
+    const uint64_t checksum =
+        ObjectChecksum(arena_.data(*entry->memory) + entry->head, entry->size);
     if (entry->kind == Entry::Kind::kWeight) {
       if (std::optional<uint64_t> expected = catalog_.Checksum(entry->key); !expected) {
         catalog_.RecordChecksum(entry->key, checksum);
       } else if (*expected != checksum) {
         status = absl::DataLossError(absl::StrFormat(
-            "%s: checksum %016x differs from %016x recorded at its first read; the file's bytes "
-            "changed on disk",
+            "%s: checksum %016x differs from %016x recorded at registration or its first read; "
+            "the file's bytes changed on disk",
             entry->key, checksum, *expected));
       }
     } else if (checksum != entry->checksum) {
@@ -335,6 +343,11 @@ void HostCache::FinishRead(Entry* entry, absl::Status status) {
                           "%016x",
                           entry->key, checksum, entry->checksum));
     }
+  } else if (entry->kind == Entry::Kind::kWeight &&
+             (absl::IsFailedPrecondition(status) || absl::IsPermissionDenied(status))) {
+    // A model file changed or was replaced by a link since registration: every object of the
+    // model is refused from now on, and the listing says why.
+    catalog_.MarkStale(entry->source->model, std::string(status.message()));
   }
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
@@ -548,7 +561,7 @@ void HostCache::StartSpillLocked(Entry* entry) {
                    // commit: only a spilled copy is ever checked, and commits stay cheap. The
                    // bytes cannot change: a committed object is immutable and stays in memory
                    // until FinishSpill.
-                   const uint64_t checksum = status.ok() ? Checksum(data, size) : 0;
+                   const uint64_t checksum = status.ok() ? ObjectChecksum(data, size) : 0;
                    FinishSpill(entry, path, status, checksum);
                  }});
 }

@@ -1,5 +1,6 @@
 #include "storage/model_scan.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/directory.h"
 #include "common/posix_error.h"
+#include "common/quote.h"
 #include "common/status_macros.h"
 #include "storage/json_file.h"
 #include "storage/safetensors_header.h"
@@ -28,6 +30,12 @@ constexpr char kSafetensorsSuffix[] = ".safetensors";
 absl::StatusOr<struct stat> Stat(const std::string& path) {
   struct stat st {};
   if (stat(path.c_str(), &st) != 0) return PosixError(path, errno);
+  return st;
+}
+
+absl::StatusOr<struct stat> FStat(int fd, const std::string& path) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return PosixError(absl::StrCat("stat ", path), errno);
   return st;
 }
 
@@ -121,7 +129,7 @@ absl::Status CheckIndexAgainstFiles(const std::map<std::string, std::string>& we
 
 absl::StatusOr<ScannedModel> ScanModelDirectoryIn(
     const std::string& dir, const std::function<void(const RegistrationProgress&)>& progress,
-    const ModelRoots& roots) {
+    const ModelRoots& roots, size_t max_tensors) {
   RETURN_IF_ERROR(roots.Check(dir));
   ASSIGN_OR_RETURN(const struct stat dir_stat, Stat(dir));
   if (!S_ISDIR(dir_stat.st_mode)) {
@@ -148,27 +156,37 @@ absl::StatusOr<ScannedModel> ScanModelDirectoryIn(
   std::map<std::string, uint32_t> tensor_file;
   for (uint32_t i = 0; i < file_names.size(); ++i) {
     const std::string path = absl::StrCat(dir, "/", file_names[i]);
-    RETURN_IF_ERROR(roots.Check(path));
-    ASSIGN_OR_RETURN(const struct stat before, Stat(path));
-    auto header = ReadSafetensorsHeader(path);
+    // Recorded resolved (model snapshots are often links to blobs), and read from a descriptor
+    // opened without following links: what is parsed is what later opens must find.
+    ASSIGN_OR_RETURN(const std::string resolved, roots.Resolve(path));
+    ASSIGN_OR_RETURN(const ScopedFd fd, roots.OpenBeneath(resolved, O_RDONLY));
+    ASSIGN_OR_RETURN(const struct stat before, FStat(fd.get(), path));
+    auto header = ReadSafetensorsHeader(fd.get(), path, max_tensors - scanned.tensors.size());
+    if (absl::IsResourceExhausted(header.status())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the model in ", Quote(dir), " has more than ", max_tensors,
+                       " tensors, the limit (--max-tensors-per-model)"));
+    }
     if (!header.ok()) return WithFileNamed(header.status(), path);
-    ASSIGN_OR_RETURN(const struct stat after, Stat(path));
+    ASSIGN_OR_RETURN(const struct stat after, FStat(fd.get(), path));
     // The recorded size and mtime vouch for the offsets just parsed; a file rewritten meanwhile
     // would make them vouch for bytes nobody checked.
     if (before.st_size != after.st_size || MtimeNs(before) != MtimeNs(after)) {
       return absl::UnavailableError(absl::StrCat(path, " changed while it was being registered"));
     }
-    for (const SafetensorsTensor& tensor : header->tensors) {
+    for (SafetensorsTensor& tensor : header->tensors) {
       auto [it, inserted] = tensor_file.emplace(tensor.name, i);
       if (!inserted) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor.name, "' is in both ",
-                                                       file_names[it->second], " and ",
-                                                       file_names[i]));
+        return absl::InvalidArgumentError(absl::StrCat("tensor ", Quote(tensor.name),
+                                                       " is in both ", file_names[it->second],
+                                                       " and ", file_names[i]));
       }
-      scanned.tensors.push_back(
-          SourceTensor{tensor.name, tensor.dtype, tensor.shape, i, tensor.begin, tensor.end});
+      scanned.tensors.push_back(SourceTensor{std::move(tensor.name), tensor.dtype,
+                                             std::move(tensor.shape), i, tensor.begin, tensor.end});
     }
-    scanned.files.push_back(ModelFile{path, static_cast<uint64_t>(after.st_size), MtimeNs(after)});
+    scanned.files.push_back(ModelFile{resolved, static_cast<uint64_t>(after.st_size),
+                                      MtimeNs(after), static_cast<uint64_t>(after.st_dev),
+                                      static_cast<uint64_t>(after.st_ino)});
     if (progress) progress(RegistrationProgress{i + 1u, file_names.size(), path});
   }
   if (weight_map.has_value()) {
@@ -180,23 +198,61 @@ absl::StatusOr<ScannedModel> ScanModelDirectoryIn(
 }  // namespace
 
 absl::StatusOr<ScannedModel> ScanModelDirectory(
-    const std::string& directory,
-    const std::function<void(const RegistrationProgress&)>& progress, const ModelRoots& roots) {
+    const std::string& directory, const std::function<void(const RegistrationProgress&)>& progress,
+    const ModelRoots& roots, size_t max_tensors) {
   ASSIGN_OR_RETURN(const std::string dir, AbsoluteDirectory(directory));
-  return ScanModelDirectoryIn(dir, progress, roots);
+  return ScanModelDirectoryIn(dir, progress, roots, max_tensors);
 }
 
-std::string DescribeChangedFile(const std::vector<ModelFile>& files) {
+absl::Status CheckModelFile(int fd, const ModelFile& file) {
+  ASSIGN_OR_RETURN(const struct stat st, FStat(fd, file.path));
+  std::string change;
+  if (!S_ISREG(st.st_mode)) {
+    change = "is no longer a regular file";
+  } else if (file.inode != 0 && (static_cast<uint64_t>(st.st_dev) != file.device ||
+                                 static_cast<uint64_t>(st.st_ino) != file.inode)) {
+    change = "was replaced by another file";
+  } else if (static_cast<uint64_t>(st.st_size) != file.size) {
+    change = absl::StrCat("changed size from ", file.size, " to ", st.st_size, " bytes");
+  } else if (MtimeNs(st) != file.mtime_ns) {
+    change = "was modified";
+  } else {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat(file.path, " ", change, " since it was registered"));
+}
+
+absl::StatusOr<ScopedFd> OpenModelFile(const ModelRoots& roots, const ModelFile& file, int flags) {
+  ASSIGN_OR_RETURN(ScopedFd fd, roots.OpenBeneath(file.path, flags));
+  RETURN_IF_ERROR(CheckModelFile(fd.get(), file));
+  return fd;
+}
+
+bool RecordMissingIdentity(const ModelRoots& roots, ModelFile& file) {
+  if (file.inode != 0) return false;
+  absl::StatusOr<std::string> resolved = roots.Resolve(file.path);
+  if (!resolved.ok()) return false;
+  absl::StatusOr<ScopedFd> fd = roots.OpenBeneath(*resolved, O_RDONLY);
+  if (!fd.ok()) return false;
+  absl::StatusOr<struct stat> st = FStat(fd->get(), *resolved);
+  if (!st.ok() || !S_ISREG(st->st_mode) || static_cast<uint64_t>(st->st_size) != file.size ||
+      MtimeNs(*st) != file.mtime_ns) {
+    return false;
+  }
+  file.path = *std::move(resolved);
+  file.device = static_cast<uint64_t>(st->st_dev);
+  file.inode = static_cast<uint64_t>(st->st_ino);
+  return true;
+}
+
+std::string DescribeChangedFile(const std::vector<ModelFile>& files, const ModelRoots& roots) {
   for (const ModelFile& file : files) {
-    auto st = Stat(file.path);
-    if (!st.ok()) {
-      return absl::StrCat(file.path, " can no longer be read (", st.status().message(), ")");
+    absl::StatusOr<ScopedFd> fd = OpenModelFile(roots, file, O_RDONLY);
+    if (absl::IsFailedPrecondition(fd.status())) return std::string(fd.status().message());
+    if (!fd.ok()) {
+      return absl::StrCat(file.path, " can no longer be read (", fd.status().message(), ")");
     }
-    if (static_cast<uint64_t>(st->st_size) != file.size) {
-      return absl::StrCat(file.path, " changed size from ", file.size, " to ", st->st_size,
-                          " bytes");
-    }
-    if (MtimeNs(*st) != file.mtime_ns) return absl::StrCat(file.path, " was modified");
   }
   return "";
 }

@@ -7,12 +7,15 @@
 #ifndef TIERD_STORAGE_MODEL_SCAN_H_
 #define TIERD_STORAGE_MODEL_SCAN_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/fd_io.h"
 #include "storage/catalog.h"
 #include "storage/model_roots.h"
 #include "storage/object_layout.h"
@@ -25,25 +28,43 @@ inline constexpr uint64_t kMaxSafetensorsIndexBytes = 64ull << 20;
 
 struct ScannedModel {
   std::string directory;         // absolute, normalized
-  std::vector<ModelFile> files;  // sorted by file name
+  std::vector<ModelFile> files;  // sorted by file name; paths resolved
   std::vector<SourceTensor> tensors;
 };
 
 // Scans `directory` (relative to the working directory unless absolute), calling `progress` (when
 // set) after each file's header is parsed. Errors: NOT_FOUND when there is no such directory or
 // no .safetensors file in it; INVALID_ARGUMENT for a malformed header or index, a tensor in two
-// files, or an index that names a path instead of a bare file name, lists a tensor in a file that
-// does not hold it, or leaves out a tensor the files hold — naming the tensor and files;
-// DATA_LOSS for a truncated file; UNAVAILABLE when a file changed while it was read; I/O errors.
-// The directory, the index and each file are checked against `roots` before they are read
-// (ModelRoots::Check's errors).
+// files, more than `max_tensors` tensors in all, or an index that names a path instead of a bare
+// file name, lists a tensor in a file that does not hold it, or leaves out a tensor the files
+// hold — naming the tensor and files; DATA_LOSS for a truncated file; UNAVAILABLE when a file
+// changed while it was read; I/O errors. The directory, the index and each file are checked
+// against `roots` before they are read (ModelRoots::Check's errors), and each file is recorded by
+// its resolved path, device, inode, size and mtime, read from the descriptor its header was read
+// from (opened with ModelRoots::OpenBeneath).
 absl::StatusOr<ScannedModel> ScanModelDirectory(
     const std::string& directory, const std::function<void(const RegistrationProgress&)>& progress,
-    const ModelRoots& roots = ModelRoots());
+    const ModelRoots& roots = ModelRoots(),
+    size_t max_tensors = std::numeric_limits<size_t>::max());
 
-// "" when every file still has the size and mtime recorded in `files`; otherwise a sentence
-// naming the first one that does not and how it changed.
-std::string DescribeChangedFile(const std::vector<ModelFile>& files);
+// OK when the open file `fd` is still the file registration recorded as `file`: a regular file
+// with the same device, inode (when recorded), size and mtime. FAILED_PRECONDITION naming the file
+// and what changed otherwise ("...; drop and re-register the model").
+absl::Status CheckModelFile(int fd, const ModelFile& file);
+
+// Opens model file `file` with `flags` beneath its root (ModelRoots::OpenBeneath: no symbolic
+// link followed) and checks it with CheckModelFile. Errors: those two's.
+absl::StatusOr<ScopedFd> OpenModelFile(const ModelRoots& roots, const ModelFile& file, int flags);
+
+// For a file recorded before devices and inodes were (both 0): when the file its path resolves
+// to, inside `roots`, still has the recorded size and mtime, records that path, device and inode
+// and returns true. Otherwise leaves `file` alone (DescribeChangedFile then says why).
+bool RecordMissingIdentity(const ModelRoots& roots, ModelFile& file);
+
+// "" when every file in `files` can still be opened by OpenModelFile; otherwise a sentence naming
+// the first one that cannot and why (changed, replaced, a link now, outside the roots, gone).
+std::string DescribeChangedFile(const std::vector<ModelFile>& files,
+                                const ModelRoots& roots = ModelRoots());
 
 }  // namespace tierd
 

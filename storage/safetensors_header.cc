@@ -20,7 +20,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/fd_io.h"
 #include "common/posix_error.h"
+#include "common/quote.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -33,15 +35,7 @@ constexpr uint64_t kLengthPrefixBytes = 8;
 constexpr int kMaxJsonDepth = 8;
 constexpr size_t kMaxRank = 64;
 constexpr size_t kMaxTensorNameBytes = 4096;
-// Bytes of a name or value quoted in an error message; a hostile 100 MiB string stays out of logs.
-constexpr size_t kMaxQuotedBytes = 256;
 constexpr char kMetadataKey[] = "__metadata__";
-
-// `text` quoted for an error message: escaped so it stays on one line, and cut short.
-std::string Quote(absl::string_view text) {
-  if (text.size() <= kMaxQuotedBytes) return absl::StrCat("\"", absl::CHexEscape(text), "\"");
-  return absl::StrCat("\"", absl::CHexEscape(text.substr(0, kMaxQuotedBytes)), "\"...");
-}
 
 uint64_t DecodeLittleEndian64(absl::string_view bytes) {
   uint64_t value = 0;
@@ -79,7 +73,8 @@ absl::Status CheckNestingDepth(absl::string_view label, absl::string_view json) 
 // hostile header is then refused before anything large is built from it.
 class HeaderHandler final : public nlohmann::json_sax<nlohmann::json> {
  public:
-  explicit HeaderHandler(absl::string_view label) : label_(label) {}
+  HeaderHandler(absl::string_view label, size_t max_tensors)
+      : label_(label), max_tensors_(max_tensors) {}
 
   std::vector<SafetensorsTensor>& tensors() { return tensors_; }
   std::map<std::string, std::string>& metadata() { return metadata_; }
@@ -142,6 +137,11 @@ class HeaderHandler final : public nlohmann::json_sax<nlohmann::json> {
     if (state_ == State::kTopKey) {
       in_metadata_ = key == kMetadataKey;
       if (!in_metadata_ && key.empty()) return Error("a tensor has an empty name");
+      if (!in_metadata_ && ++tensors_seen_ > max_tensors_) {
+        status_ = absl::ResourceExhaustedError(
+            absl::StrCat(label_, ": more than ", max_tensors_, " tensors"));
+        return false;
+      }
       if (!in_metadata_ && key.size() > kMaxTensorNameBytes) {
         return Error(absl::StrCat("tensor name ", Quote(key), " is longer than ",
                                   kMaxTensorNameBytes, " bytes"));
@@ -261,6 +261,8 @@ class HeaderHandler final : public nlohmann::json_sax<nlohmann::json> {
   }
 
   const absl::string_view label_;
+  const size_t max_tensors_;
+  size_t tensors_seen_ = 0;
   absl::Status status_;
   State state_ = State::kRoot;
   std::set<std::string> names_;  // top-level keys seen, "__metadata__" included
@@ -351,7 +353,7 @@ absl::Status ReadFully(int fd, const std::string& path, uint64_t offset, char* b
 
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view file_label,
                                                          absl::string_view file_start,
-                                                         uint64_t file_size) {
+                                                         uint64_t file_size, size_t max_tensors) {
   if (file_size < kLengthPrefixBytes) {
     return absl::DataLossError(absl::StrCat(file_label, ": file is ", file_size,
                                             " bytes, too short for the header length: truncated"));
@@ -381,7 +383,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view file_
   const absl::string_view json = file_start.substr(kLengthPrefixBytes, header_length);
   RETURN_IF_ERROR(CheckNestingDepth(file_label, json));
 
-  HeaderHandler handler(file_label);
+  HeaderHandler handler(file_label, max_tensors);
   bool parsed = false;
   try {
     parsed = nlohmann::json::sax_parse(json.begin(), json.end(), &handler);
@@ -413,11 +415,12 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path)
     fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return PosixError(absl::StrCat("opening ", path), errno);
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { close(fd); }
-  } closer{fd};
+  ScopedFd closer(fd);
+  return ReadSafetensorsHeader(fd, path);
+}
 
+absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(int fd, const std::string& path,
+                                                        size_t max_tensors) {
   struct stat st;
   if (fstat(fd, &st) != 0) return PosixError(absl::StrCat("stat ", path), errno);
   if (!S_ISREG(st.st_mode)) {
@@ -438,7 +441,7 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path)
                                 header_length));
     }
   }
-  return ParseSafetensorsHeader(path, bytes, file_size);
+  return ParseSafetensorsHeader(path, bytes, file_size, max_tensors);
 }
 
 }  // namespace tierd

@@ -14,7 +14,9 @@
 #ifndef TIERD_STORAGE_SAFETENSORS_HEADER_H_
 #define TIERD_STORAGE_SAFETENSORS_HEADER_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -48,14 +50,18 @@ struct SafetensorsHeader {
 // `file_start` must hold at least min(file_size, 8 + header length) bytes — ReadSafetensorsHeader
 // reads exactly that — except where the length prefix is itself refused (over the bound, or past
 // the end of the file): those errors need only the first 8 bytes. `file_label` names the file in
-// error messages. Gaps between tensors are allowed.
-absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view file_label,
-                                                         absl::string_view file_start,
-                                                         uint64_t file_size);
+// error messages. Gaps between tensors are allowed. A header with more than `max_tensors` tensors
+// is refused with RESOURCE_EXHAUSTED as soon as the parser meets the one too many.
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
+    absl::string_view file_label, absl::string_view file_start, uint64_t file_size,
+    size_t max_tensors = std::numeric_limits<size_t>::max());
 
 // Reads and parses the header of the file at `path`. Errors: those of ParseSafetensorsHeader, and
 // NOT_FOUND / PERMISSION_DENIED / ... from opening or reading the file.
 absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path);
+// The same from the open file `fd`, named `path` in errors.
+absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(
+    int fd, const std::string& path, size_t max_tensors = std::numeric_limits<size_t>::max());
 
 }  // namespace tierd
 

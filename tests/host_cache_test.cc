@@ -3,6 +3,7 @@
 #include "storage/host_cache.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "device/device_wrapper.h"
 #include "device/host_device.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
@@ -60,13 +62,35 @@ class SlowPinningDevice : public DeviceWrapper {
   std::atomic<int> registrations_{0};
 };
 
+// Puts a file's mtime back when it goes out of scope: a write under it changes the bytes but not
+// what the file's metadata says, as a failing disk or a careful attacker would.
+class ScopedMtime {
+ public:
+  explicit ScopedMtime(std::string path) : path_(std::move(path)) {
+    struct stat st {};
+    EXPECT_EQ(::stat(path_.c_str(), &st), 0);
+    mtime_ = st.st_mtim;
+  }
+  ~ScopedMtime() {
+    const timespec times[2] = {{0, UTIME_OMIT}, mtime_};
+    EXPECT_EQ(::utimensat(AT_FDCWD, path_.c_str(), times, 0), 0);
+  }
+  ScopedMtime(const ScopedMtime&) = delete;
+  ScopedMtime& operator=(const ScopedMtime&) = delete;
+
+ private:
+  std::string path_;
+  timespec mtime_{};
+};
+
 class HostCacheTest : public ::testing::Test {
  protected:
   // A cache holding `capacity_objects` block objects (each may take a page more than its size:
   // room to read it in place). With `pinned_pieces` > 0, only that many of the arena's pieces
   // (kObjectBytes each) are pinned until slow_device_->Open().
   void Start(int capacity_objects, EvictionPolicy policy = EvictionPolicy::kFifo,
-             DiskReaderOptions reader_options = {}, int pinned_pieces = 0) {
+             DiskReaderOptions reader_options = {}, int pinned_pieces = 0,
+             ModelRoots roots = ModelRoots()) {
     const bool slow_pinning = pinned_pieces > 0;
     auto device = HostDevice::Create();
     ASSERT_THAT(device, IsOk());
@@ -83,10 +107,11 @@ class HostCacheTest : public ::testing::Test {
     if (!slow_pinning) {
       ASSERT_TRUE(arena_->WaitUntilFullyPinned(kTimeout));
     }
+    reader_options.model_roots = roots;
     auto reader = DiskReader::Create(reader_options);
     ASSERT_THAT(reader, IsOk());
     reader_ = *std::move(reader);
-    auto catalog = Catalog::Open(absl::StrCat(dir_.path(), "/state"));
+    auto catalog = Catalog::Open(absl::StrCat(dir_.path(), "/state"), roots);
     ASSERT_THAT(catalog, IsOk());
     catalog_ = *std::move(catalog);
     auto spill = SpillWriter::Create(absl::StrCat(dir_.path(), "/spill"));
@@ -115,8 +140,8 @@ class HostCacheTest : public ::testing::Test {
 
   // Writes model "m" with `blocks` blocks of one F32 tensor each (seed = block index) and
   // registers it grouped per block: keys "m/blocks.N".
-  void RegisterModel(int blocks, uint64_t block_bytes = kObjectBytes) {
-    model_dir_ = absl::StrCat(dir_.path(), "/model");
+  void RegisterModel(int blocks, uint64_t block_bytes = kObjectBytes, bool verify = false) {
+    model_dir_ = absl::StrCat(dir_.path(), "/models/model");
     std::filesystem::create_directories(model_dir_);
     std::vector<testing::TensorSpec> tensors;
     for (int i = 0; i < blocks; ++i) {
@@ -125,10 +150,12 @@ class HostCacheTest : public ::testing::Test {
     }
     ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(model_dir_, "/model.safetensors"), tensors),
                 IsOk());
-    ASSERT_THAT(
-        catalog_->RegisterModel("m", model_dir_, Grouping::kBlock, GroupingRules::Defaults()),
-        IsOk());
+    ASSERT_THAT(catalog_->RegisterModel("m", model_dir_, Grouping::kBlock,
+                                        GroupingRules::Defaults(), nullptr, verify),
+                IsOk());
   }
+
+  std::string ModelFilePath() const { return absl::StrCat(model_dir_, "/model.safetensors"); }
 
   std::shared_ptr<Answer> NewAnswer() {
     auto answer = std::make_shared<Answer>();
@@ -270,9 +297,11 @@ TEST_F(HostCacheTest, FlippedByteOnDiskIsDataLossAndNeverHandedOut) {
   ASSERT_THAT(FetchNow("m/blocks.1"), IsOk());  // records the checksum
   ASSERT_THAT(cache_->Evict("m/blocks.1"), IsOk());
   {
-    // Block 1's tensor starts after block 0's: flip a byte in its middle, keeping the size.
-    std::fstream file(absl::StrCat(model_dir_, "/model.safetensors"),
-                      std::ios::in | std::ios::out | std::ios::binary);
+    // Block 1's tensor starts after block 0's: flip a byte in its middle, keeping the size and,
+    // as a failing disk does, the mtime.
+    const std::string path = absl::StrCat(model_dir_, "/model.safetensors");
+    const ScopedMtime keep(path);
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
     file.seekg(0, std::ios::end);
     const std::streamoff position = static_cast<std::streamoff>(file.tellg()) - kObjectBytes / 2;
     file.seekg(position);
@@ -287,6 +316,121 @@ TEST_F(HostCacheTest, FlippedByteOnDiskIsDataLossAndNeverHandedOut) {
   auto other = FetchNow("m/blocks.0");
   ASSERT_THAT(other, IsOk());
   EXPECT_TRUE(HoldsBlock(*other, 0));
+}
+
+// --- What is read is what was registered ---------------------------------------------------
+
+TEST_F(HostCacheTest, AFileReplacedByALinkOutOfTheRootsIsRefusedAtItsFirstRead) {
+  const std::string root = absl::StrCat(dir_.path(), "/models");
+  std::filesystem::create_directories(root);
+  auto roots = ModelRoots::Create({root});
+  ASSERT_THAT(roots, IsOk());
+  Start(2, EvictionPolicy::kFifo, {}, 0, *roots);
+  RegisterModel(2);
+  // Before any read, the registered file becomes a link to a file outside every root, with the
+  // same layout: following it would serve that file's bytes and record their checksum.
+  const std::string outside = absl::StrCat(dir_.path(), "/outside.safetensors");
+  ASSERT_EQ(::rename(ModelFilePath().c_str(), outside.c_str()), 0);
+  ASSERT_EQ(::symlink(outside.c_str(), ModelFilePath().c_str()), 0);
+  const absl::StatusOr<HostObject> fetched = FetchNow("m/blocks.0");
+  EXPECT_THAT(fetched, StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(std::string(fetched.status().message()), ::testing::HasSubstr("symbolic link"));
+  EXPECT_FALSE(catalog_->Checksum("m/blocks.0").has_value());
+  // The model is stale from now on, and the listing says why.
+  EXPECT_THAT(FetchNow("m/blocks.1"), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(catalog_->ListModels().at(0).stale, ::testing::HasSubstr("symbolic link"));
+}
+
+TEST_F(HostCacheTest, AFileReplacedBeforeItsFirstReadIsRefusedThoughItsSizeAndMtimeMatch) {
+  Start(2);
+  RegisterModel(2);
+  // Another file with the same size and mtime renamed over the registered one.
+  const std::string other = absl::StrCat(dir_.path(), "/other.safetensors");
+  ASSERT_EQ(::link(ModelFilePath().c_str(), absl::StrCat(other, ".orig").c_str()), 0);
+  ASSERT_TRUE(std::filesystem::copy_file(ModelFilePath(), other));
+  {
+    const ScopedMtime keep(other);
+    std::fstream file(other, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(-1, std::ios::end);
+    file.put('\x7f');
+  }
+  struct stat registered {};
+  ASSERT_EQ(::stat(ModelFilePath().c_str(), &registered), 0);
+  const timespec times[2] = {{0, UTIME_OMIT}, registered.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, other.c_str(), times, 0), 0);
+  ASSERT_EQ(::rename(other.c_str(), ModelFilePath().c_str()), 0);
+  const absl::StatusOr<HostObject> fetched = FetchNow("m/blocks.1");
+  EXPECT_THAT(fetched, StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(std::string(fetched.status().message()), ::testing::HasSubstr("was replaced"));
+  EXPECT_FALSE(catalog_->Checksum("m/blocks.1").has_value());
+}
+
+TEST_F(HostCacheTest, AFileModifiedAfterItWasOpenedIsRefusedBeforeTheNextRead) {
+  Start(2);
+  RegisterModel(2);
+  ASSERT_THAT(FetchNow("m/blocks.0"), IsOk());  // the reader now holds the file open
+  {
+    std::fstream file(ModelFilePath(), std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(-1, std::ios::end);
+    file.put('\x7f');
+  }
+  // The file's mtime moved: block 1, never read, is not read from the modified file.
+  EXPECT_THAT(FetchNow("m/blocks.1"), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_FALSE(catalog_->Checksum("m/blocks.1").has_value());
+}
+
+TEST_F(HostCacheTest, AVerifiedModelChecksBytesChangedBeforeTheirFirstRead) {
+  // A write that keeps the file's size, inode and mtime is invisible to every check but the
+  // checksum: with --verify even the first read has one to compare with.
+  Start(2);
+  RegisterModel(2, kObjectBytes, /*verify=*/true);
+  {
+    const ScopedMtime keep(ModelFilePath());
+    std::fstream file(ModelFilePath(), std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(-1, std::ios::end);
+    file.put('\x7f');
+  }
+  EXPECT_THAT(FetchNow("m/blocks.1"), StatusIs(absl::StatusCode::kDataLoss));
+  auto intact = FetchNow("m/blocks.0");
+  ASSERT_THAT(intact, IsOk());
+  EXPECT_TRUE(HoldsBlock(*intact, 0));
+}
+
+TEST_F(HostCacheTest, AGatheredObjectReadAgainInReusedMemoryHasTheSameChecksum) {
+  // Each block's two tensors lie apart in the file (all "a"s, then all "b"s), so blocks are
+  // gathered, with gaps between their tensors (1000 bytes each, aligned to 256).
+  Start(1);
+  model_dir_ = absl::StrCat(dir_.path(), "/models/gathered");
+  std::filesystem::create_directories(model_dir_);
+  constexpr int kBlocks = 6;
+  constexpr uint64_t kTensorElements = kObjectBytes / 8 / 4 - 6;  // an eighth of the arena, odd
+  std::vector<testing::TensorSpec> tensors;
+  for (const char* part : {"a", "b"}) {
+    for (int i = 0; i < kBlocks; ++i) {
+      tensors.push_back(testing::RandomTensor(absl::StrCat("blocks.", i, ".", part), "F32",
+                                              {kTensorElements}, i * 2 + (part[0] - 'a')));
+    }
+  }
+  ASSERT_THAT(testing::WriteSafetensors(ModelFilePath(), tensors), IsOk());
+  ASSERT_THAT(catalog_->RegisterModel("g", model_dir_, Grouping::kBlock, GroupingRules::Defaults()),
+              IsOk());
+  // Every block is read once (its checksum recorded); then the memory is filled with other bytes
+  // (stored objects, deleted again), and every block is read a second time.
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < kBlocks; ++i) {
+      EXPECT_THAT(FetchNow(absl::StrCat("g/blocks.", i)), IsOk()) << "round " << round;
+    }
+    if (round == 1) break;
+    for (int i = 0; i < kBlocks; ++i) {
+      const absl::Status evicted = cache_->Evict(absl::StrCat("g/blocks.", i));
+      ASSERT_TRUE(evicted.ok() || absl::IsNotFound(evicted)) << evicted;  // FIFO took the first
+    }
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_THAT(Store(absl::StrCat("kv/fill", i), kObjectBytes / 4, 100 + i, false), IsOk());
+    }
+    for (int i = 0; i < 4; ++i) ASSERT_THAT(cache_->Delete(absl::StrCat("kv/fill", i)), IsOk());
+  }
+  EXPECT_EQ(cache_->stats().checksum_failures, 0u);
 }
 
 TEST_F(HostCacheTest, FifoEvictsInOrderOfArrival) {

@@ -558,15 +558,16 @@ class Client:
             raise TierdError(StatusCode.UNAVAILABLE,
                              f"no daemon answered on {self.socket_path} within {timeout} s") from None
 
-    def register_model(self, name, directory, grouping="block", progress=None):
+    def register_model(self, name, directory, grouping="block", progress=None, verify=False):
         """Registers a directory of .safetensors files (absolute, or relative to this process's
         working directory) as model `name`; `progress(files_done,
-        files_total, current_file)` is called as each file's header is read. Returns the
-        ModelSummary."""
+        files_total, current_file)` is called as each file's header is read. With `verify`, the
+        daemon reads every object now and records its checksum, so that even its first read is
+        checked. Returns the ModelSummary."""
         # The daemon takes absolute paths: a relative one is this process's, not the daemon's.
         directory = os.path.join(os.getcwd(), os.fspath(directory))
         request = tierd_pb2.RegisterModelRequest(name=name, directory=directory,
-                                                 grouping=_grouping(grouping))
+                                                 grouping=_grouping(grouping), verify=verify)
         summary = None
         try:
             for message in self._stub.RegisterModel(request, timeout=None):

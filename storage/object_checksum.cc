@@ -1,0 +1,116 @@
+#include "storage/object_checksum.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/fd_io.h"
+#include "common/posix_error.h"
+#include "common/status_macros.h"
+#include "storage/model_scan.h"
+
+namespace tierd {
+namespace {
+
+constexpr uint64_t kReadBytes = 4ull << 20;
+constexpr uint64_t kProgressEveryBytes = 256ull << 20;
+
+// The object's extents in object order.
+std::vector<const Extent*> InObjectOrder(const ObjectInfo& object) {
+  std::vector<const Extent*> extents;
+  extents.reserve(object.extents.size());
+  for (const Extent& extent : object.extents) extents.push_back(&extent);
+  std::sort(extents.begin(), extents.end(),
+            [](const Extent* a, const Extent* b) { return a->object_offset < b->object_offset; });
+  return extents;
+}
+
+struct StateDeleter {
+  void operator()(XXH3_state_t* state) const { XXH3_freeState(state); }
+};
+
+}  // namespace
+
+void ZeroObjectGaps(const ObjectInfo& object, uint8_t* data) {
+  uint64_t cursor = 0;
+  for (const Extent* extent : InObjectOrder(object)) {
+    if (extent->object_offset > cursor)
+      std::memset(data + cursor, 0, extent->object_offset - cursor);
+    cursor = std::max(cursor, extent->object_offset + extent->length);
+  }
+  if (object.size > cursor) std::memset(data + cursor, 0, object.size - cursor);
+}
+
+uint64_t ObjectChecksum(const uint8_t* data, uint64_t size) { return XXH3_64bits(data, size); }
+
+absl::StatusOr<std::map<std::string, uint64_t>> ChecksumModelObjects(
+    const ModelInfo& model, const ModelRoots& roots, const VerifyProgress& progress) {
+  std::vector<ScopedFd> files;
+  files.reserve(model.files.size());
+  for (const ModelFile& file : model.files) {
+    ASSIGN_OR_RETURN(ScopedFd fd, OpenModelFile(roots, file, O_RDONLY));
+    files.push_back(std::move(fd));
+  }
+  std::unique_ptr<XXH3_state_t, StateDeleter> state(XXH3_createState());
+  if (state == nullptr) return absl::ResourceExhaustedError("xxHash state");
+  std::vector<uint8_t> buffer(kReadBytes);
+  std::map<std::string, uint64_t> checksums;
+  uint64_t done = 0;
+  uint64_t reported = 0;
+  const auto hash_zeros = [&](uint64_t bytes) {
+    done += bytes;
+    std::memset(buffer.data(), 0, std::min(bytes, kReadBytes));
+    for (; bytes > 0; bytes -= std::min(bytes, kReadBytes)) {
+      XXH3_64bits_update(state.get(), buffer.data(), std::min(bytes, kReadBytes));
+    }
+  };
+  for (const ObjectInfo& object : model.objects) {
+    XXH3_64bits_reset(state.get());
+    uint64_t cursor = 0;
+    for (const Extent* extent : InObjectOrder(object)) {
+      hash_zeros(extent->object_offset - cursor);
+      const ModelFile& file = model.files[extent->file];
+      const int fd = files[extent->file].get();
+      for (uint64_t read = 0; read < extent->length;) {
+        const size_t want = std::min(extent->length - read, kReadBytes);
+        const ssize_t got =
+            ::pread(fd, buffer.data(), want, static_cast<off_t>(extent->file_offset + read));
+        if (got < 0) {
+          if (errno == EINTR) continue;
+          return PosixError(absl::StrCat("reading ", file.path), errno);
+        }
+        if (got == 0) {
+          return absl::DataLossError(absl::StrCat(file.path, " ends before byte ",
+                                                  extent->file_offset + extent->length,
+                                                  ", which object '", object.name, "' needs"));
+        }
+        XXH3_64bits_update(state.get(), buffer.data(), static_cast<size_t>(got));
+        read += static_cast<uint64_t>(got);
+        done += static_cast<uint64_t>(got);
+      }
+      cursor = extent->object_offset + extent->length;
+      if (progress && done - reported >= kProgressEveryBytes) {
+        progress(done, model.total_bytes, file.path);
+        reported = done;
+      }
+    }
+    hash_zeros(object.size - cursor);
+    checksums.emplace(object.name, XXH3_64bits_digest(state.get()));
+  }
+  // The files must still be what was registered once every byte is read: a write during the
+  // read would otherwise be vouched for.
+  for (size_t i = 0; i < files.size(); ++i) {
+    RETURN_IF_ERROR(CheckModelFile(files[i].get(), model.files[i]));
+  }
+  if (progress) progress(done, model.total_bytes, "");
+  return checksums;
+}
+
+}  // namespace tierd
