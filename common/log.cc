@@ -2,8 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -35,14 +38,31 @@ void SetLogVerbosity(int verbosity) { g_verbosity.store(verbosity, std::memory_o
 int LogVerbosity() { return g_verbosity.load(std::memory_order_relaxed); }
 
 LogLine::LogLine(LogLevel level, const char* file, int line) {
-  stream_ << LevelName(level)
-          << absl::FormatTime("%m%d %H:%M:%E6S ", absl::Now(), absl::LocalTimeZone())
-          << BaseName(file) << ':' << line << "] ";
+  prefix_ = absl::StrCat(LevelName(level),
+                         absl::FormatTime("%m%d %H:%M:%E6S ", absl::Now(), absl::LocalTimeZone()),
+                         BaseName(file), ":", line, "] ");
 }
 
 LogLine::~LogLine() {
-  stream_ << '\n';
-  const std::string text = stream_.str();
+  const std::string message = stream_.str();
+  // One event, one line, whatever the message holds: a client's string with a newline must not
+  // forge a line, nor a control byte reach the terminal, nor a megabyte flood the log.
+  std::string text = prefix_;
+  text.reserve(prefix_.size() + std::min(message.size(), kMaxLogMessageBytes) + 32);
+  for (size_t i = 0; i < message.size() && i < kMaxLogMessageBytes; ++i) {
+    const unsigned char c = static_cast<unsigned char>(message[i]);
+    if (c == '\n') {
+      text += "\\n";
+    } else if (c < 0x20 || c == 0x7f) {
+      absl::StrAppendFormat(&text, "\\x%02x", c);
+    } else {
+      text += static_cast<char>(c);
+    }
+  }
+  if (message.size() > kMaxLogMessageBytes) {
+    absl::StrAppend(&text, "... (", message.size(), " bytes)");
+  }
+  text += '\n';
   // One write per line keeps lines from different threads whole.
   ssize_t ignored = ::write(STDERR_FILENO, text.data(), text.size());
   (void)ignored;

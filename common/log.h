@@ -10,7 +10,9 @@
 #define TIERD_COMMON_LOG_H_
 
 #include <atomic>
+#include <cstddef>
 #include <sstream>
+#include <string>
 
 namespace tierd {
 
@@ -20,6 +22,11 @@ enum class LogLevel { kINFO = 0, kWARNING = 1, kERROR = 2 };
 void SetLogVerbosity(int verbosity);
 int LogVerbosity();
 
+// At most this many bytes of one message are written; the rest is counted.
+inline constexpr size_t kMaxLogMessageBytes = 8192;
+
+// One log event: written as one line when destroyed, its message escaped (a newline as \n, other
+// control bytes as \xNN) and cut at kMaxLogMessageBytes, so that no string in it can forge a line.
 class LogLine {
  public:
   LogLine(LogLevel level, const char* file, int line);
@@ -34,6 +41,7 @@ class LogLine {
   }
 
  private:
+  std::string prefix_;  // level, time, source
   std::ostringstream stream_;
 };
 

@@ -297,7 +297,7 @@ absl::StatusOr<GpuTier::Object*> GpuTier::StartLoadLocked(const std::string& key
     object->tensors = Tensors(ref.model, &ref.object->tensors);  // aliases the model's lifetime
     object->model = ref.model;
   }
-  if (RoundUp(object->size, kStagingAlignment) > pool_->largest_slab()) {
+  if (!FitsInSlab(object->size, pool_->largest_slab())) {
     return LargerThanSlab(key, object->size, pool_->largest_slab());
   }
   object->demand = priority == ReadPriority::kDemand;

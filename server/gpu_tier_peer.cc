@@ -51,7 +51,7 @@ void GpuTier::OnPeerCopy(Object* object, absl::StatusOr<PeerCopy> copy) {
   auto shared = std::make_shared<PeerCopy>(*std::move(copy));
   object->size = shared->size;
   object->tensors = shared->tensors;
-  if (object->size == 0 || RoundUp(object->size, kStagingAlignment) > pool_->largest_slab()) {
+  if (object->size == 0 || !FitsInSlab(object->size, pool_->largest_slab())) {
     ReleaseLater(shared, deferred.calls());
     return FailLoadLocked(object,
                           object->size == 0

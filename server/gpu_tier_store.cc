@@ -31,7 +31,7 @@ void GpuTier::Reserve(ClientId client_id, const std::string& key, uint64_t lengt
     return fail(absl::FailedPreconditionError(
         absl::StrCat("key ", key, ": this daemon keeps no durable objects")));
   }
-  if (RoundUp(length, kStagingAlignment) > pool_->largest_slab()) {
+  if (!FitsInSlab(length, pool_->largest_slab())) {
     return fail(LargerThanSlab(key, length, pool_->largest_slab()));
   }
   if (absl::Status quota = CheckStagingQuota(client->limits, client->staging_bytes, key, length);

@@ -2,7 +2,9 @@
 
 #include <string>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/quote.h"
 #include "storage/dtype.h"
 #include "storage/object_layout.h"
 
@@ -10,7 +12,14 @@ namespace tierd {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  // The message travels in the trailing metadata, which clients refuse past 8 KiB by default: a
+  // longer one would reach the client as a protocol error instead of this status. Messages quote
+  // client strings cut short (common/quote.h); this is the backstop.
+  constexpr size_t kMaxMessageBytes = 4096;
+  absl::string_view message = status.message();
+  std::string text(message.substr(0, kMaxMessageBytes));
+  if (message.size() > kMaxMessageBytes) absl::StrAppend(&text, "... (", message.size(), " bytes)");
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::move(text));
 }
 
 v1::Grouping ToProto(Grouping grouping) {
@@ -89,17 +98,21 @@ absl::StatusOr<std::vector<TensorPlacement>> FromProto(
     const google::protobuf::RepeatedPtrField<v1::TensorInfo>& tensors, uint64_t object_size,
     const char* field) {
   std::vector<TensorPlacement> placements;
+  // Names are unique within an object, as within a model's headers: a reader looks tensors up by
+  // name.
+  absl::flat_hash_set<absl::string_view> names;
   for (int i = 0; i < tensors.size(); ++i) {
     const v1::TensorInfo& tensor = tensors[i];
     auto invalid = [&](absl::string_view why) {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, "[", i, "] (", tensor.name(), "): ", why));
+          absl::StrCat(field, "[", i, "] (", Quote(tensor.name()), "): ", why));
     };
     if (tensor.name().empty() || tensor.name().size() > 1024) {
       return invalid("a name of 1 to 1024 bytes is needed");
     }
+    if (!names.insert(tensor.name()).second) return invalid("the name appears twice");
     std::optional<DType> dtype = ParseDType(tensor.dtype());
-    if (!dtype) return invalid(absl::StrCat("unknown dtype \"", tensor.dtype(), "\""));
+    if (!dtype) return invalid(absl::StrCat("unknown dtype ", Quote(tensor.dtype())));
     TensorPlacement placement{tensor.name(), *dtype,
                               std::vector<uint64_t>(tensor.shape().begin(), tensor.shape().end()),
                               tensor.offset(), tensor.size()};

@@ -55,7 +55,9 @@ StagingPool::StagingPool(std::vector<std::unique_ptr<Slab>> slabs)
 }
 
 std::optional<StagingRange> StagingPool::Allocate(uint64_t bytes) {
-  if (bytes == 0) return std::nullopt;
+  // An empty object takes no room: an empty range, which Free ignores.
+  if (bytes == 0) return StagingRange{0, 0, 0};
+  if (bytes > largest_slab_) return std::nullopt;  // also keeps RoundUp from overflowing
   const uint64_t size = RoundUp(bytes, kStagingAlignment);
   absl::MutexLock lock(&mu_);
   for (uint32_t slab = 0; slab < free_.size(); ++slab) {
@@ -67,6 +69,7 @@ std::optional<StagingRange> StagingPool::Allocate(uint64_t bytes) {
 }
 
 void StagingPool::Free(const StagingRange& range) {
+  if (range.size == 0) return;
   absl::MutexLock lock(&mu_);
   free_[range.slab].Add(range.offset, range.size);
 }

@@ -25,8 +25,14 @@ inline constexpr uint64_t kStagingAlignment = 4096;
 struct StagingRange {
   uint32_t slab = 0;
   uint64_t offset = 0;
-  uint64_t size = 0;  // rounded up to kStagingAlignment
+  uint64_t size = 0;  // rounded up to kStagingAlignment; 0 for an empty object
 };
+
+// Whether an object of `bytes` fits in a slab of `slab_bytes` once aligned (false, not an overflow,
+// for sizes near 2^64).
+inline bool FitsInSlab(uint64_t bytes, uint64_t slab_bytes) {
+  return bytes <= slab_bytes && RoundUp(bytes, kStagingAlignment) <= slab_bytes;
+}
 
 struct StagingSlabInfo {
   uint32_t id = 0;
@@ -43,7 +49,8 @@ class StagingPool {
   StagingPool(const StagingPool&) = delete;
   StagingPool& operator=(const StagingPool&) = delete;
 
-  // A range of at least `bytes` (> 0), or nullopt when no slab has a free hole that large.
+  // A range of at least `bytes`, or nullopt when no slab has a free hole that large. 0 bytes: an
+  // empty range (size 0), which takes nothing and which Free ignores.
   std::optional<StagingRange> Allocate(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // REQUIRES: `range` came from Allocate and was not freed yet.
   void Free(const StagingRange& range) ABSL_LOCKS_EXCLUDED(mu_);

@@ -1,5 +1,7 @@
 #include "server/tierd_service.h"
 
+#include <limits.h>
+
 #include <functional>
 #include <utility>
 
@@ -7,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/quote.h"
 #include "server/proto_convert.h"
 #include "server/session_reactor.h"
 #include "server/stats.h"
@@ -42,30 +45,30 @@ class RegisterReactor final : public grpc::ServerWriteReactor<v1::RegisterModelP
 
  private:
   void Run() {
-    absl::StatusOr<Grouping> grouping = FromProto(request_.grouping());
-    absl::StatusOr<ModelSummary> summary = absl::UnknownError("not registered");
-    if (!grouping.ok()) {
-      summary = grouping.status();
-    } else if (request_.directory().empty() || request_.directory().front() != '/') {
-      // A relative path would be resolved against the daemon's working directory, not the
-      // caller's; the client libraries send absolute ones.
-      summary = absl::InvalidArgumentError(absl::StrCat(
-          "register.directory must be an absolute path, not \"", request_.directory(), "\""));
-    } else {
-      TIERD_LOG(INFO) << "registering model " << request_.name() << " from " << request_.directory()
-                      << " (" << GroupingName(*grouping) << ")";
-      summary = catalog_.RegisterModel(request_.name(), request_.directory(), *grouping,
-                                       GroupingRules::Defaults(),
-                                       [this](const RegistrationProgress& progress) {
-                                         v1::RegisterModelProgress message;
-                                         message.set_files_done(progress.files_done);
-                                         message.set_files_total(progress.files_total);
-                                         message.set_current_file(progress.current_file);
-                                         Write(message);
-                                       });
+    // Everything the client sent is checked before any of it reaches the log, and is quoted
+    // there and in errors: a name or path may hold newlines, NULs or a megabyte.
+    absl::StatusOr<ModelSummary> summary = Check();
+    if (summary.ok()) {
+      const Grouping grouping = *FromProto(request_.grouping());
+      TIERD_LOG(INFO) << "registering model " << request_.name() << " from "
+                      << Quote(request_.directory()) << " (" << GroupingName(grouping)
+                      << (request_.verify() ? ", verifying every object" : "") << ")";
+      summary = catalog_.RegisterModel(
+          request_.name(), request_.directory(), grouping, GroupingRules::Defaults(),
+          [this](const RegistrationProgress& progress) {
+            v1::RegisterModelProgress message;
+            message.set_files_done(progress.files_done);
+            message.set_files_total(progress.files_total);
+            message.set_current_file(progress.current_file);
+            message.set_bytes_verified(progress.bytes_verified);
+            message.set_bytes_to_verify(progress.bytes_to_verify);
+            Write(message);
+          },
+          request_.verify());
     }
     if (!summary.ok()) {
-      TIERD_LOG(WARNING) << "registering " << request_.name() << " failed: " << summary.status();
+      TIERD_LOG(WARNING) << "registering " << Quote(request_.name())
+                         << " failed: " << summary.status();
       Finish(answer_(summary.status()));
       return;
     }
@@ -78,6 +81,28 @@ class RegisterReactor final : public grpc::ServerWriteReactor<v1::RegisterModelP
     ToProto(*summary, last.mutable_summary());
     Write(last);
     Finish(answer_(absl::OkStatus()));
+  }
+
+  // The request's own checks, before anything is logged or read: an error, or OK (as a summary
+  // that is never used) to go on.
+  absl::StatusOr<ModelSummary> Check() const {
+    if (absl::Status name = ValidateModelName(request_.name()); !name.ok()) return name;
+    if (absl::StatusOr<Grouping> grouping = FromProto(request_.grouping()); !grouping.ok()) {
+      return grouping.status();
+    }
+    const std::string& directory = request_.directory();
+    if (directory.empty() || directory.front() != '/') {
+      // A relative path would be resolved against the daemon's working directory, not the
+      // caller's; the client libraries send absolute ones.
+      return absl::InvalidArgumentError(
+          absl::StrCat("register.directory must be an absolute path, not ", Quote(directory)));
+    }
+    if (directory.size() >= PATH_MAX || directory.find('\0') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("register.directory ", Quote(directory),
+                                                     " is not a path (longer than ", PATH_MAX - 1,
+                                                     " bytes, or holding a NUL byte)"));
+    }
+    return ModelSummary();
   }
 
   // Writes `message` and waits until the write is done (or the client is gone).

@@ -119,7 +119,9 @@ bool HostArena::pinning() const {
 }
 
 std::optional<ArenaAllocation> HostArena::Allocate(uint64_t bytes) {
-  if (bytes == 0) return std::nullopt;
+  // An empty object takes no room: an empty allocation, which Free ignores.
+  if (bytes == 0) return ArenaAllocation{0, 0};
+  if (bytes > capacity()) return std::nullopt;  // also keeps RoundUp from overflowing
   const uint64_t size = RoundUp(bytes, PageSize());
   absl::MutexLock lock(&mu_);
   const std::optional<uint64_t> offset = free_.Take(size);
@@ -129,6 +131,7 @@ std::optional<ArenaAllocation> HostArena::Allocate(uint64_t bytes) {
 }
 
 void HostArena::Free(const ArenaAllocation& allocation) {
+  if (allocation.size == 0) return;
   absl::MutexLock lock(&mu_);
   used_ -= allocation.size;
   free_.Add(allocation.offset, allocation.size);

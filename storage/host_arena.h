@@ -50,7 +50,8 @@ class HostArena {
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
 
-  // A page-aligned block of at least `bytes` (> 0) from the pinned part, or nullopt when no free
+  // A page-aligned block of at least `bytes` from the pinned part (0 bytes: an empty allocation,
+  // which takes nothing and which Free ignores), or nullopt when no free
   // hole is large enough (the caller evicts and retries, or gives up).
   std::optional<ArenaAllocation> Allocate(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // REQUIRES: `allocation` came from Allocate and was not freed yet.

@@ -33,6 +33,7 @@ namespace {
 
 using ::tierd::testing::IsOk;
 using ::tierd::testing::IsOkAndHolds;
+using ::tierd::testing::ResidentKiB;
 using ::tierd::testing::SiblingBinary;
 using ::tierd::testing::Subprocess;
 using ::tierd::testing::TempDir;
@@ -54,16 +55,6 @@ absl::Duration SoakLength() {
   return absl::Seconds(seconds);
 }
 
-// The daemon's resident memory, from /proc.
-int64_t ResidentKiB(pid_t pid) {
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::strtoll(line.c_str() + 6, nullptr, 10);
-  }
-  return -1;
-}
-
 // What the workers did, in total.
 class Tally {
  public:
@@ -75,8 +66,9 @@ class Tally {
   bool Error(const std::string& kind, const absl::Status& status) {
     absl::MutexLock lock(&mu_);
     ++errors_[absl::StatusCodeToString(status.code())];
-    const bool expected = status.code() == absl::StatusCode::kResourceExhausted ||
-                          (kind == "evict" && status.code() == absl::StatusCode::kFailedPrecondition);
+    const bool expected =
+        status.code() == absl::StatusCode::kResourceExhausted ||
+        (kind == "evict" && status.code() == absl::StatusCode::kFailedPrecondition);
     if (!expected) unexpected_.push_back(absl::StrCat(kind, ": ", status.ToString()));
     return expected;
   }
@@ -112,7 +104,8 @@ class SoakTest : public ::testing::Test {
     std::vector<testing::TensorSpec> tensors;
     for (int block = 0; block < kBlocks; ++block) {
       tensors.push_back(testing::RandomTensor(absl::StrCat("blocks.", block, ".w"), "F32",
-                                              {128, static_cast<uint64_t>(256 + 64 * block)}, 50 + block));
+                                              {128, static_cast<uint64_t>(256 + 64 * block)},
+                                              50 + block));
       expected_.push_back(tensors.back().data);
     }
     ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(model, "/model.safetensors"), tensors),
@@ -226,7 +219,7 @@ class SoakTest : public ::testing::Test {
         std::memcpy(&seed, lease->data(), sizeof(seed));
         if (seed / 1000000 != worker ||
             testing::FirstPatternMismatch(static_cast<const uint8_t*>(lease->data()) + 8,
-                                   lease->size() - 8, seed) != -1) {
+                                          lease->size() - 8, seed) != -1) {
           tally_.WrongBytes(stored_key);
         }
         lease->Release();
@@ -235,9 +228,8 @@ class SoakTest : public ::testing::Test {
       case 5: {  // evict from a tier, or delete
         const v1::Tier tiers[] = {v1::TIER_GPU, v1::TIER_HOST, v1::TIER_ALL};
         const v1::Tier tier = tiers[random() % 3];
-        const std::string key = random() % 2 == 0
-                                    ? stored_key
-                                    : absl::StrCat("m/blocks.", random() % kBlocks);
+        const std::string key =
+            random() % 2 == 0 ? stored_key : absl::StrCat("m/blocks.", random() % kBlocks);
         if (tier == v1::TIER_ALL && key[0] == 'm') return;
         tally_.Operation("evict");
         auto evicted = client_->Evict(key, tier);
@@ -335,10 +327,11 @@ TEST_F(SoakTest, ManySessionsOfRandomOperationsLoseNothingAndLeaveNothing) {
   RecordProperty("unexpected", std::to_string(tally_.unexpected().size()));
   RecordProperty("rss_warm_kib", std::to_string(warm_kib));
   RecordProperty("rss_end_kib", std::to_string(end_kib));
-  std::printf("soak: %s, %d workers, %lld operations:%s; expected errors:%s; RSS %lld -> %lld KiB\n",
-              absl::FormatDuration(length).c_str(), kWorkers, static_cast<long long>(operations),
-              summary.c_str(), errors.empty() ? " none" : errors.c_str(),
-              static_cast<long long>(warm_kib), static_cast<long long>(end_kib));
+  std::printf(
+      "soak: %s, %d workers, %lld operations:%s; expected errors:%s; RSS %lld -> %lld KiB\n",
+      absl::FormatDuration(length).c_str(), kWorkers, static_cast<long long>(operations),
+      summary.c_str(), errors.empty() ? " none" : errors.c_str(), static_cast<long long>(warm_kib),
+      static_cast<long long>(end_kib));
 }
 
 }  // namespace

@@ -66,6 +66,9 @@ class TempDir {
   std::string path_;
 };
 
+// A process's resident memory (VmRSS) in KiB, from /proc; -1 when it cannot be read.
+int64_t ResidentKiB(pid_t pid);
+
 // The path of a program built next to the running test binary (all binaries share one bin/).
 std::string SiblingBinary(const std::string& name);
 
