@@ -102,14 +102,14 @@ class FaultInjectionTest : public ::testing::Test {
     options.reader.queue_depth = 4;
     options.reader.chunk_bytes = 1 << 20;
     options.reader.direct = false;
-    // A model file whose reads fail while `fail_reads` is set: opened as a directory, whose
-    // reads the kernel refuses (EISDIR), as a disk that returns EIO would.
-    // While `short_reads` is set, the model file is opened as a copy of its first 64 KiB: reads
-    // past that come back short, as from a file cut off under the daemon.
+    // A model file whose reads fail while `fail_reads` is set: the file itself, opened for
+    // writing only, whose reads the kernel refuses (EBADF), as a disk that returns EIO would.
+    // While `short_reads` is set, the model file is opened as a copy of its first 64 KiB: a file
+    // cut off under the daemon.
     options.reader.open_file = [this](const std::string& path, int flags) {
       if (fail_reads && absl::EndsWith(path, ".safetensors")) {
         ++read_faults;
-        return ::open(dir_.path().c_str(), O_RDONLY | O_CLOEXEC);
+        return ::open(path.c_str(), (flags & ~O_ACCMODE) | O_WRONLY);
       }
       if (short_reads && absl::EndsWith(path, ".safetensors")) {
         ++short_read_faults;
@@ -233,15 +233,20 @@ TEST_F(FaultInjectionTest, AFailingDiskReadFailsTheFetchAndTheNextOneSucceeds) {
   ExpectNothingHeld();
 }
 
-TEST_F(FaultInjectionTest, AShortReadIsDataLossAndTheNextFullReadServesTheRightBytes) {
-  // Block 3 lies past the first 64 KiB of the file (each block is 256 KiB).
+TEST_F(FaultInjectionTest, AFileCutShortIsRefusedUntilTheModelIsRegisteredAgain) {
+  // Block 3 lies past the first 64 KiB of the file (each block is 256 KiB). The file the reader
+  // opens is not the one registered: refused before anything is read from it, never served.
   short_reads = true;
   const absl::Status failed = FetchAndCheck(3);
-  EXPECT_THAT(failed, StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(failed, StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(std::string(failed.message()), HasSubstr("model.safetensors")) << failed;
   EXPECT_GE(short_read_faults, 1);
   ExpectNothingHeld();
+  // The model is stale from then on, however the file looks now, until it is registered again.
   short_reads = false;
+  EXPECT_THAT(FetchAndCheck(3), StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_THAT(client_->DropModel("m"), IsOk());
+  ASSERT_THAT(client_->RegisterModel("m", model_dir_, v1::GROUPING_BLOCK), IsOk());
   EXPECT_THAT(FetchAndCheck(3), IsOk());
   ExpectNothingHeld();
 }

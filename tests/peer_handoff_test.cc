@@ -162,7 +162,14 @@ TEST_P(PeerHandoffTest, StoredThroughOneDaemonIsFetchedThroughTheOther) {
   EXPECT_EQ(testing::LeaseBytes(session(1), *lease), bytes);
   lease->Release();
 
-  const v1::Stats receiver = Stats(1);
+  // The bytes are counted when the copy's completion callback runs, which may be just after the
+  // reader saw the copy's ready event.
+  v1::Stats receiver = Stats(1);
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(5);
+       receiver.bytes_peer_to_gpu() < bytes.size() && absl::Now() < deadline;
+       receiver = Stats(1)) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
   EXPECT_EQ(receiver.peer_fetches(), 1u);
   EXPECT_EQ(receiver.bytes_peer_to_gpu(), bytes.size());
   EXPECT_EQ(receiver.peer_fetches_through_host(), through_host() ? 1u : 0u);
