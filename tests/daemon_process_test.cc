@@ -11,6 +11,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/test_support.h"
@@ -18,6 +20,7 @@
 namespace tierd {
 namespace {
 
+using ::testing::HasSubstr;
 using ::tierd::testing::IsOk;
 using ::tierd::testing::IsOkAndHolds;
 using ::tierd::testing::RunProgram;
@@ -26,6 +29,10 @@ using ::tierd::testing::Subprocess;
 using ::tierd::testing::TempDir;
 
 constexpr absl::Duration kTimeout = absl::Seconds(30);
+// A program refusing its flags exits at once; one that does not is killed after this.
+constexpr absl::Duration kUsageTimeout = absl::Seconds(10);
+// The address space a daemon expected to refuse its flags gets, should it start after all.
+constexpr uint64_t kAddressSpaceBound = 4ull << 30;
 
 class DaemonProcessTest : public ::testing::Test {
  protected:
@@ -106,9 +113,9 @@ TEST_F(DaemonProcessTest, ReflectionListsAndDescribesTheServedServices) {
   for (const auto& service : response.list_services_response().service()) {
     services.push_back(service.name());
   }
-  EXPECT_THAT(services, ::testing::IsSupersetOf(
-                            {"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
-                             "tierd.v1.Tierd"}));
+  EXPECT_THAT(services, ::testing::IsSupersetOf({"grpc.health.v1.Health",
+                                                 "grpc.reflection.v1alpha.ServerReflection",
+                                                 "tierd.v1.Tierd"}));
 
   request.set_file_containing_symbol("grpc.health.v1.Health");
   ASSERT_TRUE(stream->Write(request));
@@ -227,6 +234,91 @@ TEST_F(DaemonProcessTest, BadFlagsExitWithUsageError) {
   auto unknown_command = Tierctl({"frobnicate"});
   ASSERT_THAT(unknown_command, IsOk());
   EXPECT_EQ(unknown_command->exit_code, 2);
+}
+
+// Bad usage exits 2, which the README promises and the systemd unit relies on
+// (RestartPreventExitStatus=2), with a message naming the flag and its value; absl's own parser
+// would exit 1.
+TEST_F(DaemonProcessTest, UsageErrorsExitWithStatus2NamingTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> tierd_cases = {
+      {{"--unknown-flag=1"}, "unknown flag --unknown-flag"},
+      {{"--host-cache-bytes=abc"}, "--host-cache-bytes=abc: "},
+      {{"--host-cache-bytes=-1"}, "--host-cache-bytes=-1: "},
+      {{"--host-cache-bytes=99999999999TiB"}, "--host-cache-bytes=99999999999TiB: "},
+      {{"--max-sessions=-1"}, "--max-sessions=-1: "},
+      {{"--v=abc"}, "--v=abc: "},
+      {{"--direct-io=maybe"}, "--direct-io=maybe: "},
+      {{"--shutdown-grace-ms=-5"}, "--shutdown-grace-ms=-5 "},
+      {{"--v=1", "--v", "2"}, "--v is given twice"},
+      {{"--gpu_pool_bytes=8MiB"}, "--gpu_pool_bytes is given twice (also as --gpu-pool-bytes)"},
+      {{"--flagfile=/dev/null"}, "--flagfile is not one of this program's flags"},
+      {{"--nodirect-io=true"}, "--nodirect-io takes no value"},
+      {{"--state-dir"}, "--state-dir needs a value"},
+  };
+  for (const Case& bad : tierd_cases) {
+    std::vector<std::string> argv = {
+        SiblingBinary("tierd"), "--device=host", absl::StrCat("--socket=", socket_path()),
+        absl::StrCat("--state-dir=", dir_.path(), "/state"), "--gpu-pool-bytes=8MiB"};
+    argv.insert(argv.end(), bad.args.begin(), bad.args.end());
+    // A usage error is found before anything starts: well within the bound.
+    auto result = testing::RunProgramWithStderr(argv, kUsageTimeout, kAddressSpaceBound);
+    ASSERT_THAT(result, IsOk()) << bad.args[0];
+    EXPECT_EQ(result->exit_code, 2) << bad.args[0] << ": " << result->output;
+    EXPECT_THAT(result->output, HasSubstr(absl::StrCat("tierd: ", bad.message))) << bad.args[0];
+  }
+
+  const std::vector<Case> tierctl_cases = {
+      {{"--bogus", "health"}, "unknown flag --bogus"},
+      {{"get", "kv/k", "-o"}, "-o needs a value"},
+      {{"get", "kv/k", "-o", "--json"}, "-o needs a value"},
+      {{"--timeout-ms=abc", "health"}, "--timeout-ms=abc: "},
+      {{"--timeout-ms=0", "health"}, "--timeout-ms=0 "},
+      {{"--timeout-ms", "-20", "health"}, "--timeout-ms=-20 "},
+      {{"--json", "--json", "stats"}, "--json is given twice"},
+  };
+  for (const Case& bad : tierctl_cases) {
+    std::vector<std::string> argv = {SiblingBinary("tierctl"),
+                                     absl::StrCat("--socket=", socket_path())};
+    argv.insert(argv.end(), bad.args.begin(), bad.args.end());
+    auto result = testing::RunProgramWithStderr(argv, kUsageTimeout, kAddressSpaceBound);
+    ASSERT_THAT(result, IsOk()) << bad.args[0];
+    EXPECT_EQ(result->exit_code, 2) << absl::StrJoin(bad.args, " ") << ": " << result->output;
+    EXPECT_THAT(result->output, HasSubstr(absl::StrCat("tierctl: ", bad.message)))
+        << absl::StrJoin(bad.args, " ");
+  }
+}
+
+// What the parser keeps from absl's: a value in the next argument, underscores, --noboolflag,
+// "--" ending the flags, and tierctl's -o FILE.
+TEST_F(DaemonProcessTest, FlagSpellingsAbslAcceptedStillWork) {
+  auto daemon = Subprocess::Start({SiblingBinary("tierd"), "--device", "host", "--socket",
+                                   socket_path(), absl::StrCat("--state_dir=", dir_.path(), "/s"),
+                                   "--host-cache-bytes", "64MiB", "--gpu_pool_bytes=32MiB",
+                                   "--nodirect-io", "--shutdown-grace-ms", "0"});
+  ASSERT_THAT(daemon, IsOk());
+  absl::StatusOr<testing::RunResult> health;
+  const absl::Time deadline = absl::Now() + kTimeout;
+  do {
+    absl::SleepFor(absl::Milliseconds(50));
+    health = Tierctl({"--timeout-ms", "1000", "health"});
+  } while (absl::Now() < deadline && (!health.ok() || health->exit_code != 0));
+  ASSERT_THAT(health, IsOk());
+  EXPECT_EQ(health->output, "SERVING\n");
+  const std::string payload = absl::StrCat(dir_.path(), "/payload");
+  { std::ofstream(payload) << "twelve bytes"; }
+  auto put = Tierctl({"put", "kv/k", payload});
+  ASSERT_THAT(put, IsOk());
+  EXPECT_EQ(put->exit_code, 0);
+  auto get = Tierctl({"get", "-o", "-", "--", "kv/k"});
+  ASSERT_THAT(get, IsOk());
+  EXPECT_EQ(get->exit_code, 0);
+  EXPECT_EQ(get->output, "twelve bytes");
+  (*daemon)->Signal(SIGTERM);
+  EXPECT_THAT((*daemon)->Wait(kTimeout), IsOkAndHolds(0));
 }
 
 }  // namespace
