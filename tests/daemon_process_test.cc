@@ -1,5 +1,6 @@
 // tierd and tierctl as separate processes on a real Unix socket.
 #include <google/protobuf/descriptor.pb.h>
+#include <grp.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -7,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "absl/strings/match.h"
@@ -289,6 +291,53 @@ TEST_F(DaemonProcessTest, UsageErrorsExitWithStatus2NamingTheFlag) {
     EXPECT_EQ(result->exit_code, 2) << absl::StrJoin(bad.args, " ") << ": " << result->output;
     EXPECT_THAT(result->output, HasSubstr(absl::StrCat("tierctl: ", bad.message)))
         << absl::StrJoin(bad.args, " ");
+  }
+}
+
+// Sizes and counts a machine cannot hold are refused with status 2 before anything is allocated:
+// --reader-threads=100000 once grew a daemon to 22 GB, and a client group's pool larger than
+// /dev/shm filled it. Each run is bounded (ulimit -v) should it start allocating after all.
+TEST_F(DaemonProcessTest, FlagsTheMachineCannotHoldAreRefusedBeforeAnythingIsAllocated) {
+  const struct group* own_group = ::getgrgid(::getgid());
+  ASSERT_NE(own_group, nullptr);
+  // Far beyond any machine's memory, and beyond /dev/shm's size, which the kernel checks before
+  // allocating a shared memory object of the host backend's single slab.
+  const std::string beyond = "16384TiB";
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--reader-threads=100000"}, "--reader-threads=100000 is more than 4 x "},
+      {{absl::StrCat("--host-cache-bytes=", beyond)},
+       "--host-cache-bytes=16384 TiB is more than the memory available"},
+      {{absl::StrCat("--gpu-pool-bytes=", beyond), absl::StrCat("--gpu-slab-bytes=", beyond)},
+       "--gpu-pool-bytes=16384 TiB is more than the free space of /dev/shm"},
+      {{absl::StrCat("--client-groups=big:", own_group->gr_name, ":", beyond),
+        absl::StrCat("--gpu-slab-bytes=", beyond)},
+       "--client-groups big:16384 TiB is more than the free space of /dev/shm"},
+  };
+  for (const Case& bad : cases) {
+    std::vector<std::string> argv = {SiblingBinary("tierd"), "--device=host",
+                                     absl::StrCat("--socket=", socket_path()),
+                                     absl::StrCat("--state-dir=", dir_.path(), "/state")};
+    const std::vector<std::string> budgets = {"--host-cache-bytes=64MiB", "--gpu-pool-bytes=8MiB"};
+    for (const std::string& budget : budgets) {
+      const std::string name = budget.substr(0, budget.find('='));
+      if (std::none_of(bad.args.begin(), bad.args.end(),
+                       [&](const std::string& arg) { return absl::StartsWith(arg, name); })) {
+        argv.push_back(budget);
+      }
+    }
+    argv.insert(argv.end(), bad.args.begin(), bad.args.end());
+    const absl::Time start = absl::Now();
+    auto result = testing::RunProgramWithStderr(argv, kUsageTimeout, kAddressSpaceBound);
+    ASSERT_THAT(result, IsOk()) << bad.args[0];
+    EXPECT_EQ(result->exit_code, 2) << bad.args[0] << ": " << result->output;
+    EXPECT_THAT(result->output, HasSubstr(bad.message)) << bad.args[0];
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << bad.args[0];
+    // Nothing is left behind: no socket, no shared memory of the host backend's slabs.
+    EXPECT_NE(::access(socket_path().c_str(), F_OK), 0) << bad.args[0];
   }
 }
 
