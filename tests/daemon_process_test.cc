@@ -168,6 +168,28 @@ TEST_F(DaemonProcessTest, HealthWithoutADaemonFailsWithUnavailable) {
   EXPECT_EQ(health->output, "");
 }
 
+// get and put open a session; with no daemon their error names the socket, as every other
+// command's does, rather than only saying that the session ended.
+TEST_F(DaemonProcessTest, GetAndPutWithoutADaemonNameTheSocket) {
+  const std::string file = absl::StrCat(dir_.path(), "/payload");
+  { std::ofstream(file) << "bytes"; }
+  const std::vector<std::vector<std::string>> commands = {
+      {"get", "kv/k", "-o", absl::StrCat(dir_.path(), "/out")},
+      {"put", "kv/k", file},
+      {"ls"},
+  };
+  for (const std::vector<std::string>& command : commands) {
+    std::vector<std::string> argv = {SiblingBinary("tierctl"),
+                                     absl::StrCat("--socket=", socket_path())};
+    argv.insert(argv.end(), command.begin(), command.end());
+    auto result = testing::RunProgramWithStderr(argv, kTimeout);
+    ASSERT_THAT(result, IsOk());
+    EXPECT_EQ(result->exit_code, 1) << command[0];
+    EXPECT_THAT(result->output, HasSubstr("UNAVAILABLE: ")) << command[0];
+    EXPECT_THAT(result->output, HasSubstr(socket_path())) << command[0] << ": " << result->output;
+  }
+}
+
 TEST_F(DaemonProcessTest, SecondDaemonOnTheSameSocketIsRefused) {
   auto daemon = StartDaemon();
   ASSERT_NE(daemon, nullptr);
