@@ -23,6 +23,10 @@ constexpr absl::string_view kEnded = "the session with tierd has ended";
 // once, unless the machine is very busy.
 constexpr absl::Duration kEndReasonWait = absl::Seconds(2);
 
+// The session whose reader runs on this thread, if any: its callbacks may send, and must not wait
+// for their own reader.
+thread_local const SessionCore* reading_session = nullptr;
+
 // The answer a request gets when the session ends before the daemon's does: `ended`.
 v1::SessionResponse EndedResponse(uint64_t request_id, const absl::Status& ended) {
   v1::SessionResponse gone;
@@ -73,6 +77,7 @@ SessionCore::~SessionCore() {
 }
 
 void SessionCore::ReadLoop() {
+  reading_session = this;
   v1::SessionResponse response;
   while (transport_->Read(response)) {
     std::shared_ptr<Pending> pending;
@@ -134,7 +139,7 @@ absl::Status SessionCore::EndedLocked() const {
 
 absl::Status SessionCore::EndedAfterFailedWrite() {
   absl::MutexLock lock(&mu_);
-  mu_.AwaitWithTimeout(absl::Condition(&ended_), kEndReasonWait);
+  if (reading_session != this) mu_.AwaitWithTimeout(absl::Condition(&ended_), kEndReasonWait);
   return EndedLocked();
 }
 

@@ -80,7 +80,8 @@ class SessionCore {
   // UNAVAILABLE "the session with tierd has ended", with end_reason_ when there is one.
   absl::Status EndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a failed write: the stream is over, and the reader is about to learn why; waits a short
-  // while for it, so that the error carries the reason.
+  // while for it (unless called by the reader itself, from a callback), so that the error carries
+  // the reason.
   absl::Status EndedAfterFailedWrite() ABSL_LOCKS_EXCLUDED(mu_);
 
   std::shared_ptr<Device> device_;
