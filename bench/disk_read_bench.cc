@@ -120,7 +120,12 @@ double ReadWithFio(const std::string& path, uint64_t bytes, nlohmann::json* raw)
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("disk_read_bench --file=PATH [--file-bytes=4GiB] [--device=auto]");
-  tierd::ParseCommandLineWithDashes(argc, argv);
+  if (absl::StatusOr<std::vector<std::string>> parsed =
+          tierd::ParseFlagsAndArguments(argc, argv, {__FILE__, {}});
+      !parsed.ok()) {
+    std::fprintf(stderr, "disk_read_bench: %s\n", std::string(parsed.status().message()).c_str());
+    return 2;
+  }
   const std::string path = absl::GetFlag(FLAGS_file);
   if (path.empty()) Die("--file is required");
   const uint64_t bytes = absl::GetFlag(FLAGS_file_bytes).bytes;

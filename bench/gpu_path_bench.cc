@@ -37,8 +37,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -346,16 +346,13 @@ nlohmann::json Warm(Bench& bench) {
     std::vector<double> prefetch_runs;
     std::vector<double> plain_runs;
     for (int run = 0; run < absl::GetFlag(FLAGS_repeat); ++run) {
-      plain_runs.push_back(bytes / 1e9 /
-                           PlainCopies(bench.device(), *plain_stream,
-                                       static_cast<uint8_t*>(buffers.gpu->data()),
-                                       static_cast<const uint8_t*>(buffers.host->data()),
-                                       largest_class, sizes));
+      plain_runs.push_back(
+          bytes / 1e9 /
+          PlainCopies(bench.device(), *plain_stream, static_cast<uint8_t*>(buffers.gpu->data()),
+                      static_cast<const uint8_t*>(buffers.host->data()), largest_class, sizes));
       for (bool prefetch_first : {false, true}) {
         bench.Evict(bench.model() + "/", tierd::v1::TIER_GPU);
-        const double gbps =
-            bytes / 1e9 /
-            bench.FetchAll(objects, prefetch_first);
+        const double gbps = bytes / 1e9 / bench.FetchAll(objects, prefetch_first);
         (prefetch_first ? prefetch_runs : one_by_one_runs).push_back(gbps);
       }
     }
@@ -365,8 +362,8 @@ nlohmann::json Warm(Bench& bench) {
     Progress(absl::StrFormat(
         "warm %s x %zu: tierd %.2f GB/s one by one (ratio %.3f), %.2f GB/s with a prefetch step "
         "(ratio %.3f); cudaMemcpyAsync %.2f GB/s",
-        tierd::FormatByteSize(size), objects.size(), one_by_one, one_by_one / plain,
-        with_prefetch, with_prefetch / plain, plain));
+        tierd::FormatByteSize(size), objects.size(), one_by_one, one_by_one / plain, with_prefetch,
+        with_prefetch / plain, plain));
     rows.push_back({{"object_bytes", size},
                     {"objects", objects.size()},
                     {"tierd_one_by_one_gb_per_s", one_by_one_runs},
@@ -382,13 +379,15 @@ nlohmann::json Warm(Bench& bench) {
     seconds_plain += bytes / 1e9 / plain;
     total_bytes += bytes;
   }
-  Progress(absl::StrFormat("warm, all sizes: ratio %.3f one by one, %.3f with a prefetch step "
-                           "(target >= 0.95)",
-                           seconds_plain / seconds_one_by_one, seconds_plain / seconds_with_prefetch));
+  Progress(
+      absl::StrFormat("warm, all sizes: ratio %.3f one by one, %.3f with a prefetch step "
+                      "(target >= 0.95)",
+                      seconds_plain / seconds_one_by_one, seconds_plain / seconds_with_prefetch));
   nlohmann::json result = Environment(bench);
   result.update({{"benchmark", "warm_fetch"},
-                 {"baseline", "cudaMemcpyAsync from cudaHostRegister'ed memory, same sizes, "
-                              "back to back on one stream"},
+                 {"baseline",
+                  "cudaMemcpyAsync from cudaHostRegister'ed memory, same sizes, "
+                  "back to back on one stream"},
                  {"target", "tierd >= 0.95 x baseline"},
                  {"sizes", rows},
                  {"tierd_one_by_one_gb_per_s_all", total_bytes / 1e9 / seconds_one_by_one},
@@ -524,12 +523,10 @@ nlohmann::json Duplex(Bench& bench) {
       const Clock::time_point start = Clock::now();
       std::thread h2d([&] {
         PlainCopies(device, *plain_h2d, static_cast<uint8_t*>(to_gpu.gpu->data()),
-                                  static_cast<const uint8_t*>(to_gpu.host->data()), buffer_bytes,
-                                  h2d_sizes);
+                    static_cast<const uint8_t*>(to_gpu.host->data()), buffer_bytes, h2d_sizes);
       });
       PlainCopies(device, *plain_d2h, static_cast<uint8_t*>(from_gpu.host->data()),
-                                static_cast<const uint8_t*>(from_gpu.gpu->data()), buffer_bytes,
-                                d2h_sizes);
+                  static_cast<const uint8_t*>(from_gpu.gpu->data()), buffer_bytes, d2h_sizes);
       h2d.join();
       plain_runs.push_back((h2d_bytes + d2h_bytes) / 1e9 / SecondsSince(start));
     }
@@ -661,9 +658,9 @@ nlohmann::json SessionLatencies(tierd::Session& session, tierd::Stream& stream,
 }
 
 nlohmann::json Latency(Bench& bench) {
-  const Object& object = *std::min_element(
-      bench.objects().begin(), bench.objects().end(),
-      [](const Object& a, const Object& b) { return a.size < b.size; });
+  const Object& object =
+      *std::min_element(bench.objects().begin(), bench.objects().end(),
+                        [](const Object& a, const Object& b) { return a.size < b.size; });
   Check(bench.session().Pin(object.key), "pin " + object.key);
   const int fetches = absl::GetFlag(FLAGS_fetches);
   // The session as clients get it (the session socket where the daemon has one), then one on the
@@ -708,7 +705,12 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gpu_path_bench --mode=make-model|warm|cold|duplex|latency [--socket=SOCK] [--model=NAME] "
       "[--model-dir=DIR] [--json=OUT]");
-  tierd::ParseCommandLineWithDashes(argc, argv);
+  if (absl::StatusOr<std::vector<std::string>> parsed =
+          tierd::ParseFlagsAndArguments(argc, argv, {__FILE__, {}});
+      !parsed.ok()) {
+    std::fprintf(stderr, "gpu_path_bench: %s\n", std::string(parsed.status().message()).c_str());
+    return 2;
+  }
   std::string command;
   for (int i = 0; i < argc; ++i) absl::StrAppend(&command, i == 0 ? "" : " ", argv[i]);
   const std::string mode = absl::GetFlag(FLAGS_mode);

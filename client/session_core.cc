@@ -19,15 +19,20 @@ struct SessionCore::Pending {
 namespace {
 
 constexpr absl::string_view kEnded = "the session with tierd has ended";
+// How long a caller whose write failed waits for the reader to learn why the stream ended: at
+// once, unless the machine is very busy.
+constexpr absl::Duration kEndReasonWait = absl::Seconds(2);
 
-absl::Status Ended() { return absl::UnavailableError(kEnded); }
+// The session whose reader runs on this thread, if any: its callbacks may send, and must not wait
+// for their own reader.
+thread_local const SessionCore* reading_session = nullptr;
 
-// The answer a request gets when the session ends before the daemon's does.
-v1::SessionResponse EndedResponse(uint64_t request_id) {
+// The answer a request gets when the session ends before the daemon's does: `ended`.
+v1::SessionResponse EndedResponse(uint64_t request_id, const absl::Status& ended) {
   v1::SessionResponse gone;
   gone.set_request_id(request_id);
-  gone.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
-  gone.set_message(std::string(kEnded));
+  gone.set_code(static_cast<int>(ended.code()));
+  gone.set_message(std::string(ended.message()));
   return gone;
 }
 
@@ -72,6 +77,7 @@ SessionCore::~SessionCore() {
 }
 
 void SessionCore::ReadLoop() {
+  reading_session = this;
   v1::SessionResponse response;
   while (transport_->Read(response)) {
     std::shared_ptr<Pending> pending;
@@ -101,20 +107,45 @@ void SessionCore::ReadLoop() {
     pending->done.Notify();
     response = v1::SessionResponse();
   }
+  absl::Status reason;
+  {
+    // gRPC lets a Read run beside a Write, but not Finish.
+    absl::MutexLock lock(&write_mu_);
+    reason = transport_->Finish();
+  }
   std::map<uint64_t, std::shared_ptr<Pending>> orphans;
+  absl::Status ended;
   {
     absl::MutexLock lock(&mu_);
     ended_ = true;
+    end_reason_ = reason;
+    ended = EndedLocked();
     orphans.swap(pending_);
   }
   for (auto& [id, pending] : orphans) {
     if (pending->callback) {
-      pending->callback(EndedResponse(id));
+      pending->callback(EndedResponse(id, ended));
       continue;
     }
-    pending->response = Ended();
+    pending->response = ended;
     pending->done.Notify();
   }
+}
+
+absl::Status SessionCore::EndedLocked() const {
+  if (end_reason_.ok()) return absl::UnavailableError(kEnded);
+  return absl::UnavailableError(absl::StrCat(kEnded, ": ", end_reason_.message()));
+}
+
+absl::Status SessionCore::EndedAfterFailedWrite() {
+  absl::MutexLock lock(&mu_);
+  if (reading_session != this) mu_.AwaitWithTimeout(absl::Condition(&ended_), kEndReasonWait);
+  return EndedLocked();
+}
+
+absl::Status SessionCore::end_reason() {
+  absl::MutexLock lock(&mu_);
+  return end_reason_;
 }
 
 bool SessionCore::ended() {
@@ -126,17 +157,23 @@ absl::StatusOr<v1::SessionResponse> SessionCore::Call(v1::SessionRequest request
   auto pending = std::make_shared<Pending>();
   {
     absl::MutexLock lock(&mu_);
-    if (ended_) return Ended();
+    if (ended_) return EndedLocked();
     request.set_request_id(next_request_++);
     pending_[request.request_id()] = pending;
   }
+  bool written;
   {
     absl::MutexLock lock(&write_mu_);
-    if (!transport_->Write(request)) {
+    written = transport_->Write(request);
+  }
+  if (!written) {
+    bool still_ours;
+    {
       absl::MutexLock state(&mu_);
-      pending_.erase(request.request_id());
-      return Ended();
+      still_ours = pending_.erase(request.request_id()) > 0;
     }
+    // Unless the reader already answered it as an orphan (with the reason), say why here.
+    if (still_ours) return EndedAfterFailedWrite();
   }
   pending->done.WaitForNotification();
   if (!pending->response.ok()) return pending->response.status();
@@ -152,7 +189,7 @@ absl::Status SessionCore::Send(v1::SessionRequest request,
   };
   {
     absl::MutexLock lock(&mu_);
-    if (ended_) return Ended();
+    if (ended_) return EndedLocked();
     request.set_request_id(next_request_++);
     pending_[request.request_id()] = pending;
   }
@@ -167,9 +204,10 @@ absl::Status SessionCore::Send(v1::SessionRequest request,
       absl::MutexLock state(&mu_);
       still_ours = pending_.erase(request.request_id()) > 0;
     }
+    const absl::Status ended = EndedAfterFailedWrite();
     // Unless the reader already answered it as an orphan, its callback must still run once.
-    if (still_ours) pending->callback(EndedResponse(request.request_id()));
-    return Ended();
+    if (still_ours) pending->callback(EndedResponse(request.request_id(), ended));
+    return ended;
   }
   return absl::OkStatus();
 }
@@ -177,12 +215,15 @@ absl::Status SessionCore::Send(v1::SessionRequest request,
 absl::Status SessionCore::SendQuiet(v1::SessionRequest request) {
   {
     absl::MutexLock lock(&mu_);
-    if (ended_) return Ended();
+    if (ended_) return EndedLocked();
     request.set_request_id(next_request_++);
   }
-  absl::MutexLock lock(&write_mu_);
-  if (!transport_->Write(request)) return Ended();
-  return absl::OkStatus();
+  bool written;
+  {
+    absl::MutexLock lock(&write_mu_);
+    written = transport_->Write(request);
+  }
+  return written ? absl::OkStatus() : EndedAfterFailedWrite();
 }
 
 SessionCore::MappedHostBuffer::~MappedHostBuffer() {

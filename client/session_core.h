@@ -49,6 +49,10 @@ class SessionCore {
   const char* transport_kind() const { return transport_->kind(); }
   // True once the stream has ended (the daemon went away or closed it); every call then fails.
   bool ended() ABSL_LOCKS_EXCLUDED(mu_);
+  // Why the stream ended (SessionTransport::Finish): OK while it has not, and when it ended
+  // cleanly. The calls that fail because it ended say "the session with tierd has ended: " and
+  // this reason.
+  absl::Status end_reason() ABSL_LOCKS_EXCLUDED(mu_);
   void set_device(std::shared_ptr<Device> device) { device_ = std::move(device); }
   Device& device() { return *device_; }
   // Opens the handles `response` brings that this session has not opened yet.
@@ -73,6 +77,12 @@ class SessionCore {
   absl::Status OpenHostBufferLocked(const v1::Handle& handle)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(handles_mu_);
   void ReadLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // UNAVAILABLE "the session with tierd has ended", with end_reason_ when there is one.
+  absl::Status EndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a failed write: the stream is over, and the reader is about to learn why; waits a short
+  // while for it (unless called by the reader itself, from a callback), so that the error carries
+  // the reason.
+  absl::Status EndedAfterFailedWrite() ABSL_LOCKS_EXCLUDED(mu_);
 
   std::shared_ptr<Device> device_;
   std::unique_ptr<SessionTransport> transport_;
@@ -81,6 +91,7 @@ class SessionCore {
   uint64_t next_request_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, std::shared_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status end_reason_ ABSL_GUARDED_BY(mu_);
   absl::Mutex handles_mu_;
   std::map<uint32_t, std::unique_ptr<Slab>> slabs_ ABSL_GUARDED_BY(handles_mu_);
   std::map<uint32_t, std::unique_ptr<Event>> events_ ABSL_GUARDED_BY(handles_mu_);

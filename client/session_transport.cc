@@ -5,6 +5,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -17,27 +18,42 @@ namespace {
 
 class SocketTransport final : public SessionTransport {
  public:
-  explicit SocketTransport(int fd) : fd_(fd) {}
+  SocketTransport(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
   ~SocketTransport() override { ::close(fd_); }
 
   bool Write(const v1::SessionRequest& request) override {
     return SendAll(fd_, EncodeFrame(request)).ok();
   }
   bool Read(v1::SessionResponse& response) override {
-    return ReadFrame(fd_, payload_).ok() && response.ParseFromString(payload_);
+    read_status_ = ReadFrame(fd_, payload_);
+    if (read_status_.ok() && !response.ParseFromString(payload_)) {
+      read_status_ = absl::DataLossError("a response that does not parse");
+    }
+    return read_status_.ok();
   }
-  void CloseWrites() override { ::shutdown(fd_, SHUT_WR); }
+  void CloseWrites() override {
+    writes_closed_ = true;
+    ::shutdown(fd_, SHUT_WR);
+  }
+  absl::Status Finish() override {
+    // A clean end of the stream after our own end of it is the session's normal end.
+    if (writes_closed_ && absl::IsOutOfRange(read_status_)) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrCat(path_, ": ", read_status_.message()));
+  }
   const char* kind() const override { return "socket"; }
 
  private:
   const int fd_;
-  std::string payload_;  // the reader's buffer
+  const std::string path_;
+  std::string payload_;       // the reader's buffer
+  absl::Status read_status_;  // of the last Read; the reader's alone
+  std::atomic<bool> writes_closed_{false};
 };
 
 class GrpcTransport final : public SessionTransport {
  public:
   ~GrpcTransport() override {
-    if (stream_ == nullptr) return;  // never started
+    if (stream_ == nullptr || finished_) return;  // never started, or finished by the reader
     grpc::Status status = stream_->Finish();
     (void)status;  // the session is over either way
   }
@@ -45,10 +61,16 @@ class GrpcTransport final : public SessionTransport {
   bool Write(const v1::SessionRequest& request) override { return stream_->Write(request); }
   bool Read(v1::SessionResponse& response) override { return stream_->Read(&response); }
   void CloseWrites() override { stream_->WritesDone(); }
+  absl::Status Finish() override {
+    finished_ = true;
+    const grpc::Status status = stream_->Finish();
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  }
   const char* kind() const override { return "grpc"; }
 
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream_;
+  bool finished_ = false;  // the reader's, read again only once it has been joined
 };
 
 }  // namespace
@@ -60,7 +82,7 @@ absl::StatusOr<std::unique_ptr<SessionTransport>> ConnectSessionSocket(const std
   }
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
-  auto transport = std::make_unique<SocketTransport>(fd);
+  auto transport = std::make_unique<SocketTransport>(fd, path);
   address.sun_family = AF_UNIX;
   std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
   // Connecting and the greeting have a deadline (a Unix connect waits while the listener's backlog
@@ -73,8 +95,8 @@ absl::StatusOr<std::unique_ptr<SessionTransport>> ConnectSessionSocket(const std
     return absl::UnavailableError(absl::StrCat("connecting to ", path, ": ", std::strerror(errno)));
   }
   std::string hello(kSessionSocketHello.size(), '\0');
-  if (!SendAll(fd, kSessionSocketHello).ok() ||
-      !ReadExactly(fd, hello.data(), hello.size()).ok() || hello != kSessionSocketHello) {
+  if (!SendAll(fd, kSessionSocketHello).ok() || !ReadExactly(fd, hello.data(), hello.size()).ok() ||
+      hello != kSessionSocketHello) {
     return absl::UnavailableError(absl::StrCat(path, " is not a tierd session socket"));
   }
   timeval none{0, 0};

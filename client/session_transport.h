@@ -1,11 +1,13 @@
-// How a client Session's messages travel: over the daemon's session socket (common/session_socket.h,
-// the fast path) or over the gRPC Session stream. Internal to the client library.
+// How a client Session's messages travel: over the daemon's session socket
+// (common/session_socket.h, the fast path) or over the gRPC Session stream. Internal to the client
+// library.
 #ifndef TIERD_CLIENT_SESSION_TRANSPORT_H_
 #define TIERD_CLIENT_SESSION_TRANSPORT_H_
 
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "tierd/v1/tierd.grpc.pb.h"
 
@@ -20,6 +22,11 @@ class SessionTransport {
   virtual bool Read(v1::SessionResponse& response) = 0;
   // Sends no more: the daemon ends the session, and Read returns false after the last answer.
   virtual void CloseWrites() = 0;
+  // Why the session is over: OK when it ended after CloseWrites; otherwise UNAVAILABLE (or the
+  // daemon's own status), its message naming the socket where the transport knows it (gRPC's
+  // "failed to connect to all addresses; ... unix:PATH: ..."). REQUIRES: Read has returned false;
+  // called once, by the reader.
+  virtual absl::Status Finish() = 0;
   // "socket" or "grpc".
   virtual const char* kind() const = 0;
 };

@@ -145,6 +145,70 @@ void PrintJson(const Json& json) {
   std::fwrite(text.data(), 1, text.size(), stdout);
 }
 
+std::string EscapeForText(absl::string_view text) {
+  std::string escaped;
+  escaped.reserve(text.size());
+  size_t i = 0;
+  while (i < text.size()) {
+    const unsigned char byte = static_cast<unsigned char>(text[i]);
+    if (byte < 0x80) {
+      switch (byte) {
+        case '\\':
+          escaped += "\\\\";
+          break;
+        case '\b':
+          escaped += "\\b";
+          break;
+        case '\f':
+          escaped += "\\f";
+          break;
+        case '\n':
+          escaped += "\\n";
+          break;
+        case '\r':
+          escaped += "\\r";
+          break;
+        case '\t':
+          escaped += "\\t";
+          break;
+        default:
+          if (byte < 0x20 || byte == 0x7f) {
+            absl::StrAppendFormat(&escaped, "\\u%04x", byte);
+          } else {
+            escaped += static_cast<char>(byte);
+          }
+      }
+      ++i;
+      continue;
+    }
+    // A UTF-8 sequence: its length from the lead byte, then continuation bytes, no overlong form,
+    // no surrogate, nothing past U+10FFFF.
+    const size_t length = byte >= 0xF0 ? 4 : byte >= 0xE0 ? 3 : byte >= 0xC0 ? 2 : 0;
+    uint32_t code_point = length == 4 ? byte & 0x07 : length == 3 ? byte & 0x0F : byte & 0x1F;
+    bool valid = length != 0 && byte < 0xF8 && i + length <= text.size();
+    for (size_t k = 1; valid && k < length; ++k) {
+      const unsigned char next = static_cast<unsigned char>(text[i + k]);
+      valid = (next & 0xC0) == 0x80;
+      code_point = (code_point << 6) | (next & 0x3F);
+    }
+    constexpr uint32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
+    valid = valid && code_point >= kSmallest[length] && code_point <= 0x10FFFF &&
+            !(code_point >= 0xD800 && code_point <= 0xDFFF);
+    if (!valid) {
+      absl::StrAppendFormat(&escaped, "\\x%02x", byte);
+      ++i;
+      continue;
+    }
+    if (code_point <= 0x9F) {
+      absl::StrAppendFormat(&escaped, "\\u%04x", code_point);  // C1 controls
+    } else {
+      escaped.append(text.data() + i, length);
+    }
+    i += length;
+  }
+  return escaped;
+}
+
 std::string GroupingName(v1::Grouping grouping) {
   switch (grouping) {
     case v1::GROUPING_TENSOR:
@@ -203,14 +267,13 @@ std::string FormatModels(const std::vector<v1::ModelSummary>& models) {
   if (any_stale) header.push_back("NOTE");
   Table table(std::move(header), {false, false, true, true, true, true, false});
   for (const v1::ModelSummary& model : models) {
-    std::vector<std::string> row = {model.name(),
-                                    GroupingName(model.grouping()),
-                                    absl::StrCat(model.files()),
-                                    absl::StrCat(model.objects()),
-                                    absl::StrCat(model.tensors()),
-                                    FormatByteSize(model.total_bytes())};
+    std::vector<std::string> row = {
+        EscapeForText(model.name()),   GroupingName(model.grouping()),
+        absl::StrCat(model.files()),   absl::StrCat(model.objects()),
+        absl::StrCat(model.tensors()), FormatByteSize(model.total_bytes())};
     if (any_stale)
-      row.push_back(model.stale().empty() ? "" : absl::StrCat("stale: ", model.stale()));
+      row.push_back(model.stale().empty() ? ""
+                                          : absl::StrCat("stale: ", EscapeForText(model.stale())));
     table.AddRow(std::move(row));
   }
   return table.ToString();
@@ -223,8 +286,8 @@ std::string FormatObjects(const std::vector<v1::ObjectInfo>& objects) {
   size_t in_host = 0;
   for (const v1::ObjectInfo& object : objects) {
     const char* where = object.on_gpu() ? "gpu" : object.in_host_cache() ? "host" : "disk";
-    table.AddRow(
-        {object.key(), FormatByteSize(object.size()), absl::StrCat(object.tensors_size()), where});
+    table.AddRow({EscapeForText(object.key()), FormatByteSize(object.size()),
+                  absl::StrCat(object.tensors_size()), where});
     total_bytes += object.size();
     on_gpu += object.on_gpu() ? 1 : 0;
     in_host += object.in_host_cache() ? 1 : 0;
@@ -276,11 +339,13 @@ std::string FormatStats(const v1::Stats& stats) {
 
 std::string FormatModelSummary(const v1::ModelSummary& summary) {
   std::string text =
-      absl::StrCat("registered ", summary.name(), " from ", summary.directory(), " (",
-                   GroupingName(summary.grouping()), " grouping)\n  ", summary.files(), " files, ",
-                   summary.objects(), " objects, ", summary.tensors(), " tensors, ",
-                   FormatByteSize(summary.total_bytes()), "\n");
-  if (!summary.stale().empty()) absl::StrAppend(&text, "  stale: ", summary.stale(), "\n");
+      absl::StrCat("registered ", EscapeForText(summary.name()), " from ",
+                   EscapeForText(summary.directory()), " (", GroupingName(summary.grouping()),
+                   " grouping)\n  ", summary.files(), " files, ", summary.objects(), " objects, ",
+                   summary.tensors(), " tensors, ", FormatByteSize(summary.total_bytes()), "\n");
+  if (!summary.stale().empty()) {
+    absl::StrAppend(&text, "  stale: ", EscapeForText(summary.stale()), "\n");
+  }
   return text;
 }
 

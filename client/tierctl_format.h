@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "google/protobuf/message.h"
 #include "nlohmann/json.hpp"
 #include "tierd/v1/tierd.pb.h"
@@ -24,6 +25,12 @@ Json ProtoToJson(const google::protobuf::Message& message);
 // Writes `json` to stdout as one indented document. Invalid UTF-8 in strings (file names) is
 // replaced rather than thrown on.
 void PrintJson(const Json& json);
+
+// `text` as a terminal may show it: escaped as JSON escapes a string, without the quotes. A
+// backslash becomes \\, control characters (C0, DEL, C1) \n, \t, \u0000 and the like, and bytes
+// that are not UTF-8 \xNN; the rest is kept. Keys and names from the daemon are shown through it:
+// a NUL would end the output and an ESC would drive the terminal.
+std::string EscapeForText(absl::string_view text);
 
 // "tensor", "block" or "phase"; unspecified is block, as the daemon reads it.
 std::string GroupingName(v1::Grouping grouping);

@@ -306,37 +306,17 @@ std::vector<std::string> MisplacedFlags(const Command& command) {
   return misplaced;
 }
 
-// absl flags have no one-letter aliases: "-o FILE" and "-o=FILE" become "--output=FILE" before
-// absl parses the command line.
-std::vector<std::string> ExpandOutputShorthand(int argc, char** argv) {
-  std::vector<std::string> expanded;
-  for (int i = 0; i < argc; ++i) {
-    const absl::string_view arg = argv[i];
-    if (arg == "--") {
-      expanded.insert(expanded.end(), argv + i, argv + argc);
-      break;
-    }
-    if (arg == "-o") {
-      // Without a value, absl's own "missing value" message is the clearest.
-      expanded.push_back(i + 1 < argc ? absl::StrCat("--output=", argv[++i]) : "--output");
-    } else if (absl::StartsWith(arg, "-o=")) {
-      expanded.push_back(absl::StrCat("--output=", arg.substr(3)));
-    } else {
-      expanded.emplace_back(arg);
-    }
-  }
-  return expanded;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
-  std::vector<std::string> expanded = ExpandOutputShorthand(argc, argv);
-  std::vector<char*> expanded_argv;
-  for (std::string& arg : expanded) expanded_argv.push_back(arg.data());
-  const std::vector<std::string> positional = tierd::ParseCommandLineWithDashes(
-      static_cast<int>(expanded_argv.size()), expanded_argv.data());
+  absl::StatusOr<std::vector<std::string>> parsed =
+      tierd::ParseFlagsAndArguments(argc, argv, {__FILE__, {{"o", "output"}}});
+  if (!parsed.ok()) return BadUsage(std::string(parsed.status().message()));
+  const std::vector<std::string>& positional = *parsed;
+  if (const int timeout_ms = absl::GetFlag(FLAGS_timeout_ms); timeout_ms <= 0) {
+    return BadUsage(absl::StrCat("--timeout-ms=", timeout_ms, " is not a positive number of ms"));
+  }
   if (positional.size() < 2) return BadUsage("no command given");
   const std::string& name = positional[1];
   const Args args(positional.begin() + 2, positional.end());

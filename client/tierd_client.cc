@@ -283,7 +283,13 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
   v1::SessionRequest open;
   open.mutable_open()->set_client_name(options_.client_name);
   absl::StatusOr<v1::SessionResponse> opened = core->Call(std::move(open));
-  if (!opened.ok()) return opened.status();
+  if (!opened.ok()) {
+    // A session that ended before it opened: the transport's reason is the error, naming the socket
+    // as any call's does (gRPC: "failed to connect to all addresses; ... unix:PATH: ..."), or the
+    // daemon's refusal ("tierd is starting").
+    if (absl::Status reason = core->end_reason(); core->ended() && !reason.ok()) return reason;
+    return opened.status();
+  }
   absl::StatusOr<std::shared_ptr<Device>> device = DeviceFor(opened->opened());
   if (!device.ok()) return device.status();
   core->set_device(*device);

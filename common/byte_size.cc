@@ -74,6 +74,8 @@ std::string FormatByteSize(uint64_t bytes) {
     ++unit;
   }
   if (unit == 0) return absl::StrCat(bytes, " B");
+  // Past 9999 of the largest unit, %g would switch to an exponent.
+  if (value >= 10000) return absl::StrFormat("%.0f %s", value, kUnits[unit]);
   return absl::StrFormat("%.4g %s", value, kUnits[unit]);
 }
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "common/command_line.h"
 #include "common/posix_error.h"
 
 namespace tierd {
@@ -85,20 +86,13 @@ absl::Status ApplyConfigFile(const std::string& path, absl::string_view flags_fi
   }
   if (in.bad()) return PosixError(absl::StrCat("reading ", path), errno);
   // Every value is checked before any is set, so a bad file changes nothing.
-  std::vector<std::pair<absl::CommandLineFlag*, std::string>> previous;
+  std::vector<FlagSetting> flag_settings;
   for (const Setting& setting : settings) {
-    previous.emplace_back(setting.flag, setting.flag->CurrentValue());
-    std::string parse_error;
-    if (!setting.flag->ParseFrom(setting.value, &parse_error)) {
-      for (auto& [flag, value] : previous) {
-        std::string ignored;
-        flag->ParseFrom(value, &ignored);
-      }
-      return absl::InvalidArgumentError(absl::StrCat(path, ":", setting.line, ": ", setting.key,
-                                                     " = \"", setting.value, "\": ", parse_error));
-    }
+    flag_settings.push_back(
+        {setting.flag, setting.value,
+         absl::StrCat(path, ":", setting.line, ": ", setting.key, " = \"", setting.value, "\"")});
   }
-  return absl::OkStatus();
+  return SetFlagsAllOrNone(flag_settings);
 }
 
 std::optional<std::string> FindFlagOnCommandLine(int argc, char** argv, absl::string_view name) {

@@ -70,8 +70,9 @@ class CudaStream final : public Stream {
   // Enqueues `fn` (a cudaHostFn_t and its argument) to run once the work enqueued so far has
   // completed, without holding up later work: a host function on the stream itself would stall
   // the stream until the driver's callback thread has run it, a gap between every two copies (it
-  // cost warm 16 MiB fetches a fifth of their speed: bench/results/README.md). Instead a marker event is recorded here, and a second stream
-  // that carries nothing else waits for it and runs the function.
+  // cost warm 16 MiB fetches a fifth of their speed: bench/results/README.md). Instead a marker
+  // event is recorded here, and a second stream that carries nothing else waits for it and runs the
+  // function.
   absl::Status LaunchHostFunctionBeside(cudaHostFn_t fn, void* arg) {
     absl::MutexLock lock(&notify_mu_);
     if (notify_stream_ == nullptr) {
@@ -84,8 +85,8 @@ class CudaStream final : public Stream {
     // The wait takes the record current at the call, so one marker serves every call: the lock
     // keeps each record and its wait together.
     RETURN_IF_ERROR(CudaStatus(cudaEventRecord(marker_, stream_), "cudaEventRecord"));
-    RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(notify_stream_, marker_, 0),
-                               "cudaStreamWaitEvent"));
+    RETURN_IF_ERROR(
+        CudaStatus(cudaStreamWaitEvent(notify_stream_, marker_, 0), "cudaStreamWaitEvent"));
     return CudaStatus(cudaLaunchHostFunc(notify_stream_, fn, arg), "cudaLaunchHostFunc");
   }
 
@@ -146,6 +147,14 @@ class CudaDevice final : public Device {
     size_t free_bytes = 0;
     size_t total_bytes = 0;
     return CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  }
+
+  absl::StatusOr<uint64_t> FreeMemoryBytes() override {
+    RETURN_IF_ERROR(Activate());
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+    RETURN_IF_ERROR(CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+    return static_cast<uint64_t>(free_bytes);
   }
 
   absl::StatusOr<std::unique_ptr<Slab>> AllocateSlab(size_t bytes) override {

@@ -21,6 +21,7 @@
 #define TIERD_DEVICE_DEVICE_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -99,6 +100,11 @@ class Device {
   // the bus, an Xid that poisoned the context). Called periodically by the daemon's health monitor.
   // Errors: the device's, e.g. UNAVAILABLE or INTERNAL with the driver's message.
   virtual absl::Status CheckHealth() = 0;
+  // Bytes of device memory AllocateSlab could still take now: on CUDA the GPU's free memory
+  // (cudaMemGetInfo), on the host backend the free space of /dev/shm. Other processes allocate
+  // too, so it is a bound to check a budget against, not a promise.
+  // Errors: the device's (UNAVAILABLE, INTERNAL), or the failure to ask the filesystem.
+  virtual absl::StatusOr<uint64_t> FreeMemoryBytes() = 0;
 
   // ---- Owner side -------------------------------------------------------------------------------
 

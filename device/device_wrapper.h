@@ -20,6 +20,7 @@ class DeviceWrapper : public Device {
   const char* backend() const override { return target_.backend(); }
   int ordinal() const override { return target_.ordinal(); }
   absl::Status CheckHealth() override { return target_.CheckHealth(); }
+  absl::StatusOr<uint64_t> FreeMemoryBytes() override { return target_.FreeMemoryBytes(); }
   absl::StatusOr<std::unique_ptr<Slab>> AllocateSlab(size_t bytes) override {
     return target_.AllocateSlab(bytes);
   }

@@ -32,6 +32,8 @@ class HostDevice final : public Device {
   int ordinal() const override { return 0; }
   // Host memory and threads do not get lost.
   absl::Status CheckHealth() override { return absl::OkStatus(); }
+  // Slabs are shared memory objects: the free space of /dev/shm.
+  absl::StatusOr<uint64_t> FreeMemoryBytes() override { return SharedMemoryFreeBytes(); }
 
   absl::StatusOr<std::unique_ptr<Slab>> AllocateSlab(size_t bytes) override;
   absl::Status RegisterHostMemory(void* data, size_t bytes) override ABSL_LOCKS_EXCLUDED(mu_);

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -80,6 +81,14 @@ absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Open(const std::stri
 SharedMemory::~SharedMemory() {
   ::munmap(data_, size_);
   if (owner_) ::shm_unlink(name_.c_str());
+}
+
+absl::StatusOr<uint64_t> SharedMemoryFreeBytes() {
+  struct statvfs filesystem {};
+  if (::statvfs(kShmDirectory, &filesystem) != 0) {
+    return PosixError(absl::StrCat("statvfs ", kShmDirectory), errno);
+  }
+  return static_cast<uint64_t>(filesystem.f_bavail) * filesystem.f_frsize;
 }
 
 std::string SharedMemoryPrefixForPid(int pid) { return absl::StrCat("/", kPrefix, pid, "."); }

@@ -5,6 +5,7 @@
 #define TIERD_DEVICE_SHARED_MEMORY_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -40,6 +41,10 @@ class SharedMemory {
   size_t size_;
   bool owner_;
 };
+
+// Bytes shared memory objects may still take: the free space of the filesystem behind them
+// (/dev/shm). Errors: statvfs's.
+absl::StatusOr<uint64_t> SharedMemoryFreeBytes();
 
 // The name prefix of every shared memory object a process with this pid creates: "/tierd.<pid>.".
 std::string SharedMemoryPrefixForPid(int pid);

@@ -23,6 +23,7 @@
 #include "common/status_macros.h"
 #include "grpc/health/v1/health.pb.h"
 #include "server/metrics_text.h"
+#include "server/resource_limits.h"
 #include "server/stats.h"
 #include "server/unix_socket.h"
 
@@ -98,6 +99,9 @@ std::string StartingSocketPath(const std::string& path) { return path + ".starti
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& options) {
   RETURN_IF_ERROR(ValidateOptions(options));
+  // Before anything is created: a budget the machine cannot hold is refused, not tried.
+  ASSIGN_OR_RETURN(const MachineResources machine, ReadMachineResources());
+  RETURN_IF_ERROR(CheckDaemonLimits(options, machine));
   std::optional<gid_t> group;
   if (!options.socket_group.empty()) {
     ASSIGN_OR_RETURN(group, LookupSocketGroup(options.socket_group));
@@ -131,6 +135,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
       options.create_device ? options.create_device() : CreateDevice(options.device);
   if (!device.ok()) return device.status();
   daemon->device_ = *std::move(device);
+  // The staging pools against what the device has, before the host cache and the pools are
+  // allocated.
+  ASSIGN_OR_RETURN(const uint64_t device_free_bytes, daemon->device_->FreeMemoryBytes());
+  RETURN_IF_ERROR(
+      CheckStagingMemory(options, machine, daemon->device_->backend(), device_free_bytes));
   TIERD_LOG(INFO) << "device " << daemon->device_->Describe() << ", host cache budget "
                   << FormatByteSize(options.host_cache_bytes) << ", GPU pool budget "
                   << FormatByteSize(options.gpu_pool_bytes);

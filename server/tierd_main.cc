@@ -91,6 +91,8 @@ ABSL_FLAG(std::string, config, "",
 namespace {
 
 constexpr int kExitBadUsage = 2;
+// Beyond this a stop that waits on clients is a hang, not a grace period.
+constexpr int kMaxShutdownGraceMs = 3600 * 1000;
 // After SIGTERM the daemon exits within --shutdown-grace-ms plus this, whatever its teardown waits
 // on (such as a device that never completes a dead client's work).
 constexpr absl::Duration kTeardownBound = absl::Seconds(10);
@@ -207,6 +209,12 @@ int Run() {
   }
   if (metrics_port != 0) options.metrics_port = metrics_port;
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  const int grace_ms = absl::GetFlag(FLAGS_shutdown_grace_ms);
+  if (grace_ms < 0 || grace_ms > kMaxShutdownGraceMs) {
+    std::fprintf(stderr, "tierd: --shutdown-grace-ms=%d is not within 0..%d (an hour)\n", grace_ms,
+                 kMaxShutdownGraceMs);
+    return kExitBadUsage;
+  }
   options.heartbeat = WatchdogHeartbeat(systemd);
   if (systemd.watchdog_interval().has_value()) {
     // Rounds often enough that a ping at half the interval is never late by much.
@@ -232,7 +240,7 @@ int Run() {
   NotifySystemd(systemd, absl::StrCat("READY=1\nSTATUS=serving on ", options.socket_path));
   int received = 0;
   sigwait(&signals, &received);
-  const absl::Duration grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
+  const absl::Duration grace = absl::Milliseconds(grace_ms);
   TIERD_LOG(INFO) << "received " << (received == SIGTERM ? "SIGTERM" : "SIGINT")
                   << ", shutting down (in-flight work has " << absl::FormatDuration(grace) << ")";
   NotifySystemd(systemd, "STOPPING=1\nSTATUS=shutting down");
@@ -267,9 +275,14 @@ int main(int argc, char** argv) {
       return kExitBadUsage;
     }
   }
-  std::vector<std::string> positional = tierd::ParseCommandLineWithDashes(argc, argv);
-  if (positional.size() > 1) {
-    std::fprintf(stderr, "tierd: unexpected argument '%s'\n", positional[1].c_str());
+  absl::StatusOr<std::vector<std::string>> positional =
+      tierd::ParseFlagsAndArguments(argc, argv, {__FILE__, {}});
+  if (!positional.ok()) {
+    std::fprintf(stderr, "tierd: %s\n", std::string(positional.status().message()).c_str());
+    return kExitBadUsage;
+  }
+  if (positional->size() > 1) {
+    std::fprintf(stderr, "tierd: unexpected argument '%s'\n", (*positional)[1].c_str());
     return kExitBadUsage;
   }
   return Run();

@@ -30,12 +30,12 @@ namespace tierd {
 namespace {
 
 using ::testing::HasSubstr;
+using ::tierd::testing::ConnectUnix;
 using ::tierd::testing::IsOk;
 using ::tierd::testing::RandomTensor;
 using ::tierd::testing::RunProgram;
 using ::tierd::testing::SiblingBinary;
 using ::tierd::testing::StatusIs;
-using ::tierd::testing::ConnectUnix;
 using ::tierd::testing::StoreBytes;
 using ::tierd::testing::Subprocess;
 using ::tierd::testing::TempDir;
@@ -817,6 +817,42 @@ TEST_F(ApiTest, TierctlCommandsWorkAndFailWithTheStatusName) {
   EXPECT_EQ(missing->exit_code, 1);
   EXPECT_THAT(missing->output, HasSubstr("NOT_FOUND"));
   EXPECT_EQ(Tierctl({"frobnicate"}).exit_code, 2);
+}
+
+// A key holds whatever bytes a tensor's name does. tierctl ls shows every key whole, control
+// characters escaped as --json escapes them, rather than stopping at a NUL or letting a name
+// drive the terminal (ESC).
+TEST_F(ApiTest, TierctlLsEscapesKeysAsJsonDoes) {
+  const std::string odd = model_dir("odd");
+  ASSERT_EQ(::mkdir(odd.c_str(), 0755), 0);
+  const std::string nul_name("w\0hidden", 8);
+  ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(odd, "/model.safetensors"),
+                                        {RandomTensor(nul_name, "F32", {2, 2}, 1),
+                                         RandomTensor("clear\x1b[2J", "F32", {2, 2}, 2),
+                                         RandomTensor("back\\slash", "F32", {2, 2}, 3)}),
+              IsOk());
+  auto loaded = Tierctl({"load", "odd", odd, "--group=tensor"});
+  ASSERT_EQ(loaded.exit_code, 0) << loaded.output;
+
+  auto listed = Tierctl({"ls", "odd"});
+  EXPECT_EQ(listed.exit_code, 0);
+  EXPECT_THAT(listed.output, HasSubstr("odd/w\\u0000hidden "));
+  EXPECT_THAT(listed.output, HasSubstr("odd/clear\\u001b[2J "));
+  EXPECT_THAT(listed.output, HasSubstr("odd/back\\\\slash "));
+  EXPECT_THAT(listed.output, HasSubstr("3 objects"));
+  EXPECT_EQ(listed.output.find('\0'), std::string::npos);
+  EXPECT_EQ(listed.output.find('\x1b'), std::string::npos);
+
+  // --json carries the same keys, escaped by JSON itself.
+  auto json = Tierctl({"--json", "ls", "odd"});
+  ASSERT_EQ(json.exit_code, 0);
+  const nlohmann::json listing = nlohmann::json::parse(json.output);
+  std::vector<std::string> keys;
+  for (const auto& object : listing["objects"]) {
+    keys.push_back(object["key"].get<std::string>());
+  }
+  EXPECT_THAT(keys, ::testing::UnorderedElementsAre(absl::StrCat("odd/", nul_name),
+                                                    "odd/clear\x1b[2J", "odd/back\\slash"));
 }
 
 }  // namespace

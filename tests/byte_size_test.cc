@@ -33,6 +33,7 @@ TEST(ByteSizeTest, FormatsWithTheLargestFittingUnit) {
   EXPECT_EQ(FormatByteSize(1023), "1023 B");
   EXPECT_EQ(FormatByteSize(1536), "1.5 KiB");
   EXPECT_EQ(FormatByteSize(64ull << 30), "64 GiB");
+  EXPECT_EQ(FormatByteSize(16384ull << 40), "16384 TiB");
 }
 
 }  // namespace

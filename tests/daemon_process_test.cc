@@ -1,5 +1,6 @@
 // tierd and tierctl as separate processes on a real Unix socket.
 #include <google/protobuf/descriptor.pb.h>
+#include <grp.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -7,10 +8,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/test_support.h"
@@ -18,6 +22,7 @@
 namespace tierd {
 namespace {
 
+using ::testing::HasSubstr;
 using ::tierd::testing::IsOk;
 using ::tierd::testing::IsOkAndHolds;
 using ::tierd::testing::RunProgram;
@@ -26,6 +31,10 @@ using ::tierd::testing::Subprocess;
 using ::tierd::testing::TempDir;
 
 constexpr absl::Duration kTimeout = absl::Seconds(30);
+// A program refusing its flags exits at once; one that does not is killed after this.
+constexpr absl::Duration kUsageTimeout = absl::Seconds(10);
+// The address space a daemon expected to refuse its flags gets, should it start after all.
+constexpr uint64_t kAddressSpaceBound = 4ull << 30;
 
 class DaemonProcessTest : public ::testing::Test {
  protected:
@@ -106,9 +115,9 @@ TEST_F(DaemonProcessTest, ReflectionListsAndDescribesTheServedServices) {
   for (const auto& service : response.list_services_response().service()) {
     services.push_back(service.name());
   }
-  EXPECT_THAT(services, ::testing::IsSupersetOf(
-                            {"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
-                             "tierd.v1.Tierd"}));
+  EXPECT_THAT(services, ::testing::IsSupersetOf({"grpc.health.v1.Health",
+                                                 "grpc.reflection.v1alpha.ServerReflection",
+                                                 "tierd.v1.Tierd"}));
 
   request.set_file_containing_symbol("grpc.health.v1.Health");
   ASSERT_TRUE(stream->Write(request));
@@ -157,6 +166,28 @@ TEST_F(DaemonProcessTest, HealthWithoutADaemonFailsWithUnavailable) {
   EXPECT_EQ(health->exit_code, 1);
   // tierctl prints the status on stderr; stdout stays empty.
   EXPECT_EQ(health->output, "");
+}
+
+// get and put open a session; with no daemon their error names the socket, as every other
+// command's does, rather than only saying that the session ended.
+TEST_F(DaemonProcessTest, GetAndPutWithoutADaemonNameTheSocket) {
+  const std::string file = absl::StrCat(dir_.path(), "/payload");
+  { std::ofstream(file) << "bytes"; }
+  const std::vector<std::vector<std::string>> commands = {
+      {"get", "kv/k", "-o", absl::StrCat(dir_.path(), "/out")},
+      {"put", "kv/k", file},
+      {"ls"},
+  };
+  for (const std::vector<std::string>& command : commands) {
+    std::vector<std::string> argv = {SiblingBinary("tierctl"),
+                                     absl::StrCat("--socket=", socket_path())};
+    argv.insert(argv.end(), command.begin(), command.end());
+    auto result = testing::RunProgramWithStderr(argv, kTimeout);
+    ASSERT_THAT(result, IsOk());
+    EXPECT_EQ(result->exit_code, 1) << command[0];
+    EXPECT_THAT(result->output, HasSubstr("UNAVAILABLE: ")) << command[0];
+    EXPECT_THAT(result->output, HasSubstr(socket_path())) << command[0] << ": " << result->output;
+  }
 }
 
 TEST_F(DaemonProcessTest, SecondDaemonOnTheSameSocketIsRefused) {
@@ -227,6 +258,138 @@ TEST_F(DaemonProcessTest, BadFlagsExitWithUsageError) {
   auto unknown_command = Tierctl({"frobnicate"});
   ASSERT_THAT(unknown_command, IsOk());
   EXPECT_EQ(unknown_command->exit_code, 2);
+}
+
+// Bad usage exits 2, which the README promises and the systemd unit relies on
+// (RestartPreventExitStatus=2), with a message naming the flag and its value; absl's own parser
+// would exit 1.
+TEST_F(DaemonProcessTest, UsageErrorsExitWithStatus2NamingTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> tierd_cases = {
+      {{"--unknown-flag=1"}, "unknown flag --unknown-flag"},
+      {{"--host-cache-bytes=abc"}, "--host-cache-bytes=abc: "},
+      {{"--host-cache-bytes=-1"}, "--host-cache-bytes=-1: "},
+      {{"--host-cache-bytes=99999999999TiB"}, "--host-cache-bytes=99999999999TiB: "},
+      {{"--max-sessions=-1"}, "--max-sessions=-1: "},
+      {{"--v=abc"}, "--v=abc: "},
+      {{"--direct-io=maybe"}, "--direct-io=maybe: "},
+      {{"--shutdown-grace-ms=-5"}, "--shutdown-grace-ms=-5 "},
+      {{"--v=1", "--v", "2"}, "--v is given twice"},
+      {{"--gpu_pool_bytes=8MiB"}, "--gpu_pool_bytes is given twice (also as --gpu-pool-bytes)"},
+      {{"--flagfile=/dev/null"}, "--flagfile is not one of this program's flags"},
+      {{"--nodirect-io=true"}, "--nodirect-io takes no value"},
+      {{"--state-dir"}, "--state-dir needs a value"},
+  };
+  for (const Case& bad : tierd_cases) {
+    std::vector<std::string> argv = {
+        SiblingBinary("tierd"), "--device=host", absl::StrCat("--socket=", socket_path()),
+        absl::StrCat("--state-dir=", dir_.path(), "/state"), "--gpu-pool-bytes=8MiB"};
+    argv.insert(argv.end(), bad.args.begin(), bad.args.end());
+    // A usage error is found before anything starts: well within the bound.
+    auto result = testing::RunProgramWithStderr(argv, kUsageTimeout, kAddressSpaceBound);
+    ASSERT_THAT(result, IsOk()) << bad.args[0];
+    EXPECT_EQ(result->exit_code, 2) << bad.args[0] << ": " << result->output;
+    EXPECT_THAT(result->output, HasSubstr(absl::StrCat("tierd: ", bad.message))) << bad.args[0];
+  }
+
+  const std::vector<Case> tierctl_cases = {
+      {{"--bogus", "health"}, "unknown flag --bogus"},
+      {{"get", "kv/k", "-o"}, "-o needs a value"},
+      {{"get", "kv/k", "-o", "--json"}, "-o needs a value"},
+      {{"--timeout-ms=abc", "health"}, "--timeout-ms=abc: "},
+      {{"--timeout-ms=0", "health"}, "--timeout-ms=0 "},
+      {{"--timeout-ms", "-20", "health"}, "--timeout-ms=-20 "},
+      {{"--json", "--json", "stats"}, "--json is given twice"},
+  };
+  for (const Case& bad : tierctl_cases) {
+    std::vector<std::string> argv = {SiblingBinary("tierctl"),
+                                     absl::StrCat("--socket=", socket_path())};
+    argv.insert(argv.end(), bad.args.begin(), bad.args.end());
+    auto result = testing::RunProgramWithStderr(argv, kUsageTimeout, kAddressSpaceBound);
+    ASSERT_THAT(result, IsOk()) << bad.args[0];
+    EXPECT_EQ(result->exit_code, 2) << absl::StrJoin(bad.args, " ") << ": " << result->output;
+    EXPECT_THAT(result->output, HasSubstr(absl::StrCat("tierctl: ", bad.message)))
+        << absl::StrJoin(bad.args, " ");
+  }
+}
+
+// Sizes and counts a machine cannot hold are refused with status 2 before anything is allocated:
+// --reader-threads=100000 once grew a daemon to 22 GB, and a client group's pool larger than
+// /dev/shm filled it. Each run is bounded (ulimit -v) should it start allocating after all.
+TEST_F(DaemonProcessTest, FlagsTheMachineCannotHoldAreRefusedBeforeAnythingIsAllocated) {
+  const struct group* own_group = ::getgrgid(::getgid());
+  ASSERT_NE(own_group, nullptr);
+  // Far beyond any machine's memory, and beyond /dev/shm's size, which the kernel checks before
+  // allocating a shared memory object of the host backend's single slab.
+  const std::string beyond = "16384TiB";
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--reader-threads=100000"}, "--reader-threads=100000 is more than 4 x "},
+      {{absl::StrCat("--host-cache-bytes=", beyond)},
+       "--host-cache-bytes=16384 TiB is more than the memory available"},
+      {{absl::StrCat("--gpu-pool-bytes=", beyond), absl::StrCat("--gpu-slab-bytes=", beyond)},
+       "--gpu-pool-bytes=16384 TiB is more than the free space of /dev/shm"},
+      {{absl::StrCat("--client-groups=big:", own_group->gr_name, ":", beyond),
+        absl::StrCat("--gpu-slab-bytes=", beyond)},
+       "--client-groups big:16384 TiB is more than the free space of /dev/shm"},
+  };
+  for (const Case& bad : cases) {
+    std::vector<std::string> argv = {SiblingBinary("tierd"), "--device=host",
+                                     absl::StrCat("--socket=", socket_path()),
+                                     absl::StrCat("--state-dir=", dir_.path(), "/state")};
+    const std::vector<std::string> budgets = {"--host-cache-bytes=64MiB", "--gpu-pool-bytes=8MiB"};
+    for (const std::string& budget : budgets) {
+      const std::string name = budget.substr(0, budget.find('='));
+      if (std::none_of(bad.args.begin(), bad.args.end(),
+                       [&](const std::string& arg) { return absl::StartsWith(arg, name); })) {
+        argv.push_back(budget);
+      }
+    }
+    argv.insert(argv.end(), bad.args.begin(), bad.args.end());
+    const absl::Time start = absl::Now();
+    auto result = testing::RunProgramWithStderr(argv, kUsageTimeout, kAddressSpaceBound);
+    ASSERT_THAT(result, IsOk()) << bad.args[0];
+    EXPECT_EQ(result->exit_code, 2) << bad.args[0] << ": " << result->output;
+    EXPECT_THAT(result->output, HasSubstr(bad.message)) << bad.args[0];
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << bad.args[0];
+    // Nothing is left behind: no socket, no shared memory of the host backend's slabs.
+    EXPECT_NE(::access(socket_path().c_str(), F_OK), 0) << bad.args[0];
+  }
+}
+
+// What the parser keeps from absl's: a value in the next argument, underscores, --noboolflag,
+// "--" ending the flags, and tierctl's -o FILE.
+TEST_F(DaemonProcessTest, FlagSpellingsAbslAcceptedStillWork) {
+  auto daemon = Subprocess::Start({SiblingBinary("tierd"), "--device", "host", "--socket",
+                                   socket_path(), absl::StrCat("--state_dir=", dir_.path(), "/s"),
+                                   "--host-cache-bytes", "64MiB", "--gpu_pool_bytes=32MiB",
+                                   "--nodirect-io", "--shutdown-grace-ms", "0"});
+  ASSERT_THAT(daemon, IsOk());
+  absl::StatusOr<testing::RunResult> health;
+  const absl::Time deadline = absl::Now() + kTimeout;
+  do {
+    absl::SleepFor(absl::Milliseconds(50));
+    health = Tierctl({"--timeout-ms", "1000", "health"});
+  } while (absl::Now() < deadline && (!health.ok() || health->exit_code != 0));
+  ASSERT_THAT(health, IsOk());
+  EXPECT_EQ(health->output, "SERVING\n");
+  const std::string payload = absl::StrCat(dir_.path(), "/payload");
+  { std::ofstream(payload) << "twelve bytes"; }
+  auto put = Tierctl({"put", "kv/k", payload});
+  ASSERT_THAT(put, IsOk());
+  EXPECT_EQ(put->exit_code, 0);
+  auto get = Tierctl({"get", "-o", "-", "--", "kv/k"});
+  ASSERT_THAT(get, IsOk());
+  EXPECT_EQ(get->exit_code, 0);
+  EXPECT_EQ(get->output, "twelve bytes");
+  (*daemon)->Signal(SIGTERM);
+  EXPECT_THAT((*daemon)->Wait(kTimeout), IsOkAndHolds(0));
 }
 
 }  // namespace

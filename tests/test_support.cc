@@ -173,6 +173,19 @@ absl::StatusOr<RunResult> RunProgram(const std::vector<std::string>& argv, absl:
   return result;
 }
 
+absl::StatusOr<RunResult> RunProgramWithStderr(const std::vector<std::string>& argv,
+                                               absl::Duration timeout,
+                                               uint64_t address_space_bytes) {
+  // The arguments go to the shell as $0 and $@, so none of them needs quoting.
+  std::string script = "exec \"$0\" \"$@\" 2>&1";
+  if (address_space_bytes != 0) {
+    script = absl::StrCat("ulimit -v ", address_space_bytes / 1024, " && ", script);
+  }
+  std::vector<std::string> shell = {"/bin/sh", "-c", script};
+  shell.insert(shell.end(), argv.begin(), argv.end());
+  return RunProgram(shell, timeout);
+}
+
 namespace {
 
 DeviceSpec g_device_under_test;

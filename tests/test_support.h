@@ -110,6 +110,12 @@ struct RunResult {
   std::string output;
 };
 absl::StatusOr<RunResult> RunProgram(const std::vector<std::string>& argv, absl::Duration timeout);
+// The same with the program's stderr merged into `output`, to check its messages, and, when
+// `address_space_bytes` is not 0, its address space bounded to that (ulimit -v): a program that
+// should refuse to start at once cannot take the machine's memory if it does not.
+absl::StatusOr<RunResult> RunProgramWithStderr(const std::vector<std::string>& argv,
+                                               absl::Duration timeout,
+                                               uint64_t address_space_bytes = 0);
 
 // Deterministic pseudo-random bytes for `seed` (splitmix64), for filling and checking buffers.
 void FillPattern(void* data, size_t bytes, uint64_t seed);

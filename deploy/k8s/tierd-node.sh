@@ -6,8 +6,9 @@
 #   tierd [--config=$TIERD_CONFIG] --device=${TIERD_DEVICE_PREFIX}N \
 #         --socket=$TIERD_SOCKET_DIR/gpuN.sock --state-dir=$TIERD_STATE_DIR/gpuN \
 #         --metrics-port=$((TIERD_METRICS_BASE_PORT + N)) --peers=EVERY_GPU'S_SOCKET TIERD_FLAG...
-# TIERD_FLAGs (any flags of tierd) are passed to every daemon, after the ones above, so they win
-# (--peers= turns the handoff between the GPUs' daemons off).
+# TIERD_FLAGs (any flags of tierd) are passed to every daemon and replace those above of the same
+# name, which tierd would refuse as given twice (--peers= turns the handoff between the GPUs'
+# daemons off).
 #
 # Environment (defaults in brackets):
 #   TIERD_GPUS               number of GPUs [nvidia-smi -L, else the count of /dev/nvidia[0-9]*]
@@ -77,8 +78,25 @@ fi
 ((metrics_base == 0 || metrics_base + gpus - 1 <= 65535)) || bad_usage "TIERD_METRICS_BASE_PORT $metrics_base + $gpus GPUs runs past port 65535"
 
 # ---- Flags common to every daemon ------------------------------------------------------------------
+# The TIERD_FLAGs by name, dashes as underscores, as tierd reads them.
+declare -A given=()
+for arg in "$@"; do
+  name=${arg#-}
+  name=${name#-}
+  name=${name%%=*}
+  given[${name//-/_}]=1
+done
+# Appends --NAME=VALUE to the array named by $1 unless a TIERD_FLAG sets NAME.
+add_flag() {
+  local -n into=$1
+  local name=$2 value=$3
+  [[ -n ${given[${name//-/_}]:-} ]] || into+=("--$name=$value")
+}
+
 common=()
-if [[ -e $config ]]; then
+if [[ -n ${given[config]:-} ]]; then
+  :
+elif [[ -e $config ]]; then
   common+=("--config=$config")
 else
   echo "$prog: no config file $config: running with the flags' defaults"
@@ -102,8 +120,12 @@ for ((n = 0; n < gpus; n++)); do peers+="${peers:+,}$socket_dir/gpu$n.sock"; don
 for ((n = 0; n < gpus; n++)); do
   if [[ $device_prefix == host ]]; then device=host; else device=$device_prefix$n; fi
   socket=$socket_dir/gpu$n.sock
-  args=("${common[@]}" "--device=$device" "--socket=$socket" "--state-dir=$state_dir/gpu$n")
-  args+=("--metrics-port=$((metrics_base == 0 ? 0 : metrics_base + n))" "--peers=$peers")
+  args=("${common[@]}")
+  add_flag args device "$device"
+  add_flag args socket "$socket"
+  add_flag args state-dir "$state_dir/gpu$n"
+  add_flag args metrics-port "$((metrics_base == 0 ? 0 : metrics_base + n))"
+  add_flag args peers "$peers"
   args+=("$@")
   # Each daemon's log lines are prefixed with its GPU; they all go to this container's output.
   "$tierd" "${args[@]}" > >(sed -u "s/^/[gpu$n] /") 2>&1 &

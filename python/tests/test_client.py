@@ -3,8 +3,11 @@ cache calls, errors, both transports, and a killed client's leases."""
 
 import grp
 import os
+import shutil
 import signal
+import tempfile
 import time
+import unittest
 
 import grpc
 import torch
@@ -261,3 +264,47 @@ class ClientGroupTest(DaemonTestCase):
                 absent.session()
             self.assertEqual(caught.exception.code, tierd.StatusCode.UNAVAILABLE)
             self.assertIn("client group absent", caught.exception.message)
+
+
+class WaitUntilReadyTest(unittest.TestCase):
+    """wait_until_ready() returns once the daemon serves, not once its socket accepts: a daemon
+    listens (health NOT_SERVING, calls answered UNAVAILABLE "tierd is starting") while it pins the
+    first GiB of its host cache and allocates its staging pool."""
+
+    def setUp(self):
+        self.directory = tempfile.mkdtemp(prefix="tierd-python-test.")
+
+    def tearDown(self):
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def test_a_model_registers_right_after_wait_until_ready(self):
+        model = os.path.join(self.directory, "model")
+        os.makedirs(model)
+        save_safetensors(model_tensors(seed=3), os.path.join(model, "model.safetensors"))
+        # 1 GiB of host cache (pinned before serving on CUDA) and of staging pool (shared memory
+        # the kernel zeroes on the host backend): the daemon takes a while between listening and
+        # serving.
+        daemon = Daemon(self.directory, gpu_pool="1GiB", gpu_slab="256MiB", host_cache="1GiB",
+                        wait=False)
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while not os.path.exists(daemon.socket):
+                self.assertIsNone(daemon.process.poll(), daemon.log())
+                self.assertLess(time.monotonic(), deadline, "the socket never appeared")
+                time.sleep(0.001)
+            with tierd.Client(daemon.socket) as client:
+                client.wait_until_ready(timeout=TIMEOUT)
+                summary = client.register_model("m", model)
+                self.assertEqual(summary.objects, BLOCKS + 1)
+        finally:
+            daemon.stop()
+
+    def test_without_a_daemon_it_raises_unavailable_naming_the_socket(self):
+        socket = os.path.join(self.directory, "absent.sock")
+        with tierd.Client(socket) as client:
+            started = time.monotonic()
+            with self.assertRaises(tierd.TierdError) as caught:
+                client.wait_until_ready(timeout=0.5)
+            self.assertLess(time.monotonic() - started, 5)
+        self.assertEqual(caught.exception.code, tierd.StatusCode.UNAVAILABLE)
+        self.assertIn(socket, caught.exception.message)

@@ -29,10 +29,11 @@ def synchronize():
 
 
 class Daemon:
-    """tierd started on a socket in `directory`; stop() sends SIGTERM and checks it exits 0."""
+    """tierd started on a socket in `directory`; stop() sends SIGTERM and checks it exits 0. Unless
+    `wait` is false, returns once the daemon answers."""
 
     def __init__(self, directory, gpu_pool="8MiB", gpu_slab="4MiB", host_cache="64MiB",
-                 extra_flags=()):
+                 extra_flags=(), wait=True):
         self.directory = directory
         self.socket = os.path.join(directory, "gpu0.sock")
         self.log_path = os.path.join(directory, "tierd.log")
@@ -43,7 +44,7 @@ class Daemon:
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + TIMEOUT
-        while True:
+        while wait:
             if self.process.poll() is not None:
                 raise RuntimeError(f"tierd exited with {self.process.returncode}:\n{self.log()}")
             # A fresh channel per try: a failed one backs off for seconds before trying again.

@@ -551,12 +551,28 @@ class Client:
             raise
 
     def wait_until_ready(self, timeout=30.0):
-        """Waits until the daemon answers, or raises UNAVAILABLE."""
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            raise TierdError(StatusCode.UNAVAILABLE,
-                             f"no daemon answered on {self.socket_path} within {timeout} s") from None
+        """Waits until the daemon serves, as its standard health check (grpc.health.v1) says, or
+        raises UNAVAILABLE after `timeout` seconds. A daemon accepts connections before it serves:
+        while it pins its host cache and allocates its staging pool, health says NOT_SERVING and
+        calls are answered UNAVAILABLE ("tierd is starting")."""
+        deadline = time.monotonic() + timeout
+        check = self._channel.unary_unary(_HEALTH_CHECK)  # serialized bytes both ways
+        last = "no answer"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TierdError(StatusCode.UNAVAILABLE,
+                                 f"tierd on {self.socket_path} did not serve within {timeout} s "
+                                 f"({last})")
+            try:
+                # An empty HealthCheckRequest: service "", the server as a whole.
+                status = _serving_status(check(b"", timeout=min(left, 1.0), wait_for_ready=True))
+                if status == _SERVING:
+                    return
+                last = f"health says {_SERVING_STATUS_NAMES.get(status, status)}"
+            except grpc.RpcError as error:
+                last = f"{error.code().name}: {error.details()}"
+            time.sleep(min(0.02, max(deadline - time.monotonic(), 0)))
 
     def register_model(self, name, directory, grouping="block", progress=None, verify=False):
         """Registers a directory of .safetensors files (absolute, or relative to this process's
@@ -608,6 +624,53 @@ class Client:
             return getattr(self._stub, method)(request, timeout=self.timeout)
         except grpc.RpcError as error:
             raise from_rpc_error(error, method) from None
+
+
+# grpc.health.v1.Health/Check without the generated module (grpcio-health-checking is a package of
+# its own): the request is a HealthCheckRequest, empty on the wire for the server as a whole, and
+# the response's field 1 is its ServingStatus.
+_HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+_SERVING = 1
+_SERVING_STATUS_NAMES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+
+
+def _read_varint(data, at):
+    """The protobuf varint at data[at:] and the offset after it."""
+    value = 0
+    for shift in range(0, 64, 7):
+        if at >= len(data):
+            break
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+    raise TierdError(StatusCode.INTERNAL, "a malformed health check response")
+
+
+def _serving_status(response):
+    """The status (field 1) of a serialized HealthCheckResponse; UNKNOWN (0) when absent."""
+    status = 0
+    at = 0
+    while at < len(response):
+        key, at = _read_varint(response, at)
+        field, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            value, at = _read_varint(response, at)
+            if field == 1:
+                status = value
+        elif wire_type == 1:
+            at += 8
+        elif wire_type == 2:
+            length, at = _read_varint(response, at)
+            at += length
+        elif wire_type == 5:
+            at += 4
+        else:
+            raise TierdError(StatusCode.INTERNAL, "a malformed health check response")
+    if at > len(response):
+        raise TierdError(StatusCode.INTERNAL, "a malformed health check response")
+    return status
 
 
 def _grouping(name):

@@ -1,0 +1,209 @@
+#include "server/resource_limits.h"
+
+#include <sched.h>
+
+#include <cerrno>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/byte_size.h"
+#include "common/posix_error.h"
+#include "common/status_macros.h"
+#include "device/shared_memory.h"
+
+namespace tierd {
+namespace {
+
+// One resource shared out among flags in turn: each takes its share of what the earlier ones
+// left, or is refused naming itself, the resource and the earlier takers.
+class Budget {
+ public:
+  Budget(uint64_t bytes, std::string description)
+      : left_(bytes), description_(std::move(description)) {}
+
+  // `taker` as the error names it ("--host-cache-bytes=4 GiB"), `name` as later errors list it.
+  absl::Status Take(absl::string_view taker, absl::string_view name, uint64_t bytes) {
+    if (bytes > left_) {
+      std::string message = absl::StrCat(taker, " is more than ", description_);
+      if (!takers_.empty()) {
+        absl::StrAppend(&message, " less ", absl::StrJoin(takers_, ", "), " (",
+                        FormatByteSize(left_), " left)");
+      }
+      return absl::InvalidArgumentError(message);
+    }
+    left_ -= bytes;
+    takers_.emplace_back(name);
+    return absl::OkStatus();
+  }
+
+ private:
+  uint64_t left_;
+  const std::string description_;
+  std::vector<std::string> takers_;
+};
+
+Budget MemoryAvailable(const MachineResources& machine) {
+  return Budget(
+      machine.memory_available_bytes,
+      absl::StrCat("the memory available (", FormatByteSize(machine.memory_available_bytes),
+                   ", MemAvailable in /proc/meminfo)"));
+}
+
+Budget SharedMemoryFree(uint64_t free_bytes) {
+  return Budget(free_bytes,
+                absl::StrCat("the free space of /dev/shm (", FormatByteSize(free_bytes), ")"));
+}
+
+std::string Sized(absl::string_view flag, uint64_t bytes) {
+  return absl::StrCat(flag, "=", FormatByteSize(bytes));
+}
+
+// `a * b`, or UINT64_MAX when that does not fit.
+uint64_t SaturatingMultiply(uint64_t a, uint64_t b) {
+  uint64_t product = 0;
+  return __builtin_mul_overflow(a, b, &product) ? UINT64_MAX : product;
+}
+
+uint64_t ReaderBufferBytes(const DiskReaderOptions& reader) {
+  return SaturatingMultiply(
+      SaturatingMultiply(static_cast<uint64_t>(reader.threads), reader.queue_depth),
+      reader.chunk_bytes);
+}
+
+absl::Status CheckCounts(const DaemonOptions& options, const MachineResources& machine) {
+  const DiskReaderOptions& reader = options.reader;
+  const int max_threads = kMaxReaderThreadsPerCore * machine.cpu_cores;
+  if (reader.threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--reader-threads=", reader.threads, " is less than 1"));
+  }
+  if (reader.threads > max_threads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--reader-threads=", reader.threads, " is more than ", kMaxReaderThreadsPerCore, " x ",
+        machine.cpu_cores, " cores (", max_threads, ")"));
+  }
+  if (reader.queue_depth < 1 || reader.queue_depth > kMaxReaderQueueDepth) {
+    return absl::InvalidArgumentError(absl::StrCat("--reader-queue-depth=", reader.queue_depth,
+                                                   " is not within 1..", kMaxReaderQueueDepth));
+  }
+  if (reader.chunk_bytes < kReaderChunkAlignment || reader.chunk_bytes > kMaxReaderChunkBytes ||
+      reader.chunk_bytes % kReaderChunkAlignment != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Sized("--reader-chunk-bytes", reader.chunk_bytes), " is not a multiple of ",
+        FormatByteSize(kReaderChunkAlignment), " from ", FormatByteSize(kReaderChunkAlignment),
+        " to ", FormatByteSize(kMaxReaderChunkBytes)));
+  }
+  const std::pair<const char*, std::pair<uint32_t, uint32_t>> bounded[] = {
+      {"--max-sessions", {options.max_sessions, kMaxSessions}},
+      {"--session-max-leases", {options.session_limits.max_leases, kMaxSessionLeases}},
+      {"--session-max-requests", {options.session_max_requests, kMaxSessionRequests}},
+  };
+  for (const auto& [flag, value_and_bound] : bounded) {
+    const auto [value, bound] = value_and_bound;
+    if (value > bound) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, "=", value, " is more than ", bound));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The host memory CheckDaemonLimits counts, taken from `memory`.
+absl::Status TakeDaemonHostMemory(const DaemonOptions& options, Budget& memory) {
+  RETURN_IF_ERROR(memory.Take(Sized("--host-cache-bytes", options.host_cache_bytes),
+                              "--host-cache-bytes", options.host_cache_bytes));
+  const DiskReaderOptions& reader = options.reader;
+  const uint64_t reader_bytes = ReaderBufferBytes(reader);
+  RETURN_IF_ERROR(memory.Take(
+      absl::StrCat("the disk reader's buffers, --reader-threads x --reader-queue-depth x "
+                   "--reader-chunk-bytes = ",
+                   reader.threads, " x ", reader.queue_depth, " x ",
+                   FormatByteSize(reader.chunk_bytes), " = ", FormatByteSize(reader_bytes), ","),
+      "the disk reader's buffers", reader_bytes));
+  return memory.Take(Sized("--peer-host-buffer-bytes", options.peer_host_buffer_bytes),
+                     "--peer-host-buffer-bytes", options.peer_host_buffer_bytes);
+}
+
+}  // namespace
+
+absl::StatusOr<MachineResources> ReadMachineResources() {
+  MachineResources machine;
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  if (::sched_getaffinity(0, sizeof(cpus), &cpus) == 0) {
+    machine.cpu_cores = CPU_COUNT(&cpus);
+  } else {
+    machine.cpu_cores = static_cast<int>(std::thread::hardware_concurrency());
+  }
+  if (machine.cpu_cores < 1) machine.cpu_cores = 1;
+
+  constexpr char kMeminfo[] = "/proc/meminfo";
+  std::ifstream meminfo(kMeminfo);
+  if (!meminfo) return PosixError(absl::StrCat("opening ", kMeminfo), errno);
+  bool found = false;
+  for (std::string line; !found && std::getline(meminfo, line);) {
+    absl::string_view rest = line;
+    if (!absl::ConsumePrefix(&rest, "MemAvailable:")) continue;
+    rest = absl::StripAsciiWhitespace(rest);
+    uint64_t kib = 0;
+    if (!absl::ConsumeSuffix(&rest, "kB") ||
+        !absl::SimpleAtoi(absl::StripAsciiWhitespace(rest), &kib)) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot read ", kMeminfo, ": ", line));
+    }
+    machine.memory_available_bytes = kib << 10;
+    found = true;
+  }
+  if (!found) {
+    return absl::FailedPreconditionError(absl::StrCat("no MemAvailable in ", kMeminfo));
+  }
+  ASSIGN_OR_RETURN(machine.shared_memory_free_bytes, SharedMemoryFreeBytes());
+  return machine;
+}
+
+absl::Status CheckDaemonLimits(const DaemonOptions& options, const MachineResources& machine) {
+  RETURN_IF_ERROR(CheckCounts(options, machine));
+  Budget memory = MemoryAvailable(machine);
+  RETURN_IF_ERROR(TakeDaemonHostMemory(options, memory));
+  Budget shared_memory = SharedMemoryFree(machine.shared_memory_free_bytes);
+  return shared_memory.Take(Sized("--peer-host-buffer-bytes", options.peer_host_buffer_bytes),
+                            "--peer-host-buffer-bytes", options.peer_host_buffer_bytes);
+}
+
+absl::Status CheckStagingMemory(const DaemonOptions& options, const MachineResources& machine,
+                                absl::string_view backend, uint64_t device_free_bytes) {
+  const bool host_backend = backend == "host";
+  // On the host backend the device's memory is /dev/shm, which the peer handoff buffer shares.
+  Budget device = host_backend ? SharedMemoryFree(device_free_bytes)
+                               : Budget(device_free_bytes,
+                                        absl::StrCat("the free memory of the GPU (",
+                                                     FormatByteSize(device_free_bytes), ")"));
+  Budget memory = MemoryAvailable(machine);
+  if (host_backend) {
+    RETURN_IF_ERROR(device.Take(Sized("--peer-host-buffer-bytes", options.peer_host_buffer_bytes),
+                                "--peer-host-buffer-bytes", options.peer_host_buffer_bytes));
+    RETURN_IF_ERROR(TakeDaemonHostMemory(options, memory));
+  }
+  std::vector<std::pair<std::string, uint64_t>> pools = {
+      {Sized("--gpu-pool-bytes", options.gpu_pool_bytes), options.gpu_pool_bytes}};
+  for (const ClientGroupOptions& group : options.client_groups) {
+    pools.emplace_back(
+        absl::StrCat("--client-groups ", group.name, ":", FormatByteSize(group.gpu_pool_bytes)),
+        group.gpu_pool_bytes);
+  }
+  for (size_t i = 0; i < pools.size(); ++i) {
+    const auto& [taker, bytes] = pools[i];
+    const std::string name = i == 0 ? "--gpu-pool-bytes" : taker;
+    RETURN_IF_ERROR(device.Take(taker, name, bytes));
+    if (host_backend) RETURN_IF_ERROR(memory.Take(taker, name, bytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tierd

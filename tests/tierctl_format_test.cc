@@ -1,0 +1,55 @@
+// How tierctl shows what the daemon sends (client/tierctl_format.h).
+#include "client/tierctl_format.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tierd {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(TierctlFormatTest, EscapeForTextEscapesControlCharactersAsJsonDoes) {
+  EXPECT_EQ(EscapeForText("m/blocks.3"), "m/blocks.3");
+  EXPECT_EQ(EscapeForText(std::string("a\0b", 3)), "a\\u0000b");
+  EXPECT_EQ(EscapeForText("tab\there\nnew\rline\b\f"), "tab\\there\\nnew\\rline\\b\\f");
+  EXPECT_EQ(EscapeForText("\x1b[2J\x7f"), "\\u001b[2J\\u007f");
+  // A backslash is escaped too, so an escape in the output always means a character.
+  EXPECT_EQ(EscapeForText("a\\u0000b"), "a\\\\u0000b");
+}
+
+TEST(TierctlFormatTest, EscapeForTextKeepsUtf8AndMarksWhatIsNot) {
+  EXPECT_EQ(EscapeForText("blocks.3 → gpu, μ, 🙂"), "blocks.3 → gpu, μ, 🙂");
+  // C1 controls (U+009B is a CSI) are escaped like C0.
+  EXPECT_EQ(EscapeForText("\xc2\x9b"
+                          "2J"),
+            "\\u009b2J");
+  // A lone continuation byte, a truncated sequence, an overlong NUL, a surrogate.
+  EXPECT_EQ(EscapeForText("\x80"), "\\x80");
+  EXPECT_EQ(EscapeForText("\xe2\x86"), "\\xe2\\x86");
+  EXPECT_EQ(EscapeForText("\xc0\x80"), "\\xc0\\x80");
+  EXPECT_EQ(EscapeForText("\xed\xa0\x80"), "\\xed\\xa0\\x80");
+}
+
+TEST(TierctlFormatTest, ObjectTablesShowEveryKeyWhole) {
+  v1::ObjectInfo hidden;
+  hidden.set_key(std::string("m/w\0hidden", 10));
+  hidden.set_size(16);
+  v1::ObjectInfo plain;
+  plain.set_key("m/blocks.0");
+  plain.set_size(16);
+  const std::string table = FormatObjects({hidden, plain});
+  EXPECT_EQ(table.find('\0'), std::string::npos);
+  EXPECT_THAT(table, HasSubstr("m/w\\u0000hidden  "));
+  EXPECT_THAT(table, HasSubstr("m/blocks.0"));
+  EXPECT_THAT(table, HasSubstr("2 objects"));
+
+  v1::ModelSummary model;
+  model.set_name("m\x1b]0;title\x07");
+  EXPECT_THAT(FormatModels({model}), HasSubstr("m\\u001b]0;title\\u0007 "));
+}
+
+}  // namespace
+}  // namespace tierd
