@@ -64,6 +64,7 @@ absl::StatusOr<std::map<std::string, uint64_t>> ChecksumModelObjects(
   std::map<std::string, uint64_t> checksums;
   uint64_t done = 0;
   uint64_t reported = 0;
+  const std::string* last_file = nullptr;
   const auto hash_zeros = [&](uint64_t bytes) {
     done += bytes;
     std::memset(buffer.data(), 0, std::min(bytes, kReadBytes));
@@ -77,6 +78,7 @@ absl::StatusOr<std::map<std::string, uint64_t>> ChecksumModelObjects(
     for (const Extent* extent : InObjectOrder(object)) {
       hash_zeros(extent->object_offset - cursor);
       const ModelFile& file = model.files[extent->file];
+      last_file = &file.path;
       const int fd = files[extent->file].get();
       for (uint64_t read = 0; read < extent->length;) {
         const size_t want = std::min(extent->length - read, kReadBytes);
@@ -109,7 +111,7 @@ absl::StatusOr<std::map<std::string, uint64_t>> ChecksumModelObjects(
   for (size_t i = 0; i < files.size(); ++i) {
     RETURN_IF_ERROR(CheckModelFile(files[i].get(), model.files[i]));
   }
-  if (progress) progress(done, model.total_bytes, "");
+  if (progress && last_file != nullptr) progress(done, model.total_bytes, *last_file);
   return checksums;
 }
 

@@ -34,7 +34,7 @@ using VerifyProgress =
 // Reads every object of `model` from its files — each opened once with OpenModelFile, beneath
 // `roots` and checked against what registration recorded — and returns object name → checksum,
 // as ObjectChecksum gives over the object's bytes. Memory: one buffer of a few MiB, whatever the
-// model's size. `progress` (when set) is called about every 256 MiB and at the end. Errors: those
+// model's size. `progress` (when set) is called about every 256 MiB and once at the end. Errors: those
 // of opening and checking the files (PERMISSION_DENIED, FAILED_PRECONDITION, ...), DATA_LOSS for a
 // file shorter than recorded, I/O errors.
 absl::StatusOr<std::map<std::string, uint64_t>> ChecksumModelObjects(

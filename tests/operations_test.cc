@@ -1,6 +1,7 @@
 // tierd as an operator runs it, as a separate process on real sockets: the configuration file, the
 // systemd notifications (to a fake NOTIFY_SOCKET), the Prometheus endpoint scraped over HTTP and
 // parsed, the socket's group, and SIGTERM with sessions open.
+#include <fcntl.h>
 #include <grp.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -461,6 +462,50 @@ TEST_F(OperationsTest, ModelsAreRegisteredOnlyFromTheModelRoots) {
   auto bad_root = RunProgram(TierdArgs({"--model-roots=relative/models"}), kTimeout);
   ASSERT_THAT(bad_root, IsOk());
   EXPECT_EQ(bad_root->exit_code, 2);
+}
+
+TEST_F(OperationsTest, LoadWithVerifyChecksEvenAFirstRead) {
+  const std::string model = absl::StrCat(dir_.path(), "/verified");
+  ASSERT_EQ(::system(absl::StrCat("mkdir -p ", model).c_str()), 0);
+  const std::string file = absl::StrCat(model, "/model.safetensors");
+  ASSERT_THAT(
+      testing::WriteSafetensors(file, {testing::RandomTensor("blocks.0.w", "F32", {64}, 1),
+                                       testing::RandomTensor("blocks.1.w", "F32", {64}, 2)}),
+      IsOk());
+  auto daemon = StartDaemon(TierdArgs());
+  ASSERT_NE(daemon, nullptr);
+  auto load = RunProgram({"/bin/sh", "-c",
+                          absl::StrCat(SiblingBinary("tierctl"), " --socket=", socket_path(),
+                                       " load v ", model, " --verify 2>&1")},
+                         kTimeout);
+  ASSERT_THAT(load, IsOk());
+  EXPECT_EQ(load->exit_code, 0) << load->output;
+  EXPECT_THAT(load->output, HasSubstr("verified"));  // the progress, in bytes
+  // The last byte changes on disk with the file's size and mtime kept: only a checksum can tell,
+  // and with --verify there is one before the first read.
+  struct stat before {};
+  ASSERT_EQ(::stat(file.c_str(), &before), 0);
+  {
+    std::fstream bytes(file, std::ios::in | std::ios::out | std::ios::binary);
+    bytes.seekp(-1, std::ios::end);
+    bytes.put('\x7f');
+  }
+  const timespec times[2] = {{0, UTIME_OMIT}, before.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, file.c_str(), times, 0), 0);
+  auto get = RunProgram({"/bin/sh", "-c",
+                         absl::StrCat(SiblingBinary("tierctl"), " --socket=", socket_path(),
+                                      " get v/blocks.1 -o ", dir_.path(), "/out 2>&1")},
+                        kTimeout);
+  ASSERT_THAT(get, IsOk());
+  EXPECT_EQ(get->exit_code, 1);
+  EXPECT_THAT(get->output, HasSubstr("DATA_LOSS"));
+  auto intact = Tierctl({"get", "v/blocks.0", "-o", absl::StrCat(dir_.path(), "/out0")});
+  ASSERT_THAT(intact, IsOk());
+  EXPECT_EQ(intact->exit_code, 0);
+  // --verify belongs to load only.
+  auto misplaced = Tierctl({"ls", "--verify"});
+  ASSERT_THAT(misplaced, IsOk());
+  EXPECT_EQ(misplaced->exit_code, 2);
 }
 
 // ---- Crashes ------------------------------------------------------------------------------------
