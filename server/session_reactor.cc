@@ -1,11 +1,15 @@
 #include "server/session_reactor.h"
 
+#include <optional>
 #include <utility>
+
+#include "server/proto_convert.h"
+#include "server/raw_call.h"
 
 namespace tierd {
 
 SessionReactor::SessionReactor(GpuTier& tier, const SessionOptions& options)
-    : outbox_(std::make_shared<Outbox>()) {
+    : outbox_(std::make_shared<Outbox>()), counters_(options.counters) {
   {
     absl::MutexLock lock(&outbox_->mu);
     outbox_->reactor = this;
@@ -28,13 +32,18 @@ void SessionReactor::Send(const std::shared_ptr<Outbox>& outbox, v1::SessionResp
     // While `writing` is set Finish is not called, so the reactor stays alive past the unlock.
     outbox->writing = true;
     reactor = outbox->reactor;
-    reactor->in_flight_ = std::move(response);
   }
-  reactor->StartWrite(&reactor->in_flight_);
+  reactor->StartWriting(response);
+}
+
+void SessionReactor::StartWriting(const v1::SessionResponse& response) {
+  // A SessionResponse is far below protobuf's 2 GiB limit: serializing it does not fail.
+  (void)Serialize(response, in_flight_);
+  StartWrite(&in_flight_);
 }
 
 void SessionReactor::OnWriteDone(bool ok) {
-  bool more = false;
+  std::optional<v1::SessionResponse> next;
   {
     absl::MutexLock lock(&outbox_->mu);
     if (!ok) {
@@ -42,15 +51,14 @@ void SessionReactor::OnWriteDone(bool ok) {
       outbox_->queue.clear();
     }
     if (!outbox_->queue.empty()) {
-      in_flight_ = std::move(outbox_->queue.front());
+      next = std::move(outbox_->queue.front());
       outbox_->queue.pop_front();
-      more = true;
     } else {
       outbox_->writing = false;
     }
   }
-  if (more) {
-    StartWrite(&in_flight_);
+  if (next.has_value()) {
+    StartWriting(*next);
   } else {
     MaybeFinish();
   }
@@ -58,11 +66,20 @@ void SessionReactor::OnWriteDone(bool ok) {
 
 void SessionReactor::OnReadDone(bool ok) {
   if (ok) {
-    protocol_->Handle(request_);
-    StartRead(&request_);
-    return;
+    v1::SessionRequest request;
+    absl::Status parsed = ParseRequest(request_, request);
+    if (parsed.ok()) {
+      protocol_->Handle(request);
+      StartRead(&request_);
+      return;
+    }
+    // The stream ends with why; what came before is still answered. Nothing more is read.
+    if (counters_ != nullptr) counters_->Count(parsed.code());
+    absl::MutexLock lock(&outbox_->mu);
+    outbox_->finish_status = ToGrpcStatus(parsed);
   }
-  // Half-close, cancellation or a broken connection: the session is over.
+  // Half-close, cancellation, a broken connection or a request that does not parse: the session
+  // is over.
   protocol_->Close();
   {
     absl::MutexLock lock(&outbox_->mu);
@@ -72,12 +89,14 @@ void SessionReactor::OnReadDone(bool ok) {
 }
 
 void SessionReactor::MaybeFinish() {
+  grpc::Status status;
   {
     absl::MutexLock lock(&outbox_->mu);
     if (!outbox_->reads_done || outbox_->writing || outbox_->finish_called) return;
     outbox_->finish_called = true;
+    status = outbox_->finish_status;
   }
-  Finish(grpc::Status::OK);
+  Finish(status);
 }
 
 void SessionReactor::OnDone() {

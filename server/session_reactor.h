@@ -17,8 +17,7 @@
 
 namespace tierd {
 
-class SessionReactor final
-    : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse> {
+class SessionReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   // Starts reading at once. Deletes itself when the stream is done.
   SessionReactor(GpuTier& tier, const SessionOptions& options);
@@ -37,16 +36,21 @@ class SessionReactor final
     bool write_failed ABSL_GUARDED_BY(mu) = false;
     bool reads_done ABSL_GUARDED_BY(mu) = false;
     bool finish_called ABSL_GUARDED_BY(mu) = false;
+    // What the stream ends with: OK, or why a request could not be parsed.
+    grpc::Status finish_status ABSL_GUARDED_BY(mu);
   };
 
   static void Send(const std::shared_ptr<Outbox>& outbox, v1::SessionResponse response);
+  // Serializes `response` into in_flight_ and starts writing it.
+  void StartWriting(const v1::SessionResponse& response);
   // Calls Finish once reads are over and nothing is left to write.
   void MaybeFinish() ABSL_LOCKS_EXCLUDED(outbox_->mu);
 
   std::shared_ptr<Outbox> outbox_;
   std::shared_ptr<SessionProtocol> protocol_;
-  v1::SessionRequest request_;
-  v1::SessionResponse in_flight_;  // the response being written
+  ResponseCounters* const counters_;  // may be null
+  grpc::ByteBuffer request_;          // the request being read, as it came
+  grpc::ByteBuffer in_flight_;        // the response being written
 };
 
 }  // namespace tierd

@@ -11,10 +11,12 @@
 #include <deque>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/posix_error.h"
 #include "common/session_socket.h"
+#include "server/parse_failure.h"
 #include "server/unix_socket.h"
 
 namespace tierd {
@@ -206,8 +208,13 @@ void SessionSocketServer::Serve(const std::shared_ptr<Connection>& connection) {
         break;
       }
       if (!request.ParseFromString(payload)) {
-        TIERD_LOG(WARNING) << "session socket: a request that is no SessionRequest; closing the "
-                              "session";
+        // The description names fields of the proto, never the client's bytes; escaped all the
+        // same, as everything a client can influence that reaches the log.
+        TIERD_LOG(WARNING)
+            << "session socket: "
+            << absl::CEscape(
+                   UndecodableRequest(*v1::SessionRequest::descriptor(), payload).message())
+            << "; closing the session";
         break;
       }
       protocol->Handle(request);

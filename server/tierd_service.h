@@ -12,6 +12,7 @@
 
 #include "common/timer_thread.h"
 #include "server/gpu_tier.h"
+#include "server/raw_call.h"
 #include "server/response_counters.h"
 #include "server/session.h"
 #include "server/stats.h"
@@ -21,7 +22,17 @@
 
 namespace tierd {
 
-class TierdService final : public v1::Tierd::CallbackService {
+// Every method registered raw, so that requests are parsed by the daemon (server/raw_call.h): one
+// that does not parse is answered INVALID_ARGUMENT naming what is wrong, where gRPC's generated
+// handlers would answer UNIMPLEMENTED with no message.
+using RawTierdService =
+    v1::Tierd::WithRawCallbackMethod_Session<v1::Tierd::WithRawCallbackMethod_RegisterModel<
+        v1::Tierd::WithRawCallbackMethod_ListModels<v1::Tierd::WithRawCallbackMethod_ListObjects<
+            v1::Tierd::WithRawCallbackMethod_DropModel<v1::Tierd::WithRawCallbackMethod_Prefetch<
+                v1::Tierd::WithRawCallbackMethod_Evict<v1::Tierd::WithRawCallbackMethod_GetStats<
+                    v1::Tierd::WithRawCallbackMethod_ListHandles<v1::Tierd::Service>>>>>>>>>;
+
+class TierdService final : public RawTierdService {
  public:
   // The service starts out not serving: every call is answered UNAVAILABLE ("tierd is starting")
   // until Attach. Answers are counted in `counters` (must outlive the service; may be null).
@@ -39,31 +50,32 @@ class TierdService final : public v1::Tierd::CallbackService {
   // and stats still answer.
   void StartShutdown() { shutting_down_ = true; }
 
-  grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* Session(
+  // The raw methods: each parses its request and hands it to the typed handler below.
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
       grpc::CallbackServerContext* context) override;
-  grpc::ServerWriteReactor<v1::RegisterModelProgress>* RegisterModel(
-      grpc::CallbackServerContext* context, const v1::RegisterModelRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* RegisterModel(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
-                                       const v1::ListModelsRequest* request,
-                                       v1::ListModelsResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListObjects(grpc::CallbackServerContext* context,
-                                        const v1::ListObjectsRequest* request,
-                                        v1::ListObjectsResponse* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* DropModel(grpc::CallbackServerContext* context,
-                                      const v1::DropModelRequest* request,
-                                      v1::DropModelResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Prefetch(grpc::CallbackServerContext* context,
-                                     const v1::PrefetchRequest* request,
-                                     v1::PrefetchResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Evict(grpc::CallbackServerContext* context,
-                                  const v1::EvictRequest* request,
-                                  v1::EvictResponse* response) override;
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
-                                     const v1::GetStatsRequest* request,
-                                     v1::Stats* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListHandles(grpc::CallbackServerContext* context,
-                                        const v1::ListHandlesRequest* request,
-                                        v1::ListHandlesResponse* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
 
  private:
   struct Tiers {
@@ -79,8 +91,19 @@ class TierdService final : public v1::Tierd::CallbackService {
   absl::StatusOr<Tiers*> Serving(bool during_shutdown = false) const;
   // Counts `status` and converts it for gRPC.
   grpc::Status Answer(const absl::Status& status) const;
-  grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
-                                   const absl::Status& status);
+  // Serves a raw unary call with `handle`, a typed handler below.
+  template <typename Request, typename Response>
+  grpc::ServerUnaryReactor* Serve(const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
+                                  void (TierdService::*handle)(UnaryCall<Request, Response>&));
+
+  // The typed handlers of the unary calls; each answers its call once.
+  void ListModels(UnaryCall<v1::ListModelsRequest, v1::ListModelsResponse>& call);
+  void ListObjects(UnaryCall<v1::ListObjectsRequest, v1::ListObjectsResponse>& call);
+  void DropModel(UnaryCall<v1::DropModelRequest, v1::DropModelResponse>& call);
+  void Prefetch(UnaryCall<v1::PrefetchRequest, v1::PrefetchResponse>& call);
+  void Evict(UnaryCall<v1::EvictRequest, v1::EvictResponse>& call);
+  void GetStats(UnaryCall<v1::GetStatsRequest, v1::Stats>& call);
+  void ListHandles(UnaryCall<v1::ListHandlesRequest, v1::ListHandlesResponse>& call);
 
   ResponseCounters* const counters_;
   std::unique_ptr<Tiers> attached_;  // set once by Attach, before tiers_ publishes it
