@@ -165,46 +165,47 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TierdService::RegisterModel(
 grpc::ServerUnaryReactor* TierdService::ListModels(grpc::CallbackServerContext* /*context*/,
                                                    const grpc::ByteBuffer* request,
                                                    grpc::ByteBuffer* response) {
-  return Serve(request, response, &TierdService::ListModels);
+  return Serve(request, response, &TierdService::HandleListModels);
 }
 
 grpc::ServerUnaryReactor* TierdService::ListObjects(grpc::CallbackServerContext* /*context*/,
                                                     const grpc::ByteBuffer* request,
                                                     grpc::ByteBuffer* response) {
-  return Serve(request, response, &TierdService::ListObjects);
+  return Serve(request, response, &TierdService::HandleListObjects);
 }
 
 grpc::ServerUnaryReactor* TierdService::DropModel(grpc::CallbackServerContext* /*context*/,
                                                   const grpc::ByteBuffer* request,
                                                   grpc::ByteBuffer* response) {
-  return Serve(request, response, &TierdService::DropModel);
+  return Serve(request, response, &TierdService::HandleDropModel);
 }
 
 grpc::ServerUnaryReactor* TierdService::Prefetch(grpc::CallbackServerContext* /*context*/,
                                                  const grpc::ByteBuffer* request,
                                                  grpc::ByteBuffer* response) {
-  return Serve(request, response, &TierdService::Prefetch);
+  return Serve(request, response, &TierdService::HandlePrefetch);
 }
 
 grpc::ServerUnaryReactor* TierdService::Evict(grpc::CallbackServerContext* /*context*/,
                                               const grpc::ByteBuffer* request,
                                               grpc::ByteBuffer* response) {
-  return Serve(request, response, &TierdService::Evict);
+  return Serve(request, response, &TierdService::HandleEvict);
 }
 
 grpc::ServerUnaryReactor* TierdService::GetStats(grpc::CallbackServerContext* /*context*/,
                                                  const grpc::ByteBuffer* request,
                                                  grpc::ByteBuffer* response) {
-  return Serve(request, response, &TierdService::GetStats);
+  return Serve(request, response, &TierdService::HandleGetStats);
 }
 
 grpc::ServerUnaryReactor* TierdService::ListHandles(grpc::CallbackServerContext* /*context*/,
                                                     const grpc::ByteBuffer* request,
                                                     grpc::ByteBuffer* response) {
-  return Serve(request, response, &TierdService::ListHandles);
+  return Serve(request, response, &TierdService::HandleListHandles);
 }
 
-void TierdService::ListModels(UnaryCall<v1::ListModelsRequest, v1::ListModelsResponse>& call) {
+void TierdService::HandleListModels(
+    UnaryCall<v1::ListModelsRequest, v1::ListModelsResponse>& call) {
   absl::StatusOr<Tiers*> tiers = Serving(/*during_shutdown=*/true);
   if (!tiers.ok()) return call.Answer(tiers.status());
   for (const ModelSummary& summary : (*tiers)->catalog.ListModels()) {
@@ -213,7 +214,8 @@ void TierdService::ListModels(UnaryCall<v1::ListModelsRequest, v1::ListModelsRes
   call.Answer(absl::OkStatus());
 }
 
-void TierdService::ListObjects(UnaryCall<v1::ListObjectsRequest, v1::ListObjectsResponse>& call) {
+void TierdService::HandleListObjects(
+    UnaryCall<v1::ListObjectsRequest, v1::ListObjectsResponse>& call) {
   absl::StatusOr<Tiers*> tiers = Serving(/*during_shutdown=*/true);
   if (!tiers.ok()) return call.Answer(tiers.status());
   absl::StatusOr<std::shared_ptr<const ModelInfo>> model =
@@ -230,11 +232,11 @@ void TierdService::ListObjects(UnaryCall<v1::ListObjectsRequest, v1::ListObjects
   call.Answer(absl::OkStatus());
 }
 
-void TierdService::DropModel(UnaryCall<v1::DropModelRequest, v1::DropModelResponse>& call) {
+void TierdService::HandleDropModel(UnaryCall<v1::DropModelRequest, v1::DropModelResponse>& call) {
   absl::StatusOr<Tiers*> tiers = Serving();
   if (!tiers.ok()) return call.Answer(tiers.status());
   // Deleting the persisted file syncs the directory: not on a gRPC thread.
-  admin_.RunAfter(absl::ZeroDuration(), [this, tiers = *tiers, &call] {
+  admin_.RunAfter(absl::ZeroDuration(), [tiers = *tiers, &call] {
     const std::string& name = call.request().name();
     absl::Status status = tiers->catalog.DropModel(name);
     if (status.ok()) {
@@ -247,7 +249,7 @@ void TierdService::DropModel(UnaryCall<v1::DropModelRequest, v1::DropModelRespon
   });
 }
 
-void TierdService::Prefetch(UnaryCall<v1::PrefetchRequest, v1::PrefetchResponse>& call) {
+void TierdService::HandlePrefetch(UnaryCall<v1::PrefetchRequest, v1::PrefetchResponse>& call) {
   absl::StatusOr<Tiers*> tiers = Serving();
   if (!tiers.ok()) return call.Answer(tiers.status());
   absl::StatusOr<v1::PrefetchResponse> result = RunPrefetch(
@@ -257,7 +259,7 @@ void TierdService::Prefetch(UnaryCall<v1::PrefetchRequest, v1::PrefetchResponse>
   call.Answer(absl::OkStatus());
 }
 
-void TierdService::Evict(UnaryCall<v1::EvictRequest, v1::EvictResponse>& call) {
+void TierdService::HandleEvict(UnaryCall<v1::EvictRequest, v1::EvictResponse>& call) {
   absl::StatusOr<Tiers*> tiers = Serving();
   if (!tiers.ok()) return call.Answer(tiers.status());
   absl::StatusOr<v1::EvictResponse> result = RunEvict(
@@ -267,7 +269,7 @@ void TierdService::Evict(UnaryCall<v1::EvictRequest, v1::EvictResponse>& call) {
   call.Answer(absl::OkStatus());
 }
 
-void TierdService::GetStats(UnaryCall<v1::GetStatsRequest, v1::Stats>& call) {
+void TierdService::HandleGetStats(UnaryCall<v1::GetStatsRequest, v1::Stats>& call) {
   absl::StatusOr<Tiers*> tiers = Serving(/*during_shutdown=*/true);
   if (!tiers.ok()) return call.Answer(tiers.status());
   *call.response() = CollectStats((*tiers)->catalog, (*tiers)->host_cache, (*tiers)->gpu_tier,
@@ -275,7 +277,8 @@ void TierdService::GetStats(UnaryCall<v1::GetStatsRequest, v1::Stats>& call) {
   call.Answer(absl::OkStatus());
 }
 
-void TierdService::ListHandles(UnaryCall<v1::ListHandlesRequest, v1::ListHandlesResponse>& call) {
+void TierdService::HandleListHandles(
+    UnaryCall<v1::ListHandlesRequest, v1::ListHandlesResponse>& call) {
   absl::StatusOr<Tiers*> tiers = Serving(/*during_shutdown=*/true);
   if (!tiers.ok()) return call.Answer(tiers.status());
   v1::ListHandlesResponse* response = call.response();

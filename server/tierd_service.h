@@ -97,13 +97,13 @@ class TierdService final : public RawTierdService {
                                   void (TierdService::*handle)(UnaryCall<Request, Response>&));
 
   // The typed handlers of the unary calls; each answers its call once.
-  void ListModels(UnaryCall<v1::ListModelsRequest, v1::ListModelsResponse>& call);
-  void ListObjects(UnaryCall<v1::ListObjectsRequest, v1::ListObjectsResponse>& call);
-  void DropModel(UnaryCall<v1::DropModelRequest, v1::DropModelResponse>& call);
-  void Prefetch(UnaryCall<v1::PrefetchRequest, v1::PrefetchResponse>& call);
-  void Evict(UnaryCall<v1::EvictRequest, v1::EvictResponse>& call);
-  void GetStats(UnaryCall<v1::GetStatsRequest, v1::Stats>& call);
-  void ListHandles(UnaryCall<v1::ListHandlesRequest, v1::ListHandlesResponse>& call);
+  void HandleListModels(UnaryCall<v1::ListModelsRequest, v1::ListModelsResponse>& call);
+  void HandleListObjects(UnaryCall<v1::ListObjectsRequest, v1::ListObjectsResponse>& call);
+  void HandleDropModel(UnaryCall<v1::DropModelRequest, v1::DropModelResponse>& call);
+  void HandlePrefetch(UnaryCall<v1::PrefetchRequest, v1::PrefetchResponse>& call);
+  void HandleEvict(UnaryCall<v1::EvictRequest, v1::EvictResponse>& call);
+  void HandleGetStats(UnaryCall<v1::GetStatsRequest, v1::Stats>& call);
+  void HandleListHandles(UnaryCall<v1::ListHandlesRequest, v1::ListHandlesResponse>& call);
 
   ResponseCounters* const counters_;
   std::unique_ptr<Tiers> attached_;  // set once by Attach, before tiers_ publishes it
