@@ -60,43 +60,57 @@ void SessionReactor::OnWriteDone(bool ok) {
   if (next.has_value()) {
     StartWriting(*next);
   } else {
-    MaybeFinish();
+    MaybeFinish(outbox_);
   }
 }
 
 void SessionReactor::OnReadDone(bool ok) {
-  if (ok) {
-    v1::SessionRequest request;
-    absl::Status parsed = ParseRequest(request_, request);
-    if (parsed.ok()) {
-      protocol_->Handle(request);
-      StartRead(&request_);
-      return;
-    }
-    // The stream ends with why; what came before is still answered. Nothing more is read.
+  if (!ok) return EndReads(grpc::Status::OK);  // a half-close, or the stream is broken
+  v1::SessionRequest request;
+  if (absl::Status parsed = ParseRequest(request_, request); !parsed.ok()) {
+    // Nothing more is read; what came before is still answered.
     if (counters_ != nullptr) counters_->Count(parsed.code());
-    absl::MutexLock lock(&outbox_->mu);
-    outbox_->finish_status = ToGrpcStatus(parsed);
+    return EndReads(ToGrpcStatus(parsed));
   }
-  // Half-close, cancellation, a broken connection or a request that does not parse: the session
-  // is over.
-  protocol_->Close();
-  {
-    absl::MutexLock lock(&outbox_->mu);
-    outbox_->reads_done = true;
-  }
-  MaybeFinish();
+  protocol_->Handle(request);
+  StartRead(&request_);
 }
 
-void SessionReactor::MaybeFinish() {
-  grpc::Status status;
+void SessionReactor::EndReads(const grpc::Status& why) {
   {
     absl::MutexLock lock(&outbox_->mu);
-    if (!outbox_->reads_done || outbox_->writing || outbox_->finish_called) return;
-    outbox_->finish_called = true;
-    status = outbox_->finish_status;
+    outbox_->finish_status = why;
   }
-  Finish(status);
+  // A cancelled stream is closed by OnCancel, which makes this call back at once.
+  protocol_->CloseWhenAnswered([outbox = outbox_] {
+    {
+      absl::MutexLock lock(&outbox->mu);
+      outbox->reads_done = true;
+    }
+    MaybeFinish(outbox);
+  });
+}
+
+void SessionReactor::MaybeFinish(const std::shared_ptr<Outbox>& outbox) {
+  SessionReactor* reactor;
+  grpc::Status status;
+  {
+    absl::MutexLock lock(&outbox->mu);
+    if (outbox->reactor == nullptr || !outbox->reads_done || outbox->writing ||
+        outbox->finish_called) {
+      return;
+    }
+    outbox->finish_called = true;
+    reactor = outbox->reactor;
+    status = outbox->finish_status;
+  }
+  // OnDone, which deletes the reactor, comes only after this Finish.
+  reactor->Finish(status);
+}
+
+void SessionReactor::OnCancel() {
+  // The client cancelled or is gone: answers in flight can no longer reach it.
+  protocol_->Close();
 }
 
 void SessionReactor::OnDone() {

@@ -1,7 +1,11 @@
 // The gRPC side of one Session stream: reads requests into a SessionProtocol and writes its
 // responses back in order, one write in flight at a time. Responses produced after the stream is
-// gone are dropped. When the client half-closes, cancels or disconnects, the protocol is closed,
-// which releases what the session holds.
+// gone are dropped.
+//
+// A client that half-closes (sends its last request, as grpcurl does at the end of its input)
+// still gets the answers to the requests in flight; then the session closes, releasing what it
+// holds, and the stream ends OK. A request that does not parse is handled alike, but the stream
+// ends INVALID_ARGUMENT saying why. A cancelled or broken stream closes the session at once.
 #ifndef TIERD_SERVER_SESSION_REACTOR_H_
 #define TIERD_SERVER_SESSION_REACTOR_H_
 
@@ -24,6 +28,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
+  void OnCancel() override;
   void OnDone() override;
 
  private:
@@ -34,7 +39,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
     std::deque<v1::SessionResponse> queue ABSL_GUARDED_BY(mu);
     bool writing ABSL_GUARDED_BY(mu) = false;
     bool write_failed ABSL_GUARDED_BY(mu) = false;
-    bool reads_done ABSL_GUARDED_BY(mu) = false;
+    bool reads_done ABSL_GUARDED_BY(mu) = false;  // and the session closed
     bool finish_called ABSL_GUARDED_BY(mu) = false;
     // What the stream ends with: OK, or why a request could not be parsed.
     grpc::Status finish_status ABSL_GUARDED_BY(mu);
@@ -43,8 +48,12 @@ class SessionReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
   static void Send(const std::shared_ptr<Outbox>& outbox, v1::SessionResponse response);
   // Serializes `response` into in_flight_ and starts writing it.
   void StartWriting(const v1::SessionResponse& response);
-  // Calls Finish once reads are over and nothing is left to write.
-  void MaybeFinish() ABSL_LOCKS_EXCLUDED(outbox_->mu);
+  // Reads are over (`why` is OK for a half-close): the session closes once every request in
+  // flight is answered, and the stream finishes with `why` once those answers are written.
+  void EndReads(const grpc::Status& why);
+  // Calls Finish once reads are over and nothing is left to write. Any thread: until Finish the
+  // reactor is alive.
+  static void MaybeFinish(const std::shared_ptr<Outbox>& outbox) ABSL_LOCKS_EXCLUDED(outbox->mu);
 
   std::shared_ptr<Outbox> outbox_;
   std::shared_ptr<SessionProtocol> protocol_;

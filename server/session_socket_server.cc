@@ -1,5 +1,6 @@
 #include "server/session_socket_server.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -219,16 +220,19 @@ void SessionSocketServer::Serve(const std::shared_ptr<Connection>& connection) {
       }
       protocol->Handle(request);
     }
-    protocol->Close();
-    {
-      absl::MutexLock lock(&connection->mu);
-      // A client that half-closed still reads: the answers already queued go out first.
-      if (clean_end) {
-        connection->reads_done = true;
-      } else {
-        connection->ShutDownLocked();
-      }
+    if (clean_end) {
+      // A half-close: the client still reads. The answers to its requests in flight go out, then
+      // the session closes and the writer, having sent everything, ends.
+      protocol->CloseWhenAnswered([weak = std::weak_ptr<Connection>(connection)] {
+        if (std::shared_ptr<Connection> live = weak.lock()) {
+          absl::MutexLock lock(&live->mu);
+          live->reads_done = true;
+        }
+      });
+      WaitForAnswersUnlessHungUp(*connection, fd);
     }
+    protocol->Close();  // at once unless every answer was sent
+    if (!clean_end) connection->ShutDown();
     connection->writer.join();
   }
   {
@@ -243,6 +247,25 @@ void SessionSocketServer::Serve(const std::shared_ptr<Connection>& connection) {
   --active_;
   absl::MutexLock connection_lock(&connection->mu);
   connection->finished = true;
+}
+
+void SessionSocketServer::WaitForAnswersUnlessHungUp(Connection& connection, int fd) {
+  while (true) {
+    {
+      absl::MutexLock lock(&connection.mu);
+      const auto answered_or_closed = [](Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
+        return c->reads_done || c->closed;
+      };
+      if (connection.mu.AwaitWithTimeout(absl::Condition(+answered_or_closed, &connection),
+                                         kHangUpCheckPeriod)) {
+        return;
+      }
+    }
+    // A half-closed client that now closes its end too (or a broken connection) is told apart by
+    // POLLHUP, which a Unix stream socket reports once both directions are shut.
+    pollfd hang_up{fd, 0, 0};
+    if (::poll(&hang_up, 1, 0) > 0 && (hang_up.revents & (POLLHUP | POLLERR)) != 0) return;
+  }
 }
 
 void SessionSocketServer::Enqueue(const std::shared_ptr<Connection>& connection,

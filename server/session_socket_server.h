@@ -7,6 +7,10 @@
 // must greet within kGreetingTimeout; one that stops reading while more than kMaxQueuedBytes of
 // answers wait is disconnected. A disconnected session ends and what it held is released.
 //
+// A client that half-closes (shutdown(SHUT_WR)) still gets the answers to its requests in flight;
+// then its session ends and the connection is closed. One that hangs up altogether meanwhile has
+// its session ended at once.
+//
 // Thread-safe.
 #ifndef TIERD_SERVER_SESSION_SOCKET_SERVER_H_
 #define TIERD_SERVER_SESSION_SOCKET_SERVER_H_
@@ -34,6 +38,9 @@ class SessionSocketServer {
   static constexpr uint64_t kMaxQueuedBytes = 256ull << 20;
   static constexpr int kMaxConnections = 1024;
   static constexpr absl::Duration kGreetingTimeout = absl::Seconds(5);
+  // How soon a client that half-closed, then hung up, has its session ended while answers it
+  // waits for are still in flight.
+  static constexpr absl::Duration kHangUpCheckPeriod = absl::Milliseconds(50);
 
   // Binds `path` (replacing a stale socket; refusing one a live server answers on), makes it
   // mode 0660 with `group` (unless nullopt) and starts accepting. `tier` must outlive the server.
@@ -59,6 +66,9 @@ class SessionSocketServer {
   void StopAcceptingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shutdown_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   void AcceptLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void Serve(const std::shared_ptr<Connection>& connection) ABSL_LOCKS_EXCLUDED(mu_);
+  // After a half-close: returns once every answer is queued (reads_done) or the connection is
+  // shut down, or the client has hung up altogether (checked every kHangUpCheckPeriod).
+  static void WaitForAnswersUnlessHungUp(Connection& connection, int fd);
   static void Enqueue(const std::shared_ptr<Connection>& connection, std::string frame);
   static void WriteLoop(const std::shared_ptr<Connection>& connection);
   // Joins and forgets connections whose readers are done.
