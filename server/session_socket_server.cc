@@ -200,10 +200,15 @@ void SessionSocketServer::Serve(const std::shared_ptr<Connection>& connection) {
     v1::SessionRequest request;
     bool clean_end = false;
     while (true) {
-      absl::Status status = ReadFrame(fd, payload);
+      absl::Status status = ReadFrameWithin(fd, payload, kFrameTimeout);
       if (!status.ok()) {
         clean_end = absl::IsOutOfRange(status);
-        if (!clean_end && !absl::IsUnavailable(status)) {
+        if (absl::IsDeadlineExceeded(status)) {
+          // A client may hold many connections this way: at most a line per 10 s.
+          TIERD_LOG_EVERY_N_SEC(WARNING, 10)
+              << "session socket: a request begun " << absl::FormatDuration(kFrameTimeout)
+              << " ago is still incomplete; closing the session";
+        } else if (!clean_end && !absl::IsUnavailable(status)) {
           TIERD_LOG(WARNING) << "session socket: " << status << "; closing the session";
         }
         break;

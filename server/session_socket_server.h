@@ -4,8 +4,10 @@
 // One reader thread per connection feeds SessionProtocol, in order. Answers are sent at once when
 // the socket takes them without blocking, and otherwise queued for the connection's writer thread,
 // so SessionProtocol's `send` never blocks. Limits: at most kMaxConnections connections; a client
-// must greet within kGreetingTimeout; one that stops reading while more than kMaxQueuedBytes of
-// answers wait is disconnected. A disconnected session ends and what it held is released.
+// must greet within kGreetingTimeout, and finish a frame it has begun within kFrameTimeout (a
+// connection idle between frames may stay); one that stops reading while more than
+// kMaxQueuedBytes of answers wait is disconnected. A disconnected session ends and what it held is
+// released.
 //
 // A client that half-closes (shutdown(SHUT_WR)) still gets the answers to its requests in flight;
 // then its session ends and the connection is closed. One that hangs up altogether meanwhile has
@@ -38,6 +40,9 @@ class SessionSocketServer {
   static constexpr uint64_t kMaxQueuedBytes = 256ull << 20;
   static constexpr int kMaxConnections = 1024;
   static constexpr absl::Duration kGreetingTimeout = absl::Seconds(5);
+  // Once a frame has begun (its first byte has arrived), the rest must arrive within this; a
+  // connection idle between frames has no limit.
+  static constexpr absl::Duration kFrameTimeout = absl::Seconds(5);
   // How soon a client that half-closed, then hung up, has its session ended while answers it
   // waits for are still in flight.
   static constexpr absl::Duration kHangUpCheckPeriod = absl::Milliseconds(50);
