@@ -3,13 +3,15 @@
 #include <optional>
 #include <utility>
 
+#include "common/log.h"
 #include "server/proto_convert.h"
 #include "server/raw_call.h"
 
 namespace tierd {
 
-SessionReactor::SessionReactor(GpuTier& tier, const SessionOptions& options)
-    : outbox_(std::make_shared<Outbox>()), counters_(options.counters) {
+SessionReactor::SessionReactor(grpc::CallbackServerContext* context, GpuTier& tier,
+                               const SessionOptions& options, UnreadAnswerBudget& unread_answers)
+    : outbox_(std::make_shared<Outbox>(context, unread_answers)), counters_(options.counters) {
   {
     absl::MutexLock lock(&outbox_->mu);
     outbox_->reactor = this;
@@ -20,18 +22,52 @@ SessionReactor::SessionReactor(GpuTier& tier, const SessionOptions& options)
   StartRead(&request_);
 }
 
+void SessionReactor::Outbox::DropQueueLocked() {
+  uint64_t dropped = 0;
+  for (const Queued& queued : queue) dropped += queued.bytes;
+  std::deque<Queued>().swap(queue);
+  unread.Release(dropped);
+  ReturnMemoryAfterDropping(dropped);
+}
+
 void SessionReactor::Send(const std::shared_ptr<Outbox>& outbox, v1::SessionResponse response) {
-  SessionReactor* reactor;
+  SessionReactor* reactor = nullptr;
+  grpc::CallbackServerContext* cut = nullptr;
   {
     absl::MutexLock lock(&outbox->mu);
     if (outbox->reactor == nullptr || outbox->finish_called || outbox->write_failed) return;
     if (outbox->writing) {
-      outbox->queue.push_back(std::move(response));
-      return;
+      const uint64_t bytes = response.ByteSizeLong();
+      absl::Status charged = outbox->unread.Charge(bytes);
+      if (charged.ok()) {
+        outbox->queue.push_back({std::move(response), bytes});
+        return;
+      }
+      // The client does not read what it asked for. At most a line per 10 s: a client may cause
+      // many.
+      TIERD_LOG_EVERY_N_SEC(WARNING, 10)
+          << "session stream: " << charged.message() << "; cancelling it";
+      outbox->write_failed = true;
+      outbox->DropQueueLocked();
+      outbox->cancelling = true;
+      cut = outbox->context;
+    } else {
+      // While `writing` is set Finish is not called, so the reactor stays alive past the unlock.
+      outbox->writing = true;
+      reactor = outbox->reactor;
     }
-    // While `writing` is set Finish is not called, so the reactor stays alive past the unlock.
-    outbox->writing = true;
-    reactor = outbox->reactor;
+  }
+  if (cut != nullptr) {
+    // Only cancelling brings back the write the client does not take. gRPC runs OnCancel, which
+    // closes the session, on its executor, never inside TryCancel: this may be called under the
+    // protocol's lock.
+    cut->TryCancel();
+    {
+      absl::MutexLock lock(&outbox->mu);
+      outbox->cancelling = false;
+    }
+    MaybeFinish(outbox);
+    return;
   }
   reactor->StartWriting(response);
 }
@@ -48,10 +84,12 @@ void SessionReactor::OnWriteDone(bool ok) {
     absl::MutexLock lock(&outbox_->mu);
     if (!ok) {
       outbox_->write_failed = true;  // the client is gone; its reads fail too
-      outbox_->queue.clear();
+      outbox_->DropQueueLocked();
     }
     if (!outbox_->queue.empty()) {
-      next = std::move(outbox_->queue.front());
+      Outbox::Queued& queued = outbox_->queue.front();
+      outbox_->unread.Release(queued.bytes);
+      next = std::move(queued.response);
       outbox_->queue.pop_front();
     } else {
       outbox_->writing = false;
@@ -97,7 +135,7 @@ void SessionReactor::MaybeFinish(const std::shared_ptr<Outbox>& outbox) {
   {
     absl::MutexLock lock(&outbox->mu);
     if (outbox->reactor == nullptr || !outbox->reads_done || outbox->writing ||
-        outbox->finish_called) {
+        outbox->cancelling || outbox->finish_called) {
       return;
     }
     outbox->finish_called = true;

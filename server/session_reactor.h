@@ -17,14 +17,18 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "server/session.h"
+#include "server/unread_answer_budget.h"
 #include "tierd/v1/tierd.pb.h"
 
 namespace tierd {
 
 class SessionReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  // Starts reading at once. Deletes itself when the stream is done.
-  SessionReactor(GpuTier& tier, const SessionOptions& options);
+  // Starts reading at once. Answers waiting to be written are charged to `unread_answers` (which
+  // must outlive the stream); a stream whose client lets them pile up past it is cancelled.
+  // Deletes itself when the stream is done.
+  SessionReactor(grpc::CallbackServerContext* context, GpuTier& tier, const SessionOptions& options,
+                 UnreadAnswerBudget& unread_answers);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -34,11 +38,26 @@ class SessionReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
  private:
   // Outlives the reactor: the protocol's late callbacks send through it.
   struct Outbox {
+    Outbox(grpc::CallbackServerContext* context, UnreadAnswerBudget& budget)
+        : context(context), unread(budget) {}
+
+    // Frees the queue and its share of the budget: nothing in it will be written.
+    void DropQueueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+    grpc::CallbackServerContext* const context;  // valid while `reactor` is set
     absl::Mutex mu;
     SessionReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
-    std::deque<v1::SessionResponse> queue ABSL_GUARDED_BY(mu);
+    struct Queued {
+      v1::SessionResponse response;
+      uint64_t bytes;  // charged to `unread`
+    };
+    std::deque<Queued> queue ABSL_GUARDED_BY(mu);  // answers waiting for the write in flight
+    UnreadAnswerBudget::Account unread ABSL_GUARDED_BY(mu);  // the bytes in `queue`
     bool writing ABSL_GUARDED_BY(mu) = false;
+    // Nothing more is written: the client is gone, or was cut for not reading.
     bool write_failed ABSL_GUARDED_BY(mu) = false;
+    // A cut's TryCancel is under way: Finish waits, so the context stays valid through it.
+    bool cancelling ABSL_GUARDED_BY(mu) = false;
     bool reads_done ABSL_GUARDED_BY(mu) = false;  // and the session closed
     bool finish_called ABSL_GUARDED_BY(mu) = false;
     // What the stream ends with: OK, or why a request could not be parsed.

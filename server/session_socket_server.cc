@@ -23,7 +23,7 @@
 namespace tierd {
 
 struct SessionSocketServer::Connection {
-  explicit Connection(int fd) : fd(fd) {}
+  Connection(int fd, UnreadAnswerBudget& budget) : fd(fd), unread(budget) {}
   ~Connection() {
     if (fd >= 0) ::close(fd);
   }
@@ -33,9 +33,15 @@ struct SessionSocketServer::Connection {
     absl::MutexLock lock(&mu);
     ShutDownLocked();
   }
+  // Nothing queued is sent any more: its memory and its share of the budget go back at once.
   void ShutDownLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     closed = true;
     if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    uint64_t dropped = 0;
+    for (const std::string& frame : queue) dropped += frame.size();
+    std::deque<std::string>().swap(queue);
+    unread.Release(dropped);
+    ReturnMemoryAfterDropping(dropped);
   }
 
   absl::Mutex mu;
@@ -43,7 +49,8 @@ struct SessionSocketServer::Connection {
   // may use it.
   int fd ABSL_GUARDED_BY(mu);
   std::deque<std::string> queue ABSL_GUARDED_BY(mu);  // frames (or their rests) not yet sent
-  uint64_t queued_bytes ABSL_GUARDED_BY(mu) = 0;
+  // The bytes of `queue` and of the frame the writer is sending, charged to the daemon's budget.
+  UnreadAnswerBudget::Account unread ABSL_GUARDED_BY(mu);
   bool writer_busy ABSL_GUARDED_BY(mu) = false;  // sending the frame it took off the queue
   bool reads_done ABSL_GUARDED_BY(mu) = false;   // the client half-closed: send what is queued
   bool closed ABSL_GUARDED_BY(mu) = false;       // nothing more is sent
@@ -53,7 +60,8 @@ struct SessionSocketServer::Connection {
 };
 
 absl::StatusOr<std::unique_ptr<SessionSocketServer>> SessionSocketServer::Start(
-    const std::string& path, std::optional<gid_t> group, GpuTier& tier, SessionOptions options) {
+    const std::string& path, std::optional<gid_t> group, GpuTier& tier, SessionOptions options,
+    UnreadAnswerBudget& unread_answers) {
   if (absl::Status prepared = PrepareSocketPath(path); !prepared.ok()) return prepared;
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return PosixError("creating the session socket", errno);
@@ -77,14 +85,18 @@ absl::StatusOr<std::unique_ptr<SessionSocketServer>> SessionSocketServer::Start(
     return PosixError(absl::StrCat("listening on ", path), error);
   }
   std::unique_ptr<SessionSocketServer> server(
-      new SessionSocketServer(path, fd, tier, std::move(options)));
+      new SessionSocketServer(path, fd, tier, std::move(options), unread_answers));
   server->acceptor_ = std::thread([raw = server.get()] { raw->AcceptLoop(); });
   return server;
 }
 
 SessionSocketServer::SessionSocketServer(std::string path, int listen_fd, GpuTier& tier,
-                                         SessionOptions options)
-    : path_(std::move(path)), listen_fd_(listen_fd), tier_(tier), options_(std::move(options)) {}
+                                         SessionOptions options, UnreadAnswerBudget& unread_answers)
+    : path_(std::move(path)),
+      listen_fd_(listen_fd),
+      tier_(tier),
+      options_(std::move(options)),
+      unread_answers_(unread_answers) {}
 
 SessionSocketServer::~SessionSocketServer() {
   Shutdown(absl::Now());
@@ -152,7 +164,7 @@ void SessionSocketServer::AcceptLoop() {
       continue;
     }
     ++active_;
-    auto connection = std::make_shared<Connection>(fd);
+    auto connection = std::make_shared<Connection>(fd, unread_answers_);
     connection->reader = std::thread([this, connection] { Serve(connection); });
     connections_.push_back(std::move(connection));
   }
@@ -288,13 +300,14 @@ void SessionSocketServer::Enqueue(const std::shared_ptr<Connection>& connection,
     }
     if (sent > 0) frame.erase(0, static_cast<size_t>(sent));
   }
-  if (connection->queued_bytes + frame.size() > kMaxQueuedBytes) {
-    TIERD_LOG(WARNING) << "session socket: the client has not read " << connection->queued_bytes
-                       << " bytes of answers; closing its session";
+  if (absl::Status charged = connection->unread.Charge(frame.size()); !charged.ok()) {
+    // Cutting is what keeps a client from holding the daemon's memory; the log line is for the
+    // operator, and a client may cause many: at most one per 10 s.
+    TIERD_LOG_EVERY_N_SEC(WARNING, 10)
+        << "session socket: " << charged.message() << "; closing its session";
     connection->ShutDownLocked();
     return;
   }
-  connection->queued_bytes += frame.size();
   connection->queue.push_back(std::move(frame));
 }
 
@@ -318,7 +331,7 @@ void SessionSocketServer::WriteLoop(const std::shared_ptr<Connection>& connectio
     const absl::Status sent = SendAll(fd, frame);
     absl::MutexLock lock(&connection->mu);
     connection->writer_busy = false;
-    connection->queued_bytes -= frame.size();
+    connection->unread.Release(frame.size());
     if (!sent.ok()) {
       connection->ShutDownLocked();
       return;

@@ -5,9 +5,10 @@
 // the socket takes them without blocking, and otherwise queued for the connection's writer thread,
 // so SessionProtocol's `send` never blocks. Limits: at most kMaxConnections connections; a client
 // must greet within kGreetingTimeout, and finish a frame it has begun within kFrameTimeout (a
-// connection idle between frames may stay); one that stops reading while more than
-// kMaxQueuedBytes of answers wait is disconnected. A disconnected session ends and what it held is
-// released.
+// connection idle between frames may stay). Answers a client has not read are charged to the
+// daemon's UnreadAnswerBudget: one whose queue would pass the budget's per-connection limit, or
+// take the daemon's total past the budget, is disconnected, and its queue freed at once. A
+// disconnected session ends and what it held is released.
 //
 // A client that half-closes (shutdown(SHUT_WR)) still gets the answers to its requests in flight;
 // then its session ends and the connection is closed. One that hangs up altogether meanwhile has
@@ -32,12 +33,12 @@
 #include "absl/time/time.h"
 #include "server/gpu_tier.h"
 #include "server/session.h"
+#include "server/unread_answer_budget.h"
 
 namespace tierd {
 
 class SessionSocketServer {
  public:
-  static constexpr uint64_t kMaxQueuedBytes = 256ull << 20;
   static constexpr int kMaxConnections = 1024;
   static constexpr absl::Duration kGreetingTimeout = absl::Seconds(5);
   // Once a frame has begun (its first byte has arrived), the rest must arrive within this; a
@@ -48,11 +49,12 @@ class SessionSocketServer {
   static constexpr absl::Duration kHangUpCheckPeriod = absl::Milliseconds(50);
 
   // Binds `path` (replacing a stale socket; refusing one a live server answers on), makes it
-  // mode 0660 with `group` (unless nullopt) and starts accepting. `tier` must outlive the server.
-  static absl::StatusOr<std::unique_ptr<SessionSocketServer>> Start(const std::string& path,
-                                                                    std::optional<gid_t> group,
-                                                                    GpuTier& tier,
-                                                                    SessionOptions options);
+  // mode 0660 with `group` (unless nullopt) and starts accepting. Each connection charges the
+  // answers its client has not read to `unread_answers`. `tier` and `unread_answers` must outlive
+  // the server.
+  static absl::StatusOr<std::unique_ptr<SessionSocketServer>> Start(
+      const std::string& path, std::optional<gid_t> group, GpuTier& tier, SessionOptions options,
+      UnreadAnswerBudget& unread_answers);
   // Shutdown(now), then joins every thread.
   ~SessionSocketServer();
   SessionSocketServer(const SessionSocketServer&) = delete;
@@ -67,7 +69,8 @@ class SessionSocketServer {
 
  private:
   struct Connection;
-  SessionSocketServer(std::string path, int listen_fd, GpuTier& tier, SessionOptions options);
+  SessionSocketServer(std::string path, int listen_fd, GpuTier& tier, SessionOptions options,
+                      UnreadAnswerBudget& unread_answers);
   void StopAcceptingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(shutdown_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   void AcceptLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void Serve(const std::shared_ptr<Connection>& connection) ABSL_LOCKS_EXCLUDED(mu_);
@@ -83,6 +86,7 @@ class SessionSocketServer {
   const int listen_fd_;
   GpuTier& tier_;
   const SessionOptions options_;
+  UnreadAnswerBudget& unread_answers_;
   absl::Mutex shutdown_mu_;  // held through StopAccepting and Shutdown; taken before mu_
   bool accepting_ ABSL_GUARDED_BY(shutdown_mu_) = true;
   absl::Mutex mu_;

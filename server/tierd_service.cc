@@ -109,9 +109,10 @@ TierdService::TierdService(ResponseCounters* counters) : counters_(counters) {}
 TierdService::~TierdService() = default;
 
 void TierdService::Attach(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
-                          std::vector<NamedGpuTier> client_groups, SessionOptions session_options) {
+                          std::vector<NamedGpuTier> client_groups, SessionOptions session_options,
+                          UnreadAnswerBudget& unread_answers) {
   attached_.reset(new Tiers{catalog, host_cache, gpu_tier, std::move(client_groups),
-                            std::move(session_options)});
+                            std::move(session_options), unread_answers});
   tiers_.store(attached_.get(), std::memory_order_release);
 }
 
@@ -139,10 +140,11 @@ grpc::ServerUnaryReactor* TierdService::Serve(
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* TierdService::Session(
-    grpc::CallbackServerContext* /*context*/) {
+    grpc::CallbackServerContext* context) {
   absl::StatusOr<Tiers*> tiers = Serving();
   if (!tiers.ok()) return new RefusedSession(Answer(tiers.status()));
-  return new SessionReactor((*tiers)->gpu_tier, (*tiers)->session_options);
+  return new SessionReactor(context, (*tiers)->gpu_tier, (*tiers)->session_options,
+                            (*tiers)->unread_answers);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* TierdService::RegisterModel(

@@ -16,6 +16,7 @@
 #include "server/response_counters.h"
 #include "server/session.h"
 #include "server/stats.h"
+#include "server/unread_answer_budget.h"
 #include "storage/catalog.h"
 #include "storage/host_cache.h"
 #include "tierd/v1/tierd.grpc.pb.h"
@@ -42,10 +43,12 @@ class TierdService final : public RawTierdService {
 
   // Serves calls on these tiers from now on: `gpu_tier` is the default client group's, the one
   // sessions and calls on this service use; `client_groups` are the other groups' tiers, which
-  // stats include and dropped models are removed from. The references must outlive the service.
-  // Call once.
+  // stats include and dropped models are removed from. Session streams charge the answers their
+  // clients have not read to `unread_answers`. The references must outlive the service. Call
+  // once.
   void Attach(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
-              std::vector<NamedGpuTier> client_groups, SessionOptions session_options);
+              std::vector<NamedGpuTier> client_groups, SessionOptions session_options,
+              UnreadAnswerBudget& unread_answers);
   // From now on new sessions and calls that change state are refused with UNAVAILABLE; listing
   // and stats still answer.
   void StartShutdown() { shutting_down_ = true; }
@@ -84,6 +87,7 @@ class TierdService final : public RawTierdService {
     GpuTier& gpu_tier;
     std::vector<NamedGpuTier> client_groups;
     SessionOptions session_options;
+    UnreadAnswerBudget& unread_answers;
   };
 
   // The tiers to serve a call on. UNAVAILABLE while starting, and once shutting down unless
