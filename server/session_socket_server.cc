@@ -227,8 +227,9 @@ void SessionSocketServer::Serve(const std::shared_ptr<Connection>& connection) {
       }
       if (!request.ParseFromString(payload)) {
         // The description names fields of the proto, never the client's bytes; escaped all the
-        // same, as everything a client can influence that reaches the log.
-        TIERD_LOG(WARNING)
+        // same, as everything a client can influence that reaches the log. A client may send many
+        // such frames over as many connections: at most a line per 10 s.
+        TIERD_LOG_EVERY_N_SEC(WARNING, 10)
             << "session socket: "
             << absl::CEscape(
                    UndecodableRequest(*v1::SessionRequest::descriptor(), payload).message())
@@ -248,7 +249,7 @@ void SessionSocketServer::Serve(const std::shared_ptr<Connection>& connection) {
       });
       WaitForAnswersUnlessHungUp(*connection, fd);
     }
-    protocol->Close();  // at once unless every answer was sent
+    protocol->Close();  // unless the wait above has: no half-close, a hang-up or a shutdown
     if (!clean_end) connection->ShutDown();
     connection->writer.join();
   }
