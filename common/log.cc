@@ -37,6 +37,25 @@ const char* BaseName(const char* path) {
 void SetLogVerbosity(int verbosity) { g_verbosity.store(verbosity, std::memory_order_relaxed); }
 int LogVerbosity() { return g_verbosity.load(std::memory_order_relaxed); }
 
+LogRateLimit::LogRateLimit(double period_seconds)
+    : period_ns_(static_cast<int64_t>(period_seconds * 1e9)) {}
+
+int64_t LogRateLimit::Take() {
+  const int64_t now = absl::GetCurrentTimeNanos();
+  int64_t next = next_ns_.load(std::memory_order_relaxed);
+  // One caller wins the slot; the others are held back and counted.
+  if (now < next || !next_ns_.compare_exchange_strong(next, now + period_ns_)) {
+    held_back_.fetch_add(1, std::memory_order_relaxed);
+    return -1;
+  }
+  return held_back_.exchange(0, std::memory_order_relaxed);
+}
+
+std::ostream& operator<<(std::ostream& out, LinesLeftOut left_out) {
+  if (left_out.count > 0) out << "(" << left_out.count << " similar lines left out) ";
+  return out;
+}
+
 LogLine::LogLine(LogLevel level, const char* file, int line) {
   prefix_ = absl::StrCat(LevelName(level),
                          absl::FormatTime("%m%d %H:%M:%E6S ", absl::Now(), absl::LocalTimeZone()),

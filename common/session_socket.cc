@@ -1,15 +1,18 @@
 #include "common/session_socket.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "common/fd_io.h"
 #include "common/posix_error.h"
+#include "common/status_macros.h"
 
 namespace tierd {
 
@@ -69,13 +72,48 @@ absl::Status ReadExactly(int fd, char* data, size_t bytes) {
   return absl::UnavailableError("the session socket was closed inside a message");
 }
 
-absl::Status ReadFrame(int fd, std::string& payload) {
-  unsigned char header[4];
-  if (absl::Status status = ReadExactly(fd, reinterpret_cast<char*>(header), 4); !status.ok()) {
-    return status;
+namespace {
+
+absl::Status ClosedInsideAMessage() {
+  return absl::UnavailableError("the session socket was closed inside a message");
+}
+
+// Reads exactly `bytes` bytes of a frame already begun, waiting for more until `deadline` at the
+// latest. UNAVAILABLE when the stream ends or breaks, DEADLINE_EXCEEDED at the deadline.
+absl::Status ReadRestBefore(int fd, char* data, size_t bytes, absl::Time deadline) {
+  size_t got = 0;
+  while (got < bytes) {
+    const ssize_t read = ::recv(fd, data + got, bytes - got, MSG_DONTWAIT);
+    if (read > 0) {
+      got += static_cast<size_t>(read);
+      continue;
+    }
+    if (read == 0) return ClosedInsideAMessage();
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      return PosixError("reading the session socket", errno);  // ECONNRESET: UNAVAILABLE
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError("the rest of a message did not arrive in time");
+    }
+    pollfd readable{fd, POLLIN, 0};
+    const int64_t wait_ms = std::min<int64_t>(absl::ToInt64Milliseconds(left), 60'000) + 1;
+    if (::poll(&readable, 1, static_cast<int>(wait_ms)) < 0 && errno != EINTR) {
+      return PosixError("waiting on the session socket", errno);
+    }
   }
-  const uint32_t length = header[0] | (header[1] << 8) | (header[2] << 16) |
-                          (static_cast<uint32_t>(header[3]) << 24);
+  return absl::OkStatus();
+}
+
+// The rest of a frame whose first `first` bytes are in `header`: the rest of its length, then its
+// payload, each through `read_rest(data, bytes)`, which reads exactly that many bytes.
+template <typename ReadRest>
+absl::Status ReadFrameRest(unsigned char (&header)[4], size_t first, std::string& payload,
+                           ReadRest read_rest) {
+  RETURN_IF_ERROR(read_rest(reinterpret_cast<char*>(header) + first, 4 - first));
+  const uint32_t length =
+      header[0] | (header[1] << 8) | (header[2] << 16) | (static_cast<uint32_t>(header[3]) << 24);
   if (length > kMaxSessionFrameBytes) {
     return absl::InvalidArgumentError(absl::StrCat("a session message of ", length,
                                                    " bytes; the limit is ", kMaxSessionFrameBytes));
@@ -86,13 +124,36 @@ absl::Status ReadFrame(int fd, std::string& payload) {
   while (payload.size() < length) {
     const size_t at = payload.size();
     payload.resize(at + std::min<uint32_t>(kStep, length - static_cast<uint32_t>(at)));
-    absl::Status status = ReadExactly(fd, payload.data() + at, payload.size() - at);
-    if (absl::IsOutOfRange(status)) {
-      return absl::UnavailableError("the session socket was closed inside a message");
-    }
-    if (!status.ok()) return status;
+    RETURN_IF_ERROR(read_rest(payload.data() + at, payload.size() - at));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ReadFrame(int fd, std::string& payload) {
+  unsigned char header[4];
+  RETURN_IF_ERROR(ReadExactly(fd, reinterpret_cast<char*>(header), 4));
+  return ReadFrameRest(header, 4, payload, [fd](char* data, size_t bytes) {
+    absl::Status status = ReadExactly(fd, data, bytes);
+    return absl::IsOutOfRange(status) ? ClosedInsideAMessage() : status;
+  });
+}
+
+absl::Status ReadFrameWithin(int fd, std::string& payload, absl::Duration rest_within) {
+  // One blocking read for the first bytes of the length, however long they take to come.
+  unsigned char header[4];
+  ssize_t first;
+  do {
+    first = ::read(fd, header, sizeof(header));
+  } while (first < 0 && errno == EINTR);
+  if (first < 0) return PosixError("reading the session socket", errno);
+  if (first == 0) return absl::OutOfRangeError("the session socket was closed");
+  const absl::Time deadline = absl::Now() + rest_within;
+  return ReadFrameRest(header, static_cast<size_t>(first), payload,
+                       [fd, deadline](char* data, size_t bytes) {
+                         return ReadRestBefore(fd, data, bytes, deadline);
+                       });
 }
 
 }  // namespace tierd

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "google/protobuf/message_lite.h"
 
 namespace tierd {
@@ -43,6 +44,12 @@ absl::Status SendAll(int fd, absl::string_view data);
 // UNAVAILABLE when it ended inside one or the connection broke; INVALID_ARGUMENT for a length
 // over kMaxSessionFrameBytes.
 absl::Status ReadFrame(int fd, std::string& payload);
+
+// ReadFrame for a server that will not wait for ever on a client stalled inside a frame: waiting
+// for a frame to begin has no limit, but once its first byte has arrived the rest must arrive
+// within `rest_within`, else DEADLINE_EXCEEDED. Otherwise as ReadFrame. Costs no more system calls
+// than ReadFrame when the frame arrives whole.
+absl::Status ReadFrameWithin(int fd, std::string& payload, absl::Duration rest_within);
 
 // Reads exactly `bytes` bytes. OUT_OF_RANGE when the stream ended before the first byte,
 // UNAVAILABLE when it ended later or broke.

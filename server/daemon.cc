@@ -50,6 +50,9 @@ absl::Status ValidateOptions(const DaemonOptions& options) {
   if (options.max_sessions == 0) {
     return absl::InvalidArgumentError("--max-sessions must be greater than 0");
   }
+  if (options.max_unread_answer_bytes == 0) {
+    return absl::InvalidArgumentError("--max-unread-answer-bytes must be greater than 0");
+  }
   if (options.session_limits.max_staging_bytes == 0) {
     return absl::InvalidArgumentError("--session-max-staging-bytes must be greater than 0");
   }
@@ -148,14 +151,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
   SessionOptions session = SessionOptionsFor(*daemon->device_, options);
   session.counters = &daemon->counters_;
   if (!options.session_socket_path.empty()) {
-    ASSIGN_OR_RETURN(daemon->session_server_,
-                     SessionSocketServer::Start(options.session_socket_path, group,
-                                                *daemon->gpu_tier_, session));
+    ASSIGN_OR_RETURN(
+        daemon->session_server_,
+        SessionSocketServer::Start(options.session_socket_path, group, *daemon->gpu_tier_, session,
+                                   daemon->unread_answers_));
     TIERD_LOG(INFO) << "serving sessions on " << options.session_socket_path;
   }
   RETURN_IF_ERROR(daemon->StartClientGroupSockets(session));
   daemon->service_->Attach(*daemon->catalog_, *daemon->host_cache_, *daemon->gpu_tier_,
-                           daemon->ClientGroupTiers(), session);
+                           daemon->ClientGroupTiers(), session, daemon->unread_answers_);
+  TIERD_LOG(INFO) << "answers clients have not read may take up to "
+                  << FormatByteSize(options.max_unread_answer_bytes) << " ("
+                  << FormatByteSize(daemon->unread_answers_.per_connection_limit())
+                  << " per session)";
   // The monitor's first round checks the device, turns health SERVING and takes the counters'
   // first sample (the baseline of the first rates). Sampling the counters takes every tier's lock:
   // it is also the monitor's probe that the tiers still answer.
@@ -173,6 +181,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
 Daemon::Daemon(DaemonOptions options, int state_lock_fd, std::optional<gid_t> socket_group)
     : options_(std::move(options)),
       socket_group_(socket_group),
+      unread_answers_(options_.max_unread_answer_bytes),
       state_lock_fd_(state_lock_fd),
       service_(std::make_unique<TierdService>(&counters_)) {}
 
@@ -301,8 +310,8 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
 absl::Status Daemon::StartClientGroupSockets(const SessionOptions& session) {
   for (ClientGroup& group : client_groups_) {
     const std::string path = ClientGroupSocketPathFor(options_.socket_path, group.options.name);
-    ASSIGN_OR_RETURN(group.sessions,
-                     SessionSocketServer::Start(path, group.gid, *group.tier, session));
+    ASSIGN_OR_RETURN(group.sessions, SessionSocketServer::Start(path, group.gid, *group.tier,
+                                                                session, unread_answers_));
     TIERD_LOG(INFO) << "client group " << group.options.name << ": sessions on " << path
                     << " (group " << group.options.unix_group << ", mode 0660)";
   }

@@ -29,6 +29,7 @@
 #include "server/stats.h"
 #include "server/throughput_meter.h"
 #include "server/tierd_service.h"
+#include "server/unread_answer_budget.h"
 #include "storage/catalog.h"
 #include "storage/disk_reader.h"
 #include "storage/durable_store.h"
@@ -96,6 +97,7 @@ class Daemon {
   const DaemonOptions options_;
   const std::optional<gid_t> socket_group_;
   ResponseCounters counters_;
+  UnreadAnswerBudget unread_answers_;  // shared by every session's transport
   ThroughputMeter throughput_{absl::Seconds(10)};
   PressureReporter pressure_{absl::Seconds(30)};  // only the health monitor's rounds touch it
   std::atomic<bool> serving_{false};

@@ -38,6 +38,9 @@ struct DaemonOptions {
   ClientLimits session_limits;  // --session-max-leases, --session-max-staging-bytes
   uint32_t session_max_requests = 1024;  // --session-max-requests: unanswered, per session
   uint32_t max_sessions = 1024;          // --max-sessions: open at once
+  // --max-unread-answer-bytes: answers queued for clients that do not read them, summed over every
+  // session (server/unread_answer_budget.h); main() defaults it to DefaultMaxUnreadAnswerBytes().
+  uint64_t max_unread_answer_bytes = 1ull << 30;
   std::string spill_dir;  // --spill-dir: where stored objects spill; empty: <state-dir>/spill
   EvictionPolicy host_cache_policy = EvictionPolicy::kFifo;  // --host-cache-policy
   uint64_t pin_piece_bytes = 1ull << 30;  // the host arena is pinned this much at a time

@@ -76,21 +76,44 @@ SessionProtocol::~SessionProtocol() = default;
 void SessionProtocol::Close() {
   ClientId client;
   std::string name;
+  std::function<void()> on_closed;
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
     client = client_;
     name = client_name_;
+    on_closed = std::move(on_closed_);
   }
-  if (client == 0) return;
-  const ClosedClient freed = tier_.CloseClient(client);
-  if (freed.leases + freed.reservations + freed.pins > 0) {
-    TIERD_LOG(INFO) << "session " << client << " (\"" << name << "\") ended holding "
-                    << freed.leases << " lease(s), " << freed.reservations << " reservation(s) and "
-                    << freed.pins << " pin(s); freed";
-  } else {
-    TIERD_VLOG(1) << "session " << client << " (\"" << name << "\") ended";
+  if (client != 0) {
+    const ClosedClient freed = tier_.CloseClient(client);
+    if (freed.leases + freed.reservations + freed.pins > 0) {
+      TIERD_LOG(INFO) << "session " << client << " (\"" << name << "\") ended holding "
+                      << freed.leases << " lease(s), " << freed.reservations
+                      << " reservation(s) and " << freed.pins << " pin(s); freed";
+    } else {
+      TIERD_VLOG(1) << "session " << client << " (\"" << name << "\") ended";
+    }
+  }
+  if (on_closed) on_closed();
+}
+
+void SessionProtocol::CloseWhenAnswered(std::function<void()> on_closed) {
+  bool already_closed;
+  bool close_now = false;
+  {
+    absl::MutexLock lock(&mu_);
+    already_closed = closed_;
+    if (!already_closed) {
+      close_when_answered_ = true;
+      on_closed_ = std::move(on_closed);
+      close_now = AllAnsweredLocked();
+    }
+  }
+  if (already_closed) {
+    on_closed();
+  } else if (close_now) {
+    Close();
   }
 }
 
@@ -100,19 +123,39 @@ void SessionProtocol::Reply(uint64_t request_id, const absl::Status& status) {
   CountAndSend(std::move(response));
 }
 
-void SessionProtocol::EndRequest(absl::StatusCode code) {
-  absl::MutexLock lock(&mu_);
-  EndRequestLocked(code);
-}
-
 void SessionProtocol::EndRequestLocked(absl::StatusCode code) {
   if (options_.counters != nullptr) options_.counters->Count(code);
   --requests_in_flight_;
 }
 
+void SessionProtocol::EndQuietly() {
+  bool close_now;
+  {
+    absl::MutexLock lock(&mu_);
+    EndRequestLocked(absl::StatusCode::kOk);
+    close_now = AllAnsweredLocked();
+  }
+  if (close_now) Close();
+}
+
 void SessionProtocol::CountAndSend(v1::SessionResponse response) {
-  EndRequest(static_cast<absl::StatusCode>(response.code()));
+  {
+    absl::MutexLock lock(&mu_);
+    EndRequestLocked(static_cast<absl::StatusCode>(response.code()));
+    ++answers_being_sent_;
+  }
   send_(std::move(response));
+  AnswerSent();
+}
+
+void SessionProtocol::AnswerSent() {
+  bool close_now;
+  {
+    absl::MutexLock lock(&mu_);
+    --answers_being_sent_;
+    close_now = AllAnsweredLocked();
+  }
+  if (close_now) Close();
 }
 
 void SessionProtocol::Handle(const v1::SessionRequest& request) {
@@ -122,7 +165,7 @@ void SessionProtocol::Handle(const v1::SessionRequest& request) {
   {
     absl::MutexLock lock(&mu_);
     ++requests_in_flight_;
-    if (closed_) {
+    if (closed_ || close_when_answered_) {
       refused = absl::UnavailableError("the session has ended");
     } else if (requests_in_flight_ > options_.max_requests_in_flight) {
       refused = absl::ResourceExhaustedError(absl::StrCat(
@@ -141,7 +184,7 @@ void SessionProtocol::Handle(const v1::SessionRequest& request) {
       return Fetch(id, client, request.fetch());
     case v1::SessionRequest::kRelease: {
       absl::Status released = tier_.Release(client, request.release().lease_id());
-      if (released.ok() && request.release().quiet()) return EndRequest(absl::StatusCode::kOk);
+      if (released.ok() && request.release().quiet()) return EndQuietly();
       return Reply(id, released);
     }
     case v1::SessionRequest::kPrefetch:
@@ -208,27 +251,34 @@ void SessionProtocol::Open(uint64_t request_id, const v1::OpenSession& open) {
 
 void SessionProtocol::SendWithHandles(v1::SessionResponse response, std::optional<uint32_t> slab,
                                       bool host_buffer, std::initializer_list<uint32_t> events) {
-  // Attached and sent under one lock: a later response that relies on a handle "already sent"
-  // must not overtake the response carrying it.
-  absl::MutexLock lock(&mu_);
-  if (slab.has_value() && slabs_sent_.insert(*slab).second) {
-    ToProto(tier_.pool().SlabInfo(*slab), response.add_new_handles());
-  }
-  if (host_buffer && !host_buffer_sent_) {
-    host_buffer_sent_ = true;
-    v1::Handle* handle = response.add_new_handles();
-    handle->set_kind(v1::Handle::HOST_BUFFER);
-    handle->set_id(HostHandoffBuffer::kHandleId);
-    handle->set_handle(tier_.handoff_buffer().handle());
-    handle->set_size(tier_.handoff_buffer().size());
-  }
-  for (uint32_t event : events) {
-    if (events_sent_.insert(event).second) {
-      ToProto(EventInfo{event, tier_.events().handle(event)}, response.add_new_handles());
+  bool close_now;
+  {
+    // Attached and sent under one lock: a later response that relies on a handle "already sent"
+    // must not overtake the response carrying it.
+    absl::MutexLock lock(&mu_);
+    if (slab.has_value() && slabs_sent_.insert(*slab).second) {
+      ToProto(tier_.pool().SlabInfo(*slab), response.add_new_handles());
     }
+    if (host_buffer && !host_buffer_sent_) {
+      host_buffer_sent_ = true;
+      v1::Handle* handle = response.add_new_handles();
+      handle->set_kind(v1::Handle::HOST_BUFFER);
+      handle->set_id(HostHandoffBuffer::kHandleId);
+      handle->set_handle(tier_.handoff_buffer().handle());
+      handle->set_size(tier_.handoff_buffer().size());
+    }
+    for (uint32_t event : events) {
+      if (events_sent_.insert(event).second) {
+        ToProto(EventInfo{event, tier_.events().handle(event)}, response.add_new_handles());
+      }
+    }
+    EndRequestLocked(static_cast<absl::StatusCode>(response.code()));
+    // Sent under the lock: once the lock is free again this answer is through `send_`, so the
+    // request it ended no longer holds up CloseWhenAnswered.
+    send_(std::move(response));
+    close_now = AllAnsweredLocked();
   }
-  EndRequestLocked(static_cast<absl::StatusCode>(response.code()));
-  send_(std::move(response));
+  if (close_now) Close();
 }
 
 void SessionProtocol::Fetch(uint64_t request_id, ClientId client, const v1::FetchRequest& fetch) {

@@ -67,8 +67,17 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
   // session is closed first).
   void Handle(const v1::SessionRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
   // Ends the session: what it holds is released (GpuTier::CloseClient). Later requests are
-  // answered UNAVAILABLE. Idempotent.
+  // answered UNAVAILABLE. Idempotent. Runs the callback CloseWhenAnswered left, if any.
   void Close() ABSL_LOCKS_EXCLUDED(mu_);
+  // What a transport does when its client has sent its last request (a half-close) but still
+  // reads: later requests are answered UNAVAILABLE, and once every request in flight has been
+  // answered — its answer handed to `send` and `send` returned — the session is closed as by
+  // Close() and `on_closed` is called. That happens on the thread that handed over the last
+  // answer, or on this one when nothing is in flight. A Close() before then (the client cancelled
+  // or went away) closes at once and calls `on_closed` itself. `on_closed` is called exactly once,
+  // with no lock of the protocol held; at once if the session is already closed. Call at most
+  // once.
+  void CloseWhenAnswered(std::function<void()> on_closed) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Open(uint64_t request_id, const v1::OpenSession& open) ABSL_LOCKS_EXCLUDED(mu_);
@@ -81,11 +90,18 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
 
   void Reply(uint64_t request_id, const absl::Status& status);
   // The request in flight is done; `status` counted. Every request ends here exactly once: through
-  // CountAndSend, or directly when it is answered with nothing (a quiet release).
-  void EndRequest(absl::StatusCode code) ABSL_LOCKS_EXCLUDED(mu_);
+  // CountAndSend or SendWithHandles, or through EndQuietly when it is answered with nothing (a
+  // quiet release).
   void EndRequestLocked(absl::StatusCode code) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndQuietly() ABSL_LOCKS_EXCLUDED(mu_);
   // Counts `response` by its code, ends its request and sends it.
-  void CountAndSend(v1::SessionResponse response);
+  void CountAndSend(v1::SessionResponse response) ABSL_LOCKS_EXCLUDED(mu_);
+  // An answer counted in answers_being_sent_ has been through `send_`.
+  void AnswerSent() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether CloseWhenAnswered's wait is over: every request answered and every answer sent.
+  bool AllAnsweredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return close_when_answered_ && !closed_ && requests_in_flight_ == 0 && answers_being_sent_ == 0;
+  }
   // Adds to `response` the handles it needs that the session has not been sent yet (`slab`, each
   // of `events`, and with `host_buffer` the host handoff buffer) and sends it.
   void SendWithHandles(v1::SessionResponse response, std::optional<uint32_t> slab, bool host_buffer,
@@ -103,6 +119,10 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
   std::string client_name_ ABSL_GUARDED_BY(mu_);  // from open, for the logs
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   uint32_t requests_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Requests ended whose answers are being handed to `send_` outside the lock.
+  uint32_t answers_being_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  bool close_when_answered_ ABSL_GUARDED_BY(mu_) = false;  // CloseWhenAnswered was called
+  std::function<void()> on_closed_ ABSL_GUARDED_BY(mu_);   // its callback, until called
   std::set<uint32_t> slabs_sent_ ABSL_GUARDED_BY(mu_);
   std::set<uint32_t> events_sent_ ABSL_GUARDED_BY(mu_);
   bool host_buffer_sent_ ABSL_GUARDED_BY(mu_) = false;

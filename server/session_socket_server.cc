@@ -1,5 +1,6 @@
 #include "server/session_socket_server.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -11,16 +12,18 @@
 #include <deque>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/posix_error.h"
 #include "common/session_socket.h"
+#include "server/parse_failure.h"
 #include "server/unix_socket.h"
 
 namespace tierd {
 
 struct SessionSocketServer::Connection {
-  explicit Connection(int fd) : fd(fd) {}
+  Connection(int fd, UnreadAnswerBudget& budget) : fd(fd), unread(budget) {}
   ~Connection() {
     if (fd >= 0) ::close(fd);
   }
@@ -30,9 +33,15 @@ struct SessionSocketServer::Connection {
     absl::MutexLock lock(&mu);
     ShutDownLocked();
   }
+  // Nothing queued is sent any more: its memory and its share of the budget go back at once.
   void ShutDownLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     closed = true;
     if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    uint64_t dropped = 0;
+    for (const std::string& frame : queue) dropped += frame.size();
+    std::deque<std::string>().swap(queue);
+    unread.Release(dropped);
+    ReturnMemoryAfterDropping(dropped);
   }
 
   absl::Mutex mu;
@@ -40,7 +49,8 @@ struct SessionSocketServer::Connection {
   // may use it.
   int fd ABSL_GUARDED_BY(mu);
   std::deque<std::string> queue ABSL_GUARDED_BY(mu);  // frames (or their rests) not yet sent
-  uint64_t queued_bytes ABSL_GUARDED_BY(mu) = 0;
+  // The bytes of `queue` and of the frame the writer is sending, charged to the daemon's budget.
+  UnreadAnswerBudget::Account unread ABSL_GUARDED_BY(mu);
   bool writer_busy ABSL_GUARDED_BY(mu) = false;  // sending the frame it took off the queue
   bool reads_done ABSL_GUARDED_BY(mu) = false;   // the client half-closed: send what is queued
   bool closed ABSL_GUARDED_BY(mu) = false;       // nothing more is sent
@@ -50,7 +60,8 @@ struct SessionSocketServer::Connection {
 };
 
 absl::StatusOr<std::unique_ptr<SessionSocketServer>> SessionSocketServer::Start(
-    const std::string& path, std::optional<gid_t> group, GpuTier& tier, SessionOptions options) {
+    const std::string& path, std::optional<gid_t> group, GpuTier& tier, SessionOptions options,
+    UnreadAnswerBudget& unread_answers) {
   if (absl::Status prepared = PrepareSocketPath(path); !prepared.ok()) return prepared;
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return PosixError("creating the session socket", errno);
@@ -74,14 +85,18 @@ absl::StatusOr<std::unique_ptr<SessionSocketServer>> SessionSocketServer::Start(
     return PosixError(absl::StrCat("listening on ", path), error);
   }
   std::unique_ptr<SessionSocketServer> server(
-      new SessionSocketServer(path, fd, tier, std::move(options)));
+      new SessionSocketServer(path, fd, tier, std::move(options), unread_answers));
   server->acceptor_ = std::thread([raw = server.get()] { raw->AcceptLoop(); });
   return server;
 }
 
 SessionSocketServer::SessionSocketServer(std::string path, int listen_fd, GpuTier& tier,
-                                         SessionOptions options)
-    : path_(std::move(path)), listen_fd_(listen_fd), tier_(tier), options_(std::move(options)) {}
+                                         SessionOptions options, UnreadAnswerBudget& unread_answers)
+    : path_(std::move(path)),
+      listen_fd_(listen_fd),
+      tier_(tier),
+      options_(std::move(options)),
+      unread_answers_(unread_answers) {}
 
 SessionSocketServer::~SessionSocketServer() {
   Shutdown(absl::Now());
@@ -149,7 +164,7 @@ void SessionSocketServer::AcceptLoop() {
       continue;
     }
     ++active_;
-    auto connection = std::make_shared<Connection>(fd);
+    auto connection = std::make_shared<Connection>(fd, unread_answers_);
     connection->reader = std::thread([this, connection] { Serve(connection); });
     connections_.push_back(std::move(connection));
   }
@@ -197,31 +212,45 @@ void SessionSocketServer::Serve(const std::shared_ptr<Connection>& connection) {
     v1::SessionRequest request;
     bool clean_end = false;
     while (true) {
-      absl::Status status = ReadFrame(fd, payload);
+      absl::Status status = ReadFrameWithin(fd, payload, kFrameTimeout);
       if (!status.ok()) {
         clean_end = absl::IsOutOfRange(status);
-        if (!clean_end && !absl::IsUnavailable(status)) {
+        if (absl::IsDeadlineExceeded(status)) {
+          // A client may hold many connections this way: at most a line per 10 s.
+          TIERD_LOG_EVERY_N_SEC(WARNING, 10)
+              << "session socket: a request begun " << absl::FormatDuration(kFrameTimeout)
+              << " ago is still incomplete; closing the session";
+        } else if (!clean_end && !absl::IsUnavailable(status)) {
           TIERD_LOG(WARNING) << "session socket: " << status << "; closing the session";
         }
         break;
       }
       if (!request.ParseFromString(payload)) {
-        TIERD_LOG(WARNING) << "session socket: a request that is no SessionRequest; closing the "
-                              "session";
+        // The description names fields of the proto, never the client's bytes; escaped all the
+        // same, as everything a client can influence that reaches the log. A client may send many
+        // such frames over as many connections: at most a line per 10 s.
+        TIERD_LOG_EVERY_N_SEC(WARNING, 10)
+            << "session socket: "
+            << absl::CEscape(
+                   UndecodableRequest(*v1::SessionRequest::descriptor(), payload).message())
+            << "; closing the session";
         break;
       }
       protocol->Handle(request);
     }
-    protocol->Close();
-    {
-      absl::MutexLock lock(&connection->mu);
-      // A client that half-closed still reads: the answers already queued go out first.
-      if (clean_end) {
-        connection->reads_done = true;
-      } else {
-        connection->ShutDownLocked();
-      }
+    if (clean_end) {
+      // A half-close: the client still reads. The answers to its requests in flight go out, then
+      // the session closes and the writer, having sent everything, ends.
+      protocol->CloseWhenAnswered([weak = std::weak_ptr<Connection>(connection)] {
+        if (std::shared_ptr<Connection> live = weak.lock()) {
+          absl::MutexLock lock(&live->mu);
+          live->reads_done = true;
+        }
+      });
+      WaitForAnswersUnlessHungUp(*connection, fd);
     }
+    protocol->Close();  // unless the wait above has: no half-close, a hang-up or a shutdown
+    if (!clean_end) connection->ShutDown();
     connection->writer.join();
   }
   {
@@ -236,6 +265,25 @@ void SessionSocketServer::Serve(const std::shared_ptr<Connection>& connection) {
   --active_;
   absl::MutexLock connection_lock(&connection->mu);
   connection->finished = true;
+}
+
+void SessionSocketServer::WaitForAnswersUnlessHungUp(Connection& connection, int fd) {
+  while (true) {
+    {
+      absl::MutexLock lock(&connection.mu);
+      const auto answered_or_closed = [](Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
+        return c->reads_done || c->closed;
+      };
+      if (connection.mu.AwaitWithTimeout(absl::Condition(+answered_or_closed, &connection),
+                                         kHangUpCheckPeriod)) {
+        return;
+      }
+    }
+    // A half-closed client that now closes its end too (or a broken connection) is told apart by
+    // POLLHUP, which a Unix stream socket reports once both directions are shut.
+    pollfd hang_up{fd, 0, 0};
+    if (::poll(&hang_up, 1, 0) > 0 && (hang_up.revents & (POLLHUP | POLLERR)) != 0) return;
+  }
 }
 
 void SessionSocketServer::Enqueue(const std::shared_ptr<Connection>& connection,
@@ -253,13 +301,14 @@ void SessionSocketServer::Enqueue(const std::shared_ptr<Connection>& connection,
     }
     if (sent > 0) frame.erase(0, static_cast<size_t>(sent));
   }
-  if (connection->queued_bytes + frame.size() > kMaxQueuedBytes) {
-    TIERD_LOG(WARNING) << "session socket: the client has not read " << connection->queued_bytes
-                       << " bytes of answers; closing its session";
+  if (absl::Status charged = connection->unread.Charge(frame.size()); !charged.ok()) {
+    // Cutting is what keeps a client from holding the daemon's memory; the log line is for the
+    // operator, and a client may cause many: at most one per 10 s.
+    TIERD_LOG_EVERY_N_SEC(WARNING, 10)
+        << "session socket: " << charged.message() << "; closing its session";
     connection->ShutDownLocked();
     return;
   }
-  connection->queued_bytes += frame.size();
   connection->queue.push_back(std::move(frame));
 }
 
@@ -283,7 +332,7 @@ void SessionSocketServer::WriteLoop(const std::shared_ptr<Connection>& connectio
     const absl::Status sent = SendAll(fd, frame);
     absl::MutexLock lock(&connection->mu);
     connection->writer_busy = false;
-    connection->queued_bytes -= frame.size();
+    connection->unread.Release(frame.size());
     if (!sent.ok()) {
       connection->ShutDownLocked();
       return;

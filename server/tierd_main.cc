@@ -26,6 +26,7 @@
 #include "common/systemd_notify.h"
 #include "device/device_factory.h"
 #include "server/daemon.h"
+#include "server/unread_answer_budget.h"
 
 ABSL_FLAG(std::string, device, "auto",
           "auto, host or cuda:N; auto picks cuda:0 when a GPU is visible");
@@ -45,6 +46,10 @@ ABSL_FLAG(uint32_t, session_max_leases, 4096, "Leases one session may hold at on
 ABSL_FLAG(uint32_t, session_max_requests, 1024,
           "Requests one session may have sent and not had answered; one more is refused");
 ABSL_FLAG(uint32_t, max_sessions, 1024, "Sessions open at once; one more is refused");
+ABSL_FLAG(tierd::ByteSize, max_unread_answer_bytes, tierd::ByteSize{0},
+          "Answers queued for clients that do not read them, summed over every session; a session "
+          "that would take the sum past it is cut (0: MemAvailable/16, at least 64MiB and at most "
+          "1GiB)");
 ABSL_FLAG(tierd::ByteSize, session_max_staging_bytes, tierd::ByteSize{0},
           "GPU staging bytes one session may hold leased, reserved or pinned (0: the whole pool)");
 ABSL_FLAG(std::string, spill_dir, "",
@@ -140,6 +145,10 @@ int Run() {
   options.session_limits.max_leases = absl::GetFlag(FLAGS_session_max_leases);
   options.session_max_requests = absl::GetFlag(FLAGS_session_max_requests);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.max_unread_answer_bytes = absl::GetFlag(FLAGS_max_unread_answer_bytes).bytes;
+  if (options.max_unread_answer_bytes == 0) {
+    options.max_unread_answer_bytes = tierd::DefaultMaxUnreadAnswerBytes();
+  }
   const uint64_t session_staging = absl::GetFlag(FLAGS_session_max_staging_bytes).bytes;
   options.session_limits.max_staging_bytes =
       session_staging == 0 ? options.gpu_pool_bytes : session_staging;

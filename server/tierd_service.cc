@@ -18,8 +18,7 @@ namespace tierd {
 namespace {
 
 // A Session refused at once (the daemon is starting or shutting down).
-class RefusedSession final
-    : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse> {
+class RefusedSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   explicit RefusedSession(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
@@ -28,7 +27,7 @@ class RefusedSession final
 // Registers a model on the admin thread, writing one progress message per file. The admin thread
 // may block on a write (never a gRPC thread); a client gone mid-way stops the messages, not the
 // registration.
-class RegisterReactor final : public grpc::ServerWriteReactor<v1::RegisterModelProgress> {
+class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   RegisterReactor(Catalog& catalog, TimerThread& admin, v1::RegisterModelRequest request,
                   std::function<grpc::Status(const absl::Status&)> answer)
@@ -109,7 +108,10 @@ class RegisterReactor final : public grpc::ServerWriteReactor<v1::RegisterModelP
   void Write(const v1::RegisterModelProgress& message) {
     absl::MutexLock lock(&mu_);
     if (client_gone_) return;
-    message_ = message;
+    if (absl::Status serialized = Serialize(message, message_); !serialized.ok()) {
+      TIERD_LOG(WARNING) << "registration progress not sent: " << serialized;
+      return;
+    }
     writing_ = true;
     StartWrite(&message_);
     mu_.Await(absl::Condition(
@@ -120,7 +122,7 @@ class RegisterReactor final : public grpc::ServerWriteReactor<v1::RegisterModelP
   const v1::RegisterModelRequest request_;
   const std::function<grpc::Status(const absl::Status&)> answer_;
   absl::Mutex mu_;
-  v1::RegisterModelProgress message_;
+  grpc::ByteBuffer message_;  // the message being written
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool client_gone_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -132,9 +134,10 @@ TierdService::TierdService(ResponseCounters* counters) : counters_(counters) {}
 TierdService::~TierdService() = default;
 
 void TierdService::Attach(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
-                          std::vector<NamedGpuTier> client_groups, SessionOptions session_options) {
+                          std::vector<NamedGpuTier> client_groups, SessionOptions session_options,
+                          UnreadAnswerBudget& unread_answers) {
   attached_.reset(new Tiers{catalog, host_cache, gpu_tier, std::move(client_groups),
-                            std::move(session_options)});
+                            std::move(session_options), unread_answers});
   tiers_.store(attached_.get(), std::memory_order_release);
 }
 
@@ -152,73 +155,116 @@ grpc::Status TierdService::Answer(const absl::Status& status) const {
   return ToGrpcStatus(status);
 }
 
-grpc::ServerUnaryReactor* TierdService::Finish(grpc::CallbackServerContext* context,
-                                               const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(Answer(status));
-  return reactor;
+template <typename Request, typename Response>
+grpc::ServerUnaryReactor* TierdService::Serve(
+    const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
+    void (TierdService::*handle)(UnaryCall<Request, Response>&)) {
+  return UnaryCall<Request, Response>::Serve(
+      *request, response, counters_,
+      [this, handle](UnaryCall<Request, Response>& call) { (this->*handle)(call); });
 }
 
-grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* TierdService::Session(
-    grpc::CallbackServerContext* /*context*/) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* TierdService::Session(
+    grpc::CallbackServerContext* context) {
   absl::StatusOr<Tiers*> tiers = Serving();
   if (!tiers.ok()) return new RefusedSession(Answer(tiers.status()));
-  return new SessionReactor((*tiers)->gpu_tier, (*tiers)->session_options);
+  return new SessionReactor(context, (*tiers)->gpu_tier, (*tiers)->session_options,
+                            (*tiers)->unread_answers);
 }
 
-grpc::ServerWriteReactor<v1::RegisterModelProgress>* TierdService::RegisterModel(
-    grpc::CallbackServerContext* /*context*/, const v1::RegisterModelRequest* request) {
-  absl::StatusOr<Tiers*> tiers = Serving();
-  if (!tiers.ok()) {
-    class Refused final : public grpc::ServerWriteReactor<v1::RegisterModelProgress> {
-     public:
-      explicit Refused(const grpc::Status& status) { Finish(status); }
-      void OnDone() override { delete this; }
-    };
-    return new Refused(Answer(tiers.status()));
+grpc::ServerWriteReactor<grpc::ByteBuffer>* TierdService::RegisterModel(
+    grpc::CallbackServerContext* /*context*/, const grpc::ByteBuffer* raw_request) {
+  class Refused final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+   public:
+    explicit Refused(const grpc::Status& status) { Finish(status); }
+    void OnDone() override { delete this; }
+  };
+  v1::RegisterModelRequest request;
+  if (absl::Status parsed = ParseRequest(*raw_request, request); !parsed.ok()) {
+    return new Refused(Answer(parsed));
   }
-  return new RegisterReactor((*tiers)->catalog, admin_, *request,
+  absl::StatusOr<Tiers*> tiers = Serving();
+  if (!tiers.ok()) return new Refused(Answer(tiers.status()));
+  return new RegisterReactor((*tiers)->catalog, admin_, std::move(request),
                              [this](const absl::Status& status) { return Answer(status); });
 }
 
-grpc::ServerUnaryReactor* TierdService::ListModels(grpc::CallbackServerContext* context,
-                                                   const v1::ListModelsRequest* /*request*/,
-                                                   v1::ListModelsResponse* response) {
-  absl::StatusOr<Tiers*> tiers = Serving(/*during_shutdown=*/true);
-  if (!tiers.ok()) return Finish(context, tiers.status());
-  for (const ModelSummary& summary : (*tiers)->catalog.ListModels()) {
-    ToProto(summary, response->add_models());
-  }
-  return Finish(context, absl::OkStatus());
+grpc::ServerUnaryReactor* TierdService::ListModels(grpc::CallbackServerContext* /*context*/,
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) {
+  return Serve(request, response, &TierdService::HandleListModels);
 }
 
-grpc::ServerUnaryReactor* TierdService::ListObjects(grpc::CallbackServerContext* context,
-                                                    const v1::ListObjectsRequest* request,
-                                                    v1::ListObjectsResponse* response) {
+grpc::ServerUnaryReactor* TierdService::ListObjects(grpc::CallbackServerContext* /*context*/,
+                                                    const grpc::ByteBuffer* request,
+                                                    grpc::ByteBuffer* response) {
+  return Serve(request, response, &TierdService::HandleListObjects);
+}
+
+grpc::ServerUnaryReactor* TierdService::DropModel(grpc::CallbackServerContext* /*context*/,
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
+  return Serve(request, response, &TierdService::HandleDropModel);
+}
+
+grpc::ServerUnaryReactor* TierdService::Prefetch(grpc::CallbackServerContext* /*context*/,
+                                                 const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) {
+  return Serve(request, response, &TierdService::HandlePrefetch);
+}
+
+grpc::ServerUnaryReactor* TierdService::Evict(grpc::CallbackServerContext* /*context*/,
+                                              const grpc::ByteBuffer* request,
+                                              grpc::ByteBuffer* response) {
+  return Serve(request, response, &TierdService::HandleEvict);
+}
+
+grpc::ServerUnaryReactor* TierdService::GetStats(grpc::CallbackServerContext* /*context*/,
+                                                 const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) {
+  return Serve(request, response, &TierdService::HandleGetStats);
+}
+
+grpc::ServerUnaryReactor* TierdService::ListHandles(grpc::CallbackServerContext* /*context*/,
+                                                    const grpc::ByteBuffer* request,
+                                                    grpc::ByteBuffer* response) {
+  return Serve(request, response, &TierdService::HandleListHandles);
+}
+
+void TierdService::HandleListModels(
+    UnaryCall<v1::ListModelsRequest, v1::ListModelsResponse>& call) {
   absl::StatusOr<Tiers*> tiers = Serving(/*during_shutdown=*/true);
-  if (!tiers.ok()) return Finish(context, tiers.status());
+  if (!tiers.ok()) return call.Answer(tiers.status());
+  for (const ModelSummary& summary : (*tiers)->catalog.ListModels()) {
+    ToProto(summary, call.response()->add_models());
+  }
+  call.Answer(absl::OkStatus());
+}
+
+void TierdService::HandleListObjects(
+    UnaryCall<v1::ListObjectsRequest, v1::ListObjectsResponse>& call) {
+  absl::StatusOr<Tiers*> tiers = Serving(/*during_shutdown=*/true);
+  if (!tiers.ok()) return call.Answer(tiers.status());
   absl::StatusOr<std::shared_ptr<const ModelInfo>> model =
-      (*tiers)->catalog.GetModel(request->model());
-  if (!model.ok()) return Finish(context, model.status());
+      (*tiers)->catalog.GetModel(call.request().model());
+  if (!model.ok()) return call.Answer(model.status());
   for (const ObjectInfo& object : (*model)->objects) {
-    v1::ObjectInfo* info = response->add_objects();
+    v1::ObjectInfo* info = call.response()->add_objects();
     info->set_key(absl::StrCat((*model)->name, "/", object.name));
     info->set_size(object.size);
     for (const TensorPlacement& tensor : object.tensors) ToProto(tensor, info->add_tensors());
     info->set_on_gpu((*tiers)->gpu_tier.IsOnGpu(info->key()));
     info->set_in_host_cache((*tiers)->host_cache.IsResident(info->key()));
   }
-  return Finish(context, absl::OkStatus());
+  call.Answer(absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* TierdService::DropModel(grpc::CallbackServerContext* context,
-                                                  const v1::DropModelRequest* request,
-                                                  v1::DropModelResponse* /*response*/) {
+void TierdService::HandleDropModel(UnaryCall<v1::DropModelRequest, v1::DropModelResponse>& call) {
   absl::StatusOr<Tiers*> tiers = Serving();
-  if (!tiers.ok()) return Finish(context, tiers.status());
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (!tiers.ok()) return call.Answer(tiers.status());
   // Deleting the persisted file syncs the directory: not on a gRPC thread.
-  admin_.RunAfter(absl::ZeroDuration(), [this, tiers = *tiers, reactor, name = request->name()] {
+  admin_.RunAfter(absl::ZeroDuration(), [tiers = *tiers, &call] {
+    const std::string& name = call.request().name();
     absl::Status status = tiers->catalog.DropModel(name);
     if (status.ok()) {
       // Its objects are never served again (both tiers check the registration); free what can be.
@@ -226,56 +272,49 @@ grpc::ServerUnaryReactor* TierdService::DropModel(grpc::CallbackServerContext* c
       for (const NamedGpuTier& group : tiers->client_groups) group.tier->ForgetModel(name);
       TIERD_LOG(INFO) << "dropped model " << name;
     }
-    reactor->Finish(Answer(status));
+    call.Answer(status);
   });
-  return reactor;
 }
 
-grpc::ServerUnaryReactor* TierdService::Prefetch(grpc::CallbackServerContext* context,
-                                                 const v1::PrefetchRequest* request,
-                                                 v1::PrefetchResponse* response) {
+void TierdService::HandlePrefetch(UnaryCall<v1::PrefetchRequest, v1::PrefetchResponse>& call) {
   absl::StatusOr<Tiers*> tiers = Serving();
-  if (!tiers.ok()) return Finish(context, tiers.status());
+  if (!tiers.ok()) return call.Answer(tiers.status());
   absl::StatusOr<v1::PrefetchResponse> result = RunPrefetch(
-      (*tiers)->gpu_tier, *request, (*tiers)->session_options.max_key_bytes, "prefetch");
-  if (!result.ok()) return Finish(context, result.status());
-  *response = *std::move(result);
-  return Finish(context, absl::OkStatus());
+      (*tiers)->gpu_tier, call.request(), (*tiers)->session_options.max_key_bytes, "prefetch");
+  if (!result.ok()) return call.Answer(result.status());
+  *call.response() = *std::move(result);
+  call.Answer(absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* TierdService::Evict(grpc::CallbackServerContext* context,
-                                              const v1::EvictRequest* request,
-                                              v1::EvictResponse* response) {
+void TierdService::HandleEvict(UnaryCall<v1::EvictRequest, v1::EvictResponse>& call) {
   absl::StatusOr<Tiers*> tiers = Serving();
-  if (!tiers.ok()) return Finish(context, tiers.status());
-  absl::StatusOr<v1::EvictResponse> result =
-      RunEvict((*tiers)->gpu_tier, *request, (*tiers)->session_options.max_key_bytes, "evict");
-  if (!result.ok()) return Finish(context, result.status());
-  *response = *std::move(result);
-  return Finish(context, absl::OkStatus());
+  if (!tiers.ok()) return call.Answer(tiers.status());
+  absl::StatusOr<v1::EvictResponse> result = RunEvict(
+      (*tiers)->gpu_tier, call.request(), (*tiers)->session_options.max_key_bytes, "evict");
+  if (!result.ok()) return call.Answer(result.status());
+  *call.response() = *std::move(result);
+  call.Answer(absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* TierdService::GetStats(grpc::CallbackServerContext* context,
-                                                 const v1::GetStatsRequest* /*request*/,
-                                                 v1::Stats* response) {
+void TierdService::HandleGetStats(UnaryCall<v1::GetStatsRequest, v1::Stats>& call) {
   absl::StatusOr<Tiers*> tiers = Serving(/*during_shutdown=*/true);
-  if (!tiers.ok()) return Finish(context, tiers.status());
-  *response = CollectStats((*tiers)->catalog, (*tiers)->host_cache, (*tiers)->gpu_tier,
-                           (*tiers)->client_groups, (*tiers)->session_options.device);
-  return Finish(context, absl::OkStatus());
+  if (!tiers.ok()) return call.Answer(tiers.status());
+  *call.response() = CollectStats((*tiers)->catalog, (*tiers)->host_cache, (*tiers)->gpu_tier,
+                                  (*tiers)->client_groups, (*tiers)->session_options.device);
+  call.Answer(absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* TierdService::ListHandles(grpc::CallbackServerContext* context,
-                                                    const v1::ListHandlesRequest* /*request*/,
-                                                    v1::ListHandlesResponse* response) {
+void TierdService::HandleListHandles(
+    UnaryCall<v1::ListHandlesRequest, v1::ListHandlesResponse>& call) {
   absl::StatusOr<Tiers*> tiers = Serving(/*during_shutdown=*/true);
-  if (!tiers.ok()) return Finish(context, tiers.status());
+  if (!tiers.ok()) return call.Answer(tiers.status());
+  v1::ListHandlesResponse* response = call.response();
   response->set_backend((*tiers)->session_options.backend);
   response->set_device_ordinal((*tiers)->session_options.device_ordinal);
   const HandleList handles = (*tiers)->gpu_tier.Handles();
   for (const StagingSlabInfo& slab : handles.slabs) ToProto(slab, response->add_handles());
   for (const EventInfo& event : handles.events) ToProto(event, response->add_handles());
-  return Finish(context, absl::OkStatus());
+  call.Answer(absl::OkStatus());
 }
 
 }  // namespace tierd

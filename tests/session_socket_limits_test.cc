@@ -1,0 +1,288 @@
+// Bounds on sessions whose clients misbehave, on daemon processes: a session-socket frame begun
+// must be finished within SessionSocketServer::kFrameTimeout, while a connection idle between
+// frames may stay; answers clients do not read are bounded across the daemon
+// (--max-unread-answer-bytes), on the session socket and the gRPC Session stream.
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/tierd_client.h"
+#include "common/session_socket.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/session_socket_server.h"
+#include "tests/daemon_test_support.h"
+#include "tests/test_support.h"
+#include "tierd/v1/tierd.pb.h"
+
+namespace tierd {
+namespace {
+
+using ::testing::HasSubstr;
+using ::tierd::testing::ConnectUnix;
+using ::tierd::testing::IsOk;
+using ::tierd::testing::IsOkAndHolds;
+using ::tierd::testing::SiblingBinary;
+using ::tierd::testing::StatusIs;
+using ::tierd::testing::Subprocess;
+using ::tierd::testing::TempDir;
+
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+// 1000 bytes that are no key (no '/'): each fetch of it is answered INVALID_ARGUMENT quoting it,
+// so each answer is about 1 KiB.
+const std::string kLongMalformedKey(1000, 'x');
+
+// The daemon's resident memory (VmRSS) in KiB; -1 when it cannot be read.
+int64_t ResidentKib(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::strtoll(line.c_str() + 6, nullptr, 10);
+  }
+  return -1;
+}
+
+v1::SessionRequest Open(uint64_t id) {
+  v1::SessionRequest request;
+  request.set_request_id(id);
+  request.mutable_open()->set_client_name("session_socket_limits_test");
+  return request;
+}
+
+v1::SessionRequest Fetch(uint64_t id, const std::string& key) {
+  v1::SessionRequest request;
+  request.set_request_id(id);
+  request.mutable_fetch()->set_key(key);
+  return request;
+}
+
+// `count` fetches of kLongMalformedKey, framed, ids from `first_id`.
+std::string MalformedFetches(int count, uint64_t first_id) {
+  std::string frames;
+  for (int i = 0; i < count; ++i) frames += EncodeFrame(Fetch(first_id + i, kLongMalformedKey));
+  return frames;
+}
+
+v1::SessionRequest Prefetch(uint64_t id, const std::string& key) {
+  v1::SessionRequest request;
+  request.set_request_id(id);
+  request.mutable_prefetch()->add_keys(key);
+  return request;
+}
+
+// Whether the daemon has shut `fd`'s connection down in both directions (as it does to cut it),
+// whatever the client left unread.
+bool HungUpByDaemon(int fd) {
+  pollfd hang_up{fd, 0, 0};
+  return ::poll(&hang_up, 1, 0) > 0 && (hang_up.revents & POLLHUP) != 0;
+}
+
+// Whether the daemon has closed `fd`'s connection: an end of stream (or a reset) is waiting.
+bool ClosedByDaemon(int fd) {
+  pollfd ready{fd, POLLIN, 0};
+  if (::poll(&ready, 1, 0) <= 0) return false;
+  char byte;
+  return ::recv(fd, &byte, 1, MSG_DONTWAIT | MSG_PEEK) <= 0;
+}
+
+class SessionSocketLimitsTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (int fd : fds_) ::close(fd);
+    if (daemon_ != nullptr) {
+      daemon_->Signal(SIGTERM);
+      EXPECT_THAT(daemon_->Wait(kTimeout), IsOkAndHolds(0));
+    }
+    if (HasFailure()) std::fprintf(stderr, "tierd's log:\n%s", Log().c_str());
+  }
+
+  // Starts tierd with `flags` besides the usual ones, its log going to log_path().
+  void StartDaemon(const std::vector<std::string>& flags = {}) {
+    std::vector<std::string> argv = {"/bin/sh",
+                                     "-c",
+                                     absl::StrCat("exec \"$0\" \"$@\" 2>", log_path()),
+                                     SiblingBinary("tierd"),
+                                     "--device=host",
+                                     absl::StrCat("--socket=", socket_path()),
+                                     absl::StrCat("--state-dir=", dir_.path(), "/state"),
+                                     "--host-cache-bytes=16MiB",
+                                     "--gpu-pool-bytes=2MiB",
+                                     "--gpu-slab-bytes=1MiB",
+                                     "--shutdown-grace-ms=1000"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    auto daemon = testing::StartServingDaemon(argv, socket_path(), kTimeout);
+    ASSERT_THAT(daemon, IsOk());
+    daemon_ = *std::move(daemon);
+  }
+
+  std::string socket_path() const { return absl::StrCat(dir_.path(), "/gpu0.sock"); }
+  std::string session_socket_path() const { return SessionSocketPathFor(socket_path()); }
+  std::string log_path() const { return absl::StrCat(dir_.path(), "/tierd.log"); }
+  std::string Log() const {
+    std::ifstream in(log_path());
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+
+  // A connection to the session socket that has greeted and opened a session; closed by TearDown.
+  int OpenSession() {
+    const int fd = ConnectUnix(session_socket_path());
+    fds_.push_back(fd);
+    EXPECT_THAT(SendAll(fd, absl::StrCat(kSessionSocketHello, EncodeFrame(Open(1)))), IsOk());
+    std::string greeting(kSessionSocketHello.size(), '\0');
+    EXPECT_THAT(ReadExactly(fd, greeting.data(), greeting.size()), IsOk());
+    std::string payload;
+    EXPECT_THAT(ReadFrame(fd, payload), IsOk());
+    v1::SessionResponse opened;
+    EXPECT_TRUE(opened.ParseFromString(payload));
+    EXPECT_EQ(opened.code(), 0) << opened.message();
+    return fd;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<Subprocess> daemon_;
+  std::vector<int> fds_;
+};
+
+TEST_F(SessionSocketLimitsTest, AFrameLeftUnfinishedIsClosedAfterTheFrameTimeoutButAnIdleOneIsNot) {
+  StartDaemon();
+  const std::string frame = EncodeFrame(Prefetch(2, "m/nothing"));
+  ASSERT_GT(frame.size(), 8u);
+  // Two bytes of a frame's length; a whole length and part of the payload; a whole frame, then
+  // nothing (idle between frames).
+  const int in_header = OpenSession();
+  const int in_payload = OpenSession();
+  const int idle = OpenSession();
+  const absl::Time start = absl::Now();
+  ASSERT_THAT(SendAll(in_header, frame.substr(0, 2)), IsOk());
+  ASSERT_THAT(SendAll(in_payload, frame.substr(0, 6)), IsOk());
+  ASSERT_THAT(SendAll(idle, frame), IsOk());
+  std::string payload;
+  ASSERT_THAT(ReadFrame(idle, payload), IsOk());
+
+  const absl::Duration timeout = SessionSocketServer::kFrameTimeout;
+  absl::SleepFor(timeout / 2);
+  EXPECT_FALSE(ClosedByDaemon(in_header)) << "closed before the frame timeout";
+  EXPECT_FALSE(ClosedByDaemon(in_payload)) << "closed before the frame timeout";
+  while (absl::Now() - start < timeout + absl::Seconds(5) &&
+         !(ClosedByDaemon(in_header) && ClosedByDaemon(in_payload))) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(ClosedByDaemon(in_header)) << "a frame stalled in its length was not cut off";
+  EXPECT_TRUE(ClosedByDaemon(in_payload)) << "a frame stalled in its payload was not cut off";
+  EXPECT_GE(absl::Now() - start, timeout);
+  EXPECT_THAT(Log(), HasSubstr("incomplete"));
+
+  // The idle connection, as long past its last frame, is still served.
+  EXPECT_FALSE(ClosedByDaemon(idle));
+  ASSERT_THAT(SendAll(idle, EncodeFrame(Prefetch(3, "m/nothing"))), IsOk());
+  ASSERT_THAT(ReadFrame(idle, payload), IsOk());
+  v1::SessionResponse answer;
+  ASSERT_TRUE(answer.ParseFromString(payload));
+  EXPECT_EQ(answer.request_id(), 3u);
+}
+
+TEST_F(SessionSocketLimitsTest, ClientsThatDoNotReadAreCutOnceTheirAnswersPassTheDaemonsBudget) {
+  // 1 MiB for every session together, so also 1 MiB for one.
+  StartDaemon({"--max-unread-answer-bytes=1MiB"});
+  const int64_t resident_before = ResidentKib(daemon_->pid());
+  ASSERT_GT(resident_before, 0);
+  // Clients that send fetches and never read the answers: about 600 KiB of answers each, under
+  // the 1 MiB one session may queue, and some of it in the socket's own buffers. Together they
+  // pass the budget.
+  constexpr int kNonReaders = 6;
+  constexpr int kFetchesEach = 600;
+  std::vector<int> non_readers;
+  for (int i = 0; i < kNonReaders; ++i) {
+    const int fd = OpenSession();
+    non_readers.push_back(fd);
+    // A cut connection refuses the rest of what is sent: that is fine.
+    (void)SendAll(fd, MalformedFetches(kFetchesEach, 2));
+  }
+  // A client that reads its answers as they come (ten at a time, which the socket's own buffer
+  // holds) is served in full meanwhile.
+  const int reader = OpenSession();
+  std::string payload;
+  for (int batch = 0; batch < kFetchesEach / 10; ++batch) {
+    ASSERT_THAT(SendAll(reader, MalformedFetches(10, 2 + 10 * batch)), IsOk());
+    for (int i = 0; i < 10; ++i) {
+      ASSERT_THAT(ReadFrame(reader, payload), IsOk()) << batch;
+      v1::SessionResponse answer;
+      ASSERT_TRUE(answer.ParseFromString(payload));
+      ASSERT_EQ(answer.code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
+          << answer.message();
+      ASSERT_GT(payload.size(), 1000u);  // the answers are as large as this test counts on
+    }
+  }
+
+  int cut = 0;
+  const absl::Time deadline = absl::Now() + kTimeout;
+  do {
+    cut = 0;
+    for (int fd : non_readers) cut += HungUpByDaemon(fd) ? 1 : 0;
+  } while (cut == 0 && absl::Now() < deadline && (absl::SleepFor(absl::Milliseconds(20)), true));
+  EXPECT_GE(cut, 1) << "no client that does not read was cut";
+  EXPECT_LT(cut, kNonReaders) << "every one was cut: their sum, not each, should pass the budget";
+  EXPECT_THAT(Log(), HasSubstr("past --max-unread-answer-bytes (1 MiB)"));
+  const int64_t resident_after = ResidentKib(daemon_->pid());
+  EXPECT_LT(resident_after - resident_before, 64 << 10)
+      << "KiB resident before: " << resident_before << ", after: " << resident_after;
+
+  // Once the clients are gone their share is free again: a new client may queue as much.
+  for (int fd : non_readers) {
+    ::close(fd);
+    fds_.erase(std::find(fds_.begin(), fds_.end(), fd));
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  const int another = OpenSession();
+  ASSERT_THAT(SendAll(another, MalformedFetches(kFetchesEach, 2)), IsOk());
+  EXPECT_FALSE(HungUpByDaemon(reader));
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_FALSE(HungUpByDaemon(another)) << "the budget was not given back";
+  for (int i = 0; i < kFetchesEach; ++i) ASSERT_THAT(ReadFrame(another, payload), IsOk()) << i;
+}
+
+TEST_F(SessionSocketLimitsTest, AGrpcSessionWhoseClientDoesNotReadIsCancelledPastTheBudget) {
+  StartDaemon({"--max-unread-answer-bytes=1MiB"});
+  ClientOptions options;
+  options.socket_path = socket_path();
+  auto client = Client::Connect(options);
+  ASSERT_THAT(client, IsOk());
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kTimeout));
+  auto stream = (*client)->stub().Session(&context);
+  ASSERT_TRUE(stream->Write(Open(1)));
+  v1::SessionResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  ASSERT_EQ(response.code(), 0) << response.message();
+  // 8 MiB of answers the client does not read: far more than HTTP/2's windows hold, so they queue
+  // in the daemon until it cuts the stream. A write refused means the stream is gone.
+  int sent = 0;
+  while (sent < 8192 && stream->Write(Fetch(2 + sent, kLongMalformedKey))) ++sent;
+  EXPECT_LT(sent, 8192) << "the stream was not cut";
+  // What did arrive may be read; then the stream ends cancelled.
+  int answers = 0;
+  while (stream->Read(&response)) ++answers;
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED)
+      << status.error_message() << " after " << sent << " requests and " << answers << " answers";
+  // One stream alone reaches the budget, which is also what one session may queue.
+  EXPECT_THAT(Log(), HasSubstr("session stream: the client has not read"));
+  EXPECT_THAT(Log(), HasSubstr("; cancelling it"));
+  // The daemon serves on.
+  auto stats = (*client)->GetStats();
+  ASSERT_THAT(stats, IsOk());
+}
+
+}  // namespace
+}  // namespace tierd
