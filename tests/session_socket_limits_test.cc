@@ -39,19 +39,9 @@ using ::tierd::testing::Subprocess;
 using ::tierd::testing::TempDir;
 
 constexpr absl::Duration kTimeout = absl::Seconds(30);
-// 1000 bytes that are no key (no '/'): each fetch of it is answered INVALID_ARGUMENT quoting it,
-// so each answer is about 1 KiB.
+// 1000 bytes that are no key (no '/'): each fetch of it is answered INVALID_ARGUMENT quoting its
+// first 256 bytes, so each answer is about 300 bytes.
 const std::string kLongMalformedKey(1000, 'x');
-
-// The daemon's resident memory (VmRSS) in KiB; -1 when it cannot be read.
-int64_t ResidentKib(pid_t pid) {
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::strtoll(line.c_str() + 6, nullptr, 10);
-  }
-  return -1;
-}
 
 v1::SessionRequest Open(uint64_t id) {
   v1::SessionRequest request;
@@ -195,13 +185,13 @@ TEST_F(SessionSocketLimitsTest, AFrameLeftUnfinishedIsClosedAfterTheFrameTimeout
 TEST_F(SessionSocketLimitsTest, ClientsThatDoNotReadAreCutOnceTheirAnswersPassTheDaemonsBudget) {
   // 1 MiB for every session together, so also 1 MiB for one.
   StartDaemon({"--max-unread-answer-bytes=1MiB"});
-  const int64_t resident_before = ResidentKib(daemon_->pid());
+  const int64_t resident_before = testing::ResidentKiB(daemon_->pid());
   ASSERT_GT(resident_before, 0);
-  // Clients that send fetches and never read the answers: about 600 KiB of answers each, under
-  // the 1 MiB one session may queue, and some of it in the socket's own buffers. Together they
-  // pass the budget.
+  // Clients that send fetches and never read the answers: about 600 KiB of answers each (an
+  // answer quotes 256 bytes of the key: about 300 bytes), under the 1 MiB one session may queue,
+  // and some of it in the socket's own buffers. Together they pass the budget.
   constexpr int kNonReaders = 6;
-  constexpr int kFetchesEach = 600;
+  constexpr int kFetchesEach = 2000;
   std::vector<int> non_readers;
   for (int i = 0; i < kNonReaders; ++i) {
     const int fd = OpenSession();
@@ -221,7 +211,7 @@ TEST_F(SessionSocketLimitsTest, ClientsThatDoNotReadAreCutOnceTheirAnswersPassTh
       ASSERT_TRUE(answer.ParseFromString(payload));
       ASSERT_EQ(answer.code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
           << answer.message();
-      ASSERT_GT(payload.size(), 1000u);  // the answers are as large as this test counts on
+      ASSERT_GT(payload.size(), 280u);  // the answers are as large as this test counts on
     }
   }
 
@@ -234,7 +224,7 @@ TEST_F(SessionSocketLimitsTest, ClientsThatDoNotReadAreCutOnceTheirAnswersPassTh
   EXPECT_GE(cut, 1) << "no client that does not read was cut";
   EXPECT_LT(cut, kNonReaders) << "every one was cut: their sum, not each, should pass the budget";
   EXPECT_THAT(Log(), HasSubstr("past --max-unread-answer-bytes (1 MiB)"));
-  const int64_t resident_after = ResidentKib(daemon_->pid());
+  const int64_t resident_after = testing::ResidentKiB(daemon_->pid());
   EXPECT_LT(resident_after - resident_before, 64 << 10)
       << "KiB resident before: " << resident_before << ", after: " << resident_after;
 
@@ -265,11 +255,13 @@ TEST_F(SessionSocketLimitsTest, AGrpcSessionWhoseClientDoesNotReadIsCancelledPas
   v1::SessionResponse response;
   ASSERT_TRUE(stream->Read(&response));
   ASSERT_EQ(response.code(), 0) << response.message();
-  // 8 MiB of answers the client does not read: far more than HTTP/2's windows hold, so they queue
-  // in the daemon until it cuts the stream. A write refused means the stream is gone.
+  // 8 MiB of answers (about 300 bytes each) the client does not read: far more than HTTP/2's
+  // windows hold, so they queue in the daemon until it cuts the stream. A write refused means the
+  // stream is gone.
+  constexpr int kRequests = 28000;
   int sent = 0;
-  while (sent < 8192 && stream->Write(Fetch(2 + sent, kLongMalformedKey))) ++sent;
-  EXPECT_LT(sent, 8192) << "the stream was not cut";
+  while (sent < kRequests && stream->Write(Fetch(2 + sent, kLongMalformedKey))) ++sent;
+  EXPECT_LT(sent, kRequests) << "the stream was not cut";
   // What did arrive may be read; then the stream ends cancelled.
   int answers = 0;
   while (stream->Read(&response)) ++answers;
