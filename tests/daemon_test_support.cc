@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/health.h"
+#include "common/session_socket.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 
@@ -63,6 +64,50 @@ std::string LeaseBytes(Session& session, const Lease& lease) {
                   .ok());
   EXPECT_TRUE(session.device().SynchronizeStream(session.default_stream()).ok());
   return bytes;
+}
+
+int OpenSessionSocketSession(const std::string& session_socket_path,
+                             const std::string& client_name) {
+  const int fd = ConnectUnix(session_socket_path);
+  EXPECT_THAT(
+      SendAll(fd, absl::StrCat(kSessionSocketHello, EncodeFrame(OpenRequest(1, client_name)))),
+      IsOk());
+  std::string greeting(kSessionSocketHello.size(), '\0');
+  EXPECT_THAT(ReadExactly(fd, greeting.data(), greeting.size()), IsOk());
+  std::string payload;
+  EXPECT_THAT(ReadFrame(fd, payload), IsOk());
+  v1::SessionResponse opened;
+  EXPECT_TRUE(opened.ParseFromString(payload));
+  EXPECT_EQ(opened.code(), 0) << opened.message();
+  return fd;
+}
+
+v1::SessionRequest OpenRequest(uint64_t id, const std::string& client_name) {
+  v1::SessionRequest request;
+  request.set_request_id(id);
+  request.mutable_open()->set_client_name(client_name);
+  return request;
+}
+
+v1::SessionRequest FetchRequestFor(uint64_t id, const std::string& key) {
+  v1::SessionRequest request;
+  request.set_request_id(id);
+  request.mutable_fetch()->set_key(key);
+  return request;
+}
+
+v1::SessionRequest PinRequestFor(uint64_t id, const std::string& key) {
+  v1::SessionRequest request;
+  request.set_request_id(id);
+  request.mutable_pin()->set_key(key);
+  return request;
+}
+
+v1::SessionRequest PrefetchRequestFor(uint64_t id, const std::string& key) {
+  v1::SessionRequest request;
+  request.set_request_id(id);
+  request.mutable_prefetch()->add_keys(key);
+  return request;
 }
 
 }  // namespace tierd::testing

@@ -35,6 +35,17 @@ absl::StatusOr<std::string> FetchBytes(Session& session, const std::string& key)
 // memory on CUDA). A failed copy is a test failure.
 std::string LeaseBytes(Session& session, const Lease& lease);
 
+// A connection to the session socket at `session_socket_path` that has greeted and opened a
+// session named `client_name` (failures are test failures); the caller closes it.
+int OpenSessionSocketSession(const std::string& session_socket_path,
+                             const std::string& client_name);
+
+// Session requests built as a client sends them, for tests that speak the wire themselves.
+v1::SessionRequest OpenRequest(uint64_t id, const std::string& client_name);
+v1::SessionRequest FetchRequestFor(uint64_t id, const std::string& key);
+v1::SessionRequest PinRequestFor(uint64_t id, const std::string& key);
+v1::SessionRequest PrefetchRequestFor(uint64_t id, const std::string& key);
+
 }  // namespace tierd::testing
 
 #endif  // TIERD_TESTS_DAEMON_TEST_SUPPORT_H_

@@ -33,27 +33,6 @@ using ::tierd::testing::TempDir;
 constexpr absl::Duration kTimeout = absl::Seconds(30);
 constexpr int kSlowReadMs = 400;
 
-v1::SessionRequest Open(uint64_t id) {
-  v1::SessionRequest request;
-  request.set_request_id(id);
-  request.mutable_open()->set_client_name("half_close_test");
-  return request;
-}
-
-v1::SessionRequest Fetch(uint64_t id, const std::string& key) {
-  v1::SessionRequest request;
-  request.set_request_id(id);
-  request.mutable_fetch()->set_key(key);
-  return request;
-}
-
-v1::SessionRequest Pin(uint64_t id, const std::string& key) {
-  v1::SessionRequest request;
-  request.set_request_id(id);
-  request.mutable_pin()->set_key(key);
-  return request;
-}
-
 class HalfCloseTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -138,15 +117,7 @@ class HalfCloseTest : public ::testing::Test {
 
   // Connects to the session socket, greets, opens a session and checks the answers.
   int OpenOnSessionSocket() {
-    const int fd = ConnectUnix(session_socket_path());
-    EXPECT_THAT(SendAll(fd, absl::StrCat(kSessionSocketHello, EncodeFrame(Open(1)))), IsOk());
-    std::string greeting(kSessionSocketHello.size(), '\0');
-    EXPECT_THAT(ReadExactly(fd, greeting.data(), greeting.size()), IsOk());
-    std::string payload;
-    EXPECT_THAT(ReadFrame(fd, payload), IsOk());
-    v1::SessionResponse opened;
-    EXPECT_TRUE(opened.ParseFromString(payload));
-    EXPECT_EQ(opened.code(), 0) << opened.message();
+    const int fd = testing::OpenSessionSocketSession(session_socket_path(), "half_close_test");
     const timeval timeout = absl::ToTimeval(kTimeout);
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
     return fd;
@@ -163,13 +134,13 @@ TEST_F(HalfCloseTest, TheGrpcStreamAnswersWhatIsInFlightWhenTheClientHalfCloses)
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kTimeout));
   auto stream = client_->stub().Session(&context);
-  ASSERT_TRUE(stream->Write(Open(1)));
+  ASSERT_TRUE(stream->Write(testing::OpenRequest(1, "half_close_test")));
   v1::SessionResponse response;
   ASSERT_TRUE(stream->Read(&response));
   ASSERT_EQ(response.code(), 0) << response.message();
   // Both wait for the slow disk; the client sends nothing more right after them.
-  ASSERT_TRUE(stream->Write(Fetch(2, "m/blocks.1")));
-  ASSERT_TRUE(stream->Write(Pin(3, "m/blocks.2")));
+  ASSERT_TRUE(stream->Write(testing::FetchRequestFor(2, "m/blocks.1")));
+  ASSERT_TRUE(stream->Write(testing::PinRequestFor(3, "m/blocks.2")));
   ASSERT_TRUE(stream->WritesDone());
   std::vector<v1::SessionResponse> answers;
   while (stream->Read(&response)) answers.push_back(response);
@@ -183,8 +154,8 @@ TEST_F(HalfCloseTest, TheGrpcStreamAnswersWhatIsInFlightWhenTheClientHalfCloses)
 TEST_F(HalfCloseTest, TheSessionSocketAnswersWhatIsInFlightWhenTheClientHalfCloses) {
   slow_read_ms = kSlowReadMs;
   const int fd = OpenOnSessionSocket();
-  ASSERT_THAT(SendAll(fd, absl::StrCat(EncodeFrame(Fetch(2, "m/blocks.1")),
-                                       EncodeFrame(Pin(3, "m/blocks.2")))),
+  ASSERT_THAT(SendAll(fd, absl::StrCat(EncodeFrame(testing::FetchRequestFor(2, "m/blocks.1")),
+                                       EncodeFrame(testing::PinRequestFor(3, "m/blocks.2")))),
               IsOk());
   ASSERT_EQ(::shutdown(fd, SHUT_WR), 0);
   std::vector<v1::SessionResponse> answers;
@@ -205,10 +176,10 @@ TEST_F(HalfCloseTest, AGrpcStreamCancelledAfterItsHalfCloseEndsItsSessionAtOnce)
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kTimeout));
   auto stream = client_->stub().Session(&context);
-  ASSERT_TRUE(stream->Write(Open(1)));
+  ASSERT_TRUE(stream->Write(testing::OpenRequest(1, "half_close_test")));
   v1::SessionResponse response;
   ASSERT_TRUE(stream->Read(&response));
-  ASSERT_TRUE(stream->Write(Fetch(2, "m/blocks.1")));
+  ASSERT_TRUE(stream->Write(testing::FetchRequestFor(2, "m/blocks.1")));
   ASSERT_TRUE(stream->WritesDone());
   absl::SleepFor(absl::Milliseconds(100));
   context.TryCancel();
@@ -220,7 +191,7 @@ TEST_F(HalfCloseTest, AGrpcStreamCancelledAfterItsHalfCloseEndsItsSessionAtOnce)
 TEST_F(HalfCloseTest, ASessionSocketClientThatHangsUpAfterItsHalfCloseEndsItsSessionAtOnce) {
   slow_read_ms = 2500;
   const int fd = OpenOnSessionSocket();
-  ASSERT_THAT(SendAll(fd, EncodeFrame(Fetch(2, "m/blocks.1"))), IsOk());
+  ASSERT_THAT(SendAll(fd, EncodeFrame(testing::FetchRequestFor(2, "m/blocks.1"))), IsOk());
   ASSERT_EQ(::shutdown(fd, SHUT_WR), 0);
   absl::SleepFor(absl::Milliseconds(100));
   ::close(fd);

@@ -43,32 +43,12 @@ constexpr absl::Duration kTimeout = absl::Seconds(30);
 // first 256 bytes, so each answer is about 300 bytes.
 const std::string kLongMalformedKey(1000, 'x');
 
-v1::SessionRequest Open(uint64_t id) {
-  v1::SessionRequest request;
-  request.set_request_id(id);
-  request.mutable_open()->set_client_name("session_socket_limits_test");
-  return request;
-}
-
-v1::SessionRequest Fetch(uint64_t id, const std::string& key) {
-  v1::SessionRequest request;
-  request.set_request_id(id);
-  request.mutable_fetch()->set_key(key);
-  return request;
-}
-
 // `count` fetches of kLongMalformedKey, framed, ids from `first_id`.
 std::string MalformedFetches(int count, uint64_t first_id) {
   std::string frames;
-  for (int i = 0; i < count; ++i) frames += EncodeFrame(Fetch(first_id + i, kLongMalformedKey));
+  for (int i = 0; i < count; ++i)
+    frames += EncodeFrame(testing::FetchRequestFor(first_id + i, kLongMalformedKey));
   return frames;
-}
-
-v1::SessionRequest Prefetch(uint64_t id, const std::string& key) {
-  v1::SessionRequest request;
-  request.set_request_id(id);
-  request.mutable_prefetch()->add_keys(key);
-  return request;
 }
 
 // Whether the daemon has shut `fd`'s connection down in both directions (as it does to cut it),
@@ -126,16 +106,9 @@ class SessionSocketLimitsTest : public ::testing::Test {
 
   // A connection to the session socket that has greeted and opened a session; closed by TearDown.
   int OpenSession() {
-    const int fd = ConnectUnix(session_socket_path());
+    const int fd =
+        testing::OpenSessionSocketSession(session_socket_path(), "session_socket_limits_test");
     fds_.push_back(fd);
-    EXPECT_THAT(SendAll(fd, absl::StrCat(kSessionSocketHello, EncodeFrame(Open(1)))), IsOk());
-    std::string greeting(kSessionSocketHello.size(), '\0');
-    EXPECT_THAT(ReadExactly(fd, greeting.data(), greeting.size()), IsOk());
-    std::string payload;
-    EXPECT_THAT(ReadFrame(fd, payload), IsOk());
-    v1::SessionResponse opened;
-    EXPECT_TRUE(opened.ParseFromString(payload));
-    EXPECT_EQ(opened.code(), 0) << opened.message();
     return fd;
   }
 
@@ -146,7 +119,7 @@ class SessionSocketLimitsTest : public ::testing::Test {
 
 TEST_F(SessionSocketLimitsTest, AFrameLeftUnfinishedIsClosedAfterTheFrameTimeoutButAnIdleOneIsNot) {
   StartDaemon();
-  const std::string frame = EncodeFrame(Prefetch(2, "m/nothing"));
+  const std::string frame = EncodeFrame(testing::PrefetchRequestFor(2, "m/nothing"));
   ASSERT_GT(frame.size(), 8u);
   // Two bytes of a frame's length; a whole length and part of the payload; a whole frame, then
   // nothing (idle between frames).
@@ -175,7 +148,7 @@ TEST_F(SessionSocketLimitsTest, AFrameLeftUnfinishedIsClosedAfterTheFrameTimeout
 
   // The idle connection, as long past its last frame, is still served.
   EXPECT_FALSE(ClosedByDaemon(idle));
-  ASSERT_THAT(SendAll(idle, EncodeFrame(Prefetch(3, "m/nothing"))), IsOk());
+  ASSERT_THAT(SendAll(idle, EncodeFrame(testing::PrefetchRequestFor(3, "m/nothing"))), IsOk());
   ASSERT_THAT(ReadFrame(idle, payload), IsOk());
   v1::SessionResponse answer;
   ASSERT_TRUE(answer.ParseFromString(payload));
@@ -251,7 +224,7 @@ TEST_F(SessionSocketLimitsTest, AGrpcSessionWhoseClientDoesNotReadIsCancelledPas
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kTimeout));
   auto stream = (*client)->stub().Session(&context);
-  ASSERT_TRUE(stream->Write(Open(1)));
+  ASSERT_TRUE(stream->Write(testing::OpenRequest(1, "session_socket_limits_test")));
   v1::SessionResponse response;
   ASSERT_TRUE(stream->Read(&response));
   ASSERT_EQ(response.code(), 0) << response.message();
@@ -260,7 +233,8 @@ TEST_F(SessionSocketLimitsTest, AGrpcSessionWhoseClientDoesNotReadIsCancelledPas
   // stream is gone.
   constexpr int kRequests = 28000;
   int sent = 0;
-  while (sent < kRequests && stream->Write(Fetch(2 + sent, kLongMalformedKey))) ++sent;
+  while (sent < kRequests && stream->Write(testing::FetchRequestFor(2 + sent, kLongMalformedKey)))
+    ++sent;
   EXPECT_LT(sent, kRequests) << "the stream was not cut";
   // What did arrive may be read; then the stream ends cancelled.
   int answers = 0;
