@@ -509,14 +509,16 @@ absl::StatusOr<DiskReader::File*> DiskReader::OpenFile(const ReadTarget& target)
     auto it = files_.find(path);
     if (it != files_.end()) {
       File* file = it->second.get();
-      // A file modified in place since it was opened (its descriptors still name it) is caught
-      // here, before another chunk of it is read.
-      if (target.model_file != nullptr) {
-        if (absl::Status same = CheckModelFile(file->buffered_fd, *target.model_file); !same.ok()) {
-          return same;
-        }
+      // The descriptor must still be the file `target` was registered as: a file modified in
+      // place since it was opened is caught here, before another chunk of it is read. One that
+      // fails is retired and the path opened again, since the registration may be newer than the
+      // descriptor (a file replaced, then its model registered again).
+      if (target.model_file == nullptr ||
+          CheckModelFile(file->buffered_fd, *target.model_file).ok()) {
+        return file;
       }
-      return file;
+      retired_files_.push_back(std::move(it->second));
+      files_.erase(it);
     }
   }
   auto file = std::make_unique<File>();

@@ -305,7 +305,10 @@ std::vector<ReadTarget> HostCache::TargetsLocked(const Entry* entry) const {
   // One extent starting the object has its aligned window in the allocation (see head); gathered
   // objects go through the reader's bounce buffers.
   const std::vector<Extent>& extents = entry->source->object->extents;
-  const bool in_place = extents.size() == 1 && extents[0].object_offset == 0;
+  // In place only when the one extent is the whole object: the aligned window overwrites the
+  // bytes after it, which in a gathered object would be a gap (zeroed below, and hashed as zeros).
+  const bool in_place = extents.size() == 1 && extents[0].object_offset == 0 &&
+                        extents[0].length == entry->source->object->size;
   const ModelInfo& model = *entry->source->model;
   // The memory may hold an evicted object's bytes: the gaps between gathered tensors, which no
   // read fills, must not make the checksum differ from the last read's.

@@ -43,28 +43,28 @@ bool NestingWithin(absl::string_view text, int max_depth) {
 absl::StatusOr<std::string> ReadFileBounded(const std::string& path, uint64_t max_bytes) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return PosixError(absl::StrCat("opening ", path), errno);
-  absl::Status status;
-  std::string text;
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    status = PosixError(path, errno);
-  } else if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    status = absl::InvalidArgumentError(
-        absl::StrCat(path, " is ", st.st_size, " bytes; more than the ", max_bytes, " allowed"));
-  } else {
-    text.resize(static_cast<size_t>(st.st_size));
-    size_t done = 0;
-    while (status.ok() && done < text.size()) {
-      const ssize_t n = pread(fd, text.data() + done, text.size() - done, static_cast<off_t>(done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) status = PosixError(absl::StrCat("reading ", path), errno);
-      if (n == 0) break;  // shrank since fstat: what is there is what there is
-      if (n > 0) done += static_cast<size_t>(n);
-    }
-    text.resize(done);
-  }
+  absl::StatusOr<std::string> text = ReadFileBounded(fd, path, max_bytes);
   close(fd);
-  if (!status.ok()) return status;
+  return text;
+}
+
+absl::StatusOr<std::string> ReadFileBounded(int fd, const std::string& path, uint64_t max_bytes) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return PosixError(path, errno);
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is ", st.st_size, " bytes; more than the ", max_bytes, " allowed"));
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = pread(fd, text.data() + done, text.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return PosixError(absl::StrCat("reading ", path), errno);
+    if (n == 0) break;  // shrank since fstat: what is there is what there is
+    done += static_cast<size_t>(n);
+  }
+  text.resize(done);
   return text;
 }
 

@@ -18,6 +18,8 @@ namespace tierd {
 // The whole file at `path`. INVALID_ARGUMENT when it is larger than `max_bytes`; errors from
 // opening or reading it otherwise.
 absl::StatusOr<std::string> ReadFileBounded(const std::string& path, uint64_t max_bytes);
+// The same from the open file `fd`, named `path` in errors; `fd` stays open.
+absl::StatusOr<std::string> ReadFileBounded(int fd, const std::string& path, uint64_t max_bytes);
 
 // nullopt when `text` is not JSON or nests deeper than `max_depth` arrays and objects.
 std::optional<nlohmann::json> ParseBoundedJson(absl::string_view text, int max_depth = 64);

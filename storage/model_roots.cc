@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "common/posix_error.h"
 #include "common/quote.h"
+#include "common/status_macros.h"
 
 namespace tierd {
 namespace {
@@ -187,7 +188,18 @@ absl::StatusOr<ScopedFd> ModelRoots::OpenBeneath(const std::string& path, int fl
   ScopedFd root_fd(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (root_fd.get() < 0) return PosixError(absl::StrCat("opening ", Quote(root)), errno);
   const absl::string_view relative = absl::string_view(path).substr(root == "/" ? 1 : root.size());
-  return OpenWithoutSymlinks(root_fd.get(), relative, flags, Quote(path));
+  // Without blocking: a FIFO put where a model file was would otherwise hold the opening thread
+  // (a reader, or the one that registers models) for ever. Callers refuse what is not a regular
+  // file; blocking reads come back for the rest.
+  ASSIGN_OR_RETURN(ScopedFd fd,
+                   OpenWithoutSymlinks(root_fd.get(), relative, flags | O_NONBLOCK, Quote(path)));
+  if ((flags & O_NONBLOCK) == 0) {
+    const int current = ::fcntl(fd.get(), F_GETFL);
+    if (current < 0 || ::fcntl(fd.get(), F_SETFL, current & ~O_NONBLOCK) != 0) {
+      return PosixError(absl::StrCat("opening ", Quote(path)), errno);
+    }
+  }
+  return fd;
 }
 
 }  // namespace tierd

@@ -39,8 +39,10 @@ class ModelRoots {
 
   // Opens `path`, a resolved path inside a root (anywhere when not confined), with `flags`
   // (O_CLOEXEC is added) beneath that root, following no symbolic link: a path that names a link,
-  // or passes through one, is refused. Errors: PERMISSION_DENIED for a link or a path outside
-  // every root; otherwise the open's (NOT_FOUND, ...). Thread-safe.
+  // or passes through one, is refused. Never blocks on a FIFO or a device (opened O_NONBLOCK,
+  // which is cleared again unless `flags` has it): the caller checks that it is a regular file.
+  // Errors: PERMISSION_DENIED for a link or a path outside every root; otherwise the open's
+  // (NOT_FOUND, ...). Thread-safe.
   absl::StatusOr<ScopedFd> OpenBeneath(const std::string& path, int flags) const;
 
  private:

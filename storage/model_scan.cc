@@ -59,8 +59,13 @@ absl::StatusOr<std::string> AbsoluteDirectory(const std::string& directory) {
 }
 
 // The index's weight_map: tensor name → file name, every file a bare name inside the directory.
-absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const std::string& path) {
-  ASSIGN_OR_RETURN(const std::string text, ReadFileBounded(path, kMaxSafetensorsIndexBytes));
+// Read from the file `path` resolves to, opened beneath its root without following links.
+absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const std::string& path,
+                                                             const ModelRoots& roots) {
+  ASSIGN_OR_RETURN(const std::string resolved, roots.Resolve(path));
+  ASSIGN_OR_RETURN(const ScopedFd fd, roots.OpenBeneath(resolved, O_RDONLY));
+  ASSIGN_OR_RETURN(const std::string text,
+                   ReadFileBounded(fd.get(), path, kMaxSafetensorsIndexBytes));
   const std::optional<nlohmann::json> index = ParseBoundedJson(text);
   if (!index.has_value()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
   const nlohmann::json* weight_map = JsonMember(&*index, "weight_map");
@@ -71,14 +76,15 @@ absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const std::string& 
   for (auto it = weight_map->begin(); it != weight_map->end(); ++it) {
     std::string file;
     if (!JsonString(&it.value(), &file)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": tensor '", it.key(), "' maps to something other than a file name"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", Quote(it.key()),
+                                                     " maps to something other than a file name"));
     }
     // The index is untrusted: a path would let it point registration at files outside the model.
     if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
         file.find('\0') != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", it.key(), "' maps to '",
-                                                     file, "', which is not a bare file name"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", Quote(it.key()),
+                                                     " maps to ", Quote(file),
+                                                     ", which is not a bare file name"));
     }
     files.emplace(it.key(), std::move(file));
   }
@@ -139,8 +145,7 @@ absl::StatusOr<ScannedModel> ScanModelDirectoryIn(
   std::optional<std::map<std::string, std::string>> weight_map;
   std::vector<std::string> file_names;
   if (access(index_path.c_str(), F_OK) == 0) {
-    RETURN_IF_ERROR(roots.Check(index_path));
-    ASSIGN_OR_RETURN(weight_map, ReadIndex(index_path));
+    ASSIGN_OR_RETURN(weight_map, ReadIndex(index_path, roots));
     std::set<std::string> distinct;
     for (const auto& [tensor, file] : *weight_map) distinct.insert(file);
     file_names.assign(distinct.begin(), distinct.end());
@@ -162,7 +167,7 @@ absl::StatusOr<ScannedModel> ScanModelDirectoryIn(
     ASSIGN_OR_RETURN(const ScopedFd fd, roots.OpenBeneath(resolved, O_RDONLY));
     ASSIGN_OR_RETURN(const struct stat before, FStat(fd.get(), path));
     auto header = ReadSafetensorsHeader(fd.get(), path, max_tensors - scanned.tensors.size());
-    if (absl::IsResourceExhausted(header.status())) {
+    if (IsTensorLimit(header.status())) {
       return absl::InvalidArgumentError(
           absl::StrCat("the model in ", Quote(dir), " has more than ", max_tensors,
                        " tensors, the limit (--max-tensors-per-model)"));

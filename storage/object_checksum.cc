@@ -52,12 +52,19 @@ uint64_t ObjectChecksum(const uint8_t* data, uint64_t size) { return XXH3_64bits
 
 absl::StatusOr<std::map<std::string, uint64_t>> ChecksumModelObjects(
     const ModelInfo& model, const ModelRoots& roots, const VerifyProgress& progress) {
-  std::vector<ScopedFd> files;
-  files.reserve(model.files.size());
-  for (const ModelFile& file : model.files) {
-    ASSIGN_OR_RETURN(ScopedFd fd, OpenModelFile(roots, file, O_RDONLY));
-    files.push_back(std::move(fd));
-  }
+  // One file open at a time: a model may have thousands, more than this process may hold open.
+  // Each is checked when opened and again when done with, so that a write during its reading is
+  // not vouched for.
+  ScopedFd open_file(-1);
+  size_t open_index = 0;
+  const auto file_fd = [&](size_t index) -> absl::StatusOr<int> {
+    if (open_file.get() >= 0 && open_index == index) return open_file.get();
+    if (open_file.get() >= 0)
+      RETURN_IF_ERROR(CheckModelFile(open_file.get(), model.files[open_index]));
+    ASSIGN_OR_RETURN(open_file, OpenModelFile(roots, model.files[index], O_RDONLY));
+    open_index = index;
+    return open_file.get();
+  };
   std::unique_ptr<XXH3_state_t, StateDeleter> state(XXH3_createState());
   if (state == nullptr) return absl::ResourceExhaustedError("xxHash state");
   std::vector<uint8_t> buffer(kReadBytes);
@@ -79,7 +86,7 @@ absl::StatusOr<std::map<std::string, uint64_t>> ChecksumModelObjects(
       hash_zeros(extent->object_offset - cursor);
       const ModelFile& file = model.files[extent->file];
       last_file = &file.path;
-      const int fd = files[extent->file].get();
+      ASSIGN_OR_RETURN(const int fd, file_fd(extent->file));
       for (uint64_t read = 0; read < extent->length;) {
         const size_t want = std::min(extent->length - read, kReadBytes);
         const ssize_t got =
@@ -106,11 +113,8 @@ absl::StatusOr<std::map<std::string, uint64_t>> ChecksumModelObjects(
     hash_zeros(object.size - cursor);
     checksums.emplace(object.name, XXH3_64bits_digest(state.get()));
   }
-  // The files must still be what was registered once every byte is read: a write during the
-  // read would otherwise be vouched for.
-  for (size_t i = 0; i < files.size(); ++i) {
-    RETURN_IF_ERROR(CheckModelFile(files[i].get(), model.files[i]));
-  }
+  if (open_file.get() >= 0)
+    RETURN_IF_ERROR(CheckModelFile(open_file.get(), model.files[open_index]));
   if (progress && last_file != nullptr) progress(done, model.total_bytes, *last_file);
   return checksums;
 }

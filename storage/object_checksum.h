@@ -31,12 +31,12 @@ uint64_t ObjectChecksum(const uint8_t* data, uint64_t size);
 using VerifyProgress =
     std::function<void(uint64_t bytes_done, uint64_t bytes_total, const std::string& file)>;
 
-// Reads every object of `model` from its files — each opened once with OpenModelFile, beneath
-// `roots` and checked against what registration recorded — and returns object name → checksum,
-// as ObjectChecksum gives over the object's bytes. Memory: one buffer of a few MiB, whatever the
-// model's size. `progress` (when set) is called about every 256 MiB and once at the end. Errors: those
-// of opening and checking the files (PERMISSION_DENIED, FAILED_PRECONDITION, ...), DATA_LOSS for a
-// file shorter than recorded, I/O errors.
+// Reads every object of `model` from its files — opened one at a time with OpenModelFile, beneath
+// `roots` and checked against what registration recorded when opened and when done with — and
+// returns object name → checksum, as ObjectChecksum gives over the object's bytes. Memory: one
+// buffer of a few MiB, whatever the model's size. `progress` (when set) is called about every 256
+// MiB and once at the end. Errors: those of opening and checking the files (PERMISSION_DENIED,
+// FAILED_PRECONDITION, ...), DATA_LOSS for a file shorter than recorded, I/O errors.
 absl::StatusOr<std::map<std::string, uint64_t>> ChecksumModelObjects(
     const ModelInfo& model, const ModelRoots& roots, const VerifyProgress& progress = nullptr);
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -36,6 +37,8 @@ constexpr int kMaxJsonDepth = 8;
 constexpr size_t kMaxRank = 64;
 constexpr size_t kMaxTensorNameBytes = 4096;
 constexpr char kMetadataKey[] = "__metadata__";
+// Marks the refusal of a header over its tensor limit (IsTensorLimit).
+constexpr char kTensorLimitPayload[] = "tierd/safetensors-tensor-limit";
 
 uint64_t DecodeLittleEndian64(absl::string_view bytes) {
   uint64_t value = 0;
@@ -138,8 +141,9 @@ class HeaderHandler final : public nlohmann::json_sax<nlohmann::json> {
       in_metadata_ = key == kMetadataKey;
       if (!in_metadata_ && key.empty()) return Error("a tensor has an empty name");
       if (!in_metadata_ && ++tensors_seen_ > max_tensors_) {
-        status_ = absl::ResourceExhaustedError(
+        status_ = absl::InvalidArgumentError(
             absl::StrCat(label_, ": more than ", max_tensors_, " tensors"));
+        status_.SetPayload(kTensorLimitPayload, absl::Cord());
         return false;
       }
       if (!in_metadata_ && key.size() > kMaxTensorNameBytes) {
@@ -407,6 +411,10 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view file_
             });
   RETURN_IF_ERROR(CheckNoOverlap(file_label, header.tensors));
   return header;
+}
+
+bool IsTensorLimit(const absl::Status& status) {
+  return status.GetPayload(kTensorLimitPayload).has_value();
 }
 
 absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {

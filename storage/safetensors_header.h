@@ -51,10 +51,13 @@ struct SafetensorsHeader {
 // reads exactly that — except where the length prefix is itself refused (over the bound, or past
 // the end of the file): those errors need only the first 8 bytes. `file_label` names the file in
 // error messages. Gaps between tensors are allowed. A header with more than `max_tensors` tensors
-// is refused with RESOURCE_EXHAUSTED as soon as the parser meets the one too many.
+// is refused (INVALID_ARGUMENT, IsTensorLimit) as soon as the parser meets the one too many.
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
     absl::string_view file_label, absl::string_view file_start, uint64_t file_size,
     size_t max_tensors = std::numeric_limits<size_t>::max());
+
+// Whether `status` is the refusal of a header with more than the `max_tensors` it was parsed with.
+bool IsTensorLimit(const absl::Status& status);
 
 // Reads and parses the header of the file at `path`. Errors: those of ParseSafetensorsHeader, and
 // NOT_FOUND / PERMISSION_DENIED / ... from opening or reading the file.

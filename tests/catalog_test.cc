@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -1208,6 +1209,26 @@ TEST_F(ModelRootsTest, ACatalogWithoutIdentitiesGetsThemOnLoad) {
   EXPECT_NE((*(*reopened)->GetModel("good"))->files[0].inode, 0u);
   ASSERT_THAT((*reopened)->Flush(), IsOk());
   EXPECT_TRUE(nlohmann::json::parse(ReadWholeFile(path))["files"][0].contains("inode"));
+}
+
+TEST_F(ModelRootsTest, AFifoNamedAsAModelFileIsRefusedWithoutBlocking) {
+  const std::string model = absl::StrCat(root_, "/fifo");
+  std::filesystem::create_directories(model);
+  // Listing the directory passes over what is not a regular file; an index names one anyway.
+  const std::string fifo = absl::StrCat(model, "/model.safetensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_THAT(WriteFile(absl::StrCat(model, "/model.safetensors.index.json"),
+                        R"({"weight_map": {"blocks.0.w": "model.safetensors"}})"),
+              IsOk());
+  auto registration = std::async(std::launch::async, [&] { return Register("fifo", model); });
+  const bool answered = registration.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  if (!answered) {
+    // Unblock the registration's open so the test can end, then fail.
+    const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (writer >= 0) ::close(writer);
+  }
+  EXPECT_TRUE(answered) << "opening the FIFO blocked the registration";
+  EXPECT_THAT(registration.get(), StatusIs(kInvalid));
 }
 
 TEST(CatalogLimitsTest, AModelWithMoreTensorsThanTheLimitIsRefused) {

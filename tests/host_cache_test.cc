@@ -379,6 +379,70 @@ TEST_F(HostCacheTest, AFileModifiedAfterItWasOpenedIsRefusedBeforeTheNextRead) {
   EXPECT_FALSE(catalog_->Checksum("m/blocks.1").has_value());
 }
 
+TEST_F(HostCacheTest, AModelRegisteredAgainAfterItsFileWasReplacedIsReadFromTheNewFile) {
+  Start(2);
+  RegisterModel(2);
+  ASSERT_THAT(FetchNow("m/blocks.0"), IsOk());  // the reader now holds the file open
+  // The file is updated as rsync or mv do: a new file renamed over the old one.
+  const std::string update = absl::StrCat(dir_.path(), "/update.safetensors");
+  ASSERT_THAT(testing::WriteSafetensors(
+                  update, {testing::RandomTensor("blocks.0.w", "F32", {kObjectBytes / 4}, 10),
+                           testing::RandomTensor("blocks.1.w", "F32", {kObjectBytes / 4}, 11)}),
+              IsOk());
+  ASSERT_EQ(::rename(update.c_str(), ModelFilePath().c_str()), 0);
+  // The descriptor the reader holds is still the registered file: its bytes are what is served.
+  auto registered = FetchNow("m/blocks.1");
+  ASSERT_THAT(registered, IsOk());
+  EXPECT_TRUE(HoldsBlock(*registered, 1));
+  registered = absl::CancelledError("released");
+  // The model is dropped and registered again: the new file is read, not the old descriptor's.
+  ASSERT_THAT(catalog_->DropModel("m"), IsOk());
+  ASSERT_THAT(catalog_->RegisterModel("m", model_dir_, Grouping::kBlock, GroupingRules::Defaults()),
+              IsOk());
+  auto fetched = FetchNow("m/blocks.1");
+  ASSERT_THAT(fetched, IsOk());
+  EXPECT_EQ(FirstPatternMismatch(fetched->data(), kObjectBytes, 11), -1);
+}
+
+TEST_F(HostCacheTest, AFifoWhereAModelFileWasIsRefusedWithoutBlockingTheReader) {
+  Start(2);
+  RegisterModel(2);
+  ASSERT_EQ(::unlink(ModelFilePath().c_str()), 0);
+  ASSERT_EQ(::mkfifo(ModelFilePath().c_str(), 0600), 0);
+  auto answer = Fetch("m/blocks.0");
+  const bool answered = answer->ready.WaitForNotificationWithTimeout(absl::Seconds(5));
+  if (!answered) {
+    // Unblock the reader's open so the test can end, then fail.
+    const int writer = ::open(ModelFilePath().c_str(), O_WRONLY | O_NONBLOCK);
+    if (writer >= 0) ::close(writer);
+    ASSERT_TRUE(answer->ready.WaitForNotificationWithTimeout(kTimeout));
+  }
+  EXPECT_TRUE(answered) << "opening the FIFO blocked the reader";
+  EXPECT_THAT(answer->object, StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST_F(HostCacheTest, AVerifiedGatheredObjectWithATrailingGapIsReadAsVerified) {
+  // Block 0's second tensor is empty and in another file: the object is its first tensor (1000
+  // bytes, one extent at offset 0) and a gap up to 1024. The gap must read as it was verified.
+  Start(2);
+  model_dir_ = absl::StrCat(dir_.path(), "/models/trailing");
+  std::filesystem::create_directories(model_dir_);
+  ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(model_dir_, "/a.safetensors"),
+                                        {testing::RandomTensor("blocks.0.w", "F32", {250}, 1),
+                                         testing::RandomTensor("blocks.1.w", "F32", {250}, 2)}),
+              IsOk());
+  ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(model_dir_, "/b.safetensors"),
+                                        {testing::RandomTensor("blocks.0.empty", "F32", {0}, 3)}),
+              IsOk());
+  ASSERT_THAT(catalog_->RegisterModel("t", model_dir_, Grouping::kBlock, GroupingRules::Defaults(),
+                                      nullptr, /*verify=*/true),
+              IsOk());
+  auto object = FetchNow("t/blocks.0");
+  ASSERT_THAT(object, IsOk());
+  EXPECT_EQ(object->size(), 1024u);
+  EXPECT_EQ(cache_->stats().checksum_failures, 0u);
+}
+
 TEST_F(HostCacheTest, AVerifiedModelChecksBytesChangedBeforeTheirFirstRead) {
   // A write that keeps the file's size, inode and mtime is invisible to every check but the
   // checksum: with --verify even the first read has one to compare with.
