@@ -18,7 +18,7 @@ modes=("$@")
 ((${#modes[@]} > 0)) || modes=(address thread)
 tsan_tests=(host_arena_test host_cache_test disk_reader_test daemon_health_test
             fault_injection_test metrics_test api_test_host client_groups_test
-            peer_handoff_test_host)
+            peer_handoff_test_host half_close_test unread_answer_budget_test)
 
 status=0
 for mode in "${modes[@]}"; do
