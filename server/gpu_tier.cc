@@ -80,13 +80,14 @@ GpuTier::~GpuTier() {
     ForceClose(id);
   }
   {
-    // Copies, commits and host and peer fetches in flight call back into the tier; wait for them.
+    // Copies, commits and host and peer fetches in flight call back into the tier; wait for them,
+    // and for the callbacks still running the calls they deferred past the lock.
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
         +[](GpuTier* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
           return self->copies_in_flight_ == 0 && self->host_fetches_in_flight_ == 0 &&
-                 self->peer_fetches_in_flight_ == 0 && self->host_reservations_in_flight_ == 0 &&
-                 self->commits_.empty();
+                 self->callbacks_running_ == 0 && self->peer_fetches_in_flight_ == 0 &&
+                 self->host_reservations_in_flight_ == 0 && self->commits_.empty();
         },
         this));
   }
@@ -321,6 +322,7 @@ void GpuTier::IssueHostFetchLocked(Object* object, ReadPriority priority, absl::
 }
 
 void GpuTier::OnHostObject(Object* object, absl::StatusOr<HostObject> host) {
+  const RunningCallback running(this);
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   --host_fetches_in_flight_;
@@ -403,6 +405,7 @@ void GpuTier::CopyInLocked(Object* object, HostObject host, Deferred& deferred) 
 }
 
 void GpuTier::FinishCopyIn(Object* object, uint64_t GpuTierStats::*bytes_moved) {
+  const RunningCallback running(this);
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   --copies_in_flight_;

@@ -289,6 +289,26 @@ class GpuTier {
   void IssueHostFetchLocked(Object* object, ReadPriority priority, absl::Time deadline,
                             Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnHostObject(Object* object, absl::StatusOr<HostObject> host) ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks a callback into the tier (a host or peer fetch answered, a host reservation, a copy
+  // done) as running, from before it counts itself out of its in-flight count until after the
+  // calls it deferred past the lock have run: those use the tier and its objects too, so the
+  // destructor waits for callbacks_running_ as well. Declared before the callback's DeferredCalls.
+  class RunningCallback {
+   public:
+    explicit RunningCallback(GpuTier* tier) ABSL_LOCKS_EXCLUDED(tier->mu_) : tier_(tier) {
+      absl::MutexLock lock(&tier_->mu_);
+      ++tier_->callbacks_running_;
+    }
+    ~RunningCallback() {
+      absl::MutexLock lock(&tier_->mu_);
+      --tier_->callbacks_running_;
+    }
+    RunningCallback(const RunningCallback&) = delete;
+    RunningCallback& operator=(const RunningCallback&) = delete;
+
+   private:
+    GpuTier* const tier_;
+  };
   // Copies `host` into the object's staging range and answers its waiters.
   void CopyInLocked(Object* object, HostObject host, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -412,6 +432,7 @@ class GpuTier {
   uint64_t host_fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t peer_fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // asked, not answered yet
   uint64_t host_reservations_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t callbacks_running_ ABSL_GUARDED_BY(mu_) = 0;  // see RunningCallback
   GpuTierStats stats_ ABSL_GUARDED_BY(mu_);
   // Close-grace callbacks and the device calls of drains (StartDrainLocked). Last, so it goes
   // first: what is still pending runs while the rest is alive.

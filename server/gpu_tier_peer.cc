@@ -44,6 +44,7 @@ void GpuTier::StartPeerLoadLocked(Client& client, const std::string& key, LeaseC
 }
 
 void GpuTier::OnPeerCopy(Object* object, absl::StatusOr<PeerCopy> copy) {
+  const RunningCallback running(this);
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   --peer_fetches_in_flight_;

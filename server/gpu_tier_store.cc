@@ -125,6 +125,7 @@ void GpuTier::Commit(ClientId client_id, uint64_t reservation_id, bool abort, St
 }
 
 void GpuTier::OnHostReservation(uint64_t commit_id, absl::StatusOr<HostObject> host) {
+  const RunningCallback running(this);
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   --host_reservations_in_flight_;
@@ -253,6 +254,7 @@ void GpuTier::FinishCopyOut(uint64_t commit_id, Object* object) {
 }
 
 void GpuTier::FinishCommit(uint64_t commit_id, Object* object, const absl::Status& status) {
+  const RunningCallback running(this);
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   --copies_in_flight_;
