@@ -287,7 +287,16 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
     // A session that ended before it opened: the transport's reason is the error, naming the socket
     // as any call's does (gRPC: "failed to connect to all addresses; ... unix:PATH: ..."), or the
     // daemon's refusal ("tierd is starting").
-    if (absl::Status reason = core->end_reason(); core->ended() && !reason.ok()) return reason;
+    if (absl::Status reason = core->end_reason(); core->ended() && !reason.ok()) {
+      // gRPC cancels a stream the daemon stops serving (it is shutting down): as UNAVAILABLE as
+      // the daemon's own refusal, and what a caller should do is the same, come back later.
+      if (absl::IsCancelled(reason)) {
+        return absl::UnavailableError(
+            absl::StrCat(options_.socket_path, ": the session was cancelled before it opened (",
+                         reason.message(), "); tierd may be shutting down"));
+      }
+      return reason;
+    }
     return opened.status();
   }
   absl::StatusOr<std::shared_ptr<Device>> device = DeviceFor(opened->opened());
