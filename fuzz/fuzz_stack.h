@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "device/host_device.h"
-#include "server/gpu_tier.h"
+#include "gpu/gpu_tier.h"
 #include "server/session.h"
 #include "storage/catalog.h"
 #include "storage/disk_reader.h"

@@ -19,7 +19,7 @@
 #include "absl/time/time.h"
 #include "device/device.h"
 #include "server/daemon_options.h"
-#include "server/gpu_tier.h"
+#include "gpu/gpu_tier.h"
 #include "server/health_monitor.h"
 #include "server/metrics_server.h"
 #include "server/peer_daemons.h"

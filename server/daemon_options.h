@@ -14,7 +14,7 @@
 #include "device/device.h"
 #include "device/device_factory.h"
 #include "server/client_groups.h"
-#include "server/gpu_tier.h"
+#include "gpu/gpu_tier.h"
 #include "server/peer_daemons.h"
 #include "storage/catalog.h"
 #include "storage/disk_reader.h"

@@ -28,7 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "device/device.h"
-#include "server/peer_source.h"
+#include "gpu/peer_source.h"
 #include "tierd/v1/tierd.pb.h"
 
 namespace tierd {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/gpu_tier.h"
+#include "gpu/gpu_tier.h"
 #include "storage/catalog.h"
 #include "tierd/v1/tierd.pb.h"
 

@@ -22,7 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "server/gpu_tier.h"
+#include "gpu/gpu_tier.h"
 #include "server/response_counters.h"
 #include "tierd/v1/tierd.pb.h"
 

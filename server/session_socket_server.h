@@ -31,7 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/gpu_tier.h"
+#include "gpu/gpu_tier.h"
 #include "server/session.h"
 #include "server/unread_answer_budget.h"
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "server/gpu_tier.h"
+#include "gpu/gpu_tier.h"
 #include "storage/catalog.h"
 #include "storage/host_cache.h"
 #include "tierd/v1/tierd.pb.h"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/timer_thread.h"
-#include "server/gpu_tier.h"
+#include "gpu/gpu_tier.h"
 #include "server/raw_call.h"
 #include "server/response_counters.h"
 #include "server/session.h"

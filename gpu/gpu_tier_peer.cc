@@ -12,8 +12,8 @@
 #include "common/deferred_calls.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "server/gpu_tier.h"
-#include "server/gpu_tier_internal.h"
+#include "gpu/gpu_tier.h"
+#include "gpu/gpu_tier_internal.h"
 
 namespace tierd {
 namespace {

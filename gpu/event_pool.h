@@ -4,8 +4,8 @@
 // handed out again. The pool grows in batches up to a limit.
 //
 // Thread-safe. Event pointers stay valid for the pool's life.
-#ifndef TIERD_SERVER_EVENT_POOL_H_
-#define TIERD_SERVER_EVENT_POOL_H_
+#ifndef TIERD_GPU_EVENT_POOL_H_
+#define TIERD_GPU_EVENT_POOL_H_
 
 #include <cstdint>
 #include <deque>
@@ -54,4 +54,4 @@ class EventPool {
 
 }  // namespace tierd
 
-#endif  // TIERD_SERVER_EVENT_POOL_H_
+#endif  // TIERD_GPU_EVENT_POOL_H_

@@ -3,8 +3,8 @@
 // readable by the tier's own device, an event to wait on before reading them, and a release to
 // call once the reads are done. PeerDaemons (server/peer_daemons.h) is the implementation; tests
 // may supply their own.
-#ifndef TIERD_SERVER_PEER_SOURCE_H_
-#define TIERD_SERVER_PEER_SOURCE_H_
+#ifndef TIERD_GPU_PEER_SOURCE_H_
+#define TIERD_GPU_PEER_SOURCE_H_
 
 #include <cstdint>
 #include <memory>
@@ -50,4 +50,4 @@ class PeerSource {
 
 }  // namespace tierd
 
-#endif  // TIERD_SERVER_PEER_SOURCE_H_
+#endif  // TIERD_GPU_PEER_SOURCE_H_

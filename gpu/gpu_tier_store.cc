@@ -6,8 +6,8 @@
 #include "common/byte_size.h"
 #include "common/deferred_calls.h"
 #include "common/log.h"
-#include "server/gpu_tier.h"
-#include "server/gpu_tier_internal.h"
+#include "gpu/gpu_tier.h"
+#include "gpu/gpu_tier_internal.h"
 
 namespace tierd {
 

@@ -3,8 +3,8 @@
 // peer maps and registers with its own (a HOST_BUFFER handle). The region is created on first use
 // and its ranges are handed out first fit; a range belongs to one lease and is freed when the
 // lease's drain completes. Thread-safe.
-#ifndef TIERD_SERVER_HOST_HANDOFF_BUFFER_H_
-#define TIERD_SERVER_HOST_HANDOFF_BUFFER_H_
+#ifndef TIERD_GPU_HOST_HANDOFF_BUFFER_H_
+#define TIERD_GPU_HOST_HANDOFF_BUFFER_H_
 
 #include <cstdint>
 #include <memory>
@@ -55,4 +55,4 @@ class HostHandoffBuffer {
 
 }  // namespace tierd
 
-#endif  // TIERD_SERVER_HOST_HANDOFF_BUFFER_H_
+#endif  // TIERD_GPU_HOST_HANDOFF_BUFFER_H_

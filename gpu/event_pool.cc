@@ -1,4 +1,4 @@
-#include "server/event_pool.h"
+#include "gpu/event_pool.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "server/host_handoff_buffer.h"
+#include "gpu/host_handoff_buffer.h"
 
 #include <unistd.h>
 

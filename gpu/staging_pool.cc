@@ -1,4 +1,4 @@
-#include "server/staging_pool.h"
+#include "gpu/staging_pool.h"
 
 #include <algorithm>
 

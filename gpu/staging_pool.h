@@ -3,8 +3,8 @@
 // fit within a slab, aligned to kStagingAlignment.
 //
 // Thread-safe.
-#ifndef TIERD_SERVER_STAGING_POOL_H_
-#define TIERD_SERVER_STAGING_POOL_H_
+#ifndef TIERD_GPU_STAGING_POOL_H_
+#define TIERD_GPU_STAGING_POOL_H_
 
 #include <cstdint>
 #include <memory>
@@ -77,4 +77,4 @@ class StagingPool {
 
 }  // namespace tierd
 
-#endif  // TIERD_SERVER_STAGING_POOL_H_
+#endif  // TIERD_GPU_STAGING_POOL_H_

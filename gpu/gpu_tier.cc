@@ -1,4 +1,4 @@
-#include "server/gpu_tier.h"
+#include "gpu/gpu_tier.h"
 
 #include <algorithm>
 #include <utility>
@@ -10,7 +10,7 @@
 #include "common/leak_on_purpose.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "server/gpu_tier_internal.h"
+#include "gpu/gpu_tier_internal.h"
 
 namespace tierd {
 

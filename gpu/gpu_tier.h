@@ -20,8 +20,8 @@
 //
 // Callbacks run on the caller's thread, a reader thread or the device's completion thread; they
 // must not block. Thread-safe.
-#ifndef TIERD_SERVER_GPU_TIER_H_
-#define TIERD_SERVER_GPU_TIER_H_
+#ifndef TIERD_GPU_GPU_TIER_H_
+#define TIERD_GPU_GPU_TIER_H_
 
 #include <cstdint>
 #include <deque>
@@ -40,10 +40,10 @@
 #include "common/deferred_calls.h"
 #include "common/timer_thread.h"
 #include "device/device.h"
-#include "server/event_pool.h"
-#include "server/host_handoff_buffer.h"
-#include "server/peer_source.h"
-#include "server/staging_pool.h"
+#include "gpu/event_pool.h"
+#include "gpu/host_handoff_buffer.h"
+#include "gpu/peer_source.h"
+#include "gpu/staging_pool.h"
 #include "storage/catalog.h"
 #include "storage/host_arena.h"
 #include "storage/host_cache.h"
@@ -441,4 +441,4 @@ class GpuTier {
 
 }  // namespace tierd
 
-#endif  // TIERD_SERVER_GPU_TIER_H_
+#endif  // TIERD_GPU_GPU_TIER_H_

@@ -1,6 +1,6 @@
 // The records GpuTier keeps, shared by its source files. Internal to gpu_tier*.cc.
-#ifndef TIERD_SERVER_GPU_TIER_INTERNAL_H_
-#define TIERD_SERVER_GPU_TIER_INTERNAL_H_
+#ifndef TIERD_GPU_GPU_TIER_INTERNAL_H_
+#define TIERD_GPU_GPU_TIER_INTERNAL_H_
 
 #include <list>
 #include <map>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "server/gpu_tier.h"
+#include "gpu/gpu_tier.h"
 
 namespace tierd {
 
@@ -127,4 +127,4 @@ absl::Status CheckStagingQuota(const ClientLimits& limits, uint64_t held, const 
 
 }  // namespace tierd
 
-#endif  // TIERD_SERVER_GPU_TIER_INTERNAL_H_
+#endif  // TIERD_GPU_GPU_TIER_INTERNAL_H_
