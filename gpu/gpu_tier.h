@@ -41,6 +41,7 @@
 #include "common/timer_thread.h"
 #include "device/device.h"
 #include "gpu/event_pool.h"
+#include "gpu/gpu_tier_stats.h"
 #include "gpu/host_handoff_buffer.h"
 #include "gpu/peer_source.h"
 #include "gpu/staging_pool.h"
@@ -119,27 +120,6 @@ struct EvictResult {
   uint32_t skipped = 0;
 };
 
-struct GpuTierStats {
-  uint64_t budget_bytes = 0;
-  uint64_t used_bytes = 0;
-  uint64_t objects = 0;
-  uint64_t hits = 0;
-  uint64_t misses = 0;
-  uint64_t evictions = 0;
-  uint64_t bytes_host_to_gpu = 0;
-  uint64_t bytes_gpu_to_host = 0;
-  uint64_t peer_fetches = 0;  // fetches answered with a copy of a peer's object
-  uint64_t bytes_peer_to_gpu = 0;
-  uint64_t peer_fetches_through_host = 0;
-  uint64_t copies_in_flight = 0;
-  uint64_t allocation_waiters = 0;  // requests waiting for staging room that releases will free
-  uint64_t clients = 0;
-  uint64_t leases = 0;  // held and draining
-  uint64_t reservations = 0;
-  uint64_t pins = 0;
-  uint64_t slabs = 0;
-  uint64_t events = 0;
-};
 
 // How a fetch is answered (FetchRequest's flags).
 struct FetchOptions {
