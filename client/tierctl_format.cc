@@ -102,12 +102,46 @@ std::string FormatSections(const std::vector<Section>& sections) {
   return text;
 }
 
-std::vector<std::pair<std::string, std::string>> TierLines(const v1::TierStats& tier) {
-  return {{"used", UsedOfBudget(tier.used_bytes(), tier.budget_bytes())},
-          {"objects", absl::StrCat(tier.objects())},
-          {"hits", Hits(tier.hits(), tier.misses())},
-          {"misses", absl::StrCat(tier.misses())},
-          {"evictions", absl::StrCat(tier.evictions())}};
+const v1::FigureOptions& FigureOf(const FieldDescriptor& field) {
+  return field.options().GetExtension(v1::figure);
+}
+
+// A figure's value as `tierctl stats` shows it: by its unit, and with what puts it in context
+// where there is some (used of budget, hits as a share of lookups).
+std::string FigureText(const Message& message, const FieldDescriptor& field) {
+  const uint64_t value = message.GetReflection()->GetUInt64(message, &field);
+  if (field.containing_type() == v1::TierStats::descriptor()) {
+    const auto& tier = static_cast<const v1::TierStats&>(message);
+    if (field.number() == v1::TierStats::kUsedBytesFieldNumber) {
+      return UsedOfBudget(value, tier.budget_bytes());
+    }
+    if (field.number() == v1::TierStats::kHitsFieldNumber) return Hits(value, tier.misses());
+  }
+  return FigureOf(field).unit() == v1::FigureOptions::BYTES ? FormatByteSize(value)
+                                                            : absl::StrCat(value);
+}
+
+// The lines of `message`'s figures that have a label (proto/tierd/v1/tierd.proto).
+std::vector<std::pair<std::string, std::string>> FigureLines(const Message& message) {
+  std::vector<std::pair<std::string, std::string>> lines;
+  const google::protobuf::Descriptor& descriptor = *message.GetDescriptor();
+  for (int i = 0; i < descriptor.field_count(); ++i) {
+    const FieldDescriptor& field = *descriptor.field(i);
+    if (field.cpp_type() != FieldDescriptor::CPPTYPE_UINT64 || FigureOf(field).label().empty()) {
+      continue;
+    }
+    lines.emplace_back(FigureOf(field).label(), FigureText(message, field));
+  }
+  return lines;
+}
+
+// The section titled `title`, added at the end when there is none yet.
+Section& SectionTitled(std::vector<Section>& sections, const std::string& title) {
+  for (Section& section : sections) {
+    if (section.title == title) return section;
+  }
+  sections.push_back({title, {}});
+  return sections.back();
 }
 
 int TerminalColumns() {
@@ -299,37 +333,26 @@ std::string FormatObjects(const std::vector<v1::ObjectInfo>& objects) {
 std::string FormatStats(const v1::Stats& stats) {
   std::vector<Section> sections;
   sections.push_back({absl::StrCat("device: ", stats.device()), {}});
-  sections.push_back({"GPU tier", TierLines(stats.gpu())});
-  Section host{"host tier", TierLines(stats.host())};
-  host.lines.insert(host.lines.begin() + 1, {"pinned", FormatByteSize(stats.host_pinned_bytes())});
-  host.lines.push_back({"stored", absl::StrCat(stats.stored_objects(), " objects (",
-                                               stats.spilled_objects(), " spilled to disk)")});
-  sections.push_back(std::move(host));
-  sections.push_back(
-      {"bytes moved",
-       {{"disk → host", FormatByteSize(stats.bytes_disk_to_host())},
-        {"host → GPU", FormatByteSize(stats.bytes_host_to_gpu())},
-        {"GPU → host", FormatByteSize(stats.bytes_gpu_to_host())},
-        {"host → disk", FormatByteSize(stats.bytes_host_to_disk())},
-        {"peers → GPU",
-         absl::StrCat(FormatByteSize(stats.bytes_peer_to_gpu()), " in ", stats.peer_fetches(),
-                      " fetches (", stats.peer_fetches_through_host(), " through the host)")}}});
-  sections.push_back({"in flight",
-                      {{"disk reads", absl::StrCat(stats.disk_reads_in_flight())},
-                       {"copies", absl::StrCat(stats.copies_in_flight())}}});
-  sections.push_back({"clients",
-                      {{"sessions", absl::StrCat(stats.sessions())},
-                       {"leases", absl::StrCat(stats.leases())},
-                       {"reservations", absl::StrCat(stats.reservations())},
-                       {"pins", absl::StrCat(stats.pins())}}});
-  sections.push_back({"daemon",
-                      {{"models", absl::StrCat(stats.models())},
-                       {"slabs", absl::StrCat(stats.slabs())},
-                       {"events", absl::StrCat(stats.events())},
-                       {"checksum failures", absl::StrCat(stats.checksum_failures())}}});
+  // Each figure under the section its field declares, in the order of the fields: a TierStats
+  // field's figures, then the section's own.
+  const google::protobuf::Descriptor& descriptor = *v1::Stats::descriptor();
+  const Reflection& reflection = *stats.GetReflection();
+  for (int i = 0; i < descriptor.field_count(); ++i) {
+    const FieldDescriptor& field = *descriptor.field(i);
+    const v1::FigureOptions& figure = FigureOf(field);
+    if (figure.section().empty() || field.is_repeated()) continue;
+    Section& section = SectionTitled(sections, figure.section());
+    if (field.cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      for (auto& line : FigureLines(reflection.GetMessage(stats, &field))) {
+        section.lines.push_back(std::move(line));
+      }
+    } else if (field.cpp_type() == FieldDescriptor::CPPTYPE_UINT64 && !figure.label().empty()) {
+      section.lines.emplace_back(figure.label(), FigureText(stats, field));
+    }
+  }
   for (const v1::ClientGroupStats& group : stats.client_groups()) {
     Section section{absl::StrCat("client group ", group.name(), ": GPU tier"),
-                    TierLines(group.gpu())};
+                    FigureLines(group.gpu())};
     section.lines.push_back({"sessions", absl::StrCat(group.sessions(), " (", group.leases(),
                                                       " leases, ", group.pins(), " pins)")});
     sections.push_back(std::move(section));

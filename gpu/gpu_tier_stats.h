@@ -3,6 +3,9 @@
 #define TIERD_GPU_GPU_TIER_STATS_H_
 
 #include <cstdint>
+#include <iterator>
+
+#include "common/figures.h"
 
 namespace tierd {
 
@@ -27,6 +30,32 @@ struct GpuTierStats {
   uint64_t slabs = 0;
   uint64_t events = 0;
 };
+
+// How each figure is reported (common/figures.h). budget_bytes … evictions, slabs and the client
+// figures are also a client group's (ClientGroupStats has fields of the same names).
+inline constexpr Figure<GpuTierStats> kGpuTierFigures[] = {
+    {"gpu.budget_bytes", &GpuTierStats::budget_bytes},
+    {"gpu.used_bytes", &GpuTierStats::used_bytes},
+    {"gpu.objects", &GpuTierStats::objects},
+    {"gpu.hits", &GpuTierStats::hits},
+    {"gpu.misses", &GpuTierStats::misses},
+    {"gpu.evictions", &GpuTierStats::evictions},
+    {"bytes_host_to_gpu", &GpuTierStats::bytes_host_to_gpu},
+    {"bytes_gpu_to_host", &GpuTierStats::bytes_gpu_to_host},
+    {"peer_fetches", &GpuTierStats::peer_fetches},
+    {"bytes_peer_to_gpu", &GpuTierStats::bytes_peer_to_gpu},
+    {"peer_fetches_through_host", &GpuTierStats::peer_fetches_through_host},
+    {"copies_in_flight", &GpuTierStats::copies_in_flight},
+    {"gpu_allocation_waiters", &GpuTierStats::allocation_waiters},
+    {"sessions", &GpuTierStats::clients},
+    {"leases", &GpuTierStats::leases},
+    {"reservations", &GpuTierStats::reservations},
+    {"pins", &GpuTierStats::pins},
+    {"slabs", &GpuTierStats::slabs},
+    {"events", &GpuTierStats::events},
+};
+static_assert(std::size(kGpuTierFigures) * sizeof(uint64_t) == sizeof(GpuTierStats),
+              "every member of GpuTierStats has its line in kGpuTierFigures");
 
 }  // namespace tierd
 

@@ -1,7 +1,9 @@
 #include "server/metrics_text.h"
 
 #include <initializer_list>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -49,6 +51,49 @@ std::string CodeName(int code) {
   return absl::StrReplaceAll(name, {{" ", "_"}});
 }
 
+const v1::FigureOptions& FigureOf(const google::protobuf::FieldDescriptor& field) {
+  return field.options().GetExtension(v1::figure);
+}
+
+void StartMetric(const v1::FigureOptions& figure, Writer& out) {
+  out.Metric(figure.metric(), figure.kind() == v1::FigureOptions::COUNTER ? "counter" : "gauge",
+             figure.help());
+}
+
+// Every figure of Stats that declares a metric (proto/tierd/v1/tierd.proto), in the order of the
+// fields; the figures of each TierStats field a sample labelled with its tier.
+void RenderFigures(const v1::Stats& stats, Writer& out) {
+  using google::protobuf::Descriptor;
+  using google::protobuf::FieldDescriptor;
+  const Descriptor& descriptor = *v1::Stats::descriptor();
+  const google::protobuf::Reflection& reflection = *stats.GetReflection();
+  std::vector<std::pair<std::string, const v1::TierStats*>> tiers;
+  for (int i = 0; i < descriptor.field_count(); ++i) {
+    const FieldDescriptor& field = *descriptor.field(i);
+    if (field.message_type() == v1::TierStats::descriptor() && !FigureOf(field).tier().empty()) {
+      tiers.emplace_back(FigureOf(field).tier(),
+                         static_cast<const v1::TierStats*>(&reflection.GetMessage(stats, &field)));
+    }
+  }
+  const Descriptor& tier_descriptor = *v1::TierStats::descriptor();
+  for (int i = 0; i < tier_descriptor.field_count(); ++i) {
+    const FieldDescriptor& field = *tier_descriptor.field(i);
+    if (FigureOf(field).metric().empty()) continue;
+    StartMetric(FigureOf(field), out);
+    for (const auto& [tier, values] : tiers) {
+      out.Sample(values->GetReflection()->GetUInt64(*values, &field), Label("tier", tier));
+    }
+  }
+  for (int i = 0; i < descriptor.field_count(); ++i) {
+    const FieldDescriptor& field = *descriptor.field(i);
+    if (field.cpp_type() != FieldDescriptor::CPPTYPE_UINT64 || FigureOf(field).metric().empty()) {
+      continue;
+    }
+    StartMetric(FigureOf(field), out);
+    out.Sample(reflection.GetUInt64(stats, &field));
+  }
+}
+
 }  // namespace
 
 std::string RenderPrometheusText(const MetricsSnapshot& snapshot) {
@@ -61,41 +106,7 @@ std::string RenderPrometheusText(const MetricsSnapshot& snapshot) {
   out.Metric("tierd_device_info", "gauge", "The device this daemon serves, as a label")
       .Sample(1, Label("device", stats.device()));
 
-  const std::pair<const char*, const v1::TierStats*> tiers[] = {{"gpu", &stats.gpu()},
-                                                                {"host", &stats.host()}};
-  out.Metric("tierd_tier_budget_bytes", "gauge",
-             "Budget of each tier: --gpu-pool-bytes, --host-cache-bytes");
-  for (const auto& [tier, t] : tiers) out.Sample(t->budget_bytes(), Label("tier", tier));
-  out.Metric("tierd_tier_used_bytes", "gauge", "Bytes of each tier's budget in use");
-  for (const auto& [tier, t] : tiers) out.Sample(t->used_bytes(), Label("tier", tier));
-  out.Metric("tierd_tier_objects", "gauge", "Objects resident in each tier");
-  for (const auto& [tier, t] : tiers) out.Sample(t->objects(), Label("tier", tier));
-  out.Metric("tierd_tier_hits_total", "counter",
-             "Requests for an object already resident in the tier");
-  for (const auto& [tier, t] : tiers) out.Sample(t->hits(), Label("tier", tier));
-  out.Metric("tierd_tier_misses_total", "counter",
-             "Requests for an object that had to be brought into the tier");
-  for (const auto& [tier, t] : tiers) out.Sample(t->misses(), Label("tier", tier));
-  out.Metric("tierd_tier_evictions_total", "counter", "Objects evicted from the tier for room");
-  for (const auto& [tier, t] : tiers) out.Sample(t->evictions(), Label("tier", tier));
-  out.Metric("tierd_host_pinned_bytes", "gauge",
-             "Bytes of the host cache pinned so far (the rest pins in the background)")
-      .Sample(stats.host_pinned_bytes());
-  out.Metric("tierd_stored_objects", "gauge", "Stored objects, in memory or spilled")
-      .Sample(stats.stored_objects());
-  out.Metric("tierd_spilled_objects", "gauge", "Stored objects only on disk (--spill-dir)")
-      .Sample(stats.spilled_objects());
-  out.Metric("tierd_spills_total", "counter", "Stored objects written to --spill-dir")
-      .Sample(stats.spills());
-  out.Metric("tierd_spill_failures_total", "counter", "Spills that failed")
-      .Sample(stats.spill_failures());
-  out.Metric("tierd_durable_objects", "gauge", "Durable stored objects on disk")
-      .Sample(stats.durable_objects());
-  out.Metric("tierd_durable_bytes", "gauge", "Bytes of the durable stored objects on disk")
-      .Sample(stats.durable_bytes());
-  out.Metric("tierd_durable_write_failures_total", "counter",
-             "Durable writes that failed (their commits were refused)")
-      .Sample(stats.durable_write_failures());
+  RenderFigures(stats, out);
 
   const StageCounts bytes = StageBytes(stats);
   out.Metric("tierd_stage_bytes_total", "counter", "Bytes moved by each stage");
@@ -107,34 +118,6 @@ std::string RenderPrometheusText(const MetricsSnapshot& snapshot) {
   for (int i = 0; i < kStageCount; ++i) {
     out.Sample(snapshot.stage_rates[i], Label("stage", StageName(static_cast<Stage>(i))));
   }
-
-  out.Metric("tierd_peer_fetches_total", "counter",
-             "Fetches answered with a copy of a peer daemon's object (--peers)")
-      .Sample(stats.peer_fetches());
-  out.Metric("tierd_peer_fetches_through_host_total", "counter",
-             "Peer fetches copied through pinned host memory (the GPUs cannot reach each other)")
-      .Sample(stats.peer_fetches_through_host());
-  out.Metric("tierd_peer_bytes_total", "counter", "Bytes copied from peer daemons into staging")
-      .Sample(stats.bytes_peer_to_gpu());
-
-  out.Metric("tierd_disk_reads_in_flight", "gauge", "Objects being read from disk")
-      .Sample(stats.disk_reads_in_flight());
-  out.Metric("tierd_copies_in_flight", "gauge", "Copies between host and GPU in flight")
-      .Sample(stats.copies_in_flight());
-  out.Metric("tierd_gpu_allocation_waiters", "gauge",
-             "Requests waiting for GPU staging room that copies or releases in flight will free")
-      .Sample(stats.gpu_allocation_waiters());
-  out.Metric("tierd_sessions", "gauge", "Open sessions").Sample(stats.sessions());
-  out.Metric("tierd_leases", "gauge", "Leases held or draining").Sample(stats.leases());
-  out.Metric("tierd_reservations", "gauge", "Store reservations not yet committed")
-      .Sample(stats.reservations());
-  out.Metric("tierd_pins", "gauge", "Pins held").Sample(stats.pins());
-  out.Metric("tierd_models", "gauge", "Registered models").Sample(stats.models());
-  out.Metric("tierd_gpu_slabs", "gauge", "Slabs of the GPU staging pool").Sample(stats.slabs());
-  out.Metric("tierd_events", "gauge", "Interprocess events in the pool").Sample(stats.events());
-  out.Metric("tierd_checksum_failures_total", "counter",
-             "Reads whose checksum did not match (answered DATA_LOSS, bytes never handed out)")
-      .Sample(stats.checksum_failures());
 
   out.Metric("tierd_requests_total", "counter",
              "Requests answered (session requests and unary calls), by status code");

@@ -3,8 +3,11 @@
 #ifndef TIERD_SERVER_STATS_H_
 #define TIERD_SERVER_STATS_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
+
+#include "absl/strings/string_view.h"
 
 #include "gpu/gpu_tier.h"
 #include "storage/catalog.h"
@@ -24,6 +27,13 @@ struct NamedGpuTier {
 // figures are summed in, and each is listed when there are any). `device` is Device::Describe().
 v1::Stats CollectStats(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
                        const std::vector<NamedGpuTier>& client_groups, const std::string& device);
+
+// Sets the uint64 field at `path` ("gpu.hits": the hits of the field gpu) of `message`; false when
+// it has no such field.
+bool SetFigure(google::protobuf::Message& message, absl::string_view path, uint64_t value);
+
+// The paths of Stats that CollectStats fills: every figure table's, and those it sets by hand.
+std::vector<std::string> ReportedFigures();
 
 }  // namespace tierd
 

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -35,6 +36,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/figures.h"
 #include "storage/catalog.h"
 
 namespace tierd {
@@ -61,6 +63,15 @@ struct DurableStoreStats {
   uint64_t bytes = 0;    // their sizes
   uint64_t persist_failures = 0;
 };
+
+// How each figure is reported (common/figures.h).
+inline constexpr Figure<DurableStoreStats> kDurableStoreFigures[] = {
+    {"durable_objects", &DurableStoreStats::objects},
+    {"durable_bytes", &DurableStoreStats::bytes},
+    {"durable_write_failures", &DurableStoreStats::persist_failures},
+};
+static_assert(std::size(kDurableStoreFigures) * sizeof(uint64_t) == sizeof(DurableStoreStats),
+              "every member of DurableStoreStats has its line in kDurableStoreFigures");
 
 class DurableStore {
  public:

@@ -3,6 +3,9 @@
 #define TIERD_STORAGE_HOST_CACHE_STATS_H_
 
 #include <cstdint>
+#include <iterator>
+
+#include "common/figures.h"
 
 namespace tierd {
 
@@ -23,6 +26,27 @@ struct HostCacheStats {
   uint64_t bytes_to_spill = 0;
   uint64_t checksum_failures = 0;
 };
+
+// How each figure is reported (common/figures.h).
+inline constexpr Figure<HostCacheStats> kHostCacheFigures[] = {
+    {"host.budget_bytes", &HostCacheStats::capacity_bytes},
+    {"host_pinned_bytes", &HostCacheStats::pinned_bytes},
+    {"host.used_bytes", &HostCacheStats::used_bytes},
+    {"host.objects", &HostCacheStats::objects},
+    {"stored_objects", &HostCacheStats::stored_objects},
+    {"spilled_objects", &HostCacheStats::spilled_objects},
+    {"disk_reads_in_flight", &HostCacheStats::loading},
+    {"host.hits", &HostCacheStats::hits},
+    {"host.misses", &HostCacheStats::misses},
+    {"host.evictions", &HostCacheStats::evictions},
+    {"spills", &HostCacheStats::spills},
+    {"spill_failures", &HostCacheStats::spill_failures},
+    {"bytes_disk_to_host", &HostCacheStats::bytes_from_disk},
+    {"bytes_host_to_disk", &HostCacheStats::bytes_to_spill},
+    {"checksum_failures", &HostCacheStats::checksum_failures},
+};
+static_assert(std::size(kHostCacheFigures) * sizeof(uint64_t) == sizeof(HostCacheStats),
+              "every member of HostCacheStats has its line in kHostCacheFigures");
 
 }  // namespace tierd
 
