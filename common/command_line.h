@@ -1,7 +1,7 @@
 // Command-line parsing shared by tierd and tierctl, on absl flags but without absl's parser: that
-// one exits with status 1 on a bad flag, while both programs promise 2 for bad usage (the README,
-// and the systemd unit's RestartPreventExitStatus=2). Errors come back as a Status instead, and the
-// program exits 2 with the message.
+// one exits with status 1 on a bad flag, while both programs promise 2 for bad usage
+// (docs/CONFIGURATION.md and docs/CLIENTS.md, and the systemd unit's RestartPreventExitStatus=2).
+// Errors come back as a Status instead, and the program exits 2 with the message.
 //
 // Accepted, as absl accepts them:
 //   --name=VALUE, -name=VALUE, and --name VALUE (the next argument is the value, unless it starts

@@ -44,7 +44,7 @@ std::string Label(absl::string_view name, absl::string_view value) {
   return absl::StrCat(name, "=\"", LabelValue(value), "\"");
 }
 
-// "NOT_FOUND" for absl::StatusCode::kNotFound: the names gRPC and the README use.
+// "NOT_FOUND" for absl::StatusCode::kNotFound: the names gRPC and docs/CLIENTS.md use.
 std::string CodeName(int code) {
   std::string name = absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
   absl::AsciiStrToUpper(&name);

@@ -1,6 +1,6 @@
 // The daemon's metrics in Prometheus' text exposition format (version 0.0.4), as served on
 // --metrics-port at /metrics. Every metric is named tierd_*; bytes are in bytes, rates in bytes per
-// second. README.md, "Metrics", lists them.
+// second. docs/CONFIGURATION.md, "Metrics", lists them.
 #ifndef TIERD_SERVER_METRICS_TEXT_H_
 #define TIERD_SERVER_METRICS_TEXT_H_
 

@@ -20,7 +20,7 @@
 
 namespace tierd {
 
-// Bounds that do not depend on the machine (the README's flag table lists them).
+// Bounds that do not depend on the machine (docs/CONFIGURATION.md's flag table lists them).
 inline constexpr int kMaxReaderThreadsPerCore = 4;         // --reader-threads
 inline constexpr int kMaxReaderQueueDepth = 4096;          // --reader-queue-depth
 inline constexpr uint64_t kReaderChunkAlignment = 4096;    // --reader-chunk-bytes: a multiple,

@@ -265,7 +265,7 @@ TEST_F(DaemonProcessTest, BadFlagsExitWithUsageError) {
   EXPECT_EQ(unknown_command->exit_code, 2);
 }
 
-// Bad usage exits 2, which the README promises and the systemd unit relies on
+// Bad usage exits 2, which docs/CONFIGURATION.md promises and the systemd unit relies on
 // (RestartPreventExitStatus=2), with a message naming the flag and its value; absl's own parser
 // would exit 1.
 TEST_F(DaemonProcessTest, UsageErrorsExitWithStatus2NamingTheFlag) {
