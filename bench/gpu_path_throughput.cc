@@ -1,0 +1,277 @@
+// gpu_path_bench's throughput modes: warm, cold and duplex.
+#include <sys/wait.h>
+
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/gpu_path_flags.h"
+#include "bench/gpu_path_session.h"
+
+namespace tierd::bench {
+
+// ---- warm ---------------------------------------------------------------------------------------
+
+nlohmann::json Warm(Bench& bench) {
+  std::map<uint64_t, std::vector<Object>> classes;
+  for (const Object& object : bench.objects()) classes[object.size].push_back(object);
+  uint64_t largest_class = 0;
+  for (const auto& [size, objects] : classes) {
+    largest_class = std::max(largest_class, TotalBytes(objects));
+  }
+  Progress("warm: loading the model into the host cache");
+  bench.FetchAll(bench.objects(), /*prefetch_first=*/true);
+  Buffers buffers = AllocateBuffers(bench.device(), largest_class);
+  std::unique_ptr<tierd::Stream> plain_stream =
+      Check(bench.device().CreateStream(tierd::StreamPriority::kHigh), "stream");
+
+  // Two ways to fetch a batch: one fetch after another (each answered once its copy is enqueued),
+  // and a prefetch step for the whole batch followed by the fetches (the loader's pattern).
+  nlohmann::json rows = nlohmann::json::array();
+  double seconds_one_by_one = 0;
+  double seconds_with_prefetch = 0;
+  double seconds_plain = 0;
+  uint64_t total_bytes = 0;
+  for (const auto& [size, objects] : classes) {
+    const uint64_t bytes = TotalBytes(objects);
+    std::vector<uint64_t> sizes(objects.size(), size);
+    std::vector<double> one_by_one_runs;
+    std::vector<double> prefetch_runs;
+    std::vector<double> plain_runs;
+    for (int run = 0; run < absl::GetFlag(FLAGS_repeat); ++run) {
+      plain_runs.push_back(
+          bytes / 1e9 /
+          PlainCopies(bench.device(), *plain_stream, static_cast<uint8_t*>(buffers.gpu->data()),
+                      static_cast<const uint8_t*>(buffers.host->data()), largest_class, sizes));
+      for (bool prefetch_first : {false, true}) {
+        bench.Evict(bench.model() + "/", tierd::v1::TIER_GPU);
+        const double gbps = bytes / 1e9 / bench.FetchAll(objects, prefetch_first);
+        (prefetch_first ? prefetch_runs : one_by_one_runs).push_back(gbps);
+      }
+    }
+    const double one_by_one = Median(one_by_one_runs);
+    const double with_prefetch = Median(prefetch_runs);
+    const double plain = Median(plain_runs);
+    Progress(absl::StrFormat(
+        "warm %s x %zu: tierd %.2f GB/s one by one (ratio %.3f), %.2f GB/s with a prefetch step "
+        "(ratio %.3f); cudaMemcpyAsync %.2f GB/s",
+        tierd::FormatByteSize(size), objects.size(), one_by_one, one_by_one / plain, with_prefetch,
+        with_prefetch / plain, plain));
+    rows.push_back({{"object_bytes", size},
+                    {"objects", objects.size()},
+                    {"tierd_one_by_one_gb_per_s", one_by_one_runs},
+                    {"tierd_with_prefetch_gb_per_s", prefetch_runs},
+                    {"plain_gb_per_s", plain_runs},
+                    {"tierd_one_by_one_median_gb_per_s", one_by_one},
+                    {"tierd_with_prefetch_median_gb_per_s", with_prefetch},
+                    {"plain_median_gb_per_s", plain},
+                    {"ratio_one_by_one", one_by_one / plain},
+                    {"ratio_with_prefetch", with_prefetch / plain}});
+    seconds_one_by_one += bytes / 1e9 / one_by_one;
+    seconds_with_prefetch += bytes / 1e9 / with_prefetch;
+    seconds_plain += bytes / 1e9 / plain;
+    total_bytes += bytes;
+  }
+  Progress(
+      absl::StrFormat("warm, all sizes: ratio %.3f one by one, %.3f with a prefetch step "
+                      "(target >= 0.95)",
+                      seconds_plain / seconds_one_by_one, seconds_plain / seconds_with_prefetch));
+  nlohmann::json result = Environment(bench);
+  result.update({{"benchmark", "warm_fetch"},
+                 {"baseline",
+                  "cudaMemcpyAsync from cudaHostRegister'ed memory, same sizes, "
+                  "back to back on one stream"},
+                 {"target", "tierd >= 0.95 x baseline"},
+                 {"sizes", rows},
+                 {"tierd_one_by_one_gb_per_s_all", total_bytes / 1e9 / seconds_one_by_one},
+                 {"tierd_with_prefetch_gb_per_s_all", total_bytes / 1e9 / seconds_with_prefetch},
+                 {"plain_gb_per_s_all", total_bytes / 1e9 / seconds_plain},
+                 {"ratio_one_by_one_all", seconds_plain / seconds_one_by_one},
+                 {"ratio_with_prefetch_all", seconds_plain / seconds_with_prefetch}});
+  return result;
+}
+
+// ---- cold ---------------------------------------------------------------------------------------
+
+// Runs the safetensors script on `files`; returns its GB/s, or a negative value when it failed.
+double SafetensorsLoad(const std::vector<std::string>& files, bool drop_cache) {
+  if (drop_cache) tierd::bench::DropPageCache();
+  std::vector<std::string> args = {absl::GetFlag(FLAGS_python),
+                                   absl::GetFlag(FLAGS_safetensors_script)};
+  args.insert(args.end(), files.begin(), files.end());
+  std::string command;
+  for (const std::string& arg : args) absl::StrAppend(&command, "'", arg, "' ");
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char line[256] = {};
+  std::string output;
+  while (std::fgets(line, sizeof(line), pipe) != nullptr) output += line;
+  const int status = ::pclose(pipe);
+  double gbps = -1;
+  if (status != 0 || !absl::SimpleAtod(absl::StripAsciiWhitespace(output), &gbps)) {
+    std::fprintf(stderr, "safetensors script failed: %s\n", output.c_str());
+    return -1;
+  }
+  return gbps;
+}
+
+nlohmann::json Cold(Bench& bench) {
+  const std::vector<std::string> files = bench.Files();
+  const uint64_t bytes = TotalBytes(bench.objects());
+  const bool with_safetensors = !absl::GetFlag(FLAGS_safetensors_script).empty();
+  std::vector<double> tierd_runs;
+  std::vector<double> fio_runs;
+  std::vector<double> safetensors_runs;
+  bool cold = true;
+  nlohmann::json fio_raw;
+  for (int run = 0; run < absl::GetFlag(FLAGS_repeat); ++run) {
+    bench.Evict(bench.model() + "/", tierd::v1::TIER_ALL);
+    cold &= tierd::bench::DropPageCache();
+    tierd_runs.push_back(bytes / 1e9 / bench.FetchAll(bench.objects(), /*prefetch_first=*/true));
+    cold &= tierd::bench::DropPageCache();
+    tierd::bench::FioRead read;
+    read.fio = absl::GetFlag(FLAGS_fio);
+    read.files = files;
+    read.queue_depth = absl::GetFlag(FLAGS_fio_queue_depth);
+    fio_runs.push_back(tierd::bench::RunFio(read, &fio_raw));
+    std::string line = absl::StrFormat("cold run %d: tierd %.3f GB/s, fio O_DIRECT %.3f GB/s", run,
+                                       tierd_runs.back(), fio_runs.back());
+    if (with_safetensors) {
+      safetensors_runs.push_back(SafetensorsLoad(files, /*drop_cache=*/true));
+      absl::StrAppendFormat(&line, ", safetensors %.3f GB/s", safetensors_runs.back());
+    }
+    Progress(line);
+  }
+  nlohmann::json result = Environment(bench);
+  result.update({{"benchmark", "cold_load"},
+                 {"files", files.size()},
+                 {"bytes", bytes},
+                 {"objects", bench.objects().size()},
+                 {"page_cache_dropped", cold},
+                 {"baseline", absl::StrCat("fio, io_uring, O_DIRECT, fixed buffers, 4 MiB reads, "
+                                           "1 job, queue depth ",
+                                           absl::GetFlag(FLAGS_fio_queue_depth),
+                                           ", the same files one after another")},
+                 {"target", "tierd >= 0.90 x fio"},
+                 {"tierd_gb_per_s", tierd_runs},
+                 {"fio_gb_per_s", fio_runs},
+                 {"tierd_median_gb_per_s", Median(tierd_runs)},
+                 {"fio_median_gb_per_s", Median(fio_runs)},
+                 {"ratio_to_fio", Median(tierd_runs) / Median(fio_runs)}});
+  if (with_safetensors) {
+    // Warm: the page cache holds the files after one more read.
+    SafetensorsLoad(files, /*drop_cache=*/false);
+    const double warm = SafetensorsLoad(files, /*drop_cache=*/false);
+    result["safetensors_cold_gb_per_s"] = safetensors_runs;
+    result["safetensors_cold_median_gb_per_s"] = Median(safetensors_runs);
+    result["safetensors_warm_gb_per_s"] = warm;
+    result["ratio_to_safetensors_cold"] = Median(tierd_runs) / Median(safetensors_runs);
+  }
+  Progress(absl::StrFormat("cold: tierd %.3f GB/s, fio %.3f GB/s, ratio %.3f (target >= 0.90)",
+                           Median(tierd_runs), Median(fio_runs),
+                           Median(tierd_runs) / Median(fio_runs)));
+  return result;
+}
+
+// ---- duplex -------------------------------------------------------------------------------------
+
+nlohmann::json Duplex(Bench& bench) {
+  const uint64_t store_bytes = absl::GetFlag(FLAGS_store_bytes).bytes;
+  const int stores = absl::GetFlag(FLAGS_stores);
+  const uint64_t h2d_bytes = TotalBytes(bench.objects());
+  const uint64_t d2h_bytes = store_bytes * stores;
+  const std::string store_prefix = "duplex-bench/";
+  Progress("duplex: loading the model into the host cache");
+  bench.FetchAll(bench.objects(), /*prefetch_first=*/true);
+
+  // The storing side: its own session, stream and source buffer on the GPU.
+  std::unique_ptr<tierd::Session> store_session =
+      Check(bench.client().OpenSession(), "second session");
+  tierd::Device& device = bench.device();
+  std::unique_ptr<tierd::Stream> store_stream =
+      Check(device.CreateStream(tierd::StreamPriority::kNormal), "stream");
+  Buffers source = AllocateBuffers(device, store_bytes);
+  Check(device.CopyAsync(*store_stream, source.gpu->data(), source.host->data(), store_bytes),
+        "filling the store source");
+
+  // The plain reference: the same sizes in both directions at once on two streams.
+  uint64_t largest = store_bytes;
+  std::vector<uint64_t> h2d_sizes;
+  for (const Object& object : bench.objects()) {
+    h2d_sizes.push_back(object.size);
+    largest = std::max(largest, object.size);
+  }
+  const std::vector<uint64_t> d2h_sizes(stores, store_bytes);
+  const uint64_t buffer_bytes = 2 * largest;
+  Buffers to_gpu = AllocateBuffers(device, buffer_bytes);
+  Buffers from_gpu = AllocateBuffers(device, buffer_bytes);
+  std::unique_ptr<tierd::Stream> plain_h2d =
+      Check(device.CreateStream(tierd::StreamPriority::kNormal), "stream");
+  std::unique_ptr<tierd::Stream> plain_d2h =
+      Check(device.CreateStream(tierd::StreamPriority::kNormal), "stream");
+
+  std::vector<double> tierd_runs, tierd_h2d_runs, tierd_d2h_runs, plain_runs;
+  for (int run = 0; run < absl::GetFlag(FLAGS_repeat); ++run) {
+    {
+      const Clock::time_point start = Clock::now();
+      std::thread h2d([&] {
+        PlainCopies(device, *plain_h2d, static_cast<uint8_t*>(to_gpu.gpu->data()),
+                    static_cast<const uint8_t*>(to_gpu.host->data()), buffer_bytes, h2d_sizes);
+      });
+      PlainCopies(device, *plain_d2h, static_cast<uint8_t*>(from_gpu.host->data()),
+                  static_cast<const uint8_t*>(from_gpu.gpu->data()), buffer_bytes, d2h_sizes);
+      h2d.join();
+      plain_runs.push_back((h2d_bytes + d2h_bytes) / 1e9 / SecondsSince(start));
+    }
+    bench.Evict(bench.model() + "/", tierd::v1::TIER_GPU);
+    bench.Evict(store_prefix, tierd::v1::TIER_ALL);
+    double h2d_seconds = 0;
+    const Clock::time_point start = Clock::now();
+    std::thread h2d([&] {
+      h2d_seconds = bench.FetchAll(bench.objects(),
+                                   /*prefetch_first=*/true);
+    });
+    for (int i = 0; i < stores; ++i) {
+      tierd::StoreRequest store;
+      store.key = absl::StrCat(store_prefix, i);
+      store.data = source.gpu->data();
+      store.size = store_bytes;
+      store.spillable = false;
+      Check(store_session->StoreAsync(store, *store_stream), "store " + store.key);
+    }
+    Check(store_session->Flush(), "flushing the stores");
+    const double d2h_seconds = SecondsSince(start);
+    h2d.join();
+    const double seconds = SecondsSince(start);
+    tierd_runs.push_back((h2d_bytes + d2h_bytes) / 1e9 / seconds);
+    tierd_h2d_runs.push_back(h2d_bytes / 1e9 / h2d_seconds);
+    tierd_d2h_runs.push_back(d2h_bytes / 1e9 / d2h_seconds);
+    Progress(absl::StrFormat(
+        "duplex run %d: tierd %.2f GB/s both ways (H2D %.2f, D2H %.2f), plain %.2f GB/s", run,
+        tierd_runs.back(), tierd_h2d_runs.back(), tierd_d2h_runs.back(), plain_runs.back()));
+  }
+  bench.Evict(store_prefix, tierd::v1::TIER_ALL);
+  nlohmann::json result = Environment(bench);
+  result.update({{"benchmark", "duplex"},
+                 {"h2d_bytes", h2d_bytes},
+                 {"d2h_bytes", d2h_bytes},
+                 {"reference_gb_per_s", 72.0},
+                 {"baseline", "cudaMemcpyAsync H2D and D2H of the same sizes at once, two streams"},
+                 {"tierd_gb_per_s", tierd_runs},
+                 {"tierd_h2d_gb_per_s", tierd_h2d_runs},
+                 {"tierd_d2h_gb_per_s", tierd_d2h_runs},
+                 {"plain_gb_per_s", plain_runs},
+                 {"tierd_median_gb_per_s", Median(tierd_runs)},
+                 {"plain_median_gb_per_s", Median(plain_runs)},
+                 {"ratio_to_72", Median(tierd_runs) / 72.0},
+                 {"ratio_to_plain", Median(tierd_runs) / Median(plain_runs)}});
+  return result;
+}
+
+}  // namespace tierd::bench
