@@ -206,7 +206,8 @@ class ResidencyTable {
                            absl::StatusOr<Allocation>(*std::move(memory)));
       }
     }
-    if (!waiters_.empty() || owner_.RoomComing(bytes)) {
+    // Asked first: the owner may start the work (a spill) that makes room for this request.
+    if (owner_.RoomComing(bytes) || !waiters_.empty()) {
       waiters_.push_back({bytes, std::move(done)});
       return;
     }

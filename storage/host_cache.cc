@@ -1,3 +1,5 @@
+// HostCache: fetches and reads from disk, eviction, pins and the residency table's questions.
+// Stored objects (reservations, commits, spills, durable copies) are in host_cache_stored.cc.
 #include "storage/host_cache.h"
 
 #include <unistd.h>
