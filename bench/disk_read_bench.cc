@@ -193,6 +193,6 @@ int main(int argc, char** argv) {
   if (const std::string json = absl::GetFlag(FLAGS_json); !json.empty()) {
     std::ofstream(json) << result.dump(2) << "\n";
   }
-  (*arena)->Free(*memory);
+  memory.reset();  // before the arena goes
   return 0;
 }

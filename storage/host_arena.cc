@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
@@ -119,22 +120,38 @@ bool HostArena::pinning() const {
 }
 
 std::optional<ArenaAllocation> HostArena::Allocate(uint64_t bytes) {
-  // An empty object takes no room: an empty allocation, which Free ignores.
-  if (bytes == 0) return ArenaAllocation{0, 0};
+  // An empty object takes no room: an empty allocation, which frees nothing.
+  if (bytes == 0) return ArenaAllocation(this, 0, 0);
   if (bytes > capacity()) return std::nullopt;  // also keeps RoundUp from overflowing
   const uint64_t size = RoundUp(bytes, PageSize());
   absl::MutexLock lock(&mu_);
   const std::optional<uint64_t> offset = free_.Take(size);
   if (!offset) return std::nullopt;
   used_ += size;
-  return ArenaAllocation{*offset, size};
+  return ArenaAllocation(this, *offset, size);
 }
 
-void HostArena::Free(const ArenaAllocation& allocation) {
-  if (allocation.size == 0) return;
+void HostArena::Free(uint64_t offset, uint64_t size) {
   absl::MutexLock lock(&mu_);
-  used_ -= allocation.size;
-  free_.Add(allocation.offset, allocation.size);
+  used_ -= size;
+  free_.Add(offset, size);
+}
+
+ArenaAllocation& ArenaAllocation::operator=(ArenaAllocation&& other) noexcept {
+  if (this != &other) {
+    reset();
+    arena_ = std::exchange(other.arena_, nullptr);
+    offset_ = std::exchange(other.offset_, 0);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+void ArenaAllocation::reset() {
+  if (arena_ != nullptr && size_ > 0) arena_->Free(offset_, size_);
+  arena_ = nullptr;
+  offset_ = 0;
+  size_ = 0;
 }
 
 uint64_t HostArena::pinned_bytes() const {

@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -32,9 +33,32 @@ struct HostArenaOptions {
   uint64_t pin_piece_bytes = 1ull << 30;  // registered one piece at a time
 };
 
-struct ArenaAllocation {
-  uint64_t offset = 0;
-  uint64_t size = 0;  // whole pages
+class HostArena;
+
+// A block of the arena, owned: it goes back to the arena when the handle is destroyed or reset.
+// Move-only. REQUIRES: the arena outlives its allocations.
+class ArenaAllocation {
+ public:
+  ArenaAllocation() = default;
+  ArenaAllocation(ArenaAllocation&& other) noexcept { *this = std::move(other); }
+  ArenaAllocation& operator=(ArenaAllocation&& other) noexcept;
+  ~ArenaAllocation() { reset(); }
+  ArenaAllocation(const ArenaAllocation&) = delete;
+  ArenaAllocation& operator=(const ArenaAllocation&) = delete;
+
+  uint64_t offset() const { return offset_; }
+  uint64_t size() const { return size_; }  // whole pages; 0 for an empty allocation
+  // Frees the block now; the handle is then empty (size 0).
+  void reset();
+
+ private:
+  friend class HostArena;
+  ArenaAllocation(HostArena* arena, uint64_t offset, uint64_t size)
+      : arena_(arena), offset_(offset), size_(size) {}
+
+  HostArena* arena_ = nullptr;
+  uint64_t offset_ = 0;
+  uint64_t size_ = 0;
 };
 
 class HostArena {
@@ -51,13 +75,11 @@ class HostArena {
   HostArena& operator=(const HostArena&) = delete;
 
   // A page-aligned block of at least `bytes` from the pinned part (0 bytes: an empty allocation,
-  // which takes nothing and which Free ignores), or nullopt when no free
-  // hole is large enough (the caller evicts and retries, or gives up).
+  // which takes nothing), or nullopt when no free hole is large enough (the caller evicts and
+  // retries, or gives up). The block is freed when the returned handle goes.
   std::optional<ArenaAllocation> Allocate(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
-  // REQUIRES: `allocation` came from Allocate and was not freed yet.
-  void Free(const ArenaAllocation& allocation) ABSL_LOCKS_EXCLUDED(mu_);
 
-  uint8_t* data(const ArenaAllocation& allocation) const { return base_ + allocation.offset; }
+  uint8_t* data(const ArenaAllocation& allocation) const { return base_ + allocation.offset(); }
   uint8_t* base() const { return base_; }
   uint64_t capacity() const { return capacity_; }
   uint64_t piece_bytes() const { return piece_bytes_; }
@@ -79,7 +101,10 @@ class HostArena {
   void SetPinListener(std::function<void()> listener) ABSL_LOCKS_EXCLUDED(listener_mu_);
 
  private:
+  friend class ArenaAllocation;
   HostArena(Device& device, uint8_t* base, uint64_t capacity, uint64_t piece_bytes);
+  // Returns a block taken by Allocate.
+  void Free(uint64_t offset, uint64_t size) ABSL_LOCKS_EXCLUDED(mu_);
   void PinRemainingPieces() ABSL_LOCKS_EXCLUDED(mu_);
   void NotifyPinListener() ABSL_LOCKS_EXCLUDED(listener_mu_);
 

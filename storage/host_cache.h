@@ -26,10 +26,6 @@
 #define TIERD_STORAGE_HOST_CACHE_H_
 
 #include <cstdint>
-#include <deque>
-#include <list>
-#include <map>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/deferred_calls.h"
+#include "common/residency.h"
 #include "storage/catalog.h"
 #include "storage/disk_reader.h"
 #include "storage/durable_store.h"
@@ -49,8 +46,6 @@
 
 namespace tierd {
 
-enum class EvictionPolicy { kFifo, kLru };
-
 // "fifo" / "lru" ↔ EvictionPolicy.
 std::optional<EvictionPolicy> ParseEvictionPolicy(absl::string_view name);
 
@@ -58,8 +53,9 @@ struct HostCacheOptions {
   EvictionPolicy policy = EvictionPolicy::kFifo;
 };
 
-
 class HostCache;
+struct HostCacheRecord;  // storage/detail/host_cache_record.h
+using HostCacheTable = ResidencyTable<HostCacheRecord, ArenaAllocation>;
 
 // A reference to an object resident in the host cache: while it lives, the object stays resident
 // and its bytes do not change. A reservation from ReserveStore is a writable HostObject until it
@@ -77,9 +73,8 @@ class HostObject {
   uint64_t size() const;
   void Reset();
 
-  struct Entry;  // the cache's record of an object; opaque outside host_cache.cc
-
  private:
+  using Entry = HostCacheTable::Entry;
   friend class HostCache;
   HostObject(HostCache* cache, Entry* entry) : cache_(cache), entry_(entry) {}
 
@@ -87,7 +82,10 @@ class HostObject {
   Entry* entry_ = nullptr;
 };
 
-class HostCache {
+// Built on the residency core (common/residency.h): the table keeps the entries, their refs, pins,
+// eviction order and the requests waiting for room; the cache is the table's owner and says what
+// is in flight, what can be evicted, and where room comes from.
+class HostCache : private HostCacheTable::Owner {
  public:
   using FetchCallback = absl::AnyInvocable<void(absl::StatusOr<HostObject>) &&>;
 
@@ -95,7 +93,7 @@ class HostCache {
   HostCache(Catalog& catalog, DiskReader& reader, HostArena& arena, SpillWriter* spill,
             const HostCacheOptions& options);
   // REQUIRES: no HostObject is alive. Waits for reads and spills in flight.
-  ~HostCache();
+  ~HostCache() override;
   HostCache(const HostCache&) = delete;
   HostCache& operator=(const HostCache&) = delete;
 
@@ -151,25 +149,34 @@ class HostCache {
 
  private:
   friend class HostObject;
-  using Entry = HostObject::Entry;
-  using AllocationCallback = absl::AnyInvocable<void(absl::StatusOr<ArenaAllocation>) &&>;
-  struct AllocationWaiter {
-    uint64_t bytes;
-    AllocationCallback done;
-  };
+  using Entry = HostCacheTable::Entry;
+  using AllocationCallback = HostCacheTable::AllocationCallback;
   // Calls collected under the lock and made after it is released.
   using Deferred = DeferredCalls::Calls;
 
+  // HostCacheTable::Owner, called by the table with mu_ held.
+  bool InFlight(const Entry& entry) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Weights, and stored objects with a spilled or durable copy, that are resident.
+  bool CanEvict(const Entry& entry) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Evict(Entry& victim) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets and removes its spill file (a durable copy stays).
+  void Destroying(Entry& entry) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<ArenaAllocation> AllocateFree(uint64_t bytes) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Not while pinning still adds memory that will fit it, nor when free and evictable memory
+  // together are not enough.
+  bool WorthEvicting(uint64_t bytes, uint64_t evictable_bytes) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Spills in flight (started here as needed) or pinning still adding memory.
+  bool RoomComing(uint64_t bytes) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status NoRoom(uint64_t bytes, bool after_waiting) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   void Release(Entry* entry) ABSL_LOCKS_EXCLUDED(mu_);
   HostObject RefLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void TouchLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool IsEvictableLocked(const Entry* entry) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Frees the memory of a resident entry that can be had again (IsEvictableLocked); a weight entry
-  // is deleted, a stored one stays as spilled.
+  // Frees the memory of a resident entry that can be had again (evictable); a weight entry is
+  // removed, a stored one stays as spilled.
   void DropResidentLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Allocates, evicting clean objects as needed; nullopt when that is not enough.
-  std::optional<ArenaAllocation> TryAllocateLocked(uint64_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Allocates now, or once spills free room, or fails with RESOURCE_EXHAUSTED; `done` is deferred.
   void AllocateLocked(uint64_t bytes, AllocationCallback done, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -179,18 +186,14 @@ class HostCache {
   // `checksum`: of the bytes written, when `status` is OK.
   void FinishSpill(Entry* entry, const std::string& path, const absl::Status& status,
                    uint64_t checksum) ABSL_LOCKS_EXCLUDED(mu_);
-  void FreeMemoryLocked(Entry* entry, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RetryWaitersLocked(Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts reading a weight or spilled object into `entry` (which has memory).
   void StartReadLocked(Entry* entry, std::vector<ReadTarget> targets, ReadPriority priority,
                        absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishRead(Entry* entry, absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
   void FailLoadLocked(Entry* entry, const absl::Status& status, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unlists `entry` (its pins belong to the key and go) and frees it once nothing uses it.
   void RemoveLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DeleteIfUnusedLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Frees an entry that nothing uses any more: memory, spill file, the entry itself.
-  void FreeEntryLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the reads that bring `entry` into its memory go.
   std::vector<ReadTarget> TargetsLocked(const Entry* entry) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -203,12 +206,8 @@ class HostCache {
   const HostCacheOptions options_;
 
   mutable absl::Mutex mu_;
-  // Published entries by key. Entries replaced or deleted while referenced are unlisted and freed
-  // when their last reference goes.
-  std::map<std::string, Entry*> entries_ ABSL_GUARDED_BY(mu_);
-  // Resident entries in eviction order: front is evicted first.
-  std::list<Entry*> order_ ABSL_GUARDED_BY(mu_);
-  std::deque<AllocationWaiter> waiters_ ABSL_GUARDED_BY(mu_);
+  // The objects by key, their eviction order and the allocations waiting for room.
+  HostCacheTable table_ ABSL_GUARDED_BY(mu_);
   uint64_t spilling_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reads_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t submits_pending_ ABSL_GUARDED_BY(mu_) = 0;  // threads inside StartReadLocked's window

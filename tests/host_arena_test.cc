@@ -1,6 +1,8 @@
 #include "storage/host_arena.h"
 
 #include <atomic>
+#include <optional>
+#include <utility>
 
 #include "device/device_wrapper.h"
 #include "device/host_device.h"
@@ -52,23 +54,73 @@ TEST_F(HostArenaTest, AllocationsArePageAlignedAndFreedSpaceCoalesces) {
   auto b = (*arena)->Allocate(5 * kMiB);
   auto c = (*arena)->Allocate(5 * kMiB);
   ASSERT_TRUE(a && b && c);
-  for (const auto& allocation : {*a, *b, *c}) {
-    EXPECT_EQ(reinterpret_cast<uintptr_t>((*arena)->data(allocation)) % PageSize(), 0u);
-    EXPECT_EQ(allocation.size % PageSize(), 0u);
+  for (const ArenaAllocation* allocation : {&*a, &*b, &*c}) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>((*arena)->data(*allocation)) % PageSize(), 0u);
+    EXPECT_EQ(allocation->size() % PageSize(), 0u);
   }
-  EXPECT_EQ(a->size, 5 * kMiB + PageSize());
+  EXPECT_EQ(a->size(), 5 * kMiB + PageSize());
   // 1 MiB less a page is left: a 2 MiB block does not fit until neighbours are freed.
   EXPECT_FALSE((*arena)->Allocate(2 * kMiB).has_value());
-  (*arena)->Free(*b);
+  b.reset();
   EXPECT_FALSE((*arena)->Allocate(6 * kMiB).has_value());
-  (*arena)->Free(*a);
+  a.reset();
   auto merged = (*arena)->Allocate(10 * kMiB);
   ASSERT_TRUE(merged.has_value());
-  EXPECT_EQ(merged->offset, 0u);
-  (*arena)->Free(*merged);
-  (*arena)->Free(*c);
+  EXPECT_EQ(merged->offset(), 0u);
+  merged.reset();
+  c.reset();
   EXPECT_EQ((*arena)->used_bytes(), 0u);
   EXPECT_EQ((*arena)->largest_free_block(), 16 * kMiB);
+}
+
+TEST_F(HostArenaTest, AnAllocationGoesBackToTheArenaWhenItsHandleGoes) {
+  auto arena = HostArena::Create(*device_, {4 * kMiB, 4 * kMiB});
+  ASSERT_THAT(arena, IsOk());
+  {
+    std::optional<ArenaAllocation> block = (*arena)->Allocate(kMiB);
+    ASSERT_TRUE(block.has_value());
+    EXPECT_EQ((*arena)->used_bytes(), kMiB);
+  }
+  EXPECT_EQ((*arena)->used_bytes(), 0u);
+  EXPECT_EQ((*arena)->largest_free_block(), 4 * kMiB);
+}
+
+TEST_F(HostArenaTest, MovingAnAllocationMovesItsOwnershipAndFreesItOnce) {
+  auto arena = HostArena::Create(*device_, {4 * kMiB, 4 * kMiB});
+  ASSERT_THAT(arena, IsOk());
+  std::optional<ArenaAllocation> first = (*arena)->Allocate(kMiB);
+  ASSERT_TRUE(first.has_value());
+  const uint64_t offset = first->offset();
+  ArenaAllocation moved = *std::move(first);
+  // The moved-from handle is empty: destroying it frees nothing.
+  EXPECT_EQ(first->size(), 0u);
+  first.reset();
+  EXPECT_EQ((*arena)->used_bytes(), kMiB);
+  EXPECT_EQ(moved.offset(), offset);
+  EXPECT_EQ(moved.size(), kMiB);
+
+  // Assigning over a handle frees the block it held.
+  std::optional<ArenaAllocation> second = (*arena)->Allocate(2 * kMiB);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ((*arena)->used_bytes(), 3 * kMiB);
+  moved = *std::move(second);
+  EXPECT_EQ((*arena)->used_bytes(), 2 * kMiB);
+  moved.reset();
+  EXPECT_EQ(moved.size(), 0u);
+  moved.reset();  // a second reset frees nothing more
+  EXPECT_EQ((*arena)->used_bytes(), 0u);
+}
+
+TEST_F(HostArenaTest, AnEmptyAllocationTakesNothing) {
+  auto arena = HostArena::Create(*device_, {4 * kMiB, 4 * kMiB});
+  ASSERT_THAT(arena, IsOk());
+  std::optional<ArenaAllocation> empty = (*arena)->Allocate(0);
+  ASSERT_TRUE(empty.has_value());
+  EXPECT_EQ(empty->size(), 0u);
+  EXPECT_EQ((*arena)->used_bytes(), 0u);
+  empty.reset();
+  EXPECT_EQ((*arena)->used_bytes(), 0u);
+  EXPECT_EQ((*arena)->largest_free_block(), 4 * kMiB);
 }
 
 TEST_F(HostArenaTest, IsUsableBeforeTheBackgroundPinningFinishes) {
@@ -92,7 +144,8 @@ TEST_F(HostArenaTest, APieceThatFailsToPinLeavesThePinnedPartInService) {
   EXPECT_FALSE((*arena)->WaitUntilFullyPinned(absl::Seconds(30)));
   EXPECT_EQ((*arena)->pinned_bytes(), 3 * kMiB);
   EXPECT_THAT((*arena)->pin_status(), StatusIs(absl::StatusCode::kResourceExhausted));
-  EXPECT_TRUE((*arena)->Allocate(3 * kMiB).has_value());
+  std::optional<ArenaAllocation> all_pinned = (*arena)->Allocate(3 * kMiB);
+  EXPECT_TRUE(all_pinned.has_value());
   EXPECT_FALSE((*arena)->Allocate(kMiB).has_value());
 }
 
