@@ -17,7 +17,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/tierd_client.h"
-#include "common/session_socket.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -25,6 +24,7 @@
 #include "tests/daemon_test_support.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
+#include "wire/session_socket.h"
 
 namespace tierd {
 namespace {
@@ -439,7 +439,7 @@ std::string SendRawToSessionSocket(const std::string& path, const std::string& b
 
 TEST_F(ApiTest, TheSessionSocketClosesOnWhatIsNotItsProtocolAndKeepsServing) {
   const std::string path = SessionSocketPathFor(socket_path());
-  const std::string hello(kSessionSocketHello);
+  const std::string hello(SessionSocketHello());
   // A wrong greeting: closed without an answer.
   EXPECT_EQ(SendRawToSessionSocket(path, "GET / HTTP/1.1\r\n\r\n"), "");
   // A frame longer than the limit, and a frame that is no SessionRequest: the greeting comes back,
