@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "wire/detail/opened_handles.h"
 
 namespace tierd {
 
@@ -46,6 +47,8 @@ absl::Status StatusOf(const v1::SessionResponse& response) {
   if (response.code() == 0) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
 }
+
+SessionCore::SessionCore() : handles_(std::make_unique<detail::OpenedHandles>()) {}
 
 std::shared_ptr<SessionCore> SessionCore::Start(std::unique_ptr<SessionTransport> transport) {
   std::shared_ptr<SessionCore> core(new SessionCore);
@@ -211,6 +214,18 @@ absl::Status SessionCore::SendQuiet(v1::SessionRequest request) {
     written = transport_->Write(request);
   }
   return written ? absl::OkStatus() : EndedAfterFailedWrite();
+}
+
+absl::Status SessionCore::OpenHandles(const v1::SessionResponse& response) {
+  return handles_->Open(response, device_);
+}
+
+absl::StatusOr<Slab*> SessionCore::slab(uint32_t id) { return handles_->slab(id); }
+
+absl::StatusOr<Event*> SessionCore::event(uint32_t id) { return handles_->event(id); }
+
+absl::StatusOr<const SharedMemory*> SessionCore::host_buffer(uint32_t id) {
+  return handles_->host_buffer(id);
 }
 
 void SessionCore::ReleaseLease(uint64_t lease_id, Event& done_event, Stream& stream) {

@@ -19,10 +19,12 @@
 #include "device/device.h"
 #include "device/shared_memory.h"
 #include "tierd/v1/tierd.grpc.pb.h"
-#include "wire/detail/opened_handles.h"
 #include "wire/session_transport.h"
 
 namespace tierd {
+namespace detail {
+class OpenedHandles;
+}  // namespace detail
 
 // The status a session response carries (its code and message).
 absl::Status StatusOf(const v1::SessionResponse& response);
@@ -58,21 +60,19 @@ class SessionCore {
   void set_device(std::shared_ptr<Device> device) { device_ = std::move(device); }
   Device& device() { return *device_; }
   // Opens the handles `response` brings that this session has not opened yet.
-  absl::Status OpenHandles(const v1::SessionResponse& response) {
-    return handles_.Open(response, device_);
-  }
-  absl::StatusOr<Slab*> slab(uint32_t id) { return handles_.slab(id); }
-  absl::StatusOr<Event*> event(uint32_t id) { return handles_.event(id); }
+  absl::Status OpenHandles(const v1::SessionResponse& response);
+  absl::StatusOr<Slab*> slab(uint32_t id);
+  absl::StatusOr<Event*> event(uint32_t id);
   // A host handoff buffer (Handle.HOST_BUFFER), mapped and registered with device(); only
   // daemons asking each other for objects through the host are sent one.
-  absl::StatusOr<const SharedMemory*> host_buffer(uint32_t id) { return handles_.host_buffer(id); }
+  absl::StatusOr<const SharedMemory*> host_buffer(uint32_t id);
 
   // Releases a lease: records its done event on `stream`, then tells the daemon.
   void ReleaseLease(uint64_t lease_id, Event& done_event, Stream& stream);
 
  private:
   struct Pending;
-  SessionCore() = default;
+  SessionCore();
   void ReadLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // UNAVAILABLE "the session with tierd has ended", with end_reason_ when there is one.
   absl::Status EndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -89,7 +89,7 @@ class SessionCore {
   std::map<uint64_t, std::shared_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status end_reason_ ABSL_GUARDED_BY(mu_);
-  detail::OpenedHandles handles_;
+  const std::unique_ptr<detail::OpenedHandles> handles_;
   std::thread reader_;
 };
 
