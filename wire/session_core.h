@@ -2,6 +2,8 @@
 // thread that matches responses to requests by id, and the handles the daemon sent, opened in this
 // process. The C++ client's Session is built on it, and so is a daemon asking its peers for
 // objects (server/peer_daemons.h).
+//
+// Thread-safe: requests from several threads are pipelined on the one transport.
 #ifndef TIERD_WIRE_SESSION_CORE_H_
 #define TIERD_WIRE_SESSION_CORE_H_
 

@@ -11,7 +11,7 @@ import torch
 import tierd
 from tierd import _transport, _wire_format
 from tierd.v1 import tierd_pb2, wire_pb2
-from tierd_testing import TEST_DEVICE, DaemonTestCase
+from tierd_testing import TEST_DEVICE, DaemonTestCase, torch_device
 
 SOCKET = wire_pb2.SessionSocketFormat()
 HANDLES = wire_pb2.HandleFormats()
@@ -61,7 +61,8 @@ class DaemonHandlesTest(DaemonTestCase):
     def test_the_daemons_handles_parse_as_the_proto_defines(self):
         with self.client.session() as session:
             self.assertEqual(session.transport, "socket")  # the greetings matched
-            session.store_async("acts/wire", torch.arange(64, dtype=torch.float32))
+            tensor = torch.arange(64, dtype=torch.float32, device=torch_device())
+            session.store_async("acts/wire", tensor)
             session.flush()
             handles = dict(session._handle_bytes)
         kinds = {kind for kind, _ in handles}
