@@ -7,10 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/health.h"
-#include "client/session_core.h"
-#include "common/session_socket.h"
 #include "common/status_macros.h"
 #include "device/device_factory.h"
+#include "wire/session_core.h"
+#include "wire/session_socket.h"
 
 namespace tierd {
 

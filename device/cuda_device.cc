@@ -5,22 +5,22 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "device/completion_thread.h"
 #include "device/cuda_status.h"
+#include "wire/wire_format.h"
 
 namespace tierd {
 namespace {
 
-// Handles are a tag followed by the raw CUDA IPC handle (and, for slabs, the size), so a handle of
-// the wrong kind or backend is rejected before it reaches the driver.
-constexpr char kSlabHandleTag[] = "tierd-cuda-slab:";
-constexpr char kEventHandleTag[] = "tierd-cuda-event:";
+// The bytes of a CUDA IPC handle, as wire/wire_format.h carries them.
+template <typename IpcHandle>
+absl::string_view BytesOf(const IpcHandle& ipc) {
+  return absl::string_view(reinterpret_cast<const char*>(&ipc), sizeof(ipc));
+}
 
 class CudaSlab final : public Slab {
  public:
@@ -168,11 +168,8 @@ class CudaDevice final : public Device {
       cudaFree(data);
       return s;
     }
-    std::string handle(kSlabHandleTag);
-    const uint64_t size = bytes;
-    handle.append(reinterpret_cast<const char*>(&size), sizeof(size));
-    handle.append(reinterpret_cast<const char*>(&ipc), sizeof(ipc));
-    return std::unique_ptr<Slab>(new CudaSlab(ordinal_, data, bytes, std::move(handle), false));
+    return std::unique_ptr<Slab>(
+        new CudaSlab(ordinal_, data, bytes, EncodeCudaSlabHandle(bytes, BytesOf(ipc)), false));
   }
 
   absl::Status RegisterHostMemory(void* data, size_t bytes) override {
@@ -217,9 +214,8 @@ class CudaDevice final : public Device {
       cudaEventDestroy(event);
       return s;
     }
-    std::string handle(kEventHandleTag);
-    handle.append(reinterpret_cast<const char*>(&ipc), sizeof(ipc));
-    return std::unique_ptr<Event>(new CudaEvent(ordinal_, event, std::move(handle)));
+    return std::unique_ptr<Event>(
+        new CudaEvent(ordinal_, event, EncodeCudaEventHandle(BytesOf(ipc))));
   }
 
   absl::Status CopyAsync(Stream& stream, void* dst, const void* src, size_t bytes) override {
@@ -282,14 +278,13 @@ class CudaDevice final : public Device {
   }
 
   absl::StatusOr<std::unique_ptr<Slab>> OpenSlab(absl::string_view handle) override {
-    absl::string_view rest = handle;
-    uint64_t size = 0;
+    ASSIGN_OR_RETURN(const CudaSlabHandle parsed, ParseCudaSlabHandle(handle));
+    const uint64_t size = parsed.size;
     cudaIpcMemHandle_t ipc;
-    if (!absl::ConsumePrefix(&rest, kSlabHandleTag) || rest.size() != sizeof(size) + sizeof(ipc)) {
+    if (parsed.ipc_handle.size() != sizeof(ipc)) {
       return absl::InvalidArgumentError("not a CUDA slab handle");
     }
-    std::memcpy(&size, rest.data(), sizeof(size));
-    std::memcpy(&ipc, rest.data() + sizeof(size), sizeof(ipc));
+    std::memcpy(&ipc, parsed.ipc_handle.data(), sizeof(ipc));
     if (size == 0) return absl::InvalidArgumentError("CUDA slab handle of size 0");
     RETURN_IF_ERROR(Activate());
     void* data = nullptr;
@@ -300,12 +295,11 @@ class CudaDevice final : public Device {
   }
 
   absl::StatusOr<std::unique_ptr<Event>> OpenEvent(absl::string_view handle) override {
-    absl::string_view rest = handle;
+    ASSIGN_OR_RETURN(const absl::string_view ipc_bytes, ParseCudaEventHandle(handle));
     cudaIpcEventHandle_t ipc;
-    if (!absl::ConsumePrefix(&rest, kEventHandleTag) || rest.size() != sizeof(ipc)) {
+    if (ipc_bytes.size() != sizeof(ipc))
       return absl::InvalidArgumentError("not a CUDA event handle");
-    }
-    std::memcpy(&ipc, rest.data(), sizeof(ipc));
+    std::memcpy(&ipc, ipc_bytes.data(), sizeof(ipc));
     RETURN_IF_ERROR(Activate());
     cudaEvent_t event;
     RETURN_IF_ERROR(CudaStatus(cudaIpcOpenEventHandle(&event, ipc), "cudaIpcOpenEventHandle"));

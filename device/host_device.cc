@@ -7,25 +7,22 @@
 #include <utility>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
 #include "common/log.h"
 #include "device/host_stream.h"
 #include "device/shared_event.h"
+#include "wire/wire_format.h"
 
 namespace tierd {
 namespace {
 
-constexpr char kSlabHandlePrefix[] = "tierd-host-slab:";
-constexpr char kEventHandlePrefix[] = "tierd-host-event:";
 constexpr size_t kEventsPerTable = 1024;  // 64 KiB of shared memory per table
 
 class HostSlab final : public Slab {
  public:
   explicit HostSlab(std::unique_ptr<SharedMemory> memory)
-      : memory_(std::move(memory)), handle_(absl::StrCat(kSlabHandlePrefix, memory_->name())) {}
+      : memory_(std::move(memory)), handle_(EncodeHostSlabHandle(memory_->name())) {}
   HostSlab(std::unique_ptr<SharedMemory> memory, std::string handle)
       : memory_(std::move(memory)), handle_(std::move(handle)) {}
 
@@ -44,7 +41,7 @@ class HostEvent final : public Event {
             absl::AnyInvocable<void() &&> on_destroy)
       : table_(std::move(table)),
         state_(static_cast<SharedEvent*>(table_->data()) + slot),
-        handle_(absl::StrCat(kEventHandlePrefix, table_->name(), ":", slot)),
+        handle_(EncodeHostEventHandle(table_->name(), slot)),
         on_destroy_(std::move(on_destroy)) {}
   ~HostEvent() override {
     if (on_destroy_) std::move(on_destroy_)();
@@ -206,11 +203,11 @@ absl::Status HostDevice::NotifyWhenDone(Stream& stream, absl::AnyInvocable<void(
 }
 
 absl::StatusOr<std::unique_ptr<Slab>> HostDevice::OpenSlab(absl::string_view handle) {
-  absl::string_view name = handle;
-  if (!absl::ConsumePrefix(&name, kSlabHandlePrefix) || !IsTierdObjectName(name)) {
+  absl::StatusOr<absl::string_view> name = ParseHostSlabHandle(handle);
+  if (!name.ok() || !IsTierdObjectName(*name)) {
     return absl::InvalidArgumentError("not a host slab handle");
   }
-  auto memory = SharedMemory::Open(std::string(name));
+  auto memory = SharedMemory::Open(std::string(*name));
   if (!memory.ok()) return memory.status();
   return std::unique_ptr<Slab>(new HostSlab(*std::move(memory), std::string(handle)));
 }
@@ -234,20 +231,13 @@ absl::StatusOr<std::shared_ptr<SharedMemory>> HostDevice::MapEventTable(const st
 }
 
 absl::StatusOr<std::unique_ptr<Event>> HostDevice::OpenEvent(absl::string_view handle) {
-  absl::string_view rest = handle;
-  const size_t colon = rest.rfind(':');
-  size_t slot = 0;
-  if (!absl::ConsumePrefix(&rest, kEventHandlePrefix) || colon == absl::string_view::npos ||
-      colon < std::strlen(kEventHandlePrefix) ||
-      !absl::SimpleAtoi(handle.substr(colon + 1), &slot) || slot >= kEventsPerTable) {
+  absl::StatusOr<HostEventHandle> parsed = ParseHostEventHandle(handle);
+  if (!parsed.ok() || parsed->slot >= kEventsPerTable || !IsTierdObjectName(parsed->table_name)) {
     return absl::InvalidArgumentError("not a host event handle");
   }
-  const absl::string_view name =
-      handle.substr(std::strlen(kEventHandlePrefix), colon - std::strlen(kEventHandlePrefix));
-  if (!IsTierdObjectName(name)) return absl::InvalidArgumentError("not a host event handle");
-  auto table = MapEventTable(std::string(name));
+  auto table = MapEventTable(std::string(parsed->table_name));
   if (!table.ok()) return table.status();
-  return std::unique_ptr<Event>(new HostEvent(*std::move(table), slot, nullptr));
+  return std::unique_ptr<Event>(new HostEvent(*std::move(table), parsed->slot, nullptr));
 }
 
 }  // namespace tierd

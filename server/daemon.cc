@@ -19,13 +19,13 @@
 #include "common/leak_on_purpose.h"
 #include "common/log.h"
 #include "common/posix_error.h"
-#include "common/session_socket.h"
 #include "common/status_macros.h"
 #include "grpc/health/v1/health.pb.h"
 #include "server/metrics_text.h"
 #include "server/resource_limits.h"
 #include "server/stats.h"
 #include "server/unix_socket.h"
+#include "wire/session_socket.h"
 
 namespace tierd {
 namespace {

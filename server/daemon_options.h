@@ -13,8 +13,8 @@
 #include "absl/time/time.h"
 #include "device/device.h"
 #include "device/device_factory.h"
-#include "server/client_groups.h"
 #include "gpu/gpu_tier.h"
+#include "server/client_groups.h"
 #include "server/peer_daemons.h"
 #include "storage/catalog.h"
 #include "storage/disk_reader.h"
@@ -27,7 +27,7 @@ namespace tierd {
 struct DaemonOptions {
   DeviceSpec device;        // --device
   std::string socket_path;  // --socket: unix socket the gRPC server listens on
-  // --session-socket: where sessions are served without gRPC (common/session_socket.h); empty:
+  // --session-socket: where sessions are served without gRPC (wire/session_socket.h); empty:
   // none.
   std::string session_socket_path;
   std::string state_dir;          // --state-dir: persistent state; one daemon per directory

@@ -5,12 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/session_core.h"
-#include "client/session_transport.h"
 #include "common/log.h"
-#include "common/session_socket.h"
 #include "common/status_macros.h"
 #include "server/proto_convert.h"
+#include "wire/session_core.h"
+#include "wire/session_socket.h"
+#include "wire/session_transport.h"
 
 namespace tierd {
 

@@ -16,9 +16,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/posix_error.h"
-#include "common/session_socket.h"
 #include "server/parse_failure.h"
 #include "server/unix_socket.h"
+#include "wire/session_socket.h"
 
 namespace tierd {
 
@@ -197,9 +197,9 @@ void SessionSocketServer::Serve(const std::shared_ptr<Connection>& connection) {
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &value, sizeof(value));
   };
   set_receive_timeout(kGreetingTimeout);
-  std::string hello(kSessionSocketHello.size(), '\0');
-  if (ReadExactly(fd, hello.data(), hello.size()).ok() && hello == kSessionSocketHello &&
-      SendAll(fd, kSessionSocketHello).ok()) {
+  std::string hello(SessionSocketHello().size(), '\0');
+  if (ReadExactly(fd, hello.data(), hello.size()).ok() && hello == SessionSocketHello() &&
+      SendAll(fd, SessionSocketHello()).ok()) {
     set_receive_timeout(absl::ZeroDuration());
     connection->writer = std::thread([connection] { WriteLoop(connection); });
     auto protocol = std::make_shared<SessionProtocol>(

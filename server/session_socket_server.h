@@ -1,4 +1,4 @@
-// Serves sessions on the session socket (common/session_socket.h): the Session stream's protocol
+// Serves sessions on the session socket (wire/session_socket.h): the Session stream's protocol
 // without gRPC, for the latency of the data path.
 //
 // One reader thread per connection feeds SessionProtocol, in order. Answers are sent at once when

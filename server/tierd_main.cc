@@ -22,11 +22,11 @@
 #include "common/command_line.h"
 #include "common/config_file.h"
 #include "common/log.h"
-#include "common/session_socket.h"
 #include "common/systemd_notify.h"
 #include "device/device_factory.h"
 #include "server/daemon.h"
 #include "server/unread_answer_budget.h"
+#include "wire/session_socket.h"
 
 ABSL_FLAG(std::string, device, "auto",
           "auto, host or cuda:N; auto picks cuda:0 when a GPU is visible");

@@ -268,7 +268,7 @@ std::string SendRawToSessionSocket(const std::string& path, const std::string& b
 
 TEST_F(ApiTest, TheSessionSocketClosesOnWhatIsNotItsProtocolAndKeepsServing) {
   const std::string path = SessionSocketPathFor(socket_path());
-  const std::string hello(kSessionSocketHello);
+  const std::string hello(SessionSocketHello());
   // A wrong greeting: closed without an answer.
   EXPECT_EQ(SendRawToSessionSocket(path, "GET / HTTP/1.1\r\n\r\n"), "");
   // A frame longer than the limit, and a frame that is no SessionRequest: the greeting comes back,

@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/tierd_client.h"
-#include "common/session_socket.h"
+#include "wire/session_socket.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

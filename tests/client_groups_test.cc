@@ -17,12 +17,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/tierd_client.h"
-#include "common/session_socket.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_test_support.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
+#include "wire/session_socket.h"
 
 namespace tierd {
 namespace {
@@ -121,9 +121,9 @@ class ClientGroupsTest : public ::testing::Test {
     fetch.set_request_id(2);
     fetch.mutable_fetch()->set_key(key);
     EXPECT_THAT(
-        SendAll(fd, absl::StrCat(kSessionSocketHello, EncodeFrame(open), EncodeFrame(fetch))),
+        SendAll(fd, absl::StrCat(SessionSocketHello(), EncodeFrame(open), EncodeFrame(fetch))),
         IsOk());
-    std::string greeting(kSessionSocketHello.size(), '\0');
+    std::string greeting(SessionSocketHello().size(), '\0');
     EXPECT_THAT(ReadExactly(fd, greeting.data(), greeting.size()), IsOk());
     for (int answers = 0; answers < 2; ++answers) {
       std::string payload;

@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/health.h"
-#include "common/session_socket.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
+#include "wire/session_socket.h"
 
 namespace tierd::testing {
 
@@ -70,9 +70,9 @@ int OpenSessionSocketSession(const std::string& session_socket_path,
                              const std::string& client_name) {
   const int fd = ConnectUnix(session_socket_path);
   EXPECT_THAT(
-      SendAll(fd, absl::StrCat(kSessionSocketHello, EncodeFrame(OpenRequest(1, client_name)))),
+      SendAll(fd, absl::StrCat(SessionSocketHello(), EncodeFrame(OpenRequest(1, client_name)))),
       IsOk());
-  std::string greeting(kSessionSocketHello.size(), '\0');
+  std::string greeting(SessionSocketHello().size(), '\0');
   EXPECT_THAT(ReadExactly(fd, greeting.data(), greeting.size()), IsOk());
   std::string payload;
   EXPECT_THAT(ReadFrame(fd, payload), IsOk());

@@ -17,7 +17,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/tierd_client.h"
-#include "common/session_socket.h"
 #include "common/status_macros.h"
 #include "device/device_factory.h"
 #include "device/device_wrapper.h"
@@ -26,6 +25,7 @@
 #include "server/daemon.h"
 #include "tests/daemon_test_support.h"
 #include "tests/test_support.h"
+#include "wire/session_socket.h"
 
 namespace tierd {
 namespace {

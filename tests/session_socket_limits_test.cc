@@ -18,13 +18,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/tierd_client.h"
-#include "common/session_socket.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/session_socket_server.h"
 #include "tests/daemon_test_support.h"
 #include "tests/test_support.h"
 #include "tierd/v1/tierd.pb.h"
+#include "wire/session_socket.h"
 
 namespace tierd {
 namespace {

@@ -17,12 +17,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "common/session_socket.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_test_support.h"
 #include "tests/test_support.h"
 #include "tierd/v1/tierd.pb.h"
+#include "wire/session_socket.h"
 
 namespace tierd {
 namespace {
@@ -257,11 +257,11 @@ TEST_F(UndecodableRequestTest, TheSessionSocketClosesOnAnUndecodableFrameAndLogs
   open.mutable_open()->set_client_name("undecodable");
   const int fd = ConnectUnix(SessionSocketPathFor(socket_path()));
   ASSERT_THAT(
-      SendAll(fd, absl::StrCat(kSessionSocketHello, EncodeFrame(open),
+      SendAll(fd, absl::StrCat(SessionSocketHello(), EncodeFrame(open),
                                EncodeFrame(absl::StrCat(
                                    "\x08\x02", LengthDelimited(4, LengthDelimited(1, kNotUtf8)))))),
       IsOk());
-  std::string greeting(kSessionSocketHello.size(), '\0');
+  std::string greeting(SessionSocketHello().size(), '\0');
   ASSERT_THAT(ReadExactly(fd, greeting.data(), greeting.size()), IsOk());
   std::string payload;
   ASSERT_THAT(ReadFrame(fd, payload), IsOk());

@@ -8,17 +8,15 @@ as anything (a tensor view included) still refers to them, and closed after.
 """
 
 import ctypes
-import struct
 import threading
 import weakref
 
 import torch
 
+from . import _wire_format
 from .errors import TierdError, StatusCode
 
-_SLAB_PREFIX = b"tierd-cuda-slab:"
-_EVENT_PREFIX = b"tierd-cuda-event:"
-_IPC_HANDLE_BYTES = 64
+_IPC_HANDLE_BYTES = _wire_format.CUDA_IPC_HANDLE_BYTES
 _IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1
 
 
@@ -115,13 +113,13 @@ class _DeviceMapping:
     """An IPC-opened slab's device memory, closed when the last tensor viewing it is gone (a tensor
     made from it keeps it alive through `__cuda_array_interface__`)."""
 
-    def __init__(self, driver, ordinal, raw):
-        (self.size,) = struct.unpack_from("<Q", raw)
+    def __init__(self, driver, ordinal, size, ipc):
+        self.size = size
         if self.size == 0:
             raise TierdError(StatusCode.INVALID_ARGUMENT, "CUDA slab handle of size 0")
         pointer = ctypes.c_uint64()
         with _InContext(driver, ordinal):
-            driver.check(driver.cuIpcOpenMemHandle_v2(ctypes.byref(pointer), _ipc_handle(raw[8:]),
+            driver.check(driver.cuIpcOpenMemHandle_v2(ctypes.byref(pointer), _ipc_handle(ipc),
                                                       _IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
                          "cuIpcOpenMemHandle")
         self._pointer = pointer.value
@@ -191,17 +189,14 @@ class CudaBackend:
             return opened
 
     def open_slab(self, handle):
-        if not handle.startswith(_SLAB_PREFIX) or len(handle) != len(_SLAB_PREFIX) + 8 + 64:
-            raise TierdError(StatusCode.INVALID_ARGUMENT, "not a CUDA slab handle")
-        raw = bytes(handle[len(_SLAB_PREFIX):])
-        mapping = self._cached(raw, lambda: _DeviceMapping(self._driver, self.ordinal, raw))
+        size, ipc = _wire_format.parse_cuda_slab_handle(handle)
+        mapping = self._cached(bytes(handle),
+                               lambda: _DeviceMapping(self._driver, self.ordinal, size, ipc))
         return CudaSlab(mapping, self.ordinal)
 
     def open_event(self, handle):
-        if not handle.startswith(_EVENT_PREFIX):
-            raise TierdError(StatusCode.INVALID_ARGUMENT, "not a CUDA event handle")
-        raw = bytes(handle[len(_EVENT_PREFIX):])
-        return self._cached(raw, lambda: CudaEvent(self._driver, self.ordinal, raw))
+        raw = _wire_format.parse_cuda_event_handle(handle)
+        return self._cached(bytes(handle), lambda: CudaEvent(self._driver, self.ordinal, raw))
 
     def current_stream(self):
         return torch.cuda.current_stream(self.device)

@@ -14,10 +14,9 @@ import weakref
 
 import torch
 
+from . import _wire_format
 from .errors import TierdError, StatusCode
 
-_SLAB_PREFIX = b"tierd-host-slab:"
-_EVENT_PREFIX = b"tierd-host-event:"
 _EVENT_BYTES = 64
 _SHM_DIR = "/dev/shm"
 # A wait on a ready event longer than this means the daemon is stuck; say so instead of hanging.
@@ -112,22 +111,16 @@ class HostBackend:
         return torch.device("cpu")
 
     def open_slab(self, handle):
-        if not handle.startswith(_SLAB_PREFIX):
-            raise TierdError(StatusCode.INVALID_ARGUMENT, "not a host slab handle")
-        return HostSlab(handle[len(_SLAB_PREFIX):].decode("utf-8", "replace"))
+        return HostSlab(_wire_format.parse_host_slab_handle(handle))
 
     def open_event(self, handle):
-        if not handle.startswith(_EVENT_PREFIX):
-            raise TierdError(StatusCode.INVALID_ARGUMENT, "not a host event handle")
-        name, _, slot = handle[len(_EVENT_PREFIX):].decode("utf-8", "replace").rpartition(":")
-        if not slot.isdigit():
-            raise TierdError(StatusCode.INVALID_ARGUMENT, "not a host event handle")
+        name, slot = _wire_format.parse_host_event_handle(handle)
         with self._lock:
             table = self._tables.get(name)
             if table is None:
                 table = _EventTable(name)
                 self._tables[name] = table
-        return HostEvent(table, int(slot))
+        return HostEvent(table, slot)
 
     def current_stream(self):
         return None

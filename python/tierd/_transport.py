@@ -1,20 +1,17 @@
 """How a session's messages travel: the daemon's session socket (length-framed protobuf on a Unix
-stream socket, no HTTP/2; common/session_socket.h has the format) or the gRPC Session stream.
+stream socket, no HTTP/2; proto/tierd/v1/wire.proto has the format) or the gRPC Session stream.
 Both carry the same tierd.v1.SessionRequest / SessionResponse messages."""
 
 import queue
 import socket
-import struct
 import threading
 
 import grpc
 
+from ._wire_format import FRAME_LENGTH as _LENGTH
+from ._wire_format import MAX_FRAME_BYTES, SESSION_SOCKET_HELLO
 from .errors import StatusCode, TierdError
 from .v1 import tierd_pb2
-
-SESSION_SOCKET_HELLO = b"tierd.v1.Session\n"
-MAX_FRAME_BYTES = 16 << 20
-_LENGTH = struct.Struct("<I")
 
 
 def session_socket_path_for(grpc_socket):

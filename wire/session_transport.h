@@ -1,8 +1,8 @@
-// How a client Session's messages travel: over the daemon's session socket
-// (common/session_socket.h, the fast path) or over the gRPC Session stream. Internal to the client
-// library.
-#ifndef TIERD_CLIENT_SESSION_TRANSPORT_H_
-#define TIERD_CLIENT_SESSION_TRANSPORT_H_
+// How a session's messages travel from its client's side: over the daemon's session socket
+// (wire/session_socket.h, the fast path) or over the gRPC Session stream. SessionCore reads and
+// writes through this; the C++ client and a daemon's peers pick the transport.
+#ifndef TIERD_WIRE_SESSION_TRANSPORT_H_
+#define TIERD_WIRE_SESSION_TRANSPORT_H_
 
 #include <memory>
 #include <string>
@@ -40,4 +40,4 @@ absl::StatusOr<std::unique_ptr<SessionTransport>> StartGrpcSession(v1::Tierd::St
 
 }  // namespace tierd
 
-#endif  // TIERD_CLIENT_SESSION_TRANSPORT_H_
+#endif  // TIERD_WIRE_SESSION_TRANSPORT_H_

@@ -1,4 +1,4 @@
-#include "common/session_socket.h"
+#include "wire/session_socket.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -114,9 +114,9 @@ absl::Status ReadFrameRest(unsigned char (&header)[4], size_t first, std::string
   RETURN_IF_ERROR(read_rest(reinterpret_cast<char*>(header) + first, 4 - first));
   const uint32_t length =
       header[0] | (header[1] << 8) | (header[2] << 16) | (static_cast<uint32_t>(header[3]) << 24);
-  if (length > kMaxSessionFrameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a session message of ", length,
-                                                   " bytes; the limit is ", kMaxSessionFrameBytes));
+  if (length > MaxSessionFrameBytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a session message of ", length, " bytes; the limit is ", MaxSessionFrameBytes()));
   }
   // Grown as the bytes arrive: a length alone does not get its memory.
   constexpr uint32_t kStep = 1u << 20;

@@ -1,4 +1,4 @@
-#include "client/session_transport.h"
+#include "wire/session_transport.h"
 
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/session_socket.h"
+#include "wire/session_socket.h"
 
 namespace tierd {
 namespace {
@@ -94,9 +94,9 @@ absl::StatusOr<std::unique_ptr<SessionTransport>> ConnectSessionSocket(const std
   if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
     return absl::UnavailableError(absl::StrCat("connecting to ", path, ": ", std::strerror(errno)));
   }
-  std::string hello(kSessionSocketHello.size(), '\0');
-  if (!SendAll(fd, kSessionSocketHello).ok() || !ReadExactly(fd, hello.data(), hello.size()).ok() ||
-      hello != kSessionSocketHello) {
+  std::string hello(SessionSocketHello().size(), '\0');
+  if (!SendAll(fd, SessionSocketHello()).ok() ||
+      !ReadExactly(fd, hello.data(), hello.size()).ok() || hello != SessionSocketHello()) {
     return absl::UnavailableError(absl::StrCat(path, " is not a tierd session socket"));
   }
   timeval none{0, 0};

@@ -3,12 +3,14 @@
 // GPU machine a round trip on the gRPC session stream costs 66 µs at p50, on this socket 34 µs,
 // and a fetch 91 µs against 42 µs (bench/results/README.md).
 //
-// Wire format: the client first sends kSessionSocketHello and the daemon answers with it; then
-// each message is a frame: its length (4 bytes, little-endian, at most kMaxSessionFrameBytes)
-// followed by the serialized message. Requests go one way, responses the other, exactly as on
-// the gRPC stream; closing the connection ends the session.
-#ifndef TIERD_COMMON_SESSION_SOCKET_H_
-#define TIERD_COMMON_SESSION_SOCKET_H_
+// Wire format (proto/tierd/v1/wire.proto, SessionSocketFormat): the client first sends
+// SessionSocketHello() and the daemon answers with it; then each message is a frame: its length
+// (a little-endian uint32, at most MaxSessionFrameBytes()) followed by the serialized message.
+// Requests go one way, responses the other, exactly as on the gRPC stream; closing the connection
+// ends the session. The daemon's side is server/session_socket_server.h, the client's
+// wire/session_transport.h; both frame and read through here.
+#ifndef TIERD_WIRE_SESSION_SOCKET_H_
+#define TIERD_WIRE_SESSION_SOCKET_H_
 
 #include <cstdint>
 #include <string>
@@ -17,12 +19,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "google/protobuf/message_lite.h"
+#include "wire/wire_format.h"
 
 namespace tierd {
-
-inline constexpr absl::string_view kSessionSocketHello("tierd.v1.Session\n", 17);
-// A message's limit: a stored object's tensor index (65536 tensors at most) fits well within it.
-inline constexpr uint32_t kMaxSessionFrameBytes = 16u << 20;
 
 // Where the daemon serving gRPC on `grpc_socket` listens for sessions: "X.sock" → "X.session.sock",
 // any other path gets ".session" appended.
@@ -42,7 +41,7 @@ absl::Status SendAll(int fd, absl::string_view data);
 
 // Reads one frame into `payload`. OUT_OF_RANGE when the stream ended cleanly before a frame began;
 // UNAVAILABLE when it ended inside one or the connection broke; INVALID_ARGUMENT for a length
-// over kMaxSessionFrameBytes.
+// over MaxSessionFrameBytes().
 absl::Status ReadFrame(int fd, std::string& payload);
 
 // ReadFrame for a server that will not wait for ever on a client stalled inside a frame: waiting
@@ -57,4 +56,4 @@ absl::Status ReadExactly(int fd, char* data, size_t bytes);
 
 }  // namespace tierd
 
-#endif  // TIERD_COMMON_SESSION_SOCKET_H_
+#endif  // TIERD_WIRE_SESSION_SOCKET_H_

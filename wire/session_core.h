@@ -1,8 +1,11 @@
-// The machinery behind a client Session: the bidirectional stream, a reader thread that matches
-// responses to requests by id, and the cache of opened slab and event handles. Internal to the
-// client library.
-#ifndef TIERD_CLIENT_SESSION_CORE_H_
-#define TIERD_CLIENT_SESSION_CORE_H_
+// The request/answer core of a session, on the client's side of the wire: the transport, a reader
+// thread that matches responses to requests by id, and the handles the daemon sent, opened in this
+// process. The C++ client's Session is built on it, and so is a daemon asking its peers for
+// objects (server/peer_daemons.h).
+//
+// Thread-safe: requests from several threads are pipelined on the one transport.
+#ifndef TIERD_WIRE_SESSION_CORE_H_
+#define TIERD_WIRE_SESSION_CORE_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -15,12 +18,15 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "client/session_transport.h"
 #include "device/device.h"
 #include "device/shared_memory.h"
 #include "tierd/v1/tierd.grpc.pb.h"
+#include "wire/session_transport.h"
 
 namespace tierd {
+namespace detail {
+class OpenedHandles;
+}  // namespace detail
 
 // The status a session response carries (its code and message).
 absl::Status StatusOf(const v1::SessionResponse& response);
@@ -56,26 +62,19 @@ class SessionCore {
   void set_device(std::shared_ptr<Device> device) { device_ = std::move(device); }
   Device& device() { return *device_; }
   // Opens the handles `response` brings that this session has not opened yet.
-  absl::Status OpenHandles(const v1::SessionResponse& response) ABSL_LOCKS_EXCLUDED(handles_mu_);
-  absl::StatusOr<Slab*> slab(uint32_t id) ABSL_LOCKS_EXCLUDED(handles_mu_);
-  absl::StatusOr<Event*> event(uint32_t id) ABSL_LOCKS_EXCLUDED(handles_mu_);
+  absl::Status OpenHandles(const v1::SessionResponse& response);
+  absl::StatusOr<Slab*> slab(uint32_t id);
+  absl::StatusOr<Event*> event(uint32_t id);
   // A host handoff buffer (Handle.HOST_BUFFER), mapped and registered with device(); only
   // daemons asking each other for objects through the host are sent one.
-  absl::StatusOr<const SharedMemory*> host_buffer(uint32_t id) ABSL_LOCKS_EXCLUDED(handles_mu_);
+  absl::StatusOr<const SharedMemory*> host_buffer(uint32_t id);
 
   // Releases a lease: records its done event on `stream`, then tells the daemon.
   void ReleaseLease(uint64_t lease_id, Event& done_event, Stream& stream);
 
  private:
   struct Pending;
-  struct MappedHostBuffer {
-    std::unique_ptr<SharedMemory> memory;
-    std::shared_ptr<Device> device;  // set once registered with it
-    ~MappedHostBuffer();
-  };
-  SessionCore() = default;
-  absl::Status OpenHostBufferLocked(const v1::Handle& handle)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(handles_mu_);
+  SessionCore();
   void ReadLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // UNAVAILABLE "the session with tierd has ended", with end_reason_ when there is one.
   absl::Status EndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -92,13 +91,10 @@ class SessionCore {
   std::map<uint64_t, std::shared_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status end_reason_ ABSL_GUARDED_BY(mu_);
-  absl::Mutex handles_mu_;
-  std::map<uint32_t, std::unique_ptr<Slab>> slabs_ ABSL_GUARDED_BY(handles_mu_);
-  std::map<uint32_t, std::unique_ptr<Event>> events_ ABSL_GUARDED_BY(handles_mu_);
-  std::map<uint32_t, std::unique_ptr<MappedHostBuffer>> host_buffers_ ABSL_GUARDED_BY(handles_mu_);
+  const std::unique_ptr<detail::OpenedHandles> handles_;
   std::thread reader_;
 };
 
 }  // namespace tierd
 
-#endif  // TIERD_CLIENT_SESSION_CORE_H_
+#endif  // TIERD_WIRE_SESSION_CORE_H_

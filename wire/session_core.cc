@@ -1,4 +1,4 @@
-#include "client/session_core.h"
+#include "wire/session_core.h"
 
 #include <cstdio>
 #include <utility>
@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "common/status_macros.h"
+#include "wire/detail/opened_handles.h"
 
 namespace tierd {
 
@@ -36,18 +36,6 @@ v1::SessionResponse EndedResponse(uint64_t request_id, const absl::Status& ended
   return gone;
 }
 
-// The opened handle `id` in `handles`, or INTERNAL naming `what`.
-template <typename T>
-absl::StatusOr<T*> FindHandle(const std::map<uint32_t, std::unique_ptr<T>>& handles, uint32_t id,
-                              const char* what) {
-  auto it = handles.find(id);
-  if (it == handles.end()) {
-    return absl::InternalError(
-        absl::StrCat("the daemon named ", what, " ", id, " without its handle"));
-  }
-  return it->second.get();
-}
-
 void LogFailure(const v1::SessionResponse& response) {
   std::fprintf(stderr, "tierd client: request %llu failed: %s\n",
                static_cast<unsigned long long>(response.request_id()), response.message().c_str());
@@ -59,6 +47,8 @@ absl::Status StatusOf(const v1::SessionResponse& response) {
   if (response.code() == 0) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
 }
+
+SessionCore::SessionCore() : handles_(std::make_unique<detail::OpenedHandles>()) {}
 
 std::shared_ptr<SessionCore> SessionCore::Start(std::unique_ptr<SessionTransport> transport) {
   std::shared_ptr<SessionCore> core(new SessionCore);
@@ -226,82 +216,16 @@ absl::Status SessionCore::SendQuiet(v1::SessionRequest request) {
   return written ? absl::OkStatus() : EndedAfterFailedWrite();
 }
 
-SessionCore::MappedHostBuffer::~MappedHostBuffer() {
-  if (device != nullptr) (void)device->UnregisterHostMemory(memory->data());
-}
-
 absl::Status SessionCore::OpenHandles(const v1::SessionResponse& response) {
-  absl::MutexLock lock(&handles_mu_);
-  // The daemon counts every handle here as sent: one that fails must not keep the others from
-  // being opened, or later responses would name them without their handles.
-  absl::Status first_failure;
-  for (const v1::Handle& handle : response.new_handles()) {
-    if (handle.kind() == v1::Handle::SLAB) {
-      if (slabs_.count(handle.id()) > 0) continue;
-      absl::StatusOr<std::unique_ptr<Slab>> slab = device_->OpenSlab(handle.handle());
-      if (!slab.ok()) {
-        first_failure.Update(absl::Status(
-            slab.status().code(),
-            absl::StrCat("opening staging slab ", handle.id(), ": ", slab.status().message())));
-        continue;
-      }
-      slabs_[handle.id()] = *std::move(slab);
-    } else if (handle.kind() == v1::Handle::EVENT) {
-      if (events_.count(handle.id()) > 0) continue;
-      absl::StatusOr<std::unique_ptr<Event>> event = device_->OpenEvent(handle.handle());
-      if (!event.ok()) {
-        first_failure.Update(absl::Status(
-            event.status().code(),
-            absl::StrCat("opening event ", handle.id(), ": ", event.status().message())));
-        continue;
-      }
-      events_[handle.id()] = *std::move(event);
-    } else if (handle.kind() == v1::Handle::HOST_BUFFER) {
-      if (host_buffers_.count(handle.id()) > 0) continue;
-      absl::Status opened = OpenHostBufferLocked(handle);
-      if (!opened.ok()) {
-        first_failure.Update(absl::Status(
-            opened.code(),
-            absl::StrCat("opening host buffer ", handle.id(), ": ", opened.message())));
-      }
-    }
-  }
-  return first_failure;
+  return handles_->Open(response, device_);
 }
 
-absl::Status SessionCore::OpenHostBufferLocked(const v1::Handle& handle) {
-  ASSIGN_OR_RETURN(std::unique_ptr<SharedMemory> memory, SharedMemory::Open(handle.handle()));
-  if (memory->size() < handle.size()) {
-    return absl::InternalError(absl::StrCat(handle.handle(), " has ", memory->size(),
-                                            " bytes, the daemon said ", handle.size()));
-  }
-  auto mapped = std::make_unique<MappedHostBuffer>();
-  mapped->memory = std::move(memory);
-  // Registered so the copies out of it run at full speed and asynchronously.
-  RETURN_IF_ERROR(device_->RegisterHostMemory(mapped->memory->data(), mapped->memory->size()));
-  mapped->device = device_;
-  host_buffers_[handle.id()] = std::move(mapped);
-  return absl::OkStatus();
-}
+absl::StatusOr<Slab*> SessionCore::slab(uint32_t id) { return handles_->slab(id); }
+
+absl::StatusOr<Event*> SessionCore::event(uint32_t id) { return handles_->event(id); }
 
 absl::StatusOr<const SharedMemory*> SessionCore::host_buffer(uint32_t id) {
-  absl::MutexLock lock(&handles_mu_);
-  auto it = host_buffers_.find(id);
-  if (it == host_buffers_.end()) {
-    return absl::InternalError(
-        absl::StrCat("the daemon named host buffer ", id, " without its handle"));
-  }
-  return it->second->memory.get();
-}
-
-absl::StatusOr<Slab*> SessionCore::slab(uint32_t id) {
-  absl::MutexLock lock(&handles_mu_);
-  return FindHandle(slabs_, id, "slab");
-}
-
-absl::StatusOr<Event*> SessionCore::event(uint32_t id) {
-  absl::MutexLock lock(&handles_mu_);
-  return FindHandle(events_, id, "event");
+  return handles_->host_buffer(id);
 }
 
 void SessionCore::ReleaseLease(uint64_t lease_id, Event& done_event, Stream& stream) {

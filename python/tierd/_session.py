@@ -1,0 +1,387 @@
+"""A session with the daemon: `Session` for the data path, `Lease` for a fetched object's tensors,
+`PendingFetch` for a fetch not yet taken (the lease protocol, proto/tierd/v1/tierd.proto). The
+request/answer machinery beneath is tierd._session_core."""
+
+import collections
+import logging
+import threading
+import time
+
+import torch
+
+from ._session_core import SessionCore
+from .dtypes import ELEMENT_BYTES, to_safetensors, to_torch
+from .errors import StatusCode, TierdError, code_from_number
+from .v1 import tierd_pb2
+
+_log = logging.getLogger("tierd")
+
+# Tensors of a stored object start at multiples of this, as the daemon lays out gathered objects
+# (storage/object_layout.h): a tensor's device address is as aligned as its own allocation's.
+_TENSOR_ALIGNMENT = 256
+
+_TIERS = {"gpu": tierd_pb2.TIER_GPU, "host": tierd_pb2.TIER_HOST, "all": tierd_pb2.TIER_ALL}
+
+
+def _backend_for(opened, device):
+    if opened.backend == "host":
+        from ._host_backend import HostBackend
+
+        return HostBackend()
+    if opened.backend == "cuda":
+        from ._cuda_backend import CudaBackend
+
+        ordinal = opened.device_ordinal if device is None else torch.device(device).index
+        return CudaBackend(ordinal)
+    raise TierdError(StatusCode.FAILED_PRECONDITION,
+                     f'the daemon\'s backend "{opened.backend}" is unknown to this client')
+
+
+def tensor_views(buffer, infos):
+    """{name: tensor} for the tensors `infos` (TensorInfo) places in `buffer` (a uint8 tensor),
+    each a zero-copy view. A tensor whose offset is not a multiple of its element size cannot be
+    viewed in place and is copied instead (logged once per object)."""
+    views = collections.OrderedDict()
+    for info in infos:
+        dtype = to_torch(info.dtype)
+        if info.offset + info.size > buffer.numel():
+            raise TierdError(StatusCode.INTERNAL,
+                             f"tensor {info.name} lies outside its object ({info.offset}+{info.size}"
+                             f" > {buffer.numel()})")
+        raw = buffer[info.offset: info.offset + info.size]
+        if raw.storage_offset() % ELEMENT_BYTES[dtype] != 0:
+            _log.warning("tensor %s is not aligned for %s in its object; copying it", info.name,
+                         info.dtype)
+            raw = raw.clone()
+        views[info.name] = raw.view(dtype).view(tuple(info.shape))
+    return views
+
+
+class Lease:
+    """A fetched object held in a staging buffer until released.
+
+    `tensors` maps each tensor's name to a view of the buffer; `buffer` is all of the object's
+    bytes as uint8. They are valid until release(): the daemon may then reuse the memory for
+    another object. A context manager releases on exit.
+    """
+
+    def __init__(self, session, key, lease_id, buffer, tensors, done_event):
+        self.key = key
+        self.lease_id = lease_id
+        self.buffer = buffer
+        self.tensors = tensors
+        self._session = session
+        self._done_event = done_event
+        self._released = False
+
+    @property
+    def tensor(self):
+        """The object's only tensor (stored activations usually hold one)."""
+        if len(self.tensors) != 1:
+            raise ValueError(f"{self.key} holds {len(self.tensors)} tensors, not one")
+        return next(iter(self.tensors.values()))
+
+    @property
+    def released(self):
+        return self._released
+
+    def release(self, stream=None):
+        """Records the done event on `stream` (default: the current stream) after everything the
+        caller has enqueued that reads the buffer, and releases the lease. Idempotent."""
+        if self._released:
+            return
+        self._released = True
+        self.tensors = {}
+        self.buffer = None
+        self._session._release(self.lease_id, self._done_event, stream)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+class PendingFetch:
+    """A fetch sent but not yet taken: result() waits for the daemon's answer and gives the Lease."""
+
+    def __init__(self, session, key):
+        self._session = session
+        self.key = key
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._response = None
+        self._taken = False
+        self._cancelled = False
+
+    def _answer(self, response):
+        with self._lock:
+            self._response = response
+            cancelled = self._cancelled
+        self._done.set()
+        if cancelled:
+            self._session._release_unread(response)
+
+    def result(self, stream=None, timeout=None):
+        """The lease, with `stream` (default: the current stream) made to wait for its bytes."""
+        if self._taken:
+            raise RuntimeError(f"the fetch of {self.key} was already taken")
+        if not self._done.wait(self._session._timeout if timeout is None else timeout):
+            raise TierdError(StatusCode.DEADLINE_EXCEEDED, f"fetch of {self.key}: no answer")
+        self._taken = True
+        return self._session._lease_from(self._response, stream)
+
+    def cancel(self):
+        """Gives up the fetch: its lease, when it comes, is released at once."""
+        if self._taken:
+            return
+        self._taken = True
+        with self._lock:
+            self._cancelled = True
+            response = self._response
+        if response is not None:
+            self._session._release_unread(response)
+
+
+class Session(SessionCore):
+    """A session with the daemon: fetches, prefetches, stores, pins. Leases and pins belong to the
+    session; closing it (or the process exiting) releases them. Thread-safe."""
+
+    def __init__(self, client, transport, device):
+        super().__init__(transport, client.timeout)
+        self._client = client
+        self._commits = collections.Counter()  # key -> commits in flight
+        self._commit_error = None
+        self._commits_changed = threading.Condition(self._lock)
+        self._start_reading()
+        request = tierd_pb2.SessionRequest()
+        request.open.client_name = client.client_name
+        self.info = self._call(request).opened
+        try:
+            self._backend = _backend_for(self.info, device)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- public -----------------------------------------------------------------------------
+
+    @property
+    def transport(self):
+        """How this session's messages travel: "socket" or "grpc"."""
+        return self._transport.kind
+
+    @property
+    def device(self):
+        """The torch device the staging buffers are on in this process."""
+        return self._backend.device
+
+    def fetch(self, key, stream=None):
+        """Fetches `key` ("MODEL/OBJECT" or a stored object's key) and makes `stream` (default: the
+        current stream) wait for its bytes. Returns once the daemon has enqueued the copy."""
+        return self.fetch_async(key).result(stream)
+
+    def fetch_async(self, key):
+        """Sends a fetch without waiting for its answer; PendingFetch.result() takes the lease.
+        Fetches are served in the order they are sent."""
+        self._wait_for_commits_of(key)
+        pending = PendingFetch(self, key)
+        request = tierd_pb2.SessionRequest()
+        request.fetch.key = key
+        self._send(request, pending._answer)
+        return pending
+
+    def prefetch(self, keys, deadline_ms=0, host_only=False):
+        """Starts bringing `keys` towards the GPU without holding them (the seeds' begin_fetch_step
+        for weights). Returns how many were not yet where asked."""
+        request = tierd_pb2.SessionRequest()
+        request.prefetch.keys.extend(keys)
+        request.prefetch.deadline_ms = deadline_ms
+        request.prefetch.host_only = host_only
+        return self._call(request).prefetched.started
+
+    def store_async(self, key, tensors, spillable=True, durable=False, stream=None):
+        """Stores `tensors` ({name: tensor}, or one tensor, named NAME) as object `key`
+        ("NAMESPACE/NAME").
+
+        Reserves a staging buffer, enqueues the copy into it on `stream` (default: the current
+        stream), records the written event there and sends the commit, without waiting for the
+        copy or the commit: the sources must not change until the stream has run the copy. A later
+        fetch of `key` through this session waits for the commit. flush() reports the outcome.
+        `durable`: the object survives a restart of the daemon (the commit succeeds once it is
+        written and fsynced there).
+        """
+        named = _named_tensors(tensors, default_name=key.rpartition("/")[2] or "tensor")
+        infos, length = _layout(named)
+        if length == 0:
+            raise ValueError(f"{key}: nothing to store (all tensors are empty)")
+        request = tierd_pb2.SessionRequest()
+        request.reserve.key = key
+        request.reserve.length = length
+        request.reserve.spillable = spillable
+        request.reserve.durable = durable
+        request.reserve.tensors.extend(infos)
+        reservation = self._call(request).reservation
+        commit = tierd_pb2.SessionRequest()
+        commit.commit.reservation_id = reservation.reservation_id
+        stream = self._stream(stream)
+        try:
+            slab = self._slab(reservation.slab_id)
+            written = self._event(reservation.written_event_id)
+            buffer = slab.tensor[reservation.offset: reservation.offset + reservation.length]
+            views = tensor_views(buffer, infos)
+            for info, source in zip(infos, named.values()):
+                self._backend.copy_into(views[info.name], source, stream)
+            self._backend.record_event(written, stream)
+        except BaseException:
+            # Give the reservation back once nothing of ours can still write into it.
+            if stream is not None:
+                stream.synchronize()
+            commit.commit.abort = True
+            self._send_quiet(commit)
+            raise
+        with self._lock:
+            self._commits[key] += 1
+        self._send(commit, lambda response: self._commit_done(key, response))
+
+    def flush(self, timeout=None):
+        """Waits until every commit sent so far is in the daemon's host tier; raises the first
+        failure since the last flush."""
+        deadline = time.monotonic() + (self._timeout if timeout is None else timeout)
+        with self._lock:
+            while self._commits and self._ended is None:
+                if not self._commits_changed.wait(deadline - time.monotonic()):
+                    raise TierdError(StatusCode.DEADLINE_EXCEEDED, "commits still in flight")
+            error, self._commit_error = self._commit_error, None
+            if error is None and self._commits:
+                error = self._ended
+        if error is not None:
+            raise error
+
+    def wait_committed(self, key, timeout=None):
+        """Waits until the commits of `key` sent so far through this session are in the daemon's
+        host tier, without waiting for other keys' (flush() waits for all): then a fetch of `key`
+        through another session, or another daemon (tierd --peers), finds this version. Raises the
+        first commit failure since the last flush, if any."""
+        self._wait_for_commits_of(key, timeout)
+        with self._lock:
+            error, self._commit_error = self._commit_error, None
+        if error is not None:
+            raise error
+
+    def pin(self, key):
+        """Keeps `key` on the GPU until unpin() or the session ends."""
+        request = tierd_pb2.SessionRequest()
+        request.pin.key = key
+        self._call(request)
+
+    def unpin(self, key):
+        request = tierd_pb2.SessionRequest()
+        request.unpin.key = key
+        self._call(request)
+
+    def evict(self, key_or_prefix, tier="gpu"):
+        """Drops a key, or every key under a prefix ending in '/', from `tier` ("gpu", "host",
+        "all"). Returns (evicted, skipped)."""
+        request = tierd_pb2.SessionRequest()
+        request.evict.key = key_or_prefix
+        request.evict.tier = _tier(tier)
+        evicted = self._call(request).evicted
+        return evicted.evicted, evicted.skipped
+
+    def close(self):
+        """Ends the session: the daemon releases whatever it still holds for it."""
+        self._transport.close()
+        if threading.current_thread() is not self._reader:
+            self._reader.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- the lease protocol -----------------------------------------------------------------
+
+    def _stream(self, stream):
+        return self._backend.current_stream() if stream is None else stream
+
+    def _lease_from(self, response, stream):
+        if response.code != 0:
+            raise TierdError(code_from_number(response.code), response.message)
+        lease = response.lease
+        done = None
+        try:
+            slab = self._slab(lease.slab_id)
+            ready = self._event(lease.ready_event_id)
+            done = self._event(lease.done_event_id)
+            buffer = slab.tensor[lease.offset: lease.offset + lease.length]
+            tensors = tensor_views(buffer, lease.tensors)
+            self._backend.wait_event(ready, self._stream(stream))
+        except BaseException:
+            self._release(lease.lease_id, done, stream)
+            raise
+        return Lease(self, lease.key, lease.lease_id, buffer, tensors, done)
+
+    def _release(self, lease_id, done_event, stream):
+        """Records `done_event` on `stream` (None: nothing of ours read the buffer, so there is
+        nothing to wait for) and sends the release without waiting for an answer."""
+        if done_event is not None:
+            self._backend.record_event(done_event, self._stream(stream))
+        request = tierd_pb2.SessionRequest()
+        request.release.lease_id = lease_id
+        request.release.quiet = True
+        self._send_quiet(request)
+
+    def _release_unread(self, response):
+        # A cancelled fetch's answer: may run on the reader thread, so it only sends.
+        if response.code == 0:
+            self._release(response.lease.lease_id, None, None)
+
+    def _commit_done(self, key, response):
+        with self._lock:
+            if response.code != 0 and self._commit_error is None:
+                self._commit_error = TierdError(code_from_number(response.code),
+                                                f"commit of {key}: {response.message}")
+            self._commits[key] -= 1
+            if self._commits[key] <= 0:
+                del self._commits[key]
+            self._commits_changed.notify_all()
+
+    def _wait_for_commits_of(self, key, timeout=None):
+        deadline = time.monotonic() + (self._timeout if timeout is None else timeout)
+        with self._lock:
+            while self._commits.get(key) and self._ended is None:
+                if not self._commits_changed.wait(deadline - time.monotonic()):
+                    raise TierdError(StatusCode.DEADLINE_EXCEEDED, f"commit of {key} still in flight")
+
+    def _session_ended_locked(self):
+        self._commits_changed.notify_all()
+
+
+def _tier(name):
+    if name not in _TIERS:
+        raise ValueError(f"tier must be one of {sorted(_TIERS)}, not {name!r}")
+    return _TIERS[name]
+
+
+def _named_tensors(tensors, default_name):
+    if isinstance(tensors, torch.Tensor):
+        return collections.OrderedDict([(default_name, tensors)])
+    named = collections.OrderedDict(tensors)
+    for name, tensor in named.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name!r} is a {type(tensor).__name__}, not a tensor")
+    return named
+
+
+def _layout(named):
+    """TensorInfos placing `named` back to back at _TENSOR_ALIGNMENT, and the object's length."""
+    infos = []
+    offset = 0
+    for name, tensor in named.items():
+        size = tensor.numel() * tensor.element_size()
+        infos.append(tierd_pb2.TensorInfo(name=name, dtype=to_safetensors(tensor.dtype),
+                                          shape=list(tensor.shape), offset=offset, size=size))
+        offset += -(-size // _TENSOR_ALIGNMENT) * _TENSOR_ALIGNMENT
+    end = max((info.offset + info.size for info in infos), default=0)
+    return infos, end
