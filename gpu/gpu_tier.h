@@ -75,9 +75,9 @@ namespace tierd {
 
 class GpuTier {
  public:
-  using LeaseCallback = tierd::LeaseCallback;
-  using ReserveCallback = tierd::ReserveCallback;
-  using StatusCallback = tierd::StatusCallback;
+  using LeaseCallback = GpuLeaseCallback;
+  using ReserveCallback = GpuReserveCallback;
+  using StatusCallback = GpuStatusCallback;
 
   // Allocates the staging pool and the copy streams. All references must outlive the tier.
   static absl::StatusOr<std::unique_ptr<GpuTier>> Create(Device& device, Catalog& catalog,

@@ -113,9 +113,9 @@ struct HandleList {
   std::vector<EventInfo> events;
 };
 
-using LeaseCallback = absl::AnyInvocable<void(absl::StatusOr<LeaseGrant>) &&>;
-using ReserveCallback = absl::AnyInvocable<void(absl::StatusOr<ReservationGrant>) &&>;
-using StatusCallback = absl::AnyInvocable<void(absl::Status) &&>;
+using GpuLeaseCallback = absl::AnyInvocable<void(absl::StatusOr<LeaseGrant>) &&>;
+using GpuReserveCallback = absl::AnyInvocable<void(absl::StatusOr<ReservationGrant>) &&>;
+using GpuStatusCallback = absl::AnyInvocable<void(absl::Status) &&>;
 
 }  // namespace tierd
 

@@ -26,7 +26,7 @@ CommitPipeline::CommitPipeline(const Parts& parts)
 
 void CommitPipeline::Reserve(ClientId client_id, const std::string& key, uint64_t length,
                              std::vector<TensorPlacement> tensors, StorePolicy policy,
-                             ReserveCallback done) {
+                             GpuReserveCallback done) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   auto fail = [&](absl::Status status) { DeferAnswer(deferred.calls(), std::move(done), status); };
@@ -87,7 +87,7 @@ void CommitPipeline::Reserve(ClientId client_id, const std::string& key, uint64_
 }
 
 void CommitPipeline::Commit(ClientId client_id, uint64_t reservation_id, bool abort,
-                            StatusCallback done) {
+                            GpuStatusCallback done) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   GpuClient* client = clients_.Find(client_id);

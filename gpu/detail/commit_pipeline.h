@@ -65,9 +65,9 @@ class CommitPipeline {
 
   // As GpuTier::Reserve and GpuTier::Commit.
   void Reserve(ClientId client, const std::string& key, uint64_t length,
-               std::vector<TensorPlacement> tensors, StorePolicy policy, ReserveCallback done)
+               std::vector<TensorPlacement> tensors, StorePolicy policy, GpuReserveCallback done)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void Commit(ClientId client, uint64_t reservation_id, bool abort, StatusCallback done)
+  void Commit(ClientId client, uint64_t reservation_id, bool abort, GpuStatusCallback done)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Frees an abandoned reservation's range once its written event completes: the client's stream
@@ -82,7 +82,7 @@ class CommitPipeline {
   // reserves room.
   struct PendingCommit {
     GpuClient::Reservation reservation;
-    StatusCallback done;
+    GpuStatusCallback done;
     bool written = false;
     std::shared_ptr<HostObject> host;  // set once reserved
     absl::Status host_status;          // the host tier's refusal

@@ -30,7 +30,7 @@ PeerLoader::PeerLoader(const Parts& parts)
       callbacks_(parts.callbacks),
       stats_(parts.stats) {}
 
-void PeerLoader::Start(GpuClient& client, const std::string& key, LeaseCallback done,
+void PeerLoader::Start(GpuClient& client, const std::string& key, GpuLeaseCallback done,
                        Deferred& deferred) {
   mu_.AssertHeld();
   auto* object = new StagingObject;

@@ -55,7 +55,7 @@ class PeerLoader {
 
   // Asks the peers for `key` on behalf of `client`; `done` gets the lease, or the first error.
   // REQUIRES: the tier's lock; there are peers.
-  void Start(GpuClient& client, const std::string& key, LeaseCallback done, Deferred& deferred);
+  void Start(GpuClient& client, const std::string& key, GpuLeaseCallback done, Deferred& deferred);
   // Peer fetches asked and not answered yet. REQUIRES: the tier's lock.
   uint64_t in_flight() const;
 

@@ -27,8 +27,8 @@ struct StagingObject {
   };
   struct Waiter {
     ClientId client = 0;
-    LeaseCallback lease;        // a fetch, or
-    StatusCallback pin;         // a pin (the pin itself is already counted)
+    GpuLeaseCallback lease;     // a fetch, or
+    GpuStatusCallback pin;      // a pin (the pin itself is already counted)
     bool through_host = false;  // the fetch's FetchOptions::through_host
   };
 
