@@ -1,35 +1,17 @@
+// GpuTier, the facade: builds the parts (gpu/detail/) and routes each request to the ones it
+// concerns, under the tier's lock. What each part does is said in its header.
 #include "gpu/gpu_tier.h"
 
-#include <algorithm>
+#include <set>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/byte_size.h"
 #include "common/deferred_calls.h"
 #include "common/leak_on_purpose.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "gpu/gpu_tier_internal.h"
 
 namespace tierd {
-
-absl::Status ClientGone() { return absl::UnavailableError("the session has ended"); }
-
-absl::Status LargerThanSlab(const std::string& key, uint64_t bytes, uint64_t slab_bytes) {
-  return absl::ResourceExhaustedError(
-      absl::StrCat(key, " is ", FormatByteSize(bytes), ", larger than a GPU staging slab (",
-                   FormatByteSize(slab_bytes), "): raise --gpu-slab-bytes"));
-}
-
-absl::Status CheckStagingQuota(const ClientLimits& limits, uint64_t held, const std::string& key,
-                               uint64_t bytes) {
-  if (held + bytes <= limits.max_staging_bytes) return absl::OkStatus();
-  return absl::ResourceExhaustedError(
-      absl::StrCat("the session's staging quota of ", FormatByteSize(limits.max_staging_bytes),
-                   " would be exceeded (", FormatByteSize(held), " held, ", key, " is ",
-                   FormatByteSize(bytes), ")"));
-}
 
 absl::StatusOr<std::unique_ptr<GpuTier>> GpuTier::Create(Device& device, Catalog& catalog,
                                                          HostArena& arena, HostCache& host_cache,
@@ -53,8 +35,6 @@ GpuTier::GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& 
                  std::unique_ptr<Stream> demand_stream, std::unique_ptr<Stream> prefetch_stream,
                  std::unique_ptr<Stream> store_stream, std::unique_ptr<Stream> handoff_stream)
     : device_(device),
-      catalog_(catalog),
-      arena_(arena),
       host_cache_(host_cache),
       options_(options),
       pool_(std::move(pool)),
@@ -64,16 +44,32 @@ GpuTier::GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& 
       prefetch_stream_(std::move(prefetch_stream)),
       store_stream_(std::move(store_stream)),
       handoff_stream_(std::move(handoff_stream)),
-      liveness_(std::make_shared<Liveness>()) {
-  absl::MutexLock lock(&liveness_->mu);
-  liveness_->tier = this;
-}
+      liveness_(std::make_shared<Liveness>()),
+      arena_pieces_(arena),
+      copier_(device, arena_pieces_, options.copy_chunk_bytes),
+      stored_(catalog, options.stored_key_prefix),
+      callbacks_(mu_),
+      clients_(mu_, device, options.max_clients),
+      residency_(mu_, device, catalog, *pool_, events_, stats_, liveness_,
+                 [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return drains_.pending(); }),
+      handoff_(mu_, device, *pool_, events_, *handoff_stream_, *handoff_buffer_, copier_, stats_,
+               liveness_),
+      drains_(mu_, device, events_, clients_, residency_, timer_, liveness_),
+      loader_({mu_, device, catalog, host_cache, *pool_, events_, *demand_stream_,
+               *prefetch_stream_, copier_, residency_, clients_, handoff_, stored_, callbacks_,
+               stats_}),
+      peer_loader_({mu_, device, options.peers, *pool_, events_, *handoff_stream_, copier_,
+                    residency_, loader_, callbacks_, stats_}),
+      commits_({mu_, device, catalog, host_cache, options.durable_store, *pool_, events_,
+                *store_stream_, copier_, residency_, clients_, drains_, stored_, callbacks_,
+                stats_}),
+      eviction_(mu_, catalog, host_cache, options.durable_store, residency_, stored_, stats_) {}
 
 GpuTier::~GpuTier() {
   std::vector<ClientId> open;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [id, client] : clients_) open.push_back(id);
+    open = clients_.Ids();
   }
   for (ClientId id : open) {
     CloseClient(id);
@@ -85,9 +81,9 @@ GpuTier::~GpuTier() {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
         +[](GpuTier* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return self->copies_in_flight_ == 0 && self->host_fetches_in_flight_ == 0 &&
-                 self->callbacks_running_ == 0 && self->peer_fetches_in_flight_ == 0 &&
-                 self->host_reservations_in_flight_ == 0 && self->commits_.empty();
+          return self->residency_.copies_in_flight() == 0 &&
+                 self->loader_.host_fetches_in_flight() == 0 && self->callbacks_.none() &&
+                 self->peer_loader_.in_flight() == 0 && self->commits_.idle();
         },
         this));
   }
@@ -97,115 +93,54 @@ GpuTier::~GpuTier() {
       TIERD_LOG(WARNING) << "waiting for the handoff stream: " << idle;
     }
   }
-  {
-    absl::MutexLock lock(&liveness_->mu);
-    liveness_->tier = nullptr;
-  }
+  liveness_->MarkGone();
   absl::MutexLock lock(&mu_);
-  for (auto& [key, object] : objects_) delete object;
-  objects_.clear();
-  if (abandoned_waits_ > 0) {
+  residency_.DeleteAllListed();
+  if (const uint64_t abandoned = drains_.abandoned_waits(); abandoned > 0) {
     // Freeing device memory waits for every stream of the device, among them drain streams
     // waiting on events that dead clients will never record. The process's exit frees it instead.
-    TIERD_LOG(WARNING) << abandoned_waits_
+    TIERD_LOG(WARNING) << abandoned
                        << " wait(s) on events of clients that died with work queued may never "
                           "complete; the staging pool is left to the process's exit";
     LeakOnPurpose(pool_);
   }
 }
 
-absl::StatusOr<std::string> GpuTier::OwnHostKey(const std::string& key) const {
-  {
-    absl::MutexLock lock(&mu_);
-    if (stored_.count(key) > 0) return HostKey(key, /*stored=*/true);
-  }
-  if (!options_.stored_key_prefix.empty() && !catalog_.Lookup(key).ok()) {
-    // Not a weight, nor one of this group's objects: whatever the host cache has under this key
-    // is someone else's, and not even its existence is this group's business.
-    RETURN_IF_ERROR(SplitObjectKey(key).status());
-    return absl::NotFoundError(absl::StrCat("no object ", key));
-  }
-  return key;
-}
-
 // ---- Clients ------------------------------------------------------------------------------------
 
 absl::StatusOr<ClientId> GpuTier::OpenClient(const ClientLimits& limits) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (OpenClientsLocked() >= options_.max_clients) return TooManyClients();
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device_.CreateStream(StreamPriority::kNormal));
-  absl::MutexLock lock(&mu_);
-  if (OpenClientsLocked() >= options_.max_clients) return TooManyClients();
-  auto client = std::make_unique<Client>();
-  client->id = next_client_++;
-  client->limits = limits;
-  client->drain_stream = std::move(stream);
-  const ClientId id = client->id;
-  clients_[id] = std::move(client);
-  return id;
-}
-
-uint32_t GpuTier::OpenClientsLocked() const {
-  uint32_t open = 0;
-  for (const auto& [id, client] : clients_) open += client->closed ? 0 : 1;
-  return open;
-}
-
-absl::Status GpuTier::TooManyClients() const {
-  return absl::ResourceExhaustedError(
-      absl::StrCat("the daemon already has ", options_.max_clients,
-                   " sessions open (--max-sessions); close one, or share a session"));
-}
-
-GpuTier::Client* GpuTier::FindClientLocked(ClientId id) {
-  auto it = clients_.find(id);
-  if (it == clients_.end() || it->second->closed) return nullptr;
-  return it->second.get();
+  return clients_.Open(limits);
 }
 
 ClosedClient GpuTier::CloseClient(ClientId id) {
   DeferredCalls deferred;
   std::shared_ptr<Stream> stream_to_destroy;
   absl::MutexLock lock(&mu_);
-  Client* client = FindClientLocked(id);
+  GpuClient* client = clients_.Find(id);
   if (client == nullptr) return {};
   client->closed = true;
   const ClosedClient freed{client->leases.size(), client->reservations.size(), client->pins.size()};
-  for (auto& [lease_id, lease] : client->leases) {
-    Drain drain;
-    drain.object = lease.object;
-    drain.host_offset = lease.host_offset;
-    StartDrainLocked(*client, std::move(drain), lease.done_event);
-  }
+  for (auto& [lease_id, lease] : client->leases) DrainLeaseLocked(*client, lease);
   client->leases.clear();
   // A reservation's range may still be being written by the client's stream.
   for (auto& [reservation_id, reservation] : client->reservations) {
-    Drain drain;
-    drain.kind = Drain::Kind::kRange;
-    drain.range = reservation.range;
-    StartDrainLocked(*client, std::move(drain), reservation.written_event);
+    commits_.Abandon(*client, reservation);
   }
   client->reservations.clear();
   for (auto& [key, pin] : client->pins) {
     pin.object->pins -= pin.count;
     stats_.pins -= pin.count;
-    if (pin.object->listed) {
-      TouchLocked(pin.object);
-    } else {
-      DeleteIfUnusedLocked(pin.object);
-    }
+    residency_.TouchOrDeleteIfUnused(pin.object);
   }
   client->pins.clear();
   client->staging_bytes = 0;
   if (client->drains.empty()) {
     stream_to_destroy = std::move(client->drain_stream);
-    clients_.erase(id);
+    clients_.Erase(id);
   } else {
     timer_.RunAfter(options_.close_grace, [this, id] { ForceClose(id); });
   }
-  RetryAllocationsLocked(deferred.calls());
+  residency_.RetryAllocations(deferred.calls());
   // The stream goes after the lock: destroying it may run drain callbacks, which take it.
   deferred.calls().push_back([stream = std::move(stream_to_destroy)]() mutable { stream.reset(); });
   return freed;
@@ -214,551 +149,201 @@ ClosedClient GpuTier::CloseClient(ClientId id) {
 void GpuTier::ForceClose(ClientId id) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
-  auto it = clients_.find(id);
-  if (it == clients_.end()) return;
-  Client& client = *it->second;
-  if (!client.drains.empty()) {
-    TIERD_LOG(WARNING) << "session " << id << ": " << client.drains.size()
+  GpuClient* client = clients_.FindAny(id);
+  if (client == nullptr) return;
+  if (!client->drains.empty()) {
+    TIERD_LOG(WARNING) << "session " << id << ": " << client->drains.size()
                        << " release(s) still waiting for the client's done event after "
                        << absl::FormatDuration(options_.close_grace)
                        << "; the client is gone, freeing them";
   }
-  const std::set<uint64_t> drains = client.drains;
-  for (uint64_t drain : drains) FinishDrainLocked(drain, /*forced=*/true, deferred.calls());
+  const std::set<uint64_t> drains = client->drains;
+  for (uint64_t drain : drains) drains_.Finish(drain, /*forced=*/true, deferred.calls());
   deferred.calls().push_back(
-      [stream = std::move(client.drain_stream)]() mutable { stream.reset(); });
-  clients_.erase(it);
+      [stream = std::move(client->drain_stream)]() mutable { stream.reset(); });
+  clients_.Erase(id);
 }
 
-// ---- Fetch --------------------------------------------------------------------------------------
-
-GpuTier::Object* GpuTier::FindListedLocked(const std::string& key) {
-  auto it = objects_.find(key);
-  if (it == objects_.end()) return nullptr;
-  Object* object = it->second;
-  if (object->model != nullptr) {
-    // A weight copied from an older registration of its model must never be served.
-    if (!catalog_.IsCurrent(object->model)) {
-      UnlistLocked(object);
-      return nullptr;
-    }
-  }
-  return object;
+void GpuTier::DrainLeaseLocked(GpuClient& client, const GpuClient::Lease& lease) {
+  drains_.Start(client, lease.done_event,
+                [this, object = lease.object, host_offset = lease.host_offset](
+                    bool forced, DrainQueue::Deferred&) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                  // Runs under the tier's lock.
+                  if (host_offset.has_value()) {
+                    // A forced drain's event says nothing: the copy into the range may still be
+                    // queued.
+                    if (forced) {
+                      handoff_.FreeLater(*host_offset, object->size);
+                    } else {
+                      handoff_.Free(*host_offset, object->size);
+                    }
+                  }
+                  --object->leases;
+                  --stats_.leases;
+                  residency_.TouchOrDeleteIfUnused(object);
+                });
 }
+
+// ---- Leases -------------------------------------------------------------------------------------
 
 void GpuTier::Fetch(ClientId client_id, const std::string& key, ReadPriority priority,
                     absl::Time deadline, LeaseCallback done, FetchOptions options) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   auto fail = [&](absl::Status status) { DeferAnswer(deferred.calls(), std::move(done), status); };
-  Client* client = FindClientLocked(client_id);
+  GpuClient* client = clients_.Find(client_id);
   if (client == nullptr) return fail(ClientGone());
-  if (client->leases.size() + client->pending_fetches >= client->limits.max_leases) {
-    return fail(absl::ResourceExhaustedError(absl::StrCat("the session holds its quota of ",
-                                                          client->limits.max_leases,
-                                                          " leases: release some first")));
-  }
-  Object* object = FindListedLocked(key);
-  if (object != nullptr && object->state == Object::State::kResident) {
+  if (absl::Status quota = client->CheckLeaseQuota(); !quota.ok()) return fail(quota);
+  StagingObject* object = residency_.FindListed(key);
+  if (object != nullptr && object->state == StagingObject::State::kResident) {
     ++stats_.hits;
-    TouchLocked(object);
+    residency_.Touch(object);
     return DeferAnswer(deferred.calls(), std::move(done),
-                       GrantLocked(*client, object, options.through_host));
+                       loader_.Grant(*client, object, options.through_host));
   }
   ++stats_.misses;
   if (object == nullptr) {
-    absl::StatusOr<Object*> started = StartLoadLocked(key, priority, deadline, deferred.calls());
+    absl::StatusOr<StagingObject*> started =
+        loader_.StartLoad(key, priority, deadline, deferred.calls());
     if (absl::IsNotFound(started.status()) && options.ask_peers && options_.peers != nullptr) {
-      return StartPeerLoadLocked(*client, key, std::move(done), deferred.calls());
+      return peer_loader_.Start(*client, key, std::move(done), deferred.calls());
     }
     if (!started.ok()) return fail(started.status());
     object = *started;
   } else if (priority == ReadPriority::kDemand && !object->demand) {
-    object->demand = true;
     // Promote the host read; whichever answer comes first is used.
-    if (object->state == Object::State::kFetchingHost) {
-      IssueHostFetchLocked(object, priority, deadline, deferred.calls());
-    }
+    loader_.Promote(object, deadline, deferred.calls());
   }
   ++client->pending_fetches;
   object->waiters.push_back({client_id, std::move(done), nullptr, options.through_host});
 }
 
-absl::StatusOr<GpuTier::Object*> GpuTier::StartLoadLocked(const std::string& key,
-                                                          ReadPriority priority,
-                                                          absl::Time deadline, Deferred& deferred) {
-  auto object = std::make_unique<Object>();
-  object->key = key;
-  if (auto stored = stored_.find(key); stored != stored_.end()) {
-    object->size = stored->second.size;
-    object->tensors = stored->second.tensors;
-  } else {
-    ASSIGN_OR_RETURN(ObjectRef ref, catalog_.Lookup(key));
-    object->size = ref.object->size;
-    object->tensors = Tensors(ref.model, &ref.object->tensors);  // aliases the model's lifetime
-    object->model = ref.model;
-  }
-  if (!FitsInSlab(object->size, pool_->largest_slab())) {
-    return LargerThanSlab(key, object->size, pool_->largest_slab());
-  }
-  object->demand = priority == ReadPriority::kDemand;
-  object->listed = true;
-  Object* raw = object.release();
-  objects_[key] = raw;
-  IssueHostFetchLocked(raw, priority, deadline, deferred);
-  return raw;
-}
-
-void GpuTier::IssueHostFetchLocked(Object* object, ReadPriority priority, absl::Time deadline,
-                                   Deferred& deferred) {
-  ++object->host_fetches;
-  ++host_fetches_in_flight_;
-  deferred.push_back(
-      [this, object, key = HostKey(object->key, object->model == nullptr), priority, deadline] {
-        host_cache_.Fetch(key, priority, deadline, [this, object](absl::StatusOr<HostObject> host) {
-          OnHostObject(object, std::move(host));
-        });
-      });
-}
-
-void GpuTier::OnHostObject(Object* object, absl::StatusOr<HostObject> host) {
-  const RunningCallback running(this);
-  DeferredCalls deferred;
-  absl::MutexLock lock(&mu_);
-  --host_fetches_in_flight_;
-  --object->host_fetches;
-  if (object->state != Object::State::kFetchingHost) {
-    // A promoted fetch answered first; this answer is not needed. Its reference goes after the
-    // lock: releasing it can run host-cache callbacks that take the lock.
-    if (host.ok())
-      deferred.calls().push_back([host = *std::move(host)]() mutable { host.Reset(); });
-    DeleteIfUnusedLocked(object);
-    return;
-  }
-  if (!host.ok()) {
-    if (object->host_fetches > 0) return;  // the promoted fetch may still succeed
-    return FailLoadLocked(object, host.status(), deferred.calls());
-  }
-  if (host->size() != object->size) {
-    return FailLoadLocked(
-        object,
-        absl::InternalError(absl::StrCat("host tier has ", host->size(), " bytes of ", object->key,
-                                         ", expected ", object->size)),
-        deferred.calls());
-  }
-  object->state = Object::State::kAllocating;
-  auto shared_host = std::make_shared<HostObject>(*std::move(host));
-  AllocateLocked(
-      object->size,
-      [this, object, shared_host](absl::StatusOr<StagingRange> range) mutable {
-        DeferredCalls later;
-        absl::MutexLock relock(&mu_);
-        if (!range.ok()) {
-          later.calls().push_back(
-              [shared_host = std::move(shared_host)]() mutable { shared_host.reset(); });
-          return FailLoadLocked(object, range.status(), later.calls());
-        }
-        object->range = *range;
-        HostObject host = std::move(*shared_host);
-        CopyInLocked(object, std::move(host), later.calls());
-      },
-      deferred.calls());
-}
-
-void GpuTier::CopyInLocked(Object* object, HostObject host, Deferred& deferred) {
-  auto shared_host = std::make_shared<HostObject>(std::move(host));
-  // The host reference goes after the lock: releasing it can run host-cache callbacks that take it.
-  deferred.push_back([shared_host]() mutable { shared_host.reset(); });
-  absl::StatusOr<uint32_t> ready = events_.Acquire();
-  if (!ready.ok()) return FailLoadLocked(object, ready.status(), deferred);
-  object->ready_event = *ready;
-  Stream& stream = object->demand ? *demand_stream_ : *prefetch_stream_;
-  absl::Status status = CopyChunked(stream, pool_->data(*object->range), shared_host->data(),
-                                    object->size, /*host_is_dst=*/false);
-  if (status.ok()) status = device_.RecordEvent(events_.event(*ready), stream);
-  if (status.ok()) {
-    ++copies_in_flight_;
-    object->copying = true;
-    status = device_.NotifyWhenDone(stream, [this, object, shared_host]() mutable {
-      shared_host->Reset();  // no lock is held here
-      FinishCopyIn(object, &GpuTierStats::bytes_host_to_gpu);
-    });
-    if (!status.ok()) {
-      --copies_in_flight_;
-      object->copying = false;
-    }
-  }
-  if (!status.ok()) {
-    FreeAfterStreamLocked(stream, *object->range, object->ready_event,
-                          absl::StrCat("copying ", object->key, " to the GPU"), status);
-    object->range.reset();
-    object->ready_event.reset();
-    return FailLoadLocked(
-        object,
-        absl::Status(status.code(),
-                     absl::StrCat("copying ", object->key, " to the GPU: ", status.message())),
-        deferred);
-  }
-  object->state = Object::State::kResident;
-  if (object->listed) TouchLocked(object);
-  AnswerWaitersLocked(object, absl::OkStatus(), deferred);
-}
-
-void GpuTier::FinishCopyIn(Object* object, uint64_t GpuTierStats::*bytes_moved) {
-  const RunningCallback running(this);
-  DeferredCalls deferred;
-  absl::MutexLock lock(&mu_);
-  --copies_in_flight_;
-  object->copying = false;
-  stats_.*bytes_moved += object->size;
-  DeleteIfUnusedLocked(object);
-  RetryAllocationsLocked(deferred.calls());
-}
-
-void GpuTier::FailLoadLocked(Object* object, const absl::Status& status, Deferred& deferred) {
-  if (object->range && !object->copying) {
-    pool_->Free(*object->range);
-    object->range.reset();
-  }
-  if (object->ready_event && !object->copying) {
-    events_.Release(*object->ready_event);
-    object->ready_event.reset();
-  }
-  // Pins taken while loading stay counted until their clients unpin or close; the object is no
-  // longer listed, so it is freed then.
-  if (object->listed) UnlistLocked(object);
-  object->state = Object::State::kFetchingHost;  // not resident: nothing may lease it
-  AnswerWaitersLocked(object, status, deferred);
-  DeleteIfUnusedLocked(object);
-}
-
-void GpuTier::AnswerWaitersLocked(Object* object, const absl::Status& status, Deferred& deferred) {
-  std::vector<Object::Waiter> waiters = std::move(object->waiters);
-  object->waiters.clear();
-  for (Object::Waiter& waiter : waiters) {
-    Client* client = FindClientLocked(waiter.client);
-    if (waiter.lease) {
-      if (client != nullptr) --client->pending_fetches;
-      absl::StatusOr<LeaseGrant> grant = !status.ok() ? status
-                                         : client == nullptr
-                                             ? ClientGone()
-                                             : GrantLocked(*client, object, waiter.through_host);
-      DeferAnswer(deferred, std::move(waiter.lease), std::move(grant));
-    } else {
-      if (!status.ok() && client != nullptr) {
-        // The pin never took hold: take it back (the caller frees the object).
-        auto record = client->pins.find(object->key);
-        if (record != client->pins.end() && record->second.object == object) {
-          --object->pins;
-          --stats_.pins;
-          if (--record->second.count == 0) {
-            client->staging_bytes -= object->size;
-            client->pins.erase(record);
-          }
-        }
-      }
-      DeferAnswer(deferred, std::move(waiter.pin), status);
-    }
-  }
-}
-
-absl::StatusOr<LeaseGrant> GpuTier::GrantLocked(Client& client, Object* object, bool through_host) {
-  RETURN_IF_ERROR(
-      CheckStagingQuota(client.limits, client.staging_bytes, object->key, object->size));
-  ASSIGN_OR_RETURN(const uint32_t done_event, events_.Acquire());
-  std::optional<uint64_t> host_offset;
-  if (through_host) {
-    absl::StatusOr<uint64_t> offset = handoff_buffer_->Allocate(object->size);
-    if (!offset.ok()) {
-      events_.Release(done_event);
-      return offset.status();
-    }
-    if (absl::Status copied = CopyToHandoffBufferLocked(object, *offset, done_event);
-        !copied.ok()) {
-      // Nothing recorded the event; pieces of the copy may still be queued.
-      events_.Release(done_event);
-      FreeHandoffRangeLater(*offset, object->size);
-      return absl::Status(
-          copied.code(),
-          absl::StrCat("copying ", object->key, " to the host handoff buffer: ", copied.message()));
-    }
-    host_offset = *offset;
-  }
-  const uint64_t lease_id = client.next_lease++;
-  client.leases[lease_id] = {object, done_event, host_offset};
-  client.staging_bytes += object->size;
-  ++object->leases;
-  ++stats_.leases;
-  LeaseGrant grant;
-  grant.lease_id = lease_id;
-  grant.key = object->key;
-  grant.range = *object->range;
-  grant.length = object->size;
-  // Through the host, the bytes are where the reader looks once the tier's own record of the done
-  // event, after its copy, completes.
-  grant.ready_event = through_host ? done_event : *object->ready_event;
-  grant.done_event = done_event;
-  grant.tensors = object->tensors;
-  grant.host_offset = host_offset;
-  return grant;
-}
-
 absl::Status GpuTier::Release(ClientId client_id, uint64_t lease_id) {
   absl::MutexLock lock(&mu_);
-  Client* client = FindClientLocked(client_id);
+  GpuClient* client = clients_.Find(client_id);
   if (client == nullptr) return ClientGone();
-  auto it = client->leases.find(lease_id);
-  if (it == client->leases.end()) {
-    if (lease_id > 0 && lease_id < client->next_lease) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("lease ", lease_id, " was already released"));
-    }
-    return absl::NotFoundError(absl::StrCat("this session has no lease ", lease_id));
-  }
-  const Client::Lease lease = it->second;
-  client->leases.erase(it);
-  client->staging_bytes -= lease.object->size;
-  Drain drain;
-  drain.object = lease.object;
-  drain.host_offset = lease.host_offset;
-  StartDrainLocked(*client, std::move(drain), lease.done_event);
+  ASSIGN_OR_RETURN(const GpuClient::Lease lease, clients_.TakeLease(*client, lease_id));
+  DrainLeaseLocked(*client, lease);
   return absl::OkStatus();
 }
 
-// ---- Drains -------------------------------------------------------------------------------------
+// ---- Residency controls -------------------------------------------------------------------------
 
-void GpuTier::StartDrainLocked(Client& client, Drain drain, uint32_t event) {
-  const uint64_t id = next_drain_++;
-  drain.client = client.id;
-  drain.event = event;
-  drains_[id] = std::move(drain);
-  client.drains.insert(id);
-  // The device calls are made on the timer thread, not here: a release is on the path of the
-  // session's next request (a session's requests are handled in order), and there its device calls
-  // slowed the next fetch (bench/results/README.md, "What it took"). The drain is registered
-  // already, so its callback finds it; were it forced meanwhile (the session closed), the callback
-  // finds it gone and the wait only delays the retired slot's stream, which the stream reference
-  // keeps.
-  timer_.RunAfter(absl::ZeroDuration(), [this, stream = client.drain_stream, client_id = client.id,
-                                         done = &events_.event(event), id] {
-    absl::Status status = device_.WaitEvent(*stream, *done);
-    if (status.ok()) {
-      status = device_.NotifyWhenDone(*stream, [live = liveness_, id] {
-        absl::MutexLock lock(&live->mu);
-        if (live->tier != nullptr) live->tier->FinishDrain(id);
-      });
-    }
-    if (!status.ok()) {
-      // Without the wait nothing says when the client is done: the drain stays pending, so what
-      // it holds is freed only by the close grace when the session ends.
-      TIERD_LOG(ERROR) << "session " << client_id << ": cannot wait for its event (" << status
-                       << "); its buffer is freed when the session ends";
-    }
-  });
-}
-
-void GpuTier::FreeAfterStreamLocked(Stream& stream, StagingRange range,
-                                    std::optional<uint32_t> event, const std::string& what,
-                                    const absl::Status& error) {
-  const absl::Status arranged = device_.NotifyWhenDone(stream, [live = liveness_, range, event] {
-    absl::MutexLock lock(&live->mu);
-    if (live->tier != nullptr) live->tier->FreeAfterFailedCopy(range, event);
-  });
-  if (arranged.ok()) {
-    TIERD_LOG(ERROR) << what << " failed: " << error
-                     << "; its staging range is freed once the stream has run what was queued";
-    return;
+absl::StatusOr<bool> GpuTier::Prefetch(const std::string& key, absl::Time deadline,
+                                       bool host_only) {
+  if (host_only) {
+    ASSIGN_OR_RETURN(const std::string host_key, stored_.OwnHostKey(key));
+    const bool resident = host_cache_.IsResident(host_key);
+    RETURN_IF_ERROR(host_cache_.Prefetch(host_key, deadline));
+    return !resident;
   }
-  TIERD_LOG(ERROR) << what << " failed: " << error << ", and the device cannot say when its "
-                   << "stream is done (" << arranged << "); its staging range and event are "
-                   << "retired";
-}
-
-void GpuTier::FreeAfterFailedCopy(StagingRange range, std::optional<uint32_t> event) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
-  pool_->Free(range);
-  if (event.has_value()) events_.Release(*event);
-  RetryAllocationsLocked(deferred.calls());
+  if (StagingObject* object = residency_.FindListed(key); object != nullptr) {
+    residency_.Touch(object);
+    return false;
+  }
+  RETURN_IF_ERROR(
+      loader_.StartLoad(key, ReadPriority::kPrefetch, deadline, deferred.calls()).status());
+  return true;
 }
 
-void GpuTier::FinishDrain(uint64_t drain_id) {
+void GpuTier::Pin(ClientId client_id, const std::string& key, StatusCallback done) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
-  FinishDrainLocked(drain_id, /*forced=*/false, deferred.calls());
+  auto answer = [&](absl::Status status) {
+    DeferAnswer(deferred.calls(), std::move(done), status);
+  };
+  GpuClient* client = clients_.Find(client_id);
+  if (client == nullptr) return answer(ClientGone());
+  StagingObject* object = residency_.FindListed(key);
+  if (absl::Status same = client->CheckPinnedVersion(key, object); !same.ok()) {
+    return answer(same);
+  }
+  if (object == nullptr) {
+    absl::StatusOr<StagingObject*> started =
+        loader_.StartLoad(key, ReadPriority::kDemand, absl::InfiniteFuture(), deferred.calls());
+    if (!started.ok()) return answer(started.status());
+    object = *started;
+  }
+  if (absl::Status pinned = clients_.AddPin(*client, object); !pinned.ok()) {
+    residency_.DeleteIfUnused(object);
+    return answer(pinned);
+  }
+  ++stats_.pins;
+  if (object->state == StagingObject::State::kResident) {
+    residency_.Touch(object);
+    return answer(absl::OkStatus());
+  }
+  object->waiters.push_back({client_id, nullptr, std::move(done)});
 }
 
-void GpuTier::FinishDrainLocked(uint64_t drain_id, bool forced, Deferred& deferred) {
-  auto it = drains_.find(drain_id);
-  if (it == drains_.end()) return;  // forced earlier
-  Drain drain = std::move(it->second);
-  drains_.erase(it);
-  if (auto client = clients_.find(drain.client); client != clients_.end()) {
-    client->second->drains.erase(drain_id);
+absl::Status GpuTier::Unpin(ClientId client_id, const std::string& key) {
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  GpuClient* client = clients_.Find(client_id);
+  if (client == nullptr) return ClientGone();
+  if (client->pins.count(key) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(key, " is not pinned by this session"));
   }
-  // A forced drain's event may still have a record pending that will never complete; a later
-  // owner would wait on it forever. Retire the slot instead.
-  if (forced) {
-    ++abandoned_waits_;
-  } else {
-    events_.Release(drain.event);
-  }
-  switch (drain.kind) {
-    case Drain::Kind::kLease:
-      if (drain.host_offset.has_value()) {
-        // A forced drain's event says nothing: the copy into the range may still be queued.
-        if (forced) {
-          FreeHandoffRangeLater(*drain.host_offset, drain.object->size);
-        } else {
-          handoff_buffer_->Free(*drain.host_offset, drain.object->size);
-        }
-      }
-      --drain.object->leases;
-      --stats_.leases;
-      if (drain.object->listed) {
-        TouchLocked(drain.object);
-      } else {
-        DeleteIfUnusedLocked(drain.object);
-      }
-      break;
-    case Drain::Kind::kRange:
-      pool_->Free(*drain.range);
-      --stats_.reservations;
-      break;
-    case Drain::Kind::kCommit:
-      if (forced) {
-        FailCommitLocked(drain.commit, ClientGone(), deferred);
-      } else {
-        WrittenLocked(drain.commit, deferred);
-      }
-      break;
-  }
-  RetryAllocationsLocked(deferred);
-}
-
-// ---- Staging room -------------------------------------------------------------------------------
-
-bool GpuTier::IsEvictableLocked(const Object* object) const {
-  return object->state == Object::State::kResident && !object->copying && object->leases == 0 &&
-         object->pins == 0 && object->waiters.empty() && object->host_fetches == 0;
-}
-
-void GpuTier::TouchLocked(Object* object) {
-  if (object->in_lru) lru_.erase(object->lru_position);
-  object->lru_position = lru_.insert(lru_.end(), object);
-  object->in_lru = true;
-}
-
-void GpuTier::UnlistLocked(Object* object) {
-  if (!object->listed) return;
-  object->listed = false;
-  objects_.erase(object->key);
-  if (object->in_lru) {
-    lru_.erase(object->lru_position);
-    object->in_lru = false;
-  }
-}
-
-void GpuTier::FreeObjectLocked(Object* object) {
-  UnlistLocked(object);
-  if (object->range) pool_->Free(*object->range);
-  if (object->ready_event) events_.Release(*object->ready_event);
-  delete object;
-}
-
-void GpuTier::DeleteIfUnusedLocked(Object* object) {
-  if (object->listed || object->leases > 0 || object->pins > 0 || object->copying ||
-      object->host_fetches > 0 || object->state == Object::State::kAllocating ||
-      object->state == Object::State::kFetchingPeer || !object->waiters.empty()) {
-    return;
-  }
-  FreeObjectLocked(object);
-}
-
-std::optional<StagingRange> GpuTier::TryAllocateLocked(uint64_t bytes) {
-  while (true) {
-    if (std::optional<StagingRange> range = pool_->Allocate(bytes)) return range;
-    auto victim = std::find_if(lru_.begin(), lru_.end(),
-                               [this](Object* object) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                                 return IsEvictableLocked(object);
-                               });
-    if (victim == lru_.end()) return std::nullopt;
-    ++stats_.evictions;
-    TIERD_VLOG(2) << "GPU tier evicts " << (*victim)->key;
-    FreeObjectLocked(*victim);
-  }
-}
-
-void GpuTier::AllocateLocked(uint64_t bytes,
-                             absl::AnyInvocable<void(absl::StatusOr<StagingRange>) &&> done,
-                             Deferred& deferred) {
-  // Waiters are served in order: a new request does not jump the queue.
-  std::optional<StagingRange> range;
-  if (allocation_waiters_.empty()) range = TryAllocateLocked(bytes);
-  if (range) {
-    return DeferAnswer(deferred, std::move(done), absl::StatusOr<StagingRange>(*range));
-  }
-  if (copies_in_flight_ > 0 || !drains_.empty() || !allocation_waiters_.empty()) {
-    allocation_waiters_.push_back({bytes, std::move(done)});
-    return;
-  }
-  DeferAnswer(deferred, std::move(done), PoolExhaustedLocked(bytes));
-}
-
-void GpuTier::RetryAllocationsLocked(Deferred& deferred) {
-  while (!allocation_waiters_.empty()) {
-    AllocationWaiter& waiter = allocation_waiters_.front();
-    std::optional<StagingRange> range = TryAllocateLocked(waiter.bytes);
-    if (!range) {
-      if (copies_in_flight_ > 0 || !drains_.empty()) return;  // more room may come
-      DeferAnswer(deferred, std::move(waiter.done), PoolExhaustedLocked(waiter.bytes));
-    } else {
-      DeferAnswer(deferred, std::move(waiter.done), absl::StatusOr<StagingRange>(*range));
-    }
-    allocation_waiters_.pop_front();
-  }
-}
-
-absl::Status GpuTier::PoolExhaustedLocked(uint64_t bytes) const {
-  uint64_t leased = 0, pinned = 0;
-  for (const auto& [key, object] : objects_) {
-    if (!object->range) continue;
-    if (object->leases > 0) {
-      leased += object->range->size;
-    } else if (object->pins > 0) {
-      pinned += object->range->size;
-    }
-  }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "GPU staging pool full: ", FormatByteSize(bytes), " needed; ",
-      FormatByteSize(pool_->used_bytes()), " of ", FormatByteSize(pool_->capacity()), " in use (",
-      FormatByteSize(leased), " leased, ", FormatByteSize(pinned),
-      " pinned, the rest reserved for stores); release leases or raise --gpu-pool-bytes"));
-}
-
-absl::Status GpuTier::CopyInPieces(Stream& stream, uint8_t* dst, const uint8_t* src,
-                                   uint64_t bytes) {
-  for (uint64_t done = 0; done < bytes;) {
-    const uint64_t n = std::min(bytes - done, options_.copy_chunk_bytes);
-    RETURN_IF_ERROR(device_.CopyAsync(stream, dst + done, src + done, n));
-    done += n;
-  }
+  StagingObject* object = clients_.DropPin(*client, key);
+  --stats_.pins;
+  residency_.TouchOrDeleteIfUnused(object);
+  residency_.RetryAllocations(deferred.calls());
   return absl::OkStatus();
 }
 
-absl::Status GpuTier::CopyChunked(Stream& stream, uint8_t* dst, const uint8_t* src, uint64_t bytes,
-                                  bool host_is_dst) {
-  const uint8_t* host = host_is_dst ? dst : src;
-  const uint64_t piece = arena_.piece_bytes();
-  uint64_t done = 0;
-  while (done < bytes) {
-    const uint64_t arena_offset = static_cast<uint64_t>(host + done - arena_.base());
-    const uint64_t to_piece_end = piece - arena_offset % piece;
-    const uint64_t n = std::min({bytes - done, options_.copy_chunk_bytes, to_piece_end});
-    RETURN_IF_ERROR(device_.CopyAsync(stream, dst + done, src + done, n));
-    done += n;
-  }
-  return absl::OkStatus();
+absl::StatusOr<EvictResult> GpuTier::Evict(const std::string& key_or_prefix, EvictTier tier) {
+  return eviction_.Evict(key_or_prefix, tier);
 }
+
+void GpuTier::ForgetModel(const std::string& model) { eviction_.ForgetModel(model); }
+
+// ---- Stores -------------------------------------------------------------------------------------
+
+void GpuTier::Reserve(ClientId client, const std::string& key, uint64_t length,
+                      std::vector<TensorPlacement> tensors, StorePolicy policy,
+                      ReserveCallback done) {
+  commits_.Reserve(client, key, length, std::move(tensors), policy, std::move(done));
+}
+
+void GpuTier::AdoptStored(const std::string& key, uint64_t size,
+                          std::vector<TensorPlacement> tensors) {
+  stored_.Publish(key,
+                  {size, std::make_shared<const std::vector<TensorPlacement>>(std::move(tensors))});
+}
+
+void GpuTier::Commit(ClientId client, uint64_t reservation_id, bool abort, StatusCallback done) {
+  commits_.Commit(client, reservation_id, abort, std::move(done));
+}
+
+// ---- What it reports ----------------------------------------------------------------------------
+
+bool GpuTier::IsOnGpu(const std::string& key) const {
+  absl::MutexLock lock(&mu_);
+  const StagingObject* object = residency_.Listed(key);
+  return object != nullptr && object->state == StagingObject::State::kResident;
+}
+
+GpuTierStats GpuTier::stats() const {
+  absl::MutexLock lock(&mu_);
+  GpuTierStats stats = stats_;
+  stats.budget_bytes = pool_->capacity();
+  stats.used_bytes = pool_->used_bytes();
+  stats.objects = residency_.listed_count();
+  stats.copies_in_flight = residency_.copies_in_flight();
+  stats.allocation_waiters = residency_.allocation_waiters();
+  stats.clients = clients_.OpenCount();
+  stats.slabs = pool_->slab_count();
+  stats.events = events_.size();
+  return stats;
+}
+
+bool GpuTier::device_may_never_idle() const {
+  absl::MutexLock lock(&mu_);
+  return drains_.abandoned_waits() > 0;
+}
+
+HandleList GpuTier::Handles() const { return {pool_->Slabs(), events_.Events()}; }
 
 }  // namespace tierd

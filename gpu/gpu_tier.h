@@ -20,28 +20,50 @@
 //
 // Callbacks run on the caller's thread, a reader thread or the device's completion thread; they
 // must not block. Thread-safe.
+//
+// GpuTier is the facade the server calls; each lifecycle is a part of its own (gpu/detail/):
+//   ClientTable       clients: leases, reservations, pins and quotas, open to closed
+//   DrainQueue        waits for clients' done and written events on their drain streams
+//   StagingResidency  objects by key, LRU, eviction, allocation and its waiters
+//   StagingLoader     host tier → staging loads, and the leases and pins that wait for them
+//   PeerLoader        loads lent by peer daemons (FetchOptions::ask_peers)
+//   HandoffCopies     copies into the host handoff buffer (FetchOptions::through_host)
+//   CommitPipeline    the store path: reserve → commit → host tier → durable
+//   ExplicitEviction  Evict and ForgetModel across the GPU and host tiers
+//   StoredKeySpace    a client group's stored-key prefix and its committed stored objects
+// and ChunkedCopier (gpu/chunked_copier.h) issues the copies. The parts other than StoredKeySpace
+// share the tier's one lock: a staging object is listed by the residency, leased and pinned by
+// clients, freed by drains and published by commits, and whether it may be evicted or freed
+// depends on all of them at once.
 #ifndef TIERD_GPU_GPU_TIER_H_
 #define TIERD_GPU_GPU_TIER_H_
 
 #include <cstdint>
-#include <deque>
-#include <list>
-#include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/deferred_calls.h"
 #include "common/timer_thread.h"
 #include "device/device.h"
+#include "gpu/chunked_copier.h"
+#include "gpu/detail/client_table.h"
+#include "gpu/detail/commit_pipeline.h"
+#include "gpu/detail/drain_queue.h"
+#include "gpu/detail/explicit_eviction.h"
+#include "gpu/detail/handoff_copies.h"
+#include "gpu/detail/liveness.h"
+#include "gpu/detail/peer_loader.h"
+#include "gpu/detail/running_callbacks.h"
+#include "gpu/detail/staging_loader.h"
+#include "gpu/detail/staging_residency.h"
+#include "gpu/detail/stored_key_space.h"
 #include "gpu/event_pool.h"
 #include "gpu/gpu_tier_stats.h"
+#include "gpu/gpu_tier_types.h"
 #include "gpu/host_handoff_buffer.h"
 #include "gpu/peer_source.h"
 #include "gpu/staging_pool.h"
@@ -51,104 +73,11 @@
 
 namespace tierd {
 
-struct GpuTierOptions {
-  uint64_t pool_bytes = 0;
-  uint64_t slab_bytes = 2ull << 30;
-  uint32_t max_events = 65536;
-  // Host ↔ staging copies are issued in pieces of at most this, so a demand copy on the other
-  // stream is not stuck behind one huge copy.
-  uint64_t copy_chunk_bytes = 64ull << 20;
-  absl::Duration close_grace = absl::Seconds(1);
-  // Sessions open at once (each has a stream of its own); OpenClient refuses one more.
-  uint32_t max_clients = 1024;
-  // Where durable stored objects go; null: durable reservations are refused (FAILED_PRECONDITION).
-  // Must outlive the tier.
-  DurableStore* durable_store = nullptr;
-  // Prefixed to the keys of this tier's stored objects in the host cache and the durable store,
-  // which tiers share: a client group's tier (server/client_groups.h) keeps its
-  // stored objects apart from every other tier's, and such a tier serves, prefetches and evicts
-  // only its own stored objects and model weights. Empty for the daemon's default tier.
-  std::string stored_key_prefix;
-  // Where fetches of stored objects this tier does not have look next: the node's other daemons.
-  // Null: nowhere (NOT_FOUND). Must outlive the tier.
-  PeerSource* peers = nullptr;
-  // The pinned host memory objects are copied through for peers that cannot read this GPU's
-  // memory (FetchOptions::through_host); allocated on first use.
-  uint64_t handoff_buffer_bytes = 256ull << 20;
-};
-
-// How a stored object is kept (ReserveRequest's flags).
-struct StorePolicy {
-  bool spillable = false;  // may go to the spill directory under host-memory pressure
-  // Written and fsynced to the durable store before its commit is acknowledged; survives a restart
-  // of the daemon. A durable object does not spill: its durable copy serves instead.
-  bool durable = false;
-};
-
-struct ClientLimits {
-  uint32_t max_leases = 4096;
-  uint64_t max_staging_bytes = ~0ull;  // leased + reserved + pinned bytes
-};
-
-using ClientId = uint64_t;
-using Tensors = std::shared_ptr<const std::vector<TensorPlacement>>;
-
-struct LeaseGrant {
-  uint64_t lease_id = 0;
-  std::string key;
-  StagingRange range;
-  uint64_t length = 0;
-  uint32_t ready_event = 0;
-  uint32_t done_event = 0;
-  Tensors tensors;
-  // FetchOptions::through_host: where the bytes are in the host handoff buffer.
-  std::optional<uint64_t> host_offset;
-};
-
-struct ReservationGrant {
-  uint64_t reservation_id = 0;
-  std::string key;
-  StagingRange range;
-  uint64_t length = 0;
-  uint32_t written_event = 0;
-};
-
-enum class EvictTier { kGpu, kHost, kAll };
-
-struct EvictResult {
-  uint32_t evicted = 0;
-  uint32_t skipped = 0;
-};
-
-
-// How a fetch is answered (FetchRequest's flags).
-struct FetchOptions {
-  // Where a key this tier (and the host tier and disk behind it) does not know is looked for
-  // next: GpuTierOptions::peers, or nowhere (NOT_FOUND).
-  bool ask_peers = false;
-  // Also copy the object into the host handoff buffer and answer with its range there; the
-  // lease's ready event is then the done event, recorded by the tier after that copy. For a peer
-  // daemon whose GPU cannot read this one's memory.
-  bool through_host = false;
-};
-
-// What a client still held when it was closed.
-struct ClosedClient {
-  size_t leases = 0;
-  size_t reservations = 0;
-  size_t pins = 0;  // distinct keys pinned
-};
-
-struct HandleList {
-  std::vector<StagingSlabInfo> slabs;
-  std::vector<EventInfo> events;
-};
-
 class GpuTier {
  public:
-  using LeaseCallback = absl::AnyInvocable<void(absl::StatusOr<LeaseGrant>) &&>;
-  using ReserveCallback = absl::AnyInvocable<void(absl::StatusOr<ReservationGrant>) &&>;
-  using StatusCallback = absl::AnyInvocable<void(absl::Status) &&>;
+  using LeaseCallback = GpuLeaseCallback;
+  using ReserveCallback = GpuReserveCallback;
+  using StatusCallback = GpuStatusCallback;
 
   // Allocates the staging pool and the copy streams. All references must outlive the tier.
   static absl::StatusOr<std::unique_ptr<GpuTier>> Create(Device& device, Catalog& catalog,
@@ -233,149 +162,18 @@ class GpuTier {
   const HostHandoffBuffer& handoff_buffer() const { return *handoff_buffer_; }
 
  private:
-  struct Object;
-  struct Client;
-  struct Drain;
-  struct AllocationWaiter;
-  struct Liveness;
-  struct PendingCommit;
-  // Calls collected under the lock and made after it is released.
-  using Deferred = DeferredCalls::Calls;
-
   GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& host_cache,
           const GpuTierOptions& options, std::unique_ptr<StagingPool> pool,
           std::unique_ptr<Stream> demand_stream, std::unique_ptr<Stream> prefetch_stream,
           std::unique_ptr<Stream> store_stream, std::unique_ptr<Stream> handoff_stream);
 
-  Client* FindClientLocked(ClientId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The host cache's (and the durable store's) key for this tier's `key`: stored objects carry
-  // the tier's prefix, model weights are shared.
-  std::string HostKey(const std::string& key, bool stored) const {
-    return stored ? options_.stored_key_prefix + key : key;
-  }
-  // The host key of `key` when this tier may act on it in the host cache: its own stored objects,
-  // model weights, and (in the default tier) whatever else the host cache holds under that key.
-  // NOT_FOUND for another client group's objects.
-  absl::StatusOr<std::string> OwnHostKey(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
-  uint32_t OpenClientsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status TooManyClients() const;
-  // The listed object for `key`, unless it is a weight of an older registration (then it is
-  // unlisted and nullptr returned).
-  Object* FindListedLocked(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Creates and lists a loading object for `key` and starts its host fetch.
-  absl::StatusOr<Object*> StartLoadLocked(const std::string& key, ReadPriority priority,
-                                          absl::Time deadline, Deferred& deferred)
+  // Hands a released lease's buffer back once its done event completes.
+  void DrainLeaseLocked(GpuClient& client, const GpuClient::Lease& lease)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void IssueHostFetchLocked(Object* object, ReadPriority priority, absl::Time deadline,
-                            Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnHostObject(Object* object, absl::StatusOr<HostObject> host) ABSL_LOCKS_EXCLUDED(mu_);
-  // Marks a callback into the tier (a host or peer fetch answered, a host reservation, a copy
-  // done) as running, from before it counts itself out of its in-flight count until after the
-  // calls it deferred past the lock have run: those use the tier and its objects too, so the
-  // destructor waits for callbacks_running_ as well. Declared before the callback's DeferredCalls.
-  class RunningCallback {
-   public:
-    explicit RunningCallback(GpuTier* tier) ABSL_LOCKS_EXCLUDED(tier->mu_) : tier_(tier) {
-      absl::MutexLock lock(&tier_->mu_);
-      ++tier_->callbacks_running_;
-    }
-    ~RunningCallback() {
-      absl::MutexLock lock(&tier_->mu_);
-      --tier_->callbacks_running_;
-    }
-    RunningCallback(const RunningCallback&) = delete;
-    RunningCallback& operator=(const RunningCallback&) = delete;
-
-   private:
-    GpuTier* const tier_;
-  };
-  // Copies `host` into the object's staging range and answers its waiters.
-  void CopyInLocked(Object* object, HostObject host, Deferred& deferred)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A copy into the object's range finished; `bytes_moved` is the stage it counts towards.
-  void FinishCopyIn(Object* object, uint64_t GpuTierStats::*bytes_moved) ABSL_LOCKS_EXCLUDED(mu_);
-  void FailLoadLocked(Object* object, const absl::Status& status, Deferred& deferred)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // The handoff from a peer (gpu_tier_peer.cc): asks the peers for `key` on behalf of `client`
-  // with an unlisted object; once a peer lends it, allocates staging and copies it in.
-  void StartPeerLoadLocked(Client& client, const std::string& key, LeaseCallback done,
-                           Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnPeerCopy(Object* object, absl::StatusOr<PeerCopy> copy) ABSL_LOCKS_EXCLUDED(mu_);
-  void CopyFromPeerLocked(Object* object, std::shared_ptr<PeerCopy> copy, Deferred& deferred)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<LeaseGrant> GrantLocked(Client& client, Object* object, bool through_host)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Copies a lease's object into the host handoff buffer after its ready event and records the
-  // lease's done event after that copy (gpu_tier_peer.cc).
-  absl::Status CopyToHandoffBufferLocked(Object* object, uint64_t host_offset, uint32_t done_event)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Frees a handoff buffer range once the handoff stream has run what is queued on it.
-  void FreeHandoffRangeLater(uint64_t offset, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AnswerWaitersLocked(Object* object, const absl::Status& status, Deferred& deferred)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // A staging range of `bytes`, evicting LRU objects as needed; nullopt when that is not enough.
-  std::optional<StagingRange> TryAllocateLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Allocates now, once copies or drains in flight free room, or fails RESOURCE_EXHAUSTED.
-  void AllocateLocked(uint64_t bytes,
-                      absl::AnyInvocable<void(absl::StatusOr<StagingRange>) &&> done,
-                      Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RetryAllocationsLocked(Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status PoolExhaustedLocked(uint64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // Drops one of the client's pins of `key`. REQUIRES: the client has pinned it.
-  void UnpinLocked(Client& client, const std::string& key, Deferred& deferred)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool IsEvictableLocked(const Object* object) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void TouchLocked(Object* object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UnlistLocked(Object* object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FreeObjectLocked(Object* object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Frees an unlisted object that nothing uses any more.
-  void DeleteIfUnusedLocked(Object* object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // Completes `drain` once `event`'s current record, on the client's drain stream, has completed
-  // (or the client's close grace ran out: then `forced`).
-  void StartDrainLocked(Client& client, Drain drain, uint32_t event)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishDrain(uint64_t drain_id) ABSL_LOCKS_EXCLUDED(mu_);
-  // After a copy failed part-way, pieces of it may still be queued on `stream`: `range` and
-  // `event` are freed once the stream has run them. Where the device cannot even arrange that,
-  // they are retired for good (the pool is that much smaller) rather than risk handing them out
-  // while the device still uses them. `what` and `error` are for the log.
-  void FreeAfterStreamLocked(Stream& stream, StagingRange range, std::optional<uint32_t> event,
-                             const std::string& what, const absl::Status& error)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FreeAfterFailedCopy(StagingRange range, std::optional<uint32_t> event)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  void FinishDrainLocked(uint64_t drain_id, bool forced, Deferred& deferred)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees what a closed client still waits for, its close grace having run out.
   void ForceClose(ClientId client) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Commit steps: the host tier reserved room; the client's written event completed; both done:
-  // copy out of staging; the copy finished.
-  void OnHostReservation(uint64_t commit_id, absl::StatusOr<HostObject> host)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  void WrittenLocked(uint64_t commit_id, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartCopyOutLocked(uint64_t commit_id, Deferred& deferred)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The copy to the host tier is done: makes the object durable when asked, then publishes it.
-  void FinishCopyOut(uint64_t commit_id, Object* object) ABSL_LOCKS_EXCLUDED(mu_);
-  // Ends a commit whose copy is done: `status` says whether the object was published.
-  void FinishCommit(uint64_t commit_id, Object* object, const absl::Status& status)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  void FailCommitLocked(uint64_t commit_id, absl::Status status, Deferred& deferred)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // Copies in pieces of at most copy_chunk_bytes, for ranges outside the host arena.
-  absl::Status CopyInPieces(Stream& stream, uint8_t* dst, const uint8_t* src, uint64_t bytes);
-  // Copies in pieces of at most copy_chunk_bytes that never span two pinned pieces of the arena.
-  absl::Status CopyChunked(Stream& stream, uint8_t* dst, const uint8_t* src, uint64_t bytes,
-                           bool host_is_dst);
-
   Device& device_;
-  Catalog& catalog_;
-  HostArena& arena_;
   HostCache& host_cache_;
   const GpuTierOptions options_;
   std::unique_ptr<StagingPool> pool_;  // left to the process's exit after abandoned waits
@@ -386,35 +184,26 @@ class GpuTier {
   const std::unique_ptr<Stream> store_stream_;     // D2H
   // Copies from peers' memory, which wait on the peer daemon's events.
   const std::unique_ptr<Stream> handoff_stream_;
-  std::shared_ptr<Liveness> liveness_;  // lets late drain callbacks find the tier gone
+  // Drain callbacks run on client drain streams, which a forced close may leave waiting forever on
+  // CUDA; they find the tier through this, and the tier clears it when it goes.
+  const std::shared_ptr<Liveness> liveness_;
+  const HostArenaPieceBoundaries arena_pieces_;
+  ChunkedCopier copier_;
+  StoredKeySpace stored_;  // its own lock
 
+  // The tier's lock, shared by the parts below (see the header comment).
   mutable absl::Mutex mu_;
-  std::map<std::string, Object*> objects_ ABSL_GUARDED_BY(mu_);  // listed, by key
-  std::list<Object*> lru_ ABSL_GUARDED_BY(mu_);  // resident listed objects, least recent first
-  std::map<ClientId, std::unique_ptr<Client>> clients_ ABSL_GUARDED_BY(mu_);
-  ClientId next_client_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<uint64_t, Drain> drains_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_drain_ ABSL_GUARDED_BY(mu_) = 1;
-  std::deque<AllocationWaiter> allocation_waiters_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, PendingCommit> commits_ ABSL_GUARDED_BY(mu_);  // between request and host tier
-  uint64_t next_commit_ ABSL_GUARDED_BY(mu_) = 1;
-  // Size and tensor index of committed stored objects, by key: fetches need them after the GPU
-  // copy is gone.
-  struct StoredMeta {
-    uint64_t size = 0;
-    Tensors tensors;
-  };
-  std::map<std::string, StoredMeta> stored_ ABSL_GUARDED_BY(mu_);
-  uint64_t copies_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  // Drains forced while their client's done event was still pending: the drain stream may wait
-  // on it forever, and so would anything that synchronizes the whole device (freeing the pool).
-  uint64_t abandoned_waits_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t host_fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t peer_fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // asked, not answered yet
-  uint64_t host_reservations_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t callbacks_running_ ABSL_GUARDED_BY(mu_) = 0;  // see RunningCallback
   GpuTierStats stats_ ABSL_GUARDED_BY(mu_);
-  // Close-grace callbacks and the device calls of drains (StartDrainLocked). Last, so it goes
+  RunningCallbacks callbacks_;
+  ClientTable clients_;
+  StagingResidency residency_;
+  HandoffCopies handoff_;
+  DrainQueue drains_;
+  StagingLoader loader_;
+  PeerLoader peer_loader_;
+  CommitPipeline commits_;
+  ExplicitEviction eviction_;
+  // Close-grace callbacks and the device calls of drains (DrainQueue::Start). Last, so it goes
   // first: what is still pending runs while the rest is alive.
   TimerThread timer_;
 };

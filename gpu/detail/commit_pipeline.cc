@@ -1,23 +1,36 @@
-// GpuTier's store path: reserve a staging range, the client writes it, commit copies it to the
-// host tier.
+#include "gpu/detail/commit_pipeline.h"
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/byte_size.h"
-#include "common/deferred_calls.h"
 #include "common/log.h"
-#include "gpu/gpu_tier.h"
-#include "gpu/gpu_tier_internal.h"
 
 namespace tierd {
 
-void GpuTier::Reserve(ClientId client_id, const std::string& key, uint64_t length,
-                      std::vector<TensorPlacement> tensors, StorePolicy policy,
-                      ReserveCallback done) {
+CommitPipeline::CommitPipeline(const Parts& parts)
+    : mu_(parts.tier_mu),
+      device_(parts.device),
+      catalog_(parts.catalog),
+      host_cache_(parts.host_cache),
+      durable_store_(parts.durable_store),
+      pool_(parts.pool),
+      events_(parts.events),
+      store_stream_(parts.store_stream),
+      copier_(parts.copier),
+      residency_(parts.residency),
+      clients_(parts.clients),
+      drains_(parts.drains),
+      stored_(parts.stored),
+      callbacks_(parts.callbacks),
+      stats_(parts.stats) {}
+
+void CommitPipeline::Reserve(ClientId client_id, const std::string& key, uint64_t length,
+                             std::vector<TensorPlacement> tensors, StorePolicy policy,
+                             GpuReserveCallback done) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   auto fail = [&](absl::Status status) { DeferAnswer(deferred.calls(), std::move(done), status); };
-  Client* client = FindClientLocked(client_id);
+  GpuClient* client = clients_.Find(client_id);
   if (client == nullptr) return fail(ClientGone());
   absl::StatusOr<std::pair<std::string, std::string>> parts = SplitObjectKey(key);
   if (!parts.ok()) return fail(parts.status());
@@ -27,35 +40,34 @@ void GpuTier::Reserve(ClientId client_id, const std::string& key, uint64_t lengt
                      " is a registered model; stored objects need a namespace of their own")));
   }
   if (length == 0) return fail(absl::InvalidArgumentError("a stored object needs a length"));
-  if (policy.durable && options_.durable_store == nullptr) {
+  if (policy.durable && durable_store_ == nullptr) {
     return fail(absl::FailedPreconditionError(
         absl::StrCat("key ", key, ": this daemon keeps no durable objects")));
   }
-  if (!FitsInSlab(length, pool_->largest_slab())) {
-    return fail(LargerThanSlab(key, length, pool_->largest_slab()));
+  if (!FitsInSlab(length, pool_.largest_slab())) {
+    return fail(LargerThanSlab(key, length, pool_.largest_slab()));
   }
-  if (absl::Status quota = CheckStagingQuota(client->limits, client->staging_bytes, key, length);
-      !quota.ok()) {
+  if (absl::Status quota = client->CheckStagingQuota(key, length); !quota.ok()) {
     return fail(quota);
   }
   client->staging_bytes += length;
-  Client::Reservation reservation;
+  GpuClient::Reservation reservation;
   reservation.key = key;
   reservation.length = length;
   reservation.tensors = std::make_shared<const std::vector<TensorPlacement>>(std::move(tensors));
   reservation.policy = policy;
-  AllocateLocked(
+  residency_.Allocate(
       length,
       [this, client_id, reservation = std::move(reservation),
        done = std::move(done)](absl::StatusOr<StagingRange> range) mutable {
         DeferredCalls later;
         absl::MutexLock relock(&mu_);
-        Client* client = FindClientLocked(client_id);
+        GpuClient* client = clients_.Find(client_id);
         absl::StatusOr<uint32_t> written = !range.ok()         ? range.status()
                                            : client == nullptr ? ClientGone()
                                                                : events_.Acquire();
         if (!written.ok()) {
-          if (range.ok()) pool_->Free(*range);
+          if (range.ok()) pool_.Free(*range);
           if (client != nullptr) client->staging_bytes -= reservation.length;
           return DeferAnswer(later.calls(), std::move(done), written.status());
         }
@@ -74,49 +86,42 @@ void GpuTier::Reserve(ClientId client_id, const std::string& key, uint64_t lengt
       deferred.calls());
 }
 
-void GpuTier::Commit(ClientId client_id, uint64_t reservation_id, bool abort, StatusCallback done) {
+void CommitPipeline::Commit(ClientId client_id, uint64_t reservation_id, bool abort,
+                            GpuStatusCallback done) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
-  Client* client = FindClientLocked(client_id);
-  absl::Status refused;
-  if (client == nullptr) {
-    refused = ClientGone();
-  } else if (client->reservations.count(reservation_id) == 0) {
-    refused = absl::FailedPreconditionError(
-        absl::StrCat("reservation ", reservation_id,
-                     " is not open in this session (never made, or already committed or aborted)"));
-  }
-  if (!refused.ok()) {
-    return DeferAnswer(deferred.calls(), std::move(done), refused);
-  }
-  auto it = client->reservations.find(reservation_id);
-  Client::Reservation reservation = std::move(it->second);
-  client->reservations.erase(it);
-  client->staging_bytes -= reservation.length;
-  const uint32_t written_event = reservation.written_event;
+  GpuClient* client = clients_.Find(client_id);
+  absl::StatusOr<GpuClient::Reservation> taken =
+      client == nullptr ? absl::StatusOr<GpuClient::Reservation>(ClientGone())
+                        : clients_.TakeReservation(*client, reservation_id);
+  if (!taken.ok()) return DeferAnswer(deferred.calls(), std::move(done), taken.status());
+  GpuClient::Reservation reservation = *std::move(taken);
   if (abort) {
-    Drain drain;
-    drain.kind = Drain::Kind::kRange;
-    drain.range = reservation.range;
-    StartDrainLocked(*client, std::move(drain), written_event);
+    Abandon(*client, reservation);
     return DeferAnswer(deferred.calls(), std::move(done), absl::OkStatus());
   }
   const uint64_t commit_id = next_commit_++;
   const std::string key = reservation.key;
   const uint64_t length = reservation.length;
+  const uint32_t written_event = reservation.written_event;
   // A durable object's copy on disk serves instead of a spill file.
   const bool spillable = reservation.policy.spillable && !reservation.policy.durable;
   PendingCommit& commit = commits_[commit_id];
   commit.reservation = std::move(reservation);
   commit.done = std::move(done);
   // The client's write and the host tier's room are awaited at once.
-  Drain drain;
-  drain.kind = Drain::Kind::kCommit;
-  drain.commit = commit_id;
-  StartDrainLocked(*client, std::move(drain), written_event);
+  drains_.Start(*client, written_event,
+                [this, commit_id](bool forced, Deferred& deferred)
+                    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // runs under the tier's lock
+                      if (forced) {
+                        FailCommit(commit_id, ClientGone(), deferred);
+                      } else {
+                        Written(commit_id, deferred);
+                      }
+                    });
   ++host_reservations_in_flight_;
   deferred.calls().push_back(
-      [this, commit_id, key = HostKey(key, /*stored=*/true), length, spillable] {
+      [this, commit_id, key = stored_.HostKey(key, /*stored=*/true), length, spillable] {
         host_cache_.ReserveStore(key, length, spillable,
                                  [this, commit_id](absl::StatusOr<HostObject> host) {
                                    OnHostReservation(commit_id, std::move(host));
@@ -124,8 +129,23 @@ void GpuTier::Commit(ClientId client_id, uint64_t reservation_id, bool abort, St
       });
 }
 
-void GpuTier::OnHostReservation(uint64_t commit_id, absl::StatusOr<HostObject> host) {
-  const RunningCallback running(this);
+void CommitPipeline::Abandon(GpuClient& client, const GpuClient::Reservation& reservation) {
+  mu_.AssertHeld();
+  drains_.Start(client, reservation.written_event,
+                [this, range = reservation.range](bool, Deferred&)
+                    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // runs under the tier's lock
+                      pool_.Free(range);
+                      --stats_.reservations;
+                    });
+}
+
+bool CommitPipeline::idle() const {
+  mu_.AssertHeld();
+  return commits_.empty() && host_reservations_in_flight_ == 0;
+}
+
+void CommitPipeline::OnHostReservation(uint64_t commit_id, absl::StatusOr<HostObject> host) {
+  const RunningCallbacks::Scope running(callbacks_);
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   --host_reservations_in_flight_;
@@ -144,72 +164,66 @@ void GpuTier::OnHostReservation(uint64_t commit_id, absl::StatusOr<HostObject> h
   }
   // The staging range may still be written by the client until its event completes.
   if (commit.written) {
-    if (commit.host) return StartCopyOutLocked(commit_id, deferred.calls());
-    return FailCommitLocked(commit_id, commit.host_status, deferred.calls());
+    if (commit.host) return StartCopyOut(commit_id, deferred.calls());
+    return FailCommit(commit_id, commit.host_status, deferred.calls());
   }
 }
 
-void GpuTier::WrittenLocked(uint64_t commit_id, Deferred& deferred) {
+void CommitPipeline::Written(uint64_t commit_id, Deferred& deferred) {
   auto it = commits_.find(commit_id);
   if (it == commits_.end()) return;
   it->second.written = true;
-  if (it->second.host) return StartCopyOutLocked(commit_id, deferred);
+  if (it->second.host) return StartCopyOut(commit_id, deferred);
   if (!it->second.host_status.ok()) {
-    return FailCommitLocked(commit_id, it->second.host_status, deferred);
+    return FailCommit(commit_id, it->second.host_status, deferred);
   }
 }
 
-void GpuTier::StartCopyOutLocked(uint64_t commit_id, Deferred& deferred) {
+void CommitPipeline::StartCopyOut(uint64_t commit_id, Deferred& deferred) {
   PendingCommit& commit = commits_.at(commit_id);
-  const Client::Reservation& reservation = commit.reservation;
+  const GpuClient::Reservation& reservation = commit.reservation;
   absl::StatusOr<uint32_t> ready = events_.Acquire();
-  if (!ready.ok()) return FailCommitLocked(commit_id, ready.status(), deferred);
-  auto object = std::make_unique<Object>();
+  if (!ready.ok()) return FailCommit(commit_id, ready.status(), deferred);
+  auto object = std::make_unique<StagingObject>();
   object->key = reservation.key;
   object->size = reservation.length;
   object->tensors = reservation.tensors;
   object->range = reservation.range;
   object->ready_event = *ready;
-  object->state = Object::State::kResident;
+  object->state = StagingObject::State::kResident;
   // The client's write has completed (its event did), so the ready event needs no wait: record it
   // first, then copy out.
-  absl::Status status = device_.RecordEvent(events_.event(*ready), *store_stream_);
+  absl::Status status = device_.RecordEvent(events_.event(*ready), store_stream_);
   if (status.ok()) {
-    status = CopyChunked(*store_stream_, commit.host->data(), pool_->data(reservation.range),
-                         reservation.length, /*host_is_dst=*/true);
+    status = copier_.CopyChunked(store_stream_, commit.host->data(), pool_.data(reservation.range),
+                                 reservation.length, /*host_is_dst=*/true);
   }
-  Object* raw = object.get();
+  StagingObject* raw = object.get();
   if (status.ok()) {
-    status = device_.NotifyWhenDone(*store_stream_,
+    status = device_.NotifyWhenDone(store_stream_,
                                     [this, commit_id, raw] { FinishCopyOut(commit_id, raw); });
   }
   if (!status.ok()) {
-    FreeAfterStreamLocked(*store_stream_, reservation.range, *ready,
-                          absl::StrCat("copying ", reservation.key, " to the host tier"), status);
+    residency_.FreeAfterStream(store_stream_, reservation.range, *ready,
+                               absl::StrCat("copying ", reservation.key, " to the host tier"),
+                               status);
     object->range.reset();
     object->ready_event.reset();
     commit.reservation.range = {};  // freed once the stream drains, not now
     commit.reservation.length = 0;
-    return FailCommitLocked(
+    return FailCommit(
         commit_id,
         absl::Status(status.code(), absl::StrCat("copying ", reservation.key,
                                                  " to the host tier: ", status.message())),
         deferred);
   }
-  ++copies_in_flight_;
+  residency_.CopyStarted();
   object->copying = true;
   // Published now: fetches share the staging copy while it goes to the host tier.
-  if (auto old = objects_.find(object->key); old != objects_.end()) {
-    Object* previous = old->second;
-    UnlistLocked(previous);
-    DeleteIfUnusedLocked(previous);
-  }
-  object->listed = true;
-  objects_[raw->key] = object.release();
-  TouchLocked(raw);
+  residency_.Replace(object.release());
 }
 
-void GpuTier::FinishCopyOut(uint64_t commit_id, Object* object) {
+void CommitPipeline::FinishCopyOut(uint64_t commit_id, StagingObject* object) {
   std::shared_ptr<HostObject> host;
   StorePolicy policy;
   std::string key;
@@ -219,33 +233,33 @@ void GpuTier::FinishCopyOut(uint64_t commit_id, Object* object) {
     const PendingCommit& commit = commits_.at(commit_id);
     host = commit.host;
     policy = commit.reservation.policy;
-    key = HostKey(commit.reservation.key, /*stored=*/true);
+    key = stored_.HostKey(commit.reservation.key, /*stored=*/true);
     if (policy.durable) tensors = *commit.reservation.tensors;
   }
-  DurableStore* durable = options_.durable_store;
   if (policy.durable) {
     // Durable first, then published: a failed write leaves the previous version everywhere.
     const uint8_t* data = host->data();
     const uint64_t size = host->size();
-    durable->Persist(std::move(key), data, size, std::move(tensors),
-                     [this, commit_id, object,
-                      host = std::move(host)](absl::StatusOr<DurableRecord> record) mutable {
-                       absl::Status status = record.status();
-                       if (status.ok()) status = host_cache_.CommitStore(*host);
-                       if (status.ok()) host_cache_.SetDurableCopy(*host, *record);
-                       // Let go before the answer: the store may destroy this closure later.
-                       host.reset();
-                       FinishCommit(commit_id, object, status);
-                     });
-  } else if (durable != nullptr) {
+    durable_store_->Persist(std::move(key), data, size, std::move(tensors),
+                            [this, commit_id, object,
+                             host = std::move(host)](absl::StatusOr<DurableRecord> record) mutable {
+                              absl::Status status = record.status();
+                              if (status.ok()) status = host_cache_.CommitStore(*host);
+                              if (status.ok()) host_cache_.SetDurableCopy(*host, *record);
+                              // Let go before the answer: the store may destroy this closure
+                              // later.
+                              host.reset();
+                              FinishCommit(commit_id, object, status);
+                            });
+  } else if (durable_store_ != nullptr) {
     // An older durable version goes first, after the durable store's earlier jobs for the key, so
     // that commits of a key land in order and a restart never brings back the older one.
-    durable->Remove(std::move(key),
-                    [this, commit_id, object, host = std::move(host)](absl::Status status) mutable {
-                      if (status.ok()) status = host_cache_.CommitStore(*host);
-                      host.reset();  // as above
-                      FinishCommit(commit_id, object, status);
-                    });
+    durable_store_->Remove(std::move(key), [this, commit_id, object,
+                                            host = std::move(host)](absl::Status status) mutable {
+      if (status.ok()) status = host_cache_.CommitStore(*host);
+      host.reset();  // as above
+      FinishCommit(commit_id, object, status);
+    });
   } else {
     const absl::Status status = host_cache_.CommitStore(*host);
     host.reset();  // as above
@@ -253,11 +267,12 @@ void GpuTier::FinishCopyOut(uint64_t commit_id, Object* object) {
   }
 }
 
-void GpuTier::FinishCommit(uint64_t commit_id, Object* object, const absl::Status& status) {
-  const RunningCallback running(this);
+void CommitPipeline::FinishCommit(uint64_t commit_id, StagingObject* object,
+                                  const absl::Status& status) {
+  const RunningCallbacks::Scope running(callbacks_);
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
-  --copies_in_flight_;
+  residency_.CopyFinished();
   object->copying = false;
   auto it = commits_.find(commit_id);
   PendingCommit commit = std::move(it->second);
@@ -265,35 +280,29 @@ void GpuTier::FinishCommit(uint64_t commit_id, Object* object, const absl::Statu
   --stats_.reservations;
   if (status.ok()) {
     stats_.bytes_gpu_to_host += object->size;
-    stored_[object->key] = {object->size, object->tensors};
+    stored_.Publish(object->key, {object->size, object->tensors});
   } else {
-    UnlistLocked(object);
+    residency_.Unlist(object);
   }
   // A newer commit of the key may have replaced it meanwhile.
-  DeleteIfUnusedLocked(object);
+  residency_.DeleteIfUnused(object);
   deferred.calls().push_back(
       [done = std::move(commit.done), host = std::move(commit.host), status]() mutable {
         host.reset();
         std::move(done)(status);
       });
-  RetryAllocationsLocked(deferred.calls());
-}
-
-void GpuTier::AdoptStored(const std::string& key, uint64_t size,
-                          std::vector<TensorPlacement> tensors) {
-  absl::MutexLock lock(&mu_);
-  stored_[key] = {size, std::make_shared<const std::vector<TensorPlacement>>(std::move(tensors))};
+  residency_.RetryAllocations(deferred.calls());
 }
 
 // `status` by value: callers pass the pending commit's own host_status, which the move below
 // would empty.
-void GpuTier::FailCommitLocked(uint64_t commit_id, absl::Status status, Deferred& deferred) {
+void CommitPipeline::FailCommit(uint64_t commit_id, absl::Status status, Deferred& deferred) {
   auto it = commits_.find(commit_id);
   if (it == commits_.end()) return;
   PendingCommit commit = std::move(it->second);
   commits_.erase(it);
   --stats_.reservations;
-  if (commit.reservation.length > 0) pool_->Free(commit.reservation.range);
+  if (commit.reservation.length > 0) pool_.Free(commit.reservation.range);
   deferred.push_back(
       [done = std::move(commit.done), host = std::move(commit.host), status]() mutable {
         host.reset();

@@ -1,0 +1,61 @@
+// Host ↔ staging copies issued in pieces, so that a demand copy on another stream is not stuck
+// behind one huge copy, and so that no piece spans two pinned registrations of host memory (the
+// CUDA driver treats a copy that spans two as pageable).
+#ifndef TIERD_GPU_CHUNKED_COPIER_H_
+#define TIERD_GPU_CHUNKED_COPIER_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "device/device.h"
+#include "storage/host_arena.h"
+
+namespace tierd {
+
+// Where host memory's pinned registrations end. Thread-safe.
+class PinnedPieceBoundaries {
+ public:
+  virtual ~PinnedPieceBoundaries() = default;
+  // How many bytes from `host` to the end of the pinned piece it lies in. REQUIRES: `host` lies
+  // in the memory this describes.
+  virtual uint64_t BytesToPieceEnd(const uint8_t* host) const = 0;
+};
+
+// The boundaries of a HostArena's pieces (HostArena::piece_bytes(), counted from its base).
+class HostArenaPieceBoundaries : public PinnedPieceBoundaries {
+ public:
+  // `arena` must outlive this.
+  explicit HostArenaPieceBoundaries(const HostArena& arena) : arena_(arena) {}
+  uint64_t BytesToPieceEnd(const uint8_t* host) const override;
+
+ private:
+  const HostArena& arena_;
+};
+
+// Stateless beyond its configuration; thread-safe as far as the device's CopyAsync is.
+class ChunkedCopier {
+ public:
+  // `device` and `pieces` must outlive this. REQUIRES: chunk_bytes > 0.
+  ChunkedCopier(Device& device, const PinnedPieceBoundaries& pieces, uint64_t chunk_bytes)
+      : device_(device), pieces_(pieces), chunk_bytes_(chunk_bytes) {}
+  ChunkedCopier(const ChunkedCopier&) = delete;
+  ChunkedCopier& operator=(const ChunkedCopier&) = delete;
+
+  // Enqueues the copy on `stream` in pieces of at most chunk_bytes, for ranges outside pinned
+  // host pieces (staging to staging, or the host handoff buffer). Returns the first enqueue
+  // error; pieces before it may still be queued.
+  absl::Status CopyInPieces(Stream& stream, uint8_t* dst, const uint8_t* src, uint64_t bytes);
+  // As CopyInPieces, and no piece spans two pinned pieces of the host side (`dst` when
+  // `host_is_dst`, `src` otherwise).
+  absl::Status CopyChunked(Stream& stream, uint8_t* dst, const uint8_t* src, uint64_t bytes,
+                           bool host_is_dst);
+
+ private:
+  Device& device_;
+  const PinnedPieceBoundaries& pieces_;
+  const uint64_t chunk_bytes_;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_GPU_CHUNKED_COPIER_H_

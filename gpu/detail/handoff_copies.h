@@ -1,0 +1,70 @@
+// Copies of leased objects into the host handoff buffer, for a peer daemon whose GPU cannot read
+// this one's memory (FetchOptions::through_host), and the return of the buffer's ranges.
+//
+// The copy is ordered by events only: the handoff stream waits on the object's ready event,
+// copies, and records the lease's done event, which the peer waits on before reading.
+//
+// Internal to the GPU tier; CopyOut runs under the tier's lock (it counts into the tier's stats).
+#ifndef TIERD_GPU_DETAIL_HANDOFF_COPIES_H_
+#define TIERD_GPU_DETAIL_HANDOFF_COPIES_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "device/device.h"
+#include "gpu/chunked_copier.h"
+#include "gpu/detail/liveness.h"
+#include "gpu/detail/staging_object.h"
+#include "gpu/event_pool.h"
+#include "gpu/gpu_tier_stats.h"
+#include "gpu/host_handoff_buffer.h"
+#include "gpu/staging_pool.h"
+
+namespace tierd {
+
+class HandoffCopies {
+ public:
+  // All references must outlive this; `tier_mu` guards `stats`.
+  HandoffCopies(absl::Mutex& tier_mu, Device& device, StagingPool& pool, EventPool& events,
+                Stream& handoff_stream, HostHandoffBuffer& buffer, ChunkedCopier& copier,
+                GpuTierStats& stats, std::shared_ptr<Liveness> liveness)
+      : mu_(tier_mu),
+        device_(device),
+        pool_(pool),
+        events_(events),
+        stream_(handoff_stream),
+        buffer_(buffer),
+        copier_(copier),
+        stats_(stats),
+        liveness_(std::move(liveness)) {}
+  HandoffCopies(const HandoffCopies&) = delete;
+  HandoffCopies& operator=(const HandoffCopies&) = delete;
+
+  // Copies resident `object` into a new range of the buffer after its ready event and records
+  // `done_event` after that copy; returns the range's offset. The buffer's RESOURCE_EXHAUSTED, or
+  // the device's error (then nothing recorded the event, and the range is freed once the stream
+  // has run what was queued). REQUIRES: the tier's lock.
+  absl::StatusOr<uint64_t> CopyOut(const StagingObject& object, uint32_t done_event);
+  // Frees a range whose lease's done event completed.
+  void Free(uint64_t offset, uint64_t bytes) { buffer_.Free(offset, bytes); }
+  // Frees a range once the handoff stream has run what is queued on it.
+  void FreeLater(uint64_t offset, uint64_t bytes);
+
+ private:
+  absl::Mutex& mu_;
+  Device& device_;
+  StagingPool& pool_;
+  EventPool& events_;
+  Stream& stream_;
+  HostHandoffBuffer& buffer_;
+  ChunkedCopier& copier_;
+  GpuTierStats& stats_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<Liveness> liveness_;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_GPU_DETAIL_HANDOFF_COPIES_H_

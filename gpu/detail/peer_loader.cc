@@ -1,0 +1,139 @@
+#include "gpu/detail/peer_loader.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace tierd {
+namespace {
+
+// Gives a peer's object back, once, after the lock is released.
+void ReleaseLater(std::shared_ptr<PeerCopy> copy, DeferredCalls::Calls& deferred) {
+  deferred.push_back([copy = std::move(copy)] {
+    if (copy->release) std::move(copy->release)();
+  });
+}
+
+}  // namespace
+
+PeerLoader::PeerLoader(const Parts& parts)
+    : mu_(parts.tier_mu),
+      device_(parts.device),
+      peers_(parts.peers),
+      pool_(parts.pool),
+      events_(parts.events),
+      stream_(parts.handoff_stream),
+      copier_(parts.copier),
+      residency_(parts.residency),
+      loader_(parts.loader),
+      callbacks_(parts.callbacks),
+      stats_(parts.stats) {}
+
+void PeerLoader::Start(GpuClient& client, const std::string& key, GpuLeaseCallback done,
+                       Deferred& deferred) {
+  mu_.AssertHeld();
+  auto* object = new StagingObject;
+  object->key = key;
+  object->state = StagingObject::State::kFetchingPeer;
+  object->demand = true;
+  object->waiters.push_back({client.id, std::move(done), nullptr});
+  ++client.pending_fetches;
+  ++in_flight_;
+  deferred.push_back([this, object, key] {
+    peers_->Fetch(key, [this, object](absl::StatusOr<PeerCopy> copy) {
+      OnPeerCopy(object, std::move(copy));
+    });
+  });
+}
+
+uint64_t PeerLoader::in_flight() const {
+  mu_.AssertHeld();
+  return in_flight_;
+}
+
+void PeerLoader::OnPeerCopy(StagingObject* object, absl::StatusOr<PeerCopy> copy) {
+  const RunningCallbacks::Scope running(callbacks_);
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  --in_flight_;
+  if (!copy.ok()) return loader_.FailLoad(object, copy.status(), deferred.calls());
+  auto shared = std::make_shared<PeerCopy>(*std::move(copy));
+  object->size = shared->size;
+  object->tensors = shared->tensors;
+  if (object->size == 0 || !FitsInSlab(object->size, pool_.largest_slab())) {
+    ReleaseLater(shared, deferred.calls());
+    return loader_.FailLoad(object,
+                            object->size == 0
+                                ? absl::InternalError(absl::StrCat(shared->peer, " lent ",
+                                                                   object->key, " with 0 bytes"))
+                                : LargerThanSlab(object->key, object->size, pool_.largest_slab()),
+                            deferred.calls());
+  }
+  object->state = StagingObject::State::kAllocating;
+  residency_.Allocate(
+      object->size,
+      [this, object, shared](absl::StatusOr<StagingRange> range) mutable {
+        DeferredCalls later;
+        absl::MutexLock relock(&mu_);
+        if (!range.ok()) {
+          ReleaseLater(std::move(shared), later.calls());
+          return loader_.FailLoad(object, range.status(), later.calls());
+        }
+        object->range = *range;
+        CopyFromPeer(object, std::move(shared), later.calls());
+      },
+      deferred.calls());
+}
+
+void PeerLoader::CopyFromPeer(StagingObject* object, std::shared_ptr<PeerCopy> copy,
+                              Deferred& deferred) {
+  const std::string what = absl::StrCat("copying ", object->key, " from ", copy->peer);
+  absl::StatusOr<uint32_t> ready = events_.Acquire();
+  if (!ready.ok()) {
+    ReleaseLater(std::move(copy), deferred);
+    return loader_.FailLoad(object, ready.status(), deferred);
+  }
+  object->ready_event = *ready;
+  absl::Status status = device_.WaitEvent(stream_, *copy->ready);
+  auto* dst = static_cast<uint8_t*>(pool_.data(*object->range));
+  const auto* src = static_cast<const uint8_t*>(copy->data);
+  if (status.ok()) status = copier_.CopyInPieces(stream_, dst, src, object->size);
+  if (status.ok()) status = device_.RecordEvent(events_.event(*ready), stream_);
+  if (status.ok()) {
+    residency_.CopyStarted();
+    object->copying = true;
+    status = device_.NotifyWhenDone(stream_, [this, object, copy]() mutable {
+      std::move(copy->release)();
+      copy->release = nullptr;
+      loader_.FinishCopyIn(object, &GpuTierStats::bytes_peer_to_gpu);
+    });
+    if (!status.ok()) {
+      residency_.CopyFinished();
+      object->copying = false;
+    }
+  }
+  if (!status.ok()) {
+    // Pieces may still be queued: the peer's buffer is given back, like our range, only once the
+    // stream has run them. Where even that cannot be arranged the peer keeps its lease until our
+    // session with it ends, which is safer than letting it reuse a buffer we may still read.
+    absl::Status after = device_.NotifyWhenDone(stream_, [copy]() mutable {
+      if (copy->release) std::move(copy->release)();
+    });
+    if (!after.ok()) {
+      TIERD_LOG(ERROR) << what << ": " << status << "; the peer's lease is kept until this daemon's"
+                       << " session with it ends: " << after;
+    }
+    residency_.FreeAfterStream(stream_, *object->range, object->ready_event, what, status);
+    object->range.reset();
+    object->ready_event.reset();
+    return loader_.FailLoad(
+        object, absl::Status(status.code(), absl::StrCat(what, ": ", status.message())), deferred);
+  }
+  ++stats_.peer_fetches;
+  if (copy->through_host) ++stats_.peer_fetches_through_host;
+  object->state = StagingObject::State::kResident;
+  loader_.AnswerWaiters(object, absl::OkStatus(), deferred);
+}
+
+}  // namespace tierd

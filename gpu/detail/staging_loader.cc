@@ -1,0 +1,243 @@
+#include "gpu/detail/staging_loader.h"
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace tierd {
+
+StagingLoader::StagingLoader(const Parts& parts)
+    : mu_(parts.tier_mu),
+      device_(parts.device),
+      catalog_(parts.catalog),
+      host_cache_(parts.host_cache),
+      pool_(parts.pool),
+      events_(parts.events),
+      demand_stream_(parts.demand_stream),
+      prefetch_stream_(parts.prefetch_stream),
+      copier_(parts.copier),
+      residency_(parts.residency),
+      clients_(parts.clients),
+      handoff_(parts.handoff),
+      stored_(parts.stored),
+      callbacks_(parts.callbacks),
+      stats_(parts.stats) {}
+
+absl::StatusOr<StagingObject*> StagingLoader::StartLoad(const std::string& key,
+                                                        ReadPriority priority, absl::Time deadline,
+                                                        Deferred& deferred) {
+  mu_.AssertHeld();
+  auto object = std::make_unique<StagingObject>();
+  object->key = key;
+  if (std::optional<StoredKeySpace::Meta> stored = stored_.Find(key)) {
+    object->size = stored->size;
+    object->tensors = stored->tensors;
+  } else {
+    ASSIGN_OR_RETURN(ObjectRef ref, catalog_.Lookup(key));
+    object->size = ref.object->size;
+    object->tensors = Tensors(ref.model, &ref.object->tensors);  // aliases the model's lifetime
+    object->model = ref.model;
+  }
+  if (!FitsInSlab(object->size, pool_.largest_slab())) {
+    return LargerThanSlab(key, object->size, pool_.largest_slab());
+  }
+  object->demand = priority == ReadPriority::kDemand;
+  StagingObject* raw = object.release();
+  residency_.List(raw);
+  IssueHostFetch(raw, priority, deadline, deferred);
+  return raw;
+}
+
+void StagingLoader::Promote(StagingObject* object, absl::Time deadline, Deferred& deferred) {
+  mu_.AssertHeld();
+  object->demand = true;
+  // Whichever answer comes first is used.
+  if (object->state == StagingObject::State::kFetchingHost) {
+    IssueHostFetch(object, ReadPriority::kDemand, deadline, deferred);
+  }
+}
+
+void StagingLoader::IssueHostFetch(StagingObject* object, ReadPriority priority,
+                                   absl::Time deadline, Deferred& deferred) {
+  ++object->host_fetches;
+  ++host_fetches_in_flight_;
+  deferred.push_back([this, object, key = stored_.HostKey(object->key, object->model == nullptr),
+                      priority, deadline] {
+    host_cache_.Fetch(key, priority, deadline, [this, object](absl::StatusOr<HostObject> host) {
+      OnHostObject(object, std::move(host));
+    });
+  });
+}
+
+void StagingLoader::OnHostObject(StagingObject* object, absl::StatusOr<HostObject> host) {
+  const RunningCallbacks::Scope running(callbacks_);
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  --host_fetches_in_flight_;
+  --object->host_fetches;
+  if (object->state != StagingObject::State::kFetchingHost) {
+    // A promoted fetch answered first; this answer is not needed. Its reference goes after the
+    // lock: releasing it can run host-cache callbacks that take the lock.
+    if (host.ok())
+      deferred.calls().push_back([host = *std::move(host)]() mutable { host.Reset(); });
+    residency_.DeleteIfUnused(object);
+    return;
+  }
+  if (!host.ok()) {
+    if (object->host_fetches > 0) return;  // the promoted fetch may still succeed
+    return FailLoad(object, host.status(), deferred.calls());
+  }
+  if (host->size() != object->size) {
+    return FailLoad(object,
+                    absl::InternalError(absl::StrCat("host tier has ", host->size(), " bytes of ",
+                                                     object->key, ", expected ", object->size)),
+                    deferred.calls());
+  }
+  object->state = StagingObject::State::kAllocating;
+  auto shared_host = std::make_shared<HostObject>(*std::move(host));
+  residency_.Allocate(
+      object->size,
+      [this, object, shared_host](absl::StatusOr<StagingRange> range) mutable {
+        DeferredCalls later;
+        absl::MutexLock relock(&mu_);
+        if (!range.ok()) {
+          later.calls().push_back(
+              [shared_host = std::move(shared_host)]() mutable { shared_host.reset(); });
+          return FailLoad(object, range.status(), later.calls());
+        }
+        object->range = *range;
+        HostObject host = std::move(*shared_host);
+        CopyIn(object, std::move(host), later.calls());
+      },
+      deferred.calls());
+}
+
+void StagingLoader::CopyIn(StagingObject* object, HostObject host, Deferred& deferred) {
+  auto shared_host = std::make_shared<HostObject>(std::move(host));
+  // The host reference goes after the lock: releasing it can run host-cache callbacks that take it.
+  deferred.push_back([shared_host]() mutable { shared_host.reset(); });
+  absl::StatusOr<uint32_t> ready = events_.Acquire();
+  if (!ready.ok()) return FailLoad(object, ready.status(), deferred);
+  object->ready_event = *ready;
+  Stream& stream = object->demand ? demand_stream_ : prefetch_stream_;
+  absl::Status status =
+      copier_.CopyChunked(stream, pool_.data(*object->range), shared_host->data(), object->size,
+                          /*host_is_dst=*/false);
+  if (status.ok()) status = device_.RecordEvent(events_.event(*ready), stream);
+  if (status.ok()) {
+    residency_.CopyStarted();
+    object->copying = true;
+    status = device_.NotifyWhenDone(stream, [this, object, shared_host]() mutable {
+      shared_host->Reset();  // no lock is held here
+      FinishCopyIn(object, &GpuTierStats::bytes_host_to_gpu);
+    });
+    if (!status.ok()) {
+      residency_.CopyFinished();
+      object->copying = false;
+    }
+  }
+  if (!status.ok()) {
+    residency_.FreeAfterStream(stream, *object->range, object->ready_event,
+                               absl::StrCat("copying ", object->key, " to the GPU"), status);
+    object->range.reset();
+    object->ready_event.reset();
+    return FailLoad(object,
+                    absl::Status(status.code(), absl::StrCat("copying ", object->key,
+                                                             " to the GPU: ", status.message())),
+                    deferred);
+  }
+  object->state = StagingObject::State::kResident;
+  if (object->listed) residency_.Touch(object);
+  AnswerWaiters(object, absl::OkStatus(), deferred);
+}
+
+void StagingLoader::FinishCopyIn(StagingObject* object, uint64_t GpuTierStats::*bytes_moved) {
+  const RunningCallbacks::Scope running(callbacks_);
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  residency_.CopyFinished();
+  object->copying = false;
+  stats_.*bytes_moved += object->size;
+  residency_.DeleteIfUnused(object);
+  residency_.RetryAllocations(deferred.calls());
+}
+
+void StagingLoader::FailLoad(StagingObject* object, const absl::Status& status,
+                             Deferred& deferred) {
+  mu_.AssertHeld();
+  if (object->range && !object->copying) {
+    pool_.Free(*object->range);
+    object->range.reset();
+  }
+  if (object->ready_event && !object->copying) {
+    events_.Release(*object->ready_event);
+    object->ready_event.reset();
+  }
+  // Pins taken while loading stay counted until their clients unpin or close; the object is no
+  // longer listed, so it is freed then.
+  if (object->listed) residency_.Unlist(object);
+  object->state = StagingObject::State::kFetchingHost;  // not resident: nothing may lease it
+  AnswerWaiters(object, status, deferred);
+  residency_.DeleteIfUnused(object);
+}
+
+void StagingLoader::AnswerWaiters(StagingObject* object, const absl::Status& status,
+                                  Deferred& deferred) {
+  mu_.AssertHeld();
+  std::vector<StagingObject::Waiter> waiters = std::move(object->waiters);
+  object->waiters.clear();
+  for (StagingObject::Waiter& waiter : waiters) {
+    GpuClient* client = clients_.Find(waiter.client);
+    if (waiter.lease) {
+      if (client != nullptr) --client->pending_fetches;
+      absl::StatusOr<LeaseGrant> grant = !status.ok() ? status
+                                         : client == nullptr
+                                             ? ClientGone()
+                                             : Grant(*client, object, waiter.through_host);
+      DeferAnswer(deferred, std::move(waiter.lease), std::move(grant));
+    } else {
+      // A pin that never took hold is taken back (the caller frees the object).
+      if (!status.ok() && client != nullptr && clients_.DropPinOf(*client, object)) --stats_.pins;
+      DeferAnswer(deferred, std::move(waiter.pin), status);
+    }
+  }
+}
+
+absl::StatusOr<LeaseGrant> StagingLoader::Grant(GpuClient& client, StagingObject* object,
+                                                bool through_host) {
+  mu_.AssertHeld();
+  RETURN_IF_ERROR(client.CheckStagingQuota(object->key, object->size));
+  ASSIGN_OR_RETURN(const uint32_t done_event, events_.Acquire());
+  std::optional<uint64_t> host_offset;
+  if (through_host) {
+    absl::StatusOr<uint64_t> offset = handoff_.CopyOut(*object, done_event);
+    if (!offset.ok()) {
+      events_.Release(done_event);
+      return offset.status();
+    }
+    host_offset = *offset;
+  }
+  LeaseGrant grant;
+  grant.lease_id = clients_.AddLease(client, object, done_event, host_offset);
+  ++stats_.leases;
+  grant.key = object->key;
+  grant.range = *object->range;
+  grant.length = object->size;
+  // Through the host, the bytes are where the reader looks once the tier's own record of the done
+  // event, after its copy, completes.
+  grant.ready_event = through_host ? done_event : *object->ready_event;
+  grant.done_event = done_event;
+  grant.tensors = object->tensors;
+  grant.host_offset = host_offset;
+  return grant;
+}
+
+uint64_t StagingLoader::host_fetches_in_flight() const {
+  mu_.AssertHeld();
+  return host_fetches_in_flight_;
+}
+
+}  // namespace tierd

@@ -1,0 +1,121 @@
+// Brings objects into staging from the host tier, and answers whoever waits for them: fetches with
+// leases, pins with their status.
+//
+// A load lists a new object for the key, asks the host tier for its bytes (once more, on the
+// high-priority path, when a demand fetch joins a prefetch), allocates staging (waiting for room
+// when copies or drains will free it), enqueues the copy in chunks on the demand or prefetch
+// stream, records the object's ready event and answers its waiters at once: they wait on that
+// event, not on the copy.
+//
+// Internal to the GPU tier. Its state is guarded by the tier's lock (loads change the objects the
+// residency lists and the leases clients hold). Methods say REQUIRES: the tier's lock when it must
+// be held; callbacks are queued on `deferred` to run after it is released.
+#ifndef TIERD_GPU_DETAIL_STAGING_LOADER_H_
+#define TIERD_GPU_DETAIL_STAGING_LOADER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/deferred_calls.h"
+#include "device/device.h"
+#include "gpu/chunked_copier.h"
+#include "gpu/detail/client_table.h"
+#include "gpu/detail/handoff_copies.h"
+#include "gpu/detail/running_callbacks.h"
+#include "gpu/detail/staging_object.h"
+#include "gpu/detail/staging_residency.h"
+#include "gpu/detail/stored_key_space.h"
+#include "gpu/event_pool.h"
+#include "gpu/gpu_tier_stats.h"
+#include "gpu/gpu_tier_types.h"
+#include "gpu/staging_pool.h"
+#include "storage/catalog.h"
+#include "storage/host_cache.h"
+
+namespace tierd {
+
+class StagingLoader {
+ public:
+  using Deferred = DeferredCalls::Calls;
+
+  // The parts and streams it uses; all must outlive it. `tier_mu` guards its state and `stats`.
+  struct Parts {
+    absl::Mutex& tier_mu;
+    Device& device;
+    const Catalog& catalog;
+    HostCache& host_cache;
+    StagingPool& pool;
+    EventPool& events;
+    Stream& demand_stream;    // H2D, high priority
+    Stream& prefetch_stream;  // H2D
+    ChunkedCopier& copier;
+    StagingResidency& residency;
+    ClientTable& clients;
+    HandoffCopies& handoff;
+    const StoredKeySpace& stored;
+    RunningCallbacks& callbacks;
+    GpuTierStats& stats;
+  };
+  explicit StagingLoader(const Parts& parts);
+  StagingLoader(const StagingLoader&) = delete;
+  StagingLoader& operator=(const StagingLoader&) = delete;
+
+  // ---- REQUIRES: the tier's lock, for all of these.
+  // Creates and lists a loading object for `key` (a stored object of this tier, or a weight) and
+  // starts its host fetch. NOT_FOUND, INVALID_ARGUMENT (the catalog's), RESOURCE_EXHAUSTED (larger
+  // than a slab).
+  absl::StatusOr<StagingObject*> StartLoad(const std::string& key, ReadPriority priority,
+                                           absl::Time deadline, Deferred& deferred);
+  // A demand fetch joined a load that is not one yet: asks the host tier again, on the demand path;
+  // whichever answer comes first is used.
+  void Promote(StagingObject* object, absl::Time deadline, Deferred& deferred);
+  // Leases resident `object` to `client` (through the host handoff buffer when asked). The
+  // client's quota's RESOURCE_EXHAUSTED, the event pool's and the handoff buffer's errors.
+  absl::StatusOr<LeaseGrant> Grant(GpuClient& client, StagingObject* object, bool through_host);
+  // Ends a load that failed: frees what it held, unlists it and answers its waiters with
+  // `status`.
+  void FailLoad(StagingObject* object, const absl::Status& status, Deferred& deferred);
+  // Answers the object's waiters: leases (or `status` when it is an error), pins.
+  void AnswerWaiters(StagingObject* object, const absl::Status& status, Deferred& deferred);
+  // Host fetches asked and not answered yet.
+  uint64_t host_fetches_in_flight() const;
+
+  // A copy into the object's range finished; `bytes_moved` is the stage it counts towards.
+  // REQUIRES: the tier's lock is not held.
+  void FinishCopyIn(StagingObject* object, uint64_t GpuTierStats::*bytes_moved)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void IssueHostFetch(StagingObject* object, ReadPriority priority, absl::Time deadline,
+                      Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnHostObject(StagingObject* object, absl::StatusOr<HostObject> host)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Copies `host` into the object's staging range and answers its waiters.
+  void CopyIn(StagingObject* object, HostObject host, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex& mu_;
+  Device& device_;
+  const Catalog& catalog_;
+  HostCache& host_cache_;
+  StagingPool& pool_;
+  EventPool& events_;
+  Stream& demand_stream_;
+  Stream& prefetch_stream_;
+  ChunkedCopier& copier_;
+  StagingResidency& residency_;
+  ClientTable& clients_;
+  HandoffCopies& handoff_;
+  const StoredKeySpace& stored_;
+  RunningCallbacks& callbacks_;
+  GpuTierStats& stats_ ABSL_GUARDED_BY(mu_);
+  uint64_t host_fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_GPU_DETAIL_STAGING_LOADER_H_

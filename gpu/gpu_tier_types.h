@@ -1,0 +1,122 @@
+// The values GpuTier's interface speaks in: its options, the limits and holdings of a client, and
+// the grants it answers with. Apart from gpu/gpu_tier.h so that the tier's parts (gpu/detail/) use
+// them without the facade.
+#ifndef TIERD_GPU_GPU_TIER_TYPES_H_
+#define TIERD_GPU_GPU_TIER_TYPES_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gpu/event_pool.h"
+#include "gpu/peer_source.h"
+#include "gpu/staging_pool.h"
+#include "storage/catalog.h"
+#include "storage/durable_store.h"
+
+namespace tierd {
+
+struct GpuTierOptions {
+  uint64_t pool_bytes = 0;
+  uint64_t slab_bytes = 2ull << 30;
+  uint32_t max_events = 65536;
+  // Host ↔ staging copies are issued in pieces of at most this, so a demand copy on the other
+  // stream is not stuck behind one huge copy.
+  uint64_t copy_chunk_bytes = 64ull << 20;
+  absl::Duration close_grace = absl::Seconds(1);
+  // Sessions open at once (each has a stream of its own); OpenClient refuses one more.
+  uint32_t max_clients = 1024;
+  // Where durable stored objects go; null: durable reservations are refused (FAILED_PRECONDITION).
+  // Must outlive the tier.
+  DurableStore* durable_store = nullptr;
+  // Prefixed to the keys of this tier's stored objects in the host cache and the durable store,
+  // which tiers share: a client group's tier (server/client_groups.h) keeps its
+  // stored objects apart from every other tier's, and such a tier serves, prefetches and evicts
+  // only its own stored objects and model weights. Empty for the daemon's default tier.
+  std::string stored_key_prefix;
+  // Where fetches of stored objects this tier does not have look next: the node's other daemons.
+  // Null: nowhere (NOT_FOUND). Must outlive the tier.
+  PeerSource* peers = nullptr;
+  // The pinned host memory objects are copied through for peers that cannot read this GPU's
+  // memory (FetchOptions::through_host); allocated on first use.
+  uint64_t handoff_buffer_bytes = 256ull << 20;
+};
+
+// How a stored object is kept (ReserveRequest's flags).
+struct StorePolicy {
+  bool spillable = false;  // may go to the spill directory under host-memory pressure
+  // Written and fsynced to the durable store before its commit is acknowledged; survives a restart
+  // of the daemon. A durable object does not spill: its durable copy serves instead.
+  bool durable = false;
+};
+
+struct ClientLimits {
+  uint32_t max_leases = 4096;
+  uint64_t max_staging_bytes = ~0ull;  // leased + reserved + pinned bytes
+};
+
+using ClientId = uint64_t;
+using Tensors = std::shared_ptr<const std::vector<TensorPlacement>>;
+
+struct LeaseGrant {
+  uint64_t lease_id = 0;
+  std::string key;
+  StagingRange range;
+  uint64_t length = 0;
+  uint32_t ready_event = 0;
+  uint32_t done_event = 0;
+  Tensors tensors;
+  // FetchOptions::through_host: where the bytes are in the host handoff buffer.
+  std::optional<uint64_t> host_offset;
+};
+
+struct ReservationGrant {
+  uint64_t reservation_id = 0;
+  std::string key;
+  StagingRange range;
+  uint64_t length = 0;
+  uint32_t written_event = 0;
+};
+
+enum class EvictTier { kGpu, kHost, kAll };
+
+struct EvictResult {
+  uint32_t evicted = 0;
+  uint32_t skipped = 0;
+};
+
+// How a fetch is answered (FetchRequest's flags).
+struct FetchOptions {
+  // Where a key this tier (and the host tier and disk behind it) does not know is looked for
+  // next: GpuTierOptions::peers, or nowhere (NOT_FOUND).
+  bool ask_peers = false;
+  // Also copy the object into the host handoff buffer and answer with its range there; the
+  // lease's ready event is then the done event, recorded by the tier after that copy. For a peer
+  // daemon whose GPU cannot read this one's memory.
+  bool through_host = false;
+};
+
+// What a client still held when it was closed.
+struct ClosedClient {
+  size_t leases = 0;
+  size_t reservations = 0;
+  size_t pins = 0;  // distinct keys pinned
+};
+
+struct HandleList {
+  std::vector<StagingSlabInfo> slabs;
+  std::vector<EventInfo> events;
+};
+
+using GpuLeaseCallback = absl::AnyInvocable<void(absl::StatusOr<LeaseGrant>) &&>;
+using GpuReserveCallback = absl::AnyInvocable<void(absl::StatusOr<ReservationGrant>) &&>;
+using GpuStatusCallback = absl::AnyInvocable<void(absl::Status) &&>;
+
+}  // namespace tierd
+
+#endif  // TIERD_GPU_GPU_TIER_TYPES_H_

@@ -1,0 +1,126 @@
+// ChunkedCopier: copies issued in pieces no larger than the chunk, none spanning two pinned pieces
+// of host memory, and the bytes all arrive.
+#include "gpu/chunked_copier.h"
+
+#include <memory>
+#include <vector>
+
+#include "device/device_wrapper.h"
+#include "device/host_device.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/test_support.h"
+
+namespace tierd {
+namespace {
+
+using ::tierd::testing::IsOk;
+
+// Records each copy's source and size.
+class RecordingDevice : public DeviceWrapper {
+ public:
+  using DeviceWrapper::DeviceWrapper;
+  absl::Status CopyAsync(Stream& stream, void* dst, const void* src, size_t bytes) override {
+    copies.push_back({static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), bytes});
+    return DeviceWrapper::CopyAsync(stream, dst, src, bytes);
+  }
+  struct Copy {
+    const uint8_t* src;
+    uint8_t* dst;
+    size_t bytes;
+  };
+  std::vector<Copy> copies;
+};
+
+// Pieces of `piece` bytes counted from `base`.
+class FixedPieces : public PinnedPieceBoundaries {
+ public:
+  FixedPieces(const uint8_t* base, uint64_t piece) : base_(base), piece_(piece) {}
+  uint64_t BytesToPieceEnd(const uint8_t* host) const override {
+    return piece_ - static_cast<uint64_t>(host - base_) % piece_;
+  }
+
+ private:
+  const uint8_t* base_;
+  uint64_t piece_;
+};
+
+class ChunkedCopierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto device = HostDevice::Create();
+    ASSERT_THAT(device, IsOk());
+    host_device_ = *std::move(device);
+    device_ = std::make_unique<RecordingDevice>(*host_device_);
+    auto stream = device_->CreateStream(StreamPriority::kNormal);
+    ASSERT_THAT(stream, IsOk());
+    stream_ = *std::move(stream);
+  }
+
+  std::unique_ptr<Device> host_device_;
+  std::unique_ptr<RecordingDevice> device_;
+  std::unique_ptr<Stream> stream_;
+};
+
+TEST_F(ChunkedCopierTest, NoPieceSpansTwoPinnedPiecesOfTheHostSide) {
+  std::vector<uint8_t> host(4096), staging(4096);
+  testing::FillPattern(host.data(), host.size(), 5);
+  const FixedPieces pieces(host.data(), /*piece=*/1000);
+  ChunkedCopier copier(*device_, pieces, /*chunk_bytes=*/300);
+  // From host offset 900: pieces end at 1000, 2000, 3000.
+  ASSERT_THAT(copier.CopyChunked(*stream_, staging.data(), host.data() + 900, 2500,
+                                 /*host_is_dst=*/false),
+              IsOk());
+  ASSERT_THAT(device_->SynchronizeStream(*stream_), IsOk());
+  uint64_t total = 0;
+  for (const RecordingDevice::Copy& copy : device_->copies) {
+    EXPECT_LE(copy.bytes, 300u);
+    const uint64_t start = static_cast<uint64_t>(copy.src - host.data());
+    EXPECT_EQ(start / 1000, (start + copy.bytes - 1) / 1000) << "copy from " << start;
+    total += copy.bytes;
+  }
+  EXPECT_EQ(total, 2500u);
+  EXPECT_EQ(device_->copies.front().bytes, 100u);  // up to the first boundary
+  std::vector<uint8_t> expected(host.begin() + 900, host.begin() + 3400);
+  EXPECT_TRUE(std::equal(expected.begin(), expected.end(), staging.begin()));
+}
+
+TEST_F(ChunkedCopierTest, HostSideIsTheDestinationWhenCopyingOut) {
+  std::vector<uint8_t> host(2048), staging(2048);
+  testing::FillPattern(staging.data(), staging.size(), 9);
+  const FixedPieces pieces(host.data(), /*piece=*/512);
+  ChunkedCopier copier(*device_, pieces, /*chunk_bytes=*/4096);
+  ASSERT_THAT(copier.CopyChunked(*stream_, host.data() + 256, staging.data(), 1024,
+                                 /*host_is_dst=*/true),
+              IsOk());
+  ASSERT_THAT(device_->SynchronizeStream(*stream_), IsOk());
+  ASSERT_EQ(device_->copies.size(), 3u);  // 256 to the boundary, 512, 256
+  EXPECT_EQ(device_->copies[0].bytes, 256u);
+  EXPECT_EQ(device_->copies[1].bytes, 512u);
+  EXPECT_EQ(device_->copies[2].bytes, 256u);
+  EXPECT_EQ(testing::FirstPatternMismatch(host.data() + 256, 1024, 9), -1);
+}
+
+TEST_F(ChunkedCopierTest, PiecesOutsidePinnedMemoryFollowOnlyTheChunk) {
+  std::vector<uint8_t> src(1000), dst(1000);
+  testing::FillPattern(src.data(), src.size(), 3);
+  const FixedPieces pieces(src.data(), /*piece=*/10);  // ignored by CopyInPieces
+  ChunkedCopier copier(*device_, pieces, /*chunk_bytes=*/400);
+  ASSERT_THAT(copier.CopyInPieces(*stream_, dst.data(), src.data(), 1000), IsOk());
+  ASSERT_THAT(device_->SynchronizeStream(*stream_), IsOk());
+  ASSERT_EQ(device_->copies.size(), 3u);
+  EXPECT_EQ(device_->copies[2].bytes, 200u);
+  EXPECT_EQ(testing::FirstPatternMismatch(dst.data(), 1000, 3), -1);
+}
+
+TEST_F(ChunkedCopierTest, HostArenaPiecesAreCountedFromItsBase) {
+  auto arena = HostArena::Create(*host_device_, {2 << 20, 1 << 20});
+  ASSERT_THAT(arena, IsOk());
+  const HostArenaPieceBoundaries pieces(**arena);
+  EXPECT_EQ(pieces.BytesToPieceEnd((*arena)->base()), 1u << 20);
+  EXPECT_EQ(pieces.BytesToPieceEnd((*arena)->base() + 10), (1u << 20) - 10);
+  EXPECT_EQ(pieces.BytesToPieceEnd((*arena)->base() + (1 << 20)), 1u << 20);
+}
+
+}  // namespace
+}  // namespace tierd

@@ -1,0 +1,131 @@
+// ClientTable on its own: how many clients may be open, and what each may hold (its quotas), lease
+// by lease and pin by pin.
+#include "gpu/detail/client_table.h"
+
+#include <memory>
+
+#include "absl/synchronization/mutex.h"
+#include "device/host_device.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/test_support.h"
+
+namespace tierd {
+namespace {
+
+using ::tierd::testing::IsOk;
+using ::tierd::testing::StatusIs;
+
+class ClientTableTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto device = HostDevice::Create();
+    ASSERT_THAT(device, IsOk());
+    device_ = *std::move(device);
+    table_ = std::make_unique<ClientTable>(mu_, *device_, /*max_clients=*/2);
+    object_.key = "s/object";
+    object_.size = 100;
+    other_.key = "s/other";
+    other_.size = 100;
+  }
+
+  ClientId Open(ClientLimits limits = {}) {
+    absl::StatusOr<ClientId> id = table_->Open(limits);
+    EXPECT_THAT(id, IsOk());
+    return id.value_or(0);
+  }
+
+  std::unique_ptr<Device> device_;
+  absl::Mutex mu_;
+  std::unique_ptr<ClientTable> table_;
+  StagingObject object_;
+  StagingObject other_;
+};
+
+TEST_F(ClientTableTest, RefusesMoreClientsThanItsLimitUntilOneCloses) {
+  const ClientId first = Open();
+  Open();
+  EXPECT_THAT(table_->Open({}), StatusIs(absl::StatusCode::kResourceExhausted));
+  {
+    absl::MutexLock lock(&mu_);
+    table_->Find(first)->closed = true;  // closed, still draining: no longer counts
+    EXPECT_EQ(table_->Find(first), nullptr);
+    EXPECT_NE(table_->FindAny(first), nullptr);
+    EXPECT_EQ(table_->OpenCount(), 1u);
+  }
+  Open();
+  absl::MutexLock lock(&mu_);
+  EXPECT_EQ(table_->Ids().size(), 3u);
+  EXPECT_NE(table_->Erase(first), nullptr);
+  EXPECT_EQ(table_->FindAny(first), nullptr);
+}
+
+TEST_F(ClientTableTest, LeaseQuotaIsPerClient) {
+  ClientLimits one_lease;
+  one_lease.max_leases = 1;
+  const ClientId limited = Open(one_lease);
+  const ClientId other = Open();
+  absl::MutexLock lock(&mu_);
+  GpuClient& a = *table_->Find(limited);
+  GpuClient& b = *table_->Find(other);
+  EXPECT_THAT(a.CheckLeaseQuota(), IsOk());
+  table_->AddLease(a, &object_, /*done_event=*/1, std::nullopt);
+  EXPECT_THAT(a.CheckLeaseQuota(), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(b.CheckLeaseQuota(), IsOk());
+  ++a.pending_fetches;  // fetches under way count too
+  a.leases.clear();
+  EXPECT_THAT(a.CheckLeaseQuota(), StatusIs(absl::StatusCode::kResourceExhausted));
+  object_.leases = 0;
+}
+
+TEST_F(ClientTableTest, ReleasingTellsUnknownLeasesFromReleasedOnes) {
+  const ClientId id = Open();
+  absl::MutexLock lock(&mu_);
+  GpuClient& client = *table_->Find(id);
+  const uint64_t lease = table_->AddLease(client, &object_, /*done_event=*/3, std::nullopt);
+  EXPECT_EQ(client.staging_bytes, 100u);
+  EXPECT_EQ(object_.leases, 1);
+  absl::StatusOr<GpuClient::Lease> taken = table_->TakeLease(client, lease);
+  ASSERT_THAT(taken, IsOk());
+  EXPECT_EQ(taken->object, &object_);
+  EXPECT_EQ(taken->done_event, 3u);
+  EXPECT_EQ(client.staging_bytes, 0u);
+  // The object's lease count drops when the lease's drain completes, not here.
+  EXPECT_EQ(object_.leases, 1);
+  EXPECT_THAT(table_->TakeLease(client, lease), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(table_->TakeLease(client, lease + 1), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(table_->TakeReservation(client, 1), StatusIs(absl::StatusCode::kFailedPrecondition));
+  object_.leases = 0;
+}
+
+TEST_F(ClientTableTest, StagingQuotaCountsEachPinnedKeyOnce) {
+  ClientLimits limits;
+  limits.max_staging_bytes = 150;
+  const ClientId id = Open(limits);
+  absl::MutexLock lock(&mu_);
+  GpuClient& client = *table_->Find(id);
+  ASSERT_THAT(table_->AddPin(client, &object_), IsOk());
+  ASSERT_THAT(table_->AddPin(client, &object_), IsOk());
+  EXPECT_EQ(client.staging_bytes, 100u);
+  EXPECT_EQ(object_.pins, 2);
+  EXPECT_THAT(table_->AddPin(client, &other_), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(other_.pins, 0);
+  EXPECT_EQ(client.pins.count(other_.key), 0u);
+
+  StagingObject newer;
+  newer.key = object_.key;
+  EXPECT_THAT(client.CheckPinnedVersion(object_.key, &object_), IsOk());
+  EXPECT_THAT(client.CheckPinnedVersion(object_.key, &newer),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_FALSE(table_->DropPinOf(client, &newer));
+
+  EXPECT_EQ(table_->DropPin(client, object_.key), &object_);
+  EXPECT_EQ(client.staging_bytes, 100u);  // one pin of the key is left
+  EXPECT_TRUE(table_->DropPinOf(client, &object_));
+  EXPECT_EQ(client.staging_bytes, 0u);
+  EXPECT_EQ(object_.pins, 0);
+  EXPECT_TRUE(client.pins.empty());
+}
+
+}  // namespace
+}  // namespace tierd

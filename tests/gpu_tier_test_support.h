@@ -1,0 +1,92 @@
+// An in-process GPU tier for the tests of gpu/: the host device, a catalog with model "m" (blocks
+// of one F32 tensor each, keys "m/blocks.N"), a small host arena, a disk reader and a host cache,
+// and a GpuTier over them. Everything small: a few blocks of 64 KiB.
+#ifndef TIERD_TESTS_GPU_TIER_TEST_SUPPORT_H_
+#define TIERD_TESTS_GPU_TIER_TEST_SUPPORT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "device/host_device.h"
+#include "gpu/gpu_tier.h"
+#include "storage/catalog.h"
+#include "storage/disk_reader.h"
+#include "storage/host_arena.h"
+#include "storage/host_cache.h"
+#include "storage/spill_writer.h"
+#include "tests/test_support.h"
+
+namespace tierd::testing {
+
+inline constexpr uint64_t kBlockBytes = 64 << 10;
+inline constexpr absl::Duration kAnswerTimeout = absl::Seconds(30);
+
+// The pattern seed of block N's bytes (see FillPattern).
+inline uint64_t BlockSeed(int block) { return 1000 + block; }
+
+class GpuTestStack {
+ public:
+  // Model "m" with `blocks` blocks of kBlockBytes; the arena holds all of them.
+  static absl::StatusOr<std::unique_ptr<GpuTestStack>> Create(int blocks);
+  ~GpuTestStack();
+
+  // A GPU tier with `options` (pool_bytes and slab_bytes set by the caller). REQUIRES: at most one
+  // tier at a time; reset tier before the stack goes.
+  absl::Status StartTier(const GpuTierOptions& options);
+
+  static std::string BlockKey(int block);
+
+  Device& device() { return *device_; }
+  Catalog& catalog() { return *catalog_; }
+  HostArena& arena() { return *arena_; }
+  HostCache& host_cache() { return *host_cache_; }
+  std::unique_ptr<GpuTier> tier;
+
+ private:
+  GpuTestStack() = default;
+
+  TempDir dir_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Catalog> catalog_;
+  std::unique_ptr<HostArena> arena_;
+  std::unique_ptr<DiskReader> reader_;
+  std::unique_ptr<SpillWriter> spill_;
+  std::unique_ptr<HostCache> host_cache_;
+};
+
+// One callback's answer, waited for with a timeout.
+template <typename T>
+struct Answer {
+  absl::Notification ready;
+  T value = absl::UnknownError("no answer");
+
+  auto Callback() {
+    return [this](T answer) {
+      value = std::move(answer);
+      ready.Notify();
+    };
+  }
+  // The answer, or DEADLINE_EXCEEDED when none came in time.
+  T Wait() {
+    if (!ready.WaitForNotificationWithTimeout(kAnswerTimeout)) {
+      return absl::DeadlineExceededError("no answer in time");
+    }
+    return std::move(value);
+  }
+};
+
+// Fetches `key` for `client` and waits for the answer.
+absl::StatusOr<LeaseGrant> FetchNow(GpuTier& tier, ClientId client, const std::string& key,
+                                    FetchOptions options = {});
+// Whether the lease's bytes in staging, once its ready event completed, are block `block`'s.
+bool LeaseHoldsBlock(Device& device, GpuTier& tier, const LeaseGrant& lease, int block);
+// Waits until no copy is in flight (stats().copies_in_flight == 0); false on timeout.
+bool WaitForCopies(GpuTier& tier);
+
+}  // namespace tierd::testing
+
+#endif  // TIERD_TESTS_GPU_TIER_TEST_SUPPORT_H_
