@@ -58,7 +58,6 @@ struct HostCacheOptions {
   EvictionPolicy policy = EvictionPolicy::kFifo;
 };
 
-
 class HostCache;
 
 // A reference to an object resident in the host cache: while it lives, the object stays resident
