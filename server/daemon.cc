@@ -158,8 +158,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
     TIERD_LOG(INFO) << "serving sessions on " << options.session_socket_path;
   }
   RETURN_IF_ERROR(daemon->StartClientGroupSockets(session));
-  daemon->service_->Attach(daemon->storage_->catalog(), daemon->storage_->host_cache(), *daemon->gpu_tier_,
-                           daemon->ClientGroupTiers(), session, daemon->unread_answers_);
+  daemon->service_->Attach(daemon->storage_->catalog(), daemon->storage_->host_cache(),
+                           *daemon->gpu_tier_, daemon->ClientGroupTiers(), session,
+                           daemon->unread_answers_);
   TIERD_LOG(INFO) << "answers clients have not read may take up to "
                   << FormatByteSize(options.max_unread_answer_bytes) << " ("
                   << FormatByteSize(daemon->unread_answers_.per_connection_limit())
@@ -253,15 +254,16 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   }
   GpuTierOptions own_groups = gpu;  // client groups' tiers do not ask peers
   gpu.peers = peers_.get();
-  ASSIGN_OR_RETURN(gpu_tier_, GpuTier::Create(*device_, storage_->catalog(), storage_->arena(), storage_->host_cache(), gpu));
+  ASSIGN_OR_RETURN(gpu_tier_, GpuTier::Create(*device_, storage_->catalog(), storage_->arena(),
+                                              storage_->host_cache(), gpu));
   TIERD_LOG(INFO) << "GPU staging pool: " << FormatByteSize(gpu_tier_->pool().capacity()) << " in "
                   << gpu_tier_->pool().slab_count() << " slab(s)";
   for (ClientGroup& group : client_groups_) {
     GpuTierOptions own = own_groups;
     own.pool_bytes = group.options.gpu_pool_bytes;
     own.stored_key_prefix = ClientGroupKeyPrefix(group.options.name);
-    absl::StatusOr<std::unique_ptr<GpuTier>> tier =
-        GpuTier::Create(*device_, storage_->catalog(), storage_->arena(), storage_->host_cache(), own);
+    absl::StatusOr<std::unique_ptr<GpuTier>> tier = GpuTier::Create(
+        *device_, storage_->catalog(), storage_->arena(), storage_->host_cache(), own);
     if (!tier.ok()) {
       return absl::Status(tier.status().code(), absl::StrCat("client group ", group.options.name,
                                                              ": ", tier.status().message()));
@@ -339,7 +341,8 @@ void Daemon::ReportDeviceHealth(bool healthy) {
 }
 
 void Daemon::SampleCounters() {
-  const v1::Stats stats = CollectStats(storage_->catalog(), storage_->host_cache(), *gpu_tier_, ClientGroupTiers(), "");
+  const v1::Stats stats =
+      CollectStats(storage_->catalog(), storage_->host_cache(), *gpu_tier_, ClientGroupTiers(), "");
   const absl::Time now = absl::Now();
   throughput_.Sample(now, StageBytes(stats));
   pressure_.Observe(now, stats,
@@ -349,8 +352,8 @@ void Daemon::SampleCounters() {
 std::string Daemon::RenderMetrics() {
   MetricsSnapshot snapshot;
   snapshot.serving = serving_;
-  snapshot.stats =
-      CollectStats(storage_->catalog(), storage_->host_cache(), *gpu_tier_, ClientGroupTiers(), device_->Describe());
+  snapshot.stats = CollectStats(storage_->catalog(), storage_->host_cache(), *gpu_tier_,
+                                ClientGroupTiers(), device_->Describe());
   snapshot.stage_rates = throughput_.Rates();
   snapshot.responses = counters_.Snapshot();
   return RenderPrometheusText(snapshot);

@@ -53,7 +53,7 @@ std::string ModelFileName(const std::string& model) { return absl::StrCat(model,
 Catalog::Catalog(std::string directory, ModelRoots roots, size_t max_tensors_per_model,
                  std::shared_ptr<FileSystem> file_system)
     : directory_(std::move(directory)),
-      file_system_(OrDefault(std::move(file_system))),
+      file_system_(std::move(file_system)),
       roots_(std::move(roots)),
       max_tensors_per_model_(max_tensors_per_model) {}
 
@@ -63,7 +63,7 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& state_
                                                        std::shared_ptr<FileSystem> file_system) {
   if (state_dir.empty()) return absl::InvalidArgumentError("state directory is empty");
   const std::string dir = absl::StrCat(state_dir, "/catalog");
-  file_system = OrDefault(std::move(file_system));
+  file_system = FileSystemOrDefault(std::move(file_system));
   RETURN_IF_ERROR(file_system->CreateDirectories(dir));
   ASSIGN_OR_RETURN(const std::vector<std::string> names, file_system->ListDirectory(dir));
   std::unique_ptr<Catalog> catalog(

@@ -106,6 +106,7 @@ class Catalog {
 
  private:
   struct ModelEntry;
+  // REQUIRES: `file_system` is not null.
   Catalog(std::string directory, ModelRoots roots, size_t max_tensors_per_model,
           std::shared_ptr<FileSystem> file_system);
   // Replaces model `name`'s file with `text`, atomically. REQUIRES: persist_mu_ held.

@@ -338,7 +338,7 @@ absl::StatusOr<std::unique_ptr<DiskReader>> DiskReader::Create(const DiskReaderO
 }
 
 DiskReader::DiskReader(const DiskReaderOptions& options)
-    : options_(options), file_system_(OrDefault(options.file_system)) {}
+    : options_(options), file_system_(FileSystemOrDefault(options.file_system)) {}
 
 DiskReader::~DiskReader() {
   std::vector<Request*> unstarted;

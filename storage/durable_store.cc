@@ -143,7 +143,7 @@ absl::StatusOr<DurableRecord> ReadHeader(FileSystem& file_system, const std::str
 absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
     const std::string& directory, const DurableStoreOptions& options,
     std::vector<DurableRecord>* recovered) {
-  const std::shared_ptr<FileSystem> file_system = OrDefault(options.file_system);
+  const std::shared_ptr<FileSystem> file_system = FileSystemOrDefault(options.file_system);
   if (absl::Status created = file_system->CreateDirectories(directory); !created.ok()) {
     return absl::Status(created.code(), absl::StrCat("durable directory: ", created.message()));
   }

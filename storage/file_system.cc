@@ -10,7 +10,7 @@ std::shared_ptr<FileSystem> FileSystem::Default() {
   return *file_system;
 }
 
-std::shared_ptr<FileSystem> OrDefault(std::shared_ptr<FileSystem> file_system) {
+std::shared_ptr<FileSystem> FileSystemOrDefault(std::shared_ptr<FileSystem> file_system) {
   return file_system != nullptr ? std::move(file_system) : FileSystem::Default();
 }
 

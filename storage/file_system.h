@@ -121,7 +121,7 @@ class FileSystemWrapper : public FileSystem {
 };
 
 // `file_system`, or the POSIX one when it is null: what an options struct's null means.
-std::shared_ptr<FileSystem> OrDefault(std::shared_ptr<FileSystem> file_system);
+std::shared_ptr<FileSystem> FileSystemOrDefault(std::shared_ptr<FileSystem> file_system);
 
 // Replaces `path` with `parts`, back to back, so that after a crash it holds either its old
 // contents or the new ones, never a mix: they are written to `temporary` (created with `mode`, in

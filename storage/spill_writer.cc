@@ -95,7 +95,7 @@ absl::Status WriteWithPwrite(FileSystem& file_system, int fd, const uint8_t* dat
 
 absl::StatusOr<std::unique_ptr<SpillWriter>> SpillWriter::Create(
     const std::string& directory, const SpillWriterOptions& options) {
-  const std::shared_ptr<FileSystem> file_system = OrDefault(options.file_system);
+  const std::shared_ptr<FileSystem> file_system = FileSystemOrDefault(options.file_system);
   if (absl::Status created = file_system->CreateDirectories(directory); !created.ok()) {
     return absl::Status(created.code(), absl::StrCat("spill directory: ", created.message()));
   }

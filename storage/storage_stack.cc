@@ -12,7 +12,7 @@ absl::StatusOr<std::unique_ptr<StorageStack>> StorageStack::Create(
     Device& device, const StorageStackOptions& options, std::vector<DurableRecord>* recovered) {
   if (options.state_dir.empty()) return absl::InvalidArgumentError("state directory is empty");
   std::unique_ptr<StorageStack> stack(new StorageStack);
-  stack->file_system_ = OrDefault(options.file_system);
+  stack->file_system_ = FileSystemOrDefault(options.file_system);
   ASSIGN_OR_RETURN(stack->catalog_,
                    Catalog::Open(options.state_dir, options.model_roots,
                                  options.max_tensors_per_model, stack->file_system_));

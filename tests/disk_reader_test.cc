@@ -171,9 +171,8 @@ TEST_P(DiskReaderTest, AFailedReadIsUnavailableAndTheFileIsOpenedAgainForTheNext
   // The first read fails, as a failing disk's EIO would; later ones are real.
   auto file_system = std::make_shared<FaultInjectingFileSystem>();
   auto reads = std::make_shared<std::atomic<int>>(0);
-  file_system->SetFault(FileOperation::kRead, [reads](const std::string&) {
-    return reads->fetch_add(1) == 0 ? EIO : 0;
-  });
+  file_system->SetFault(FileOperation::kRead,
+                        [reads](const std::string&) { return reads->fetch_add(1) == 0 ? EIO : 0; });
   DiskReaderOptions options;
   options.direct = false;
   options.file_system = file_system;
