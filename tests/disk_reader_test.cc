@@ -190,6 +190,49 @@ TEST_P(DiskReaderTest, AFailedReadIsUnavailableAndTheFileIsOpenedAgainForTheNext
   EXPECT_EQ(file_system->failures(FileOperation::kRead), 1u);
 }
 
+// Hands out, for the first open, a descriptor of `directory` instead of the file: reads of it fail
+// in the kernel (EISDIR), as a failing disk's EIO would. Later opens are real.
+class FirstOpenFailsReads : public FileSystemWrapper {
+ public:
+  explicit FirstOpenFailsReads(std::string directory)
+      : FileSystemWrapper(FileSystem::Default()), directory_(std::move(directory)) {}
+
+  absl::StatusOr<ScopedFd> OpenForRead(const std::string& path,
+                                       const OpenForReadOptions& options) override {
+    if (opens_.fetch_add(1) == 0) {
+      return FileSystemWrapper::OpenForRead(directory_, OpenForReadOptions());
+    }
+    return FileSystemWrapper::OpenForRead(path, options);
+  }
+
+  int opens() const { return opens_.load(); }
+
+ private:
+  const std::string directory_;
+  std::atomic<int> opens_{0};
+};
+
+TEST_P(DiskReaderTest, AReadTheKernelFailsIsUnavailableAndTheFileIsOpenedAgain) {
+  const std::string path = absl::StrCat(dir_.path(), "/flaky");
+  const std::string contents = MakeFile(path, 64 * 1024, 6);
+  std::string buffer(contents.size(), '\0');
+  auto file_system = std::make_shared<FirstOpenFailsReads>(dir_.path());
+  DiskReaderOptions options;
+  options.direct = false;
+  options.file_system = file_system;
+  auto reader = NewReader(options);
+  auto failed =
+      Read(*reader, {{path, 0, buffer.size(), reinterpret_cast<uint8_t*>(buffer.data())}});
+  ASSERT_TRUE(failed->finished.WaitForNotificationWithTimeout(kTimeout));
+  EXPECT_THAT(failed->status, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(std::string(failed->status.message()), ::testing::HasSubstr(path));
+  auto again = Read(*reader, {{path, 0, buffer.size(), reinterpret_cast<uint8_t*>(buffer.data())}});
+  ASSERT_TRUE(again->finished.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(again->status, IsOk());
+  EXPECT_EQ(buffer, contents);
+  EXPECT_EQ(file_system->opens(), 2);
+}
+
 TEST_P(DiskReaderTest, ReadsFilesOnTmpfs) {
   const std::string path = absl::StrCat("/dev/shm/tierd-reader-test-", ::getpid());
   const std::string contents = MakeFile(path, 2 * kMiB + 3, 4);
