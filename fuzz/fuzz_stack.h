@@ -1,6 +1,7 @@
-// The daemon's tiers in one process on the host backend, for the fuzzers: a device, a catalog with
-// one small registered model, the host arena and cache, the disk reader, the spill writer and the
-// GPU tier. Built once per fuzzer process (the first call) and shared by every input.
+// The daemon's tiers in one process on the host backend, for the fuzzers: a device, the storage
+// stack (a catalog with one small registered model, the host arena and cache, the disk reader, the
+// spill writer) and the GPU tier. Built once per fuzzer process (the first call) and shared by
+// every input.
 #ifndef TIERD_FUZZ_FUZZ_STACK_H_
 #define TIERD_FUZZ_FUZZ_STACK_H_
 
@@ -12,11 +13,7 @@
 #include "device/host_device.h"
 #include "gpu/gpu_tier.h"
 #include "server/session.h"
-#include "storage/catalog.h"
-#include "storage/disk_reader.h"
-#include "storage/host_arena.h"
-#include "storage/host_cache.h"
-#include "storage/spill_writer.h"
+#include "storage/storage_stack.h"
 
 namespace tierd::fuzzing {
 
@@ -30,11 +27,7 @@ struct FuzzStack {
 
   std::string state_dir;
   std::unique_ptr<HostDevice> device;
-  std::unique_ptr<Catalog> catalog;
-  std::unique_ptr<HostArena> arena;
-  std::unique_ptr<DiskReader> reader;
-  std::unique_ptr<SpillWriter> spill;
-  std::unique_ptr<HostCache> host_cache;
+  std::unique_ptr<StorageStack> storage;  // without a durable store
   std::unique_ptr<GpuTier> tier;
   SessionOptions session_options;
   // Keys of the registered model "m" ("m/blocks.N"), and each tensor's bytes by name: what a

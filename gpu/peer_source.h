@@ -14,7 +14,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "device/device.h"
-#include "storage/catalog.h"
+#include "storage/model.h"
 
 namespace tierd {
 

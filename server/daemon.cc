@@ -158,8 +158,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& opti
     TIERD_LOG(INFO) << "serving sessions on " << options.session_socket_path;
   }
   RETURN_IF_ERROR(daemon->StartClientGroupSockets(session));
-  daemon->service_->Attach(*daemon->catalog_, *daemon->host_cache_, *daemon->gpu_tier_,
-                           daemon->ClientGroupTiers(), session, daemon->unread_answers_);
+  daemon->service_->Attach(daemon->storage_->catalog(), daemon->storage_->host_cache(),
+                           *daemon->gpu_tier_, daemon->ClientGroupTiers(), session,
+                           daemon->unread_answers_);
   TIERD_LOG(INFO) << "answers clients have not read may take up to "
                   << FormatByteSize(options.max_unread_answer_bytes) << " ("
                   << FormatByteSize(daemon->unread_answers_.per_connection_limit())
@@ -217,25 +218,21 @@ absl::Status Daemon::StartStorage() {
   } else {
     TIERD_LOG(INFO) << "models may be registered from any directory (--model-roots confines them)";
   }
-  ASSIGN_OR_RETURN(catalog_, Catalog::Open(options_.state_dir, std::move(roots),
-                                           options_.max_tensors_per_model));
-  TIERD_LOG(INFO) << "catalog: " << catalog_->ListModels().size() << " model(s) registered";
-  ASSIGN_OR_RETURN(
-      arena_, HostArena::Create(*device_, {options_.host_cache_bytes, options_.pin_piece_bytes}));
-  TIERD_LOG(INFO) << "host arena: " << FormatByteSize(arena_->pinned_bytes()) << " of "
-                  << FormatByteSize(arena_->capacity())
-                  << " pinned; the rest pins in the background";
-  DiskReaderOptions reader = options_.reader;
-  reader.model_roots = catalog_->roots();  // model files are opened beneath them
-  ASSIGN_OR_RETURN(reader_, DiskReader::Create(reader));
-  const std::string spill_dir =
-      options_.spill_dir.empty() ? absl::StrCat(options_.state_dir, "/spill") : options_.spill_dir;
-  ASSIGN_OR_RETURN(spill_, SpillWriter::Create(spill_dir, options_.spill));
+  StorageStackOptions storage;
+  storage.state_dir = options_.state_dir;
+  storage.spill_dir = options_.spill_dir;
+  storage.model_roots = std::move(roots);
+  storage.max_tensors_per_model = options_.max_tensors_per_model;
+  storage.arena = {options_.host_cache_bytes, options_.pin_piece_bytes};
+  storage.reader = options_.reader;
+  storage.host_cache = HostCacheOptions{options_.host_cache_policy};
+  storage.file_system = options_.file_system;
   std::vector<DurableRecord> durable_objects;
-  ASSIGN_OR_RETURN(durable_, DurableStore::Open(absl::StrCat(options_.state_dir, "/durable"),
-                                                options_.durable, &durable_objects));
-  host_cache_ = std::make_unique<HostCache>(*catalog_, *reader_, *arena_, spill_.get(),
-                                            HostCacheOptions{options_.host_cache_policy});
+  ASSIGN_OR_RETURN(storage_, StorageStack::Create(*device_, storage, &durable_objects));
+  TIERD_LOG(INFO) << "catalog: " << storage_->catalog().model_count() << " model(s) registered";
+  TIERD_LOG(INFO) << "host arena: " << FormatByteSize(storage_->arena().pinned_bytes()) << " of "
+                  << FormatByteSize(storage_->arena().capacity())
+                  << " pinned; the rest pins in the background";
   return StartGpuTiers(std::move(durable_objects));
 }
 
@@ -243,7 +240,7 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   GpuTierOptions gpu;
   gpu.pool_bytes = options_.gpu_pool_bytes;
   gpu.slab_bytes = options_.gpu_slab_bytes;
-  gpu.durable_store = durable_.get();
+  gpu.durable_store = storage_->durable();
   gpu.max_clients = options_.max_sessions;
   gpu.handoff_buffer_bytes = options_.peer_host_buffer_bytes;
   if (!options_.peer_sockets.empty()) {
@@ -257,15 +254,16 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   }
   GpuTierOptions own_groups = gpu;  // client groups' tiers do not ask peers
   gpu.peers = peers_.get();
-  ASSIGN_OR_RETURN(gpu_tier_, GpuTier::Create(*device_, *catalog_, *arena_, *host_cache_, gpu));
+  ASSIGN_OR_RETURN(gpu_tier_, GpuTier::Create(*device_, storage_->catalog(), storage_->arena(),
+                                              storage_->host_cache(), gpu));
   TIERD_LOG(INFO) << "GPU staging pool: " << FormatByteSize(gpu_tier_->pool().capacity()) << " in "
                   << gpu_tier_->pool().slab_count() << " slab(s)";
   for (ClientGroup& group : client_groups_) {
     GpuTierOptions own = own_groups;
     own.pool_bytes = group.options.gpu_pool_bytes;
     own.stored_key_prefix = ClientGroupKeyPrefix(group.options.name);
-    absl::StatusOr<std::unique_ptr<GpuTier>> tier =
-        GpuTier::Create(*device_, *catalog_, *arena_, *host_cache_, own);
+    absl::StatusOr<std::unique_ptr<GpuTier>> tier = GpuTier::Create(
+        *device_, storage_->catalog(), storage_->arena(), storage_->host_cache(), own);
     if (!tier.ok()) {
       return absl::Status(tier.status().code(), absl::StrCat("client group ", group.options.name,
                                                              ": ", tier.status().message()));
@@ -280,7 +278,7 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   uint64_t durable_bytes = 0;
   size_t unclaimed = 0;
   for (DurableRecord& record : durable_objects) {
-    RETURN_IF_ERROR(host_cache_->AdoptDurable(record));
+    RETURN_IF_ERROR(storage_->host_cache().AdoptDurable(record));
     durable_bytes += record.size;
     GpuTier* owner = gpu_tier_.get();
     absl::string_view key = record.key;
@@ -298,7 +296,7 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
     owner->AdoptStored(std::string(key), record.size, std::move(record.tensors));
   }
   TIERD_LOG(INFO) << "durable objects: " << durable_objects.size() << " ("
-                  << FormatByteSize(durable_bytes) << ") in " << durable_->directory();
+                  << FormatByteSize(durable_bytes) << ") in " << storage_->durable()->directory();
   if (unclaimed > 0) {
     TIERD_LOG(WARNING) << unclaimed
                        << " durable object(s) belong to client groups this daemon does not have "
@@ -343,7 +341,8 @@ void Daemon::ReportDeviceHealth(bool healthy) {
 }
 
 void Daemon::SampleCounters() {
-  const v1::Stats stats = CollectStats(*catalog_, *host_cache_, *gpu_tier_, ClientGroupTiers(), "");
+  const v1::Stats stats =
+      CollectStats(storage_->catalog(), storage_->host_cache(), *gpu_tier_, ClientGroupTiers(), "");
   const absl::Time now = absl::Now();
   throughput_.Sample(now, StageBytes(stats));
   pressure_.Observe(now, stats,
@@ -353,8 +352,8 @@ void Daemon::SampleCounters() {
 std::string Daemon::RenderMetrics() {
   MetricsSnapshot snapshot;
   snapshot.serving = serving_;
-  snapshot.stats =
-      CollectStats(*catalog_, *host_cache_, *gpu_tier_, ClientGroupTiers(), device_->Describe());
+  snapshot.stats = CollectStats(storage_->catalog(), storage_->host_cache(), *gpu_tier_,
+                                ClientGroupTiers(), device_->Describe());
   snapshot.stage_rates = throughput_.Rates();
   snapshot.responses = counters_.Snapshot();
   return RenderPrometheusText(snapshot);
@@ -381,21 +380,17 @@ Daemon::~Daemon() {
   step("peer sessions");
   peers_.reset();
   step("host cache");
-  host_cache_.reset();
-  durable_.reset();
-  spill_.reset();
-  reader_.reset();
+  if (storage_ != nullptr) storage_->StopIo();
   if (never_idle) {
     // Unregistering pinned memory and destroying the device wait for the device to go idle, which
     // a dead client's queued work may keep it from ever doing; the process's exit frees both.
     TIERD_LOG(WARNING) << "teardown: the host arena and the device are left to the process's exit";
-    LeakOnPurpose(arena_);
-    catalog_.reset();
+    if (storage_ != nullptr) storage_->AbandonArena();
+    storage_.reset();
     LeakOnPurpose(device_);
   } else {
     step("host arena");
-    arena_.reset();
-    catalog_.reset();
+    storage_.reset();
     step("device");
     device_.reset();
   }

@@ -30,12 +30,7 @@
 #include "server/throughput_meter.h"
 #include "server/tierd_service.h"
 #include "server/unread_answer_budget.h"
-#include "storage/catalog.h"
-#include "storage/disk_reader.h"
-#include "storage/durable_store.h"
-#include "storage/host_arena.h"
-#include "storage/host_cache.h"
-#include "storage/spill_writer.h"
+#include "storage/storage_stack.h"
 
 namespace grpc {
 class Server;
@@ -68,8 +63,8 @@ class Daemon {
   void Shutdown(absl::Duration grace) ABSL_LOCKS_EXCLUDED(shutdown_mu_);
 
   Device& device() { return *device_; }
-  Catalog& catalog() { return *catalog_; }
-  HostCache& host_cache() { return *host_cache_; }
+  Catalog& catalog() { return storage_->catalog(); }
+  HostCache& host_cache() { return storage_->host_cache(); }
   // The metrics endpoint's port; 0 when it is off.
   int metrics_port() const { return metrics_ != nullptr ? metrics_->port() : 0; }
   // What the health service says now.
@@ -109,12 +104,7 @@ class Daemon {
   // Declared in dependency order: destroyed from the bottom up.
   std::unique_ptr<Device> device_;
   int state_lock_fd_;
-  std::unique_ptr<Catalog> catalog_;
-  std::unique_ptr<HostArena> arena_;
-  std::unique_ptr<DiskReader> reader_;
-  std::unique_ptr<SpillWriter> spill_;
-  std::unique_ptr<DurableStore> durable_;
-  std::unique_ptr<HostCache> host_cache_;
+  std::unique_ptr<StorageStack> storage_;
   std::unique_ptr<PeerDaemons> peers_;  // --peers; null without
   std::unique_ptr<GpuTier> gpu_tier_;
   // --client-groups, in the order given.

@@ -18,9 +18,8 @@
 #include "server/peer_daemons.h"
 #include "storage/catalog.h"
 #include "storage/disk_reader.h"
-#include "storage/durable_store.h"
+#include "storage/file_system.h"
 #include "storage/host_cache.h"
-#include "storage/spill_writer.h"
 
 namespace tierd {
 
@@ -69,10 +68,9 @@ struct DaemonOptions {
   absl::Duration health_check_period = absl::Seconds(1);
   // Called after every health round (tierd's main pings the systemd watchdog); may be empty.
   std::function<void()> heartbeat;
-  // Test hooks for the files stored objects are written to: spill files, and durable objects in
-  // <state-dir>/durable.
-  SpillWriterOptions spill;
-  DurableStoreOptions durable;
+  // Every file the storage tiers open, write, sync or remove goes through it; tests wrap the real
+  // one to fail or slow chosen files. Null: the POSIX file system.
+  std::shared_ptr<FileSystem> file_system;
   // Makes the device instead of CreateDevice(device): tests wrap one to slow or fail it.
   std::function<absl::StatusOr<std::unique_ptr<Device>>()> create_device;
 };

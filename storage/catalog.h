@@ -30,116 +30,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "storage/dtype.h"
+#include "storage/file_system.h"
+#include "storage/model.h"
 #include "storage/model_roots.h"
 
 namespace tierd {
-
-enum class Grouping { kTensor, kBlock, kPhase };
-
-// "tensor", "block", "phase" ↔ Grouping.
-std::optional<Grouping> ParseGrouping(absl::string_view name);
-const char* GroupingName(Grouping grouping);
-
-// How tensor names map to blocks and phases. Patterns are RE2 regular expressions.
-struct GroupingRules {
-  // Each pattern must have exactly one capture group: the block prefix to use as the object name.
-  // The first pattern that finds a match in a tensor name (RE2::PartialMatch) wins. Default:
-  // "^(.*?(?:blocks|layers|h)\.\d+)\." — so "model.layers.3.mlp.up.weight" is in block
-  // "model.layers.3". Tensors in no block form objects of their own, named by the tensor.
-  std::vector<std::string> block_patterns;
-  // (phase name, pattern) pairs matched, in order, against the rest of a block tensor's name after
-  // "<block prefix>."; the first match names the phase ("<block prefix>.<phase>"). A block tensor
-  // matching none is in phase "other". Defaults cover cross_attn, attn, ffn and norm in common
-  // layouts.
-  std::vector<std::pair<std::string, std::string>> phase_patterns;
-
-  static GroupingRules Defaults();
-};
-
-// One tensor inside an object.
-struct TensorPlacement {
-  std::string name;  // the tensor's full name in the safetensors files
-  DType dtype = DType::kU8;
-  std::vector<uint64_t> shape;
-  uint64_t offset = 0;  // byte offset inside the object
-  uint64_t size = 0;    // bytes
-};
-
-// Bytes [file_offset, file_offset + length) of files[file] land at object_offset in the object.
-struct Extent {
-  uint32_t file = 0;
-  uint64_t file_offset = 0;
-  uint64_t length = 0;
-  uint64_t object_offset = 0;
-};
-
-struct ObjectInfo {
-  std::string name;  // within the model
-  uint64_t size = 0;
-  std::vector<TensorPlacement> tensors;  // in object order
-  std::vector<Extent> extents;           // sorted by (file, file_offset); adjacent ones merged
-};
-
-// A model file as registration found it. Every open of it must find the same file (CheckModelFile
-// in model_scan.h): a changed file makes reads fail, not lie.
-struct ModelFile {
-  std::string path;  // absolute, every symbolic link resolved
-  uint64_t size = 0;
-  int64_t mtime_ns = 0;
-  // st_dev and st_ino; both 0 in a catalog written before they were recorded, until its next load
-  // records them.
-  uint64_t device = 0;
-  uint64_t inode = 0;
-};
-
-struct ModelInfo {
-  std::string name;
-  std::string directory;  // absolute
-  Grouping grouping = Grouping::kBlock;
-  std::vector<ModelFile> files;
-  std::vector<ObjectInfo> objects;  // sorted by name
-  uint64_t total_bytes = 0;         // sum of object sizes
-};
-
-struct ModelSummary {
-  std::string name;
-  std::string directory;
-  Grouping grouping = Grouping::kBlock;
-  size_t files = 0;
-  size_t objects = 0;
-  size_t tensors = 0;
-  uint64_t total_bytes = 0;
-  // Non-empty when a file changed since registration: why its objects cannot be read.
-  std::string stale;
-};
-
-// Progress of a registration, reported after each file's header is parsed and, when the model is
-// verified, as its bytes are hashed.
-struct RegistrationProgress {
-  size_t files_done = 0;
-  size_t files_total = 0;
-  std::string current_file;
-  uint64_t bytes_verified = 0;
-  uint64_t bytes_to_verify = 0;  // 0 unless verifying
-};
-
-// A model with more tensors than this is refused (tierd --max-tensors-per-model): the largest
-// published models have under 100,000, and every tensor costs memory in the catalog and the tiers.
-inline constexpr size_t kDefaultMaxTensorsPerModel = 131072;
-
-// An object looked up by key; keeps its model's description alive.
-struct ObjectRef {
-  std::shared_ptr<const ModelInfo> model;
-  const ObjectInfo* object = nullptr;
-  std::string key;  // "MODEL/OBJECT"
-};
-
-// Splits "MODEL/OBJECT" at the first '/'. INVALID_ARGUMENT when either side is empty or the model
-// name is not valid.
-absl::StatusOr<std::pair<std::string, std::string>> SplitObjectKey(absl::string_view key);
-// Model names: 1–128 characters of [A-Za-z0-9._-], not starting with '.'.
-absl::Status ValidateModelName(absl::string_view name);
 
 class Catalog {
  public:
@@ -147,10 +42,11 @@ class Catalog {
   // model in it. A model file that cannot be parsed is set aside (renamed *.corrupt) with a
   // logged error rather than failing the daemon; a model whose files changed (CheckModelFile) is
   // loaded stale. Models are registered from `roots` only, with at most `max_tensors_per_model`
-  // tensors each.
+  // tensors each. Its files are written through `file_system` (null: the POSIX one).
   static absl::StatusOr<std::unique_ptr<Catalog>> Open(
       const std::string& state_dir, ModelRoots roots = ModelRoots(),
-      size_t max_tensors_per_model = kDefaultMaxTensorsPerModel);
+      size_t max_tensors_per_model = kDefaultMaxTensorsPerModel,
+      std::shared_ptr<FileSystem> file_system = nullptr);
   ~Catalog();  // flushes pending checksums
   Catalog(const Catalog&) = delete;
   Catalog& operator=(const Catalog&) = delete;
@@ -210,10 +106,16 @@ class Catalog {
 
  private:
   struct ModelEntry;
-  Catalog(std::string directory, ModelRoots roots, size_t max_tensors_per_model);
+  // REQUIRES: `file_system` is not null.
+  Catalog(std::string directory, ModelRoots roots, size_t max_tensors_per_model,
+          std::shared_ptr<FileSystem> file_system);
+  // Replaces model `name`'s file with `text`, atomically. REQUIRES: persist_mu_ held.
+  absl::Status WriteModelFile(const std::string& name, absl::string_view text)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
   void FlushLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string directory_;  // <state_dir>/catalog
+  const std::shared_ptr<FileSystem> file_system_;
   const ModelRoots roots_;
   const size_t max_tensors_per_model_;
   // Held while a model's file is written or deleted, and across the check-and-insert of a

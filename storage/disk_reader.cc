@@ -1,6 +1,5 @@
 #include "storage/disk_reader.h"
 
-#include <fcntl.h>
 #include <liburing.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -164,10 +163,16 @@ class DiskReader::Worker {
     for (;;) {
       Chunk chunk;
       if (!reader_->NextChunk(wait, &chunk)) return false;
-      if (reader_->options_.before_chunk) reader_->options_.before_chunk(chunk.target->path);
       absl::StatusOr<File*> file = reader_->OpenFile(*chunk.target);
       if (!file.ok()) {
         reader_->FinishChunk(chunk, file.status());
+        continue;
+      }
+      if (absl::Status admitted = reader_->file_system_->BeforeRead((*file)->path);
+          !admitted.ok()) {
+        // Failed as a read the kernel failed (HandleResult): the next request opens it again.
+        reader_->RetireFile(*file);
+        reader_->FinishChunk(chunk, absl::UnavailableError(admitted.message()));
         continue;
       }
       slots_[slot] = Slot{chunk, *file, (*file)->use_direct.load()};
@@ -332,7 +337,8 @@ absl::StatusOr<std::unique_ptr<DiskReader>> DiskReader::Create(const DiskReaderO
   return reader;
 }
 
-DiskReader::DiskReader(const DiskReaderOptions& options) : options_(options) {}
+DiskReader::DiskReader(const DiskReaderOptions& options)
+    : options_(options), file_system_(FileSystemOrDefault(options.file_system)) {}
 
 DiskReader::~DiskReader() {
   std::vector<Request*> unstarted;
@@ -480,24 +486,13 @@ void DiskReader::RetireFile(File* file) {
   files_.erase(it);
 }
 
-absl::StatusOr<int> DiskReader::OpenDescriptor(const ReadTarget& target, int flags) const {
-  int fd;
-  if (options_.open_file) {
-    fd = options_.open_file(target.path, flags);
-    if (fd < 0) return PosixError(absl::StrCat("opening ", target.path), errno);
-  } else if (target.model_file != nullptr) {
-    absl::StatusOr<ScopedFd> opened = options_.model_roots.OpenBeneath(target.path, flags);
-    if (!opened.ok()) return opened.status();
-    fd = opened->Release();
-  } else {
-    fd = ::open(target.path.c_str(), flags);
-    if (fd < 0) return PosixError(absl::StrCat("opening ", target.path), errno);
-  }
-  if (target.model_file != nullptr) {
-    if (absl::Status same = CheckModelFile(fd, *target.model_file); !same.ok()) {
-      ::close(fd);
-      return same;
-    }
+absl::StatusOr<ScopedFd> DiskReader::OpenDescriptor(const ReadTarget& target, bool direct) const {
+  OpenForReadOptions open;
+  open.direct = direct;
+  if (target.model_file != nullptr) open.beneath = &options_.model_roots;
+  absl::StatusOr<ScopedFd> fd = file_system_->OpenForRead(target.path, open);
+  if (fd.ok() && target.model_file != nullptr) {
+    if (absl::Status same = CheckModelFile(fd->get(), *target.model_file); !same.ok()) return same;
   }
   return fd;
 }
@@ -523,12 +518,12 @@ absl::StatusOr<DiskReader::File*> DiskReader::OpenFile(const ReadTarget& target)
   }
   auto file = std::make_unique<File>();
   file->path = path;
-  absl::StatusOr<int> buffered = OpenDescriptor(target, O_RDONLY | O_CLOEXEC);
+  absl::StatusOr<ScopedFd> buffered = OpenDescriptor(target, /*direct=*/false);
   if (!buffered.ok()) return buffered.status();
-  file->buffered_fd = *buffered;
+  file->buffered_fd = buffered->Release();
   bool direct_refused = false;
   if (options_.direct) {
-    absl::StatusOr<int> direct = OpenDescriptor(target, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    absl::StatusOr<ScopedFd> direct = OpenDescriptor(target, /*direct=*/true);
     // Both descriptors must be the recorded file: the path could change between the two opens.
     if (!direct.ok() && target.model_file != nullptr &&
         (absl::IsFailedPrecondition(direct.status()) ||
@@ -536,7 +531,7 @@ absl::StatusOr<DiskReader::File*> DiskReader::OpenFile(const ReadTarget& target)
       return direct.status();
     }
     direct_refused = !direct.ok();
-    file->direct_fd = direct.ok() ? *direct : -1;
+    file->direct_fd = direct.ok() ? direct->Release() : -1;
     file->use_direct = !direct_refused;
   }
   absl::MutexLock lock(&mu_);

@@ -21,7 +21,6 @@
 #define TIERD_STORAGE_DISK_READER_H_
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -34,7 +33,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "storage/catalog.h"
+#include "storage/file_system.h"
+#include "storage/model.h"
 #include "storage/model_roots.h"
 
 namespace tierd {
@@ -51,12 +51,9 @@ struct DiskReaderOptions {
   // Where model files are opened: beneath their root, following no symbolic link (see
   // ReadTarget::model_file).
   ModelRoots model_roots;
-  // Opens files like open(2) (returns a descriptor, or -1 with errno set) in place of open(2) and
-  // of the model roots' confined open. Tests inject failures here; null in the daemon.
-  std::function<int(const std::string& path, int flags)> open_file;
-  // Called on a reader thread before each chunk of `path` is read; null means nothing. Tests
-  // stall it to model a slow disk.
-  std::function<void(const std::string& path)> before_chunk;
+  // Where files are opened; each chunk is announced to it (FileSystem::BeforeRead) before it is
+  // read. Null: the POSIX file system.
+  std::shared_ptr<FileSystem> file_system;
 };
 
 // Bytes [offset, offset + length) of the file at `path` go to `destination`.
@@ -145,13 +142,14 @@ class DiskReader {
   // The open file `target` reads, opened (and checked, for a model file) on first use.
   absl::StatusOr<File*> OpenFile(const ReadTarget& target) ABSL_LOCKS_EXCLUDED(mu_);
   // One descriptor of `target`'s file with `flags`, checked when it is a model file.
-  absl::StatusOr<int> OpenDescriptor(const ReadTarget& target, int flags) const;
+  absl::StatusOr<ScopedFd> OpenDescriptor(const ReadTarget& target, bool direct) const;
   void NoteBytesRead(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   void UseBuffered(File* file, int error) ABSL_LOCKS_EXCLUDED(mu_);
   // Stops handing out `file` after a read of it failed; it is closed once no read is in flight.
   void RetireFile(File* file) ABSL_LOCKS_EXCLUDED(mu_);
 
   const DiskReaderOptions options_;
+  const std::shared_ptr<FileSystem> file_system_;
 
   mutable absl::Mutex mu_;
   RequestId next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -1,13 +1,11 @@
 #include "storage/durable_store.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -108,9 +106,8 @@ absl::StatusOr<DurableRecord> ParseMetadata(const nlohmann::json& json) {
 }
 
 // Reads and checks the header of the version at `path`.
-absl::StatusOr<DurableRecord> ReadHeader(const std::string& path) {
-  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return PosixError(absl::StrCat("opening ", path), errno);
+absl::StatusOr<DurableRecord> ReadHeader(FileSystem& file_system, const std::string& path) {
+  ASSIGN_OR_RETURN(const ScopedFd fd, file_system.OpenForRead(path, OpenForReadOptions()));
   uint8_t fixed[kFixedHeaderBytes];
   ASSIGN_OR_RETURN(size_t got, ReadUpTo(fd.get(), fixed, sizeof(fixed), path));
   if (got < sizeof(fixed) || std::memcmp(fixed, kMagic, sizeof(kMagic)) != 0) {
@@ -146,20 +143,19 @@ absl::StatusOr<DurableRecord> ReadHeader(const std::string& path) {
 absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
     const std::string& directory, const DurableStoreOptions& options,
     std::vector<DurableRecord>* recovered) {
-  std::error_code error;
-  std::filesystem::create_directories(directory, error);
-  if (error) {
-    return PosixError(absl::StrCat("creating durable directory ", directory), error.value());
+  const std::shared_ptr<FileSystem> file_system = FileSystemOrDefault(options.file_system);
+  if (absl::Status created = file_system->CreateDirectories(directory); !created.ok()) {
+    return absl::Status(created.code(), absl::StrCat("durable directory: ", created.message()));
   }
-  std::unique_ptr<DurableStore> store(new DurableStore(directory, options));
+  std::unique_ptr<DurableStore> store(new DurableStore(directory, file_system));
   recovered->clear();
   RETURN_IF_ERROR(store->Recover(recovered));
   store->thread_ = std::thread([self = store.get()] { self->Run(); });
   return store;
 }
 
-DurableStore::DurableStore(std::string directory, const DurableStoreOptions& options)
-    : directory_(std::move(directory)), options_(options) {}
+DurableStore::DurableStore(std::string directory, std::shared_ptr<FileSystem> file_system)
+    : directory_(std::move(directory)), file_system_(std::move(file_system)) {}
 
 DurableStore::~DurableStore() {
   {
@@ -170,26 +166,29 @@ DurableStore::~DurableStore() {
 }
 
 absl::Status DurableStore::Recover(std::vector<DurableRecord>* recovered) {
-  std::error_code error;
   std::map<std::string, DurableRecord> newest;  // by key
   std::vector<std::string> superseded;
   int temporaries = 0;
   uint64_t max_generation = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(directory_, error)) {
-    const std::string path = entry.path().string();
-    const std::string name = entry.path().filename().string();
+  absl::StatusOr<std::vector<std::string>> names = file_system_->ListDirectory(directory_);
+  if (!names.ok()) {
+    return absl::Status(names.status().code(),
+                        absl::StrCat("listing ", directory_, ": ", names.status().message()));
+  }
+  for (const std::string& name : *names) {
+    const std::string path = absl::StrCat(directory_, "/", name);
     if (absl::EndsWith(name, kTemporarySuffix)) {
       // A version whose commit was never acknowledged.
-      if (std::filesystem::remove(entry.path(), error)) ++temporaries;
+      if (file_system_->RemoveFile(path).ok()) ++temporaries;
       continue;
     }
     if (!absl::EndsWith(name, kSuffix)) continue;
-    absl::StatusOr<DurableRecord> record = ReadHeader(path);
+    absl::StatusOr<DurableRecord> record = ReadHeader(*file_system_, path);
     if (!record.ok()) {
       const std::string damaged = absl::StrCat(path, kDamagedSuffix);
       TIERD_LOG(ERROR) << "durable object file " << path << " is damaged (" << record.status()
                        << "); moved to " << damaged << " and not loaded";
-      std::filesystem::rename(entry.path(), damaged, error);
+      (void)file_system_->Rename(path, damaged);
       continue;
     }
     max_generation = std::max(max_generation, record->generation);
@@ -204,12 +203,11 @@ absl::Status DurableStore::Recover(std::vector<DurableRecord>* recovered) {
       }
     }
   }
-  if (error) return PosixError(absl::StrCat("listing ", directory_), error.value());
-  for (const std::string& path : superseded) std::filesystem::remove(path, error);
+  for (const std::string& path : superseded) (void)file_system_->RemoveFile(path);
   if (temporaries > 0 || !superseded.empty()) {
     TIERD_LOG(INFO) << "durable store " << directory_ << ": removed " << temporaries
                     << " unfinished and " << superseded.size() << " superseded version(s)";
-    RETURN_IF_ERROR(SyncDirectory());
+    RETURN_IF_ERROR(file_system_->SyncDirectory(directory_));
   }
   absl::MutexLock lock(&mu_);
   next_generation_ = max_generation + 1;
@@ -272,9 +270,8 @@ void DurableStore::Run() {
     Job job;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !jobs_.empty();
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !jobs_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (jobs_.empty()) return;
       job = std::move(jobs_.front());
@@ -306,12 +303,14 @@ void DurableStore::RunPersist(Job& job) {
   const std::string metadata = Metadata(record).dump();
   record.payload_offset = RoundUpToPage(kFixedHeaderBytes + metadata.size());
   absl::Status status = WriteVersion(job, record, metadata, temporary);
-  if (status.ok() && !previous.empty() && ::unlink(previous.c_str()) != 0 && errno != ENOENT) {
-    // The new version is durable and newer: a restart keeps it and removes this one.
-    TIERD_LOG(WARNING) << "removing the previous version " << previous << " of " << job.key
-                       << ": " << PosixError("unlink", errno);
+  if (status.ok() && !previous.empty()) {
+    if (absl::Status removed = file_system_->RemoveFile(previous);
+        !removed.ok() && !absl::IsNotFound(removed)) {
+      // The new version is durable and newer: a restart keeps it and removes this one.
+      TIERD_LOG(WARNING) << "removing the previous version " << previous << " of " << job.key
+                         << ": " << removed;
+    }
   }
-  if (!status.ok()) ::unlink(temporary.c_str());
   {
     absl::MutexLock lock(&mu_);
     if (--persists_queued_[job.key] == 0) persists_queued_.erase(job.key);
@@ -338,27 +337,16 @@ void DurableStore::RunPersist(Job& job) {
 }
 
 absl::Status DurableStore::WriteVersion(const Job& job, const DurableRecord& record,
-                                        const std::string& metadata,
-                                        const std::string& temporary) {
+                                        const std::string& metadata, const std::string& temporary) {
   std::string header(record.payload_offset, '\0');
   auto* bytes = reinterpret_cast<uint8_t*>(header.data());
   std::memcpy(bytes, kMagic, sizeof(kMagic));
   PutLittleEndian(bytes + 8, metadata.size(), 4);
   PutLittleEndian(bytes + 16, XXH3_64bits(metadata.data(), metadata.size()), 8);
   std::memcpy(bytes + kFixedHeaderBytes, metadata.data(), metadata.size());
-  const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
-  ScopedFd fd(options_.open_file ? options_.open_file(temporary, flags)
-                                 : ::open(temporary.c_str(), flags, 0600));
-  if (fd.get() < 0) return PosixError(absl::StrCat("creating ", temporary), errno);
-  RETURN_IF_ERROR(WriteAll(fd.get(), header, temporary));
-  RETURN_IF_ERROR(WriteAll(
-      fd.get(), absl::string_view(reinterpret_cast<const char*>(job.data), job.size), temporary));
-  if (::fdatasync(fd.get()) != 0) return PosixError(absl::StrCat("fsync ", temporary), errno);
-  RETURN_IF_ERROR(fd.Close(temporary));
-  if (::rename(temporary.c_str(), record.path.c_str()) != 0) {
-    return PosixError(absl::StrCat("renaming ", temporary), errno);
-  }
-  return SyncDirectory();
+  const absl::string_view parts[] = {
+      header, absl::string_view(reinterpret_cast<const char*>(job.data), job.size)};
+  return WriteFileAtomically(*file_system_, record.path, temporary, parts, 0600);
 }
 
 void DurableStore::RunRemove(Job& job) {
@@ -369,10 +357,9 @@ void DurableStore::RunRemove(Job& job) {
   }
   absl::Status status;
   if (!path.empty()) {
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-      status = PosixError(absl::StrCat("removing ", path), errno);
-    } else {
-      status = SyncDirectory();
+    status = file_system_->RemoveFile(path);
+    if (status.ok() || absl::IsNotFound(status)) {
+      status = file_system_->SyncDirectory(directory_);
       absl::MutexLock lock(&mu_);
       auto it = on_disk_.find(job.key);
       --stats_.objects;
@@ -381,13 +368,6 @@ void DurableStore::RunRemove(Job& job) {
     }
   }
   std::move(job.removed)(status);
-}
-
-absl::Status DurableStore::SyncDirectory() {
-  ScopedFd fd(::open(directory_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) return PosixError(absl::StrCat("opening ", directory_), errno);
-  if (::fsync(fd.get()) != 0) return PosixError(absl::StrCat("fsync ", directory_), errno);
-  return absl::OkStatus();
 }
 
 }  // namespace tierd

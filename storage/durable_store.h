@@ -24,7 +24,6 @@
 
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -37,7 +36,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/figures.h"
-#include "storage/catalog.h"
+#include "storage/file_system.h"
+#include "storage/model.h"
 
 namespace tierd {
 
@@ -53,9 +53,8 @@ struct DurableRecord {
 };
 
 struct DurableStoreOptions {
-  // Opens files like open(2) (a descriptor, or -1 with errno set); null means open(2). Tests
-  // inject a full disk here.
-  std::function<int(const std::string& path, int flags)> open_file;
+  // Where versions are written, synced, renamed and removed. Null: the POSIX file system.
+  std::shared_ptr<FileSystem> file_system;
 };
 
 struct DurableStoreStats {
@@ -82,9 +81,9 @@ class DurableStore {
   // version of each key, in key order, in `recovered`. Temporary files and older versions are
   // removed; a file whose header is damaged is renamed to "*.damaged" and logged, not loaded.
   // The objects' bytes are not read here: their checksum is checked when they are read back.
-  static absl::StatusOr<std::unique_ptr<DurableStore>> Open(
-      const std::string& directory, const DurableStoreOptions& options,
-      std::vector<DurableRecord>* recovered);
+  static absl::StatusOr<std::unique_ptr<DurableStore>> Open(const std::string& directory,
+                                                            const DurableStoreOptions& options,
+                                                            std::vector<DurableRecord>* recovered);
   // Finishes the queued jobs, then joins.
   ~DurableStore();
   DurableStore(const DurableStore&) = delete;
@@ -121,19 +120,19 @@ class DurableStore {
     uint64_t size = 0;
   };
 
-  DurableStore(std::string directory, const DurableStoreOptions& options);
+  DurableStore(std::string directory, std::shared_ptr<FileSystem> file_system);
   absl::Status Recover(std::vector<DurableRecord>* recovered);
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
   void RunPersist(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
   void RunRemove(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
   // Writes `job`'s version (the header with `metadata`, then the bytes from
-  // record.payload_offset) to `temporary` and makes it durable as record.path.
+  // record.payload_offset) to `temporary` and makes it durable as record.path
+  // (WriteFileAtomically).
   absl::Status WriteVersion(const Job& job, const DurableRecord& record,
                             const std::string& metadata, const std::string& temporary);
-  absl::Status SyncDirectory();
 
   const std::string directory_;
-  const DurableStoreOptions options_;
+  const std::shared_ptr<FileSystem> file_system_;
   mutable absl::Mutex mu_;
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -16,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/fd_io.h"
-#include "storage/catalog.h"
+#include "storage/model.h"
 #include "storage/model_roots.h"
 #include "storage/object_layout.h"
 

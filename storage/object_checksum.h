@@ -14,7 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "storage/catalog.h"
+#include "storage/model.h"
 #include "storage/model_roots.h"
 
 namespace tierd {

@@ -16,8 +16,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "re2/re2.h"
-#include "storage/catalog.h"
 #include "storage/dtype.h"
+#include "storage/model.h"
 
 namespace tierd {
 

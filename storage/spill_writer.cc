@@ -1,13 +1,12 @@
 #include "storage/spill_writer.h"
 
-#include <fcntl.h>
 #include <liburing.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -23,14 +22,16 @@ constexpr char kSpillSuffix[] = ".spill";
 
 // Writes [data, data + bytes) at offset 0 of `fd` with io_uring, several chunks in flight. Never
 // returns with a write still in flight: the memory and the file are released after it.
-absl::Status WriteWithUring(struct io_uring* ring, int fd, const uint8_t* data, uint64_t bytes,
-                            const std::string& path) {
+absl::Status WriteWithUring(FileSystem& file_system, struct io_uring* ring, int fd,
+                            const uint8_t* data, uint64_t bytes, const std::string& path) {
   uint64_t next = 0;       // next offset to submit
   uint64_t completed = 0;  // bytes written
   unsigned in_flight = 0;
   absl::Status failure;
   while (completed < bytes && failure.ok()) {
     while (in_flight < kWritesInFlight && next < bytes) {
+      failure = file_system.BeforeWrite(path);
+      if (!failure.ok()) break;
       struct io_uring_sqe* sqe = io_uring_get_sqe(ring);
       const unsigned length = static_cast<unsigned>(std::min(kWriteChunk, bytes - next));
       io_uring_prep_write(sqe, fd, data + next, length, next);
@@ -38,6 +39,7 @@ absl::Status WriteWithUring(struct io_uring* ring, int fd, const uint8_t* data, 
       next += length;
       ++in_flight;
     }
+    if (in_flight == 0) break;  // the file system refused the next write: nothing to wait for
     if (int rc = io_uring_submit_and_wait(ring, 1); rc < 0 && rc != -EINTR) {
       failure = PosixError("io_uring_submit_and_wait", -rc);
       break;
@@ -77,8 +79,10 @@ absl::Status WriteWithUring(struct io_uring* ring, int fd, const uint8_t* data, 
   return failure;
 }
 
-absl::Status WriteWithPwrite(int fd, const uint8_t* data, uint64_t bytes, const std::string& path) {
+absl::Status WriteWithPwrite(FileSystem& file_system, int fd, const uint8_t* data, uint64_t bytes,
+                             const std::string& path) {
   for (uint64_t at = 0; at < bytes;) {
+    if (absl::Status admitted = file_system.BeforeWrite(path); !admitted.ok()) return admitted;
     const ssize_t n = ::pwrite(fd, data + at, std::min(kWriteChunk, bytes - at), at);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return PosixError(absl::StrCat("writing ", path), n < 0 ? errno : ENOSPC);
@@ -91,30 +95,28 @@ absl::Status WriteWithPwrite(int fd, const uint8_t* data, uint64_t bytes, const 
 
 absl::StatusOr<std::unique_ptr<SpillWriter>> SpillWriter::Create(
     const std::string& directory, const SpillWriterOptions& options) {
-  std::error_code error;
-  std::filesystem::create_directories(directory, error);
-  if (error) return PosixError(absl::StrCat("creating spill directory ", directory), error.value());
+  const std::shared_ptr<FileSystem> file_system = FileSystemOrDefault(options.file_system);
+  if (absl::Status created = file_system->CreateDirectories(directory); !created.ok()) {
+    return absl::Status(created.code(), absl::StrCat("spill directory: ", created.message()));
+  }
   // Spilled objects do not outlive the daemon that spilled them.
   int removed = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
-    if (absl::EndsWith(entry.path().filename().string(), kSpillSuffix) &&
-        std::filesystem::remove(entry.path(), error)) {
+  const absl::StatusOr<std::vector<std::string>> names = file_system->ListDirectory(directory);
+  for (const std::string& name : names.ok() ? *names : std::vector<std::string>()) {
+    if (absl::EndsWith(name, kSpillSuffix) &&
+        file_system->RemoveFile(absl::StrCat(directory, "/", name)).ok()) {
       ++removed;
     }
   }
   if (removed > 0)
     TIERD_LOG(INFO) << "removed " << removed << " old spill files from " << directory;
-  std::unique_ptr<SpillWriter> writer(new SpillWriter(directory, options));
+  std::unique_ptr<SpillWriter> writer(new SpillWriter(directory, file_system));
   writer->thread_ = std::thread([self = writer.get()] { self->Run(); });
   return writer;
 }
 
-SpillWriter::SpillWriter(std::string directory, const SpillWriterOptions& options)
-    : directory_(std::move(directory)), options_(options) {}
-
-int SpillWriter::OpenFile(const std::string& path, int flags) {
-  return options_.open_file ? options_.open_file(path, flags) : ::open(path.c_str(), flags, 0600);
-}
+SpillWriter::SpillWriter(std::string directory, std::shared_ptr<FileSystem> file_system)
+    : directory_(std::move(directory)), file_system_(std::move(file_system)) {}
 
 SpillWriter::~SpillWriter() {
   {
@@ -142,30 +144,31 @@ void SpillWriter::Run() {
       jobs_.pop_front();
     }
     absl::Status status = WriteFile(job);
-    if (!status.ok()) ::unlink(job.path.c_str());
+    if (!status.ok()) (void)file_system_->RemoveFile(job.path);
     std::move(job.done)(status);
   }
 }
 
 absl::Status SpillWriter::WriteFile(const SpillJob& job) {
-  const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
-  int fd = OpenFile(job.path, flags | O_DIRECT);
-  if (fd < 0 && errno == EINVAL) {
+  OpenForWriteOptions open;
+  open.direct = true;
+  absl::StatusOr<ScopedFd> fd = file_system_->OpenForWrite(job.path, open);
+  if (absl::IsInvalidArgument(fd.status())) {
     TIERD_LOG_FIRST_N(WARNING, 1) << "O_DIRECT refused in " << directory_
                                   << ": spilling through the page cache";
-    fd = OpenFile(job.path, flags);
+    open.direct = false;
+    fd = file_system_->OpenForWrite(job.path, open);
   }
-  if (fd < 0) return PosixError(absl::StrCat("creating ", job.path), errno);
+  if (!fd.ok()) return fd.status();
   struct io_uring ring;
   absl::Status status;
   if (io_uring_queue_init(kWritesInFlight, &ring, 0) == 0) {
-    status = WriteWithUring(&ring, fd, job.data, job.bytes, job.path);
+    status = WriteWithUring(*file_system_, &ring, fd->get(), job.data, job.bytes, job.path);
     io_uring_queue_exit(&ring);
   } else {
     TIERD_LOG_FIRST_N(WARNING, 1) << "io_uring is unavailable: spilling with pwrite";
-    status = WriteWithPwrite(fd, job.data, job.bytes, job.path);
+    status = WriteWithPwrite(*file_system_, fd->get(), job.data, job.bytes, job.path);
   }
-  ::close(fd);
   return status;
 }
 

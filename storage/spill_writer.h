@@ -12,7 +12,6 @@
 
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -21,6 +20,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "storage/file_system.h"
 
 namespace tierd {
 
@@ -34,9 +34,9 @@ struct SpillJob {
 };
 
 struct SpillWriterOptions {
-  // Opens files like open(2) (a descriptor, or -1 with errno set); null means open(2). Tests
-  // inject a full disk here.
-  std::function<int(const std::string& path, int flags)> open_file;
+  // Where spill files are created, removed and written (each chunk announced with
+  // FileSystem::BeforeWrite). Null: the POSIX file system.
+  std::shared_ptr<FileSystem> file_system;
 };
 
 class SpillWriter {
@@ -54,13 +54,12 @@ class SpillWriter {
   void Write(SpillJob job) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  SpillWriter(std::string directory, const SpillWriterOptions& options);
-  int OpenFile(const std::string& path, int flags);
+  SpillWriter(std::string directory, std::shared_ptr<FileSystem> file_system);
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status WriteFile(const SpillJob& job);
 
   const std::string directory_;
-  const SpillWriterOptions options_;
+  const std::shared_ptr<FileSystem> file_system_;
   absl::Mutex mu_;
   std::deque<SpillJob> jobs_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

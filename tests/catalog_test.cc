@@ -70,13 +70,6 @@ std::vector<std::string> TensorNames(const ObjectInfo& object) {
   return names;
 }
 
-const ObjectInfo* FindObject(const ModelInfo& model, const std::string& name) {
-  for (const ObjectInfo& object : model.objects) {
-    if (object.name == name) return &object;
-  }
-  return nullptr;
-}
-
 // Where a tensor's data starts in a file written by WriteSafetensors(specs): just after the header.
 uint64_t DataStart(const std::vector<TensorSpec>& specs) {
   return 8 + SafetensorsHeaderJson(specs).size();

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "storage/fault_injecting_file_system.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 
@@ -150,14 +151,10 @@ TEST_P(DiskReaderTest, FallsBackToBufferedReadsWhereODirectIsRefused) {
   const std::string contents = MakeFile(path, 2 * kMiB + 3, 4);
   std::string buffer(contents.size() - 10, '\0');
   // A filesystem that refuses O_DIRECT at open, as tmpfs did before Linux 6.6 and overlayfs does.
+  auto file_system = std::make_shared<FaultInjectingFileSystem>();
+  file_system->FailAlways(FileOperation::kOpenDirect, "", EINVAL);
   DiskReaderOptions options;
-  options.open_file = [](const std::string& name, int flags) {
-    if (flags & O_DIRECT) {
-      errno = EINVAL;
-      return -1;
-    }
-    return ::open(name.c_str(), flags);
-  };
+  options.file_system = file_system;
   auto reader = NewReader(options);
   auto outcome =
       Read(*reader, {{path, 10, buffer.size(), reinterpret_cast<uint8_t*>(buffer.data())}});
@@ -171,15 +168,14 @@ TEST_P(DiskReaderTest, AFailedReadIsUnavailableAndTheFileIsOpenedAgainForTheNext
   const std::string path = absl::StrCat(dir_.path(), "/flaky");
   const std::string contents = MakeFile(path, 64 * 1024, 6);
   std::string buffer(contents.size(), '\0');
-  // The first open hands out a descriptor whose reads fail (a directory: EISDIR), as a failing
-  // disk's EIO would; later opens are real.
-  auto opens = std::make_shared<std::atomic<int>>(0);
+  // The first read fails, as a failing disk's EIO would; later ones are real.
+  auto file_system = std::make_shared<FaultInjectingFileSystem>();
+  auto reads = std::make_shared<std::atomic<int>>(0);
+  file_system->SetFault(FileOperation::kRead,
+                        [reads](const std::string&) { return reads->fetch_add(1) == 0 ? EIO : 0; });
   DiskReaderOptions options;
   options.direct = false;
-  options.open_file = [opens, dir = dir_.path()](const std::string& name, int flags) {
-    if (opens->fetch_add(1) == 0) return ::open(dir.c_str(), O_RDONLY | O_CLOEXEC);
-    return ::open(name.c_str(), flags);
-  };
+  options.file_system = file_system;
   auto reader = NewReader(options);
   auto failed =
       Read(*reader, {{path, 0, buffer.size(), reinterpret_cast<uint8_t*>(buffer.data())}});
@@ -190,7 +186,51 @@ TEST_P(DiskReaderTest, AFailedReadIsUnavailableAndTheFileIsOpenedAgainForTheNext
   ASSERT_TRUE(again->finished.WaitForNotificationWithTimeout(kTimeout));
   ASSERT_THAT(again->status, IsOk());
   EXPECT_EQ(buffer, contents);
-  EXPECT_EQ(*opens, 2);
+  EXPECT_EQ(file_system->calls(FileOperation::kOpenForRead), 2u);
+  EXPECT_EQ(file_system->failures(FileOperation::kRead), 1u);
+}
+
+// Hands out, for the first open, a descriptor of `directory` instead of the file: reads of it fail
+// in the kernel (EISDIR), as a failing disk's EIO would. Later opens are real.
+class FirstOpenFailsReads : public FileSystemWrapper {
+ public:
+  explicit FirstOpenFailsReads(std::string directory)
+      : FileSystemWrapper(FileSystem::Default()), directory_(std::move(directory)) {}
+
+  absl::StatusOr<ScopedFd> OpenForRead(const std::string& path,
+                                       const OpenForReadOptions& options) override {
+    if (opens_.fetch_add(1) == 0) {
+      return FileSystemWrapper::OpenForRead(directory_, OpenForReadOptions());
+    }
+    return FileSystemWrapper::OpenForRead(path, options);
+  }
+
+  int opens() const { return opens_.load(); }
+
+ private:
+  const std::string directory_;
+  std::atomic<int> opens_{0};
+};
+
+TEST_P(DiskReaderTest, AReadTheKernelFailsIsUnavailableAndTheFileIsOpenedAgain) {
+  const std::string path = absl::StrCat(dir_.path(), "/flaky");
+  const std::string contents = MakeFile(path, 64 * 1024, 6);
+  std::string buffer(contents.size(), '\0');
+  auto file_system = std::make_shared<FirstOpenFailsReads>(dir_.path());
+  DiskReaderOptions options;
+  options.direct = false;
+  options.file_system = file_system;
+  auto reader = NewReader(options);
+  auto failed =
+      Read(*reader, {{path, 0, buffer.size(), reinterpret_cast<uint8_t*>(buffer.data())}});
+  ASSERT_TRUE(failed->finished.WaitForNotificationWithTimeout(kTimeout));
+  EXPECT_THAT(failed->status, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(std::string(failed->status.message()), ::testing::HasSubstr(path));
+  auto again = Read(*reader, {{path, 0, buffer.size(), reinterpret_cast<uint8_t*>(buffer.data())}});
+  ASSERT_TRUE(again->finished.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(again->status, IsOk());
+  EXPECT_EQ(buffer, contents);
+  EXPECT_EQ(file_system->opens(), 2);
 }
 
 TEST_P(DiskReaderTest, ReadsFilesOnTmpfs) {

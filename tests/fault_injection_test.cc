@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/daemon.h"
+#include "storage/fault_injecting_file_system.h"
 #include "tests/daemon_test_support.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
@@ -102,38 +103,36 @@ class FaultInjectionTest : public ::testing::Test {
     options.reader.queue_depth = 4;
     options.reader.chunk_bytes = 1 << 20;
     options.reader.direct = false;
-    // A model file whose reads fail while `fail_reads` is set: the file itself, opened for
-    // writing only, whose reads the kernel refuses (EBADF), as a disk that returns EIO would.
-    // While `short_reads` is set, the model file is opened as a copy of its first 64 KiB: a file
-    // cut off under the daemon.
-    options.reader.open_file = [this](const std::string& path, int flags) {
-      if (fail_reads && absl::EndsWith(path, ".safetensors")) {
-        ++read_faults;
-        return ::open(path.c_str(), (flags & ~O_ACCMODE) | O_WRONLY);
-      }
-      if (short_reads && absl::EndsWith(path, ".safetensors")) {
-        ++short_read_faults;
-        return ::open(truncated_copy_.c_str(), O_RDONLY | O_CLOEXEC);
-      }
-      return ::open(path.c_str(), flags);
-    };
-    // A slow disk: every chunk read waits this long first, holding the one reader thread.
-    options.reader.before_chunk = [this](const std::string&) {
+    // While `fail_reads` is set, every read of the model file fails (EIO), as a failing disk's
+    // would. While `slow_read_ms` is set, every chunk read waits this long first, holding the one
+    // reader thread: a slow disk. While `disk_full` is set, every write of a spill file or a
+    // durable object fails (ENOSPC). Opens of the model file while `short_reads` is set are
+    // counted: those find the file cut short (CutModelFileShort).
+    auto file_system = std::make_shared<FaultInjectingFileSystem>();
+    file_system->SetFault(FileOperation::kRead, [this](const std::string& path) {
       if (const int ms = slow_read_ms.load(); ms > 0) {
         ++slowed_reads;
         absl::SleepFor(absl::Milliseconds(ms));
       }
-    };
-    // A full disk: spill files and durable objects are written to /dev/full (ENOSPC).
-    auto full_disk = [this](const std::string& path, int flags) {
-      if (disk_full) {
-        ++write_faults;
-        return ::open("/dev/full", O_WRONLY | O_CLOEXEC);
+      if (fail_reads && absl::EndsWith(path, ".safetensors")) {
+        ++read_faults;
+        return EIO;
       }
-      return ::open(path.c_str(), flags, 0600);
-    };
-    options.spill.open_file = full_disk;
-    options.durable.open_file = full_disk;
+      return 0;
+    });
+    file_system->SetFault(FileOperation::kOpenForRead, [this](const std::string& path) {
+      if (short_reads && absl::EndsWith(path, ".safetensors")) ++short_read_faults;
+      return 0;
+    });
+    file_system->SetFault(FileOperation::kWrite, [this](const std::string& path) {
+      if (disk_full && (absl::StrContains(path, "/state/spill/") ||
+                        absl::StrContains(path, "/state/durable/"))) {
+        ++write_faults;
+        return ENOSPC;
+      }
+      return 0;
+    });
+    options.file_system = std::move(file_system);
     options.create_device = [this]() -> absl::StatusOr<std::unique_ptr<Device>> {
       auto device = std::make_unique<FaultyDevice>(*host_);
       device_ = device.get();
@@ -201,6 +200,21 @@ class FaultInjectionTest : public ::testing::Test {
     return absl::OkStatus();
   }
 
+  // Puts the first 64 KiB of the model file in its place (its own file kept aside): a file cut
+  // short under the daemon. RestoreModelFile puts the original back.
+  void CutModelFileShort() {
+    const std::string model_file = absl::StrCat(model_dir_, "/model.safetensors");
+    ASSERT_EQ(::rename(model_file.c_str(), absl::StrCat(model_file, ".aside").c_str()), 0);
+    ASSERT_EQ(::rename(truncated_copy_.c_str(), model_file.c_str()), 0);
+    short_reads = true;
+  }
+  void RestoreModelFile() {
+    short_reads = false;
+    const std::string model_file = absl::StrCat(model_dir_, "/model.safetensors");
+    ASSERT_EQ(::rename(model_file.c_str(), truncated_copy_.c_str()), 0);
+    ASSERT_EQ(::rename(absl::StrCat(model_file, ".aside").c_str(), model_file.c_str()), 0);
+  }
+
   TempDir dir_;
   std::unique_ptr<HostDevice> host_;
   FaultyDevice* device_ = nullptr;  // owned by the daemon
@@ -236,14 +250,14 @@ TEST_F(FaultInjectionTest, AFailingDiskReadFailsTheFetchAndTheNextOneSucceeds) {
 TEST_F(FaultInjectionTest, AFileCutShortIsRefusedUntilTheModelIsRegisteredAgain) {
   // Block 3 lies past the first 64 KiB of the file (each block is 256 KiB). The file the reader
   // opens is not the one registered: refused before anything is read from it, never served.
-  short_reads = true;
+  CutModelFileShort();
   const absl::Status failed = FetchAndCheck(3);
   EXPECT_THAT(failed, StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(std::string(failed.message()), HasSubstr("model.safetensors")) << failed;
   EXPECT_GE(short_read_faults, 1);
   ExpectNothingHeld();
   // The model is stale from then on, however the file looks now, until it is registered again.
-  short_reads = false;
+  RestoreModelFile();
   EXPECT_THAT(FetchAndCheck(3), StatusIs(absl::StatusCode::kFailedPrecondition));
   ASSERT_THAT(client_->DropModel("m"), IsOk());
   ASSERT_THAT(client_->RegisterModel("m", model_dir_, v1::GROUPING_BLOCK), IsOk());

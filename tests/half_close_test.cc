@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/daemon.h"
+#include "storage/fault_injecting_file_system.h"
 #include "tests/daemon_test_support.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
@@ -60,9 +61,12 @@ class HalfCloseTest : public ::testing::Test {
     options.reader.chunk_bytes = 1 << 20;
     options.reader.direct = false;
     // A slow disk: each chunk read (one per 256 KiB block) waits this long first.
-    options.reader.before_chunk = [this](const std::string&) {
+    auto file_system = std::make_shared<FaultInjectingFileSystem>();
+    file_system->SetFault(FileOperation::kRead, [this](const std::string&) {
       if (const int ms = slow_read_ms.load(); ms > 0) absl::SleepFor(absl::Milliseconds(ms));
-    };
+      return 0;
+    });
+    options.file_system = std::move(file_system);
     auto daemon = Daemon::Create(options);
     ASSERT_THAT(daemon, IsOk());
     daemon_ = *std::move(daemon);

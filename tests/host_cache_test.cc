@@ -18,6 +18,8 @@
 #include "device/host_device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/fault_injecting_file_system.h"
+#include "storage/storage_stack.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 
@@ -87,7 +89,8 @@ class HostCacheTest : public ::testing::Test {
  protected:
   // A cache holding `capacity_objects` block objects (each may take a page more than its size:
   // room to read it in place). With `pinned_pieces` > 0, only that many of the arena's pieces
-  // (kObjectBytes each) are pinned until slow_device_->Open().
+  // (kObjectBytes each) are pinned until slow_device_->Open(). Every tier's files go through
+  // reader_options.file_system.
   void Start(int capacity_objects, EvictionPolicy policy = EvictionPolicy::kFifo,
              DiskReaderOptions reader_options = {}, int pinned_pieces = 0,
              ModelRoots roots = ModelRoots()) {
@@ -100,25 +103,25 @@ class HostCacheTest : public ::testing::Test {
       slow_device_ = std::make_unique<SlowPinningDevice>(*device_, pinned_pieces);
       arena_device = slow_device_.get();
     }
-    auto arena =
-        HostArena::Create(*arena_device, {capacity_objects * (kObjectBytes + 4096), kObjectBytes});
-    ASSERT_THAT(arena, IsOk());
-    arena_ = *std::move(arena);
+    StorageStackOptions options;
+    options.state_dir = absl::StrCat(dir_.path(), "/state");
+    options.spill_dir = absl::StrCat(dir_.path(), "/spill");
+    options.durable_store = false;
+    options.model_roots = std::move(roots);
+    options.arena = {capacity_objects * (kObjectBytes + 4096), kObjectBytes};
+    options.file_system = reader_options.file_system;
+    options.reader = std::move(reader_options);
+    options.host_cache = HostCacheOptions{policy};
+    auto storage = StorageStack::Create(*arena_device, options);
+    ASSERT_THAT(storage, IsOk());
+    storage_ = *std::move(storage);
+    arena_ = &storage_->arena();
+    catalog_ = &storage_->catalog();
+    spill_ = &storage_->spill();
+    cache_ = &storage_->host_cache();
     if (!slow_pinning) {
       ASSERT_TRUE(arena_->WaitUntilFullyPinned(kTimeout));
     }
-    reader_options.model_roots = roots;
-    auto reader = DiskReader::Create(reader_options);
-    ASSERT_THAT(reader, IsOk());
-    reader_ = *std::move(reader);
-    auto catalog = Catalog::Open(absl::StrCat(dir_.path(), "/state"), roots);
-    ASSERT_THAT(catalog, IsOk());
-    catalog_ = *std::move(catalog);
-    auto spill = SpillWriter::Create(absl::StrCat(dir_.path(), "/spill"));
-    ASSERT_THAT(spill, IsOk());
-    spill_ = *std::move(spill);
-    cache_ = std::make_unique<HostCache>(*catalog_, *reader_, *arena_, spill_.get(),
-                                         HostCacheOptions{policy});
   }
 
   void TearDown() override {
@@ -131,11 +134,7 @@ class HostCacheTest : public ::testing::Test {
         answer->object = absl::CancelledError("test over");
       }
     }
-    cache_.reset();
-    spill_.reset();
-    catalog_.reset();
-    reader_.reset();
-    arena_.reset();
+    storage_.reset();
   }
 
   // Writes model "m" with `blocks` blocks of one F32 tensor each (seed = block index) and
@@ -211,11 +210,12 @@ class HostCacheTest : public ::testing::Test {
   std::string model_dir_;
   std::unique_ptr<HostDevice> device_;
   std::unique_ptr<SlowPinningDevice> slow_device_;
-  std::unique_ptr<HostArena> arena_;
-  std::unique_ptr<DiskReader> reader_;
-  std::unique_ptr<Catalog> catalog_;
-  std::unique_ptr<SpillWriter> spill_;
-  std::unique_ptr<HostCache> cache_;
+  std::unique_ptr<StorageStack> storage_;
+  // The stack's tiers.
+  HostArena* arena_ = nullptr;
+  Catalog* catalog_ = nullptr;
+  SpillWriter* spill_ = nullptr;
+  HostCache* cache_ = nullptr;
   std::vector<std::weak_ptr<Answer>> answers_;  // every answer given out, for TearDown
 };
 
@@ -652,18 +652,18 @@ struct SpillOpenFaults {
   bool then_missing = false;
 
   DiskReaderOptions Options() const {
+    auto file_system = std::make_shared<FaultInjectingFileSystem>();
+    file_system->SetFault(
+        FileOperation::kOpenForRead,
+        [gate = gate, attempts = attempts, then_missing = then_missing](const std::string& path) {
+          if (!absl::EndsWith(path, ".spill")) return 0;
+          gate->WaitForNotification();
+          const int attempt = (*attempts)++;
+          // One open per attempt to read: the buffered open comes first and fails.
+          return then_missing && attempt % 2 == 1 ? ENOENT : EACCES;
+        });
     DiskReaderOptions options;
-    options.open_file = [gate = gate, attempts = attempts, then_missing = then_missing](
-                            const std::string& path, int flags) {
-      if (absl::EndsWith(path, ".spill")) {
-        gate->WaitForNotification();
-        const int attempt = (*attempts)++;
-        // One open per attempt to read: the buffered open comes first and fails.
-        errno = then_missing && attempt % 2 == 1 ? ENOENT : EACCES;
-        return -1;
-      }
-      return ::open(path.c_str(), flags);
-    };
+    options.file_system = std::move(file_system);
     return options;
   }
 };

@@ -2,7 +2,6 @@
 
 #include <fstream>
 #include <iterator>
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "storage/dtype.h"
@@ -19,20 +18,6 @@ TensorSpec RandomTensor(const std::string& name, const std::string& dtype,
   TensorSpec spec{name, dtype, shape, std::string(bytes, '\0')};
   FillPattern(spec.data.data(), bytes, seed);
   return spec;
-}
-
-std::string SafetensorsHeaderJson(const std::vector<TensorSpec>& tensors,
-                                  const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  uint64_t offset = 0;
-  for (const TensorSpec& tensor : tensors) {
-    header[tensor.name] = {{"dtype", tensor.dtype},
-                           {"shape", tensor.shape},
-                           {"data_offsets", {offset, offset + tensor.data.size()}}};
-    offset += tensor.data.size();
-  }
-  return header.dump();
 }
 
 DiskReaderOptions ReaderOptions(int threads, int queue_depth, uint64_t chunk_bytes) {
@@ -54,23 +39,6 @@ absl::Status WriteFile(const std::string& path, const std::string& contents) {
 std::string ReadWholeFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-absl::Status WriteRawSafetensors(const std::string& path, const std::string& header,
-                                 const std::string& data, std::optional<uint64_t> declared_length) {
-  const uint64_t length = declared_length.value_or(header.size());
-  std::string contents(8, '\0');
-  for (int i = 0; i < 8; ++i) contents[i] = static_cast<char>((length >> (8 * i)) & 0xff);
-  contents += header;
-  contents += data;
-  return WriteFile(path, contents);
-}
-
-absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorSpec>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
-  std::string data;
-  for (const TensorSpec& tensor : tensors) data += tensor.data;
-  return WriteRawSafetensors(path, SafetensorsHeaderJson(tensors, metadata), data);
 }
 
 }  // namespace tierd::testing

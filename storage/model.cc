@@ -1,0 +1,76 @@
+#include "storage/model.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/quote.h"
+
+namespace tierd {
+
+std::optional<Grouping> ParseGrouping(absl::string_view name) {
+  if (name == "tensor") return Grouping::kTensor;
+  if (name == "block") return Grouping::kBlock;
+  if (name == "phase") return Grouping::kPhase;
+  return std::nullopt;
+}
+
+const char* GroupingName(Grouping grouping) {
+  switch (grouping) {
+    case Grouping::kTensor:
+      return "tensor";
+    case Grouping::kBlock:
+      return "block";
+    case Grouping::kPhase:
+      return "phase";
+  }
+  return "block";  // unreachable: the switch covers every enumerator
+}
+
+GroupingRules GroupingRules::Defaults() {
+  GroupingRules rules;
+  // Lazy prefix so "a.blocks.1.x" gives "a.blocks.1"; \d+ then \. so "blocks.1" never swallows
+  // "blocks.10".
+  rules.block_patterns = {R"(^(.*?(?:blocks|layers|h)\.\d+)\.)"};
+  // cross_attn before attn: "attn2" and "encoder_attn" are cross-attention in common layouts.
+  rules.phase_patterns = {
+      {"cross_attn", R"(^(cross_attn|cross_attention|encoder_attn|attn2)\.)"},
+      {"attn", R"(^(self_attn|attn|attention|attn1|self_attention)\.)"},
+      {"ffn", R"(^(ffn|mlp|feed_forward|ff)\.)"},
+      {"norm", R"(^([a-z_]*norm[a-z_0-9]*|ln_?\d*)\.)"},
+  };
+  return rules;
+}
+
+absl::Status ValidateModelName(absl::string_view name) {
+  bool valid = !name.empty() && name.size() <= 128 && name.front() != '.';
+  for (char c : name) {
+    valid = valid && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '.' || c == '_' || c == '-');
+  }
+  if (valid) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("model name ", Quote(name),
+                   " must be 1-128 characters of [A-Za-z0-9._-], not starting with '.'"));
+}
+
+absl::StatusOr<std::pair<std::string, std::string>> SplitObjectKey(absl::string_view key) {
+  const size_t slash = key.find('/');
+  if (slash == absl::string_view::npos || slash == 0 || slash + 1 == key.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("key ", Quote(key), " is not MODEL/OBJECT"));
+  }
+  const absl::string_view model = key.substr(0, slash);
+  const absl::Status valid = ValidateModelName(model);
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("key ", Quote(key), ": ", valid.message()));
+  }
+  return std::make_pair(std::string(model), std::string(key.substr(slash + 1)));
+}
+
+const ObjectInfo* FindObject(const ModelInfo& info, absl::string_view name) {
+  auto it = std::lower_bound(
+      info.objects.begin(), info.objects.end(), name,
+      [](const ObjectInfo& object, absl::string_view key) { return object.name < key; });
+  return it != info.objects.end() && it->name == name ? &*it : nullptr;
+}
+
+}  // namespace tierd

@@ -1,0 +1,138 @@
+// What a registered model is: its files, the objects its tensors are grouped into, where each
+// object's bytes are in the files, and the index of the tensors inside each object. Plain values,
+// shared by the catalog (which registers and persists them), the layout and scan code that builds
+// them, the tiers that read objects, and the durable store that records stored objects' tensors.
+//
+// Keys are "MODEL/OBJECT"; with per-tensor grouping the object name is the tensor name
+// ("m/blocks.3.ffn.up.weight").
+#ifndef TIERD_STORAGE_MODEL_H_
+#define TIERD_STORAGE_MODEL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "storage/dtype.h"
+
+namespace tierd {
+
+enum class Grouping { kTensor, kBlock, kPhase };
+
+// "tensor", "block", "phase" ↔ Grouping.
+std::optional<Grouping> ParseGrouping(absl::string_view name);
+const char* GroupingName(Grouping grouping);
+
+// How tensor names map to blocks and phases. Patterns are RE2 regular expressions.
+struct GroupingRules {
+  // Each pattern must have exactly one capture group: the block prefix to use as the object name.
+  // The first pattern that finds a match in a tensor name (RE2::PartialMatch) wins. Default:
+  // "^(.*?(?:blocks|layers|h)\.\d+)\." — so "model.layers.3.mlp.up.weight" is in block
+  // "model.layers.3". Tensors in no block form objects of their own, named by the tensor.
+  std::vector<std::string> block_patterns;
+  // (phase name, pattern) pairs matched, in order, against the rest of a block tensor's name after
+  // "<block prefix>."; the first match names the phase ("<block prefix>.<phase>"). A block tensor
+  // matching none is in phase "other". Defaults cover cross_attn, attn, ffn and norm in common
+  // layouts.
+  std::vector<std::pair<std::string, std::string>> phase_patterns;
+
+  static GroupingRules Defaults();
+};
+
+// One tensor inside an object.
+struct TensorPlacement {
+  std::string name;  // the tensor's full name in the safetensors files
+  DType dtype = DType::kU8;
+  std::vector<uint64_t> shape;
+  uint64_t offset = 0;  // byte offset inside the object
+  uint64_t size = 0;    // bytes
+};
+
+// Bytes [file_offset, file_offset + length) of files[file] land at object_offset in the object.
+struct Extent {
+  uint32_t file = 0;
+  uint64_t file_offset = 0;
+  uint64_t length = 0;
+  uint64_t object_offset = 0;
+};
+
+struct ObjectInfo {
+  std::string name;  // within the model
+  uint64_t size = 0;
+  std::vector<TensorPlacement> tensors;  // in object order
+  std::vector<Extent> extents;           // sorted by (file, file_offset); adjacent ones merged
+};
+
+// A model file as registration found it. Every open of it must find the same file (CheckModelFile
+// in model_scan.h): a changed file makes reads fail, not lie.
+struct ModelFile {
+  std::string path;  // absolute, every symbolic link resolved
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  // st_dev and st_ino; both 0 in a catalog written before they were recorded, until its next load
+  // records them.
+  uint64_t device = 0;
+  uint64_t inode = 0;
+};
+
+struct ModelInfo {
+  std::string name;
+  std::string directory;  // absolute
+  Grouping grouping = Grouping::kBlock;
+  std::vector<ModelFile> files;
+  std::vector<ObjectInfo> objects;  // sorted by name
+  uint64_t total_bytes = 0;         // sum of object sizes
+};
+
+struct ModelSummary {
+  std::string name;
+  std::string directory;
+  Grouping grouping = Grouping::kBlock;
+  size_t files = 0;
+  size_t objects = 0;
+  size_t tensors = 0;
+  uint64_t total_bytes = 0;
+  // Non-empty when a file changed since registration: why its objects cannot be read.
+  std::string stale;
+};
+
+// Progress of a registration, reported after each file's header is parsed and, when the model is
+// verified, as its bytes are hashed.
+struct RegistrationProgress {
+  size_t files_done = 0;
+  size_t files_total = 0;
+  std::string current_file;
+  uint64_t bytes_verified = 0;
+  uint64_t bytes_to_verify = 0;  // 0 unless verifying
+};
+
+// A model with more tensors than this is refused (tierd --max-tensors-per-model): the largest
+// published models have under 100,000, and every tensor costs memory in the catalog and the tiers.
+inline constexpr size_t kDefaultMaxTensorsPerModel = 131072;
+
+// An object looked up by key; keeps its model's description alive.
+struct ObjectRef {
+  std::shared_ptr<const ModelInfo> model;
+  const ObjectInfo* object = nullptr;
+  std::string key;  // "MODEL/OBJECT"
+};
+
+// Splits "MODEL/OBJECT" at the first '/'. INVALID_ARGUMENT when either side is empty or the model
+// name is not valid.
+absl::StatusOr<std::pair<std::string, std::string>> SplitObjectKey(absl::string_view key);
+// Model names: 1–128 characters of [A-Za-z0-9._-], not starting with '.'.
+absl::Status ValidateModelName(absl::string_view name);
+
+// The object of `info` named `name` (binary search: info.objects is sorted by name); null when
+// there is none.
+const ObjectInfo* FindObject(const ModelInfo& info, absl::string_view name);
+
+}  // namespace tierd
+
+#endif  // TIERD_STORAGE_MODEL_H_
