@@ -91,7 +91,7 @@ HostCache::~HostCache() {
   // The table frees the memory; spill files go here.
   absl::MutexLock lock(&mu_);
   for (const auto& [key, entry] : table_.listed()) {
-    if (!entry->spill_path.empty() && !entry->durable_copy) ::unlink(entry->spill_path.c_str());
+    if (!entry->spill_path.empty() && !entry->durable_copy) spill_->Remove(entry->spill_path);
   }
 }
 
@@ -113,7 +113,7 @@ void HostCache::Evict(Entry& victim) {
 void HostCache::Destroying(Entry& entry) {
   if (entry.spill_path.empty()) return;
   reader_.ForgetFile(entry.spill_path);
-  if (!entry.durable_copy) ::unlink(entry.spill_path.c_str());
+  if (!entry.durable_copy) spill_->Remove(entry.spill_path);
 }
 
 std::optional<ArenaAllocation> HostCache::AllocateFree(uint64_t bytes) {

@@ -126,6 +126,13 @@ SpillWriter::~SpillWriter() {
   thread_.join();
 }
 
+void SpillWriter::Remove(const std::string& path) {
+  if (absl::Status removed = file_system_->RemoveFile(path);
+      !removed.ok() && !absl::IsNotFound(removed)) {
+    TIERD_LOG(WARNING) << "spill file " << path << " not removed: " << removed;
+  }
+}
+
 void SpillWriter::Write(SpillJob job) {
   absl::MutexLock lock(&mu_);
   jobs_.push_back(std::move(job));

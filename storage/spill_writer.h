@@ -52,6 +52,9 @@ class SpillWriter {
   const std::string& directory() const { return directory_; }
   // REQUIRES: data stays valid and unchanged until done.
   void Write(SpillJob job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Deletes a spill file this writer wrote, now that nothing reads it; a failure is logged (the
+  // directory is emptied at the next start anyway).
+  void Remove(const std::string& path);
 
  private:
   SpillWriter(std::string directory, std::shared_ptr<FileSystem> file_system);

@@ -77,6 +77,19 @@ TEST_F(SpillWriterTest, SpilledBytesAreInTheFile) {
   EXPECT_GE(file_system_->calls(FileOperation::kWrite), 3u);
 }
 
+TEST_F(SpillWriterTest, RemoveDeletesASpillFileThroughTheFileSystem) {
+  auto writer = Create();
+  ASSERT_THAT(writer, IsOk());
+  const AlignedBytes bytes(kPage, 3);
+  const std::string path = absl::StrCat(directory(), "/b.spill");
+  ASSERT_THAT(Spill(**writer, path, bytes), IsOk());
+  (*writer)->Remove(path);
+  EXPECT_NE(::access(path.c_str(), F_OK), 0);
+  EXPECT_EQ(file_system_->calls(FileOperation::kRemove), 1u);
+  (*writer)->Remove(path);  // gone already: logged at most, nothing else
+  EXPECT_EQ(file_system_->calls(FileOperation::kRemove), 2u);
+}
+
 TEST_F(SpillWriterTest, EarlierSpillFilesAreRemovedAtStartAndOthersKept) {
   std::filesystem::create_directories(directory());
   ASSERT_THAT(testing::WriteFile(absl::StrCat(directory(), "/old.spill"), "x"), IsOk());
