@@ -5,7 +5,8 @@
 #   address  ASan + UBSan, in build-asan/: the whole suite but the deployment test (which checks
 #            packaging, not memory) and the GPU tests.
 #   thread   TSan, in build-tsan/: the tests of the concurrent parts — the host arena, cache and
-#            disk reader, the daemon in process (health, faults, metrics) and the API against real
+#            disk reader, the GPU tier, the session protocol and the durable store in process, the
+#            daemon in process (health, faults, metrics) and the API against real
 #            daemon processes. Debian's Abseil is not built with TSan, so every test preloads
 #            tests/tsan/absl_sync_annotations.cc's library, which tells TSan what absl::Mutex does;
 #            tests/tsan/suppressions.txt says what is left out of uninstrumented libraries.
@@ -18,7 +19,8 @@ modes=("$@")
 ((${#modes[@]} > 0)) || modes=(address thread)
 tsan_tests=(host_arena_test host_cache_test disk_reader_test daemon_health_test
             fault_injection_test metrics_test api_test_host client_groups_test
-            peer_handoff_test_host half_close_test unread_answer_budget_test)
+            peer_handoff_test_host half_close_test unread_answer_budget_test gpu_tier_test
+            session_protocol_test durable_store_test)
 
 status=0
 for mode in "${modes[@]}"; do
