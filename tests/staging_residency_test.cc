@@ -1,5 +1,5 @@
-// StagingResidency on its own: LRU eviction that spares what is held, and allocation requests that
-// wait for room or are refused at once.
+// StagingResidency on its own: LRU eviction that spares what is held, allocation requests that wait
+// for room or are refused at once, and staging ranges that go back to the pool with their owner.
 #include "gpu/detail/staging_residency.h"
 
 #include <memory>
@@ -185,6 +185,36 @@ TEST_F(StagingResidencyTest, WaitersAreServedInOrder) {
   EXPECT_TRUE(second_answered);
   EXPECT_THAT(second, StatusIs(absl::StatusCode::kResourceExhausted));
   b->refs = c->refs = 0;
+}
+
+TEST_F(StagingResidencyTest, AStagingAllocationFreesItsRangeWhenItGoesUnlessReleased) {
+  std::optional<StagingAllocation> first = pool_->Allocate(kSlotBytes);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(pool_->used_bytes(), kSlotBytes);
+  StagingAllocation moved = *std::move(first);
+  first.reset();  // the moved-from handle owns nothing
+  EXPECT_EQ(pool_->used_bytes(), kSlotBytes);
+  EXPECT_EQ(moved.size(), kSlotBytes);
+  moved.reset();
+  EXPECT_EQ(pool_->used_bytes(), 0u);
+  std::optional<StagingAllocation> retired = pool_->Allocate(kSlotBytes);
+  ASSERT_TRUE(retired.has_value());
+  const StagingRange range = retired->release();
+  EXPECT_EQ(range.size, kSlotBytes);
+  retired.reset();
+  EXPECT_EQ(pool_->used_bytes(), kSlotBytes);  // never handed out again
+}
+
+TEST_F(StagingResidencyTest, ARemovedObjectKeepsItsRangeUntilItsLastUseEnds) {
+  StagingObject* a = AddResident("a");
+  absl::MutexLock lock(&mu_);
+  a->refs = 1;
+  residency_->Remove(a);
+  EXPECT_EQ(residency_->Listed("s/a"), nullptr);
+  EXPECT_EQ(pool_->used_bytes(), kSlotBytes);
+  a->refs = 0;
+  residency_->FreeIfUnused(a);
+  EXPECT_EQ(pool_->used_bytes(), 0u);
 }
 
 }  // namespace
