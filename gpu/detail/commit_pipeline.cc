@@ -131,13 +131,12 @@ void CommitPipeline::Commit(ClientId client_id, uint64_t reservation_id, bool ab
 
 void CommitPipeline::Abandon(GpuClient& client, GpuClient::Reservation reservation) {
   mu_.AssertHeld();
-  drains_.Start(
-      client, reservation.written_event,
-      [this, memory = std::move(reservation.range)](
-          bool, Deferred&) mutable ABSL_NO_THREAD_SAFETY_ANALYSIS {  // runs under the tier's lock
-        memory.reset();
-        --stats_.reservations;
-      });
+  drains_.Start(client, reservation.written_event,
+                [this, memory = std::move(reservation.range)](bool, Deferred&)
+                    ABSL_NO_THREAD_SAFETY_ANALYSIS mutable {  // runs under the tier's lock
+                      memory.reset();
+                      --stats_.reservations;
+                    });
 }
 
 bool CommitPipeline::idle() const {
