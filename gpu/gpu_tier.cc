@@ -94,8 +94,8 @@ GpuTier::~GpuTier() {
     }
   }
   liveness_->MarkGone();
+  // The objects left go with the residency, their ranges back to the pool, which outlives it.
   absl::MutexLock lock(&mu_);
-  residency_.DeleteAllListed();
   if (const uint64_t abandoned = drains_.abandoned_waits(); abandoned > 0) {
     // Freeing device memory waits for every stream of the device, among them drain streams
     // waiting on events that dead clients will never record. The process's exit frees it instead.
@@ -124,13 +124,13 @@ ClosedClient GpuTier::CloseClient(ClientId id) {
   client->leases.clear();
   // A reservation's range may still be being written by the client's stream.
   for (auto& [reservation_id, reservation] : client->reservations) {
-    commits_.Abandon(*client, reservation);
+    commits_.Abandon(*client, std::move(reservation));
   }
   client->reservations.clear();
   for (auto& [key, pin] : client->pins) {
     pin.object->pins -= pin.count;
     stats_.pins -= pin.count;
-    residency_.TouchOrDeleteIfUnused(pin.object);
+    residency_.TouchOrFreeIfUnused(pin.object);
   }
   client->pins.clear();
   client->staging_bytes = 0;
@@ -178,9 +178,9 @@ void GpuTier::DrainLeaseLocked(GpuClient& client, const GpuClient::Lease& lease)
                       handoff_.Free(*host_offset, object->size);
                     }
                   }
-                  --object->leases;
+                  --object->refs;
                   --stats_.leases;
-                  residency_.TouchOrDeleteIfUnused(object);
+                  residency_.TouchOrFreeIfUnused(object);
                 });
 }
 
@@ -267,7 +267,7 @@ void GpuTier::Pin(ClientId client_id, const std::string& key, StatusCallback don
     object = *started;
   }
   if (absl::Status pinned = clients_.AddPin(*client, object); !pinned.ok()) {
-    residency_.DeleteIfUnused(object);
+    residency_.FreeIfUnused(object);
     return answer(pinned);
   }
   ++stats_.pins;
@@ -288,7 +288,7 @@ absl::Status GpuTier::Unpin(ClientId client_id, const std::string& key) {
   }
   StagingObject* object = clients_.DropPin(*client, key);
   --stats_.pins;
-  residency_.TouchOrDeleteIfUnused(object);
+  residency_.TouchOrFreeIfUnused(object);
   residency_.RetryAllocations(deferred.calls());
   return absl::OkStatus();
 }

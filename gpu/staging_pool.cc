@@ -54,15 +54,21 @@ StagingPool::StagingPool(std::vector<std::unique_ptr<Slab>> slabs)
   for (size_t i = 0; i < slabs_.size(); ++i) free_[i].Add(0, slabs_[i]->size());
 }
 
-std::optional<StagingRange> StagingPool::Allocate(uint64_t bytes) {
+void StagingAllocation::reset() {
+  if (pool_ != nullptr && range_.size > 0) pool_->Free(range_);
+  pool_ = nullptr;
+  range_ = {};
+}
+
+std::optional<StagingAllocation> StagingPool::Allocate(uint64_t bytes) {
   // An empty object takes no room: an empty range, which Free ignores.
-  if (bytes == 0) return StagingRange{0, 0, 0};
+  if (bytes == 0) return StagingAllocation(this, StagingRange{0, 0, 0});
   if (bytes > largest_slab_) return std::nullopt;  // also keeps RoundUp from overflowing
   const uint64_t size = RoundUp(bytes, kStagingAlignment);
   absl::MutexLock lock(&mu_);
   for (uint32_t slab = 0; slab < free_.size(); ++slab) {
     if (std::optional<uint64_t> offset = free_[slab].Take(size)) {
-      return StagingRange{slab, *offset, size};
+      return StagingAllocation(this, StagingRange{slab, *offset, size});
     }
   }
   return std::nullopt;

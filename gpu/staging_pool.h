@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -40,6 +42,47 @@ struct StagingSlabInfo {
   std::string handle;
 };
 
+class StagingPool;
+
+// A range of staging memory, owned: it goes back to its pool when the handle is destroyed or
+// reset. Move-only; a moved-from handle owns nothing (size 0). REQUIRES: the pool outlives the
+// handle, except after release(). Not thread-safe (the pool's Free is).
+class StagingAllocation {
+ public:
+  StagingAllocation() = default;
+  ~StagingAllocation() { reset(); }
+  StagingAllocation(StagingAllocation&& other) noexcept
+      : pool_(std::exchange(other.pool_, nullptr)), range_(std::exchange(other.range_, {})) {}
+  StagingAllocation& operator=(StagingAllocation&& other) noexcept {
+    if (this != &other) {
+      reset();
+      pool_ = std::exchange(other.pool_, nullptr);
+      range_ = std::exchange(other.range_, {});
+    }
+    return *this;
+  }
+  StagingAllocation(const StagingAllocation&) = delete;
+  StagingAllocation& operator=(const StagingAllocation&) = delete;
+
+  const StagingRange& range() const { return range_; }
+  uint64_t size() const { return range_.size; }
+  // Frees the range now; the handle owns nothing afterwards.
+  void reset();
+  // Gives the range up without freeing it: where the pool may be gone, or where the device may
+  // still use the range (then it is never handed out again).
+  StagingRange release() {
+    pool_ = nullptr;
+    return std::exchange(range_, {});
+  }
+
+ private:
+  friend class StagingPool;
+  StagingAllocation(StagingPool* pool, StagingRange range) : pool_(pool), range_(range) {}
+
+  StagingPool* pool_ = nullptr;
+  StagingRange range_;
+};
+
 class StagingPool {
  public:
   // Allocates ceil(pool_bytes / slab_bytes) slabs (the last one smaller). Errors:
@@ -50,10 +93,8 @@ class StagingPool {
   StagingPool& operator=(const StagingPool&) = delete;
 
   // A range of at least `bytes`, or nullopt when no slab has a free hole that large. 0 bytes: an
-  // empty range (size 0), which takes nothing and which Free ignores.
-  std::optional<StagingRange> Allocate(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
-  // REQUIRES: `range` came from Allocate and was not freed yet.
-  void Free(const StagingRange& range) ABSL_LOCKS_EXCLUDED(mu_);
+  // empty range (size 0), which takes nothing. The range is freed when the handle goes.
+  std::optional<StagingAllocation> Allocate(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Device address of `range` in this process.
   uint8_t* data(const StagingRange& range) const;
@@ -66,7 +107,10 @@ class StagingPool {
   StagingSlabInfo SlabInfo(uint32_t id) const;
 
  private:
+  friend class StagingAllocation;
   explicit StagingPool(std::vector<std::unique_ptr<Slab>> slabs);
+  // Ignores an empty range. REQUIRES: `range` came from Allocate and was not freed yet.
+  void Free(const StagingRange& range) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::vector<std::unique_ptr<Slab>> slabs_;
   const uint64_t capacity_;

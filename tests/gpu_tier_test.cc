@@ -249,5 +249,24 @@ TEST_F(GpuTierTest, ClosingAClientReleasesWhatItHeld) {
   tier().CloseClient(next);
 }
 
+TEST_F(GpuTierTest, IdleObjectOfADroppedModelIsFreedWhenItIsNextAskedFor) {
+  Start(2);
+  const ClientId client = Open();
+  const LeaseGrant lease = Lease(client, 0);
+  ASSERT_THAT(tier().Release(client, lease.lease_id), IsOk());
+  ASSERT_TRUE(Eventually([&] { return tier().stats().leases == 0; }));
+  ASSERT_TRUE(WaitForCopies(tier()));
+  EXPECT_EQ(tier().stats().used_bytes, kBlockBytes);
+  // The registration its bytes belong to goes: the next fetch finds the object stale, unlists it
+  // and, since nothing holds it, gives its staging back.
+  ASSERT_THAT(stack_->catalog().DropModel("m"), IsOk());
+  EXPECT_THAT(FetchNow(tier(), client, GpuTestStack::BlockKey(0)),
+              StatusIs(absl::StatusCode::kNotFound));
+  const GpuTierStats stats = tier().stats();
+  EXPECT_EQ(stats.objects, 0u);
+  EXPECT_EQ(stats.used_bytes, 0u);
+  tier().CloseClient(client);
+}
+
 }  // namespace
 }  // namespace tierd

@@ -1,5 +1,5 @@
-// StagingResidency on its own: LRU eviction that spares what is held, and allocation requests that
-// wait for room or are refused at once.
+// StagingResidency on its own: LRU eviction that spares what is held, allocation requests that wait
+// for room or are refused at once, and staging ranges that go back to the pool with their owner.
 #include "gpu/detail/staging_residency.h"
 
 #include <memory>
@@ -39,23 +39,17 @@ class StagingResidencyTest : public ::testing::Test {
                                                     [this] { return drains_pending_; });
   }
 
-  void TearDown() override {
-    absl::MutexLock lock(&mu_);
-    residency_->DeleteAllListed();
-  }
-
   // Lists a resident stored object `name` in a slot of its own, most recently used.
   StagingObject* AddResident(const std::string& name) {
     absl::MutexLock lock(&mu_);
-    std::optional<StagingRange> range = residency_->TryAllocate(kSlotBytes);
-    EXPECT_TRUE(range.has_value());
-    auto* object = new StagingObject;
-    object->key = absl::StrCat("s/", name);
+    std::optional<StagingAllocation> memory = residency_->TryAllocate(kSlotBytes);
+    EXPECT_TRUE(memory.has_value());
+    StagingObject* object = residency_->Create(absl::StrCat("s/", name));
     object->size = kSlotBytes;
-    object->range = range;
+    object->memory = std::move(memory);
     object->state = StagingObject::State::kResident;
     residency_->List(object);
-    residency_->Touch(object);
+    residency_->Enqueue(object);
     return object;
   }
 
@@ -65,13 +59,13 @@ class StagingResidencyTest : public ::testing::Test {
   }
 
   // Allocates a slot; the answer lands in `answer` once the calls deferred past the lock run.
-  void Allocate(absl::StatusOr<StagingRange>& answer, bool& answered) {
+  void Allocate(absl::StatusOr<StagingAllocation>& answer, bool& answered) {
     DeferredCalls deferred;
     absl::MutexLock lock(&mu_);
     residency_->Allocate(
         kSlotBytes,
-        [&answer, &answered](absl::StatusOr<StagingRange> range) {
-          answer = std::move(range);
+        [&answer, &answered](absl::StatusOr<StagingAllocation> memory) {
+          answer = std::move(memory);
           answered = true;
         },
         deferred.calls());
@@ -108,7 +102,7 @@ TEST_F(StagingResidencyTest, NeverEvictsWhatIsLeasedPinnedOrCopying) {
   StagingObject* b = AddResident("b");
   StagingObject* c = AddResident("c");
   absl::MutexLock lock(&mu_);
-  a->leases = 1;
+  a->refs = 1;
   b->pins = 1;
   c->copying = true;
   EXPECT_FALSE(residency_->TryAllocate(kSlotBytes).has_value());
@@ -116,31 +110,31 @@ TEST_F(StagingResidencyTest, NeverEvictsWhatIsLeasedPinnedOrCopying) {
   c->copying = false;
   EXPECT_TRUE(residency_->TryAllocate(kSlotBytes).has_value());
   EXPECT_EQ(residency_->Listed("s/c"), nullptr);
-  a->leases = 0;
+  a->refs = 0;
   b->pins = 0;
 }
 
 TEST_F(StagingResidencyTest, RefusesAtOnceWhenNothingWillFreeRoom) {
   std::vector<StagingObject*> leased;
   for (const char* name : {"a", "b", "c"}) leased.push_back(AddResident(name));
-  for (StagingObject* object : leased) object->leases = 1;
-  absl::StatusOr<StagingRange> answer = absl::UnknownError("none");
+  for (StagingObject* object : leased) object->refs = 1;
+  absl::StatusOr<StagingAllocation> answer = absl::UnknownError("none");
   bool answered = false;
   Allocate(answer, answered);
   EXPECT_TRUE(answered);
   EXPECT_THAT(answer, StatusIs(absl::StatusCode::kResourceExhausted));
   absl::MutexLock lock(&mu_);
   EXPECT_EQ(residency_->allocation_waiters(), 0u);
-  for (StagingObject* object : leased) object->leases = 0;
+  for (StagingObject* object : leased) object->refs = 0;
 }
 
 TEST_F(StagingResidencyTest, WaiterIsAnsweredWhenAReleaseFreesRoom) {
   StagingObject* a = AddResident("a");
   StagingObject* b = AddResident("b");
   StagingObject* c = AddResident("c");
-  a->leases = b->leases = c->leases = 1;
+  a->refs = b->refs = c->refs = 1;
   drains_pending_ = true;  // a release is draining
-  absl::StatusOr<StagingRange> answer = absl::UnknownError("none");
+  absl::StatusOr<StagingAllocation> answer = absl::UnknownError("none");
   bool answered = false;
   Allocate(answer, answered);
   EXPECT_FALSE(answered);
@@ -149,7 +143,7 @@ TEST_F(StagingResidencyTest, WaiterIsAnsweredWhenAReleaseFreesRoom) {
     absl::MutexLock lock(&mu_);
     EXPECT_EQ(residency_->allocation_waiters(), 1u);
     // The drain of a's lease completes.
-    a->leases = 0;
+    a->refs = 0;
     drains_pending_ = false;
     residency_->RetryAllocations(deferred.calls());
   }
@@ -158,17 +152,17 @@ TEST_F(StagingResidencyTest, WaiterIsAnsweredWhenAReleaseFreesRoom) {
   EXPECT_FALSE(Listed("a"));
   absl::MutexLock lock(&mu_);
   EXPECT_EQ(residency_->allocation_waiters(), 0u);
-  b->leases = c->leases = 0;
+  b->refs = c->refs = 0;
 }
 
 TEST_F(StagingResidencyTest, WaitersAreServedInOrder) {
   StagingObject* a = AddResident("a");
   StagingObject* b = AddResident("b");
   StagingObject* c = AddResident("c");
-  a->leases = b->leases = c->leases = 1;
+  a->refs = b->refs = c->refs = 1;
   drains_pending_ = true;
-  absl::StatusOr<StagingRange> first = absl::UnknownError("none");
-  absl::StatusOr<StagingRange> second = absl::UnknownError("none");
+  absl::StatusOr<StagingAllocation> first = absl::UnknownError("none");
+  absl::StatusOr<StagingAllocation> second = absl::UnknownError("none");
   bool first_answered = false, second_answered = false;
   Allocate(first, first_answered);
   Allocate(second, second_answered);
@@ -176,7 +170,7 @@ TEST_F(StagingResidencyTest, WaitersAreServedInOrder) {
     DeferredCalls deferred;
     absl::MutexLock lock(&mu_);
     EXPECT_EQ(residency_->allocation_waiters(), 2u);
-    a->leases = 0;
+    a->refs = 0;
     residency_->RetryAllocations(deferred.calls());
   }
   EXPECT_TRUE(first_answered);
@@ -190,7 +184,37 @@ TEST_F(StagingResidencyTest, WaitersAreServedInOrder) {
   }
   EXPECT_TRUE(second_answered);
   EXPECT_THAT(second, StatusIs(absl::StatusCode::kResourceExhausted));
-  b->leases = c->leases = 0;
+  b->refs = c->refs = 0;
+}
+
+TEST_F(StagingResidencyTest, AStagingAllocationFreesItsRangeWhenItGoesUnlessReleased) {
+  std::optional<StagingAllocation> first = pool_->Allocate(kSlotBytes);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(pool_->used_bytes(), kSlotBytes);
+  StagingAllocation moved = *std::move(first);
+  first.reset();  // the moved-from handle owns nothing
+  EXPECT_EQ(pool_->used_bytes(), kSlotBytes);
+  EXPECT_EQ(moved.size(), kSlotBytes);
+  moved.reset();
+  EXPECT_EQ(pool_->used_bytes(), 0u);
+  std::optional<StagingAllocation> retired = pool_->Allocate(kSlotBytes);
+  ASSERT_TRUE(retired.has_value());
+  const StagingRange range = retired->release();
+  EXPECT_EQ(range.size, kSlotBytes);
+  retired.reset();
+  EXPECT_EQ(pool_->used_bytes(), kSlotBytes);  // never handed out again
+}
+
+TEST_F(StagingResidencyTest, ARemovedObjectKeepsItsRangeUntilItsLastUseEnds) {
+  StagingObject* a = AddResident("a");
+  absl::MutexLock lock(&mu_);
+  a->refs = 1;
+  residency_->Remove(a);
+  EXPECT_EQ(residency_->Listed("s/a"), nullptr);
+  EXPECT_EQ(pool_->used_bytes(), kSlotBytes);
+  a->refs = 0;
+  residency_->FreeIfUnused(a);
+  EXPECT_EQ(pool_->used_bytes(), 0u);
 }
 
 }  // namespace

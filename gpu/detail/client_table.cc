@@ -100,7 +100,7 @@ uint64_t ClientTable::AddLease(GpuClient& client, StagingObject* object, uint32_
   const uint64_t lease_id = client.next_lease++;
   client.leases[lease_id] = {object, done_event, host_offset};
   client.staging_bytes += object->size;
-  ++object->leases;
+  ++object->refs;
   return lease_id;
 }
 
@@ -134,11 +134,11 @@ absl::StatusOr<GpuClient::Reservation> ClientTable::TakeReservation(GpuClient& c
 }
 
 absl::Status ClientTable::AddPin(GpuClient& client, StagingObject* object) {
-  auto record = client.pins.find(object->key);
+  auto record = client.pins.find(object->key());
   if (record == client.pins.end()) {
-    RETURN_IF_ERROR(client.CheckStagingQuota(object->key, object->size));
+    RETURN_IF_ERROR(client.CheckStagingQuota(object->key(), object->size));
     client.staging_bytes += object->size;
-    record = client.pins.emplace(object->key, GpuClient::PinRecord{object, 0}).first;
+    record = client.pins.emplace(object->key(), GpuClient::PinRecord{object, 0}).first;
   }
   ++record->second.count;
   ++object->pins;
@@ -157,9 +157,9 @@ StagingObject* ClientTable::DropPin(GpuClient& client, const std::string& key) {
 }
 
 bool ClientTable::DropPinOf(GpuClient& client, StagingObject* object) {
-  auto record = client.pins.find(object->key);
+  auto record = client.pins.find(object->key());
   if (record == client.pins.end() || record->second.object != object) return false;
-  DropPin(client, object->key);
+  DropPin(client, object->key());
   return true;
 }
 

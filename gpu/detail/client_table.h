@@ -37,7 +37,7 @@ struct GpuClient {
   };
   struct Reservation {
     std::string key;
-    StagingRange range;
+    StagingAllocation range;  // freed with the reservation unless a commit takes it
     uint64_t length = 0;
     uint32_t written_event = 0;
     Tensors tensors;

@@ -59,24 +59,24 @@ void CommitPipeline::Reserve(ClientId client_id, const std::string& key, uint64_
   residency_.Allocate(
       length,
       [this, client_id, reservation = std::move(reservation),
-       done = std::move(done)](absl::StatusOr<StagingRange> range) mutable {
+       done = std::move(done)](absl::StatusOr<StagingAllocation> memory) mutable {
         DeferredCalls later;
         absl::MutexLock relock(&mu_);
         GpuClient* client = clients_.Find(client_id);
-        absl::StatusOr<uint32_t> written = !range.ok()         ? range.status()
+        absl::StatusOr<uint32_t> written = !memory.ok()        ? memory.status()
                                            : client == nullptr ? ClientGone()
                                                                : events_.Acquire();
         if (!written.ok()) {
-          if (range.ok()) pool_.Free(*range);
+          // The range, if any, goes back to the pool with `memory`.
           if (client != nullptr) client->staging_bytes -= reservation.length;
           return DeferAnswer(later.calls(), std::move(done), written.status());
         }
-        reservation.range = *range;
+        reservation.range = *std::move(memory);
         reservation.written_event = *written;
         ReservationGrant grant;
         grant.reservation_id = client->next_reservation++;
         grant.key = reservation.key;
-        grant.range = *range;
+        grant.range = reservation.range.range();
         grant.length = reservation.length;
         grant.written_event = *written;
         client->reservations[grant.reservation_id] = std::move(reservation);
@@ -97,7 +97,7 @@ void CommitPipeline::Commit(ClientId client_id, uint64_t reservation_id, bool ab
   if (!taken.ok()) return DeferAnswer(deferred.calls(), std::move(done), taken.status());
   GpuClient::Reservation reservation = *std::move(taken);
   if (abort) {
-    Abandon(*client, reservation);
+    Abandon(*client, std::move(reservation));
     return DeferAnswer(deferred.calls(), std::move(done), absl::OkStatus());
   }
   const uint64_t commit_id = next_commit_++;
@@ -129,12 +129,12 @@ void CommitPipeline::Commit(ClientId client_id, uint64_t reservation_id, bool ab
       });
 }
 
-void CommitPipeline::Abandon(GpuClient& client, const GpuClient::Reservation& reservation) {
+void CommitPipeline::Abandon(GpuClient& client, GpuClient::Reservation reservation) {
   mu_.AssertHeld();
   drains_.Start(client, reservation.written_event,
-                [this, range = reservation.range](bool, Deferred&)
-                    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // runs under the tier's lock
-                      pool_.Free(range);
+                [this, memory = std::move(reservation.range)](bool, Deferred&)
+                    ABSL_NO_THREAD_SAFETY_ANALYSIS mutable {  // runs under the tier's lock
+                      memory.reset();
                       --stats_.reservations;
                     });
 }
@@ -181,36 +181,35 @@ void CommitPipeline::Written(uint64_t commit_id, Deferred& deferred) {
 
 void CommitPipeline::StartCopyOut(uint64_t commit_id, Deferred& deferred) {
   PendingCommit& commit = commits_.at(commit_id);
-  const GpuClient::Reservation& reservation = commit.reservation;
+  GpuClient::Reservation& reservation = commit.reservation;
   absl::StatusOr<uint32_t> ready = events_.Acquire();
   if (!ready.ok()) return FailCommit(commit_id, ready.status(), deferred);
-  auto object = std::make_unique<StagingObject>();
-  object->key = reservation.key;
+  const StagingRange range = reservation.range.range();
+  StagingObject* object = residency_.Create(reservation.key);
   object->size = reservation.length;
   object->tensors = reservation.tensors;
-  object->range = reservation.range;
+  object->memory = std::move(reservation.range);
   object->ready_event = *ready;
   object->state = StagingObject::State::kResident;
   // The client's write has completed (its event did), so the ready event needs no wait: record it
   // first, then copy out.
   absl::Status status = device_.RecordEvent(events_.event(*ready), store_stream_);
   if (status.ok()) {
-    status = copier_.CopyChunked(store_stream_, commit.host->data(), pool_.data(reservation.range),
+    status = copier_.CopyChunked(store_stream_, commit.host->data(), pool_.data(range),
                                  reservation.length, /*host_is_dst=*/true);
   }
-  StagingObject* raw = object.get();
   if (status.ok()) {
-    status = device_.NotifyWhenDone(store_stream_,
-                                    [this, commit_id, raw] { FinishCopyOut(commit_id, raw); });
+    status = device_.NotifyWhenDone(
+        store_stream_, [this, commit_id, object] { FinishCopyOut(commit_id, object); });
   }
   if (!status.ok()) {
-    residency_.FreeAfterStream(store_stream_, reservation.range, *ready,
+    // Freed once the stream drains, not now.
+    residency_.FreeAfterStream(store_stream_, *std::move(object->memory), *ready,
                                absl::StrCat("copying ", reservation.key, " to the host tier"),
                                status);
-    object->range.reset();
+    object->memory.reset();
     object->ready_event.reset();
-    commit.reservation.range = {};  // freed once the stream drains, not now
-    commit.reservation.length = 0;
+    residency_.Remove(object);
     return FailCommit(
         commit_id,
         absl::Status(status.code(), absl::StrCat("copying ", reservation.key,
@@ -220,7 +219,7 @@ void CommitPipeline::StartCopyOut(uint64_t commit_id, Deferred& deferred) {
   residency_.CopyStarted();
   object->copying = true;
   // Published now: fetches share the staging copy while it goes to the host tier.
-  residency_.Replace(object.release());
+  residency_.Replace(object);
 }
 
 void CommitPipeline::FinishCopyOut(uint64_t commit_id, StagingObject* object) {
@@ -280,12 +279,12 @@ void CommitPipeline::FinishCommit(uint64_t commit_id, StagingObject* object,
   --stats_.reservations;
   if (status.ok()) {
     stats_.bytes_gpu_to_host += object->size;
-    stored_.Publish(object->key, {object->size, object->tensors});
+    stored_.Publish(object->key(), {object->size, object->tensors});
+    // A newer commit of the key may have replaced it meanwhile.
+    residency_.FreeIfUnused(object);
   } else {
-    residency_.Unlist(object);
+    residency_.Remove(object);
   }
-  // A newer commit of the key may have replaced it meanwhile.
-  residency_.DeleteIfUnused(object);
   deferred.calls().push_back(
       [done = std::move(commit.done), host = std::move(commit.host), status]() mutable {
         host.reset();
@@ -302,7 +301,7 @@ void CommitPipeline::FailCommit(uint64_t commit_id, absl::Status status, Deferre
   PendingCommit commit = std::move(it->second);
   commits_.erase(it);
   --stats_.reservations;
-  if (commit.reservation.length > 0) pool_.Free(commit.reservation.range);
+  // The reservation's range, unless a copy out took it, goes back to the pool with `commit`.
   deferred.push_back(
       [done = std::move(commit.done), host = std::move(commit.host), status]() mutable {
         host.reset();

@@ -72,7 +72,7 @@ class CommitPipeline {
 
   // Frees an abandoned reservation's range once its written event completes: the client's stream
   // may still be writing it. REQUIRES: the tier's lock.
-  void Abandon(GpuClient& client, const GpuClient::Reservation& reservation);
+  void Abandon(GpuClient& client, GpuClient::Reservation reservation);
   // No commit is between its request and its answer. REQUIRES: the tier's lock.
   bool idle() const;
 

@@ -30,24 +30,23 @@ absl::StatusOr<EvictResult> ExplicitEviction::Evict(const std::string& key_or_pr
       const bool stored = object->model == nullptr;
       if (tier == EvictTier::kHost) continue;
       if (residency_.IsEvictable(object)) {
-        evicted.insert(object->key);
+        evicted.insert(object->key());
         ++stats_.evictions;
-        residency_.Free(object);
+        residency_.Remove(object);
       } else if (tier == EvictTier::kAll && stored && !object->copying &&
                  object->state == StagingObject::State::kResident) {
         // Deleting a stored object: holders keep their bytes until they release them.
-        evicted.insert(object->key);
-        residency_.Unlist(object);
-        residency_.DeleteIfUnused(object);
+        evicted.insert(object->key());
+        residency_.Remove(object);
       } else if (!prefix) {
         return absl::FailedPreconditionError(
             absl::StrCat(key_or_prefix, " is ",
-                         object->leases > 0 ? absl::StrCat("leased (", object->leases, " lease(s))")
+                         object->refs > 0   ? absl::StrCat("leased (", object->refs, " lease(s))")
                          : object->pins > 0 ? "pinned"
                                             : "being copied",
                          " on the GPU; it can be evicted once released"));
       } else {
-        skipped.insert(object->key);
+        skipped.insert(object->key());
       }
     }
     if (prefix) {
@@ -104,8 +103,7 @@ void ExplicitEviction::ForgetModel(const std::string& model) {
     absl::MutexLock lock(&mu_);
     for (StagingObject* object : residency_.Matching(prefix, /*prefix=*/true)) {
       if (object->model == nullptr) continue;
-      residency_.Unlist(object);
-      residency_.DeleteIfUnused(object);
+      residency_.Remove(object);
     }
   }
   // The host cache's copies go too; one still in use is freed when its holder lets go.

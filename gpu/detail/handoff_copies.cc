@@ -12,7 +12,7 @@ absl::StatusOr<uint64_t> HandoffCopies::CopyOut(const StagingObject& object, uin
   absl::Status copied = device_.WaitEvent(stream_, events_.event(*object.ready_event));
   if (copied.ok()) {
     uint8_t* dst = buffer_.data() + offset;
-    const auto* src = static_cast<const uint8_t*>(pool_.data(*object.range));
+    const auto* src = static_cast<const uint8_t*>(pool_.data(object.memory->range()));
     copied = copier_.CopyInPieces(stream_, dst, src, object.size);
   }
   if (copied.ok()) copied = device_.RecordEvent(events_.event(done_event), stream_);
@@ -21,7 +21,7 @@ absl::StatusOr<uint64_t> HandoffCopies::CopyOut(const StagingObject& object, uin
     FreeLater(offset, object.size);
     return absl::Status(
         copied.code(),
-        absl::StrCat("copying ", object.key, " to the host handoff buffer: ", copied.message()));
+        absl::StrCat("copying ", object.key(), " to the host handoff buffer: ", copied.message()));
   }
   stats_.bytes_gpu_to_host += object.size;
   return offset;

@@ -33,8 +33,7 @@ PeerLoader::PeerLoader(const Parts& parts)
 void PeerLoader::Start(GpuClient& client, const std::string& key, GpuLeaseCallback done,
                        Deferred& deferred) {
   mu_.AssertHeld();
-  auto* object = new StagingObject;
-  object->key = key;
+  StagingObject* object = residency_.Create(key);
   object->state = StagingObject::State::kFetchingPeer;
   object->demand = true;
   object->waiters.push_back({client.id, std::move(done), nullptr});
@@ -66,21 +65,21 @@ void PeerLoader::OnPeerCopy(StagingObject* object, absl::StatusOr<PeerCopy> copy
     return loader_.FailLoad(object,
                             object->size == 0
                                 ? absl::InternalError(absl::StrCat(shared->peer, " lent ",
-                                                                   object->key, " with 0 bytes"))
-                                : LargerThanSlab(object->key, object->size, pool_.largest_slab()),
+                                                                   object->key(), " with 0 bytes"))
+                                : LargerThanSlab(object->key(), object->size, pool_.largest_slab()),
                             deferred.calls());
   }
   object->state = StagingObject::State::kAllocating;
   residency_.Allocate(
       object->size,
-      [this, object, shared](absl::StatusOr<StagingRange> range) mutable {
+      [this, object, shared](absl::StatusOr<StagingAllocation> memory) mutable {
         DeferredCalls later;
         absl::MutexLock relock(&mu_);
-        if (!range.ok()) {
+        if (!memory.ok()) {
           ReleaseLater(std::move(shared), later.calls());
-          return loader_.FailLoad(object, range.status(), later.calls());
+          return loader_.FailLoad(object, memory.status(), later.calls());
         }
-        object->range = *range;
+        object->memory = *std::move(memory);
         CopyFromPeer(object, std::move(shared), later.calls());
       },
       deferred.calls());
@@ -88,7 +87,7 @@ void PeerLoader::OnPeerCopy(StagingObject* object, absl::StatusOr<PeerCopy> copy
 
 void PeerLoader::CopyFromPeer(StagingObject* object, std::shared_ptr<PeerCopy> copy,
                               Deferred& deferred) {
-  const std::string what = absl::StrCat("copying ", object->key, " from ", copy->peer);
+  const std::string what = absl::StrCat("copying ", object->key(), " from ", copy->peer);
   absl::StatusOr<uint32_t> ready = events_.Acquire();
   if (!ready.ok()) {
     ReleaseLater(std::move(copy), deferred);
@@ -96,7 +95,7 @@ void PeerLoader::CopyFromPeer(StagingObject* object, std::shared_ptr<PeerCopy> c
   }
   object->ready_event = *ready;
   absl::Status status = device_.WaitEvent(stream_, *copy->ready);
-  auto* dst = static_cast<uint8_t*>(pool_.data(*object->range));
+  auto* dst = static_cast<uint8_t*>(pool_.data(object->memory->range()));
   const auto* src = static_cast<const uint8_t*>(copy->data);
   if (status.ok()) status = copier_.CopyInPieces(stream_, dst, src, object->size);
   if (status.ok()) status = device_.RecordEvent(events_.event(*ready), stream_);
@@ -124,8 +123,9 @@ void PeerLoader::CopyFromPeer(StagingObject* object, std::shared_ptr<PeerCopy> c
       TIERD_LOG(ERROR) << what << ": " << status << "; the peer's lease is kept until this daemon's"
                        << " session with it ends: " << after;
     }
-    residency_.FreeAfterStream(stream_, *object->range, object->ready_event, what, status);
-    object->range.reset();
+    residency_.FreeAfterStream(stream_, *std::move(object->memory), object->ready_event, what,
+                               status);
+    object->memory.reset();
     object->ready_event.reset();
     return loader_.FailLoad(
         object, absl::Status(status.code(), absl::StrCat(what, ": ", status.message())), deferred);

@@ -30,25 +30,26 @@ absl::StatusOr<StagingObject*> StagingLoader::StartLoad(const std::string& key,
                                                         ReadPriority priority, absl::Time deadline,
                                                         Deferred& deferred) {
   mu_.AssertHeld();
-  auto object = std::make_unique<StagingObject>();
-  object->key = key;
+  StagingObjectRecord record;
   if (std::optional<StoredKeySpace::Meta> stored = stored_.Find(key)) {
-    object->size = stored->size;
-    object->tensors = stored->tensors;
+    record.size = stored->size;
+    record.tensors = stored->tensors;
   } else {
     ASSIGN_OR_RETURN(ObjectRef ref, catalog_.Lookup(key));
-    object->size = ref.object->size;
-    object->tensors = Tensors(ref.model, &ref.object->tensors);  // aliases the model's lifetime
-    object->model = ref.model;
+    record.size = ref.object->size;
+    record.tensors = Tensors(ref.model, &ref.object->tensors);  // aliases the model's lifetime
+    record.model = ref.model;
   }
-  if (!FitsInSlab(object->size, pool_.largest_slab())) {
-    return LargerThanSlab(key, object->size, pool_.largest_slab());
+  if (!FitsInSlab(record.size, pool_.largest_slab())) {
+    return LargerThanSlab(key, record.size, pool_.largest_slab());
   }
-  object->demand = priority == ReadPriority::kDemand;
-  StagingObject* raw = object.release();
-  residency_.List(raw);
-  IssueHostFetch(raw, priority, deadline, deferred);
-  return raw;
+  record.demand = priority == ReadPriority::kDemand;
+  // Made once the key is known to be loadable, so that a refusal leaves nothing in the table.
+  StagingObject* object = residency_.Create(key);
+  static_cast<StagingObjectRecord&>(*object) = std::move(record);
+  residency_.List(object);
+  IssueHostFetch(object, priority, deadline, deferred);
+  return object;
 }
 
 void StagingLoader::Promote(StagingObject* object, absl::Time deadline, Deferred& deferred) {
@@ -64,7 +65,7 @@ void StagingLoader::IssueHostFetch(StagingObject* object, ReadPriority priority,
                                    absl::Time deadline, Deferred& deferred) {
   ++object->host_fetches;
   ++host_fetches_in_flight_;
-  deferred.push_back([this, object, key = stored_.HostKey(object->key, object->model == nullptr),
+  deferred.push_back([this, object, key = stored_.HostKey(object->key(), object->model == nullptr),
                       priority, deadline] {
     host_cache_.Fetch(key, priority, deadline, [this, object](absl::StatusOr<HostObject> host) {
       OnHostObject(object, std::move(host));
@@ -83,7 +84,7 @@ void StagingLoader::OnHostObject(StagingObject* object, absl::StatusOr<HostObjec
     // lock: releasing it can run host-cache callbacks that take the lock.
     if (host.ok())
       deferred.calls().push_back([host = *std::move(host)]() mutable { host.Reset(); });
-    residency_.DeleteIfUnused(object);
+    residency_.FreeIfUnused(object);
     return;
   }
   if (!host.ok()) {
@@ -93,22 +94,22 @@ void StagingLoader::OnHostObject(StagingObject* object, absl::StatusOr<HostObjec
   if (host->size() != object->size) {
     return FailLoad(object,
                     absl::InternalError(absl::StrCat("host tier has ", host->size(), " bytes of ",
-                                                     object->key, ", expected ", object->size)),
+                                                     object->key(), ", expected ", object->size)),
                     deferred.calls());
   }
   object->state = StagingObject::State::kAllocating;
   auto shared_host = std::make_shared<HostObject>(*std::move(host));
   residency_.Allocate(
       object->size,
-      [this, object, shared_host](absl::StatusOr<StagingRange> range) mutable {
+      [this, object, shared_host](absl::StatusOr<StagingAllocation> memory) mutable {
         DeferredCalls later;
         absl::MutexLock relock(&mu_);
-        if (!range.ok()) {
+        if (!memory.ok()) {
           later.calls().push_back(
               [shared_host = std::move(shared_host)]() mutable { shared_host.reset(); });
-          return FailLoad(object, range.status(), later.calls());
+          return FailLoad(object, memory.status(), later.calls());
         }
-        object->range = *range;
+        object->memory = *std::move(memory);
         HostObject host = std::move(*shared_host);
         CopyIn(object, std::move(host), later.calls());
       },
@@ -123,9 +124,9 @@ void StagingLoader::CopyIn(StagingObject* object, HostObject host, Deferred& def
   if (!ready.ok()) return FailLoad(object, ready.status(), deferred);
   object->ready_event = *ready;
   Stream& stream = object->demand ? demand_stream_ : prefetch_stream_;
-  absl::Status status =
-      copier_.CopyChunked(stream, pool_.data(*object->range), shared_host->data(), object->size,
-                          /*host_is_dst=*/false);
+  absl::Status status = copier_.CopyChunked(stream, pool_.data(object->memory->range()),
+                                            shared_host->data(), object->size,
+                                            /*host_is_dst=*/false);
   if (status.ok()) status = device_.RecordEvent(events_.event(*ready), stream);
   if (status.ok()) {
     residency_.CopyStarted();
@@ -140,17 +141,17 @@ void StagingLoader::CopyIn(StagingObject* object, HostObject host, Deferred& def
     }
   }
   if (!status.ok()) {
-    residency_.FreeAfterStream(stream, *object->range, object->ready_event,
-                               absl::StrCat("copying ", object->key, " to the GPU"), status);
-    object->range.reset();
+    residency_.FreeAfterStream(stream, *std::move(object->memory), object->ready_event,
+                               absl::StrCat("copying ", object->key(), " to the GPU"), status);
+    object->memory.reset();
     object->ready_event.reset();
     return FailLoad(object,
-                    absl::Status(status.code(), absl::StrCat("copying ", object->key,
+                    absl::Status(status.code(), absl::StrCat("copying ", object->key(),
                                                              " to the GPU: ", status.message())),
                     deferred);
   }
   object->state = StagingObject::State::kResident;
-  if (object->listed) residency_.Touch(object);
+  if (object->listed()) residency_.Enqueue(object);
   AnswerWaiters(object, absl::OkStatus(), deferred);
 }
 
@@ -161,27 +162,25 @@ void StagingLoader::FinishCopyIn(StagingObject* object, uint64_t GpuTierStats::*
   residency_.CopyFinished();
   object->copying = false;
   stats_.*bytes_moved += object->size;
-  residency_.DeleteIfUnused(object);
+  residency_.FreeIfUnused(object);
   residency_.RetryAllocations(deferred.calls());
 }
 
 void StagingLoader::FailLoad(StagingObject* object, const absl::Status& status,
                              Deferred& deferred) {
   mu_.AssertHeld();
-  if (object->range && !object->copying) {
-    pool_.Free(*object->range);
-    object->range.reset();
+  if (!object->copying) {
+    object->memory.reset();
+    if (object->ready_event) {
+      events_.Release(*object->ready_event);
+      object->ready_event.reset();
+    }
   }
-  if (object->ready_event && !object->copying) {
-    events_.Release(*object->ready_event);
-    object->ready_event.reset();
-  }
-  // Pins taken while loading stay counted until their clients unpin or close; the object is no
-  // longer listed, so it is freed then.
-  if (object->listed) residency_.Unlist(object);
   object->state = StagingObject::State::kFetchingHost;  // not resident: nothing may lease it
   AnswerWaiters(object, status, deferred);
-  residency_.DeleteIfUnused(object);
+  // Pins taken while loading stay counted until their clients unpin or close; the object is no
+  // longer listed, so it is freed then (now, if nothing holds it).
+  residency_.Remove(object);
 }
 
 void StagingLoader::AnswerWaiters(StagingObject* object, const absl::Status& status,
@@ -209,7 +208,7 @@ void StagingLoader::AnswerWaiters(StagingObject* object, const absl::Status& sta
 absl::StatusOr<LeaseGrant> StagingLoader::Grant(GpuClient& client, StagingObject* object,
                                                 bool through_host) {
   mu_.AssertHeld();
-  RETURN_IF_ERROR(client.CheckStagingQuota(object->key, object->size));
+  RETURN_IF_ERROR(client.CheckStagingQuota(object->key(), object->size));
   ASSIGN_OR_RETURN(const uint32_t done_event, events_.Acquire());
   std::optional<uint64_t> host_offset;
   if (through_host) {
@@ -223,8 +222,8 @@ absl::StatusOr<LeaseGrant> StagingLoader::Grant(GpuClient& client, StagingObject
   LeaseGrant grant;
   grant.lease_id = clients_.AddLease(client, object, done_event, host_offset);
   ++stats_.leases;
-  grant.key = object->key;
-  grant.range = *object->range;
+  grant.key = object->key();
+  grant.range = object->memory->range();
   grant.length = object->size;
   // Through the host, the bytes are where the reader looks once the tier's own record of the done
   // event, after its copy, completes.

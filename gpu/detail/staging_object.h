@@ -1,24 +1,27 @@
 // One object of the GPU tier: its bytes' place in staging, its state on the way there, and who
-// holds or waits for it. The residency (staging_residency.h) lists it by key and frees it; client
-// leases, pins and drains point at it, which is why all of them are under the tier's one lock.
-// Internal to the GPU tier.
+// holds or waits for it. The residency (staging_residency.h) keeps the objects in a
+// ResidencyTable (common/residency.h), which owns them, lists them by key and frees them; client
+// leases (the entry's refs), pins and drains point at them, which is why all of them are under
+// the tier's one lock. Internal to the GPU tier.
 #ifndef TIERD_GPU_DETAIL_STAGING_OBJECT_H_
 #define TIERD_GPU_DETAIL_STAGING_OBJECT_H_
 
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/residency.h"
 #include "gpu/gpu_tier_types.h"
 #include "gpu/staging_pool.h"
 #include "storage/catalog.h"
 
 namespace tierd {
 
-struct StagingObject {
+// The GPU tier's own state of an object; the table's entry adds its key, whether it is listed,
+// its leases (refs), pins and staging range (memory).
+struct StagingObjectRecord {
   enum class State {
     kFetchingHost,  // waiting for the host tier
     kFetchingPeer,  // waiting for a peer daemon to lend it (unlisted: see GpuTier::Fetch)
@@ -32,23 +35,19 @@ struct StagingObject {
     bool through_host = false;  // the fetch's FetchOptions::through_host
   };
 
-  std::string key;
   uint64_t size = 0;
   Tensors tensors;
   std::shared_ptr<const ModelInfo> model;  // weights: the registration the bytes belong to
   State state = State::kFetchingHost;
-  bool listed = false;
-  std::optional<StagingRange> range;
   std::optional<uint32_t> ready_event;
   bool copying = false;  // a copy into or out of the range has not completed
-  int leases = 0;        // held and draining
-  int pins = 0;
   bool demand = false;
   int host_fetches = 0;  // host fetches not answered yet
   std::vector<Waiter> waiters;
-  std::list<StagingObject*>::iterator lru_position;
-  bool in_lru = false;
 };
+
+using StagingObjectTable = ResidencyTable<StagingObjectRecord, StagingAllocation>;
+using StagingObject = StagingObjectTable::Entry;
 
 }  // namespace tierd
 

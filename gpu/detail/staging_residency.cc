@@ -9,6 +9,26 @@
 #include "common/log.h"
 
 namespace tierd {
+namespace {
+
+// A staging range that a stream may still use: handed back only through Take, once the stream
+// has run what was queued. Dropped otherwise (the device could not arrange the callback, or the
+// tier was gone when it ran), the range is retired: never freed, so never handed out again, and
+// never freed into a pool that may be gone.
+class RangeAfterStream {
+ public:
+  explicit RangeAfterStream(StagingAllocation memory) : memory_(std::move(memory)) {}
+  RangeAfterStream(RangeAfterStream&&) = default;
+  RangeAfterStream& operator=(RangeAfterStream&&) = delete;
+  ~RangeAfterStream() { memory_.release(); }
+
+  StagingAllocation Take() { return std::move(memory_); }
+
+ private:
+  StagingAllocation memory_;
+};
+
+}  // namespace
 
 StagingResidency::StagingResidency(absl::Mutex& tier_mu, Device& device, const Catalog& catalog,
                                    StagingPool& pool, EventPool& events, GpuTierStats& stats,
@@ -21,19 +41,20 @@ StagingResidency::StagingResidency(absl::Mutex& tier_mu, Device& device, const C
       events_(events),
       stats_(stats),
       liveness_(std::move(liveness)),
-      drains_pending_(std::move(drains_pending)) {}
+      drains_pending_(std::move(drains_pending)),
+      table_(*this, EvictionPolicy::kLru) {}
 
 // ---- Objects by key -----------------------------------------------------------------------------
 
 StagingObject* StagingResidency::FindListed(const std::string& key) {
   mu_.AssertHeld();
-  auto it = objects_.find(key);
-  if (it == objects_.end()) return nullptr;
-  StagingObject* object = it->second;
+  StagingObject* object = table_.Find(key);
+  if (object == nullptr) return nullptr;
   if (object->model != nullptr) {
-    // A weight copied from an older registration of its model must never be served.
+    // A weight copied from an older registration of its model must never be served; nothing
+    // else will ask for it either.
     if (!catalog_.IsCurrent(object->model)) {
-      Unlist(object);
+      table_.Remove(object);
       return nullptr;
     }
   }
@@ -42,16 +63,16 @@ StagingObject* StagingResidency::FindListed(const std::string& key) {
 
 const StagingObject* StagingResidency::Listed(const std::string& key) const {
   mu_.AssertHeld();
-  auto it = objects_.find(key);
-  return it == objects_.end() ? nullptr : it->second;
+  return table_.Find(key);
 }
 
 std::vector<StagingObject*> StagingResidency::Matching(const std::string& key_or_prefix,
                                                        bool prefix) {
   mu_.AssertHeld();
   std::vector<StagingObject*> matches;
-  for (auto it = objects_.lower_bound(key_or_prefix);
-       it != objects_.end() &&
+  const auto& listed = table_.listed();
+  for (auto it = listed.lower_bound(key_or_prefix);
+       it != listed.end() &&
        (prefix ? absl::StartsWith(it->first, key_or_prefix) : it->first == key_or_prefix);
        ++it) {
     matches.push_back(it->second);
@@ -59,133 +80,115 @@ std::vector<StagingObject*> StagingResidency::Matching(const std::string& key_or
   return matches;
 }
 
+StagingObject* StagingResidency::Create(std::string key) {
+  mu_.AssertHeld();
+  return table_.Create(std::move(key));
+}
+
 void StagingResidency::List(StagingObject* object) {
   mu_.AssertHeld();
-  object->listed = true;
-  objects_[object->key] = object;
+  table_.Publish(object);
 }
 
 void StagingResidency::Replace(StagingObject* object) {
   mu_.AssertHeld();
-  if (auto old = objects_.find(object->key); old != objects_.end()) {
-    StagingObject* previous = old->second;
-    Unlist(previous);
-    DeleteIfUnused(previous);
+  if (StagingObject* previous = table_.Find(object->key()); previous != nullptr) {
+    table_.Remove(previous);
   }
-  List(object);
-  Touch(object);
+  table_.Publish(object);
+  table_.Enqueue(object);
 }
 
-void StagingResidency::Unlist(StagingObject* object) {
+void StagingResidency::Enqueue(StagingObject* object) {
   mu_.AssertHeld();
-  if (!object->listed) return;
-  object->listed = false;
-  objects_.erase(object->key);
-  if (object->in_lru) {
-    lru_.erase(object->lru_position);
-    object->in_lru = false;
-  }
-}
-
-size_t StagingResidency::listed_count() const {
-  mu_.AssertHeld();
-  return objects_.size();
+  table_.Enqueue(object);
 }
 
 void StagingResidency::Touch(StagingObject* object) {
   mu_.AssertHeld();
-  if (object->in_lru) lru_.erase(object->lru_position);
-  object->lru_position = lru_.insert(lru_.end(), object);
-  object->in_lru = true;
+  table_.Touch(object);
 }
 
-void StagingResidency::TouchOrDeleteIfUnused(StagingObject* object) {
-  if (object->listed) {
-    Touch(object);
-  } else {
-    DeleteIfUnused(object);
-  }
+void StagingResidency::TouchOrFreeIfUnused(StagingObject* object) {
+  mu_.AssertHeld();
+  table_.Touch(object);
+  table_.FreeIfUnused(object);
 }
 
 bool StagingResidency::IsEvictable(const StagingObject* object) const {
-  return object->state == StagingObject::State::kResident && !object->copying &&
-         object->leases == 0 && object->pins == 0 && object->waiters.empty() &&
-         object->host_fetches == 0;
-}
-
-void StagingResidency::Free(StagingObject* object) {
-  Unlist(object);
-  if (object->range) pool_.Free(*object->range);
-  if (object->ready_event) events_.Release(*object->ready_event);
-  delete object;
-}
-
-void StagingResidency::DeleteIfUnused(StagingObject* object) {
-  if (object->listed || object->leases > 0 || object->pins > 0 || object->copying ||
-      object->host_fetches > 0 || object->state == StagingObject::State::kAllocating ||
-      object->state == StagingObject::State::kFetchingPeer || !object->waiters.empty()) {
-    return;
-  }
-  Free(object);
-}
-
-void StagingResidency::DeleteAllListed() {
   mu_.AssertHeld();
-  for (auto& [key, object] : objects_) delete object;
-  objects_.clear();
-  lru_.clear();
+  return table_.IsEvictable(*object);
 }
+
+void StagingResidency::Remove(StagingObject* object) {
+  mu_.AssertHeld();
+  table_.Remove(object);
+}
+
+void StagingResidency::FreeIfUnused(StagingObject* object) {
+  mu_.AssertHeld();
+  table_.FreeIfUnused(object);
+}
+
+size_t StagingResidency::listed_count() const {
+  mu_.AssertHeld();
+  return table_.listed().size();
+}
+
+// ---- What the table asks ------------------------------------------------------------------------
+
+bool StagingResidency::InFlight(const StagingObject& object) const {
+  return object.copying || object.host_fetches > 0 ||
+         object.state == StagingObject::State::kAllocating ||
+         object.state == StagingObject::State::kFetchingPeer || !object.waiters.empty();
+}
+
+bool StagingResidency::CanEvict(const StagingObject& object) const {
+  return object.state == StagingObject::State::kResident;
+}
+
+void StagingResidency::Evict(StagingObject& victim) {
+  ++stats_.evictions;
+  TIERD_VLOG(2) << "GPU tier evicts " << victim.key();
+  table_.Remove(&victim);
+}
+
+void StagingResidency::Destroying(StagingObject& object) {
+  if (object.ready_event) events_.Release(*object.ready_event);
+}
+
+std::optional<StagingAllocation> StagingResidency::AllocateFree(uint64_t bytes) {
+  return pool_.Allocate(bytes);
+}
+
+// Evicts greedily, as long as anything is evictable.
+bool StagingResidency::WorthEvicting(uint64_t, uint64_t) { return true; }
+
+bool StagingResidency::RoomComing(uint64_t) { return copies_in_flight_ > 0 || drains_pending_(); }
+
+absl::Status StagingResidency::NoRoom(uint64_t bytes, bool) { return PoolExhausted(bytes); }
 
 // ---- Room ---------------------------------------------------------------------------------------
 
-std::optional<StagingRange> StagingResidency::TryAllocate(uint64_t bytes) {
+std::optional<StagingAllocation> StagingResidency::TryAllocate(uint64_t bytes) {
   mu_.AssertHeld();
-  while (true) {
-    if (std::optional<StagingRange> range = pool_.Allocate(bytes)) return range;
-    auto victim = std::find_if(lru_.begin(), lru_.end(),
-                               [this](StagingObject* object) { return IsEvictable(object); });
-    if (victim == lru_.end()) return std::nullopt;
-    ++stats_.evictions;
-    TIERD_VLOG(2) << "GPU tier evicts " << (*victim)->key;
-    Free(*victim);
-  }
+  return table_.TryAllocate(bytes);
 }
 
 void StagingResidency::Allocate(uint64_t bytes, AllocationCallback done, Deferred& deferred) {
   mu_.AssertHeld();
   // Waiters are served in order: a new request does not jump the queue.
-  std::optional<StagingRange> range;
-  if (allocation_waiters_.empty()) range = TryAllocate(bytes);
-  if (range) {
-    return DeferAnswer(deferred, std::move(done), absl::StatusOr<StagingRange>(*range));
-  }
-  if (RoomMayCome() || !allocation_waiters_.empty()) {
-    allocation_waiters_.push_back({bytes, std::move(done)});
-    return;
-  }
-  DeferAnswer(deferred, std::move(done), PoolExhausted(bytes));
+  table_.Allocate(bytes, std::move(done), deferred);
 }
 
 void StagingResidency::RetryAllocations(Deferred& deferred) {
   mu_.AssertHeld();
-  while (!allocation_waiters_.empty()) {
-    AllocationWaiter& waiter = allocation_waiters_.front();
-    std::optional<StagingRange> range = TryAllocate(waiter.bytes);
-    if (!range) {
-      if (RoomMayCome()) return;  // more room may come
-      DeferAnswer(deferred, std::move(waiter.done), PoolExhausted(waiter.bytes));
-    } else {
-      DeferAnswer(deferred, std::move(waiter.done), absl::StatusOr<StagingRange>(*range));
-    }
-    allocation_waiters_.pop_front();
-  }
+  table_.RetryWaiters(deferred);
 }
-
-bool StagingResidency::RoomMayCome() const { return copies_in_flight_ > 0 || drains_pending_(); }
 
 size_t StagingResidency::allocation_waiters() const {
   mu_.AssertHeld();
-  return allocation_waiters_.size();
+  return table_.waiting();
 }
 
 void StagingResidency::CopyStarted() {
@@ -205,12 +208,12 @@ uint64_t StagingResidency::copies_in_flight() const {
 
 absl::Status StagingResidency::PoolExhausted(uint64_t bytes) const {
   uint64_t leased = 0, pinned = 0;
-  for (const auto& [key, object] : objects_) {
-    if (!object->range) continue;
-    if (object->leases > 0) {
-      leased += object->range->size;
+  for (const auto& [key, object] : table_.listed()) {
+    if (!object->memory) continue;
+    if (object->refs > 0) {
+      leased += object->memory->size();
     } else if (object->pins > 0) {
-      pinned += object->range->size;
+      pinned += object->memory->size();
     }
   }
   return absl::ResourceExhaustedError(absl::StrCat(
@@ -220,17 +223,13 @@ absl::Status StagingResidency::PoolExhausted(uint64_t bytes) const {
       " pinned, the rest reserved for stores); release leases or raise --gpu-pool-bytes"));
 }
 
-void StagingResidency::FreeRange(StagingRange range, std::optional<uint32_t> event) {
-  pool_.Free(range);
-  if (event.has_value()) events_.Release(*event);
-}
-
-void StagingResidency::FreeAfterStream(Stream& stream, StagingRange range,
+void StagingResidency::FreeAfterStream(Stream& stream, StagingAllocation memory,
                                        std::optional<uint32_t> event, const std::string& what,
                                        const absl::Status& error) {
-  const absl::Status arranged =
-      device_.NotifyWhenDone(stream, [this, live = liveness_, range, event] {
-        live->RunIfAlive([&] { FreeAfterFailedCopy(range, event); });
+  const absl::Status arranged = device_.NotifyWhenDone(
+      stream,
+      [this, live = liveness_, range = RangeAfterStream(std::move(memory)), event]() mutable {
+        live->RunIfAlive([&] { FreeAfterFailedCopy(range.Take(), event); });
       });
   if (arranged.ok()) {
     TIERD_LOG(ERROR) << what << " failed: " << error
@@ -242,10 +241,12 @@ void StagingResidency::FreeAfterStream(Stream& stream, StagingRange range,
                    << "retired";
 }
 
-void StagingResidency::FreeAfterFailedCopy(StagingRange range, std::optional<uint32_t> event) {
+void StagingResidency::FreeAfterFailedCopy(StagingAllocation memory,
+                                           std::optional<uint32_t> event) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
-  FreeRange(range, event);
+  memory.reset();
+  if (event.has_value()) events_.Release(*event);
   RetryAllocations(deferred.calls());
 }
 
