@@ -10,7 +10,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "device/completion_thread.h"
-#include "device/cuda_status.h"
+#include "device/detail/cuda_status.h"
 #include "wire/wire_format.h"
 
 namespace tierd {

@@ -1,6 +1,6 @@
-// cudaError_t → absl::Status, in exactly one place. Internal to the CUDA backend.
-#ifndef TIERD_DEVICE_CUDA_STATUS_H_
-#define TIERD_DEVICE_CUDA_STATUS_H_
+// cudaError_t → absl::Status, in exactly one place: the CUDA backend's.
+#ifndef TIERD_DEVICE_DETAIL_CUDA_STATUS_H_
+#define TIERD_DEVICE_DETAIL_CUDA_STATUS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -18,4 +18,4 @@ absl::Status CudaStatus(cudaError_t error, absl::string_view what);
 
 }  // namespace tierd
 
-#endif  // TIERD_DEVICE_CUDA_STATUS_H_
+#endif  // TIERD_DEVICE_DETAIL_CUDA_STATUS_H_

@@ -1,4 +1,4 @@
-#include "device/cuda_status.h"
+#include "device/detail/cuda_status.h"
 
 #include "absl/strings/str_cat.h"
 
