@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/status_macros.h"
 #include "wire/detail/opened_handles.h"
 
 namespace tierd {
@@ -143,28 +144,32 @@ bool SessionCore::ended() {
   return ended_;
 }
 
-absl::StatusOr<v1::SessionResponse> SessionCore::Call(v1::SessionRequest request) {
-  auto pending = std::make_shared<Pending>();
+absl::StatusOr<SessionCore::Submitted> SessionCore::Submit(v1::SessionRequest& request,
+                                                           std::shared_ptr<Pending> pending) {
+  const bool registered = pending != nullptr;
   {
     absl::MutexLock lock(&mu_);
     if (ended_) return EndedLocked();
     request.set_request_id(next_request_++);
-    pending_[request.request_id()] = pending;
+    if (registered) pending_[request.request_id()] = std::move(pending);
   }
   bool written;
   {
     absl::MutexLock lock(&write_mu_);
     written = transport_->Write(request);
   }
-  if (!written) {
-    bool still_ours;
-    {
-      absl::MutexLock state(&mu_);
-      still_ours = pending_.erase(request.request_id()) > 0;
-    }
-    // Unless the reader already answered it as an orphan (with the reason), say why here.
-    if (still_ours) return EndedAfterFailedWrite();
-  }
+  if (written) return Submitted::kWritten;
+  absl::MutexLock lock(&mu_);
+  // A request nobody registered (SendQuiet) has nobody to answer it either.
+  const bool unanswered = !registered || pending_.erase(request.request_id()) > 0;
+  return unanswered ? Submitted::kFailedUnanswered : Submitted::kFailedAnswered;
+}
+
+absl::StatusOr<v1::SessionResponse> SessionCore::Call(v1::SessionRequest request) {
+  auto pending = std::make_shared<Pending>();
+  ASSIGN_OR_RETURN(const Submitted submitted, Submit(request, pending));
+  // Unless the reader already answered it as an orphan (with the reason), say why here.
+  if (submitted == Submitted::kFailedUnanswered) return EndedAfterFailedWrite();
   pending->done.WaitForNotification();
   if (!pending->response.ok()) return pending->response.status();
   if (absl::Status status = StatusOf(*pending->response); !status.ok()) return status;
@@ -177,43 +182,19 @@ absl::Status SessionCore::Send(v1::SessionRequest request,
   pending->callback = done ? std::move(done) : [](const v1::SessionResponse& response) {
     if (response.code() != 0) LogFailure(response);
   };
-  {
-    absl::MutexLock lock(&mu_);
-    if (ended_) return EndedLocked();
-    request.set_request_id(next_request_++);
-    pending_[request.request_id()] = pending;
+  ASSIGN_OR_RETURN(const Submitted submitted, Submit(request, pending));
+  if (submitted == Submitted::kWritten) return absl::OkStatus();
+  const absl::Status ended = EndedAfterFailedWrite();
+  // Unless the reader already answered it as an orphan, its callback must still run once.
+  if (submitted == Submitted::kFailedUnanswered) {
+    pending->callback(EndedResponse(request.request_id(), ended));
   }
-  bool written;
-  {
-    absl::MutexLock lock(&write_mu_);
-    written = transport_->Write(request);
-  }
-  if (!written) {
-    bool still_ours;
-    {
-      absl::MutexLock state(&mu_);
-      still_ours = pending_.erase(request.request_id()) > 0;
-    }
-    const absl::Status ended = EndedAfterFailedWrite();
-    // Unless the reader already answered it as an orphan, its callback must still run once.
-    if (still_ours) pending->callback(EndedResponse(request.request_id(), ended));
-    return ended;
-  }
-  return absl::OkStatus();
+  return ended;
 }
 
 absl::Status SessionCore::SendQuiet(v1::SessionRequest request) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (ended_) return EndedLocked();
-    request.set_request_id(next_request_++);
-  }
-  bool written;
-  {
-    absl::MutexLock lock(&write_mu_);
-    written = transport_->Write(request);
-  }
-  return written ? absl::OkStatus() : EndedAfterFailedWrite();
+  ASSIGN_OR_RETURN(const Submitted submitted, Submit(request, nullptr));
+  return submitted == Submitted::kWritten ? absl::OkStatus() : EndedAfterFailedWrite();
 }
 
 absl::Status SessionCore::OpenHandles(const v1::SessionResponse& response) {

@@ -82,6 +82,16 @@ class SessionCore {
   // while for it (unless called by the reader itself, from a callback), so that the error carries
   // the reason.
   absl::Status EndedAfterFailedWrite() ABSL_LOCKS_EXCLUDED(mu_);
+  // What became of a request Submit wrote.
+  enum class Submitted {
+    kWritten,
+    kFailedUnanswered,  // the write failed and nobody answered the request: the caller must
+    kFailedAnswered,    // the write failed, and the reader already answered it as an orphan
+  };
+  // Gives `request` the next id, registers `pending` (when not null) under it, and writes it.
+  // The ended session's status when the session is over already.
+  absl::StatusOr<Submitted> Submit(v1::SessionRequest& request, std::shared_ptr<Pending> pending)
+      ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
 
   std::shared_ptr<Device> device_;
   std::unique_ptr<SessionTransport> transport_;
