@@ -26,7 +26,6 @@ Lease& Lease::operator=(Lease&& other) noexcept {
     data_ = other.data_;
     size_ = other.size_;
     tensors_ = std::move(other.tensors_);
-    done_event_ = other.done_event_;
     stream_ = other.stream_;
     other.session_ = nullptr;
   }
@@ -39,7 +38,7 @@ Lease::~Lease() {
 
 void Lease::Release(Stream& stream) {
   if (!valid()) return;
-  session_->ReleaseLease(lease_id_, *done_event_, stream);
+  session_->ReleaseLease(lease_id_, stream);
   session_.reset();
   data_ = nullptr;
 }
@@ -101,24 +100,20 @@ absl::StatusOr<Lease> Session::Fetch(const std::string& key, Stream& stream) {
                         std::make_move_iterator(granted.mutable_tensors()->end()));
   lease.stream_ = &stream;
   // The reader thread opened the response's handles; a lookup fails only when the daemon named
-  // one it never sent. Without the done event the lease cannot be released: the session's end
-  // releases it.
+  // one it never sent (the lease is then released unread).
   absl::StatusOr<Slab*> slab = core_->slab(granted.slab_id());
-  absl::StatusOr<Event*> ready = core_->event(granted.ready_event_id());
-  absl::StatusOr<Event*> done = core_->event(granted.done_event_id());
-  if (!done.ok()) {
-    lease.session_.reset();
-    return done.status();
-  }
-  lease.done_event_ = *done;
   if (!slab.ok()) return slab.status();
-  if (!ready.ok()) return ready.status();
   if (granted.offset() + granted.length() > (*slab)->size()) {
     return absl::InternalError(
         absl::StrCat("lease of ", key, " lies outside slab ", granted.slab_id()));
   }
+  if (granted.has_ready_event_id()) {
+    // The copy into staging may still run: the stream waits for it, not the CPU.
+    absl::StatusOr<Event*> ready = core_->event(granted.ready_event_id());
+    if (!ready.ok()) return ready.status();
+    if (absl::Status wait = core_->device().WaitEvent(stream, **ready); !wait.ok()) return wait;
+  }
   lease.data_ = static_cast<uint8_t*>((*slab)->data()) + granted.offset();
-  if (absl::Status wait = core_->device().WaitEvent(stream, **ready); !wait.ok()) return wait;
   return lease;
 }
 
@@ -148,15 +143,17 @@ absl::Status Session::StoreAsync(const StoreRequest& store, Stream& stream) {
   commit.mutable_commit()->set_reservation_id(reservation.reservation_id());
   // The reader thread opened the response's handles.
   absl::StatusOr<Slab*> slab = core_->slab(reservation.slab_id());
-  absl::StatusOr<Event*> written = core_->event(reservation.written_event_id());
   absl::Status status = slab.status();
-  if (status.ok()) status = written.status();
   if (status.ok()) {
     uint8_t* dst = static_cast<uint8_t*>((*slab)->data()) + reservation.offset();
     status = core_->device().CopyAsync(stream, dst, store.data, store.size);
   }
-  if (status.ok()) status = core_->device().RecordEvent(**written, stream);
-  if (!status.ok()) {
+  if (status.ok()) {
+    if (std::optional<uint32_t> written =
+            core_->RecordDone(stream, "reservation", reservation.reservation_id())) {
+      commit.mutable_commit()->set_written_event_id(*written);
+    }
+  } else {
     // Give the reservation back, once nothing of ours can still write into it.
     (void)core_->device().SynchronizeStream(stream);
     commit.mutable_commit()->set_abort(true);
@@ -304,6 +301,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
   core->set_device(*device);
   absl::StatusOr<std::unique_ptr<Stream>> stream = (*device)->CreateStream(StreamPriority::kHigh);
   if (!stream.ok()) return stream.status();
+  if (absl::Status taken = core->Opened(*opened); !taken.ok()) return taken;
   std::unique_ptr<Session> session(new Session(std::move(core)));
   session->opened_ = opened->opened();
   session->default_stream_ = *std::move(stream);

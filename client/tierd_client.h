@@ -74,8 +74,8 @@ class Lease {
   // The tensors inside the object, offsets relative to data().
   const std::vector<v1::TensorInfo>& tensors() const { return tensors_; }
 
-  // Records the lease's done event on `stream` (after the work that reads the buffer) and tells
-  // the daemon the buffer is free once that event completes. Does not wait for the daemon's reply;
+  // Records one of the session's done events on `stream` (after the work that reads the buffer)
+  // and tells the daemon the buffer is free once that record completes. Does not wait for the daemon's reply;
   // a failure is logged. REQUIRES: valid(); `stream` comes from Session::device().
   void Release(Stream& stream);
   // Same, on the stream the lease was fetched on.
@@ -89,7 +89,6 @@ class Lease {
   void* data_ = nullptr;
   uint64_t size_ = 0;
   std::vector<v1::TensorInfo> tensors_;
-  Event* done_event_ = nullptr;
   Stream* stream_ = nullptr;
 };
 

@@ -20,6 +20,7 @@
 #ifndef TIERD_DEVICE_DEVICE_H_
 #define TIERD_DEVICE_DEVICE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -59,8 +60,16 @@ class Stream {
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
+  // Unique among the process's streams for its life: a stream made later never has the id of one
+  // made before, even at the same address. Work on one stream runs in order; on two, it need not.
+  uint64_t id() const { return id_; }
+
  protected:
-  Stream() = default;
+  Stream() : id_(next_id_.fetch_add(1, std::memory_order_relaxed)) {}
+
+ private:
+  static inline std::atomic<uint64_t> next_id_{1};
+  const uint64_t id_;
 };
 
 // An interprocess event: a marker recorded on a stream that this process or another one (through

@@ -9,25 +9,43 @@ namespace tierd {
 EventPool::EventPool(Device& device, uint32_t max_events, uint32_t batch)
     : device_(device), max_events_(max_events), batch_(std::max<uint32_t>(batch, 1)) {}
 
+absl::Status EventPool::Prefill() {
+  absl::MutexLock lock(&mu_);
+  if (!events_.empty() || max_events_ == 0) return absl::OkStatus();
+  return GrowLocked();
+}
+
+absl::Status EventPool::GrowLocked() {
+  const uint32_t have = events_.size();
+  const uint32_t grow = std::min(batch_, max_events_ - have);
+  // Created under the lock: growing is rare, and ids must stay dense.
+  for (uint32_t i = 0; i < grow; ++i) {
+    absl::StatusOr<std::unique_ptr<Event>> event = device_.CreateEvent();
+    if (!event.ok()) {
+      if (i > 0) break;
+      return event.status();
+    }
+    events_.push_back(*std::move(event));
+  }
+  for (uint32_t id = events_.size(); id > have; --id) free_.push_back(id - 1);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint32_t> EventPool::Acquire() {
   absl::MutexLock lock(&mu_);
   if (free_.empty()) {
-    const uint32_t have = events_.size();
-    const uint32_t grow = std::min(batch_, max_events_ - have);
-    if (grow == 0) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("all ", max_events_, " interprocess events are in use"));
+    if (events_.size() >= max_events_) {
+      ++shortfalls_;
+      return absl::ResourceExhaustedError(absl::StrCat("all ", max_events_,
+                                                       " interprocess events are in use (",
+                                                       kSizeFlag, "=", max_events_, ")"));
     }
-    // Created under the lock: growing is rare, and ids must stay dense.
-    for (uint32_t i = 0; i < grow; ++i) {
-      absl::StatusOr<std::unique_ptr<Event>> event = device_.CreateEvent();
-      if (!event.ok()) {
-        if (i > 0) break;
-        return event.status();
-      }
-      events_.push_back(*std::move(event));
+    if (absl::Status grown = GrowLocked(); !grown.ok()) {
+      ++shortfalls_;
+      return absl::Status(
+          grown.code(), absl::StrCat("creating an interprocess event (", events_.size(), " exist, ",
+                                     kSizeFlag, "=", max_events_, "): ", grown.message()));
     }
-    for (uint32_t id = events_.size(); id > have; --id) free_.push_back(id - 1);
   }
   const uint32_t id = free_.back();
   free_.pop_back();
@@ -37,6 +55,11 @@ absl::StatusOr<uint32_t> EventPool::Acquire() {
 void EventPool::Release(uint32_t id) {
   absl::MutexLock lock(&mu_);
   free_.push_back(id);
+}
+
+void EventPool::CountShortfall() {
+  absl::MutexLock lock(&mu_);
+  ++shortfalls_;
 }
 
 Event& EventPool::event(uint32_t id) const {
@@ -56,9 +79,14 @@ std::vector<EventInfo> EventPool::Events() const {
   return infos;
 }
 
-uint32_t EventPool::size() const {
+EventPoolStats EventPool::stats() const {
   absl::MutexLock lock(&mu_);
-  return events_.size();
+  EventPoolStats stats;
+  stats.created = events_.size();
+  stats.in_use = events_.size() - free_.size();
+  stats.max = max_events_;
+  stats.shortfalls = shortfalls_;
+  return stats;
 }
 
 }  // namespace tierd

@@ -1,7 +1,11 @@
 // The daemon's interprocess events, numbered so clients can open each handle once and refer to it
-// by id. A slot is acquired for one purpose (a GPU copy's ready event, a lease's done event, a
-// reservation's written event) and released when nobody can wait on it any more; only then is it
-// handed out again. The pool grows in batches up to a limit.
+// by id. A process may create only so many interprocess events (docs/DESIGN.md, "Interprocess
+// events"), so the pool is bounded below that (--max-events) and shared by every GPU tier of the
+// daemon. Nothing holds an event per lease: a slot is acquired for a GPU copy whose readers must
+// wait for it, for a session (its done events, which the client records and names in releases and
+// commits) or for a copy through the host handoff buffer, and released when nobody can wait on it
+// any more; only then is it handed out again. Events are created in batches, the first at start,
+// so that creating one is rarely on a request's path.
 //
 // Thread-safe. Event pointers stay valid for the pool's life.
 #ifndef TIERD_GPU_EVENT_POOL_H_
@@ -9,6 +13,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +21,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/figures.h"
 #include "device/device.h"
 
 namespace tierd {
@@ -25,31 +31,65 @@ struct EventInfo {
   std::string handle;
 };
 
+// What the pool reports (Stats: events, events_in_use, events_max, event_shortfalls).
+struct EventPoolStats {
+  uint64_t created = 0;
+  uint64_t in_use = 0;
+  uint64_t max = 0;
+  // Times a request found no event free: a copy answered once complete instead of at once, a
+  // session given fewer done events than it asked for, a copy through the host refused.
+  uint64_t shortfalls = 0;
+};
+
+inline constexpr Figure<EventPoolStats> kEventPoolFigures[] = {
+    {"events", &EventPoolStats::created},
+    {"events_in_use", &EventPoolStats::in_use},
+    {"events_max", &EventPoolStats::max},
+    {"event_shortfalls", &EventPoolStats::shortfalls},
+};
+static_assert(std::size(kEventPoolFigures) * sizeof(uint64_t) == sizeof(EventPoolStats),
+              "every member of EventPoolStats has its line in kEventPoolFigures");
+
 class EventPool {
  public:
+  // The flag that sizes the pool, named in its RESOURCE_EXHAUSTED answers.
+  static constexpr const char* kSizeFlag = "--max-events";
+
   // At most `max_events` events, created `batch` at a time.
   EventPool(Device& device, uint32_t max_events, uint32_t batch = 64);
   EventPool(const EventPool&) = delete;
   EventPool& operator=(const EventPool&) = delete;
 
-  // A free slot's id. RESOURCE_EXHAUSTED when all max_events are in use; the device's errors when
-  // creating more fails.
+  // Creates the first batch now, so that the first requests do not. The device's error when even
+  // one cannot be created.
+  absl::Status Prefill() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A free slot's id. RESOURCE_EXHAUSTED, naming the pool's size and its flag, when all
+  // max_events are in use (counted as a shortfall); the device's errors when creating more fails.
   absl::StatusOr<uint32_t> Acquire() ABSL_LOCKS_EXCLUDED(mu_);
-  // REQUIRES: `id` was acquired and not released since.
+  // REQUIRES: `id` was acquired and not released since, and no record of it can still be waited
+  // on by anyone who would be misled by a new owner's records.
   void Release(uint32_t id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts a shortfall that the caller met without calling Acquire (it knew none was free).
+  void CountShortfall() ABSL_LOCKS_EXCLUDED(mu_);
 
   Event& event(uint32_t id) const ABSL_LOCKS_EXCLUDED(mu_);
   const std::string& handle(uint32_t id) const ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<EventInfo> Events() const ABSL_LOCKS_EXCLUDED(mu_);
-  uint32_t size() const ABSL_LOCKS_EXCLUDED(mu_);
+  EventPoolStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint32_t max_events() const { return max_events_; }
 
  private:
+  // Creates up to `batch_` more events; the device's error when none could be.
+  absl::Status GrowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   Device& device_;
   const uint32_t max_events_;
   const uint32_t batch_;
   mutable absl::Mutex mu_;
   std::deque<std::unique_ptr<Event>> events_ ABSL_GUARDED_BY(mu_);  // by id; a deque never moves
   std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
+  uint64_t shortfalls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tierd

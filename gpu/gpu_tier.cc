@@ -25,9 +25,11 @@ absl::StatusOr<std::unique_ptr<GpuTier>> GpuTier::Create(Device& device, Catalog
   ASSIGN_OR_RETURN(std::unique_ptr<Stream> prefetch, device.CreateStream(StreamPriority::kNormal));
   ASSIGN_OR_RETURN(std::unique_ptr<Stream> store, device.CreateStream(StreamPriority::kNormal));
   ASSIGN_OR_RETURN(std::unique_ptr<Stream> handoff, device.CreateStream(StreamPriority::kHigh));
-  return std::unique_ptr<GpuTier>(
-      new GpuTier(device, catalog, arena, host_cache, options, std::move(pool), std::move(demand),
-                  std::move(prefetch), std::move(store), std::move(handoff)));
+  std::unique_ptr<GpuTier> tier(new GpuTier(device, catalog, arena, host_cache, options,
+                                            std::move(pool), std::move(demand), std::move(prefetch),
+                                            std::move(store), std::move(handoff)));
+  RETURN_IF_ERROR(tier->events_.Prefill());
+  return tier;
 }
 
 GpuTier::GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& host_cache,
@@ -38,7 +40,10 @@ GpuTier::GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& 
       host_cache_(host_cache),
       options_(options),
       pool_(std::move(pool)),
-      events_(device, options.max_events),
+      own_events_(options.events == nullptr
+                      ? std::make_unique<EventPool>(device, options.max_events)
+                      : nullptr),
+      events_(options.events != nullptr ? *options.events : *own_events_),
       handoff_buffer_(std::make_unique<HostHandoffBuffer>(device, options.handoff_buffer_bytes)),
       demand_stream_(std::move(demand_stream)),
       prefetch_stream_(std::move(prefetch_stream)),
@@ -60,9 +65,8 @@ GpuTier::GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& 
                stats_}),
       peer_loader_({mu_, device, options.peers, *pool_, events_, *handoff_stream_, copier_,
                     residency_, loader_, callbacks_, stats_}),
-      commits_({mu_, device, catalog, host_cache, options.durable_store, *pool_, events_,
-                *store_stream_, copier_, residency_, clients_, drains_, stored_, callbacks_,
-                stats_}),
+      commits_({mu_, device, catalog, host_cache, options.durable_store, *pool_, *store_stream_,
+                copier_, residency_, clients_, drains_, stored_, callbacks_, stats_}),
       eviction_(mu_, catalog, host_cache, options.durable_store, residency_, stored_, stats_) {}
 
 GpuTier::~GpuTier() {
@@ -71,10 +75,18 @@ GpuTier::~GpuTier() {
     absl::MutexLock lock(&mu_);
     open = clients_.Ids();
   }
-  for (ClientId id : open) {
-    CloseClient(id);
-    ForceClose(id);
+  for (ClientId id : open) CloseClient(id);
+  {
+    // Closed clients' drains (their done events, which may never have been recorded) get their
+    // close grace, as they would have had without the tier going; then what is left is forced.
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](DrainQueue* drains) ABSL_NO_THREAD_SAFETY_ANALYSIS { return !drains->pending(); },
+            &drains_),
+        options_.close_grace);
   }
+  for (ClientId id : open) ForceClose(id);
   {
     // Copies, commits and host and peer fetches in flight call back into the tier; wait for them,
     // and for the callbacks still running the calls they deferred past the lock.
@@ -109,7 +121,24 @@ GpuTier::~GpuTier() {
 // ---- Clients ------------------------------------------------------------------------------------
 
 absl::StatusOr<ClientId> GpuTier::OpenClient(const ClientLimits& limits) {
-  return clients_.Open(limits);
+  std::vector<uint32_t> done_events;
+  for (uint32_t i = 0; i < options_.done_events_per_client; ++i) {
+    absl::StatusOr<uint32_t> event = events_.Acquire();
+    if (!event.ok()) break;  // counted as a shortfall; the client waits on its CPU instead
+    done_events.push_back(*event);
+  }
+  absl::StatusOr<ClientId> opened = clients_.Open(limits, done_events);
+  if (!opened.ok()) {
+    // Never recorded: nobody can wait on them.
+    for (uint32_t event : done_events) events_.Release(event);
+  }
+  return opened;
+}
+
+std::vector<uint32_t> GpuTier::DoneEvents(ClientId id) const {
+  absl::MutexLock lock(&mu_);
+  const GpuClient* client = clients_.FindAny(id);
+  return client == nullptr ? std::vector<uint32_t>{} : client->done_events;
 }
 
 ClosedClient GpuTier::CloseClient(ClientId id) {
@@ -120,13 +149,34 @@ ClosedClient GpuTier::CloseClient(ClientId id) {
   if (client == nullptr) return {};
   client->closed = true;
   const ClosedClient freed{client->leases.size(), client->reservations.size(), client->pins.size()};
-  for (auto& [lease_id, lease] : client->leases) DrainLeaseLocked(*client, lease);
+  // The client may have recorded any of its done events after its last use of a lease it did not
+  // release, or its last write into a reservation: what it held is freed once all of them have
+  // completed, and so are copies into the host handoff buffer for it. Then the events go back to
+  // the pool (or are retired, when the grace runs out first).
+  std::vector<uint32_t> events = client->done_events;
+  std::vector<GpuClient::Lease> leases;
+  for (auto& [lease_id, lease] : client->leases) {
+    if (lease.host_ready_event) events.push_back(*lease.host_ready_event);
+    leases.push_back(std::move(lease));
+  }
   client->leases.clear();
-  // A reservation's range may still be being written by the client's stream.
+  std::vector<GpuClient::Reservation> reservations;
   for (auto& [reservation_id, reservation] : client->reservations) {
-    commits_.Abandon(*client, std::move(reservation));
+    reservations.push_back(std::move(reservation));
   }
   client->reservations.clear();
+  drains_.Start(
+      *client, events, events,
+      [this, leases = std::move(leases), reservations = std::move(reservations)](
+          bool forced, DrainQueue::Deferred&) mutable ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        // Runs under the tier's lock.
+        for (const GpuClient::Lease& lease : leases) LeaseDrained(lease, forced);
+        for (GpuClient::Reservation& reservation : reservations) {
+          commits_.Abandoned(std::move(reservation));
+        }
+      },
+      deferred.calls());
+  client->done_events.clear();
   for (auto& [key, pin] : client->pins) {
     pin.object->pins -= pin.count;
     stats_.pins -= pin.count;
@@ -164,24 +214,40 @@ void GpuTier::ForceClose(ClientId id) {
   clients_.Erase(id);
 }
 
-void GpuTier::DrainLeaseLocked(GpuClient& client, const GpuClient::Lease& lease) {
-  drains_.Start(client, lease.done_event,
-                [this, object = lease.object, host_offset = lease.host_offset](
-                    bool forced, DrainQueue::Deferred&) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                  // Runs under the tier's lock.
-                  if (host_offset.has_value()) {
-                    // A forced drain's event says nothing: the copy into the range may still be
-                    // queued.
-                    if (forced) {
-                      handoff_.FreeLater(*host_offset, object->size);
-                    } else {
-                      handoff_.Free(*host_offset, object->size);
-                    }
-                  }
-                  --object->refs;
-                  --stats_.leases;
-                  residency_.TouchOrFreeIfUnused(object);
-                });
+void GpuTier::DrainLeaseLocked(GpuClient& client, const GpuClient::Lease& lease,
+                               std::optional<uint32_t> done_event, DrainQueue::Deferred& deferred) {
+  std::vector<uint32_t> wait_on, owned;
+  if (done_event) wait_on.push_back(*done_event);
+  if (lease.host_ready_event) {
+    // The copy into the handoff buffer must be over too; the event is the lease's own.
+    wait_on.push_back(*lease.host_ready_event);
+    owned.push_back(*lease.host_ready_event);
+  }
+  drains_.Start(
+      client, std::move(wait_on), std::move(owned),
+      [this, lease](bool forced, DrainQueue::Deferred&)
+          ABSL_NO_THREAD_SAFETY_ANALYSIS { LeaseDrained(lease, forced); },
+      deferred);
+}
+
+void GpuTier::LeaseDrained(const GpuClient::Lease& lease, bool forced) {
+  mu_.AssertHeld();
+  StagingObject* object = lease.object;
+  if (lease.host_offset.has_value()) {
+    // A forced drain's event says nothing: the copy into the range may still be queued.
+    if (forced) {
+      handoff_.FreeLater(*lease.host_offset, object->size);
+    } else {
+      handoff_.Free(*lease.host_offset, object->size);
+    }
+  }
+  --object->refs;
+  --stats_.leases;
+  if (lease.names_ready_event) {
+    --object->ready_event_leases;
+    residency_.DropReadyEventIfUnneeded(object);
+  }
+  residency_.TouchOrFreeIfUnused(object);
 }
 
 // ---- Leases -------------------------------------------------------------------------------------
@@ -218,12 +284,15 @@ void GpuTier::Fetch(ClientId client_id, const std::string& key, ReadPriority pri
   object->waiters.push_back({client_id, std::move(done), nullptr, options.through_host});
 }
 
-absl::Status GpuTier::Release(ClientId client_id, uint64_t lease_id) {
+absl::Status GpuTier::Release(ClientId client_id, uint64_t lease_id,
+                              std::optional<uint32_t> done_event) {
+  DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   GpuClient* client = clients_.Find(client_id);
   if (client == nullptr) return ClientGone();
+  if (done_event) RETURN_IF_ERROR(client->CheckDoneEvent(*done_event));
   ASSIGN_OR_RETURN(const GpuClient::Lease lease, clients_.TakeLease(*client, lease_id));
-  DrainLeaseLocked(*client, lease);
+  DrainLeaseLocked(*client, lease, done_event, deferred.calls());
   return absl::OkStatus();
 }
 
@@ -313,8 +382,9 @@ void GpuTier::AdoptStored(const std::string& key, uint64_t size,
                   {size, std::make_shared<const std::vector<TensorPlacement>>(std::move(tensors))});
 }
 
-void GpuTier::Commit(ClientId client, uint64_t reservation_id, bool abort, StatusCallback done) {
-  commits_.Commit(client, reservation_id, abort, std::move(done));
+void GpuTier::Commit(ClientId client, uint64_t reservation_id, bool abort,
+                     std::optional<uint32_t> written_event, StatusCallback done) {
+  commits_.Commit(client, reservation_id, abort, written_event, std::move(done));
 }
 
 // ---- What it reports ----------------------------------------------------------------------------
@@ -335,7 +405,6 @@ GpuTierStats GpuTier::stats() const {
   stats.allocation_waiters = residency_.allocation_waiters();
   stats.clients = clients_.OpenCount();
   stats.slabs = pool_->slab_count();
-  stats.events = events_.size();
   return stats;
 }
 

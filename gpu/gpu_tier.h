@@ -2,18 +2,21 @@
 // copies that move bytes between the host cache and staging.
 //
 // What it guarantees (the lease protocol, ../proto/tierd/v1/tierd.proto):
-//  - A fetch is answered once the host → staging copy is enqueued; the lease names the copy's
-//    ready event. Demand fetches use the high-priority copy stream and overtake prefetches.
+//  - A fetch is answered once the host → staging copy is enqueued; while the copy may run, the
+//    lease names its ready event (one per copy, shared by the leases granted meanwhile). Demand
+//    fetches use the high-priority copy stream and overtake prefetches.
 //  - Clients fetching one key share one GPU copy. A leased, pinned or copying object never moves
 //    and is never evicted; the rest are evicted least recently used first.
-//  - Release waits, on the client's own drain stream, for the lease's done event: the buffer is
-//    reused only after the client's last read has finished. An event slot is handed out again only
-//    when nobody can wait on it any more.
-//  - Store: a reservation is a staging range plus a written event; commit makes the copy to the
-//    host tier wait for that event, publishes the object on the GPU at once and answers when the
+//  - Release waits, on the client's own drain stream, for the done event the client names (one of
+//    the few each client is given): the buffer is reused only after the client's last read has
+//    finished. No event is held per lease or reservation; an event slot is handed out again only
+//    when nobody can wait on it any more. When the pool has none free, a copy is answered once it
+//    completes instead, and a client gets fewer done events (it then waits on its CPU).
+//  - Store: a reservation is a staging range; commit makes the copy to the host tier wait for the
+//    done event the client names, publishes the object on the GPU at once and answers when the
 //    host tier has it.
 //  - Leases, reservations and pins belong to a client (a session). Closing the client releases
-//    them, waiting for their done events at most `close_grace`, then freeing regardless (the
+//    them, waiting for its done events at most `close_grace`, then freeing regardless (the
 //    client is gone: its GPU work died with it).
 //  - When staging is full and nothing can be evicted the answer is RESOURCE_EXHAUSTED at once;
 //    when copies or drains in flight will free enough, the request waits for them (no polling).
@@ -40,6 +43,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,8 +93,11 @@ class GpuTier {
   GpuTier(const GpuTier&) = delete;
   GpuTier& operator=(const GpuTier&) = delete;
 
-  // A client (a session) that can hold leases, reservations and pins.
+  // A client (a session) that can hold leases, reservations and pins, with up to
+  // GpuTierOptions::done_events_per_client done events (fewer when the pool is short).
   absl::StatusOr<ClientId> OpenClient(const ClientLimits& limits) ABSL_LOCKS_EXCLUDED(mu_);
+  // The client's done events (ids in events()); empty for an unknown client.
+  std::vector<uint32_t> DoneEvents(ClientId client) const ABSL_LOCKS_EXCLUDED(mu_);
   // Releases everything the client holds (see the header comment) and says what that was. Unknown
   // ids are ignored (nothing freed).
   ClosedClient CloseClient(ClientId client) ABSL_LOCKS_EXCLUDED(mu_);
@@ -106,9 +113,12 @@ class GpuTier {
   // with the lease, and every fetch copies the peer's current version again.
   void Fetch(ClientId client, const std::string& key, ReadPriority priority, absl::Time deadline,
              LeaseCallback done, FetchOptions options = {}) ABSL_LOCKS_EXCLUDED(mu_);
-  // Hands the lease's buffer back once its done event completes. NOT_FOUND for a lease the client
-  // never had; FAILED_PRECONDITION for one already released.
-  absl::Status Release(ClientId client, uint64_t lease_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Hands the lease's buffer back once `done_event` (one of the client's done events, recorded
+  // after its last read) completes; without one, at once. NOT_FOUND for a lease the client never
+  // had; FAILED_PRECONDITION for one already released; INVALID_ARGUMENT for an event that is not
+  // the client's.
+  absl::Status Release(ClientId client, uint64_t lease_id,
+                       std::optional<uint32_t> done_event = std::nullopt) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Starts bringing `key` to the GPU (or only to the host tier) without holding it. Returns
   // whether anything was started; the errors known at once (unknown key) are returned.
@@ -125,13 +135,15 @@ class GpuTier {
   // lists its bytes).
   void AdoptStored(const std::string& key, uint64_t size, std::vector<TensorPlacement> tensors)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Publishes (or with `abort`, abandons) a reservation; `done` runs once the object is in the
-  // host tier, and for a durable one once it is durable. Commits of a key take effect in the
-  // order their copies finish. A commit that fails leaves the key's previous version, in memory
-  // and on disk. FAILED_PRECONDITION for a reservation the client does not have open; the durable
-  // store's errors (RESOURCE_EXHAUSTED for a full disk).
-  void Commit(ClientId client, uint64_t reservation_id, bool abort, StatusCallback done)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // Publishes (or with `abort`, abandons) a reservation once `written_event` (one of the client's
+  // done events, recorded after its last write; none: the writes are done) completes; `done` runs
+  // once the object is in the host tier, and for a durable one once it is durable. Commits of a
+  // key take effect in the order their copies finish. A commit that fails leaves the key's
+  // previous version, in memory and on disk. FAILED_PRECONDITION for a reservation the client does
+  // not have open; INVALID_ARGUMENT for an event that is not the client's; the durable store's
+  // errors (RESOURCE_EXHAUSTED for a full disk).
+  void Commit(ClientId client, uint64_t reservation_id, bool abort,
+              std::optional<uint32_t> written_event, StatusCallback done) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Keeps `key` on the GPU until the client unpins it or closes; `done` runs once it is there.
   void Pin(ClientId client, const std::string& key, StatusCallback done) ABSL_LOCKS_EXCLUDED(mu_);
@@ -159,6 +171,7 @@ class GpuTier {
   // then wait forever.
   bool device_may_never_idle() const ABSL_LOCKS_EXCLUDED(mu_);
   const EventPool& events() const { return events_; }
+  EventPoolStats event_stats() const { return events_.stats(); }
   const HostHandoffBuffer& handoff_buffer() const { return *handoff_buffer_; }
 
  private:
@@ -167,17 +180,22 @@ class GpuTier {
           std::unique_ptr<Stream> demand_stream, std::unique_ptr<Stream> prefetch_stream,
           std::unique_ptr<Stream> store_stream, std::unique_ptr<Stream> handoff_stream);
 
-  // Hands a released lease's buffer back once its done event completes.
-  void DrainLeaseLocked(GpuClient& client, const GpuClient::Lease& lease)
+  // Hands a released lease's buffer back once `done_event` (and the lease's own event, for a copy
+  // through the host) completes.
+  void DrainLeaseLocked(GpuClient& client, const GpuClient::Lease& lease,
+                        std::optional<uint32_t> done_event, DrainQueue::Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What ends a lease once its drain is over (`forced`: the client's grace ran out).
+  void LeaseDrained(const GpuClient::Lease& lease, bool forced) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees what a closed client still waits for, its close grace having run out.
   void ForceClose(ClientId client) ABSL_LOCKS_EXCLUDED(mu_);
 
   Device& device_;
   HostCache& host_cache_;
   const GpuTierOptions options_;
-  std::unique_ptr<StagingPool> pool_;  // left to the process's exit after abandoned waits
-  EventPool events_;
+  std::unique_ptr<StagingPool> pool_;      // left to the process's exit after abandoned waits
+  std::unique_ptr<EventPool> own_events_;  // when options.events is null
+  EventPool& events_;
   std::unique_ptr<HostHandoffBuffer> handoff_buffer_;
   const std::unique_ptr<Stream> demand_stream_;    // H2D, high priority
   const std::unique_ptr<Stream> prefetch_stream_;  // H2D

@@ -28,7 +28,6 @@ struct GpuTierStats {
   uint64_t reservations = 0;
   uint64_t pins = 0;
   uint64_t slabs = 0;
-  uint64_t events = 0;
 };
 
 // How each figure is reported (common/figures.h). budget_bytes … evictions, slabs and the client
@@ -52,7 +51,6 @@ inline constexpr Figure<GpuTierStats> kGpuTierFigures[] = {
     {"reservations", &GpuTierStats::reservations},
     {"pins", &GpuTierStats::pins},
     {"slabs", &GpuTierStats::slabs},
-    {"events", &GpuTierStats::events},
 };
 static_assert(std::size(kGpuTierFigures) * sizeof(uint64_t) == sizeof(GpuTierStats),
               "every member of GpuTierStats has its line in kGpuTierFigures");

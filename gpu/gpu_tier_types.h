@@ -24,7 +24,14 @@ namespace tierd {
 struct GpuTierOptions {
   uint64_t pool_bytes = 0;
   uint64_t slab_bytes = 2ull << 30;
-  uint32_t max_events = 65536;
+  // The daemon's interprocess events, shared by its tiers; must outlive the tier. Null: the tier
+  // has a pool of its own of max_events.
+  EventPool* events = nullptr;
+  uint32_t max_events = 2048;
+  // Done events each client (session) is given when it opens (fewer when the pool is short): it
+  // records one after its last use of a lease, or its last write into a reservation, and names it
+  // in Release or Commit.
+  uint32_t done_events_per_client = 4;
   // Host ↔ staging copies are issued in pieces of at most this, so a demand copy on the other
   // stream is not stuck behind one huge copy.
   uint64_t copy_chunk_bytes = 64ull << 20;
@@ -68,8 +75,9 @@ struct LeaseGrant {
   std::string key;
   StagingRange range;
   uint64_t length = 0;
-  uint32_t ready_event = 0;
-  uint32_t done_event = 0;
+  // Wait on it before reading; none when the bytes are in staging already. Never recorded again
+  // while the lease is held.
+  std::optional<uint32_t> ready_event;
   Tensors tensors;
   // FetchOptions::through_host: where the bytes are in the host handoff buffer.
   std::optional<uint64_t> host_offset;
@@ -80,7 +88,6 @@ struct ReservationGrant {
   std::string key;
   StagingRange range;
   uint64_t length = 0;
-  uint32_t written_event = 0;
 };
 
 enum class EvictTier { kGpu, kHost, kAll };
@@ -96,8 +103,8 @@ struct FetchOptions {
   // next: GpuTierOptions::peers, or nowhere (NOT_FOUND).
   bool ask_peers = false;
   // Also copy the object into the host handoff buffer and answer with its range there; the
-  // lease's ready event is then the done event, recorded by the tier after that copy. For a peer
-  // daemon whose GPU cannot read this one's memory.
+  // lease's ready event is then one the tier records after that copy, held until the lease is
+  // released. For a peer daemon whose GPU cannot read this one's memory.
   bool through_host = false;
 };
 

@@ -25,7 +25,8 @@ struct PeerCopy {
   // other. Valid until `release`.
   const void* data = nullptr;
   uint64_t size = 0;
-  // Work enqueued after a wait on it sees the bytes. Owned by the source; valid until `release`.
+  // Work enqueued after a wait on it sees the bytes; null when they are there already. Owned by
+  // the source; valid until `release`.
   Event* ready = nullptr;
   std::shared_ptr<const std::vector<TensorPlacement>> tensors;
   bool through_host = false;  // the bytes are in pinned host memory

@@ -50,6 +50,9 @@ absl::Status ValidateOptions(const DaemonOptions& options) {
   if (options.max_sessions == 0) {
     return absl::InvalidArgumentError("--max-sessions must be greater than 0");
   }
+  if (options.max_events == 0) {
+    return absl::InvalidArgumentError("--max-events must be greater than 0");
+  }
   if (options.max_unread_answer_bytes == 0) {
     return absl::InvalidArgumentError("--max-unread-answer-bytes must be greater than 0");
   }
@@ -243,6 +246,9 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   gpu.durable_store = storage_->durable();
   gpu.max_clients = options_.max_sessions;
   gpu.handoff_buffer_bytes = options_.peer_host_buffer_bytes;
+  events_ = std::make_unique<EventPool>(*device_, options_.max_events);
+  gpu.events = events_.get();
+  gpu.done_events_per_client = options_.session_done_events;
   if (!options_.peer_sockets.empty()) {
     ASSIGN_OR_RETURN(peers_,
                      PeerDaemons::Create(

@@ -106,6 +106,7 @@ class Daemon {
   int state_lock_fd_;
   std::unique_ptr<StorageStack> storage_;
   std::unique_ptr<PeerDaemons> peers_;  // --peers; null without
+  std::unique_ptr<EventPool> events_;   // shared by every GPU tier
   std::unique_ptr<GpuTier> gpu_tier_;
   // --client-groups, in the order given.
   struct ClientGroup {

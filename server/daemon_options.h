@@ -37,6 +37,10 @@ struct DaemonOptions {
   ClientLimits session_limits;  // --session-max-leases, --session-max-staging-bytes
   uint32_t session_max_requests = 1024;  // --session-max-requests: unanswered, per session
   uint32_t max_sessions = 1024;          // --max-sessions: open at once
+  // --max-events: interprocess events the daemon may create, below the device's per-process limit
+  // (docs/DESIGN.md, "Interprocess events").
+  uint32_t max_events = 2048;
+  uint32_t session_done_events = 4;  // --session-done-events: each session's done events
   // --max-unread-answer-bytes: answers queued for clients that do not read them, summed over every
   // session (server/unread_answer_budget.h); main() defaults it to DefaultMaxUnreadAnswerBytes().
   uint64_t max_unread_answer_bytes = 1ull << 30;

@@ -67,7 +67,10 @@ absl::StatusOr<PeerCopy> CopyOfLease(const std::shared_ptr<SessionCore>& core,
     return absl::InternalError(absl::StrCat(peer, " lent ", lease.key(), " at [", offset, ", +",
                                             lease.length(), ") of a region of ", region, " bytes"));
   }
-  ASSIGN_OR_RETURN(Event * ready, core->event(lease.ready_event_id()));
+  Event* ready = nullptr;
+  if (lease.has_ready_event_id()) {
+    ASSIGN_OR_RETURN(ready, core->event(lease.ready_event_id()));
+  }
   ASSIGN_OR_RETURN(std::vector<TensorPlacement> tensors,
                    FromProto(lease.tensors(), lease.length(), "lease.tensors"));
   PeerCopy copy;
@@ -260,6 +263,7 @@ absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::SessionTo(Peer& peer) 
         "runs the ", opened->opened().backend(), " backend, this daemon ", device_->backend()));
   }
   core->set_device(device_);
+  RETURN_IF_ERROR(core->Opened(*opened));
   TIERD_VLOG(1) << "peer " << peer.socket << ": session open, " << opened->opened().device();
   peer.core = core;
   return core;

@@ -26,6 +26,7 @@ class PressureReporter {
     uint64_t gpu_evictions = 0;
     uint64_t host_evictions = 0;
     uint64_t exhausted = 0;
+    uint64_t event_shortfalls = 0;
   };
 
   const absl::Duration period_;

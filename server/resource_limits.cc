@@ -105,6 +105,8 @@ absl::Status CheckCounts(const DaemonOptions& options, const MachineResources& m
       {"--max-sessions", {options.max_sessions, kMaxSessions}},
       {"--session-max-leases", {options.session_limits.max_leases, kMaxSessionLeases}},
       {"--session-max-requests", {options.session_max_requests, kMaxSessionRequests}},
+      {"--max-events", {options.max_events, kMaxEvents}},
+      {"--session-done-events", {options.session_done_events, kMaxSessionDoneEvents}},
   };
   for (const auto& [flag, value_and_bound] : bounded) {
     const auto [value, bound] = value_and_bound;

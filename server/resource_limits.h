@@ -28,6 +28,8 @@ inline constexpr uint64_t kMaxReaderChunkBytes = 1 << 30;  // from 4 KiB to 1 Gi
 inline constexpr uint32_t kMaxSessions = 16384;            // --max-sessions
 inline constexpr uint32_t kMaxSessionLeases = 65536;       // --session-max-leases
 inline constexpr uint32_t kMaxSessionRequests = 65536;     // --session-max-requests
+inline constexpr uint32_t kMaxEvents = 65536;              // --max-events
+inline constexpr uint32_t kMaxSessionDoneEvents = 64;      // --session-done-events
 
 // What the machine has, as the checks see it.
 struct MachineResources {
@@ -43,8 +45,8 @@ absl::StatusOr<MachineResources> ReadMachineResources();
 
 // The counts and the memory every daemon takes whatever its device:
 //   --reader-threads 1..4 x cores; --reader-queue-depth 1..4096; --reader-chunk-bytes a multiple
-//   of 4 KiB from 4 KiB to 1 GiB; --max-sessions up to 16384; --session-max-leases and
-//   --session-max-requests up to 65536;
+//   of 4 KiB from 4 KiB to 1 GiB; --max-sessions up to 16384; --session-max-leases,
+//   --session-max-requests and --max-events up to 65536; --session-done-events up to 64;
 //   --host-cache-bytes, the disk reader's buffers (threads x queue depth x chunk) and
 //   --peer-host-buffer-bytes together within MemAvailable;
 //   --peer-host-buffer-bytes (shared memory on both backends) within the free space of /dev/shm.

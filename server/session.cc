@@ -183,7 +183,11 @@ void SessionProtocol::Handle(const v1::SessionRequest& request) {
     case v1::SessionRequest::kFetch:
       return Fetch(id, client, request.fetch());
     case v1::SessionRequest::kRelease: {
-      absl::Status released = tier_.Release(client, request.release().lease_id());
+      const v1::ReleaseRequest& release = request.release();
+      absl::Status released = tier_.Release(client, release.lease_id(),
+                                            release.has_done_event_id()
+                                                ? std::optional<uint32_t>(release.done_event_id())
+                                                : std::nullopt);
       if (released.ok() && request.release().quiet()) return EndQuietly();
       return Reply(id, released);
     }
@@ -246,11 +250,13 @@ void SessionProtocol::Open(uint64_t request_id, const v1::OpenSession& open) {
   opened->set_device_ordinal(options_.device_ordinal);
   opened->set_max_leases(options_.limits.max_leases);
   opened->set_max_staging_bytes(options_.limits.max_staging_bytes);
-  CountAndSend(std::move(response));
+  const std::vector<uint32_t> done_events = tier_.DoneEvents(*client);
+  for (uint32_t event : done_events) opened->add_done_event_ids(event);
+  SendWithHandles(std::move(response), std::nullopt, /*host_buffer=*/false, done_events);
 }
 
 void SessionProtocol::SendWithHandles(v1::SessionResponse response, std::optional<uint32_t> slab,
-                                      bool host_buffer, std::initializer_list<uint32_t> events) {
+                                      bool host_buffer, const std::vector<uint32_t>& events) {
   bool close_now;
   {
     // Attached and sent under one lock: a later response that relies on a handle "already sent"
@@ -299,8 +305,11 @@ void SessionProtocol::Fetch(uint64_t request_id, ClientId client, const v1::Fetc
         lease->set_slab_id(grant->range.slab);
         lease->set_offset(grant->range.offset);
         lease->set_length(grant->length);
-        lease->set_ready_event_id(grant->ready_event);
-        lease->set_done_event_id(grant->done_event);
+        std::vector<uint32_t> events;
+        if (grant->ready_event) {
+          lease->set_ready_event_id(*grant->ready_event);
+          events.push_back(*grant->ready_event);
+        }
         if (grant->tensors != nullptr) {
           for (const TensorPlacement& tensor : *grant->tensors) {
             ToProto(tensor, lease->add_tensors());
@@ -311,10 +320,10 @@ void SessionProtocol::Fetch(uint64_t request_id, ClientId client, const v1::Fetc
           lease->set_host_buffer_id(HostHandoffBuffer::kHandleId);
           lease->set_host_offset(*grant->host_offset);
           return self->SendWithHandles(std::move(response), std::nullopt, /*host_buffer=*/true,
-                                       {grant->ready_event, grant->done_event});
+                                       events);
         }
         self->SendWithHandles(std::move(response), grant->range.slab, /*host_buffer=*/false,
-                              {grant->ready_event, grant->done_event});
+                              events);
       },
       options);
 }
@@ -355,15 +364,15 @@ void SessionProtocol::Reserve(uint64_t request_id, ClientId client,
                   reservation->set_slab_id(grant->range.slab);
                   reservation->set_offset(grant->range.offset);
                   reservation->set_length(grant->length);
-                  reservation->set_written_event_id(grant->written_event);
-                  self->SendWithHandles(std::move(response), grant->range.slab, false,
-                                        {grant->written_event});
+                  self->SendWithHandles(std::move(response), grant->range.slab, false, {});
                 });
 }
 
 void SessionProtocol::Commit(uint64_t request_id, ClientId client,
                              const v1::CommitRequest& commit) {
   tier_.Commit(client, commit.reservation_id(), commit.abort(),
+               commit.has_written_event_id() ? std::optional<uint32_t>(commit.written_event_id())
+                                             : std::nullopt,
                [self = shared_from_this(), request_id](absl::Status status) {
                  self->Reply(request_id, status);
                });

@@ -105,7 +105,7 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
   // Adds to `response` the handles it needs that the session has not been sent yet (`slab`, each
   // of `events`, and with `host_buffer` the host handoff buffer) and sends it.
   void SendWithHandles(v1::SessionResponse response, std::optional<uint32_t> slab, bool host_buffer,
-                       std::initializer_list<uint32_t> events) ABSL_LOCKS_EXCLUDED(mu_);
+                       const std::vector<uint32_t>& events) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckKey(const std::string& key, absl::string_view field) const {
     return tierd::CheckKey(key, options_.max_key_bytes, field);
   }

@@ -47,6 +47,7 @@ bool SetFigure(Message& message, absl::string_view path, uint64_t value) {
 std::vector<std::string> ReportedFigures() {
   std::vector<std::string> paths = {"models"};
   AppendPaths(kGpuTierFigures, paths);
+  AppendPaths(kEventPoolFigures, paths);
   AppendPaths(kHostCacheFigures, paths);
   AppendPaths(kDurableStoreFigures, paths);
   return paths;
@@ -70,6 +71,8 @@ v1::Stats CollectStats(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tie
     }
   }
   Report(kGpuTierFigures, gpu, stats);
+  // The tiers share one pool of events.
+  Report(kEventPoolFigures, gpu_tier.event_stats(), stats);
   Report(kHostCacheFigures, host_cache.stats(), stats);
   if (const DurableStore* durable = gpu_tier.durable_store(); durable != nullptr) {
     Report(kDurableStoreFigures, durable->stats(), stats);

@@ -46,6 +46,12 @@ ABSL_FLAG(uint32_t, session_max_leases, 4096, "Leases one session may hold at on
 ABSL_FLAG(uint32_t, session_max_requests, 1024,
           "Requests one session may have sent and not had answered; one more is refused");
 ABSL_FLAG(uint32_t, max_sessions, 1024, "Sessions open at once; one more is refused");
+ABSL_FLAG(uint32_t, max_events, 2048,
+          "Interprocess events the daemon may create (copies in flight, sessions' done events); "
+          "keep it below the device's per-process limit");
+ABSL_FLAG(uint32_t, session_done_events, 4,
+          "Done events each session is given, for releases and commits on that many streams at "
+          "once");
 ABSL_FLAG(tierd::ByteSize, max_unread_answer_bytes, tierd::ByteSize{0},
           "Answers queued for clients that do not read them, summed over every session; a session "
           "that would take the sum past it is cut (0: MemAvailable/16, at least 64MiB and at most "
@@ -145,6 +151,8 @@ int Run() {
   options.session_limits.max_leases = absl::GetFlag(FLAGS_session_max_leases);
   options.session_max_requests = absl::GetFlag(FLAGS_session_max_requests);
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.max_events = absl::GetFlag(FLAGS_max_events);
+  options.session_done_events = absl::GetFlag(FLAGS_session_done_events);
   options.max_unread_answer_bytes = absl::GetFlag(FLAGS_max_unread_answer_bytes).bytes;
   if (options.max_unread_answer_bytes == 0) {
     options.max_unread_answer_bytes = tierd::DefaultMaxUnreadAnswerBytes();

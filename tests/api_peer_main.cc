@@ -9,6 +9,10 @@
 //       them with the expected tensors each time; exit 0 when they never changed.
 //   api_peer hold-forever SOCKET KEY
 //       fetch KEY, print "holding" and sleep until killed.
+//   api_peer hold-many SOCKET MODEL EXPECTED_DIR LEASES
+//       fetch LEASES leases of MODEL's first objects, on two streams in turn, and compare each
+//       with the expected tensors; print "holding", wait for a line on stdin, release them (each
+//       on its stream), store an object and fetch it back; exit 0 when everything matched.
 //   api_peer slow-read SOCKET KEY EXPECTED_DIR DELAY_MS
 //       fetch KEY, enqueue a read of it that starts DELAY_MS later (on CUDA a kernel that waits on
 //       the GPU, on the host backend a stalled stream), release the lease at once and print
@@ -16,6 +20,7 @@
 //       read with the expected tensors.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -51,8 +56,8 @@ absl::Status CheckBytes(tierd::Session& session, const std::string& key, const v
         tierd::testing::ReadWholeFile(absl::StrCat(expected_dir, "/", tensor.name()));
     if (expected.size() != tensor.size() ||
         copy.compare(tensor.offset(), tensor.size(), expected) != 0) {
-      return absl::DataLossError(absl::StrCat(key, ": tensor ", tensor.name(),
-                                              " differs from the file's bytes"));
+      return absl::DataLossError(
+          absl::StrCat(key, ": tensor ", tensor.name(), " differs from the file's bytes"));
     }
   }
   return absl::OkStatus();
@@ -117,8 +122,7 @@ int Hold(tierd::Client& client, const std::string& key, const std::string& expec
   const absl::Time end = absl::Now() + absl::Seconds(seconds);
   int checks = 0;
   while (absl::Now() < end) {
-    if (absl::Status status = CheckLease(*held->session, held->lease, expected_dir);
-        !status.ok()) {
+    if (absl::Status status = CheckLease(*held->session, held->lease, expected_dir); !status.ok()) {
       return Fail(status);
     }
     ++checks;
@@ -132,6 +136,57 @@ int HoldForever(tierd::Client& client, const std::string& key) {
   absl::StatusOr<Held> held = FetchAndHold(client, key);
   if (!held.ok()) return Fail(held.status());
   while (true) ::pause();
+}
+
+int HoldMany(tierd::Client& client, const std::string& model, const std::string& expected_dir,
+             int leases) {
+  absl::StatusOr<std::vector<tierd::v1::ObjectInfo>> objects = client.ListObjects(model);
+  if (!objects.ok()) return Fail(objects.status());
+  absl::StatusOr<std::unique_ptr<tierd::Session>> session = client.OpenSession();
+  if (!session.ok()) return Fail(session.status());
+  tierd::Device& device = (*session)->device();
+  absl::StatusOr<std::unique_ptr<tierd::Stream>> other =
+      device.CreateStream(tierd::StreamPriority::kNormal);
+  if (!other.ok()) return Fail(other.status());
+  tierd::Stream* streams[] = {&(*session)->default_stream(), other->get()};
+  // Few objects, so that the staging pool holds all of them while every lease is held.
+  const size_t distinct = std::min<size_t>(objects->size(), 4);
+  std::vector<tierd::Lease> held;
+  for (int i = 0; i < leases; ++i) {
+    tierd::Stream& stream = *streams[i % 2];
+    absl::StatusOr<tierd::Lease> lease = (*session)->Fetch((*objects)[i % distinct].key(), stream);
+    if (!lease.ok()) return Fail(lease.status());
+    // The lease is readable on `stream` (it waits for the copy into staging); CheckLease reads on
+    // the session's own stream, so it waits for `stream` first.
+    absl::Status status = device.SynchronizeStream(stream);
+    if (status.ok()) status = CheckLease(**session, *lease, expected_dir);
+    if (!status.ok()) return Fail(status);
+    held.push_back(*std::move(lease));
+  }
+  std::printf("holding\n");
+  std::fflush(stdout);
+  char line[16];
+  if (std::fgets(line, sizeof(line), stdin) == nullptr) return Fail(absl::AbortedError("no go"));
+  for (size_t i = 0; i < held.size(); ++i) held[i].Release(*streams[i % 2]);
+  const std::string key = absl::StrCat("many/", ::getpid());
+  const std::string bytes(64 << 10, static_cast<char>(::getpid()));
+  tierd::StoreRequest store;
+  store.key = key;
+  store.data = bytes.data();
+  store.size = bytes.size();
+  absl::Status status = (*session)->StoreAsync(store);
+  if (status.ok()) status = (*session)->Flush();
+  if (!status.ok()) return Fail(status);
+  absl::StatusOr<tierd::Lease> fetched = (*session)->Fetch(key);
+  if (!fetched.ok()) return Fail(fetched.status());
+  std::string copy(fetched->size(), '\0');
+  status =
+      device.CopyAsync((*session)->default_stream(), copy.data(), fetched->data(), fetched->size());
+  if (status.ok()) status = device.SynchronizeStream((*session)->default_stream());
+  if (!status.ok()) return Fail(status);
+  if (copy != bytes) return Fail(absl::DataLossError(key + " came back different"));
+  std::printf("released %d leases, stored and fetched %s\n", leases, key.c_str());
+  return 0;
 }
 
 // Enqueues on `stream` a copy of `bytes` from `src` to `dst` that starts `delay` from now.
@@ -148,8 +203,7 @@ absl::Status EnqueueSlowCopy(tierd::Session& session, tierd::Stream& stream, voi
 #endif
   }
   tierd::Device& device = session.device();
-  absl::Status status =
-      device.LaunchHostFunction(stream, [delay] { absl::SleepFor(delay); });
+  absl::Status status = device.LaunchHostFunction(stream, [delay] { absl::SleepFor(delay); });
   if (status.ok()) status = device.CopyAsync(stream, dst, src, bytes);
   return status;
 }
@@ -194,7 +248,8 @@ int SlowRead(tierd::Client& client, const std::string& key, const std::string& e
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.size() < 3) {
-    std::fprintf(stderr, "usage: api_peer verify|hold|hold-forever|slow-read SOCKET ...\n");
+    std::fprintf(stderr,
+                 "usage: api_peer verify|hold|hold-forever|hold-many|slow-read SOCKET ...\n");
     return 2;
   }
   tierd::ClientOptions options;
@@ -210,6 +265,9 @@ int main(int argc, char** argv) {
     return Hold(**client, args[2], args[3], number);
   }
   if (args[0] == "hold-forever" && args.size() == 3) return HoldForever(**client, args[2]);
+  if (args[0] == "hold-many" && args.size() == 5 && absl::SimpleAtoi(args[4], &number)) {
+    return HoldMany(**client, args[2], args[3], number);
+  }
   if (args[0] == "slow-read" && args.size() == 5 && absl::SimpleAtoi(args[4], &number)) {
     return SlowRead(**client, args[2], args[3], number);
   }

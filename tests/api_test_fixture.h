@@ -20,7 +20,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/tierd_client.h"
-#include "wire/session_socket.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -28,6 +27,7 @@
 #include "tests/daemon_test_support.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
+#include "wire/session_socket.h"
 
 namespace tierd {
 namespace api_test {
@@ -105,7 +105,21 @@ class ApiTest : public ::testing::Test {
     return testing::WriteSafetensors(absl::StrCat(model_dir(name), "/model.safetensors"), tensors);
   }
 
+  // The daemon's arguments: the fixture's, each replaced by the flag of that name in extra_args_
+  // (tierd refuses a flag given twice), then the rest of extra_args_.
   std::vector<std::string> TierdArgs() const {
+    auto name = [](const std::string& arg) { return arg.substr(0, arg.find('=')); };
+    std::vector<std::string> args;
+    for (const std::string& arg : DefaultTierdArgs()) {
+      bool replaced = false;
+      for (const std::string& extra : extra_args_) replaced |= name(extra) == name(arg);
+      if (!replaced) args.push_back(arg);
+    }
+    args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+    return args;
+  }
+
+  std::vector<std::string> DefaultTierdArgs() const {
     return {SiblingBinary("tierd"),
             absl::StrCat("--device=", testing::DeviceUnderTest().ToString()),
             absl::StrCat("--socket=", socket_path()),
@@ -177,6 +191,7 @@ class ApiTest : public ::testing::Test {
   }
 
   TempDir dir_;
+  std::vector<std::string> extra_args_;  // set before SetUp, by a derived fixture's constructor
   std::map<std::string, std::string> expected_;
   std::unique_ptr<Subprocess> daemon_;
   std::unique_ptr<Client> client_;

@@ -45,7 +45,7 @@ class ClientTableTest : public ::testing::Test {
   }
 
   ClientId Open(ClientLimits limits = {}) {
-    absl::StatusOr<ClientId> id = table_->Open(limits);
+    absl::StatusOr<ClientId> id = table_->Open(limits, {/*done events=*/5, 6});
     EXPECT_THAT(id, IsOk());
     return id.value_or(0);
   }
@@ -62,7 +62,7 @@ class ClientTableTest : public ::testing::Test {
 TEST_F(ClientTableTest, RefusesMoreClientsThanItsLimitUntilOneCloses) {
   const ClientId first = Open();
   Open();
-  EXPECT_THAT(table_->Open({}), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(table_->Open({}, {}), StatusIs(absl::StatusCode::kResourceExhausted));
   {
     absl::MutexLock lock(&mu_);
     table_->Find(first)->closed = true;  // closed, still draining: no longer counts
@@ -86,7 +86,9 @@ TEST_F(ClientTableTest, LeaseQuotaIsPerClient) {
   GpuClient& a = *table_->Find(limited);
   GpuClient& b = *table_->Find(other);
   EXPECT_THAT(a.CheckLeaseQuota(), IsOk());
-  table_->AddLease(a, object_, /*done_event=*/1, std::nullopt);
+  GpuClient::Lease lease;
+  lease.object = object_;
+  table_->AddLease(a, lease);
   EXPECT_THAT(a.CheckLeaseQuota(), StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_THAT(b.CheckLeaseQuota(), IsOk());
   ++a.pending_fetches;  // fetches under way count too
@@ -99,13 +101,20 @@ TEST_F(ClientTableTest, ReleasingTellsUnknownLeasesFromReleasedOnes) {
   const ClientId id = Open();
   absl::MutexLock lock(&mu_);
   GpuClient& client = *table_->Find(id);
-  const uint64_t lease = table_->AddLease(client, object_, /*done_event=*/3, std::nullopt);
+  GpuClient::Lease granted;
+  granted.object = object_;
+  granted.names_ready_event = true;
+  const uint64_t lease = table_->AddLease(client, granted);
+  EXPECT_EQ(object_->ready_event_leases, 1u);
   EXPECT_EQ(client.staging_bytes, 100u);
   EXPECT_EQ(object_->refs, 1);
   absl::StatusOr<GpuClient::Lease> taken = table_->TakeLease(client, lease);
   ASSERT_THAT(taken, IsOk());
   EXPECT_EQ(taken->object, object_);
-  EXPECT_EQ(taken->done_event, 3u);
+  EXPECT_TRUE(taken->names_ready_event);
+  // Only the client's own done events may be named in its releases.
+  EXPECT_THAT(client.CheckDoneEvent(6), IsOk());
+  EXPECT_THAT(client.CheckDoneEvent(7), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(client.staging_bytes, 0u);
   // The object's lease count drops when the lease's drain completes, not here.
   EXPECT_EQ(object_->refs, 1);
@@ -113,6 +122,7 @@ TEST_F(ClientTableTest, ReleasingTellsUnknownLeasesFromReleasedOnes) {
   EXPECT_THAT(table_->TakeLease(client, lease + 1), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(table_->TakeReservation(client, 1), StatusIs(absl::StatusCode::kFailedPrecondition));
   object_->refs = 0;
+  object_->ready_event_leases = 0;
 }
 
 TEST_F(ClientTableTest, StagingQuotaCountsEachPinnedKeyOnce) {

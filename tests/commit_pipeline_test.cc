@@ -58,12 +58,15 @@ class CommitPipelineTest : public ::testing::Test {
     stored_ = std::make_unique<StoredKeySpace>(stack_->catalog(), "");
     commits_ = std::make_unique<CommitPipeline>(
         CommitPipeline::Parts{mu_, device, stack_->catalog(), stack_->host_cache(),
-                              /*durable_store=*/nullptr, *pool_, *events_, *store_stream_, *copier_,
+                              /*durable_store=*/nullptr, *pool_, *store_stream_, *copier_,
                               *residency_, *clients_, *drains_, *stored_, callbacks_, stats_});
     auto client_stream = device.CreateStream(StreamPriority::kNormal);
     ASSERT_THAT(client_stream, IsOk());
     client_stream_ = *std::move(client_stream);
-    absl::StatusOr<ClientId> client = clients_->Open({});
+    absl::StatusOr<uint32_t> done_event = events_->Acquire();
+    ASSERT_THAT(done_event, IsOk());
+    done_event_ = *done_event;
+    absl::StatusOr<ClientId> client = clients_->Open({}, {done_event_});
     ASSERT_THAT(client, IsOk());
     client_ = *client;
   }
@@ -104,7 +107,7 @@ class CommitPipelineTest : public ::testing::Test {
   }
 
   // The client's write of `length` bytes of pattern `seed` into the reservation, on its stream,
-  // then the record of its written event. With `held_back`, neither runs until LetTheClientGo.
+  // then the record of its done event. With `held_back`, neither runs until LetTheClientGo.
   void Write(const ReservationGrant& grant, uint64_t seed, bool held_back) {
     Device& device = stack_->device();
     uint8_t* staging = pool_->data(grant.range);
@@ -115,7 +118,7 @@ class CommitPipelineTest : public ::testing::Test {
                                             FillPattern(staging, length, seed);
                                           }),
                 IsOk());
-    ASSERT_THAT(device.RecordEvent(events_->event(grant.written_event), *client_stream_), IsOk());
+    ASSERT_THAT(device.RecordEvent(events_->event(done_event_), *client_stream_), IsOk());
   }
 
   void LetTheClientGo() {
@@ -136,7 +139,8 @@ class CommitPipelineTest : public ::testing::Test {
   // Commits reservation `grant` (written already) and waits for the answer.
   absl::Status CommitNow(const ReservationGrant& grant) {
     Answer<absl::Status> committed;
-    commits_->Commit(client_, grant.reservation_id, /*abort=*/false, committed.Callback());
+    commits_->Commit(client_, grant.reservation_id, /*abort=*/false, done_event_,
+                     committed.Callback());
     return committed.Wait();
   }
 
@@ -169,6 +173,7 @@ class CommitPipelineTest : public ::testing::Test {
   std::unique_ptr<Stream> client_stream_;
   absl::Notification go_;
   ClientId client_ = 0;
+  uint32_t done_event_ = 0;  // the client's one done event
 };
 
 TEST_F(CommitPipelineTest, CopiesOutOnlyOnceTheClientsWrittenEventHasCompleted) {
@@ -176,7 +181,8 @@ TEST_F(CommitPipelineTest, CopiesOutOnlyOnceTheClientsWrittenEventHasCompleted) 
   ASSERT_THAT(grant, IsOk());
   Write(*grant, /*seed=*/7, /*held_back=*/true);
   Answer<absl::Status> committed;
-  commits_->Commit(client_, grant->reservation_id, /*abort=*/false, committed.Callback());
+  commits_->Commit(client_, grant->reservation_id, /*abort=*/false, done_event_,
+                   committed.Callback());
   EXPECT_FALSE(committed.ready.WaitForNotificationWithTimeout(kNotYet));
   EXPECT_FALSE(stored_->Contains("s/obj"));
   EXPECT_FALSE(stack_->host_cache().IsResident("s/obj"));
@@ -226,7 +232,7 @@ TEST_F(CommitPipelineTest, AnAbortedReservationFreesItsRangeOnceWritten) {
   EXPECT_GE(reserved, kObjectBytes);
   Write(*grant, /*seed=*/3, /*held_back=*/true);
   Answer<absl::Status> aborted;
-  commits_->Commit(client_, grant->reservation_id, /*abort=*/true, aborted.Callback());
+  commits_->Commit(client_, grant->reservation_id, /*abort=*/true, done_event_, aborted.Callback());
   EXPECT_THAT(aborted.Wait(), IsOk());
   // The client's stream may still write the range: it is kept until the written event completes.
   absl::SleepFor(kNotYet);

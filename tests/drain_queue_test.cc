@@ -50,7 +50,7 @@ class DrainQueueTest : public ::testing::Test {
     auto client_stream = device_->CreateStream(StreamPriority::kNormal);
     ASSERT_THAT(client_stream, IsOk());
     client_stream_ = *std::move(client_stream);
-    absl::StatusOr<ClientId> client = clients_->Open({});
+    absl::StatusOr<ClientId> client = clients_->Open({}, {});
     ASSERT_THAT(client, IsOk());
     client_ = *client;
   }
@@ -85,12 +85,16 @@ class DrainQueueTest : public ::testing::Test {
     if (!go_.HasBeenNotified()) go_.Notify();
   }
 
-  // Starts a drain of `event` for the client; `forced` is set when it completes.
+  // Starts a drain of `event` for the client, which owns the event (as the drain of a closed
+  // session owns its done events); `forced` is set when it completes.
   uint64_t StartDrain(uint32_t event, std::optional<bool>& forced) {
+    DeferredCalls deferred;
     absl::MutexLock lock(&mu_);
     GpuClient& client = *clients_->FindAny(client_);
-    drains_->Start(client, event,
-                   [&forced](bool was_forced, DrainQueue::Deferred&) { forced = was_forced; });
+    drains_->Start(
+        client, {event}, {event},
+        [&forced](bool was_forced, DrainQueue::Deferred&) { forced = was_forced; },
+        deferred.calls());
     EXPECT_EQ(client.drains.size(), 1u);
     return *client.drains.begin();
   }
@@ -161,6 +165,27 @@ TEST_F(DrainQueueTest, CompletesAtOnceWhenTheEventHasCompletedAlready) {
   EXPECT_THAT(events_->Acquire(), IsOk());
 }
 
+TEST_F(DrainQueueTest, ADrainWithNothingToWaitForCompletesBeforeStartReturns) {
+  absl::StatusOr<uint32_t> owned = events_->Acquire();
+  ASSERT_THAT(owned, IsOk());
+  std::optional<bool> forced;
+  {
+    DeferredCalls deferred;
+    absl::MutexLock lock(&mu_);
+    GpuClient& client = *clients_->FindAny(client_);
+    // A release that names no done event: nothing of the client reads the buffer any more.
+    drains_->Start(
+        client, {}, {*owned},
+        [&forced](bool was_forced, DrainQueue::Deferred&) { forced = was_forced; },
+        deferred.calls());
+    ASSERT_TRUE(forced.has_value());
+    EXPECT_FALSE(*forced);
+    EXPECT_FALSE(drains_->pending());
+    EXPECT_TRUE(client.drains.empty());
+  }
+  EXPECT_THAT(events_->Acquire(), IsOk());  // the owned event went back to the pool
+}
+
 TEST_F(DrainQueueTest, AForcedDrainRetiresItsEventAndCountsAnAbandonedWait) {
   absl::StatusOr<uint32_t> event = events_->Acquire();
   ASSERT_THAT(event, IsOk());
@@ -207,10 +232,14 @@ TEST_F(DrainQueueTest, ACompletedDrainServesARequestWaitingForStagingRoom) {
     absl::MutexLock lock(&mu_);
     GpuClient& client = *clients_->FindAny(client_);
     // The drain frees a range when it completes, as a released lease's drain does.
-    drains_->Start(client, *event, [&forced, &first](bool was_forced, DrainQueue::Deferred&) {
-      first.reset();
-      forced = was_forced;
-    });
+    DeferredCalls deferred;
+    drains_->Start(
+        client, {*event}, {*event},
+        [&forced, &first](bool was_forced, DrainQueue::Deferred&) {
+          first.reset();
+          forced = was_forced;
+        },
+        deferred.calls());
   }
   absl::StatusOr<StagingAllocation> answer = absl::UnknownError("not answered");
   absl::Notification answered;

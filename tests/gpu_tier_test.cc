@@ -37,15 +37,15 @@ bool Eventually(Condition condition) {
 
 class GpuTierTest : public ::testing::Test {
  protected:
-  // A tier whose staging holds `pool_blocks` blocks.
-  void Start(int pool_blocks) {
+  // A tier whose staging holds `pool_blocks` blocks, with at most `max_events` events.
+  void Start(int pool_blocks, uint32_t max_events = 256) {
     auto stack = GpuTestStack::Create(/*blocks=*/4);
     ASSERT_THAT(stack, IsOk());
     stack_ = *std::move(stack);
     GpuTierOptions options;
     options.pool_bytes = pool_blocks * kBlockBytes;
     options.slab_bytes = kBlockBytes;
-    options.max_events = 256;
+    options.max_events = max_events;
     options.copy_chunk_bytes = 16 << 10;
     options.close_grace = absl::Milliseconds(200);
     ASSERT_THAT(stack_->StartTier(options), IsOk());
@@ -94,8 +94,12 @@ TEST_F(GpuTierTest, ClientsFetchingOneKeyShareOneCopy) {
   const LeaseGrant b = Lease(second, 1);
   EXPECT_EQ(a.range.slab, b.range.slab);
   EXPECT_EQ(a.range.offset, b.range.offset);
-  EXPECT_EQ(a.ready_event, b.ready_event);
-  EXPECT_NE(a.done_event, b.done_event);  // each lease has its own
+  // One ready event per copy: a lease granted while the copy may still run names it, one granted
+  // after it completed names none.
+  ASSERT_TRUE(a.ready_event.has_value());
+  if (b.ready_event) {
+    EXPECT_EQ(a.ready_event, b.ready_event);
+  }
   const GpuTierStats stats = tier().stats();
   EXPECT_EQ(stats.objects, 1u);
   EXPECT_EQ(stats.leases, 2u);
@@ -103,6 +107,33 @@ TEST_F(GpuTierTest, ClientsFetchingOneKeyShareOneCopy) {
   EXPECT_EQ(stats.misses, 1u);
   tier().CloseClient(first);
   tier().CloseClient(second);
+}
+
+TEST_F(GpuTierTest, WithNoEventFreeSessionsGetFewerDoneEventsAndCopiesAreAnsweredOnceDone) {
+  Start(2, /*max_events=*/5);
+  const ClientId full = Open();
+  const ClientId short_one = Open();
+  const ClientId without = Open();
+  EXPECT_EQ(tier().DoneEvents(full).size(), 4u);
+  EXPECT_EQ(tier().DoneEvents(short_one).size(), 1u);
+  EXPECT_TRUE(tier().DoneEvents(without).empty());
+  EXPECT_EQ(tier().event_stats().shortfalls, 2u);
+
+  // No event is left for the copy's ready event: the fetch is answered once the copy is done,
+  // with the bytes in place and nothing to wait for.
+  const LeaseGrant lease = Lease(without, 0);
+  EXPECT_FALSE(lease.ready_event.has_value());
+  EXPECT_EQ(tier().event_stats().shortfalls, 3u);
+  EXPECT_EQ(tier().event_stats().in_use, 5u);
+  // A release names one of the session's own done events, or none.
+  EXPECT_THAT(tier().Release(without, lease.lease_id, tier().DoneEvents(full).front()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(tier().Release(without, lease.lease_id), IsOk());
+  EXPECT_TRUE(Eventually([&] { return tier().stats().leases == 0; }));
+
+  for (ClientId client : {full, short_one, without}) tier().CloseClient(client);
+  // The closed sessions' done events come back once they have completed.
+  EXPECT_TRUE(Eventually([&] { return tier().event_stats().in_use == 0; }));
 }
 
 TEST_F(GpuTierTest, LeastRecentlyUsedObjectIsEvictedFirst) {
@@ -145,9 +176,9 @@ TEST_F(GpuTierTest, FetchWaitsForRoomThatAReleaseFrees) {
   ASSERT_THAT(
       stack_->device().LaunchHostFunction(**stream, [&reading] { reading.WaitForNotification(); }),
       IsOk());
-  ASSERT_THAT(stack_->device().RecordEvent(tier().events().event(held.done_event), **stream),
-              IsOk());
-  ASSERT_THAT(tier().Release(client, held.lease_id), IsOk());
+  const uint32_t done = tier().DoneEvents(client).front();
+  ASSERT_THAT(stack_->device().RecordEvent(tier().events().event(done), **stream), IsOk());
+  ASSERT_THAT(tier().Release(client, held.lease_id, done), IsOk());
 
   Answer<absl::StatusOr<LeaseGrant>> waiting;
   tier().Fetch(client, GpuTestStack::BlockKey(1), ReadPriority::kDemand, absl::InfiniteFuture(),
@@ -172,7 +203,8 @@ TEST_F(GpuTierTest, CommittedObjectIsPublishedThenFetchedFromEitherTier) {
   ASSERT_THAT(reservation, IsOk());
   testing::FillPattern(tier().pool().data(reservation->range), kBlockBytes, 77);
   Answer<absl::Status> committed;
-  tier().Commit(writer, reservation->reservation_id, /*abort=*/false, committed.Callback());
+  tier().Commit(writer, reservation->reservation_id, /*abort=*/false, std::nullopt,
+                committed.Callback());
   ASSERT_THAT(committed.Wait(), IsOk());
   EXPECT_TRUE(tier().IsOnGpu("s/obj"));
 
@@ -180,11 +212,20 @@ TEST_F(GpuTierTest, CommittedObjectIsPublishedThenFetchedFromEitherTier) {
   auto check = [&] {
     absl::StatusOr<LeaseGrant> lease = FetchNow(tier(), reader, "s/obj");
     ASSERT_THAT(lease, IsOk());
-    ASSERT_THAT(stack_->device().SynchronizeEvent(tier().events().event(lease->ready_event)),
-                IsOk());
+    if (lease->ready_event) {
+      ASSERT_THAT(stack_->device().SynchronizeEvent(tier().events().event(*lease->ready_event)),
+                  IsOk());
+    }
     EXPECT_EQ(testing::FirstPatternMismatch(tier().pool().data(lease->range), kBlockBytes, 77), -1);
     ASSERT_THAT(tier().Release(reader, lease->lease_id), IsOk());
   };
+  {
+    // The writer's bytes were in staging before the commit published them: nothing to wait for.
+    absl::StatusOr<LeaseGrant> lease = FetchNow(tier(), reader, "s/obj");
+    ASSERT_THAT(lease, IsOk());
+    EXPECT_FALSE(lease->ready_event.has_value());
+    ASSERT_THAT(tier().Release(reader, lease->lease_id), IsOk());
+  }
   check();  // from staging
   ASSERT_TRUE(Eventually([&] { return tier().stats().leases == 0; }));
   ASSERT_THAT(tier().Evict("s/obj", EvictTier::kGpu), IsOk());

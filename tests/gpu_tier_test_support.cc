@@ -64,7 +64,10 @@ absl::StatusOr<LeaseGrant> FetchNow(GpuTier& tier, ClientId client, const std::s
 }
 
 bool LeaseHoldsBlock(Device& device, GpuTier& tier, const LeaseGrant& lease, int block) {
-  if (!device.SynchronizeEvent(tier.events().event(lease.ready_event)).ok()) return false;
+  if (lease.ready_event &&
+      !device.SynchronizeEvent(tier.events().event(*lease.ready_event)).ok()) {
+    return false;
+  }
   const uint8_t* bytes = tier.pool().data(lease.range);
   return FirstPatternMismatch(bytes, lease.length, BlockSeed(block)) < 0;
 }

@@ -45,6 +45,14 @@ TEST(PressureReporterTest, OneLinePerPeriodOnlyUnderPressure) {
               HasSubstr("over the last 31s: 12 GPU and 0 host eviction(s), 3 request(s) "
                         "refused RESOURCE_EXHAUSTED; GPU pool 97% used, host cache 25% used"));
   EXPECT_FALSE(reporter.Observe(kStart + absl::Seconds(93), stats, 3).has_value());
+  // Running short of interprocess events is pressure too.
+  stats.set_event_shortfalls(4);
+  stats.set_events_in_use(64);
+  stats.set_events_max(64);
+  line = reporter.Observe(kStart + absl::Seconds(124), stats, 3);
+  ASSERT_TRUE(line.has_value());
+  EXPECT_THAT(*line, HasSubstr("; 4 request(s) found no interprocess event free (64 of "
+                               "--max-events=64 in use"));
 }
 
 TEST(MetricsTextTest, EveryMetricHasHelpAndTypeAndCodesAreNamed) {

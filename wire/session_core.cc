@@ -83,8 +83,9 @@ void SessionCore::ReadLoop() {
       pending = std::move(it->second);
       pending_.erase(it);
     }
-    // Handles are opened here, in response order, so a later response that names one finds it.
-    if (response.new_handles_size() > 0) {
+    // Handles are opened here, in response order, so a later response that names one finds it;
+    // the open answer's, before the device is known, by Opened.
+    if (response.new_handles_size() > 0 && device_ != nullptr) {
       if (absl::Status opened = OpenHandles(response); !opened.ok()) {
         response.set_code(static_cast<int>(opened.code()));
         response.set_message(std::string(opened.message()));
@@ -209,20 +210,29 @@ absl::StatusOr<const SharedMemory*> SessionCore::host_buffer(uint32_t id) {
   return handles_->host_buffer(id);
 }
 
-void SessionCore::ReleaseLease(uint64_t lease_id, Event& done_event, Stream& stream) {
-  absl::Status status = device_->RecordEvent(done_event, stream);
-  if (!status.ok()) {
-    // Without the record the daemon could reuse the buffer while the stream still reads it: wait
-    // for the stream on the CPU instead.
-    std::fprintf(stderr,
-                 "tierd client: cannot record the release of lease %llu (%s); waiting "
-                 "for the stream instead\n",
-                 static_cast<unsigned long long>(lease_id), std::string(status.message()).c_str());
-    (void)device_->SynchronizeStream(stream);
+absl::Status SessionCore::Opened(const v1::SessionResponse& open_answer) {
+  RETURN_IF_ERROR(OpenHandles(open_answer));
+  std::vector<DoneEvents::Opened> events;
+  for (uint32_t id : open_answer.opened().done_event_ids()) {
+    ASSIGN_OR_RETURN(Event * event, handles_->event(id));
+    events.push_back({id, event});
   }
+  done_events_ = std::make_unique<DoneEvents>(*device_, std::move(events));
+  return absl::OkStatus();
+}
+
+std::optional<uint32_t> SessionCore::RecordDone(Stream& stream, const char* what, uint64_t id) {
+  return done_events_->RecordAfter(stream, what, id);
+}
+
+void SessionCore::ReleaseLease(uint64_t lease_id, Stream& stream) {
   v1::SessionRequest request;
-  request.mutable_release()->set_lease_id(lease_id);
-  request.mutable_release()->set_quiet(true);
+  v1::ReleaseRequest* release = request.mutable_release();
+  release->set_lease_id(lease_id);
+  release->set_quiet(true);
+  if (std::optional<uint32_t> done = RecordDone(stream, "lease", lease_id)) {
+    release->set_done_event_id(*done);
+  }
   (void)SendQuiet(std::move(request));
 }
 

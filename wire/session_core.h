@@ -21,6 +21,7 @@
 #include "device/device.h"
 #include "device/shared_memory.h"
 #include "tierd/v1/tierd.grpc.pb.h"
+#include "wire/done_events.h"
 #include "wire/session_transport.h"
 
 namespace tierd {
@@ -61,6 +62,9 @@ class SessionCore {
   absl::Status end_reason() ABSL_LOCKS_EXCLUDED(mu_);
   void set_device(std::shared_ptr<Device> device) { device_ = std::move(device); }
   Device& device() { return *device_; }
+  // After set_device: opens the handles of the session's `open` answer, which the reader could not
+  // (the device was not known yet), and takes the session's done events from it.
+  absl::Status Opened(const v1::SessionResponse& open_answer);
   // Opens the handles `response` brings that this session has not opened yet.
   absl::Status OpenHandles(const v1::SessionResponse& response);
   absl::StatusOr<Slab*> slab(uint32_t id);
@@ -69,8 +73,13 @@ class SessionCore {
   // daemons asking each other for objects through the host are sent one.
   absl::StatusOr<const SharedMemory*> host_buffer(uint32_t id);
 
-  // Releases a lease: records its done event on `stream`, then tells the daemon.
-  void ReleaseLease(uint64_t lease_id, Event& done_event, Stream& stream);
+  // Releases a lease: records a done event on `stream` after the work enqueued there (DoneEvents),
+  // then tells the daemon, without waiting for its answer.
+  void ReleaseLease(uint64_t lease_id, Stream& stream);
+  // Records a done event after the work enqueued on `stream`; its id, to name in a commit, or
+  // nullopt when the stream was synchronized instead. `what` and `id` name it in the message of a
+  // failure ("reservation", 7).
+  std::optional<uint32_t> RecordDone(Stream& stream, const char* what, uint64_t id);
 
  private:
   struct Pending;
@@ -102,6 +111,7 @@ class SessionCore {
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status end_reason_ ABSL_GUARDED_BY(mu_);
   const std::unique_ptr<detail::OpenedHandles> handles_;
+  std::unique_ptr<DoneEvents> done_events_;  // set by Opened, before any release or commit
   std::thread reader_;
 };
 

@@ -38,7 +38,16 @@ absl::Status GpuClient::CheckPinnedVersion(const std::string& key,
       absl::StrCat(key, " changed since this session pinned it: unpin it, then pin it again"));
 }
 
-absl::StatusOr<ClientId> ClientTable::Open(const ClientLimits& limits) {
+absl::Status GpuClient::CheckDoneEvent(uint32_t event) const {
+  for (uint32_t own : done_events) {
+    if (own == event) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("event ", event, " is not one of this session's done events"));
+}
+
+absl::StatusOr<ClientId> ClientTable::Open(const ClientLimits& limits,
+                                           std::vector<uint32_t> done_events) {
   {
     absl::MutexLock lock(&mu_);
     if (OpenCount() >= max_clients_) return TooManyClients();
@@ -50,6 +59,7 @@ absl::StatusOr<ClientId> ClientTable::Open(const ClientLimits& limits) {
   client->id = next_client_++;
   client->limits = limits;
   client->drain_stream = std::move(stream);
+  client->done_events = std::move(done_events);
   const ClientId id = client->id;
   clients_[id] = std::move(client);
   return id;
@@ -67,6 +77,10 @@ GpuClient* ClientTable::Find(ClientId id) {
 }
 
 GpuClient* ClientTable::FindAny(ClientId id) {
+  return const_cast<GpuClient*>(std::as_const(*this).FindAny(id));
+}
+
+const GpuClient* ClientTable::FindAny(ClientId id) const {
   mu_.AssertHeld();
   auto it = clients_.find(id);
   return it == clients_.end() ? nullptr : it->second.get();
@@ -95,12 +109,12 @@ uint32_t ClientTable::OpenCount() const {
   return open;
 }
 
-uint64_t ClientTable::AddLease(GpuClient& client, StagingObject* object, uint32_t done_event,
-                               std::optional<uint64_t> host_offset) {
+uint64_t ClientTable::AddLease(GpuClient& client, GpuClient::Lease lease) {
   const uint64_t lease_id = client.next_lease++;
-  client.leases[lease_id] = {object, done_event, host_offset};
-  client.staging_bytes += object->size;
-  ++object->refs;
+  client.staging_bytes += lease.object->size;
+  ++lease.object->refs;
+  if (lease.names_ready_event) ++lease.object->ready_event_leases;
+  client.leases[lease_id] = std::move(lease);
   return lease_id;
 }
 

@@ -32,14 +32,16 @@ absl::Status LargerThanSlab(const std::string& key, uint64_t bytes, uint64_t sla
 struct GpuClient {
   struct Lease {
     StagingObject* object = nullptr;
-    uint32_t done_event = 0;
-    std::optional<uint64_t> host_offset;  // its range in the host handoff buffer
+    bool names_ready_event = false;  // granted with the object's ready event
+    // FetchOptions::through_host: its range in the host handoff buffer, and the event the tier
+    // recorded after the copy into it (the lease's own).
+    std::optional<uint64_t> host_offset;
+    std::optional<uint32_t> host_ready_event;
   };
   struct Reservation {
     std::string key;
     StagingAllocation range;  // freed with the reservation unless a commit takes it
     uint64_t length = 0;
-    uint32_t written_event = 0;
     Tensors tensors;
     StorePolicy policy;
   };
@@ -55,10 +57,15 @@ struct GpuClient {
   // FAILED_PRECONDITION when the client pinned a version of `key` other than `listed` (the
   // object listed under it now, or nullptr).
   absl::Status CheckPinnedVersion(const std::string& key, const StagingObject* listed) const;
+  // INVALID_ARGUMENT unless `event` is one of the client's done events.
+  absl::Status CheckDoneEvent(uint32_t event) const;
 
   ClientId id = 0;
   ClientLimits limits;
   std::shared_ptr<Stream> drain_stream;
+  // The events it records after its last use of a lease or write into a reservation (their ids
+  // in the tier's EventPool); back to the pool once the client is closed and they have completed.
+  std::vector<uint32_t> done_events;
   std::map<uint64_t, Lease> leases;
   uint64_t next_lease = 1;
   std::map<uint64_t, Reservation> reservations;
@@ -78,24 +85,26 @@ class ClientTable {
   ClientTable(const ClientTable&) = delete;
   ClientTable& operator=(const ClientTable&) = delete;
 
-  // A new client with a drain stream of its own; RESOURCE_EXHAUSTED when max_clients are open.
+  // A new client with a drain stream and `done_events` of its own; RESOURCE_EXHAUSTED when
+  // max_clients are open (the events are then the caller's still).
   // REQUIRES: the tier's lock is not held (creating a stream is a device call).
-  absl::StatusOr<ClientId> Open(const ClientLimits& limits) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<ClientId> Open(const ClientLimits& limits, std::vector<uint32_t> done_events)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- REQUIRES: the tier's lock, for all of these.
   // The open client `id`, or nullptr when it is unknown or closed.
   GpuClient* Find(ClientId id);
   // Client `id`, open or closed but still draining, or nullptr.
   GpuClient* FindAny(ClientId id);
+  const GpuClient* FindAny(ClientId id) const;
   // Forgets a client; returns its record (nullptr when unknown).
   std::unique_ptr<GpuClient> Erase(ClientId id);
   // Every client still known (open, or closed with drains in flight).
   std::vector<ClientId> Ids() const;
   uint32_t OpenCount() const;
 
-  // Records `object` leased by `client`; returns the lease id.
-  uint64_t AddLease(GpuClient& client, StagingObject* object, uint32_t done_event,
-                    std::optional<uint64_t> host_offset);
+  // Records `lease` held by `client`; returns its id.
+  uint64_t AddLease(GpuClient& client, GpuClient::Lease lease);
   // Takes lease `lease_id` off the client, with its staging bytes. NOT_FOUND for a lease the
   // client never had; FAILED_PRECONDITION for one already released.
   absl::StatusOr<GpuClient::Lease> TakeLease(GpuClient& client, uint64_t lease_id);

@@ -14,7 +14,6 @@ CommitPipeline::CommitPipeline(const Parts& parts)
       host_cache_(parts.host_cache),
       durable_store_(parts.durable_store),
       pool_(parts.pool),
-      events_(parts.events),
       store_stream_(parts.store_stream),
       copier_(parts.copier),
       residency_(parts.residency),
@@ -63,22 +62,20 @@ void CommitPipeline::Reserve(ClientId client_id, const std::string& key, uint64_
         DeferredCalls later;
         absl::MutexLock relock(&mu_);
         GpuClient* client = clients_.Find(client_id);
-        absl::StatusOr<uint32_t> written = !memory.ok()        ? memory.status()
-                                           : client == nullptr ? ClientGone()
-                                                               : events_.Acquire();
-        if (!written.ok()) {
+        const absl::Status granted = !memory.ok()        ? memory.status()
+                                     : client == nullptr ? ClientGone()
+                                                         : absl::OkStatus();
+        if (!granted.ok()) {
           // The range, if any, goes back to the pool with `memory`.
           if (client != nullptr) client->staging_bytes -= reservation.length;
-          return DeferAnswer(later.calls(), std::move(done), written.status());
+          return DeferAnswer(later.calls(), std::move(done), granted);
         }
         reservation.range = *std::move(memory);
-        reservation.written_event = *written;
         ReservationGrant grant;
         grant.reservation_id = client->next_reservation++;
         grant.key = reservation.key;
         grant.range = reservation.range.range();
         grant.length = reservation.length;
-        grant.written_event = *written;
         client->reservations[grant.reservation_id] = std::move(reservation);
         ++stats_.reservations;
         DeferAnswer(later.calls(), std::move(done), absl::StatusOr<ReservationGrant>(grant));
@@ -87,38 +84,45 @@ void CommitPipeline::Reserve(ClientId client_id, const std::string& key, uint64_
 }
 
 void CommitPipeline::Commit(ClientId client_id, uint64_t reservation_id, bool abort,
-                            GpuStatusCallback done) {
+                            std::optional<uint32_t> written_event, GpuStatusCallback done) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   GpuClient* client = clients_.Find(client_id);
-  absl::StatusOr<GpuClient::Reservation> taken =
-      client == nullptr ? absl::StatusOr<GpuClient::Reservation>(ClientGone())
-                        : clients_.TakeReservation(*client, reservation_id);
+  if (client == nullptr) return DeferAnswer(deferred.calls(), std::move(done), ClientGone());
+  if (written_event) {
+    if (absl::Status own = client->CheckDoneEvent(*written_event); !own.ok()) {
+      return DeferAnswer(deferred.calls(), std::move(done), own);
+    }
+  }
+  absl::StatusOr<GpuClient::Reservation> taken = clients_.TakeReservation(*client, reservation_id);
   if (!taken.ok()) return DeferAnswer(deferred.calls(), std::move(done), taken.status());
   GpuClient::Reservation reservation = *std::move(taken);
   if (abort) {
-    Abandon(*client, std::move(reservation));
+    Abandon(*client, std::move(reservation), written_event, deferred.calls());
     return DeferAnswer(deferred.calls(), std::move(done), absl::OkStatus());
   }
   const uint64_t commit_id = next_commit_++;
   const std::string key = reservation.key;
   const uint64_t length = reservation.length;
-  const uint32_t written_event = reservation.written_event;
   // A durable object's copy on disk serves instead of a spill file.
   const bool spillable = reservation.policy.spillable && !reservation.policy.durable;
   PendingCommit& commit = commits_[commit_id];
   commit.reservation = std::move(reservation);
   commit.done = std::move(done);
   // The client's write and the host tier's room are awaited at once.
-  drains_.Start(*client, written_event,
-                [this, commit_id](bool forced, Deferred& deferred)
-                    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // runs under the tier's lock
-                      if (forced) {
-                        FailCommit(commit_id, ClientGone(), deferred);
-                      } else {
-                        Written(commit_id, deferred);
-                      }
-                    });
+  std::vector<uint32_t> wait_on;
+  if (written_event) wait_on.push_back(*written_event);
+  drains_.Start(
+      *client, std::move(wait_on), {},
+      [this, commit_id](bool forced, Deferred& deferred)
+          ABSL_NO_THREAD_SAFETY_ANALYSIS {  // runs under the tier's lock
+            if (forced) {
+              FailCommit(commit_id, ClientGone(), deferred);
+            } else {
+              Written(commit_id, deferred);
+            }
+          },
+      deferred.calls());
   ++host_reservations_in_flight_;
   deferred.calls().push_back(
       [this, commit_id, key = stored_.HostKey(key, /*stored=*/true), length, spillable] {
@@ -129,14 +133,24 @@ void CommitPipeline::Commit(ClientId client_id, uint64_t reservation_id, bool ab
       });
 }
 
-void CommitPipeline::Abandon(GpuClient& client, GpuClient::Reservation reservation) {
+void CommitPipeline::Abandon(GpuClient& client, GpuClient::Reservation reservation,
+                             std::optional<uint32_t> written_event, Deferred& deferred) {
   mu_.AssertHeld();
-  drains_.Start(client, reservation.written_event,
-                [this, memory = std::move(reservation.range)](bool, Deferred&)
-                    ABSL_NO_THREAD_SAFETY_ANALYSIS mutable {  // runs under the tier's lock
-                      memory.reset();
-                      --stats_.reservations;
-                    });
+  std::vector<uint32_t> wait_on;
+  if (written_event) wait_on.push_back(*written_event);
+  drains_.Start(
+      client, std::move(wait_on), {},
+      [this, reservation = std::move(reservation)](bool, Deferred&)
+          ABSL_NO_THREAD_SAFETY_ANALYSIS mutable {  // runs under the tier's lock
+            Abandoned(std::move(reservation));
+          },
+      deferred);
+}
+
+void CommitPipeline::Abandoned(GpuClient::Reservation reservation) {
+  mu_.AssertHeld();
+  reservation.range.reset();
+  --stats_.reservations;
 }
 
 bool CommitPipeline::idle() const {
@@ -182,29 +196,22 @@ void CommitPipeline::Written(uint64_t commit_id, Deferred& deferred) {
 void CommitPipeline::StartCopyOut(uint64_t commit_id, Deferred& deferred) {
   PendingCommit& commit = commits_.at(commit_id);
   GpuClient::Reservation& reservation = commit.reservation;
-  absl::StatusOr<uint32_t> ready = events_.Acquire();
-  if (!ready.ok()) return FailCommit(commit_id, ready.status(), deferred);
   const StagingRange range = reservation.range.range();
   StagingObject* object = residency_.Create(reservation.key);
   object->size = reservation.length;
   object->tensors = reservation.tensors;
   object->memory = std::move(reservation.range);
-  object->ready_event = *ready;
+  // The client's write has completed (its event did): readers need no ready event.
   object->state = StagingObject::State::kResident;
-  // The client's write has completed (its event did), so the ready event needs no wait: record it
-  // first, then copy out.
-  absl::Status status = device_.RecordEvent(events_.event(*ready), store_stream_);
-  if (status.ok()) {
-    status = copier_.CopyChunked(store_stream_, commit.host->data(), pool_.data(range),
-                                 reservation.length, /*host_is_dst=*/true);
-  }
+  absl::Status status = copier_.CopyChunked(store_stream_, commit.host->data(), pool_.data(range),
+                                            reservation.length, /*host_is_dst=*/true);
   if (status.ok()) {
     status = device_.NotifyWhenDone(
         store_stream_, [this, commit_id, object] { FinishCopyOut(commit_id, object); });
   }
   if (!status.ok()) {
     // Freed once the stream drains, not now.
-    residency_.FreeAfterStream(store_stream_, *std::move(object->memory), *ready,
+    residency_.FreeAfterStream(store_stream_, *std::move(object->memory), std::nullopt,
                                absl::StrCat("copying ", reservation.key, " to the host tier"),
                                status);
     object->memory.reset();

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,7 +50,6 @@ class CommitPipeline {
     HostCache& host_cache;
     DurableStore* durable_store;  // null: durable reservations are refused
     StagingPool& pool;
-    EventPool& events;
     Stream& store_stream;  // D2H
     ChunkedCopier& copier;
     StagingResidency& residency;
@@ -67,12 +67,16 @@ class CommitPipeline {
   void Reserve(ClientId client, const std::string& key, uint64_t length,
                std::vector<TensorPlacement> tensors, StorePolicy policy, GpuReserveCallback done)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void Commit(ClientId client, uint64_t reservation_id, bool abort, GpuStatusCallback done)
+  void Commit(ClientId client, uint64_t reservation_id, bool abort,
+              std::optional<uint32_t> written_event, GpuStatusCallback done)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Frees an abandoned reservation's range once its written event completes: the client's stream
-  // may still be writing it. REQUIRES: the tier's lock.
-  void Abandon(GpuClient& client, GpuClient::Reservation reservation);
+  // Frees an abandoned reservation's range: the client's stream may still be writing it until it
+  // has run past the client's record of `written_event`, if any. REQUIRES: the tier's lock.
+  void Abandon(GpuClient& client, GpuClient::Reservation reservation,
+               std::optional<uint32_t> written_event, Deferred& deferred);
+  // Frees a reservation nobody can write into any more. REQUIRES: the tier's lock.
+  void Abandoned(GpuClient::Reservation reservation);
   // No commit is between its request and its answer. REQUIRES: the tier's lock.
   bool idle() const;
 
@@ -108,7 +112,6 @@ class CommitPipeline {
   HostCache& host_cache_;
   DurableStore* const durable_store_;
   StagingPool& pool_;
-  EventPool& events_;
   Stream& store_stream_;
   ChunkedCopier& copier_;
   StagingResidency& residency_;

@@ -6,20 +6,33 @@
 
 namespace tierd {
 
-void DrainQueue::Start(GpuClient& client, uint32_t event, OnDrained on_drained) {
+void DrainQueue::Start(GpuClient& client, std::vector<uint32_t> wait_on,
+                       std::vector<uint32_t> owned, OnDrained on_drained, Deferred& deferred) {
   mu_.AssertHeld();
+  if (wait_on.empty()) {
+    for (uint32_t event : owned) events_.Release(event);
+    on_drained(/*forced=*/false, deferred);
+    residency_.RetryAllocations(deferred);
+    return;
+  }
   const uint64_t id = next_drain_++;
-  drains_[id] = Drain{client.id, event, std::move(on_drained)};
+  drains_[id] = Drain{client.id, std::move(owned), std::move(on_drained)};
   client.drains.insert(id);
+  std::vector<Event*> events;
+  events.reserve(wait_on.size());
+  for (uint32_t event : wait_on) events.push_back(&events_.event(event));
   // The device calls are made on the timer thread, not here: a release is on the path of the
   // session's next request (a session's requests are handled in order), and there its device calls
   // slowed the next fetch (bench/results/README.md, "What it took"). The drain is registered
   // already, so its callback finds it; were it forced meanwhile (the session closed), the callback
-  // finds it gone and the wait only delays the retired slot's stream, which the stream reference
+  // finds it gone and the wait only delays the retired slots' stream, which the stream reference
   // keeps.
   timer_.RunAfter(absl::ZeroDuration(), [this, stream = client.drain_stream, client_id = client.id,
-                                         done = &events_.event(event), id] {
-    absl::Status status = device_.WaitEvent(*stream, *done);
+                                         events = std::move(events), id] {
+    absl::Status status;
+    for (Event* event : events) {
+      if (status.ok()) status = device_.WaitEvent(*stream, *event);
+    }
     if (status.ok()) {
       status = device_.NotifyWhenDone(
           *stream, [this, live = liveness_, id] { live->RunIfAlive([&] { Drained(id); }); });
@@ -53,7 +66,7 @@ void DrainQueue::Finish(uint64_t drain_id, bool forced, Deferred& deferred) {
   if (forced) {
     ++abandoned_waits_;
   } else {
-    events_.Release(drain.event);
+    for (uint32_t event : drain.owned) events_.Release(event);
   }
   drain.on_drained(forced, deferred);
   residency_.RetryAllocations(deferred);

@@ -1,8 +1,14 @@
-// Work that waits for a client's event on the client's own drain stream: a released lease's buffer
+// Work that waits for a client's events on the client's own drain stream: a released lease's buffer
 // is reused, an abandoned reservation's range freed, a commit's copy started, only once the
-// client's done (or written) event has completed. A drain completes when the device says so, or is
-// forced when its client's close grace runs out; then its event slot is retired rather than handed
-// out again, since a record of it may never complete.
+// event the client named (one of its done events) has completed. A drain completes when the device
+// says so, or is forced when its client's close grace runs out; the event slots it owns go back to
+// the pool in the first case and are retired in the second, since a record of them may never
+// complete.
+//
+// A drain waits for the newest record of each event at the time its wait is enqueued, which may be
+// later than the client's release: a client records a done event again only on the same stream or
+// after the earlier record completed (the lease protocol), so the newest record covers every
+// earlier one — at worst the buffer is reused a little later than it could have been.
 //
 // Internal to the GPU tier. Its state is guarded by the tier's lock: completing a drain frees what
 // the residency and the commit pipeline hold. Methods say REQUIRES: the tier's lock when it must be
@@ -13,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
@@ -49,9 +56,12 @@ class DrainQueue {
   DrainQueue& operator=(const DrainQueue&) = delete;
 
   // ---- REQUIRES: the tier's lock, for all of these.
-  // Runs `on_drained` once `event`'s current record, on the client's drain stream, has completed
-  // (or the client's close grace ran out: then forced). `event` is handed out again after that.
-  void Start(GpuClient& client, uint32_t event, OnDrained on_drained);
+  // Runs `on_drained` once the newest records of `wait_on`, waited for on the client's drain
+  // stream, have completed — at once, through `deferred`'s lock scope, when `wait_on` is empty —
+  // or the client's close grace ran out (then forced). `owned` events are handed out again after
+  // a drain that completed, and retired after a forced one.
+  void Start(GpuClient& client, std::vector<uint32_t> wait_on, std::vector<uint32_t> owned,
+             OnDrained on_drained, Deferred& deferred);
   // Completes drain `drain_id` (nothing when it completed already), then serves the requests
   // waiting for staging room.
   void Finish(uint64_t drain_id, bool forced, Deferred& deferred);
@@ -64,7 +74,7 @@ class DrainQueue {
  private:
   struct Drain {
     ClientId client = 0;
-    uint32_t event = 0;  // handed out again once the drain completes
+    std::vector<uint32_t> owned;  // handed out again once the drain completes
     OnDrained on_drained;
   };
 

@@ -6,16 +6,19 @@
 
 namespace tierd {
 
-absl::StatusOr<uint64_t> HandoffCopies::CopyOut(const StagingObject& object, uint32_t done_event) {
+absl::StatusOr<uint64_t> HandoffCopies::CopyOut(const StagingObject& object,
+                                                uint32_t copied_event) {
   mu_.AssertHeld();
   ASSIGN_OR_RETURN(const uint64_t offset, buffer_.Allocate(object.size));
-  absl::Status copied = device_.WaitEvent(stream_, events_.event(*object.ready_event));
+  absl::Status copied;
+  // Without a ready event the copy into staging has completed.
+  if (object.ready_event) copied = device_.WaitEvent(stream_, events_.event(*object.ready_event));
   if (copied.ok()) {
     uint8_t* dst = buffer_.data() + offset;
     const auto* src = static_cast<const uint8_t*>(pool_.data(object.memory->range()));
     copied = copier_.CopyInPieces(stream_, dst, src, object.size);
   }
-  if (copied.ok()) copied = device_.RecordEvent(events_.event(done_event), stream_);
+  if (copied.ok()) copied = device_.RecordEvent(events_.event(copied_event), stream_);
   if (!copied.ok()) {
     // Nothing recorded the event; pieces of the copy may still be queued.
     FreeLater(offset, object.size);

@@ -43,12 +43,12 @@ class HandoffCopies {
   HandoffCopies(const HandoffCopies&) = delete;
   HandoffCopies& operator=(const HandoffCopies&) = delete;
 
-  // Copies resident `object` into a new range of the buffer after its ready event and records
-  // `done_event` after that copy; returns the range's offset. The buffer's RESOURCE_EXHAUSTED, or
-  // the device's error (then nothing recorded the event, and the range is freed once the stream
-  // has run what was queued). REQUIRES: the tier's lock.
-  absl::StatusOr<uint64_t> CopyOut(const StagingObject& object, uint32_t done_event);
-  // Frees a range whose lease's done event completed.
+  // Copies resident `object` into a new range of the buffer after its ready event (if it still has
+  // one) and records `copied_event` after that copy; returns the range's offset. The buffer's
+  // RESOURCE_EXHAUSTED, or the device's error (then nothing recorded the event, and the range is
+  // freed once the stream has run what was queued). REQUIRES: the tier's lock.
+  absl::StatusOr<uint64_t> CopyOut(const StagingObject& object, uint32_t copied_event);
+  // Frees a range whose copy and reader are done.
   void Free(uint64_t offset, uint64_t bytes) { buffer_.Free(offset, bytes); }
   // Frees a range once the handoff stream has run what is queued on it.
   void FreeLater(uint64_t offset, uint64_t bytes);

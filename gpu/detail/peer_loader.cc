@@ -88,17 +88,16 @@ void PeerLoader::OnPeerCopy(StagingObject* object, absl::StatusOr<PeerCopy> copy
 void PeerLoader::CopyFromPeer(StagingObject* object, std::shared_ptr<PeerCopy> copy,
                               Deferred& deferred) {
   const std::string what = absl::StrCat("copying ", object->key(), " from ", copy->peer);
-  absl::StatusOr<uint32_t> ready = events_.Acquire();
-  if (!ready.ok()) {
-    ReleaseLater(std::move(copy), deferred);
-    return loader_.FailLoad(object, ready.status(), deferred);
-  }
-  object->ready_event = *ready;
-  absl::Status status = device_.WaitEvent(stream_, *copy->ready);
+  // Without a free event the copy still goes ahead, and its readers are answered once it is done.
+  if (absl::StatusOr<uint32_t> ready = events_.Acquire(); ready.ok()) object->ready_event = *ready;
+  absl::Status status;
+  if (copy->ready != nullptr) status = device_.WaitEvent(stream_, *copy->ready);
   auto* dst = static_cast<uint8_t*>(pool_.data(object->memory->range()));
   const auto* src = static_cast<const uint8_t*>(copy->data);
   if (status.ok()) status = copier_.CopyInPieces(stream_, dst, src, object->size);
-  if (status.ok()) status = device_.RecordEvent(events_.event(*ready), stream_);
+  if (status.ok() && object->ready_event) {
+    status = device_.RecordEvent(events_.event(*object->ready_event), stream_);
+  }
   if (status.ok()) {
     residency_.CopyStarted();
     object->copying = true;
@@ -132,6 +131,10 @@ void PeerLoader::CopyFromPeer(StagingObject* object, std::shared_ptr<PeerCopy> c
   }
   ++stats_.peer_fetches;
   if (copy->through_host) ++stats_.peer_fetches_through_host;
+  if (!object->ready_event) {
+    object->state = StagingObject::State::kCopying;
+    return;
+  }
   object->state = StagingObject::State::kResident;
   loader_.AnswerWaiters(object, absl::OkStatus(), deferred);
 }

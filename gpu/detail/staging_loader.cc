@@ -120,14 +120,15 @@ void StagingLoader::CopyIn(StagingObject* object, HostObject host, Deferred& def
   auto shared_host = std::make_shared<HostObject>(std::move(host));
   // The host reference goes after the lock: releasing it can run host-cache callbacks that take it.
   deferred.push_back([shared_host]() mutable { shared_host.reset(); });
-  absl::StatusOr<uint32_t> ready = events_.Acquire();
-  if (!ready.ok()) return FailLoad(object, ready.status(), deferred);
-  object->ready_event = *ready;
+  // Without a free event the copy still goes ahead, and its readers are answered once it is done.
+  if (absl::StatusOr<uint32_t> ready = events_.Acquire(); ready.ok()) object->ready_event = *ready;
   Stream& stream = object->demand ? demand_stream_ : prefetch_stream_;
   absl::Status status = copier_.CopyChunked(stream, pool_.data(object->memory->range()),
                                             shared_host->data(), object->size,
                                             /*host_is_dst=*/false);
-  if (status.ok()) status = device_.RecordEvent(events_.event(*ready), stream);
+  if (status.ok() && object->ready_event) {
+    status = device_.RecordEvent(events_.event(*object->ready_event), stream);
+  }
   if (status.ok()) {
     residency_.CopyStarted();
     object->copying = true;
@@ -150,6 +151,10 @@ void StagingLoader::CopyIn(StagingObject* object, HostObject host, Deferred& def
                                                              " to the GPU: ", status.message())),
                     deferred);
   }
+  if (!object->ready_event) {
+    object->state = StagingObject::State::kCopying;
+    return;
+  }
   object->state = StagingObject::State::kResident;
   if (object->listed()) residency_.Enqueue(object);
   AnswerWaiters(object, absl::OkStatus(), deferred);
@@ -162,6 +167,13 @@ void StagingLoader::FinishCopyIn(StagingObject* object, uint64_t GpuTierStats::*
   residency_.CopyFinished();
   object->copying = false;
   stats_.*bytes_moved += object->size;
+  if (object->state == StagingObject::State::kCopying) {
+    // Copied without a ready event: readable now.
+    object->state = StagingObject::State::kResident;
+    if (object->listed()) residency_.Enqueue(object);
+    AnswerWaiters(object, absl::OkStatus(), deferred.calls());
+  }
+  residency_.DropReadyEventIfUnneeded(object);
   residency_.FreeIfUnused(object);
   residency_.RetryAllocations(deferred.calls());
 }
@@ -209,28 +221,37 @@ absl::StatusOr<LeaseGrant> StagingLoader::Grant(GpuClient& client, StagingObject
                                                 bool through_host) {
   mu_.AssertHeld();
   RETURN_IF_ERROR(client.CheckStagingQuota(object->key(), object->size));
-  ASSIGN_OR_RETURN(const uint32_t done_event, events_.Acquire());
-  std::optional<uint64_t> host_offset;
+  GpuClient::Lease lease;
+  lease.object = object;
   if (through_host) {
-    absl::StatusOr<uint64_t> offset = handoff_.CopyOut(*object, done_event);
+    // The lease's own event: the bytes are where the reader looks once the tier's record of it,
+    // after the copy into the handoff buffer, completes.
+    ASSIGN_OR_RETURN(const uint32_t host_ready, events_.Acquire());
+    absl::StatusOr<uint64_t> offset = handoff_.CopyOut(*object, host_ready);
     if (!offset.ok()) {
-      events_.Release(done_event);
+      events_.Release(host_ready);
       return offset.status();
     }
-    host_offset = *offset;
+    lease.host_offset = *offset;
+    lease.host_ready_event = host_ready;
+  } else if (object->ready_event && object->copying) {
+    // The copy into staging may still run: the reader waits for it (the object's ready event is
+    // not recorded again while this lease is held).
+    lease.names_ready_event = true;
   }
   LeaseGrant grant;
-  grant.lease_id = clients_.AddLease(client, object, done_event, host_offset);
+  if (through_host) {
+    grant.ready_event = lease.host_ready_event;
+  } else if (lease.names_ready_event) {
+    grant.ready_event = object->ready_event;
+  }
+  grant.host_offset = lease.host_offset;
+  grant.lease_id = clients_.AddLease(client, std::move(lease));
   ++stats_.leases;
   grant.key = object->key();
   grant.range = object->memory->range();
   grant.length = object->size;
-  // Through the host, the bytes are where the reader looks once the tier's own record of the done
-  // event, after its copy, completes.
-  grant.ready_event = through_host ? done_event : *object->ready_event;
-  grant.done_event = done_event;
   grant.tensors = object->tensors;
-  grant.host_offset = host_offset;
   return grant;
 }
 

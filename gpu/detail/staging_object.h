@@ -26,7 +26,10 @@ struct StagingObjectRecord {
     kFetchingHost,  // waiting for the host tier
     kFetchingPeer,  // waiting for a peer daemon to lend it (unlisted: see GpuTier::Fetch)
     kAllocating,    // has the host bytes, waiting for staging room
-    kResident,      // the copy into staging is enqueued (or done) and the ready event recorded
+    // The copy into staging is enqueued without a ready event (none was free): readable, and
+    // its waiters answered, once the copy completes.
+    kCopying,
+    kResident,  // the copy into staging is done, or enqueued with the ready event recorded after it
   };
   struct Waiter {
     ClientId client = 0;
@@ -39,8 +42,11 @@ struct StagingObjectRecord {
   Tensors tensors;
   std::shared_ptr<const ModelInfo> model;  // weights: the registration the bytes belong to
   State state = State::kFetchingHost;
+  // Recorded after the copy into staging; held while that copy may run, and while a lease granted
+  // then (which names it) is held: StagingResidency::DropReadyEventIfUnneeded gives it back.
   std::optional<uint32_t> ready_event;
-  bool copying = false;  // a copy into or out of the range has not completed
+  uint32_t ready_event_leases = 0;  // leases held that name ready_event
+  bool copying = false;             // a copy into or out of the range has not completed
   bool demand = false;
   int host_fetches = 0;  // host fetches not answered yet
   std::vector<Waiter> waiters;

@@ -153,6 +153,13 @@ void StagingResidency::Evict(StagingObject& victim) {
   table_.Remove(&victim);
 }
 
+void StagingResidency::DropReadyEventIfUnneeded(StagingObject* object) {
+  mu_.AssertHeld();
+  if (!object->ready_event || object->copying || object->ready_event_leases > 0) return;
+  events_.Release(*object->ready_event);
+  object->ready_event.reset();
+}
+
 void StagingResidency::Destroying(StagingObject& object) {
   if (object.ready_event) events_.Release(*object.ready_event);
 }

@@ -77,6 +77,9 @@ class StagingResidency : private StagingObjectTable::Owner {
   void Remove(StagingObject* object);
   // Frees an unlisted object that nothing uses any more. Call after each end of a use.
   void FreeIfUnused(StagingObject* object);
+  // Gives the object's ready event back to the pool once nobody can wait on it any more: its copy
+  // into staging has completed and no lease that names it is held. Call after either ends.
+  void DropReadyEventIfUnneeded(StagingObject* object);
   size_t listed_count() const;
 
   // ---- Room. REQUIRES: the tier's lock, for all of these.

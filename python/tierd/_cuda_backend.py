@@ -18,6 +18,7 @@ from .errors import TierdError, StatusCode
 
 _IPC_HANDLE_BYTES = _wire_format.CUDA_IPC_HANDLE_BYTES
 _IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1
+_CUDA_ERROR_NOT_READY = 600  # cuEventQuery: recorded work still running
 
 
 class _IpcHandle(ctypes.Structure):
@@ -49,6 +50,8 @@ class _Driver:
         self._bind("cuIpcOpenEventHandle", [ctypes.POINTER(void_p), _IpcHandle])
         self._bind("cuEventDestroy_v2", [void_p])
         self._bind("cuEventRecord", [void_p, void_p])
+        self._bind("cuEventQuery", [void_p])
+        self._bind("cuEventSynchronize", [void_p])
         self._bind("cuStreamWaitEvent", [void_p, void_p, ctypes.c_uint])
         self._contexts = {}
 
@@ -213,6 +216,27 @@ class CudaBackend:
             self._driver.check(
                 self._driver.cuEventRecord(event.handle, ctypes.c_void_p(stream.cuda_stream)),
                 "cuEventRecord")
+
+    def query_event(self, event):
+        """Whether the event's newest record has completed."""
+        with _InContext(self._driver, self.ordinal):
+            result = self._driver.cuEventQuery(event.handle)
+        if result == _CUDA_ERROR_NOT_READY:
+            return False
+        self._driver.check(result, "cuEventQuery")
+        return True
+
+    def synchronize_event(self, event):
+        with _InContext(self._driver, self.ordinal):
+            self._driver.check(self._driver.cuEventSynchronize(event.handle), "cuEventSynchronize")
+
+    def synchronize_stream(self, stream):
+        stream.synchronize()
+
+    def stream_key(self, stream):
+        """Streams are told apart by their CUDA handle: torch's pooled streams live as long as
+        the process, so a handle is never another stream's."""
+        return stream.cuda_stream
 
     def copy_into(self, destination, source, stream):
         with torch.cuda.stream(stream):

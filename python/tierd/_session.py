@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from ._done_events import DoneEvents
 from ._session_core import SessionCore
 from .dtypes import ELEMENT_BYTES, to_safetensors, to_torch
 from .errors import StatusCode, TierdError, code_from_number
@@ -65,13 +66,12 @@ class Lease:
     another object. A context manager releases on exit.
     """
 
-    def __init__(self, session, key, lease_id, buffer, tensors, done_event):
+    def __init__(self, session, key, lease_id, buffer, tensors):
         self.key = key
         self.lease_id = lease_id
         self.buffer = buffer
         self.tensors = tensors
         self._session = session
-        self._done_event = done_event
         self._released = False
 
     @property
@@ -86,14 +86,15 @@ class Lease:
         return self._released
 
     def release(self, stream=None):
-        """Records the done event on `stream` (default: the current stream) after everything the
-        caller has enqueued that reads the buffer, and releases the lease. Idempotent."""
+        """Records one of the session's done events on `stream` (default: the current stream)
+        after everything the caller has enqueued that reads the buffer, and releases the lease.
+        Idempotent."""
         if self._released:
             return
         self._released = True
         self.tensors = {}
         self.buffer = None
-        self._session._release(self.lease_id, self._done_event, stream)
+        self._session._release(self.lease_id, stream)
 
     def __enter__(self):
         return self
@@ -159,6 +160,9 @@ class Session(SessionCore):
         self.info = self._call(request).opened
         try:
             self._backend = _backend_for(self.info, device)
+            self._done_events = DoneEvents(
+                self._backend, [(event_id, self._event(event_id))
+                                for event_id in self.info.done_event_ids])
         except BaseException:
             self.close()
             raise
@@ -204,7 +208,7 @@ class Session(SessionCore):
         ("NAMESPACE/NAME").
 
         Reserves a staging buffer, enqueues the copy into it on `stream` (default: the current
-        stream), records the written event there and sends the commit, without waiting for the
+        stream), records a done event there and sends the commit, without waiting for the
         copy or the commit: the sources must not change until the stream has run the copy. A later
         fetch of `key` through this session waits for the commit. flush() reports the outcome.
         `durable`: the object survives a restart of the daemon (the commit succeeds once it is
@@ -226,12 +230,13 @@ class Session(SessionCore):
         stream = self._stream(stream)
         try:
             slab = self._slab(reservation.slab_id)
-            written = self._event(reservation.written_event_id)
             buffer = slab.tensor[reservation.offset: reservation.offset + reservation.length]
             views = tensor_views(buffer, infos)
             for info, source in zip(infos, named.values()):
                 self._backend.copy_into(views[info.name], source, stream)
-            self._backend.record_event(written, stream)
+            written = self._done_events.record_after(stream)
+            if written is not None:
+                commit.commit.written_event_id = written
         except BaseException:
             # Give the reservation back once nothing of ours can still write into it.
             if stream is not None:
@@ -309,33 +314,34 @@ class Session(SessionCore):
         if response.code != 0:
             raise TierdError(code_from_number(response.code), response.message)
         lease = response.lease
-        done = None
         try:
             slab = self._slab(lease.slab_id)
-            ready = self._event(lease.ready_event_id)
-            done = self._event(lease.done_event_id)
             buffer = slab.tensor[lease.offset: lease.offset + lease.length]
             tensors = tensor_views(buffer, lease.tensors)
-            self._backend.wait_event(ready, self._stream(stream))
+            if lease.HasField("ready_event_id"):
+                # The copy into staging may still run: the stream waits for it.
+                self._backend.wait_event(self._event(lease.ready_event_id), self._stream(stream))
         except BaseException:
-            self._release(lease.lease_id, done, stream)
+            self._release(lease.lease_id, None, read=False)
             raise
-        return Lease(self, lease.key, lease.lease_id, buffer, tensors, done)
+        return Lease(self, lease.key, lease.lease_id, buffer, tensors)
 
-    def _release(self, lease_id, done_event, stream):
-        """Records `done_event` on `stream` (None: nothing of ours read the buffer, so there is
-        nothing to wait for) and sends the release without waiting for an answer."""
-        if done_event is not None:
-            self._backend.record_event(done_event, self._stream(stream))
+    def _release(self, lease_id, stream, read=True):
+        """Records a done event on `stream` after the caller's reads (unless nothing of ours
+        `read` the buffer) and sends the release without waiting for an answer."""
         request = tierd_pb2.SessionRequest()
         request.release.lease_id = lease_id
         request.release.quiet = True
+        if read:
+            done = self._done_events.record_after(self._stream(stream))
+            if done is not None:
+                request.release.done_event_id = done
         self._send_quiet(request)
 
     def _release_unread(self, response):
         # A cancelled fetch's answer: may run on the reader thread, so it only sends.
         if response.code == 0:
-            self._release(response.lease.lease_id, None, None)
+            self._release(response.lease.lease_id, None, read=False)
 
     def _commit_done(self, key, response):
         with self._lock:
