@@ -35,7 +35,7 @@ ABSL_FLAG(tierd::ByteSize, piece_bytes, tierd::ByteSize{1ull << 30},
           "Pinned one piece at a time (the daemon's piece size)");
 ABSL_FLAG(std::string, device, "auto", "Device that pins the arena: auto, host or cuda:N");
 ABSL_FLAG(std::string, threads, "1,4,8,16", "Pinning thread counts to measure, comma-separated");
-ABSL_FLAG(std::string, prefault, "populate",
+ABSL_FLAG(std::string, prefault, "touch",
           "Ways to fault pages in before registering, comma-separated: populate, touch, none");
 ABSL_FLAG(bool, huge_pages, true, "Ask for transparent huge pages (MADV_HUGEPAGE)");
 ABSL_FLAG(bool, reference, true, "Also time one thread touching, then registering");

@@ -37,7 +37,7 @@ class PinObserver {
 struct ArenaPinnerOptions {
   uint64_t piece_bytes = 1ull << 30;  // > 0, a multiple of the page size
   int threads = 1;                    // pinning threads after the first piece; at least 1
-  PagePrefault prefault = PagePrefault::kPopulate;
+  PagePrefault prefault = PagePrefault::kTouch;
 };
 
 // Thread-safe. REQUIRES: [base, base + capacity) stays mapped while the pinner lives.
