@@ -233,7 +233,7 @@ absl::Status Daemon::StartStorage() {
   TIERD_LOG(INFO) << "catalog: " << storage_->catalog().model_count() << " model(s) registered";
   const HostArena& arena = storage_->arena();
   TIERD_LOG(INFO) << "host arena: " << FormatByteSize(arena.pinned_bytes()) << " of "
-                  << FormatByteSize(arena.capacity()) << " pinned before serving"
+                  << FormatByteSize(arena.capacity()) << " pinned so far"
                   << (arena.pin_threads() > 0
                           ? absl::StrCat("; the rest pins in the background on ",
                                          arena.pin_threads(), " thread(s)")

@@ -2,10 +2,11 @@
 // page aligned when it is large enough), pinned (registered with the Device) in pieces, so the
 // daemon is usable as soon as the first piece is pinned rather than after the whole arena — an
 // arena can be hundreds of GiB. Create pins the first piece; the others are pinned in the
-// background by --pin-threads threads (storage/detail/arena_pinner.h), which fault each piece's
-// pages in before registering it (the faulting, not the registration, is what costs time) and
-// ask for transparent huge pages where the system has them. Pieces are handed out in order but
-// finish in any order, so the pinned part may have holes while pinning is under way.
+// background by HostArenaOptions::pin_threads threads (storage/detail/arena_pinner.h), which
+// fault each piece's pages in before registering it (the faulting, not the registration, is what
+// costs time), and transparent huge pages are asked for where the system has them. Pieces are
+// handed out in order but finish in any order, so the pinned part may have holes while pinning is
+// under way.
 // Allocations come only from pinned pieces; they are page-aligned and page-sized, so O_DIRECT I/O
 // can use them as they are.
 //
@@ -46,7 +47,7 @@ struct HostArenaOptions {
   int pin_threads = 0;
   // How each piece's pages are faulted in before it is registered (arena_pages.h). Touching beat
   // MADV_POPULATE_WRITE on an H100 machine, 64 GiB on 8 threads: 2.9 s against 4.3 s, and 0.2 s
-  // against 0.3-1.9 s for the first piece (bench/arena_pin_bench, bench/results/).
+  // against 0.3-4.1 s for the first piece (bench/arena_pin_bench, bench/results/).
   PagePrefault prefault = PagePrefault::kTouch;
   // Ask for transparent huge pages (MADV_HUGEPAGE); where the system has none, small pages serve.
   bool huge_pages = true;
