@@ -227,15 +227,20 @@ absl::Status Daemon::StartStorage() {
   storage.model_roots = std::move(roots);
   storage.max_tensors_per_model = options_.max_tensors_per_model;
   storage.arena = {options_.host_cache_bytes, options_.pin_piece_bytes};
+  storage.arena.pin_threads = options_.pin_threads;
   storage.reader = options_.reader;
   storage.host_cache = HostCacheOptions{options_.host_cache_policy};
   storage.file_system = options_.file_system;
   std::vector<DurableRecord> durable_objects;
   ASSIGN_OR_RETURN(storage_, StorageStack::Create(*device_, storage, &durable_objects));
   TIERD_LOG(INFO) << "catalog: " << storage_->catalog().model_count() << " model(s) registered";
-  TIERD_LOG(INFO) << "host arena: " << FormatByteSize(storage_->arena().pinned_bytes()) << " of "
-                  << FormatByteSize(storage_->arena().capacity())
-                  << " pinned; the rest pins in the background";
+  const HostArena& arena = storage_->arena();
+  TIERD_LOG(INFO) << "host arena: " << FormatByteSize(arena.pinned_bytes()) << " of "
+                  << FormatByteSize(arena.capacity()) << " pinned so far"
+                  << (arena.pin_threads() > 0
+                          ? absl::StrCat("; the rest pins in the background on ",
+                                         arena.pin_threads(), " thread(s)")
+                          : "");
   return StartGpuTiers(std::move(durable_objects));
 }
 

@@ -47,6 +47,9 @@ struct DaemonOptions {
   std::string spill_dir;  // --spill-dir: where stored objects spill; empty: <state-dir>/spill
   EvictionPolicy host_cache_policy = EvictionPolicy::kFifo;  // --host-cache-policy
   uint64_t pin_piece_bytes = 1ull << 30;  // the host arena is pinned this much at a time
+  // --pin-threads: threads pinning the host arena after its first piece; 0: DefaultPinThreads()
+  // (storage/host_arena.h), half the CPUs from 1 to 8.
+  int pin_threads = 0;
   DiskReaderOptions reader;  // --reader-threads, --reader-queue-depth, --reader-chunk-bytes,
                              // --io-engine, --direct-io
   std::string socket_group;  // --socket-group: the sockets' group; empty: the daemon's own

@@ -90,6 +90,11 @@ absl::Status CheckCounts(const DaemonOptions& options, const MachineResources& m
         "--reader-threads=", reader.threads, " is more than ", kMaxReaderThreadsPerCore, " x ",
         machine.cpu_cores, " cores (", max_threads, ")"));
   }
+  if (options.pin_threads < 0 || options.pin_threads > machine.cpu_cores) {
+    return absl::InvalidArgumentError(absl::StrCat("--pin-threads=", options.pin_threads,
+                                                   " is not within 0..", machine.cpu_cores,
+                                                   " (the cores; 0 picks half of them)"));
+  }
   if (reader.queue_depth < 1 || reader.queue_depth > kMaxReaderQueueDepth) {
     return absl::InvalidArgumentError(absl::StrCat("--reader-queue-depth=", reader.queue_depth,
                                                    " is not within 1..", kMaxReaderQueueDepth));

@@ -44,9 +44,10 @@ struct MachineResources {
 absl::StatusOr<MachineResources> ReadMachineResources();
 
 // The counts and the memory every daemon takes whatever its device:
-//   --reader-threads 1..4 x cores; --reader-queue-depth 1..4096; --reader-chunk-bytes a multiple
-//   of 4 KiB from 4 KiB to 1 GiB; --max-sessions up to 16384; --session-max-leases,
-//   --session-max-requests and --max-events up to 65536; --session-done-events up to 64;
+//   --reader-threads 1..4 x cores; --pin-threads 0..cores; --reader-queue-depth 1..4096;
+//   --reader-chunk-bytes a multiple of 4 KiB from 4 KiB to 1 GiB; --max-sessions up to 16384;
+//   --session-max-leases, --session-max-requests and --max-events up to 65536;
+//   --session-done-events up to 64;
 //   --host-cache-bytes, the disk reader's buffers (threads x queue depth x chunk) and
 //   --peer-host-buffer-bytes together within MemAvailable;
 //   --peer-host-buffer-bytes (shared memory on both backends) within the free space of /dev/shm.

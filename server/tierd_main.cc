@@ -60,6 +60,8 @@ ABSL_FLAG(tierd::ByteSize, session_max_staging_bytes, tierd::ByteSize{0},
           "GPU staging bytes one session may hold leased, reserved or pinned (0: the whole pool)");
 ABSL_FLAG(std::string, spill_dir, "",
           "Where stored objects spill when the host cache is full (default: <state-dir>/spill)");
+ABSL_FLAG(int, pin_threads, 0,
+          "Threads pinning the host cache after its first GiB; 0: half the CPUs, from 1 to 8");
 ABSL_FLAG(std::string, host_cache_policy, "fifo", "Host cache eviction: fifo or lru");
 ABSL_FLAG(int, reader_threads, 2, "Disk reader threads, one io_uring ring each");
 ABSL_FLAG(int, reader_queue_depth, 16, "Disk reads in flight per reader thread");
@@ -146,6 +148,7 @@ int Run() {
   }
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.host_cache_bytes = absl::GetFlag(FLAGS_host_cache_bytes).bytes;
+  options.pin_threads = absl::GetFlag(FLAGS_pin_threads);
   options.gpu_pool_bytes = absl::GetFlag(FLAGS_gpu_pool_bytes).bytes;
   options.gpu_slab_bytes = absl::GetFlag(FLAGS_gpu_slab_bytes).bytes;
   options.session_limits.max_leases = absl::GetFlag(FLAGS_session_max_leases);

@@ -1,104 +1,112 @@
 #include "storage/host_arena.h"
 
-#include <sys/mman.h>
+#include <sched.h>
 
 #include <algorithm>
-#include <cerrno>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/byte_size.h"
 #include "common/free_ranges.h"
 #include "common/log.h"
-#include "common/posix_error.h"
+#include "common/status_macros.h"
 #include "device/pinned_host_buffer.h"
 
 namespace tierd {
 
+int DefaultPinThreads() {
+  int cpus = 0;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) cpus = CPU_COUNT(&set);
+  if (cpus < 1) cpus = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(cpus / 2, 1, 8);
+}
+
 absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(Device& device,
                                                              const HostArenaOptions& options) {
   if (options.bytes == 0) return absl::InvalidArgumentError("host arena of 0 bytes");
+  const absl::Time start = absl::Now();
   const uint64_t page = PageSize();
   const uint64_t capacity = RoundUp(options.bytes, page);
   const uint64_t piece = std::max(page, RoundUp(options.pin_piece_bytes, page));
-  void* base =
-      ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (base == MAP_FAILED) {
-    return PosixError(absl::StrCat("mapping a host arena of ", FormatByteSize(capacity)), errno);
+  ASSIGN_OR_RETURN(uint8_t* const base, MapArenaRegion(capacity));
+  if (options.huge_pages) {
+    if (absl::Status advised = AdviseHugePages(base, capacity); !advised.ok()) {
+      TIERD_LOG_FIRST_N(INFO, 1) << "host arena in small pages: " << advised;
+    }
   }
-  const uint64_t first = std::min(piece, capacity);
-  if (absl::Status status = device.RegisterHostMemory(base, first); !status.ok()) {
-    ::munmap(base, capacity);
-    return absl::ResourceExhaustedError(absl::StrCat("pinning the first ", FormatByteSize(first),
-                                                     " of the host arena: ", status.message()));
+  const int threads = options.pin_threads > 0 ? options.pin_threads : DefaultPinThreads();
+  auto pinner = std::make_unique<ArenaPinner>(device, base, capacity,
+                                              ArenaPinnerOptions{piece, threads, options.prefault});
+  absl::StatusOr<uint64_t> first = pinner->PinFirstPiece();
+  if (!first.ok()) {
+    pinner.reset();
+    UnmapArenaRegion(base, capacity);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("pinning the first ", FormatByteSize(std::min(piece, capacity)),
+                     " of the host arena: ", first.status().message()));
   }
-  std::unique_ptr<HostArena> arena(
-      new HostArena(device, static_cast<uint8_t*>(base), capacity, piece));
+  std::unique_ptr<HostArena> arena(new HostArena(base, capacity, piece, start, std::move(pinner)));
   {
     absl::MutexLock lock(&arena->mu_);
-    arena->pinned_ = first;
-    arena->free_.Add(0, first);
-    arena->pinning_done_ = first == capacity;
+    arena->pinned_ = *first;
+    arena->free_.Add(0, *first);
+    arena->pinning_done_ = *first == capacity;
   }
-  if (first < capacity) {
-    HostArena* self = arena.get();
-    arena->pinner_ = std::thread([self] { self->PinRemainingPieces(); });
-  }
+  arena->pinner_->Start(*arena);
   return arena;
 }
 
-HostArena::HostArena(Device& device, uint8_t* base, uint64_t capacity, uint64_t piece_bytes)
-    : device_(device), base_(base), capacity_(capacity), piece_bytes_(piece_bytes) {}
+HostArena::HostArena(uint8_t* base, uint64_t capacity, uint64_t piece_bytes, absl::Time pin_start,
+                     std::unique_ptr<ArenaPinner> pinner)
+    : base_(base),
+      capacity_(capacity),
+      piece_bytes_(piece_bytes),
+      pin_start_(pin_start),
+      pinner_(std::move(pinner)) {}
 
 HostArena::~HostArena() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  if (pinner_.joinable()) pinner_.join();
-  uint64_t pinned;
-  {
-    absl::MutexLock lock(&mu_);
-    pinned = pinned_;
-  }
-  for (uint64_t offset = 0; offset < pinned; offset += piece_bytes_) {
-    if (absl::Status status = device_.UnregisterHostMemory(base_ + offset); !status.ok()) {
-      TIERD_LOG(WARNING) << "unpinning host arena piece at " << offset << ": " << status;
-    }
-  }
-  ::munmap(base_, capacity_);
+  pinner_->Stop();
+  pinner_.reset();  // unregisters every piece pinned, before the memory goes
+  UnmapArenaRegion(base_, capacity_);
 }
 
-void HostArena::PinRemainingPieces() {
-  const absl::Time start = absl::Now();
-  for (;;) {
-    uint64_t offset;
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_ || pinned_ >= capacity_) break;
-      offset = pinned_;
-    }
-    const uint64_t size = std::min(piece_bytes_, capacity_ - offset);
-    absl::Status status = device_.RegisterHostMemory(base_ + offset, size);
-    absl::ReleasableMutexLock lock(&mu_);
-    if (!status.ok()) {
-      pin_status_ = status;
-      TIERD_LOG(ERROR) << "pinning the host arena stopped at " << FormatByteSize(offset) << " of "
-                       << FormatByteSize(capacity_) << ": " << status
-                       << "; the host cache keeps the pinned part";
-      break;
-    }
-    pinned_ = offset + size;
+void HostArena::PiecePinned(uint64_t offset, uint64_t size) {
+  {
+    absl::MutexLock lock(&mu_);
+    pinned_ += size;
     free_.Add(offset, size);
-    lock.Release();
-    NotifyPinListener();
   }
+  NotifyPinListener();
+}
+
+void HostArena::PieceFailed(uint64_t offset, const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (!pin_status_.ok()) return;  // the first failure is the one to report
+  pin_status_ = status;
+  TIERD_LOG(ERROR) << "pinning the host arena stopped at the piece at " << FormatByteSize(offset)
+                   << " of " << FormatByteSize(capacity_) << ": " << status
+                   << "; the host cache keeps the pinned part";
+}
+
+void HostArena::PinningEnded() {
   {
     absl::MutexLock lock(&mu_);
     pinning_done_ = true;
     if (pinned_ == capacity_) {
+      const absl::Duration took = absl::Now() - pin_start_;
       TIERD_LOG(INFO) << "host arena fully pinned: " << FormatByteSize(capacity_) << " in "
-                      << absl::FormatDuration(absl::Now() - start);
+                      << absl::FormatDuration(took) << " on " << pinner_->threads()
+                      << " thread(s) ("
+                      << absl::StrFormat("%.1f GiB/s",
+                                         capacity_ / absl::ToDoubleSeconds(took) / (1 << 30))
+                      << ")";
+    } else {
+      TIERD_LOG(INFO) << "host arena pinning ended: " << FormatByteSize(pinned_) << " of "
+                      << FormatByteSize(capacity_) << " pinned";
     }
   }
   NotifyPinListener();

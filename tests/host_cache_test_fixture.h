@@ -46,13 +46,20 @@ struct Answer {
   absl::StatusOr<HostObject> object = absl::UnknownError("no answer");
 };
 
-// A device whose host-memory registrations after the first `prompt` wait for `gate`: an arena on
-// it keeps pinning in the background until the test opens the gate.
+// A device that registers the host arena's first `prompt` pieces (of kObjectBytes) at once and
+// makes the others wait for `gate`: an arena on it keeps pinning in the background until the test
+// opens the gate. Pieces are told by their address, since several threads pin them in any order;
+// the arena always registers its first piece first.
 class SlowPinningDevice : public DeviceWrapper {
  public:
   SlowPinningDevice(Device& target, int prompt) : DeviceWrapper(target), prompt_(prompt) {}
   absl::Status RegisterHostMemory(void* data, size_t bytes) override {
-    if (registrations_++ >= prompt_) gate.WaitForNotification();
+    const uintptr_t address = reinterpret_cast<uintptr_t>(data);
+    uintptr_t first = 0;
+    if (!first_piece_.compare_exchange_strong(first, address) &&
+        (address - first) / kObjectBytes >= static_cast<uint64_t>(prompt_)) {
+      gate.WaitForNotification();
+    }
     return DeviceWrapper::RegisterHostMemory(data, bytes);
   }
   void Open() {
@@ -63,7 +70,7 @@ class SlowPinningDevice : public DeviceWrapper {
 
  private:
   const int prompt_;
-  std::atomic<int> registrations_{0};
+  std::atomic<uintptr_t> first_piece_{0};  // the address of the arena's first piece
 };
 
 class HostCacheTest : public ::testing::Test {

@@ -66,6 +66,18 @@ TEST(ResourceLimitsTest, ReaderThreadsAreBoundedByFourPerCore) {
   EXPECT_THAT(CheckDaemonLimits(options, big), RefusedWith("--reader-threads=0 is less than 1"));
 }
 
+TEST(ResourceLimitsTest, PinThreadsAreBoundedByTheCores) {
+  DaemonOptions options = Defaults();
+  options.pin_threads = 2;
+  EXPECT_THAT(CheckDaemonLimits(options, SmallMachine()), IsOk());
+  options.pin_threads = 3;
+  EXPECT_THAT(CheckDaemonLimits(options, SmallMachine()),
+              RefusedWith("--pin-threads=3 is not within 0..2"));
+  options.pin_threads = -1;
+  EXPECT_THAT(CheckDaemonLimits(options, SmallMachine()),
+              RefusedWith("--pin-threads=-1 is not within 0..2"));
+}
+
 TEST(ResourceLimitsTest, ReaderQueueDepthAndChunkSizeHaveFixedRanges) {
   DaemonOptions options = Defaults();
   options.reader.queue_depth = 4096;
