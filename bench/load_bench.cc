@@ -155,7 +155,7 @@ int Main(int argc, char** argv) {
     return *std::move(report);
   };
 
-  Progress(absl::StrFormat("%d clients: setting up", clients));
+  Progress(absl::StrFormat("%d client processes: setting up", clients));
   std::vector<int> ready;
   for (auto& [worker, message] : workers->ReceiveFromEach(
            all, absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_setup_timeout)))) {
@@ -176,7 +176,7 @@ int Main(int argc, char** argv) {
       trouble[worker] = absl::StrCat("could not be told to start: ", sent.message());
     }
   }
-  Progress(absl::StrFormat("%d clients: %d running", clients, ready.size()));
+  Progress(absl::StrFormat("%d client processes: %d running", clients, ready.size()));
   const double allowed_s = (plan.rounds > 0 ? 0 : plan.duration_s) + plan.grace_s + 10;
   for (auto& [worker, message] : workers->ReceiveFromEach(ready, go + absl::Seconds(allowed_s))) {
     std::optional<WorkerReport> report = decoded(worker, message, "final");

@@ -101,8 +101,9 @@ std::string FormatLoadSummary(const nlohmann::json& summary) {
     absl::StrAppend(&transports, transports.empty() ? "" : ", ", name, " ", workers.get<int>());
   }
   std::string text = absl::StrFormat(
-      "%d clients (%d reported; sessions: %s): %.2f s timed, %.0f fetches/s over all of them",
-      summary["clients"].get<int>(), summary["workers_reporting"].get<int>(),
+      "%d client%s (%d reported; sessions: %s): %.2f s timed, %.0f fetches/s over all of them",
+      summary["clients"].get<int>(), summary["clients"].get<int>() == 1 ? "" : "s",
+      summary["workers_reporting"].get<int>(),
       transports.empty() ? "none" : transports, summary["timed_phase_s"].get<double>(),
       summary["fetches_per_s"].get<double>());
   if (!summary["daemon_cpu_s"].is_null()) {
