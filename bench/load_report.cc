@@ -70,6 +70,27 @@ nlohmann::json SummarizeLoadRun(const LoadRun& run) {
                         {"failures", failures.count(name) ? failures[name].count : 0},
                         {"latency", LatencySummary(std::move(found->second))}};
   }
+  // Each worker's share: whether the daemon serves the processes alike.
+  nlohmann::json workers = nlohmann::json::array();
+  for (const WorkerReport& report : run.reports) {
+    uint64_t worker_fetches = 0;
+    std::vector<double> fetch_us;
+    for (const auto& [name, record] : report.operations) {
+      if (absl::StartsWith(name, "fetch")) worker_fetches += record.latency_ns.size();
+      if (name != "fetch") continue;
+      for (uint64_t ns : record.latency_ns) fetch_us.push_back(static_cast<double>(ns) / 1e3);
+    }
+    std::sort(fetch_us.begin(), fetch_us.end());
+    workers.push_back({{"worker", report.worker},
+                       {"phase", report.phase},
+                       {"rounds", report.rounds},
+                       {"fetches", worker_fetches},
+                       {"fetch_p50_us", PercentileOfSorted(fetch_us, 0.5)},
+                       {"fetch_p99_us", PercentileOfSorted(fetch_us, 0.99)}});
+  }
+  std::sort(workers.begin(), workers.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+    return a["worker"].get<int>() < b["worker"].get<int>();
+  });
   nlohmann::json failure_json = nlohmann::json::object();
   for (const auto& [kind, failed] : failures) {
     failure_json[kind] = {{"count", failed.count}, {"first_messages", failed.first_messages}};
@@ -84,6 +105,7 @@ nlohmann::json SummarizeLoadRun(const LoadRun& run) {
                             {"operations", operations},
                             {"failures", failure_json},
                             {"transports", transports},
+                            {"workers", workers},
                             {"workers_cpu_s", run.workers_cpu_s}};
   if (run.daemon_cpu_s.has_value()) {
     summary["daemon_cpu_s"] = *run.daemon_cpu_s;
@@ -103,9 +125,8 @@ std::string FormatLoadSummary(const nlohmann::json& summary) {
   std::string text = absl::StrFormat(
       "%d client%s (%d reported; sessions: %s): %.2f s timed, %.0f fetches/s over all of them",
       summary["clients"].get<int>(), summary["clients"].get<int>() == 1 ? "" : "s",
-      summary["workers_reporting"].get<int>(),
-      transports.empty() ? "none" : transports, summary["timed_phase_s"].get<double>(),
-      summary["fetches_per_s"].get<double>());
+      summary["workers_reporting"].get<int>(), transports.empty() ? "none" : transports,
+      summary["timed_phase_s"].get<double>(), summary["fetches_per_s"].get<double>());
   if (!summary["daemon_cpu_s"].is_null()) {
     const double timed = summary["timed_phase_s"].get<double>();
     absl::StrAppendFormat(&text, "; daemon CPU %.2f s (%.0f%% of one core, %.1f us per fetch)",
@@ -123,6 +144,14 @@ std::string FormatLoadSummary(const nlohmann::json& summary) {
                           latency["p50_us"].get<double>(), latency["p99_us"].get<double>(),
                           latency["p999_us"].get<double>(), latency["max_us"].get<double>(),
                           operation["failures"].get<uint64_t>());
+  }
+  uint64_t fewest = std::numeric_limits<uint64_t>::max(), most = 0;
+  for (const nlohmann::json& worker : summary["workers"]) {
+    fewest = std::min(fewest, worker["fetches"].get<uint64_t>());
+    most = std::max(most, worker["fetches"].get<uint64_t>());
+  }
+  if (summary["workers"].size() > 1) {
+    absl::StrAppendFormat(&text, "  fetches per worker: %d to %d\n", fewest, most);
   }
   for (const auto& [kind, failed] : summary["failures"].items()) {
     absl::StrAppendFormat(&text, "  failures of %s: %d\n", kind, failed["count"].get<uint64_t>());

@@ -33,8 +33,9 @@ inline constexpr size_t kFailureMessagesKept = 5;
 
 // {clients, workers_reporting, wall_s, timed_phase_s, fetches, fetches_per_s, operations: {NAME:
 // {count, per_s, failures, latency: {count, p50_us, ...}}}, failures: {NAME|"worker": {count,
-// first_messages}}, transports: {NAME: workers}, daemon_cpu_s, daemon_cpu_us_per_fetch,
-// workers_cpu_s}. "fetches" adds up every operation whose name starts with "fetch".
+// first_messages}}, transports: {NAME: workers}, workers: [{worker, phase, rounds, fetches,
+// fetch_p50_us, fetch_p99_us}], daemon_cpu_s, daemon_cpu_us_per_fetch, workers_cpu_s}.
+// "fetches" adds up every operation whose name starts with "fetch".
 nlohmann::json SummarizeLoadRun(const LoadRun& run);
 
 // The summary as a few lines of text: the totals, one row per operation, the failures.

@@ -170,9 +170,14 @@ TEST(SummarizeLoadRunTest, AddsUpWorkersOverTheSpanTheyRan) {
   EXPECT_EQ(summary["failures"]["worker"]["count"].get<uint64_t>(), 1u);
   EXPECT_EQ(summary["transports"]["socket"].get<int>(), 2);
   EXPECT_DOUBLE_EQ(summary["daemon_cpu_us_per_fetch"].get<double>(), 0.5e6 / 102);
+  ASSERT_EQ(summary["workers"].size(), 2u);
+  EXPECT_EQ(summary["workers"][0]["fetches"].get<uint64_t>(), 50u);
+  EXPECT_EQ(summary["workers"][1]["fetches"].get<uint64_t>(), 52u);
+  EXPECT_EQ(summary["workers"][1]["fetch_p50_us"].get<double>(), 50.0) << "2, 4, ..., 100 us";
 
   const std::string text = FormatLoadSummary(summary);
   EXPECT_THAT(text, HasSubstr("3 clients (2 reported; sessions: socket 2)"));
+  EXPECT_THAT(text, HasSubstr("fetches per worker: 50 to 52"));
   EXPECT_THAT(text, HasSubstr("failures of worker: 1"));
   EXPECT_THAT(text, HasSubstr("worker 2: no final report"));
 }
