@@ -8,9 +8,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -21,6 +24,12 @@ void Die(const std::string& message) {
   std::exit(1);
 }
 
+void Check(const absl::Status& status, const std::string& what) {
+  if (!status.ok()) Die(absl::StrCat(what, ": ", status.ToString()));
+}
+
+void Progress(const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }
+
 bool DropPageCache() {
   ::sync();
   std::ofstream out("/proc/sys/vm/drop_caches");
@@ -29,7 +38,8 @@ bool DropPageCache() {
   if (out) return true;
   static bool warned = false;
   if (!warned) {
-    std::fprintf(stderr, "warning: cannot drop the page cache (not root?): cold runs are not cold\n");
+    std::fprintf(stderr,
+                 "warning: cannot drop the page cache (not root?): cold runs are not cold\n");
     warned = true;
   }
   return false;
@@ -85,11 +95,44 @@ double RunFio(const FioRead& read, nlohmann::json* raw) {
 }
 
 double Percentile(std::vector<double> values, double fraction) {
-  if (values.empty()) return 0;
   std::sort(values.begin(), values.end());
-  const double rank = std::ceil(fraction * static_cast<double>(values.size()));
+  return PercentileOfSorted(values, fraction);
+}
+
+double PercentileOfSorted(const std::vector<double>& sorted, double fraction) {
+  if (sorted.empty()) return 0;
+  const double rank = std::ceil(fraction * static_cast<double>(sorted.size()));
   const size_t index = rank < 1 ? 0 : static_cast<size_t>(rank) - 1;
-  return values[std::min(index, values.size() - 1)];
+  return sorted[std::min(index, sorted.size() - 1)];
+}
+
+nlohmann::json LatencySummary(std::vector<double> us) {
+  std::sort(us.begin(), us.end());
+  return nlohmann::json{{"count", us.size()},
+                        {"p50_us", PercentileOfSorted(us, 0.50)},
+                        {"p90_us", PercentileOfSorted(us, 0.90)},
+                        {"p99_us", PercentileOfSorted(us, 0.99)},
+                        {"p999_us", PercentileOfSorted(us, 0.999)},
+                        {"max_us", PercentileOfSorted(us, 1.0)}};
+}
+
+absl::StatusOr<double> ProcessCpuSeconds(int pid) {
+  const std::string path = absl::StrCat("/proc/", pid, "/stat");
+  std::ifstream in(path);
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && stat.empty()) return absl::NotFoundError(absl::StrCat("no process ", pid));
+  // The command name (field 2) is in parentheses and may hold spaces; fields 14 and 15 (utime,
+  // stime, in clock ticks) are the 12th and 13th after its closing one.
+  const size_t name_end = stat.rfind(')');
+  if (name_end == std::string::npos) return absl::InternalError(path + " does not parse");
+  std::vector<std::string> fields =
+      absl::StrSplit(absl::string_view(stat).substr(name_end + 1), ' ', absl::SkipEmpty());
+  uint64_t user = 0, system = 0;
+  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &user) ||
+      !absl::SimpleAtoi(fields[12], &system)) {
+    return absl::InternalError(path + " does not parse");
+  }
+  return static_cast<double>(user + system) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
 std::string TodayUtc() { return absl::FormatTime("%Y-%m-%d", absl::Now(), absl::UTCTimeZone()); }

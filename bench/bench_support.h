@@ -1,18 +1,40 @@
-// What the benchmarks share: fio as the reference disk reader, dropping the page cache, and
-// summary statistics. Benchmarks exit with a message on any failure (Die).
+// What the benchmarks share: fio as the reference disk reader, dropping the page cache, timing,
+// and summary statistics. Benchmarks exit with a message on any failure (Die, Check).
 #ifndef TIERD_BENCH_BENCH_SUPPORT_H_
 #define TIERD_BENCH_BENCH_SUPPORT_H_
 
+#include <chrono>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace tierd::bench {
 
+using Clock = std::chrono::steady_clock;
+
+inline double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
 // Prints "PROGRAM: message" to stderr and exits 1.
 [[noreturn]] void Die(const std::string& message);
+
+// The value, or Die with "what: status".
+void Check(const absl::Status& status, const std::string& what);
+template <typename T>
+T Check(absl::StatusOr<T> value, const std::string& what) {
+  Check(value.status(), what);
+  return *std::move(value);
+}
+
+// One line of progress on stderr.
+void Progress(const std::string& line);
 
 // Writes dirty pages back and drops the page cache. Needs root; returns false (after a warning
 // on the first failure) where it cannot.
@@ -36,6 +58,15 @@ double RunFio(const FioRead& read, nlohmann::json* raw = nullptr);
 // The value below which `fraction` (0..1) of `values` lie (nearest rank).
 double Percentile(std::vector<double> values, double fraction);
 inline double Median(std::vector<double> values) { return Percentile(std::move(values), 0.5); }
+// Same, of values sorted ascending (no copy).
+double PercentileOfSorted(const std::vector<double>& sorted, double fraction);
+
+// Latencies in microseconds summarised as {count, p50_us, p90_us, p99_us, p999_us, max_us}.
+nlohmann::json LatencySummary(std::vector<double> us);
+
+// User + system CPU seconds process `pid` has used so far (/proc/PID/stat). NOT_FOUND when there
+// is no such process; INTERNAL when the file does not parse.
+absl::StatusOr<double> ProcessCpuSeconds(int pid);
 
 // Today's date, YYYY-MM-DD (UTC), for the records.
 std::string TodayUtc();

@@ -45,15 +45,6 @@ std::vector<double> UnixSocketPingPong(int round_trips) {
   return us;
 }
 
-nlohmann::json Summary(const std::vector<double>& us) {
-  return nlohmann::json{{"count", us.size()},
-                        {"p50_us", Percentile(us, 0.50)},
-                        {"p90_us", Percentile(us, 0.90)},
-                        {"p99_us", Percentile(us, 0.99)},
-                        {"p999_us", Percentile(us, 0.999)},
-                        {"max_us", Percentile(us, 1.0)}};
-}
-
 // Fetch latencies through `session` of `key` (pinned): each fetch followed by its release; the
 // same with releases batched outside the timing; and a session request the daemon answers at
 // once (unpinning what is not pinned).
@@ -90,9 +81,9 @@ nlohmann::json SessionLatencies(tierd::Session& session, tierd::Stream& stream,
       Percentile(batched_us, 0.5), Percentile(batched_us, 0.99), Percentile(round_trip_us, 0.5),
       Percentile(round_trip_us, 0.99)));
   return {{"transport", session.transport()},
-          {"fetch", Summary(fetch_us)},
-          {"fetch_releases_batched", Summary(batched_us)},
-          {"session_round_trip", Summary(round_trip_us)}};
+          {"fetch", LatencySummary(fetch_us)},
+          {"fetch_releases_batched", LatencySummary(batched_us)},
+          {"session_round_trip", LatencySummary(round_trip_us)}};
 }
 
 nlohmann::json Latency(Bench& bench) {
@@ -132,8 +123,8 @@ nlohmann::json Latency(Bench& bench) {
                  {"object_bytes", object.size},
                  {"targets", "p50 <= 50 us, p99 <= 200 us (the first session)"},
                  {"sessions", sessions},
-                 {"unary_get_stats", Summary(unary_us)},
-                 {"unix_socket_ping_pong", Summary(socket_us)}});
+                 {"unary_get_stats", LatencySummary(unary_us)},
+                 {"unix_socket_ping_pong", LatencySummary(socket_us)}});
   return result;
 }
 

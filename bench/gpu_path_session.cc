@@ -10,12 +10,6 @@ nlohmann::json Environment(Bench& bench) {
           {"model", bench.model()}};
 }
 
-uint64_t TotalBytes(const std::vector<Object>& objects) {
-  uint64_t total = 0;
-  for (const Object& object : objects) total += object.size;
-  return total;
-}
-
 double PlainCopies(tierd::Device& device, tierd::Stream& stream, uint8_t* dst, const uint8_t* src,
                    uint64_t buffer_bytes, const std::vector<uint64_t>& sizes) {
   const Clock::time_point start = Clock::now();

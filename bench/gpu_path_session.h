@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "bench/bench_model.h"
 #include "bench/bench_support.h"
 #include "bench/gpu_path_flags.h"
 #include "client/tierd_client.h"
@@ -25,29 +26,6 @@
 #include "nlohmann/json.hpp"
 
 namespace tierd::bench {
-
-using Clock = std::chrono::steady_clock;
-
-inline double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-template <typename T>
-T Check(absl::StatusOr<T> value, const std::string& what) {
-  if (!value.ok()) Die(absl::StrCat(what, ": ", value.status().ToString()));
-  return *std::move(value);
-}
-
-inline void Check(const absl::Status& status, const std::string& what) {
-  if (!status.ok()) Die(absl::StrCat(what, ": ", status.ToString()));
-}
-
-inline void Progress(const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }
-
-struct Object {
-  std::string key;
-  uint64_t size;
-};
 
 class Bench {
  public:
@@ -60,7 +38,7 @@ class Bench {
     session_ = Check(client_->OpenSession(), "opening a session");
     stream_ = Check(device().CreateStream(tierd::StreamPriority::kHigh), "creating a stream");
     model_ = absl::GetFlag(FLAGS_model);
-    objects_ = RegisteredObjects();
+    objects_ = RegisteredObjects(*client_, model_, absl::GetFlag(FLAGS_model_dir));
   }
 
   tierd::Client& client() { return *client_; }
@@ -126,25 +104,6 @@ class Bench {
   }
 
  private:
-  std::vector<Object> RegisteredObjects() {
-    bool known = false;
-    for (const tierd::v1::ModelSummary& summary : Check(client_->ListModels(), "ListModels")) {
-      known |= summary.name() == model_;
-    }
-    if (!known) {
-      const std::string dir = absl::GetFlag(FLAGS_model_dir);
-      if (dir.empty()) Die("--model-dir is required to register " + model_);
-      Progress(absl::StrCat("registering ", model_, " from ", dir));
-      Check(client_->RegisterModel(model_, dir, tierd::v1::GROUPING_TENSOR), "RegisterModel");
-    }
-    std::vector<Object> objects;
-    for (const tierd::v1::ObjectInfo& info : Check(client_->ListObjects(model_), "ListObjects")) {
-      objects.push_back({info.key(), info.size()});
-    }
-    if (objects.empty()) Die(model_ + " has no objects");
-    return objects;
-  }
-
   std::unique_ptr<tierd::Client> client_;
   std::unique_ptr<tierd::Session> session_;
   std::unique_ptr<tierd::Stream> stream_;
@@ -154,8 +113,6 @@ class Bench {
 
 // The date, device and model, which every result carries.
 nlohmann::json Environment(Bench& bench);
-
-uint64_t TotalBytes(const std::vector<Object>& objects);
 
 // Plain copies of `sizes` (bytes each) from pinned `host` memory to `device_memory` (host→device)
 // or back, back to back on `stream`, spread over the buffers as distinct objects are. Seconds.
