@@ -256,6 +256,17 @@ class CudaDevice final : public Device {
     return CudaStatus(cudaStreamSynchronize(Native(stream)), "cudaStreamSynchronize");
   }
 
+  absl::StatusOr<bool> QueryStream(Stream& stream) override {
+    RETURN_IF_ERROR(Activate());
+    const cudaError_t error = cudaStreamQuery(Native(stream));
+    if (error == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    RETURN_IF_ERROR(CudaStatus(error, "cudaStreamQuery"));
+    return true;
+  }
+
   absl::Status LaunchHostFunction(Stream& stream, absl::AnyInvocable<void() &&> fn) override {
     RETURN_IF_ERROR(Activate());
     auto* heap_fn = new absl::AnyInvocable<void() &&>(std::move(fn));

@@ -153,6 +153,8 @@ class Device {
   // Blocks the calling thread, without spinning a core, until all work enqueued so far on `stream`
   // has completed.
   virtual absl::Status SynchronizeStream(Stream& stream) = 0;
+  // True when all work enqueued so far on `stream` has completed. Touches no interprocess state.
+  virtual absl::StatusOr<bool> QueryStream(Stream& stream) = 0;
 
   // Enqueues `fn` to run in stream order: later work on `stream` waits until it returns. `fn` runs
   // on a device-owned thread and must not call back into the Device (CUDA forbids it). Meant for

@@ -48,6 +48,7 @@ class DeviceWrapper : public Device {
   absl::Status SynchronizeStream(Stream& stream) override {
     return target_.SynchronizeStream(stream);
   }
+  absl::StatusOr<bool> QueryStream(Stream& stream) override { return target_.QueryStream(stream); }
   absl::Status LaunchHostFunction(Stream& stream, absl::AnyInvocable<void() &&> fn) override {
     return target_.LaunchHostFunction(stream, std::move(fn));
   }

@@ -191,6 +191,8 @@ absl::Status HostDevice::SynchronizeStream(Stream& stream) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> HostDevice::QueryStream(Stream& stream) { return AsHost(stream).Idle(); }
+
 absl::Status HostDevice::LaunchHostFunction(Stream& stream, absl::AnyInvocable<void() &&> fn) {
   AsHost(stream).Enqueue(std::move(fn));
   return absl::OkStatus();

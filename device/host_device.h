@@ -46,6 +46,7 @@ class HostDevice final : public Device {
   absl::StatusOr<bool> QueryEvent(Event& event) override;
   absl::Status SynchronizeEvent(Event& event) override;
   absl::Status SynchronizeStream(Stream& stream) override;
+  absl::StatusOr<bool> QueryStream(Stream& stream) override;
   absl::Status LaunchHostFunction(Stream& stream, absl::AnyInvocable<void() &&> fn) override;
   absl::Status NotifyWhenDone(Stream& stream, absl::AnyInvocable<void() &&> done) override;
 

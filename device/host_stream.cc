@@ -48,6 +48,11 @@ void HostStream::Synchronize() {
   mu_.Await(absl::Condition(&done));
 }
 
+bool HostStream::Idle() {
+  absl::MutexLock lock(&mu_);
+  return finished_ >= enqueued_;
+}
+
 void HostStream::Run() {
   for (;;) {
     absl::AnyInvocable<void() &&> task;

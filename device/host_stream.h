@@ -30,6 +30,8 @@ class HostStream final : public Stream {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Blocks until every task enqueued before the call has run.
   void Synchronize() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether every task enqueued before the call has run.
+  bool Idle() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Run() ABSL_LOCKS_EXCLUDED(mu_);

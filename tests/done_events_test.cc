@@ -78,9 +78,17 @@ TEST_F(DoneEventsTest, AStreamKeepsItsEventHoweverManyRecordsArePending) {
   EXPECT_EQ(done->RecordAfter(*streams_[0], "lease", 3), first);
 }
 
+TEST_F(DoneEventsTest, AStreamWithNothingPendingNeedsNoEvent) {
+  auto done = MakeDoneEvents(2);
+  EXPECT_EQ(done->RecordAfter(*streams_[0], "lease", 1), std::nullopt);
+  HoldBack(0);
+  EXPECT_TRUE(done->RecordAfter(*streams_[0], "lease", 2).has_value());
+}
+
 TEST_F(DoneEventsTest, AnotherStreamTakesAnEventThatIsNotPendingElsewhere) {
   auto done = MakeDoneEvents(2);
   HoldBack(0);
+  HoldBack(1);
   const std::optional<uint32_t> on_first = done->RecordAfter(*streams_[0], "lease", 1);
   const std::optional<uint32_t> on_second = done->RecordAfter(*streams_[1], "lease", 2);
   ASSERT_TRUE(on_first.has_value() && on_second.has_value());
@@ -88,8 +96,8 @@ TEST_F(DoneEventsTest, AnotherStreamTakesAnEventThatIsNotPendingElsewhere) {
   // Once the first stream's record has completed, its event may serve a third stream.
   Go(0);
   ASSERT_THAT(device_->SynchronizeStream(*streams_[0]), IsOk());
-  HoldBack(1);
   EXPECT_EQ(done->RecordAfter(*streams_[1], "lease", 3), on_second);
+  HoldBack(2);
   EXPECT_EQ(done->RecordAfter(*streams_[2], "lease", 4), on_first);
 }
 
@@ -97,6 +105,7 @@ TEST_F(DoneEventsTest, WithEveryEventPendingOnOtherStreamsTheOldestIsWaitedFor) 
   auto done = MakeDoneEvents(2);
   HoldBack(0);
   HoldBack(1);
+  HoldBack(2);
   const std::optional<uint32_t> oldest = done->RecordAfter(*streams_[0], "lease", 1);
   ASSERT_TRUE(done->RecordAfter(*streams_[1], "lease", 2).has_value());
   std::optional<uint32_t> third;
@@ -109,6 +118,7 @@ TEST_F(DoneEventsTest, WithEveryEventPendingOnOtherStreamsTheOldestIsWaitedFor) 
   EXPECT_FALSE(recorded.WaitForNotificationWithTimeout(kNotYet));
   Go(0);
   EXPECT_TRUE(recorded.WaitForNotificationWithTimeout(kBound));
+  Go(2);
   releaser.join();
   EXPECT_EQ(third, oldest);
 }

@@ -35,6 +35,9 @@ DoneEvents::Slot* DoneEvents::Choose(const Stream& stream) {
 }
 
 std::optional<uint32_t> DoneEvents::RecordAfter(Stream& stream, const char* what, uint64_t id) {
+  if (absl::StatusOr<bool> idle = device_.QueryStream(stream); idle.ok() && *idle) {
+    return std::nullopt;
+  }
   {
     absl::MutexLock lock(&mu_);
     if (Slot* slot = Choose(stream); slot != nullptr) {

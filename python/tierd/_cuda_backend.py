@@ -233,6 +233,11 @@ class CudaBackend:
     def synchronize_stream(self, stream):
         stream.synchronize()
 
+    def stream_idle(self, stream):
+        """Whether all work enqueued on `stream` has completed (the stream's own query: no
+        interprocess state)."""
+        return stream.query()
+
     def stream_key(self, stream):
         """Streams are told apart by their CUDA handle: torch's pooled streams live as long as
         the process, so a handle is never another stream's."""

@@ -43,7 +43,10 @@ class DoneEvents:
 
     def record_after(self, stream):
         """Records a done event on `stream` after the work enqueued there and returns its id, or
-        None when the stream was synchronized instead."""
+        None when no event is needed: the stream's work has all completed (then nothing touches an
+        interprocess event), or it was synchronized instead."""
+        if self._backend.stream_idle(stream):
+            return None
         with self._lock:
             if self._slots:
                 slot = self._choose(self._backend.stream_key(stream))
