@@ -17,6 +17,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/byte_size.h"
 #include "common/command_line.h"
@@ -133,6 +134,11 @@ void NotifySystemd(const tierd::SystemdNotifier& systemd, const std::string& sta
 
 int Run() {
   tierd::SetLogVerbosity(absl::GetFlag(FLAGS_v));
+  // Abseil tracks lock order for deadlock detection in builds without NDEBUG, Debian's among
+  // them: every lock of every mutex then updates one graph under one process-wide lock, which
+  // serialized the sessions' threads under load (docs/BENCHMARKS.md, "Many clients"). The tests
+  // keep it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   static const tierd::SystemdNotifier systemd = tierd::SystemdNotifier::FromEnvironment();
   absl::StatusOr<tierd::DeviceSpec> device = tierd::ParseDeviceSpec(absl::GetFlag(FLAGS_device));
   if (!device.ok()) {
