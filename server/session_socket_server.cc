@@ -211,8 +211,9 @@ void SessionSocketServer::Serve(const std::shared_ptr<Connection>& connection) {
     std::string payload;
     v1::SessionRequest request;
     bool clean_end = false;
+    FrameReader frames(fd);
     while (true) {
-      absl::Status status = ReadFrameWithin(fd, payload, kFrameTimeout);
+      absl::Status status = frames.Next(payload, kFrameTimeout);
       if (!status.ok()) {
         clean_end = absl::IsOutOfRange(status);
         if (absl::IsDeadlineExceeded(status)) {

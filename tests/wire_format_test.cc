@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "device/host_device.h"
@@ -67,6 +68,51 @@ TEST(WireFormatTest, AFrameOverTheProtosLimitIsRefusedBeforeItsPayload) {
   std::string payload;
   EXPECT_THAT(ReadFrame(pair.fds[1], payload), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_TRUE(payload.empty());
+}
+
+TEST(WireFormatTest, AFrameReaderTakesFramesSentBackToBackAndLargerThanItsBuffer) {
+  SocketPair pair;
+  const std::string large(FrameReader::kBufferBytes * 3 + 17, 'L');
+  std::string sent = EncodeFrame(std::string("release"));
+  sent += EncodeFrame(std::string("fetch"));
+  sent += EncodeFrame(std::string());
+  sent += EncodeFrame(large);
+  sent += EncodeFrame(std::string("after"));
+  std::thread writer([&] { EXPECT_THAT(SendAll(pair.fds[0], sent), IsOk()); });
+  FrameReader reader(pair.fds[1]);
+  std::string payload;
+  for (const std::string& expected :
+       {std::string("release"), std::string("fetch"), std::string(), large, std::string("after")}) {
+    ASSERT_THAT(reader.Next(payload), IsOk());
+    EXPECT_EQ(payload, expected);
+  }
+  writer.join();
+  ::shutdown(pair.fds[0], SHUT_WR);
+  EXPECT_THAT(reader.Next(payload), StatusIs(absl::StatusCode::kOutOfRange));
+}
+
+TEST(WireFormatTest, AFrameReaderGivesAStalledFrameItsDeadlineAndNoMore) {
+  SocketPair pair;
+  const std::string frame = EncodeFrame(std::string("abcdef"));
+  ASSERT_THAT(SendAll(pair.fds[0], frame.substr(0, 6)), IsOk());  // the length and two bytes
+  FrameReader reader(pair.fds[1]);
+  std::string payload;
+  EXPECT_THAT(reader.Next(payload, absl::Milliseconds(50)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  // A frame cut short by the end of the stream is UNAVAILABLE, a clean end OUT_OF_RANGE.
+  SocketPair cut;
+  ASSERT_THAT(SendAll(cut.fds[0], frame.substr(0, 5)), IsOk());
+  ::shutdown(cut.fds[0], SHUT_WR);
+  FrameReader cut_reader(cut.fds[1]);
+  EXPECT_THAT(cut_reader.Next(payload), StatusIs(absl::StatusCode::kUnavailable));
+  // Over the limit: refused from its length.
+  SocketPair over;
+  const uint32_t too_long = SocketFormat().max_frame_bytes() + 1;
+  char length[4];
+  for (int i = 0; i < 4; ++i) length[i] = static_cast<char>(too_long >> (8 * i));
+  ASSERT_THAT(SendAll(over.fds[0], absl::string_view(length, 4)), IsOk());
+  FrameReader over_reader(over.fds[1]);
+  EXPECT_THAT(over_reader.Next(payload), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(WireFormatTest, ACudaSlabHandleIsPrefixSizeThenIpcHandle) {

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -78,12 +79,14 @@ absl::Status ClosedInsideAMessage() {
   return absl::UnavailableError("the session socket was closed inside a message");
 }
 
-// Reads exactly `bytes` bytes of a frame already begun, waiting for more until `deadline` at the
-// latest. UNAVAILABLE when the stream ends or breaks, DEADLINE_EXCEEDED at the deadline.
-absl::Status ReadRestBefore(int fd, char* data, size_t bytes, absl::Time deadline) {
+// Reads at least `at_least` and at most `at_most` bytes of a frame already begun into `data`,
+// waiting for more until `deadline` at the latest; returns how many it read. UNAVAILABLE when the
+// stream ends or breaks, DEADLINE_EXCEEDED at the deadline.
+absl::StatusOr<size_t> ReadBefore(int fd, char* data, size_t at_least, size_t at_most,
+                                  absl::Time deadline) {
   size_t got = 0;
-  while (got < bytes) {
-    const ssize_t read = ::recv(fd, data + got, bytes - got, MSG_DONTWAIT);
+  while (got < at_least) {
+    const ssize_t read = ::recv(fd, data + got, at_most - got, MSG_DONTWAIT);
     if (read > 0) {
       got += static_cast<size_t>(read);
       continue;
@@ -103,7 +106,12 @@ absl::Status ReadRestBefore(int fd, char* data, size_t bytes, absl::Time deadlin
       return PosixError("waiting on the session socket", errno);
     }
   }
-  return absl::OkStatus();
+  return got;
+}
+
+// Reads exactly `bytes` bytes of a frame already begun, as ReadBefore.
+absl::Status ReadRestBefore(int fd, char* data, size_t bytes, absl::Time deadline) {
+  return ReadBefore(fd, data, bytes, bytes, deadline).status();
 }
 
 // The rest of a frame whose first `first` bytes are in `header`: the rest of its length, then its
@@ -140,20 +148,64 @@ absl::Status ReadFrame(int fd, std::string& payload) {
   });
 }
 
-absl::Status ReadFrameWithin(int fd, std::string& payload, absl::Duration rest_within) {
-  // One blocking read for the first bytes of the length, however long they take to come.
-  unsigned char header[4];
-  ssize_t first;
-  do {
-    first = ::read(fd, header, sizeof(header));
-  } while (first < 0 && errno == EINTR);
-  if (first < 0) return PosixError("reading the session socket", errno);
-  if (first == 0) return absl::OutOfRangeError("the session socket was closed");
-  const absl::Time deadline = absl::Now() + rest_within;
-  return ReadFrameRest(header, static_cast<size_t>(first), payload,
-                       [fd, deadline](char* data, size_t bytes) {
-                         return ReadRestBefore(fd, data, bytes, deadline);
-                       });
+}  // namespace tierd
+
+namespace tierd {
+
+absl::Status FrameReader::Fill(size_t bytes, absl::Time deadline) {
+  if (begin_ + bytes > buffer_.size()) {
+    // Too little room behind the buffered bytes: move them to the front.
+    std::memmove(buffer_.data(), buffer_.data() + begin_, buffered());
+    end_ -= begin_;
+    begin_ = 0;
+  }
+  if (buffered() >= bytes) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const size_t read, ReadBefore(fd_, buffer_.data() + end_, bytes - buffered(),
+                                                 buffer_.size() - end_, deadline));
+  end_ += read;
+  return absl::OkStatus();
+}
+
+absl::Status FrameReader::Next(std::string& payload, absl::Duration rest_within) {
+  if (buffered() == 0) {
+    // One blocking read for the first bytes, however long they take to come.
+    begin_ = end_ = 0;
+    ssize_t read;
+    do {
+      read = ::read(fd_, buffer_.data(), buffer_.size());
+    } while (read < 0 && errno == EINTR);
+    if (read < 0) return PosixError("reading the session socket", errno);
+    if (read == 0) return absl::OutOfRangeError("the session socket was closed");
+    end_ = static_cast<size_t>(read);
+  }
+  const absl::Time deadline =
+      rest_within == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + rest_within;
+  RETURN_IF_ERROR(Fill(4, deadline));
+  const auto* header = reinterpret_cast<const unsigned char*>(buffer_.data() + begin_);
+  const uint32_t length =
+      header[0] | (header[1] << 8) | (header[2] << 16) | (static_cast<uint32_t>(header[3]) << 24);
+  if (length > MaxSessionFrameBytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a session message of ", length, " bytes; the limit is ", MaxSessionFrameBytes()));
+  }
+  begin_ += 4;
+  if (length <= buffer_.size()) {
+    RETURN_IF_ERROR(Fill(length, deadline));
+    payload.assign(buffer_.data() + begin_, length);
+    begin_ += length;
+    return absl::OkStatus();
+  }
+  // Larger than the buffer: what is buffered, then the rest read into the payload itself, grown
+  // as the bytes arrive (a length alone does not get its memory).
+  payload.assign(buffer_.data() + begin_, buffered());
+  begin_ = end_ = 0;
+  constexpr uint32_t kStep = 1u << 20;
+  while (payload.size() < length) {
+    const size_t at = payload.size();
+    payload.resize(at + std::min<uint32_t>(kStep, length - static_cast<uint32_t>(at)));
+    RETURN_IF_ERROR(ReadRestBefore(fd_, payload.data() + at, payload.size() - at, deadline));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tierd

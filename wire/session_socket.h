@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -44,15 +45,38 @@ absl::Status SendAll(int fd, absl::string_view data);
 // over MaxSessionFrameBytes().
 absl::Status ReadFrame(int fd, std::string& payload);
 
-// ReadFrame for a server that will not wait for ever on a client stalled inside a frame: waiting
-// for a frame to begin has no limit, but once its first byte has arrived the rest must arrive
-// within `rest_within`, else DEADLINE_EXCEEDED. Otherwise as ReadFrame. Costs no more system calls
-// than ReadFrame when the frame arrives whole.
-absl::Status ReadFrameWithin(int fd, std::string& payload, absl::Duration rest_within);
-
 // Reads exactly `bytes` bytes. OUT_OF_RANGE when the stream ended before the first byte,
 // UNAVAILABLE when it ended later or broke.
 absl::Status ReadExactly(int fd, char* data, size_t bytes);
+
+// Reads frames through a buffer: each system call takes as many bytes as the socket has, up to
+// the buffer's size, so frames sent back to back (a release, then the next fetch) cost one read
+// instead of two each. The data path's readers, on both ends, use one per connection. Not
+// thread-safe; the fd must outlive it, and nobody else may read from it.
+class FrameReader {
+ public:
+  static constexpr size_t kBufferBytes = 64 << 10;
+
+  explicit FrameReader(int fd) : fd_(fd), buffer_(kBufferBytes) {}
+  FrameReader(const FrameReader&) = delete;
+  FrameReader& operator=(const FrameReader&) = delete;
+
+  // The next frame, as ReadFrame. With `rest_within`, for a server that will not wait for ever on
+  // a client stalled inside a frame: waiting for a frame to begin has no limit, but once its first
+  // byte has arrived the rest must arrive within `rest_within`, else DEADLINE_EXCEEDED.
+  absl::Status Next(std::string& payload, absl::Duration rest_within = absl::InfiniteDuration());
+
+ private:
+  size_t buffered() const { return end_ - begin_; }
+  // Reads until `bytes` are buffered (REQUIRES: bytes <= the buffer's size), waiting no later
+  // than `deadline`. UNAVAILABLE when the stream ends or breaks, DEADLINE_EXCEEDED after it.
+  absl::Status Fill(size_t bytes, absl::Time deadline);
+
+  const int fd_;
+  std::vector<char> buffer_;
+  size_t begin_ = 0;  // buffered bytes are [begin_, end_)
+  size_t end_ = 0;
+};
 
 }  // namespace tierd
 

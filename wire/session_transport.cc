@@ -18,14 +18,14 @@ namespace {
 
 class SocketTransport final : public SessionTransport {
  public:
-  SocketTransport(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  SocketTransport(int fd, std::string path) : fd_(fd), path_(std::move(path)), reader_(fd) {}
   ~SocketTransport() override { ::close(fd_); }
 
   bool Write(const v1::SessionRequest& request) override {
     return SendAll(fd_, EncodeFrame(request)).ok();
   }
   bool Read(v1::SessionResponse& response) override {
-    read_status_ = ReadFrame(fd_, payload_);
+    read_status_ = reader_.Next(payload_);
     if (read_status_.ok() && !response.ParseFromString(payload_)) {
       read_status_ = absl::DataLossError("a response that does not parse");
     }
@@ -45,8 +45,9 @@ class SocketTransport final : public SessionTransport {
  private:
   const int fd_;
   const std::string path_;
-  std::string payload_;       // the reader's buffer
-  absl::Status read_status_;  // of the last Read; the reader's alone
+  FrameReader reader_;        // the reader's alone, like the two below
+  std::string payload_;       // the frame read last
+  absl::Status read_status_;  // of the last Read
   std::atomic<bool> writes_closed_{false};
 };
 
