@@ -78,6 +78,8 @@ tierd_pid=$!
 trap 'kill -TERM $tierd_pid 2>/dev/null; wait $tierd_pid' EXIT
 for _ in $(seq 300); do "$bundle/bin/tierctl" --socket="$socket" health >/dev/null 2>&1 && break; sleep 0.1; done
 "$bundle/bin/tierctl" --socket="$socket" health || { cat "$out/tierd.log"; exit 1; }
+# The host cache pins in the background; its threads would compete with the first run.
+for _ in $(seq 1200); do grep -q "fully pinned" "$out/tierd.log" && break; sleep 0.1; done
 
 status=0
 jsons=()
