@@ -3,6 +3,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <map>
+#include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,20 +25,72 @@ absl::string_view BytesOf(const IpcHandle& ipc) {
   return absl::string_view(reinterpret_cast<const char*>(&ipc), sizeof(ipc));
 }
 
+// An imported slab's mapping, shared by every Slab of this process that opened the handle: CUDA
+// maps an IPC memory handle once per process, and two threads opening one handle at once fail in
+// the driver (cudaErrorAlreadyMapped; two sessions of one process fetching at once did). Opened and
+// closed under one lock, so that a handle is never opened while its last mapping closes.
+class ImportedMapping {
+ public:
+  static absl::StatusOr<std::shared_ptr<ImportedMapping>> Open(int ordinal,
+                                                               const cudaIpcMemHandle_t& ipc) {
+    const std::string key = absl::StrCat(
+        ordinal, ":", absl::string_view(reinterpret_cast<const char*>(&ipc), sizeof(ipc)));
+    absl::MutexLock lock(&mu_);
+    std::weak_ptr<ImportedMapping>& entry = Mappings()[key];
+    if (std::shared_ptr<ImportedMapping> open = entry.lock()) return open;
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"));
+    void* data = nullptr;
+    RETURN_IF_ERROR(CudaStatus(cudaIpcOpenMemHandle(&data, ipc, cudaIpcMemLazyEnablePeerAccess),
+                               "cudaIpcOpenMemHandle"));
+    std::shared_ptr<ImportedMapping> opened(new ImportedMapping(ordinal, data, key));
+    entry = opened;
+    return opened;
+  }
+
+  ~ImportedMapping() {
+    absl::MutexLock lock(&mu_);
+    cudaSetDevice(ordinal_);
+    if (absl::Status closed = CudaStatus(cudaIpcCloseMemHandle(data_), "cudaIpcCloseMemHandle");
+        !closed.ok()) {
+      TIERD_LOG(WARNING) << "releasing an imported slab: " << closed;
+    }
+    auto it = Mappings().find(key_);
+    if (it != Mappings().end() && it->second.expired()) Mappings().erase(it);
+  }
+
+  void* data() const { return data_; }
+
+ private:
+  ImportedMapping(int ordinal, void* data, std::string key)
+      : ordinal_(ordinal), data_(data), key_(std::move(key)) {}
+  static std::map<std::string, std::weak_ptr<ImportedMapping>>& Mappings()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    static auto* mappings = new std::map<std::string, std::weak_ptr<ImportedMapping>>();
+    return *mappings;
+  }
+
+  static inline absl::Mutex mu_{absl::kConstInit};
+  const int ordinal_;
+  void* const data_;
+  const std::string key_;
+};
+
 class CudaSlab final : public Slab {
  public:
-  CudaSlab(int ordinal, void* data, size_t size, std::string handle, bool imported)
+  // A slab of this process's own (`imported` null), or a mapping of another process's.
+  CudaSlab(int ordinal, void* data, size_t size, std::string handle,
+           std::shared_ptr<ImportedMapping> imported = nullptr)
       : ordinal_(ordinal),
         data_(data),
         size_(size),
         handle_(std::move(handle)),
-        imported_(imported) {}
+        imported_(std::move(imported)) {}
   ~CudaSlab() override {
+    if (imported_ != nullptr) return;  // the mapping closes with its last slab
     cudaSetDevice(ordinal_);
-    absl::Status status = imported_
-                              ? CudaStatus(cudaIpcCloseMemHandle(data_), "cudaIpcCloseMemHandle")
-                              : CudaStatus(cudaFree(data_), "cudaFree");
-    if (!status.ok()) TIERD_LOG(WARNING) << "releasing a slab: " << status;
+    if (absl::Status freed = CudaStatus(cudaFree(data_), "cudaFree"); !freed.ok()) {
+      TIERD_LOG(WARNING) << "releasing a slab: " << freed;
+    }
   }
 
   void* data() const override { return data_; }
@@ -47,7 +102,7 @@ class CudaSlab final : public Slab {
   void* data_;
   size_t size_;
   std::string handle_;
-  bool imported_;
+  std::shared_ptr<ImportedMapping> imported_;
 };
 
 class CudaStream final : public Stream {
@@ -169,7 +224,7 @@ class CudaDevice final : public Device {
       return s;
     }
     return std::unique_ptr<Slab>(
-        new CudaSlab(ordinal_, data, bytes, EncodeCudaSlabHandle(bytes, BytesOf(ipc)), false));
+        new CudaSlab(ordinal_, data, bytes, EncodeCudaSlabHandle(bytes, BytesOf(ipc))));
   }
 
   absl::Status RegisterHostMemory(void* data, size_t bytes) override {
@@ -297,12 +352,11 @@ class CudaDevice final : public Device {
     }
     std::memcpy(&ipc, parsed.ipc_handle.data(), sizeof(ipc));
     if (size == 0) return absl::InvalidArgumentError("CUDA slab handle of size 0");
-    RETURN_IF_ERROR(Activate());
-    void* data = nullptr;
-    RETURN_IF_ERROR(CudaStatus(cudaIpcOpenMemHandle(&data, ipc, cudaIpcMemLazyEnablePeerAccess),
-                               "cudaIpcOpenMemHandle"));
+    ASSIGN_OR_RETURN(std::shared_ptr<ImportedMapping> mapping,
+                     ImportedMapping::Open(ordinal_, ipc));
+    void* data = mapping->data();
     return std::unique_ptr<Slab>(
-        new CudaSlab(ordinal_, data, size, std::string(handle), /*imported=*/true));
+        new CudaSlab(ordinal_, data, size, std::string(handle), std::move(mapping)));
   }
 
   absl::StatusOr<std::unique_ptr<Event>> OpenEvent(absl::string_view handle) override {
