@@ -11,6 +11,7 @@
 #include "device/device_factory.h"
 #include "wire/session_core.h"
 #include "wire/session_socket.h"
+#include "wire/wire_format.h"
 
 namespace tierd {
 
@@ -149,10 +150,12 @@ absl::Status Session::StoreAsync(const StoreRequest& store, Stream& stream) {
     status = core_->device().CopyAsync(stream, dst, store.data, store.size);
   }
   if (status.ok()) {
-    if (std::optional<uint32_t> written =
-            core_->RecordDone(stream, "reservation", reservation.reservation_id())) {
-      commit.mutable_commit()->set_written_event_id(*written);
-    }
+    absl::StatusOr<std::optional<uint32_t>> written =
+        core_->RecordDone(stream, "reservation", reservation.reservation_id());
+    // Without a record or a finished stream the writes may still run: neither commit nor abort,
+    // the reservation is freed when the session ends.
+    if (!written.ok()) return written.status();
+    if (written->has_value()) commit.mutable_commit()->set_written_event_id(**written);
   } else {
     // Give the reservation back, once nothing of ours can still write into it.
     (void)core_->device().SynchronizeStream(stream);
@@ -279,6 +282,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
   std::shared_ptr<SessionCore> core = SessionCore::Start(std::move(transport));
   v1::SessionRequest open;
   open.mutable_open()->set_client_name(options_.client_name);
+  open.mutable_open()->set_protocol(SessionProtocolVersion());
   absl::StatusOr<v1::SessionResponse> opened = core->Call(std::move(open));
   if (!opened.ok()) {
     // A session that ended before it opened: the transport's reason is the error, naming the socket

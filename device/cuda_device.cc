@@ -25,68 +25,74 @@ absl::string_view BytesOf(const IpcHandle& ipc) {
   return absl::string_view(reinterpret_cast<const char*>(&ipc), sizeof(ipc));
 }
 
-// An imported slab's mapping, shared by every Slab of this process that opened the handle: CUDA
+// The mappings of imported slabs, shared by every Slab of this process that opened a handle: CUDA
 // maps an IPC memory handle once per process, and two threads opening one handle at once fail in
-// the driver (cudaErrorAlreadyMapped; two sessions of one process fetching at once did). Opened and
-// closed under one lock, so that a handle is never opened while its last mapping closes.
-class ImportedMapping {
+// the driver (cudaErrorAlreadyMapped; two sessions of one process fetching at once did). Counted,
+// opened and closed under one lock, so that a handle is never opened while its mapping closes.
+class ImportedMappings {
  public:
-  static absl::StatusOr<std::shared_ptr<ImportedMapping>> Open(int ordinal,
-                                                               const cudaIpcMemHandle_t& ipc) {
-    const std::string key = absl::StrCat(
-        ordinal, ":", absl::string_view(reinterpret_cast<const char*>(&ipc), sizeof(ipc)));
+  // The mapping of `ipc` on GPU `ordinal`, opened unless this process has it open; `key` names it
+  // for Release.
+  static absl::StatusOr<void*> Open(int ordinal, const cudaIpcMemHandle_t& ipc, std::string& key) {
+    key = absl::StrCat(ordinal, ":",
+                       absl::string_view(reinterpret_cast<const char*>(&ipc), sizeof(ipc)));
     absl::MutexLock lock(&mu_);
-    std::weak_ptr<ImportedMapping>& entry = Mappings()[key];
-    if (std::shared_ptr<ImportedMapping> open = entry.lock()) return open;
+    auto it = Mappings().find(key);
+    if (it != Mappings().end()) {
+      ++it->second.users;
+      return it->second.data;
+    }
     RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"));
     void* data = nullptr;
     RETURN_IF_ERROR(CudaStatus(cudaIpcOpenMemHandle(&data, ipc, cudaIpcMemLazyEnablePeerAccess),
                                "cudaIpcOpenMemHandle"));
-    std::shared_ptr<ImportedMapping> opened(new ImportedMapping(ordinal, data, key));
-    entry = opened;
-    return opened;
+    Mappings()[key] = Mapping{ordinal, data, 1};
+    return data;
   }
 
-  ~ImportedMapping() {
+  // One user of mapping `key` is done with it; the last closes it.
+  static void Release(const std::string& key) {
     absl::MutexLock lock(&mu_);
-    cudaSetDevice(ordinal_);
-    if (absl::Status closed = CudaStatus(cudaIpcCloseMemHandle(data_), "cudaIpcCloseMemHandle");
+    auto it = Mappings().find(key);
+    if (it == Mappings().end() || --it->second.users > 0) return;
+    cudaSetDevice(it->second.ordinal);
+    if (absl::Status closed =
+            CudaStatus(cudaIpcCloseMemHandle(it->second.data), "cudaIpcCloseMemHandle");
         !closed.ok()) {
       TIERD_LOG(WARNING) << "releasing an imported slab: " << closed;
     }
-    auto it = Mappings().find(key_);
-    if (it != Mappings().end() && it->second.expired()) Mappings().erase(it);
+    Mappings().erase(it);
   }
 
-  void* data() const { return data_; }
-
  private:
-  ImportedMapping(int ordinal, void* data, std::string key)
-      : ordinal_(ordinal), data_(data), key_(std::move(key)) {}
-  static std::map<std::string, std::weak_ptr<ImportedMapping>>& Mappings()
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    static auto* mappings = new std::map<std::string, std::weak_ptr<ImportedMapping>>();
+  struct Mapping {
+    int ordinal = 0;
+    void* data = nullptr;
+    int users = 0;
+  };
+  static std::map<std::string, Mapping>& Mappings() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    static auto* mappings = new std::map<std::string, Mapping>();
     return *mappings;
   }
 
   static inline absl::Mutex mu_{absl::kConstInit};
-  const int ordinal_;
-  void* const data_;
-  const std::string key_;
 };
 
 class CudaSlab final : public Slab {
  public:
-  // A slab of this process's own (`imported` null), or a mapping of another process's.
-  CudaSlab(int ordinal, void* data, size_t size, std::string handle,
-           std::shared_ptr<ImportedMapping> imported = nullptr)
+  // A slab of this process's own (`imported` empty), or ImportedMappings' mapping `imported` of
+  // another process's.
+  CudaSlab(int ordinal, void* data, size_t size, std::string handle, std::string imported = "")
       : ordinal_(ordinal),
         data_(data),
         size_(size),
         handle_(std::move(handle)),
         imported_(std::move(imported)) {}
   ~CudaSlab() override {
-    if (imported_ != nullptr) return;  // the mapping closes with its last slab
+    if (!imported_.empty()) {
+      ImportedMappings::Release(imported_);
+      return;
+    }
     cudaSetDevice(ordinal_);
     if (absl::Status freed = CudaStatus(cudaFree(data_), "cudaFree"); !freed.ok()) {
       TIERD_LOG(WARNING) << "releasing a slab: " << freed;
@@ -102,7 +108,7 @@ class CudaSlab final : public Slab {
   void* data_;
   size_t size_;
   std::string handle_;
-  std::shared_ptr<ImportedMapping> imported_;
+  std::string imported_;
 };
 
 class CudaStream final : public Stream {
@@ -352,11 +358,10 @@ class CudaDevice final : public Device {
     }
     std::memcpy(&ipc, parsed.ipc_handle.data(), sizeof(ipc));
     if (size == 0) return absl::InvalidArgumentError("CUDA slab handle of size 0");
-    ASSIGN_OR_RETURN(std::shared_ptr<ImportedMapping> mapping,
-                     ImportedMapping::Open(ordinal_, ipc));
-    void* data = mapping->data();
+    std::string key;
+    ASSIGN_OR_RETURN(void* data, ImportedMappings::Open(ordinal_, ipc, key));
     return std::unique_ptr<Slab>(
-        new CudaSlab(ordinal_, data, size, std::string(handle), std::move(mapping)));
+        new CudaSlab(ordinal_, data, size, std::string(handle), std::move(key)));
   }
 
   absl::StatusOr<std::unique_ptr<Event>> OpenEvent(absl::string_view handle) override {

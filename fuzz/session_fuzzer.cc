@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "fuzz/fuzz_stack.h"
+#include "wire/wire_format.h"
 
 namespace tierd::fuzzing {
 namespace {
@@ -82,6 +83,10 @@ class Driver {
     if (input_.ConsumeBool()) {  // usually open first; sometimes not, which must be refused
       v1::SessionRequest open;
       open.mutable_open()->set_client_name(input_.ConsumeRandomLengthString(300));
+      // Usually the daemon's protocol; sometimes another, which must be refused.
+      open.mutable_open()->set_protocol(input_.ConsumeIntegralInRange<uint32_t>(0, 9) > 0
+                                            ? SessionProtocolVersion()
+                                            : input_.ConsumeIntegral<uint32_t>());
       Call(open);
     }
     for (int op = 0; op < 48 && input_.remaining_bytes() > 0; ++op) Step();
@@ -169,7 +174,7 @@ class Driver {
         break;
       default: {
         v1::SessionRequest open;  // a second open must be refused
-        open.mutable_open();
+        open.mutable_open()->set_protocol(SessionProtocolVersion());
         request = open;
         break;
       }

@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "fuzz/fuzz_stack.h"
+#include "wire/wire_format.h"
 
 namespace tierd::fuzzing {
 namespace {
@@ -48,6 +49,7 @@ int Run(const uint8_t* data, size_t size) {
   v1::SessionRequest open;
   open.set_request_id(1);
   open.mutable_open()->set_client_name("fuzz");
+  open.mutable_open()->set_protocol(SessionProtocolVersion());
   session->Handle(open);
   session->Handle(request);
   {

@@ -168,7 +168,7 @@ ClosedClient GpuTier::CloseClient(ClientId id) {
   drains_.Start(
       *client, events, events,
       [this, leases = std::move(leases), reservations = std::move(reservations)](
-          bool forced, DrainQueue::Deferred&) mutable ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          bool forced, DrainQueue::Deferred&) ABSL_NO_THREAD_SAFETY_ANALYSIS mutable {
         // Runs under the tier's lock.
         for (const GpuClient::Lease& lease : leases) LeaseDrained(lease, forced);
         for (GpuClient::Reservation& reservation : reservations) {

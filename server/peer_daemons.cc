@@ -11,6 +11,7 @@
 #include "wire/session_core.h"
 #include "wire/session_socket.h"
 #include "wire/session_transport.h"
+#include "wire/wire_format.h"
 
 namespace tierd {
 
@@ -255,6 +256,7 @@ absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::SessionTo(Peer& peer) 
   std::shared_ptr<SessionCore> core = SessionCore::Start(std::move(transport));
   v1::SessionRequest open;
   open.mutable_open()->set_client_name(client_name_);
+  open.mutable_open()->set_protocol(SessionProtocolVersion());
   absl::StatusOr<v1::SessionResponse> opened = core->Call(std::move(open));
   // A failed session is ended here, on this thread, not its reader's.
   if (!opened.ok()) return opened.status();

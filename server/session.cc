@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "server/proto_convert.h"
+#include "wire/wire_format.h"
 
 namespace tierd {
 namespace {
@@ -217,6 +218,12 @@ void SessionProtocol::Open(uint64_t request_id, const v1::OpenSession& open) {
     return Reply(request_id,
                  absl::InvalidArgumentError("open.client_name is longer than 256 bytes"));
   }
+  if (open.protocol() != SessionProtocolVersion()) {
+    return Reply(request_id, absl::FailedPreconditionError(absl::StrCat(
+                                 "the client speaks session protocol ", open.protocol(),
+                                 ", this daemon ", SessionProtocolVersion(),
+                                 " (open.protocol): use the client of this daemon's release")));
+  }
   bool already_open;
   {
     absl::MutexLock lock(&mu_);
@@ -250,6 +257,7 @@ void SessionProtocol::Open(uint64_t request_id, const v1::OpenSession& open) {
   opened->set_device_ordinal(options_.device_ordinal);
   opened->set_max_leases(options_.limits.max_leases);
   opened->set_max_staging_bytes(options_.limits.max_staging_bytes);
+  opened->set_protocol(SessionProtocolVersion());
   const std::vector<uint32_t> done_events = tier_.DoneEvents(*client);
   for (uint32_t event : done_events) opened->add_done_event_ids(event);
   SendWithHandles(std::move(response), std::nullopt, /*host_buffer=*/false, done_events);

@@ -1,6 +1,7 @@
 // The tierd.v1 API end to end (api_test's second half): each failure's status, sessions driven with
 // raw protocol messages, models dropped and registered again, and tierctl.
 #include "tests/api_test_fixture.h"
+#include "wire/wire_format.h"
 
 namespace tierd {
 namespace api_test {
@@ -12,6 +13,7 @@ class RawSession {
   explicit RawSession(Client& client) : stream_(client.stub().Session(&context_)) {
     v1::SessionRequest open;
     open.mutable_open()->set_client_name("raw");
+    open.mutable_open()->set_protocol(SessionProtocolVersion());
     EXPECT_EQ(Call(open).code(), 0);
   }
   ~RawSession() {

@@ -23,6 +23,7 @@
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 #include "wire/session_socket.h"
+#include "wire/wire_format.h"
 
 namespace tierd {
 namespace {
@@ -117,6 +118,7 @@ class ClientGroupsTest : public ::testing::Test {
     v1::SessionRequest open;
     open.set_request_id(1);
     open.mutable_open()->set_client_name("raw");
+    open.mutable_open()->set_protocol(SessionProtocolVersion());
     v1::SessionRequest fetch;
     fetch.set_request_id(2);
     fetch.mutable_fetch()->set_key(key);

@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "wire/session_socket.h"
+#include "wire/wire_format.h"
 
 namespace tierd::testing {
 
@@ -86,6 +87,7 @@ v1::SessionRequest OpenRequest(uint64_t id, const std::string& client_name) {
   v1::SessionRequest request;
   request.set_request_id(id);
   request.mutable_open()->set_client_name(client_name);
+  request.mutable_open()->set_protocol(SessionProtocolVersion());
   return request;
 }
 

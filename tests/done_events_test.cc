@@ -54,6 +54,13 @@ class DoneEventsTest : public ::testing::Test {
     return std::make_unique<DoneEvents>(*device_, std::move(opened));
   }
 
+  // RecordAfter for a release of lease `id`, which must not fail.
+  static std::optional<uint32_t> Record(DoneEvents& done, Stream& stream, uint64_t id) {
+    absl::StatusOr<std::optional<uint32_t>> recorded = done.RecordAfter(stream, "lease", id);
+    EXPECT_THAT(recorded, IsOk());
+    return recorded.ok() ? *recorded : std::nullopt;
+  }
+
   // Holds stream `i` back until Go(i): what is recorded on it after this stays pending.
   void HoldBack(int i) {
     ASSERT_THAT(device_->LaunchHostFunction(
@@ -71,34 +78,34 @@ class DoneEventsTest : public ::testing::Test {
 TEST_F(DoneEventsTest, AStreamKeepsItsEventHoweverManyRecordsArePending) {
   auto done = MakeDoneEvents(2);
   HoldBack(0);
-  const std::optional<uint32_t> first = done->RecordAfter(*streams_[0], "lease", 1);
+  const std::optional<uint32_t> first = Record(*done, *streams_[0], 1);
   ASSERT_TRUE(first.has_value());
   // Pending on the same stream: recording it again there is covered by stream order.
-  EXPECT_EQ(done->RecordAfter(*streams_[0], "lease", 2), first);
-  EXPECT_EQ(done->RecordAfter(*streams_[0], "lease", 3), first);
+  EXPECT_EQ(Record(*done, *streams_[0], 2), first);
+  EXPECT_EQ(Record(*done, *streams_[0], 3), first);
 }
 
 TEST_F(DoneEventsTest, AStreamWithNothingPendingNeedsNoEvent) {
   auto done = MakeDoneEvents(2);
-  EXPECT_EQ(done->RecordAfter(*streams_[0], "lease", 1), std::nullopt);
+  EXPECT_EQ(Record(*done, *streams_[0], 1), std::nullopt);
   HoldBack(0);
-  EXPECT_TRUE(done->RecordAfter(*streams_[0], "lease", 2).has_value());
+  EXPECT_TRUE(Record(*done, *streams_[0], 2).has_value());
 }
 
 TEST_F(DoneEventsTest, AnotherStreamTakesAnEventThatIsNotPendingElsewhere) {
   auto done = MakeDoneEvents(2);
   HoldBack(0);
   HoldBack(1);
-  const std::optional<uint32_t> on_first = done->RecordAfter(*streams_[0], "lease", 1);
-  const std::optional<uint32_t> on_second = done->RecordAfter(*streams_[1], "lease", 2);
+  const std::optional<uint32_t> on_first = Record(*done, *streams_[0], 1);
+  const std::optional<uint32_t> on_second = Record(*done, *streams_[1], 2);
   ASSERT_TRUE(on_first.has_value() && on_second.has_value());
   EXPECT_NE(*on_first, *on_second);
   // Once the first stream's record has completed, its event may serve a third stream.
   Go(0);
   ASSERT_THAT(device_->SynchronizeStream(*streams_[0]), IsOk());
-  EXPECT_EQ(done->RecordAfter(*streams_[1], "lease", 3), on_second);
+  EXPECT_EQ(Record(*done, *streams_[1], 3), on_second);
   HoldBack(2);
-  EXPECT_EQ(done->RecordAfter(*streams_[2], "lease", 4), on_first);
+  EXPECT_EQ(Record(*done, *streams_[2], 4), on_first);
 }
 
 TEST_F(DoneEventsTest, WithEveryEventPendingOnOtherStreamsTheOldestIsWaitedFor) {
@@ -106,12 +113,12 @@ TEST_F(DoneEventsTest, WithEveryEventPendingOnOtherStreamsTheOldestIsWaitedFor) 
   HoldBack(0);
   HoldBack(1);
   HoldBack(2);
-  const std::optional<uint32_t> oldest = done->RecordAfter(*streams_[0], "lease", 1);
-  ASSERT_TRUE(done->RecordAfter(*streams_[1], "lease", 2).has_value());
+  const std::optional<uint32_t> oldest = Record(*done, *streams_[0], 1);
+  ASSERT_TRUE(Record(*done, *streams_[1], 2).has_value());
   std::optional<uint32_t> third;
   absl::Notification recorded;
   std::thread releaser([&] {
-    third = done->RecordAfter(*streams_[2], "lease", 3);
+    third = Record(*done, *streams_[2], 3);
     recorded.Notify();
   });
   // Neither event may be recorded on a third stream while its record is pending there.
@@ -129,7 +136,7 @@ TEST_F(DoneEventsTest, WithoutEventsTheStreamIsWaitedForAndNoneIsNamed) {
   std::optional<uint32_t> named = 7;
   absl::Notification returned;
   std::thread releaser([&] {
-    named = done->RecordAfter(*streams_[0], "lease", 1);
+    named = Record(*done, *streams_[0], 1);
     returned.Notify();
   });
   EXPECT_FALSE(returned.WaitForNotificationWithTimeout(kNotYet));

@@ -27,6 +27,7 @@
 #include "tests/daemon_test_support.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
+#include "wire/wire_format.h"
 
 namespace tierd {
 namespace {
@@ -373,6 +374,7 @@ TEST_F(FaultInjectionTest, ASlowDiskDelaysOnlyTheReadsThatNeedItAndLosesNothing)
     v1::SessionRequest request;
     request.set_request_id(1);
     request.mutable_open()->set_client_name("abandoned");
+    request.mutable_open()->set_protocol(SessionProtocolVersion());
     ASSERT_TRUE(stream->Write(request));
     v1::SessionResponse response;
     ASSERT_TRUE(stream->Read(&response));
@@ -507,6 +509,7 @@ TEST_F(FaultInjectionTest, SessionsAndRequestsInFlightAreBounded) {
   v1::SessionRequest request;
   request.set_request_id(1);
   request.mutable_open()->set_client_name("pipelining");
+  request.mutable_open()->set_protocol(SessionProtocolVersion());
   ASSERT_TRUE(stream->Write(request));
   v1::SessionResponse response;
   ASSERT_TRUE(stream->Read(&response));

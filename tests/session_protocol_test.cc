@@ -238,6 +238,23 @@ TEST_F(SessionProtocolTest, AFetchIsAnsweredWithItsLeaseAndEachHandleOnce) {
   EXPECT_TRUE(NothingHeldSoon());
 }
 
+TEST_F(SessionProtocolTest, AnOpenNamingAnotherSessionProtocolIsRefused) {
+  Answers answers;
+  auto protocol = NewProtocol(answers);
+  v1::SessionRequest open = OpenRequest(1, "session_protocol_test");
+  open.mutable_open()->set_protocol(0);  // a client from before the field: an event per lease
+  protocol->Handle(open);
+  const v1::SessionResponse refused = answers.Await(1);
+  EXPECT_EQ(refused.code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("session protocol 0"));
+  protocol->Handle(OpenRequest(2, "session_protocol_test"));
+  const v1::SessionResponse opened = answers.Await(2);
+  ASSERT_EQ(opened.code(), 0) << opened.message();
+  EXPECT_EQ(opened.opened().protocol(), SessionProtocolVersion());
+  protocol->Close();
+  EXPECT_TRUE(NothingHeldSoon());
+}
+
 TEST_F(SessionProtocolTest, RequestsBeforeOpenAndAfterCloseAreRefused) {
   Answers answers;
   auto protocol = NewProtocol(answers);

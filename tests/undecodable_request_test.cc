@@ -23,6 +23,7 @@
 #include "tests/test_support.h"
 #include "tierd/v1/tierd.pb.h"
 #include "wire/session_socket.h"
+#include "wire/wire_format.h"
 
 namespace tierd {
 namespace {
@@ -222,6 +223,7 @@ TEST_F(UndecodableRequestTest, TheSessionStreamAnswersWhatCameBeforeThenEndsWith
   v1::SessionRequest open;
   open.set_request_id(1);
   open.mutable_open()->set_client_name("undecodable");
+  open.mutable_open()->set_protocol(SessionProtocolVersion());
   v1::SessionRequest fetch;
   fetch.set_request_id(2);
   fetch.mutable_fetch()->set_key("m/nothing");
@@ -255,6 +257,7 @@ TEST_F(UndecodableRequestTest, TheSessionSocketClosesOnAnUndecodableFrameAndLogs
   v1::SessionRequest open;
   open.set_request_id(1);
   open.mutable_open()->set_client_name("undecodable");
+  open.mutable_open()->set_protocol(SessionProtocolVersion());
   const int fd = ConnectUnix(SessionSocketPathFor(socket_path()));
   ASSERT_THAT(
       SendAll(fd, absl::StrCat(SessionSocketHello(), EncodeFrame(open),

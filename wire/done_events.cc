@@ -34,7 +34,8 @@ DoneEvents::Slot* DoneEvents::Choose(const Stream& stream) {
   return oldest;
 }
 
-std::optional<uint32_t> DoneEvents::RecordAfter(Stream& stream, const char* what, uint64_t id) {
+absl::StatusOr<std::optional<uint32_t>> DoneEvents::RecordAfter(Stream& stream, const char* what,
+                                                                uint64_t id) {
   if (absl::StatusOr<bool> idle = device_.QueryStream(stream); idle.ok() && *idle) {
     return std::nullopt;
   }
@@ -59,6 +60,7 @@ std::optional<uint32_t> DoneEvents::RecordAfter(Stream& stream, const char* what
   if (absl::Status synced = device_.SynchronizeStream(stream); !synced.ok()) {
     std::fprintf(stderr, "tierd client: waiting for the stream of %s %llu failed (%s)\n", what,
                  static_cast<unsigned long long>(id), std::string(synced.message()).c_str());
+    return synced;
   }
   return std::nullopt;
 }

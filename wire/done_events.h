@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "device/device.h"
 
@@ -44,9 +45,12 @@ class DoneEvents {
   DoneEvents& operator=(const DoneEvents&) = delete;
 
   // Records a done event on `stream`, after the work enqueued there, and returns its id to name
-  // in the release or commit; nullopt when the stream was synchronized instead. `what` and `id`
-  // name the release or commit ("lease", 12) in the message printed when recording fails.
-  std::optional<uint32_t> RecordAfter(Stream& stream, const char* what, uint64_t id)
+  // in the release or commit; nullopt when none is needed (the stream is idle, or was
+  // synchronized instead). The device's error when even synchronizing failed: then nothing says
+  // the stream is done, and the caller must not release (the session's end frees what it holds).
+  // `what` and `id` name the release or commit ("lease", 12) in the message printed when
+  // recording fails.
+  absl::StatusOr<std::optional<uint32_t>> RecordAfter(Stream& stream, const char* what, uint64_t id)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   size_t size() const { return size_; }

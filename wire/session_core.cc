@@ -8,6 +8,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
 #include "wire/detail/opened_handles.h"
+#include "wire/wire_format.h"
 
 namespace tierd {
 
@@ -211,6 +212,11 @@ absl::StatusOr<const SharedMemory*> SessionCore::host_buffer(uint32_t id) {
 }
 
 absl::Status SessionCore::Opened(const v1::SessionResponse& open_answer) {
+  if (open_answer.opened().protocol() != SessionProtocolVersion()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the daemon speaks session protocol ", open_answer.opened().protocol(), ", this client ",
+        SessionProtocolVersion(), ": use the client of the daemon's release"));
+  }
   RETURN_IF_ERROR(OpenHandles(open_answer));
   std::vector<DoneEvents::Opened> events;
   for (uint32_t id : open_answer.opened().done_event_ids()) {
@@ -221,18 +227,22 @@ absl::Status SessionCore::Opened(const v1::SessionResponse& open_answer) {
   return absl::OkStatus();
 }
 
-std::optional<uint32_t> SessionCore::RecordDone(Stream& stream, const char* what, uint64_t id) {
+absl::StatusOr<std::optional<uint32_t>> SessionCore::RecordDone(Stream& stream, const char* what,
+                                                                uint64_t id) {
   return done_events_->RecordAfter(stream, what, id);
 }
 
 void SessionCore::ReleaseLease(uint64_t lease_id, Stream& stream) {
+  if (ended()) return;
   v1::SessionRequest request;
   v1::ReleaseRequest* release = request.mutable_release();
   release->set_lease_id(lease_id);
   release->set_quiet(true);
-  if (std::optional<uint32_t> done = RecordDone(stream, "lease", lease_id)) {
-    release->set_done_event_id(*done);
-  }
+  absl::StatusOr<std::optional<uint32_t>> done = RecordDone(stream, "lease", lease_id);
+  // Without a record or a finished stream the buffer may still be read: the lease stays held until
+  // the session ends.
+  if (!done.ok()) return;
+  if (done->has_value()) release->set_done_event_id(**done);
   (void)SendQuiet(std::move(request));
 }
 

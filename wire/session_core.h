@@ -62,8 +62,9 @@ class SessionCore {
   absl::Status end_reason() ABSL_LOCKS_EXCLUDED(mu_);
   void set_device(std::shared_ptr<Device> device) { device_ = std::move(device); }
   Device& device() { return *device_; }
-  // After set_device: opens the handles of the session's `open` answer, which the reader could not
-  // (the device was not known yet), and takes the session's done events from it.
+  // After set_device: checks the daemon speaks this session protocol (FAILED_PRECONDITION), opens
+  // the handles of the session's `open` answer, which the reader could not (the device was not
+  // known yet), and takes the session's done events from it.
   absl::Status Opened(const v1::SessionResponse& open_answer);
   // Opens the handles `response` brings that this session has not opened yet.
   absl::Status OpenHandles(const v1::SessionResponse& response);
@@ -74,12 +75,13 @@ class SessionCore {
   absl::StatusOr<const SharedMemory*> host_buffer(uint32_t id);
 
   // Releases a lease: records a done event on `stream` after the work enqueued there (DoneEvents),
-  // then tells the daemon, without waiting for its answer.
+  // then tells the daemon, without waiting for its answer. Once the session has ended it does
+  // nothing: the daemon released the lease, and the session's events may be another's by now.
   void ReleaseLease(uint64_t lease_id, Stream& stream);
-  // Records a done event after the work enqueued on `stream`; its id, to name in a commit, or
-  // nullopt when the stream was synchronized instead. `what` and `id` name it in the message of a
-  // failure ("reservation", 7).
-  std::optional<uint32_t> RecordDone(Stream& stream, const char* what, uint64_t id);
+  // Records a done event after the work enqueued on `stream` (DoneEvents::RecordAfter): its id,
+  // to name in a commit, nullopt when none is needed, or the device's error when nothing says the
+  // stream is done. `what` and `id` name it in the message of a failure ("reservation", 7).
+  absl::StatusOr<std::optional<uint32_t>> RecordDone(Stream& stream, const char* what, uint64_t id);
 
  private:
   struct Pending;

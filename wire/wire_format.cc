@@ -23,6 +23,8 @@ absl::string_view SessionSocketHello() { return SocketFormat().hello(); }
 
 uint32_t MaxSessionFrameBytes() { return SocketFormat().max_frame_bytes(); }
 
+uint32_t SessionProtocolVersion() { return v1::SessionProtocol::default_instance().version(); }
+
 size_t CudaIpcHandleBytes() { return Handles().cuda_ipc_handle_bytes(); }
 
 std::string EncodeCudaSlabHandle(uint64_t size, absl::string_view ipc_handle) {

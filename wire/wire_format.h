@@ -25,6 +25,9 @@ namespace tierd {
 absl::string_view SessionSocketHello();
 // The largest payload of one session socket frame.
 uint32_t MaxSessionFrameBytes();
+// The session protocol's version (SessionProtocol): what OpenSession.protocol and
+// SessionOpened.protocol must name.
+uint32_t SessionProtocolVersion();
 
 // The size of a CUDA IPC memory or event handle (CU_IPC_HANDLE_SIZE).
 size_t CudaIpcHandleBytes();

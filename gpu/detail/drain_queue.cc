@@ -76,11 +76,19 @@ void DrainQueue::Finish(uint64_t drain_id, bool forced, Deferred& deferred) {
   }
   // A forced drain's event may still have a record pending that will never complete; a later
   // owner would wait on it forever. Retire the slot instead.
-  if (forced) {
-    ++abandoned_waits_;
-  } else {
-    for (uint32_t event : drain.owned) events_.Release(event);
+  for (uint32_t event : drain.owned) {
+    // An event whose newest record has completed misleads nobody, forced or not; one whose record
+    // may never complete (its client died with work queued) would make a later owner wait for
+    // ever: it is retired.
+    absl::StatusOr<bool> complete =
+        forced ? device_.QueryEvent(events_.event(event)) : absl::StatusOr<bool>(true);
+    if (complete.ok() && *complete) {
+      events_.Release(event);
+    } else {
+      ++retired_events_;
+    }
   }
+  if (forced) ++abandoned_waits_;
   drain.on_drained(forced, deferred);
   residency_.RetryAllocations(deferred);
 }
@@ -88,6 +96,11 @@ void DrainQueue::Finish(uint64_t drain_id, bool forced, Deferred& deferred) {
 bool DrainQueue::pending() const {
   mu_.AssertHeld();
   return !drains_.empty();
+}
+
+uint64_t DrainQueue::retired_events() const {
+  mu_.AssertHeld();
+  return retired_events_;
 }
 
 uint64_t DrainQueue::abandoned_waits() const {

@@ -2,8 +2,8 @@
 // is reused, an abandoned reservation's range freed, a commit's copy started, only once the
 // event the client named (one of its done events) has completed. A drain completes when the device
 // says so, or is forced when its client's close grace runs out; the event slots it owns go back to
-// the pool in the first case and are retired in the second, since a record of them may never
-// complete.
+// the pool in the first case; in the second, those whose newest record is still pending are
+// retired, since that record may never complete.
 //
 // A drain waits for the newest record of each event at the time its wait is enqueued, which may be
 // later than the client's release: a client records a done event again only on the same stream or
@@ -59,7 +59,7 @@ class DrainQueue {
   // Runs `on_drained` once the newest records of `wait_on`, waited for on the client's drain
   // stream, have completed — at once, through `deferred`'s lock scope, when `wait_on` is empty —
   // or the client's close grace ran out (then forced). `owned` events are handed out again after
-  // a drain that completed, and retired after a forced one.
+  // a drain that completed; after a forced one, only those whose newest record has completed.
   void Start(GpuClient& client, std::vector<uint32_t> wait_on, std::vector<uint32_t> owned,
              OnDrained on_drained, Deferred& deferred);
   // Completes drain `drain_id` (nothing when it completed already), then serves the requests
@@ -70,6 +70,8 @@ class DrainQueue {
   // Drains forced while their client's done event was still pending: the drain stream may wait
   // on it forever, and so would anything that synchronizes the whole device (freeing the pool).
   uint64_t abandoned_waits() const;
+  // Events never handed out again: owned by forced drains while a record of theirs was pending.
+  uint64_t retired_events() const;
 
  private:
   struct Drain {
@@ -91,6 +93,7 @@ class DrainQueue {
   std::map<uint64_t, Drain> drains_ ABSL_GUARDED_BY(mu_);
   uint64_t next_drain_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t abandoned_waits_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t retired_events_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tierd

@@ -11,6 +11,7 @@ import torch
 
 from ._done_events import DoneEvents
 from ._session_core import SessionCore
+from ._wire_format import SESSION_PROTOCOL
 from .dtypes import ELEMENT_BYTES, to_safetensors, to_torch
 from .errors import StatusCode, TierdError, code_from_number
 from .v1 import tierd_pb2
@@ -157,8 +158,13 @@ class Session(SessionCore):
         self._start_reading()
         request = tierd_pb2.SessionRequest()
         request.open.client_name = client.client_name
+        request.open.protocol = SESSION_PROTOCOL
         self.info = self._call(request).opened
         try:
+            if self.info.protocol != SESSION_PROTOCOL:
+                raise TierdError(StatusCode.FAILED_PRECONDITION,
+                                 f"the daemon speaks session protocol {self.info.protocol}, this "
+                                 f"client {SESSION_PROTOCOL}: use the client of the daemon's release")
             self._backend = _backend_for(self.info, device)
             self._done_events = DoneEvents(
                 self._backend, [(event_id, self._event(event_id))
@@ -328,7 +334,11 @@ class Session(SessionCore):
 
     def _release(self, lease_id, stream, read=True):
         """Records a done event on `stream` after the caller's reads (unless nothing of ours
-        `read` the buffer) and sends the release without waiting for an answer."""
+        `read` the buffer) and sends the release without waiting for an answer. Once the session
+        has ended it does nothing: the daemon released the lease, and the session's events may be
+        another's by now."""
+        if self._ended is not None:
+            return
         request = tierd_pb2.SessionRequest()
         request.release.lease_id = lease_id
         request.release.quiet = True

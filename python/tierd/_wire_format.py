@@ -15,6 +15,8 @@ _HANDLES = wire_pb2.HandleFormats()
 
 SESSION_SOCKET_HELLO = _SOCKET.hello.encode()
 MAX_FRAME_BYTES = _SOCKET.max_frame_bytes
+# What OpenSession.protocol and SessionOpened.protocol must name (SessionProtocol).
+SESSION_PROTOCOL = wire_pb2.SessionProtocol().version
 # Each frame's length: a little-endian uint32.
 FRAME_LENGTH = struct.Struct("<I")
 
