@@ -388,6 +388,7 @@ Daemon::~Daemon() {
     group.tier.reset();
   }
   gpu_tier_.reset();
+  events_.reset();  // the tiers' events: they go back to the device, which must outlive them
   step("peer sessions");
   peers_.reset();
   step("host cache");
