@@ -57,11 +57,6 @@ void EventPool::Release(uint32_t id) {
   free_.push_back(id);
 }
 
-void EventPool::CountShortfall() {
-  absl::MutexLock lock(&mu_);
-  ++shortfalls_;
-}
-
 Event& EventPool::event(uint32_t id) const {
   absl::MutexLock lock(&mu_);
   return *events_[id];

@@ -70,8 +70,6 @@ class EventPool {
   // REQUIRES: `id` was acquired and not released since, and no record of it can still be waited
   // on by anyone who would be misled by a new owner's records.
   void Release(uint32_t id) ABSL_LOCKS_EXCLUDED(mu_);
-  // Counts a shortfall that the caller met without calling Acquire (it knew none was free).
-  void CountShortfall() ABSL_LOCKS_EXCLUDED(mu_);
 
   Event& event(uint32_t id) const ABSL_LOCKS_EXCLUDED(mu_);
   const std::string& handle(uint32_t id) const ABSL_LOCKS_EXCLUDED(mu_);

@@ -82,11 +82,7 @@ void DrainQueue::Finish(uint64_t drain_id, bool forced, Deferred& deferred) {
     // ever: it is retired.
     absl::StatusOr<bool> complete =
         forced ? device_.QueryEvent(events_.event(event)) : absl::StatusOr<bool>(true);
-    if (complete.ok() && *complete) {
-      events_.Release(event);
-    } else {
-      ++retired_events_;
-    }
+    if (complete.ok() && *complete) events_.Release(event);
   }
   if (forced) ++abandoned_waits_;
   drain.on_drained(forced, deferred);
@@ -96,11 +92,6 @@ void DrainQueue::Finish(uint64_t drain_id, bool forced, Deferred& deferred) {
 bool DrainQueue::pending() const {
   mu_.AssertHeld();
   return !drains_.empty();
-}
-
-uint64_t DrainQueue::retired_events() const {
-  mu_.AssertHeld();
-  return retired_events_;
 }
 
 uint64_t DrainQueue::abandoned_waits() const {

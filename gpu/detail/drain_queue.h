@@ -70,8 +70,6 @@ class DrainQueue {
   // Drains forced while their client's done event was still pending: the drain stream may wait
   // on it forever, and so would anything that synchronizes the whole device (freeing the pool).
   uint64_t abandoned_waits() const;
-  // Events never handed out again: owned by forced drains while a record of theirs was pending.
-  uint64_t retired_events() const;
 
  private:
   struct Drain {
@@ -93,7 +91,6 @@ class DrainQueue {
   std::map<uint64_t, Drain> drains_ ABSL_GUARDED_BY(mu_);
   uint64_t next_drain_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t abandoned_waits_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t retired_events_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tierd
