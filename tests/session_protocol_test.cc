@@ -6,12 +6,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <set>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -146,6 +148,23 @@ class SessionProtocolTest : public ::testing::Test {
     EXPECT_THAT(server, IsOk());
     if (server.ok()) server_ = *std::move(server);
     return path;
+  }
+
+  // A client's session core on the session socket at `path`, opened; null (and a test failure)
+  // when it cannot be.
+  std::shared_ptr<SessionCore> OpenSessionCore(const std::string& path) {
+    auto transport = ConnectSessionSocket(path);
+    EXPECT_THAT(transport, IsOk());
+    if (!transport.ok()) return nullptr;
+    std::shared_ptr<SessionCore> core = SessionCore::Start(*std::move(transport));
+    core->set_device(std::shared_ptr<Device>(std::shared_ptr<Device>(), device_.get()));
+    absl::StatusOr<v1::SessionResponse> opened =
+        core->Call(OpenRequest(0, "session_protocol_test"));
+    EXPECT_THAT(opened, IsOk());
+    if (!opened.ok()) return nullptr;
+    const absl::Status taken = core->Opened(*opened);
+    EXPECT_THAT(taken, IsOk());
+    return taken.ok() ? core : nullptr;
   }
 
   // Whether the tier's stats satisfy `holds` within kTimeout.
@@ -293,14 +312,9 @@ TEST_F(SessionProtocolTest, AHalfCloseAnswersWhatIsInFlightBeforeTheSessionClose
 TEST_F(SessionProtocolTest, AFetchThroughTheWireHoldsTheFilesBytes) {
   const std::string path = StartServer();
   ASSERT_NE(server_, nullptr);
-  auto transport = ConnectSessionSocket(path);
-  ASSERT_THAT(transport, IsOk());
-  std::shared_ptr<SessionCore> core = SessionCore::Start(*std::move(transport));
+  std::shared_ptr<SessionCore> core = OpenSessionCore(path);
+  ASSERT_NE(core, nullptr);
   EXPECT_STREQ(core->transport_kind(), "socket");
-  core->set_device(std::shared_ptr<Device>(std::shared_ptr<Device>(), device_.get()));
-  absl::StatusOr<v1::SessionResponse> opened = core->Call(OpenRequest(0, "session_protocol_test"));
-  ASSERT_THAT(opened, IsOk());
-  ASSERT_THAT(core->Opened(*opened), IsOk());
   absl::StatusOr<v1::SessionResponse> fetched = core->Call(FetchRequestFor(0, "m/blocks.0"));
   ASSERT_THAT(fetched, IsOk());
   const v1::Lease& lease = fetched->lease();
@@ -347,11 +361,8 @@ TEST_F(SessionProtocolTest, AnUndecodableFrameEndsTheSessionAndReleasesWhatItHel
 TEST_F(SessionProtocolTest, HalfClosingTheWireStillDeliversTheAnswersInFlight) {
   const std::string path = StartServer();
   ASSERT_NE(server_, nullptr);
-  auto transport = ConnectSessionSocket(path);
-  ASSERT_THAT(transport, IsOk());
-  std::shared_ptr<SessionCore> core = SessionCore::Start(*std::move(transport));
-  core->set_device(std::shared_ptr<Device>(std::shared_ptr<Device>(), device_.get()));
-  ASSERT_THAT(core->Call(OpenRequest(0, "session_protocol_test")), IsOk());
+  std::shared_ptr<SessionCore> core = OpenSessionCore(path);
+  ASSERT_NE(core, nullptr);
   Answers answers;
   ASSERT_THAT(core->Send(FetchRequestFor(0, "m/blocks.2"),
                          [&answers](const v1::SessionResponse& answer) { answers.Add(answer); }),
@@ -362,6 +373,87 @@ TEST_F(SessionProtocolTest, HalfClosingTheWireStillDeliversTheAnswersInFlight) {
   const v1::SessionResponse answer = answers.Await(order[0]);
   EXPECT_EQ(answer.code(), 0) << answer.message();
   EXPECT_EQ(answer.lease().key(), "m/blocks.2");
+  EXPECT_TRUE(NothingHeldSoon());
+}
+
+TEST_F(SessionProtocolTest, CallsFromManyThreadsAtOnceEachGetTheirOwnAnswer) {
+  const std::string path = StartServer();
+  ASSERT_NE(server_, nullptr);
+  std::shared_ptr<SessionCore> core = OpenSessionCore(path);
+  ASSERT_NE(core, nullptr);
+  // Callers take turns reading for each other, and asynchronous answers arrive among theirs.
+  constexpr int kThreads = 6;  // each holds one lease at a time: within options_.limits
+  constexpr int kRounds = 40;
+  std::atomic<int> wrong{0};
+  std::atomic<int> callbacks{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < kThreads; ++t) {
+    callers.emplace_back([&, t] {
+      auto stream = device_->CreateStream(StreamPriority::kNormal);
+      if (!stream.ok()) {
+        ++wrong;
+        return;
+      }
+      const std::string key = absl::StrCat("m/blocks.", t % 4);
+      for (int round = 0; round < kRounds; ++round) {
+        if (t == 0 && round % 4 == 0) {
+          (void)core->Send(PrefetchRequestFor(0, "m/blocks.3"),
+                           [&callbacks](const v1::SessionResponse&) { ++callbacks; });
+        }
+        absl::StatusOr<v1::SessionResponse> fetched = core->Call(FetchRequestFor(0, key));
+        if (!fetched.ok() || fetched->lease().key() != key) {
+          ++wrong;
+          continue;
+        }
+        core->ReleaseLease(fetched->lease().lease_id(), **stream);
+      }
+    });
+  }
+  for (std::thread& caller : callers) caller.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_TRUE(StatsSoon([](const GpuTierStats& stats) { return stats.leases == 0; }));
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (callbacks.load() < kRounds / 4 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(callbacks.load(), kRounds / 4);
+  core.reset();
+  EXPECT_TRUE(NothingHeldSoon());
+}
+
+TEST_F(SessionProtocolTest, AnAnswerOwedToACallbackComesWithoutACall) {
+  const std::string path = StartServer();
+  ASSERT_NE(server_, nullptr);
+  std::shared_ptr<SessionCore> core = OpenSessionCore(path);
+  ASSERT_NE(core, nullptr);
+  Answers answers;
+  ASSERT_THAT(core->Send(FetchRequestFor(0, "m/blocks.1"),
+                         [&answers](const v1::SessionResponse& answer) { answers.Add(answer); }),
+              IsOk());
+  // Nobody calls: the reader thread reads it.
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (answers.order().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  const std::vector<uint64_t> order = answers.order();
+  ASSERT_EQ(order.size(), 1u);
+  EXPECT_EQ(answers.Await(order[0]).lease().key(), "m/blocks.1");
+  EXPECT_EQ(tier_->stats().leases, 1u);
+  core.reset();
+  EXPECT_TRUE(NothingHeldSoon());
+}
+
+TEST_F(SessionProtocolTest, TheClientSeesTheSessionEndWhileItMakesNoCall) {
+  const std::string path = StartServer();
+  ASSERT_NE(server_, nullptr);
+  std::shared_ptr<SessionCore> core = OpenSessionCore(path);
+  ASSERT_NE(core, nullptr);
+  ASSERT_THAT(core->Call(FetchRequestFor(0, "m/blocks.0")), IsOk());
+  EXPECT_FALSE(core->ended());
+  server_->Shutdown(absl::Now());  // ends the session from the daemon's side
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (!core->ended() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_TRUE(core->ended());
+  absl::StatusOr<v1::SessionResponse> late = core->Call(FetchRequestFor(0, "m/blocks.0"));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(NothingHeldSoon());
 }
 

@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
 #include "wire/detail/opened_handles.h"
 #include "wire/wire_format.h"
@@ -13,7 +12,7 @@
 namespace tierd {
 
 struct SessionCore::Pending {
-  absl::Notification done;
+  bool answered = false;  // guarded by the core's mu_, like `response` of a synchronous call
   absl::StatusOr<v1::SessionResponse> response;
   std::function<void(const v1::SessionResponse&)> callback;  // asynchronous requests
 };
@@ -25,8 +24,8 @@ constexpr absl::string_view kEnded = "the session with tierd has ended";
 // once, unless the machine is very busy.
 constexpr absl::Duration kEndReasonWait = absl::Seconds(2);
 
-// The session whose reader runs on this thread, if any: its callbacks may send, and must not wait
-// for their own reader.
+// The session whose transport this thread reads now, if any: callbacks it runs may send, and must
+// not wait for their own reader.
 thread_local const SessionCore* reading_session = nullptr;
 
 // The answer a request gets when the session ends before the daemon's does: `ended`.
@@ -55,7 +54,7 @@ SessionCore::SessionCore() : handles_(std::make_unique<detail::OpenedHandles>())
 std::shared_ptr<SessionCore> SessionCore::Start(std::unique_ptr<SessionTransport> transport) {
   std::shared_ptr<SessionCore> core(new SessionCore);
   core->transport_ = std::move(transport);
-  core->reader_ = std::thread([raw = core.get()] { raw->ReadLoop(); });
+  core->reader_ = std::thread([raw = core.get()] { raw->ReaderThread(); });
   return core;
 }
 
@@ -64,65 +63,116 @@ SessionCore::~SessionCore() {
     absl::MutexLock lock(&write_mu_);
     transport_->CloseWrites();
   }
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;  // the reader thread reads the answers still on their way, then the end
+  }
   reader_.join();
   transport_.reset();
 }
 
-void SessionCore::ReadLoop() {
-  reading_session = this;
-  v1::SessionResponse response;
-  while (transport_->Read(response)) {
-    std::shared_ptr<Pending> pending;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = pending_.find(response.request_id());
-      if (it == pending_.end()) {
-        // A quiet request's failure (nobody waits for it), or an answer nobody asked for.
-        if (response.code() != 0) LogFailure(response);
-        continue;
-      }
-      pending = std::move(it->second);
-      pending_.erase(it);
-    }
-    // Handles are opened here, in response order, so a later response that names one finds it;
-    // the open answer's, before the device is known, by Opened.
-    if (response.new_handles_size() > 0 && device_ != nullptr) {
-      if (absl::Status opened = OpenHandles(response); !opened.ok()) {
-        response.set_code(static_cast<int>(opened.code()));
-        response.set_message(std::string(opened.message()));
-      }
-    }
-    if (pending->callback) {
-      pending->callback(response);
+bool SessionCore::ReaderThreadWantedLocked() const {
+  return closing_ || end_wanted_ || callbacks_owed_ > 0;
+}
+
+void SessionCore::ReaderThread() {
+  absl::MutexLock lock(&mu_);
+  while (!ended_) {
+    if (reading_ || (!ReaderThreadWantedLocked() && absl::Now() - role_free_since_ < kIdleWatch)) {
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](SessionCore* core) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                 return core->ended_ ||
+                                        (!core->reading_ && core->ReaderThreadWantedLocked());
+                               },
+                               this),
+                           kIdleWatch);
       continue;
     }
-    pending->response = std::move(response);
-    pending->done.Notify();
-    response = v1::SessionResponse();
+    reading_ = true;
+    ReadWhileReader(nullptr);
   }
+}
+
+void SessionCore::ReadWhileReader(const Pending* mine) {
+  const SessionCore* const outer = reading_session;
+  reading_session = this;
+  for (int reads = 0; !ended_; ++reads) {
+    if (mine != nullptr) {
+      if (mine->answered) break;
+    } else if (reads > 0 && (callers_waiting_ > 0 || !ReaderThreadWantedLocked())) {
+      break;  // a caller reads for itself from here, or nothing is owed
+    }
+    mu_.Unlock();
+    v1::SessionResponse response;
+    if (transport_->Read(response)) {
+      Dispatch(response);
+    } else {
+      EndStream();
+    }
+    mu_.Lock();
+  }
+  reading_ = false;
+  role_free_since_ = absl::Now();
+  reading_session = outer;
+}
+
+void SessionCore::Dispatch(v1::SessionResponse& response) {
+  std::shared_ptr<Pending> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(response.request_id());
+    if (it == pending_.end()) {
+      // A quiet request's failure (nobody waits for it), or an answer nobody asked for.
+      if (response.code() != 0) LogFailure(response);
+      return;
+    }
+    pending = std::move(it->second);
+    pending_.erase(it);
+    if (pending->callback) --callbacks_owed_;
+  }
+  // Handles are opened here, in response order, so a later response that names one finds it;
+  // the open answer's, before the device is known, by Opened.
+  if (response.new_handles_size() > 0 && device_ != nullptr) {
+    if (absl::Status opened = OpenHandles(response); !opened.ok()) {
+      response.set_code(static_cast<int>(opened.code()));
+      response.set_message(std::string(opened.message()));
+    }
+  }
+  if (pending->callback) {
+    pending->callback(response);
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  pending->response = std::move(response);
+  pending->answered = true;
+}
+
+void SessionCore::EndStream() {
   absl::Status reason;
   {
     // gRPC lets a Read run beside a Write, but not Finish.
     absl::MutexLock lock(&write_mu_);
     reason = transport_->Finish();
   }
-  std::map<uint64_t, std::shared_ptr<Pending>> orphans;
+  std::vector<std::pair<uint64_t, std::shared_ptr<Pending>>> callbacks;
   absl::Status ended;
   {
     absl::MutexLock lock(&mu_);
     ended_ = true;
     end_reason_ = reason;
     ended = EndedLocked();
-    orphans.swap(pending_);
-  }
-  for (auto& [id, pending] : orphans) {
-    if (pending->callback) {
-      pending->callback(EndedResponse(id, ended));
-      continue;
+    for (auto& [id, pending] : pending_) {
+      if (pending->callback) {
+        callbacks.emplace_back(id, std::move(pending));
+      } else {
+        pending->response = ended;
+        pending->answered = true;
+      }
     }
-    pending->response = ended;
-    pending->done.Notify();
+    pending_.clear();
+    callbacks_owed_ = 0;
   }
+  for (auto& [id, pending] : callbacks) pending->callback(EndedResponse(id, ended));
 }
 
 absl::Status SessionCore::EndedLocked() const {
@@ -132,7 +182,10 @@ absl::Status SessionCore::EndedLocked() const {
 
 absl::Status SessionCore::EndedAfterFailedWrite() {
   absl::MutexLock lock(&mu_);
-  if (reading_session != this) mu_.AwaitWithTimeout(absl::Condition(&ended_), kEndReasonWait);
+  if (reading_session != this) {
+    end_wanted_ = true;  // whoever reads next reads on to the end
+    mu_.AwaitWithTimeout(absl::Condition(&ended_), kEndReasonWait);
+  }
   return EndedLocked();
 }
 
@@ -153,7 +206,10 @@ absl::StatusOr<SessionCore::Submitted> SessionCore::Submit(v1::SessionRequest& r
     absl::MutexLock lock(&mu_);
     if (ended_) return EndedLocked();
     request.set_request_id(next_request_++);
-    if (registered) pending_[request.request_id()] = std::move(pending);
+    if (registered) {
+      if (pending->callback) ++callbacks_owed_;
+      pending_[request.request_id()] = std::move(pending);
+    }
   }
   bool written;
   {
@@ -163,7 +219,12 @@ absl::StatusOr<SessionCore::Submitted> SessionCore::Submit(v1::SessionRequest& r
   if (written) return Submitted::kWritten;
   absl::MutexLock lock(&mu_);
   // A request nobody registered (SendQuiet) has nobody to answer it either.
-  const bool unanswered = !registered || pending_.erase(request.request_id()) > 0;
+  auto it = registered ? pending_.find(request.request_id()) : pending_.end();
+  const bool unanswered = !registered || it != pending_.end();
+  if (it != pending_.end()) {
+    if (it->second->callback) --callbacks_owed_;
+    pending_.erase(it);
+  }
   return unanswered ? Submitted::kFailedUnanswered : Submitted::kFailedAnswered;
 }
 
@@ -172,10 +233,34 @@ absl::StatusOr<v1::SessionResponse> SessionCore::Call(v1::SessionRequest request
   ASSIGN_OR_RETURN(const Submitted submitted, Submit(request, pending));
   // Unless the reader already answered it as an orphan (with the reason), say why here.
   if (submitted == Submitted::kFailedUnanswered) return EndedAfterFailedWrite();
-  pending->done.WaitForNotification();
+  {
+    absl::MutexLock lock(&mu_);
+    AwaitAnswerLocked(*pending);
+  }
   if (!pending->response.ok()) return pending->response.status();
   if (absl::Status status = StatusOf(*pending->response); !status.ok()) return status;
   return std::move(pending->response);
+}
+
+void SessionCore::AwaitAnswerLocked(const Pending& pending) {
+  while (!pending.answered) {
+    if (!reading_) {
+      // Nobody reads: this thread does, until its own answer comes, so that the answer wakes it
+      // and not a reader thread that would then have to wake it. (Once the session has ended
+      // every request has its answer: ended_ is never set here.)
+      reading_ = true;
+      ReadWhileReader(&pending);
+      continue;
+    }
+    ++callers_waiting_;
+    std::pair<const SessionCore*, const Pending*> args(this, &pending);
+    mu_.Await(absl::Condition(
+        +[](std::pair<const SessionCore*, const Pending*>* args) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return args->second->answered || !args->first->reading_;
+        },
+        &args));
+    --callers_waiting_;
+  }
 }
 
 absl::Status SessionCore::Send(v1::SessionRequest request,

@@ -1,7 +1,15 @@
-// The request/answer core of a session, on the client's side of the wire: the transport, a reader
-// thread that matches responses to requests by id, and the handles the daemon sent, opened in this
+// The request/answer core of a session, on the client's side of the wire: the transport, the
+// matching of responses to requests by id, and the handles the daemon sent, opened in this
 // process. The C++ client's Session is built on it, and so is a daemon asking its peers for
 // objects (server/peer_daemons.h).
+//
+// One thread at a time reads the transport (holds the reader's role) and hands each answer to
+// whoever waits for it. A caller waiting for its answer takes the role when nobody holds it and
+// reads until its answer comes, so a call costs one wake-up, not two (the answer wakes the caller,
+// not a thread that then wakes the caller). The core's reader thread takes the role when no
+// caller holds it and answers are owed to callbacks, the session is closing, or nothing has been
+// read for kIdleWatch, so that a quiet request's failure is logged and the end of the stream is
+// seen while the caller does other work.
 //
 // Thread-safe: requests from several threads are pipelined on the one transport.
 #ifndef TIERD_WIRE_SESSION_CORE_H_
@@ -18,6 +26,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "device/device.h"
 #include "device/shared_memory.h"
 #include "tierd/v1/tierd.grpc.pb.h"
@@ -34,6 +43,9 @@ absl::Status StatusOf(const v1::SessionResponse& response);
 
 class SessionCore {
  public:
+  // How long the transport may go unread, while no caller reads it, before the reader thread does.
+  static constexpr absl::Duration kIdleWatch = absl::Milliseconds(5);
+
   // Starts the reader thread on `transport`. The caller sends the session's `open` request first.
   static std::shared_ptr<SessionCore> Start(std::unique_ptr<SessionTransport> transport);
   // Ends the stream (the daemon releases what the session holds) and joins the reader.
@@ -44,13 +56,14 @@ class SessionCore {
   // Sends `request` (its request_id is assigned here) and waits for its response; a response with
   // an error code becomes that error. UNAVAILABLE once the stream has ended.
   absl::StatusOr<v1::SessionResponse> Call(v1::SessionRequest request) ABSL_LOCKS_EXCLUDED(mu_);
-  // Sends `request` without waiting. The response, when it comes, goes to `done` on the reader
-  // thread (which must not block), or is only logged when it is an error and `done` is null.
+  // Sends `request` without waiting. The response, when it comes, goes to `done` on the thread
+  // that reads it (a caller's or the reader thread: `done` must not block), or is only logged when
+  // it is an error and `done` is null.
   absl::Status Send(v1::SessionRequest request,
                     std::function<void(const v1::SessionResponse&)> done = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Sends a request the daemon answers only when it fails (a quiet release); the reader logs such
-  // a failure.
+  // a failure (within kIdleWatch, or with the next call's answer).
   absl::Status SendQuiet(v1::SessionRequest request) ABSL_LOCKS_EXCLUDED(mu_);
 
   const char* transport_kind() const { return transport_->kind(); }
@@ -86,7 +99,20 @@ class SessionCore {
  private:
   struct Pending;
   SessionCore();
-  void ReadLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // The reader thread: takes the reader's role as the class comment says, until the stream ends.
+  void ReaderThread() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether answers are owed that only the reader thread would read (no caller waits for them).
+  bool ReaderThreadWantedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads the transport as the role's holder (reading_, set by the caller) until `mine` is
+  // answered or, for the reader thread (`mine` null), after one answer once a caller waits or
+  // nothing is owed; or until the stream ends. Then gives the role up. Unlocks mu_ around reads.
+  void ReadWhileReader(const Pending* mine) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until `pending` is answered, reading for it while nobody else reads.
+  void AwaitAnswerLocked(const Pending& pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands `response` to whoever waits for it (opening the handles it brings first).
+  void Dispatch(v1::SessionResponse& response) ABSL_LOCKS_EXCLUDED(mu_);
+  // After the last Read: learns why the stream ended, and answers every request still pending.
+  void EndStream() ABSL_LOCKS_EXCLUDED(mu_);
   // UNAVAILABLE "the session with tierd has ended", with end_reason_ when there is one.
   absl::Status EndedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a failed write: the stream is over, and the reader is about to learn why; waits a short
@@ -111,6 +137,12 @@ class SessionCore {
   uint64_t next_request_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, std::shared_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;  // a thread holds the reader's role
+  absl::Time role_free_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int callers_waiting_ ABSL_GUARDED_BY(mu_) = 0;  // for an answer, while another thread reads
+  int callbacks_owed_ ABSL_GUARDED_BY(mu_) = 0;   // pending requests sent with Send
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;     // the destructor waits for the end
+  bool end_wanted_ ABSL_GUARDED_BY(mu_) = false;  // a write failed: read on to the end
   absl::Status end_reason_ ABSL_GUARDED_BY(mu_);
   const std::unique_ptr<detail::OpenedHandles> handles_;
   std::unique_ptr<DoneEvents> done_events_;  // set by Opened, before any release or commit
