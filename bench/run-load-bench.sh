@@ -20,6 +20,7 @@
 #   HOST_CACHE_BYTES the daemon's host cache (8GiB / 256MiB)
 #   DEVICE           cuda:0 or host (auto)
 #   TIERD_FLAGS      extra flags for the daemon; LOAD_FLAGS extra flags for load_bench
+#   TIERD_NICE       the daemon's niceness (e.g. -10, as deploy/systemd sets it), else inherited
 #   PYTHON           python3, to gather the results
 set -uo pipefail
 bundle=$(cd "${1:?usage: run-load-bench.sh BUNDLE_DIR OUT_DIR [WORK_DIR]}" && pwd)
@@ -57,7 +58,7 @@ python=${PYTHON:-python3}
   echo "gpu: ${gpu:-none}"
   echo "cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); kernel $(uname -r)"
   echo "memory: $(free -g | awk '/Mem:/ {print $2 " GiB"}')"
-  echo "daemon: --gpu-pool-bytes=$gpu_pool_bytes --host-cache-bytes=$host_cache_bytes ${TIERD_FLAGS:-}"
+  echo "daemon: --gpu-pool-bytes=$gpu_pool_bytes --host-cache-bytes=$host_cache_bytes ${TIERD_FLAGS:-}${TIERD_NICE:+ (nice $TIERD_NICE)}"
   echo "model: $tensors; store bytes $store_bytes; hold $hold; $duration s per run"
 } | tee "$out/environment.txt"
 
@@ -71,7 +72,7 @@ fi
 
 socket=$work/tierd.sock
 rm -rf "$work/state" "$socket"
-"$bundle/bin/tierd" --device="$DEVICE" --socket="$socket" --state-dir="$work/state" \
+${TIERD_NICE:+nice -n "$TIERD_NICE"} "$bundle/bin/tierd" --device="$DEVICE" --socket="$socket" --state-dir="$work/state" \
   --host-cache-bytes="$host_cache_bytes" --gpu-pool-bytes="$gpu_pool_bytes" \
   ${TIERD_FLAGS:-} > "$out/tierd.log" 2>&1 &
 tierd_pid=$!
@@ -79,7 +80,8 @@ trap 'kill -TERM $tierd_pid 2>/dev/null; wait $tierd_pid' EXIT
 for _ in $(seq 300); do "$bundle/bin/tierctl" --socket="$socket" health >/dev/null 2>&1 && break; sleep 0.1; done
 "$bundle/bin/tierctl" --socket="$socket" health || { cat "$out/tierd.log"; exit 1; }
 # The host cache pins in the background; its threads would compete with the first run.
-for _ in $(seq 1200); do grep -q "fully pinned" "$out/tierd.log" && break; sleep 0.1; done
+# (A small arena is pinned before the daemon serves: "... pinned so far" with nothing after.)
+for _ in $(seq 1200); do grep -qE "fully pinned|pinned so far$" "$out/tierd.log" && break; sleep 0.1; done
 
 status=0
 jsons=()
