@@ -44,7 +44,7 @@ absl::Status StatusOf(const v1::SessionResponse& response);
 class SessionCore {
  public:
   // How long the transport may go unread, while no caller reads it, before the reader thread does.
-  static constexpr absl::Duration kIdleWatch = absl::Milliseconds(5);
+  static constexpr absl::Duration kIdleWatch = absl::Milliseconds(50);
 
   // Starts the reader thread on `transport`. The caller sends the session's `open` request first.
   static std::shared_ptr<SessionCore> Start(std::unique_ptr<SessionTransport> transport);
