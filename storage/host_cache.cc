@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -56,6 +57,10 @@ void HostObject::Reset() {
   entry_ = nullptr;
 }
 
+int DefaultChecksumThreads() {
+  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 4);
+}
+
 HostCache::HostCache(Catalog& catalog, DiskReader& reader, HostArena& arena, SpillWriter* spill,
                      const HostCacheOptions& options)
     : catalog_(catalog),
@@ -63,7 +68,9 @@ HostCache::HostCache(Catalog& catalog, DiskReader& reader, HostArena& arena, Spi
       arena_(arena),
       spill_(spill),
       options_(options),
-      table_(*this, options.policy) {
+      table_(*this, options.policy),
+      checksums_(options.checksum_threads > 0 ? options.checksum_threads
+                                              : DefaultChecksumThreads()) {
   // Room that pinning adds serves allocations waiting for it.
   arena_.SetPinListener([this] {
     DeferredCalls deferred;
@@ -267,7 +274,9 @@ void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
   mu_.Unlock();
   const DiskReader::RequestId id =
       reader_.Submit({std::move(targets), priority, deadline, [this, entry](absl::Status status) {
-                        FinishRead(entry, std::move(status));
+                        if (!status.ok()) return FinishRead(entry, std::move(status));
+                        // Checksummed off the reader thread, which goes on reading.
+                        checksums_.Post([this, entry] { FinishRead(entry, absl::OkStatus()); });
                       }});
   mu_.Lock();
   --entry->submits_pending;

@@ -18,8 +18,8 @@
 // answer is RESOURCE_EXHAUSTED at once; when room is being made by spills in flight, the request
 // waits for them (no busy loop: it is retried when memory is freed).
 //
-// Callbacks run on the caller's thread when the answer is immediate; otherwise on a reader or spill
-// thread, or on the thread whose release, unpin, evict or delete made the room a waiting request
+// Callbacks run on the caller's thread when the answer is immediate; otherwise on a checksum,
+// reader or spill thread, or on the thread whose release, unpin, evict or delete made the room a waiting request
 // needed. They must not block, and must not take locks their caller may hold while releasing a
 // HostObject. Thread-safe.
 #ifndef TIERD_STORAGE_HOST_CACHE_H_
@@ -36,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/deferred_calls.h"
+#include "common/worker_pool.h"
 #include "common/residency.h"
 #include "storage/catalog.h"
 #include "storage/disk_reader.h"
@@ -51,7 +52,14 @@ std::optional<EvictionPolicy> ParseEvictionPolicy(absl::string_view name);
 
 struct HostCacheOptions {
   EvictionPolicy policy = EvictionPolicy::kFifo;
+  // Threads that checksum objects as their reads complete, so that the reader threads go on
+  // reading meanwhile. 0: DefaultChecksumThreads().
+  int checksum_threads = 0;
 };
+
+// A quarter of the machine's cores, 1 to 4: xxHash3 runs at several GB/s per core, so four keep up
+// with storage at memory speed.
+int DefaultChecksumThreads();
 
 class HostCache;
 struct HostCacheRecord;  // storage/detail/host_cache_record.h
@@ -214,6 +222,8 @@ class HostCache : private HostCacheTable::Owner {
   uint64_t allocations_pending_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_spill_id_ ABSL_GUARDED_BY(mu_) = 0;
   HostCacheStats stats_ ABSL_GUARDED_BY(mu_);
+  // Runs FinishRead for reads that succeeded. Last: joined first, before anything its jobs use.
+  WorkerPool checksums_;
 };
 
 }  // namespace tierd

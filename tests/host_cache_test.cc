@@ -8,7 +8,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -54,6 +56,55 @@ TEST_F(HostCacheTest, FetchReadsTheObjectAndRecordsItsChecksum) {
   EXPECT_EQ(stats.misses, 1u);
   EXPECT_EQ(stats.hits, 1u);
   EXPECT_EQ(stats.bytes_from_disk, kObjectBytes);
+}
+
+// The threads that announce reads to the file system: the disk reader's.
+class ReaderThreadsFileSystem : public FileSystemWrapper {
+ public:
+  ReaderThreadsFileSystem() : FileSystemWrapper(FileSystem::Default()) {}
+  absl::Status BeforeRead(const std::string& path) override {
+    absl::MutexLock lock(&mu_);
+    readers_.insert(std::this_thread::get_id());
+    return FileSystemWrapper::BeforeRead(path);
+  }
+  bool IsReader(std::thread::id id) {
+    absl::MutexLock lock(&mu_);
+    return readers_.count(id) > 0;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::set<std::thread::id> readers_ ABSL_GUARDED_BY(mu_);
+};
+
+// A reader thread goes on reading while the object it has just read is checksummed elsewhere: the
+// answer comes from the thread that checksummed it, never from a reader thread.
+TEST_F(HostCacheTest, ObjectsAreChecksummedOffTheReaderThreads) {
+  auto file_system = std::make_shared<ReaderThreadsFileSystem>();
+  DiskReaderOptions reader = ReaderOptions(1, 4, 64 << 10);
+  reader.file_system = file_system;
+  Start(4, EvictionPolicy::kFifo, reader);
+  RegisterModel(3);
+  std::vector<std::shared_ptr<Answer>> answers;
+  std::vector<std::thread::id> answered_on(3);
+  for (int i = 0; i < 3; ++i) {
+    auto answer = NewAnswer();
+    cache_->Fetch(absl::StrCat("m/blocks.", i), ReadPriority::kDemand, absl::InfiniteFuture(),
+                  [answer, &answered_on, i](absl::StatusOr<HostObject> object) {
+                    answered_on[i] = std::this_thread::get_id();
+                    answer->object = std::move(object);
+                    answer->ready.Notify();
+                  });
+    answers.push_back(answer);
+  }
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(answers[i]->ready.WaitForNotificationWithTimeout(kTimeout));
+    ASSERT_THAT(answers[i]->object, IsOk());
+    EXPECT_TRUE(HoldsBlock(*answers[i]->object, i));
+    EXPECT_FALSE(file_system->IsReader(answered_on[i])) << "block " << i;
+    EXPECT_NE(answered_on[i], std::this_thread::get_id());
+  }
+  EXPECT_TRUE(catalog_->Checksum("m/blocks.2").has_value());
 }
 
 // The arena pins in the background after its first piece; an object that does not fit yet waits
