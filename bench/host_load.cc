@@ -88,6 +88,7 @@ nlohmann::json RunHostLoad(const HostLoadOptions& options) {
     Die("--model-bytes, --object-bytes and --shard-bytes must be positive");
   }
   if (options.reference_threads.empty()) Die("--reference-threads names no thread count");
+  if (options.repeat < 1) Die("--repeat must be at least 1");
   const uint64_t available = AvailableMemoryBytes();
   if (options.model_bytes > available / 2) {
     Die(absl::StrCat("--model-bytes=", FormatByteSize(options.model_bytes),
@@ -96,8 +97,11 @@ nlohmann::json RunHostLoad(const HostLoadOptions& options) {
                      "): each side pins an arena the model's size, and a model on tmpfs is in "
                      "memory too"));
   }
-  const HostLoadModel model = PlanHostLoadModel(options.model_dir, options.model_bytes,
-                                                options.object_bytes, options.shard_bytes);
+  // Models are registered from absolute paths only.
+  std::string model_dir = std::filesystem::absolute(options.model_dir).lexically_normal().string();
+  while (model_dir.size() > 1 && model_dir.back() == '/') model_dir.pop_back();
+  const HostLoadModel model =
+      PlanHostLoadModel(model_dir, options.model_bytes, options.object_bytes, options.shard_bytes);
   EnsureHostLoadModel(model);
 
   const DeviceSpec spec = Check(ParseDeviceSpec(options.device), "--device");
