@@ -154,7 +154,7 @@ int HostLoad(int argc, char** argv) {
     }
     options.reference_threads.push_back(threads);
   }
-  options.repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
+  options.repeat = absl::GetFlag(FLAGS_repeat);
   options.device = absl::GetFlag(FLAGS_device);
   if (const int threads = absl::GetFlag(FLAGS_reader_threads); threads > 0) {
     options.reader_threads = threads;
