@@ -1,13 +1,21 @@
-// disk_read_bench: disk → pinned host throughput of tierd's DiskReader, beside fio on the same file
-// with the same block size, queue depth, thread count, io_uring and O_DIRECT, in one run.
+// disk_read_bench: disk → pinned host throughput of tierd, against a plain reader in the same run.
 //
-//   disk_read_bench --file=/data/bench.bin --file-bytes=8GiB --device=auto --json=out.json
+//   disk_read_bench [--mode=direct] --file=/data/bench.bin --file-bytes=8GiB --device=auto
+//                   [--json=out.json]
+//   disk_read_bench --mode=host-load --model-dir=/dev/shm/model --model-bytes=8GiB
+//                   [--object-bytes=64MiB] [--reference-threads=4,8] [--repeat=3] [--json=out.json]
 //
+// direct (the default): tierd's DiskReader beside fio on the same file with the same block size,
+// queue depth, thread count, io_uring and O_DIRECT.
 // The file is created (random bytes) when missing or too small. The whole file is read into a host
 // arena pinned through the chosen device, in requests of --request-bytes, all queued at once (as a
 // model load is); the wall time from first submit to last completion gives GB/s. fio reads the
 // same file split across the same number of jobs. Each side runs --repeat times, alternating; the
 // median is reported, and the ratio of the medians is the figure of merit.
+//
+// host-load: a safetensors model (written when missing) loaded into the host cache through a
+// StorageStack with the daemon's default reader, against T threads pread-ing its files into pinned
+// memory (bench/host_load.h).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,16 +31,19 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
 #include "bench/bench_support.h"
+#include "bench/host_load.h"
 #include "common/byte_size.h"
 #include "common/command_line.h"
 #include "device/device_factory.h"
 #include "storage/disk_reader.h"
 #include "storage/host_arena.h"
 
+ABSL_FLAG(std::string, mode, "direct", "direct (O_DIRECT file against fio) or host-load");
 ABSL_FLAG(std::string, file, "",
           "File to read (created when missing or smaller than --file-bytes)");
 ABSL_FLAG(tierd::ByteSize, file_bytes, tierd::ByteSize{4ull << 30}, "Size of the file to read");
@@ -46,6 +57,19 @@ ABSL_FLAG(int, repeat, 3, "Runs of each side");
 ABSL_FLAG(std::string, fio, "fio", "fio binary; empty to skip the comparison");
 ABSL_FLAG(bool, drop_caches, true, "Drop the page cache before each run (needs root)");
 ABSL_FLAG(std::string, json, "", "Write the results here as JSON");
+ABSL_FLAG(std::string, model_dir, "",
+          "host-load: directory of the model (written there when missing)");
+ABSL_FLAG(tierd::ByteSize, model_bytes, tierd::ByteSize{8ull << 30}, "host-load: model size");
+ABSL_FLAG(tierd::ByteSize, object_bytes, tierd::ByteSize{64ull << 20},
+          "host-load: bytes per object (one block of one tensor)");
+ABSL_FLAG(tierd::ByteSize, shard_bytes, tierd::ByteSize{2ull << 30},
+          "host-load: bytes per safetensors file, at most (whole objects)");
+ABSL_FLAG(std::vector<std::string>, reference_threads, std::vector<std::string>({"4", "8"}),
+          "host-load: thread counts of the pread reference, one run each");
+ABSL_FLAG(int, reader_threads, 0, "host-load: the reader's threads; 0: its default");
+ABSL_FLAG(int, reader_queue_depth, 0, "host-load: the reader's queue depth; 0: its default");
+ABSL_FLAG(std::string, load, "fetch",
+          "host-load: fetch (every object on demand) or prefetch (all, then fetch each)");
 
 namespace {
 
@@ -116,16 +140,57 @@ double ReadWithFio(const std::string& path, uint64_t bytes, nlohmann::json* raw)
   return tierd::bench::RunFio(read, raw);
 }
 
+int HostLoad(int argc, char** argv) {
+  tierd::bench::HostLoadOptions options;
+  options.model_dir = absl::GetFlag(FLAGS_model_dir);
+  options.model_bytes = absl::GetFlag(FLAGS_model_bytes).bytes;
+  options.object_bytes = absl::GetFlag(FLAGS_object_bytes).bytes;
+  options.shard_bytes = absl::GetFlag(FLAGS_shard_bytes).bytes;
+  options.reference_threads.clear();
+  for (const std::string& text : absl::GetFlag(FLAGS_reference_threads)) {
+    int threads = 0;
+    if (!absl::SimpleAtoi(text, &threads) || threads <= 0 || threads > 1024) {
+      Die("--reference-threads: \"" + text + "\" is not a thread count");
+    }
+    options.reference_threads.push_back(threads);
+  }
+  options.repeat = absl::GetFlag(FLAGS_repeat);
+  options.device = absl::GetFlag(FLAGS_device);
+  if (const int threads = absl::GetFlag(FLAGS_reader_threads); threads > 0) {
+    options.reader_threads = threads;
+  }
+  if (const int depth = absl::GetFlag(FLAGS_reader_queue_depth); depth > 0) {
+    options.reader_queue_depth = depth;
+  }
+  const std::string load = absl::GetFlag(FLAGS_load);
+  if (load != "fetch" && load != "prefetch") Die("--load must be fetch or prefetch");
+  options.prefetch = load == "prefetch";
+  for (int i = 0; i < argc; ++i) absl::StrAppend(&options.command_line, i == 0 ? "" : " ", argv[i]);
+  const nlohmann::json result = tierd::bench::RunHostLoad(options);
+  if (const std::string json = absl::GetFlag(FLAGS_json); !json.empty()) {
+    std::ofstream out(json);
+    out << result.dump(2) << "\n";
+    if (!out) Die("cannot write " + json);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("disk_read_bench --file=PATH [--file-bytes=4GiB] [--device=auto]");
+  absl::SetProgramUsageMessage(
+      "disk_read_bench [--mode=direct] --file=PATH [--file-bytes=4GiB] [--device=auto]\n"
+      "       disk_read_bench --mode=host-load --model-dir=DIR [--model-bytes=8GiB] "
+      "[--reference-threads=4,8]");
   if (absl::StatusOr<std::vector<std::string>> parsed =
           tierd::ParseFlagsAndArguments(argc, argv, {__FILE__, {}});
       !parsed.ok()) {
     std::fprintf(stderr, "disk_read_bench: %s\n", std::string(parsed.status().message()).c_str());
     return 2;
   }
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode == "host-load") return HostLoad(argc, argv);
+  if (mode != "direct") Die("--mode must be direct or host-load");
   const std::string path = absl::GetFlag(FLAGS_file);
   if (path.empty()) Die("--file is required");
   const uint64_t bytes = absl::GetFlag(FLAGS_file_bytes).bytes;

@@ -1,0 +1,210 @@
+#include "bench/host_load_runs.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <memory>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "bench/bench_support.h"
+#include "common/fd_io.h"
+#include "common/posix_error.h"
+#include "storage/host_arena.h"
+#include "storage/host_cache.h"
+#include "storage/storage_stack.h"
+
+namespace tierd::bench {
+namespace {
+
+constexpr uint64_t kPageBytes = 4096;
+constexpr uint64_t kReadBytes = 4ull << 20;  // the reference's read size
+constexpr uint64_t kPinPieceBytes = 1ull << 30;
+
+uint64_t RoundUp(uint64_t value, uint64_t unit) { return (value + unit - 1) / unit * unit; }
+
+std::string ObjectKey(const HostLoadObject& object) {
+  return absl::StrCat(kHostLoadModelName, "/", object.name);
+}
+
+// The first error reported from several threads.
+class FirstError {
+ public:
+  void Note(std::string error) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (error_.empty()) error_ = std::move(error);
+  }
+  // Dies with `what: error` when one was noted. REQUIRES: the threads that note have finished.
+  void DieIfAny(const std::string& what) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (!error_.empty()) Die(absl::StrCat(what, ": ", error_));
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::string error_ ABSL_GUARDED_BY(mu_);
+};
+
+// Pinning runs in the background; a daemon's arena is long since pinned when a model loads.
+void WaitForPinning(const HostArena& arena) {
+  if (!arena.WaitUntilFullyPinned(absl::InfiniteDuration())) {
+    Check(arena.pin_status(), "pinning the host arena");
+    Die("the host arena stopped pinning before it was whole");
+  }
+}
+
+// Registers the model in a catalog that does not know it yet (a later stack's catalog loads it
+// from the state directory).
+void RegisterOnce(Catalog& catalog, const HostLoadModel& model) {
+  if (catalog.GetModel(kHostLoadModelName).ok()) return;
+  const ModelSummary summary =
+      Check(catalog.RegisterModel(kHostLoadModelName, model.directory, Grouping::kBlock,
+                                  GroupingRules::Defaults()),
+            "registering the model");
+  if (summary.objects != model.objects.size() || summary.total_bytes != model.object_bytes) {
+    Die(absl::StrCat("the catalog found ", summary.objects, " objects of ", summary.total_bytes,
+                     " bytes in ", model.directory, "; the benchmark wrote ", model.objects.size(),
+                     " of ", model.object_bytes));
+  }
+}
+
+}  // namespace
+
+TierdLoadResult LoadThroughTierd(Device& device, const HostLoadModel& model,
+                                 const TierdLoadSettings& settings) {
+  StorageStackOptions options;
+  options.state_dir = settings.state_dir;
+  options.durable_store = false;
+  // Each object takes whole pages, from the page its first byte is on; a little more for slack.
+  uint64_t arena_bytes = 64ull << 20;
+  for (const HostLoadObject& object : model.objects) {
+    arena_bytes += RoundUp(object.offset % kPageBytes + object.bytes, kPageBytes);
+  }
+  options.arena = {arena_bytes, kPinPieceBytes};
+  if (settings.reader_threads) options.reader.threads = *settings.reader_threads;
+  if (settings.reader_queue_depth) options.reader.queue_depth = *settings.reader_queue_depth;
+  std::unique_ptr<StorageStack> stack =
+      Check(StorageStack::Create(device, options), "building the storage stack");
+  WaitForPinning(stack->arena());
+  RegisterOnce(stack->catalog(), model);
+
+  TierdLoadResult result;
+  result.reader = options.reader;
+  result.recorded_checksums = !stack->catalog().Checksum(ObjectKey(model.objects[0])).has_value();
+  HostCache& cache = stack->host_cache();
+  const size_t count = model.objects.size();
+  std::vector<std::string> keys;
+  for (const HostLoadObject& object : model.objects) keys.push_back(ObjectKey(object));
+  // Each callback fills its own slot; pending.Wait() orders the writes before the reads below.
+  std::vector<HostObject> resident(count);
+  absl::BlockingCounter pending(static_cast<int>(count));
+  FirstError errors;
+
+  const Clock::time_point start = Clock::now();
+  if (settings.prefetch) {
+    for (const std::string& key : keys) Check(cache.Prefetch(key, absl::InfiniteFuture()), key);
+  }
+  const ReadPriority priority = settings.prefetch ? ReadPriority::kPrefetch : ReadPriority::kDemand;
+  for (size_t i = 0; i < count; ++i) {
+    cache.Fetch(keys[i], priority, absl::InfiniteFuture(),
+                [&, i](absl::StatusOr<HostObject> object) {
+                  if (object.ok()) {
+                    resident[i] = *std::move(object);
+                  } else {
+                    errors.Note(absl::StrCat(keys[i], ": ", object.status().ToString()));
+                  }
+                  pending.DecrementCount();
+                });
+  }
+  pending.Wait();
+  const double seconds = SecondsSince(start);
+  errors.DieIfAny("loading through tierd");
+  result.gb_per_s = static_cast<double>(model.object_bytes) / seconds / 1e9;
+
+  for (size_t i = 0; i < count; ++i) {
+    if (resident[i].size() != model.objects[i].bytes) {
+      Die(absl::StrCat(keys[i], " came back with ", resident[i].size(), " bytes, not ",
+                       model.objects[i].bytes));
+    }
+  }
+  result.verified_objects = VerifyHostLoadObjects(
+      model, [&](size_t i) -> const uint8_t* { return resident[i].data(); },
+      settings.verify_threads);
+  resident.clear();  // every reference goes before the cache does
+  result.reader_stats = stack->reader().stats();
+  result.cache_stats = cache.stats();
+  if (result.cache_stats.checksum_failures != 0) Die("the host cache counted checksum failures");
+  return result;
+}
+
+PreadLoadResult LoadWithPread(Device& device, const HostLoadModel& model, int threads,
+                              int verify_threads) {
+  const uint64_t total = model.file_bytes;
+  std::unique_ptr<HostArena> arena = Check(
+      HostArena::Create(device, {RoundUp(total, kPageBytes), kPinPieceBytes}), "the host arena");
+  WaitForPinning(*arena);
+  std::optional<ArenaAllocation> memory = arena->Allocate(total);
+  if (!memory) Die("the reference's arena has no room for the model");
+  uint8_t* const destination = arena->data(*memory);
+  // The files back to back: file f's bytes land at file_start[f].
+  std::vector<uint64_t> file_start = {0};
+  std::vector<ScopedFd> fds;
+  for (const HostLoadFile& file : model.files) {
+    file_start.push_back(file_start.back() + file.bytes);
+    fds.emplace_back(::open(file.path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fds.back().get() < 0) Die(PosixError("cannot open " + file.path, errno).ToString());
+  }
+  FirstError errors;
+  // Reads [begin, end) of the files back to back.
+  auto read_share = [&](uint64_t begin, uint64_t end) {
+    for (uint64_t position = begin; position < end;) {
+      const size_t f =
+          static_cast<size_t>(std::upper_bound(file_start.begin(), file_start.end(), position) -
+                              file_start.begin() - 1);
+      const uint64_t n = std::min({kReadBytes, end - position, file_start[f + 1] - position});
+      const ssize_t got = ::pread(fds[f].get(), destination + position, n,
+                                  static_cast<off_t>(position - file_start[f]));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        errors.Note(got == 0 ? model.files[f].path + " ended early"
+                             : PosixError("reading " + model.files[f].path, errno).ToString());
+        return;
+      }
+      position += static_cast<uint64_t>(got);
+    }
+  };
+  // Shares start at multiples of the read size, so every read but those at file ends is whole.
+  const uint64_t share = RoundUp(total / threads, kReadBytes);
+  std::vector<std::thread> readers;
+  const Clock::time_point start = Clock::now();
+  for (int t = 0; t < threads; ++t) {
+    const uint64_t begin = std::min(total, share * t);
+    const uint64_t end = t == threads - 1 ? total : std::min(total, share * (t + 1));
+    readers.emplace_back(read_share, begin, end);
+  }
+  for (std::thread& reader : readers) reader.join();
+  const double seconds = SecondsSince(start);
+  errors.DieIfAny("the pread reference");
+
+  PreadLoadResult result;
+  result.gb_per_s = static_cast<double>(total) / seconds / 1e9;
+  result.verified_objects = VerifyHostLoadObjects(
+      model,
+      [&](size_t i) -> const uint8_t* {
+        const HostLoadObject& object = model.objects[i];
+        return destination + file_start[object.file] + object.offset;
+      },
+      verify_threads);
+  memory.reset();  // before the arena goes
+  return result;
+}
+
+}  // namespace tierd::bench
