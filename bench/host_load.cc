@@ -144,7 +144,8 @@ nlohmann::json RunHostLoad(const HostLoadOptions& options) {
       FormatByteSize(model.object_bytes), model.objects.size(),
       FormatByteSize(model.objects.front().bytes), model.files.size(), model.directory,
       device->Describe(), last.reader.threads, last.reader.queue_depth,
-      options.reader_threads || options.reader_queue_depth ? "set by flags" : "defaults",
+      options.reader_threads ? "set by flags"
+                             : absl::StrCat("auto: ", last.reader_sizing).c_str(),
       EngineName(last.reader_stats.engine),
       absl::StrCat(last.reader_stats.buffered_files, " of ", model.files.size(),
                    " files read buffered"),
@@ -184,6 +185,7 @@ nlohmann::json RunHostLoad(const HostLoadOptions& options) {
         {"queue_depth", last.reader.queue_depth},
         {"chunk_bytes", last.reader.chunk_bytes},
         {"defaults", !options.reader_threads && !options.reader_queue_depth},
+        {"sizing", last.reader_sizing},
         {"engine", EngineName(last.reader_stats.engine)},
         {"buffered_files", last.reader_stats.buffered_files}}},
       {"load", options.prefetch ? "prefetch" : "fetch"},

@@ -20,6 +20,7 @@
 #include "common/posix_error.h"
 #include "storage/host_arena.h"
 #include "storage/host_cache.h"
+#include "storage/reader_sizing.h"
 #include "storage/storage_stack.h"
 
 namespace tierd::bench {
@@ -89,7 +90,15 @@ TierdLoadResult LoadThroughTierd(Device& device, const HostLoadModel& model,
     arena_bytes += RoundUp(object.offset % kPageBytes + object.bytes, kPageBytes);
   }
   options.arena = {arena_bytes, kPinPieceBytes};
-  if (settings.reader_threads) options.reader.threads = *settings.reader_threads;
+  std::string reader_sizing;
+  if (settings.reader_threads) {
+    options.reader.threads = *settings.reader_threads;
+  } else {
+    const ReaderSizing sizing = SizeReaders(
+        {model.directory}, static_cast<int>(std::thread::hardware_concurrency()));
+    options.reader.threads = sizing.threads;
+    reader_sizing = sizing.why;
+  }
   if (settings.reader_queue_depth) options.reader.queue_depth = *settings.reader_queue_depth;
   std::unique_ptr<StorageStack> stack =
       Check(StorageStack::Create(device, options), "building the storage stack");
@@ -98,6 +107,7 @@ TierdLoadResult LoadThroughTierd(Device& device, const HostLoadModel& model,
 
   TierdLoadResult result;
   result.reader = options.reader;
+  result.reader_sizing = reader_sizing;
   result.recorded_checksums = !stack->catalog().Checksum(ObjectKey(model.objects[0])).has_value();
   HostCache& cache = stack->host_cache();
   const size_t count = model.objects.size();

@@ -27,8 +27,10 @@ struct TierdLoadSettings {
   // The stack's state directory. Kept from one load to the next, so that the first load records
   // the objects' checksums in the catalog and later ones verify them.
   std::string state_dir;
-  // Unset: the DiskReaderOptions defaults, which are the daemon's.
+  // Unset: sized as the daemon's --reader-threads=auto sizes them for a model root at the model's
+  // directory (storage/reader_sizing.h).
   std::optional<int> reader_threads;
+  // Unset: the DiskReaderOptions default, which is the daemon's.
   std::optional<int> reader_queue_depth;
   // Prefetch every object, then wait for each with Fetch; otherwise Fetch each on demand.
   bool prefetch = false;
@@ -41,6 +43,7 @@ struct TierdLoadResult {
   // verified them.
   bool recorded_checksums = false;
   DiskReaderOptions reader;  // the options the stack's reader was built with
+  std::string reader_sizing;  // why it has reader.threads threads, when they were sized
   DiskReaderStats reader_stats;
   HostCacheStats cache_stats;
   size_t verified_objects = 0;

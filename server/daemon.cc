@@ -23,6 +23,7 @@
 #include "grpc/health/v1/health.pb.h"
 #include "server/metrics_text.h"
 #include "server/resource_limits.h"
+#include "storage/reader_sizing.h"
 #include "server/stats.h"
 #include "server/unix_socket.h"
 #include "wire/session_socket.h"
@@ -103,10 +104,21 @@ std::string StartingSocketPath(const std::string& path) { return path + ".starti
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& options) {
-  RETURN_IF_ERROR(ValidateOptions(options));
-  // Before anything is created: a budget the machine cannot hold is refused, not tried.
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& requested) {
+  RETURN_IF_ERROR(ValidateOptions(requested));
   ASSIGN_OR_RETURN(const MachineResources machine, ReadMachineResources());
+  DaemonOptions options = requested;
+  if (options.reader.threads == 0) {
+    // --reader-threads=auto: sized to the storage the models are confined to, else to the state
+    // directory's (the best guess at where this node keeps its files).
+    const ReaderSizing sizing = SizeReaders(
+        options.model_roots.empty() ? std::vector<std::string>{options.state_dir}
+                                    : options.model_roots,
+        machine.cpu_cores);
+    options.reader.threads = sizing.threads;
+    TIERD_LOG(INFO) << "disk reader threads (auto): " << sizing.why;
+  }
+  // Before anything is created: a budget the machine cannot hold is refused, not tried.
   RETURN_IF_ERROR(CheckDaemonLimits(options, machine));
   std::optional<gid_t> group;
   if (!options.socket_group.empty()) {

@@ -50,8 +50,9 @@ struct DaemonOptions {
   // --pin-threads: threads pinning the host arena after its first piece; 0: DefaultPinThreads()
   // (storage/host_arena.h), half the CPUs from 1 to 8.
   int pin_threads = 0;
-  DiskReaderOptions reader;  // --reader-threads, --reader-queue-depth, --reader-chunk-bytes,
-                             // --io-engine, --direct-io
+  // --reader-threads (threads 0: auto, storage/reader_sizing.h), --reader-queue-depth,
+  // --reader-chunk-bytes, --io-engine, --direct-io
+  DiskReaderOptions reader;
   std::string socket_group;  // --socket-group: the sockets' group; empty: the daemon's own
   // --client-groups: groups with GPU staging and stored objects of their own, each serving
   // sessions on ClientGroupSocketPathFor(socket_path, name). Needs the session socket.

@@ -16,6 +16,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -64,7 +65,9 @@ ABSL_FLAG(std::string, spill_dir, "",
 ABSL_FLAG(int, pin_threads, 0,
           "Threads pinning the host cache after its first GiB; 0: half the CPUs, from 1 to 8");
 ABSL_FLAG(std::string, host_cache_policy, "fifo", "Host cache eviction: fifo or lru");
-ABSL_FLAG(int, reader_threads, 2, "Disk reader threads, one io_uring ring each");
+ABSL_FLAG(std::string, reader_threads, "auto",
+          "Disk reader threads, one io_uring ring each: a number, or auto (sized to the storage "
+          "under --model-roots, else --state-dir, and to the cores; logged)");
 ABSL_FLAG(int, reader_queue_depth, 16, "Disk reads in flight per reader thread");
 ABSL_FLAG(tierd::ByteSize, reader_chunk_bytes, tierd::ByteSize{4ull << 20},
           "Size of each disk read (a multiple of 4KiB)");
@@ -177,7 +180,15 @@ int Run() {
     return kExitBadUsage;
   }
   options.host_cache_policy = *policy;
-  options.reader.threads = absl::GetFlag(FLAGS_reader_threads);
+  const std::string reader_threads = absl::GetFlag(FLAGS_reader_threads);
+  if (reader_threads == "auto") {
+    options.reader.threads = 0;  // Daemon::Create sizes it
+  } else if (!absl::SimpleAtoi(reader_threads, &options.reader.threads) ||
+             options.reader.threads < 1) {
+    std::fprintf(stderr, "tierd: --reader-threads must be auto or a number from 1, not '%s'\n",
+                 reader_threads.c_str());
+    return kExitBadUsage;
+  }
   options.reader.queue_depth = absl::GetFlag(FLAGS_reader_queue_depth);
   options.reader.chunk_bytes = absl::GetFlag(FLAGS_reader_chunk_bytes).bytes;
   options.reader.direct = absl::GetFlag(FLAGS_direct_io);

@@ -336,6 +336,8 @@ TEST_F(DaemonProcessTest, FlagsTheMachineCannotHoldAreRefusedBeforeAnythingIsAll
   };
   const std::vector<Case> cases = {
       {{"--reader-threads=100000"}, "--reader-threads=100000 is more than 4 x "},
+      {{"--reader-threads=0"}, "--reader-threads must be auto or a number from 1, not '0'"},
+      {{"--reader-threads=many"}, "--reader-threads must be auto or a number from 1, not 'many'"},
       {{absl::StrCat("--host-cache-bytes=", beyond)},
        "--host-cache-bytes=16384 TiB is more than the memory available"},
       {{absl::StrCat("--gpu-pool-bytes=", beyond), absl::StrCat("--gpu-slab-bytes=", beyond)},
