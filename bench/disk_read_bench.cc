@@ -68,6 +68,8 @@ ABSL_FLAG(std::vector<std::string>, reference_threads, std::vector<std::string>(
           "host-load: thread counts of the pread reference, one run each");
 ABSL_FLAG(int, reader_threads, 0, "host-load: the reader's threads; 0: its default");
 ABSL_FLAG(int, reader_queue_depth, 0, "host-load: the reader's queue depth; 0: its default");
+ABSL_FLAG(std::string, reader_engine, "auto", "host-load: the reader's engine: auto, io_uring, pread");
+ABSL_FLAG(int, checksum_threads, 0, "host-load: the host cache's checksum threads; 0: its default");
 ABSL_FLAG(std::string, load, "fetch",
           "host-load: fetch (every object on demand) or prefetch (all, then fetch each)");
 
@@ -158,6 +160,16 @@ int HostLoad(int argc, char** argv) {
   options.device = absl::GetFlag(FLAGS_device);
   if (const int threads = absl::GetFlag(FLAGS_reader_threads); threads > 0) {
     options.reader_threads = threads;
+  }
+  if (const std::string engine = absl::GetFlag(FLAGS_reader_engine); engine == "io_uring") {
+    options.reader_engine = tierd::IoEngine::kIoUring;
+  } else if (engine == "pread") {
+    options.reader_engine = tierd::IoEngine::kPread;
+  } else if (engine != "auto") {
+    Die("--reader-engine must be auto, io_uring or pread");
+  }
+  if (const int threads = absl::GetFlag(FLAGS_checksum_threads); threads > 0) {
+    options.checksum_threads = threads;
   }
   if (const int depth = absl::GetFlag(FLAGS_reader_queue_depth); depth > 0) {
     options.reader_queue_depth = depth;

@@ -111,6 +111,8 @@ nlohmann::json RunHostLoad(const HostLoadOptions& options) {
   settings.state_dir = state.path();
   settings.reader_threads = options.reader_threads;
   settings.reader_queue_depth = options.reader_queue_depth;
+  settings.reader_engine = options.reader_engine;
+  settings.checksum_threads = options.checksum_threads;
   settings.prefetch = options.prefetch;
   settings.verify_threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
 
@@ -184,7 +186,10 @@ nlohmann::json RunHostLoad(const HostLoadOptions& options) {
        {{"threads", last.reader.threads},
         {"queue_depth", last.reader.queue_depth},
         {"chunk_bytes", last.reader.chunk_bytes},
-        {"defaults", !options.reader_threads && !options.reader_queue_depth},
+        {"defaults", !options.reader_threads && !options.reader_queue_depth &&
+                         options.reader_engine == IoEngine::kAuto},
+        {"checksum_threads", options.checksum_threads > 0 ? options.checksum_threads
+                                                          : DefaultChecksumThreads()},
         {"sizing", last.reader_sizing},
         {"engine", EngineName(last.reader_stats.engine)},
         {"buffered_files", last.reader_stats.buffered_files}}},

@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "storage/disk_reader.h"
+#include "storage/host_cache.h"
+
 namespace tierd::bench {
 
 struct HostLoadOptions {
@@ -25,6 +28,8 @@ struct HostLoadOptions {
   // Unset: the reader's defaults (DiskReaderOptions), which are the daemon's.
   std::optional<int> reader_threads;
   std::optional<int> reader_queue_depth;
+  IoEngine reader_engine = IoEngine::kAuto;
+  int checksum_threads = 0;  // 0: the host cache's default
   bool prefetch = false;     // prefetch every object, then wait for each; else fetch on demand
   std::string command_line;  // for the record
 };

@@ -100,6 +100,8 @@ TierdLoadResult LoadThroughTierd(Device& device, const HostLoadModel& model,
     reader_sizing = sizing.why;
   }
   if (settings.reader_queue_depth) options.reader.queue_depth = *settings.reader_queue_depth;
+  options.reader.engine = settings.reader_engine;
+  options.host_cache.checksum_threads = settings.checksum_threads;
   std::unique_ptr<StorageStack> stack =
       Check(StorageStack::Create(device, options), "building the storage stack");
   WaitForPinning(stack->arena());

@@ -32,6 +32,8 @@ struct TierdLoadSettings {
   std::optional<int> reader_threads;
   // Unset: the DiskReaderOptions default, which is the daemon's.
   std::optional<int> reader_queue_depth;
+  IoEngine reader_engine = IoEngine::kAuto;
+  int checksum_threads = 0;  // 0: the host cache's default
   // Prefetch every object, then wait for each with Fetch; otherwise Fetch each on demand.
   bool prefetch = false;
   int verify_threads = 1;

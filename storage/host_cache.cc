@@ -58,7 +58,7 @@ void HostObject::Reset() {
 }
 
 int DefaultChecksumThreads() {
-  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 4, 1, 4);
+  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8);
 }
 
 HostCache::HostCache(Catalog& catalog, DiskReader& reader, HostArena& arena, SpillWriter* spill,
