@@ -20,6 +20,7 @@
 #include "common/posix_error.h"
 #include "storage/host_arena.h"
 #include "storage/host_cache.h"
+#include "common/cpus.h"
 #include "storage/reader_sizing.h"
 #include "storage/storage_stack.h"
 
@@ -94,8 +95,7 @@ TierdLoadResult LoadThroughTierd(Device& device, const HostLoadModel& model,
   if (settings.reader_threads) {
     options.reader.threads = *settings.reader_threads;
   } else {
-    const ReaderSizing sizing = SizeReaders(
-        {model.directory}, static_cast<int>(std::thread::hardware_concurrency()));
+    const ReaderSizing sizing = SizeReaders({model.directory}, UsableCpus());
     options.reader.threads = sizing.threads;
     reader_sizing = sizing.why;
   }

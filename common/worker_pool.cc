@@ -17,9 +17,9 @@ WorkerPool::~WorkerPool() {
   for (std::thread& thread : threads_) thread.join();
 }
 
-void WorkerPool::Post(absl::AnyInvocable<void() &&> job) {
+void WorkerPool::Post(absl::AnyInvocable<void() &&> job, Urgency urgency) {
   absl::MutexLock lock(&mu_);
-  jobs_.push_back(std::move(job));
+  (urgency == kUrgent ? urgent_ : jobs_).push_back(std::move(job));
 }
 
 void WorkerPool::Loop() {
@@ -28,12 +28,13 @@ void WorkerPool::Loop() {
     {
       absl::MutexLock lock(&mu_);
       auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !jobs_.empty() || stopping_;
+        return !urgent_.empty() || !jobs_.empty() || stopping_;
       };
       mu_.Await(absl::Condition(&has_work));
-      if (jobs_.empty()) return;  // stopping, and nothing is left to run
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
+      std::deque<absl::AnyInvocable<void() &&>>& queue = urgent_.empty() ? jobs_ : urgent_;
+      if (queue.empty()) return;  // stopping, and nothing is left to run
+      job = std::move(queue.front());
+      queue.pop_front();
     }
     std::move(job)();
   }

@@ -1,11 +1,11 @@
 #include "server/resource_limits.h"
 
-#include <sched.h>
+#include "common/cpus.h"
+
 
 #include <cerrno>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -142,14 +142,7 @@ absl::Status TakeDaemonHostMemory(const DaemonOptions& options, Budget& memory) 
 
 absl::StatusOr<MachineResources> ReadMachineResources() {
   MachineResources machine;
-  cpu_set_t cpus;
-  CPU_ZERO(&cpus);
-  if (::sched_getaffinity(0, sizeof(cpus), &cpus) == 0) {
-    machine.cpu_cores = CPU_COUNT(&cpus);
-  } else {
-    machine.cpu_cores = static_cast<int>(std::thread::hardware_concurrency());
-  }
-  if (machine.cpu_cores < 1) machine.cpu_cores = 1;
+  machine.cpu_cores = UsableCpus();
 
   constexpr char kMeminfo[] = "/proc/meminfo";
   std::ifstream meminfo(kMeminfo);

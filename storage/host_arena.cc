@@ -1,9 +1,7 @@
 #include "storage/host_arena.h"
 
-#include <sched.h>
 
 #include <algorithm>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,18 +10,12 @@
 #include "common/free_ranges.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "common/cpus.h"
 #include "device/pinned_host_buffer.h"
 
 namespace tierd {
 
-int DefaultPinThreads() {
-  int cpus = 0;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof(set), &set) == 0) cpus = CPU_COUNT(&set);
-  if (cpus < 1) cpus = static_cast<int>(std::thread::hardware_concurrency());
-  return std::clamp(cpus / 2, 1, 8);
-}
+int DefaultPinThreads() { return std::clamp(UsableCpus() / 2, 1, 8); }
 
 absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(Device& device,
                                                              const HostArenaOptions& options) {

@@ -5,13 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/byte_size.h"
+#include "common/cpus.h"
 #include "common/deferred_calls.h"
 #include "common/log.h"
 #include "device/pinned_host_buffer.h"
@@ -58,7 +58,7 @@ void HostObject::Reset() {
 }
 
 int DefaultChecksumThreads() {
-  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8);
+  return std::clamp(UsableCpus() / 2, 1, 8);
 }
 
 HostCache::HostCache(Catalog& catalog, DiskReader& reader, HostArena& arena, SpillWriter* spill,
@@ -258,7 +258,7 @@ bool HostCache::CancelPrefetch(const std::string& key) {
     if (entry->state != State::kLoading || !entry->read_id || entry->demand) return false;
     id = *entry->read_id;
   }
-  // Outside the lock: a successful cancel calls FinishRead at once.
+  // Outside the lock: a successful cancel has FinishRead run (on the checksum pool).
   return reader_.Cancel(id);
 }
 
@@ -274,9 +274,19 @@ void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
   mu_.Unlock();
   const DiskReader::RequestId id =
       reader_.Submit({std::move(targets), priority, deadline, [this, entry](absl::Status status) {
-                        if (!status.ok()) return FinishRead(entry, std::move(status));
-                        // Checksummed off the reader thread, which goes on reading.
-                        checksums_.Post([this, entry] { FinishRead(entry, absl::OkStatus()); });
+                        // Finished on the checksum pool, off the reader thread, which goes on
+                        // reading; failures too, so that joining the pool waits for every
+                        // completion's answers. A demand read's goes before prefetches'.
+                        bool demand;
+                        {
+                          absl::MutexLock lock(&mu_);
+                          demand = entry->demand;
+                        }
+                        checksums_.Post(
+                            [this, entry, status = std::move(status)]() mutable {
+                              FinishRead(entry, std::move(status));
+                            },
+                            demand ? WorkerPool::kUrgent : WorkerPool::kNormal);
                       }});
   mu_.Lock();
   --entry->submits_pending;

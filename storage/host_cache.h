@@ -223,7 +223,7 @@ class HostCache : private HostCacheTable::Owner {
   uint64_t allocations_pending_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_spill_id_ ABSL_GUARDED_BY(mu_) = 0;
   HostCacheStats stats_ ABSL_GUARDED_BY(mu_);
-  // Runs FinishRead for reads that succeeded. Last: joined first, before anything its jobs use.
+  // Runs FinishRead for every read. Last: joined first, before anything its jobs use.
   WorkerPool checksums_;
 };
 

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -46,6 +48,30 @@ TEST(WorkerPoolTest, AJobRunsWhileAnotherBlocks) {
   pool.Post([&] { second_ran.Notify(); });
   EXPECT_TRUE(second_ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
   release.Notify();
+}
+
+TEST(WorkerPoolTest, UrgentJobsGoBeforeTheOthersQueued) {
+  WorkerPool pool(1);
+  absl::Notification release;
+  pool.Post([&] { release.WaitForNotification(); });  // holds the one thread
+  absl::Mutex mu;
+  std::vector<int> order;
+  absl::Notification all_ran;
+  auto record = [&](int job) {
+    return [&, job] {
+      absl::MutexLock lock(&mu);
+      order.push_back(job);
+      if (order.size() == 4) all_ran.Notify();
+    };
+  };
+  pool.Post(record(1));
+  pool.Post(record(2));
+  pool.Post(record(3), WorkerPool::kUrgent);
+  pool.Post(record(4), WorkerPool::kUrgent);
+  release.Notify();
+  ASSERT_TRUE(all_ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(order, (std::vector<int>{3, 4, 1, 2}));
 }
 
 }  // namespace
