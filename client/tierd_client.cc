@@ -100,7 +100,7 @@ absl::StatusOr<Lease> Session::Fetch(const std::string& key, Stream& stream) {
   lease.tensors_.assign(std::make_move_iterator(granted.mutable_tensors()->begin()),
                         std::make_move_iterator(granted.mutable_tensors()->end()));
   lease.stream_ = &stream;
-  // The reader thread opened the response's handles; a lookup fails only when the daemon named
+  // The thread that read the answer opened its handles; a lookup fails only when the daemon named
   // one it never sent (the lease is then released unread).
   absl::StatusOr<Slab*> slab = core_->slab(granted.slab_id());
   if (!slab.ok()) return slab.status();
@@ -142,7 +142,7 @@ absl::Status Session::StoreAsync(const StoreRequest& store, Stream& stream) {
   const v1::Reservation& reservation = response->reservation();
   v1::SessionRequest commit;
   commit.mutable_commit()->set_reservation_id(reservation.reservation_id());
-  // The reader thread opened the response's handles.
+  // The thread that read the answer opened its handles.
   absl::StatusOr<Slab*> slab = core_->slab(reservation.slab_id());
   absl::Status status = slab.status();
   if (status.ok()) {

@@ -15,7 +15,7 @@
 // the host. The lease is released, quietly, when the tier says its copy has read the buffer.
 //
 // Thread-safe. Fetch blocks only to connect to a peer (a local socket and one round trip); the
-// callbacks run on the peers' session reader threads.
+// callbacks run on whichever thread reads the peer's session (SessionCore).
 #ifndef TIERD_SERVER_PEER_DAEMONS_H_
 #define TIERD_SERVER_PEER_DAEMONS_H_
 

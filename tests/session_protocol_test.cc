@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 #include <memory>
@@ -150,13 +151,17 @@ class SessionProtocolTest : public ::testing::Test {
     return path;
   }
 
-  // A client's session core on the session socket at `path`, opened; null (and a test failure)
-  // when it cannot be.
-  std::shared_ptr<SessionCore> OpenSessionCore(const std::string& path) {
+  // A client's session core on the session socket at `path` (its transport wrapped by `wrap` when
+  // set), opened; null (and a test failure) when it cannot be.
+  std::shared_ptr<SessionCore> OpenSessionCore(
+      const std::string& path,
+      std::function<std::unique_ptr<SessionTransport>(std::unique_ptr<SessionTransport>)> wrap =
+          nullptr) {
     auto transport = ConnectSessionSocket(path);
     EXPECT_THAT(transport, IsOk());
     if (!transport.ok()) return nullptr;
-    std::shared_ptr<SessionCore> core = SessionCore::Start(*std::move(transport));
+    std::shared_ptr<SessionCore> core =
+        SessionCore::Start(wrap ? wrap(*std::move(transport)) : *std::move(transport));
     core->set_device(std::shared_ptr<Device>(std::shared_ptr<Device>(), device_.get()));
     absl::StatusOr<v1::SessionResponse> opened =
         core->Call(OpenRequest(0, "session_protocol_test"));
@@ -417,6 +422,83 @@ TEST_F(SessionProtocolTest, CallsFromManyThreadsAtOnceEachGetTheirOwnAnswer) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   EXPECT_EQ(callbacks.load(), kRounds / 4);
+  core.reset();
+  EXPECT_TRUE(NothingHeldSoon());
+}
+
+// A transport that notes which thread read each answer.
+class ReadThreads : public SessionTransport {
+ public:
+  explicit ReadThreads(std::unique_ptr<SessionTransport> transport)
+      : transport_(std::move(transport)) {}
+  bool Write(const v1::SessionRequest& request) override { return transport_->Write(request); }
+  bool Read(v1::SessionResponse& response) override {
+    const bool read = transport_->Read(response);
+    if (read) {
+      absl::MutexLock lock(&mu_);
+      readers_[response.request_id()] = std::this_thread::get_id();
+    }
+    return read;
+  }
+  void CloseWrites() override { transport_->CloseWrites(); }
+  absl::Status Finish() override { return transport_->Finish(); }
+  const char* kind() const override { return transport_->kind(); }
+
+  // The thread that read the answer to `request_id`.
+  std::optional<std::thread::id> reader(uint64_t request_id) {
+    absl::MutexLock lock(&mu_);
+    auto it = readers_.find(request_id);
+    if (it == readers_.end()) return std::nullopt;
+    return it->second;
+  }
+
+ private:
+  const std::unique_ptr<SessionTransport> transport_;
+  absl::Mutex mu_;
+  std::map<uint64_t, std::thread::id> readers_ ABSL_GUARDED_BY(mu_);
+};
+
+// A call made while the session is busy reads its own answer: the answer wakes the caller, not a
+// reader thread that would then have to wake it. Only the first call after a pause (the reader
+// thread watches an idle session) is handed over.
+TEST_F(SessionProtocolTest, ACallReadsItsOwnAnswerWhileTheSessionIsBusy) {
+  const std::string path = StartServer();
+  ASSERT_NE(server_, nullptr);
+  ReadThreads* recorder = nullptr;
+  std::shared_ptr<SessionCore> core =
+      OpenSessionCore(path, [&recorder](std::unique_ptr<SessionTransport> transport) {
+        auto wrapped = std::make_unique<ReadThreads>(std::move(transport));
+        recorder = wrapped.get();
+        return std::unique_ptr<SessionTransport>(std::move(wrapped));
+      });
+  ASSERT_NE(core, nullptr);
+  auto stream = device_->CreateStream(StreamPriority::kNormal);
+  ASSERT_THAT(stream, IsOk());
+  constexpr int kCalls = 20;
+  int read_by_caller = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    absl::StatusOr<v1::SessionResponse> fetched = core->Call(FetchRequestFor(0, "m/blocks.1"));
+    ASSERT_THAT(fetched, IsOk());
+    const std::optional<std::thread::id> reader = recorder->reader(fetched->request_id());
+    ASSERT_TRUE(reader.has_value());
+    if (*reader == std::this_thread::get_id()) ++read_by_caller;
+    core->ReleaseLease(fetched->lease().lease_id(), **stream);
+  }
+  // All but the first few: a pause of SessionCore::kIdleWatch on a loaded machine hands one over.
+  EXPECT_GE(read_by_caller, kCalls - 5);
+
+  // With an answer owed to a callback, the caller still gets its own, and the callback its.
+  Answers answers;
+  ASSERT_THAT(core->Send(PrefetchRequestFor(0, "m/blocks.3"),
+                         [&answers](const v1::SessionResponse& answer) { answers.Add(answer); }),
+              IsOk());
+  absl::StatusOr<v1::SessionResponse> fetched = core->Call(FetchRequestFor(0, "m/blocks.2"));
+  ASSERT_THAT(fetched, IsOk());
+  EXPECT_EQ(fetched->lease().key(), "m/blocks.2");
+  core->ReleaseLease(fetched->lease().lease_id(), **stream);
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (answers.order().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(answers.order().size(), 1u);
   core.reset();
   EXPECT_TRUE(NothingHeldSoon());
 }

@@ -78,11 +78,15 @@ bool SessionCore::ReaderThreadWantedLocked() const {
 void SessionCore::ReaderThread() {
   absl::MutexLock lock(&mu_);
   while (!ended_) {
-    if (reading_ || (!ReaderThreadWantedLocked() && absl::Now() - role_free_since_ < kIdleWatch)) {
+    // Never while a caller holds the role or waits to take it: it reads for everyone.
+    const bool role_free = !reading_ && callers_waiting_ == 0;
+    if (!role_free ||
+        (!ReaderThreadWantedLocked() && absl::Now() - role_free_since_ < kIdleWatch)) {
       mu_.AwaitWithTimeout(absl::Condition(
                                +[](SessionCore* core) ABSL_NO_THREAD_SAFETY_ANALYSIS {
                                  return core->ended_ ||
-                                        (!core->reading_ && core->ReaderThreadWantedLocked());
+                                        (!core->reading_ && core->callers_waiting_ == 0 &&
+                                         core->ReaderThreadWantedLocked());
                                },
                                this),
                            kIdleWatch);
@@ -96,16 +100,17 @@ void SessionCore::ReaderThread() {
 void SessionCore::ReadWhileReader(const Pending* mine) {
   const SessionCore* const outer = reading_session;
   reading_session = this;
-  for (int reads = 0; !ended_; ++reads) {
+  bool answered_a_call = false;
+  while (!ended_) {
     if (mine != nullptr) {
       if (mine->answered) break;
-    } else if (reads > 0 && (callers_waiting_ > 0 || !ReaderThreadWantedLocked())) {
-      break;  // a caller reads for itself from here, or nothing is owed
+    } else if (callers_waiting_ > 0 || answered_a_call) {
+      break;  // callers read for themselves from here
     }
     mu_.Unlock();
     v1::SessionResponse response;
     if (transport_->Read(response)) {
-      Dispatch(response);
+      answered_a_call = Dispatch(response);
     } else {
       EndStream();
     }
@@ -116,7 +121,7 @@ void SessionCore::ReadWhileReader(const Pending* mine) {
   reading_session = outer;
 }
 
-void SessionCore::Dispatch(v1::SessionResponse& response) {
+bool SessionCore::Dispatch(v1::SessionResponse& response) {
   std::shared_ptr<Pending> pending;
   {
     absl::MutexLock lock(&mu_);
@@ -124,7 +129,7 @@ void SessionCore::Dispatch(v1::SessionResponse& response) {
     if (it == pending_.end()) {
       // A quiet request's failure (nobody waits for it), or an answer nobody asked for.
       if (response.code() != 0) LogFailure(response);
-      return;
+      return false;
     }
     pending = std::move(it->second);
     pending_.erase(it);
@@ -140,11 +145,12 @@ void SessionCore::Dispatch(v1::SessionResponse& response) {
   }
   if (pending->callback) {
     pending->callback(response);
-    return;
+    return false;
   }
   absl::MutexLock lock(&mu_);
   pending->response = std::move(response);
   pending->answered = true;
+  return true;
 }
 
 void SessionCore::EndStream() {

@@ -7,9 +7,11 @@
 // whoever waits for it. A caller waiting for its answer takes the role when nobody holds it and
 // reads until its answer comes, so a call costs one wake-up, not two (the answer wakes the caller,
 // not a thread that then wakes the caller). The core's reader thread takes the role when no
-// caller holds it and answers are owed to callbacks, the session is closing, or nothing has been
-// read for kIdleWatch, so that a quiet request's failure is logged and the end of the stream is
-// seen while the caller does other work.
+// caller holds it or waits, and answers are owed to callbacks, the session is closing, or nothing
+// has been read for kIdleWatch — so that a quiet request's failure is logged and the end of the
+// stream is seen while the callers do other work — and keeps it until a caller waits or it has
+// answered a call. So the first call after a pause of kIdleWatch is handed over; the next ones,
+// made while the session is busy, read for themselves.
 //
 // Thread-safe: requests from several threads are pipelined on the one transport.
 #ifndef TIERD_WIRE_SESSION_CORE_H_
@@ -63,7 +65,7 @@ class SessionCore {
                     std::function<void(const v1::SessionResponse&)> done = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Sends a request the daemon answers only when it fails (a quiet release); the reader logs such
-  // a failure (within kIdleWatch, or with the next call's answer).
+  // a failure (within about kIdleWatch, or with the next call's answer).
   absl::Status SendQuiet(v1::SessionRequest request) ABSL_LOCKS_EXCLUDED(mu_);
 
   const char* transport_kind() const { return transport_->kind(); }
@@ -104,13 +106,14 @@ class SessionCore {
   // Whether answers are owed that only the reader thread would read (no caller waits for them).
   bool ReaderThreadWantedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads the transport as the role's holder (reading_, set by the caller) until `mine` is
-  // answered or, for the reader thread (`mine` null), after one answer once a caller waits or
-  // nothing is owed; or until the stream ends. Then gives the role up. Unlocks mu_ around reads.
+  // answered or, for the reader thread (`mine` null), until a caller waits or one of the answers
+  // read was a call's; or until the stream ends. Then gives the role up. Unlocks mu_ around reads.
   void ReadWhileReader(const Pending* mine) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until `pending` is answered, reading for it while nobody else reads.
   void AwaitAnswerLocked(const Pending& pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hands `response` to whoever waits for it (opening the handles it brings first).
-  void Dispatch(v1::SessionResponse& response) ABSL_LOCKS_EXCLUDED(mu_);
+  // Hands `response` to whoever waits for it (opening the handles it brings first). True when it
+  // answered a Call.
+  bool Dispatch(v1::SessionResponse& response) ABSL_LOCKS_EXCLUDED(mu_);
   // After the last Read: learns why the stream ended, and answers every request still pending.
   void EndStream() ABSL_LOCKS_EXCLUDED(mu_);
   // UNAVAILABLE "the session with tierd has ended", with end_reason_ when there is one.

@@ -45,7 +45,7 @@ class SocketTransport final : public SessionTransport {
  private:
   const int fd_;
   const std::string path_;
-  FrameReader reader_;        // the reader's alone, like the two below
+  FrameReader reader_;        // the reading thread's alone (one at a time), like the two below
   std::string payload_;       // the frame read last
   absl::Status read_status_;  // of the last Read
   std::atomic<bool> writes_closed_{false};
