@@ -79,6 +79,7 @@ status=0
 jsons=()
 for mode in $modes; do
   echo "## $mode"
+  rm -f "$out/$mode.json"  # a failed run must not leave an older result to be summed up
   case $mode in
     direct)
       [[ -n $fio ]] || echo "note: fio is missing; the direct mode runs without its reference"

@@ -23,6 +23,13 @@
 
 namespace tierd {
 
+// The disk reader's defaults, its threads left to --reader-threads=auto.
+inline DiskReaderOptions AutoSizedReader() {
+  DiskReaderOptions reader;
+  reader.threads = 0;
+  return reader;
+}
+
 struct DaemonOptions {
   DeviceSpec device;        // --device
   std::string socket_path;  // --socket: unix socket the gRPC server listens on
@@ -50,9 +57,9 @@ struct DaemonOptions {
   // --pin-threads: threads pinning the host arena after its first piece; 0: DefaultPinThreads()
   // (storage/host_arena.h), half the CPUs from 1 to 8.
   int pin_threads = 0;
-  // --reader-threads (threads 0: auto, storage/reader_sizing.h), --reader-queue-depth,
-  // --reader-chunk-bytes, --io-engine, --direct-io
-  DiskReaderOptions reader;
+  // --reader-threads (threads 0: auto, storage/reader_sizing.h, the default here as for the
+  // flag), --reader-queue-depth, --reader-chunk-bytes, --io-engine, --direct-io
+  DiskReaderOptions reader = AutoSizedReader();
   std::string socket_group;  // --socket-group: the sockets' group; empty: the daemon's own
   // --client-groups: groups with GPU staging and stored objects of their own, each serving
   // sessions on ClientGroupSocketPathFor(socket_path, name). Needs the session socket.

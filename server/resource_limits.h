@@ -51,6 +51,7 @@ absl::StatusOr<MachineResources> ReadMachineResources();
 //   --host-cache-bytes, the disk reader's buffers (threads x queue depth x chunk) and
 //   --peer-host-buffer-bytes together within MemAvailable;
 //   --peer-host-buffer-bytes (shared memory on both backends) within the free space of /dev/shm.
+// REQUIRES: --reader-threads=auto has been sized (options.reader.threads is not 0).
 absl::Status CheckDaemonLimits(const DaemonOptions& options, const MachineResources& machine);
 
 // The staging pools, --gpu-pool-bytes and each client group's, together within the free memory

@@ -3,11 +3,13 @@
 // block devices found through sysfs (partitions and device-mapper / md stacks followed down to the
 // disks), solid-state or rotational, and their hardware queue counts — and at the cores:
 //  - memory-backed: a read is the kernel copying pages, so it scales with threads like pread does:
-//    half the cores, 2 to 8;
+//    half the cores, at least 2, at most 8;
 //  - solid-state disks: two threads per disk (one ring keeps a drive's queue full at 16 reads of
-//    4 MiB; two overlap the completions' handling), 2 to 8 and at most half the cores;
-//  - rotational disks, or what cannot be told (network file systems, containers without sysfs):
-//    2, measured to read a virtual disk at 0.98 of fio.
+//    4 MiB; two overlap the completions' handling), at least 2, else at most half the cores and 8;
+//  - rotational disks, or what cannot be told: 2, measured to read a virtual disk at 0.98 of fio.
+//    What cannot be told includes file systems whose device number is not a block device's —
+//    btrfs, ZFS, NFS, overlayfs (a container's root) — and machines without sysfs: set
+//    --reader-threads there, or confine models with --model-roots to a directory on a plain one.
 // The largest answer over the paths wins. The queue depth is left as configured (16 reads).
 //
 // Stateless; thread-safe.

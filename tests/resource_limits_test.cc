@@ -26,10 +26,12 @@ MachineResources SmallMachine() {
   return machine;
 }
 
-// tierd's defaults: 4 GiB host cache, 2 GiB pool, 2 reader threads of 16 x 4 MiB, 256 MiB handoff
+// tierd's defaults: 4 GiB host cache, 2 GiB pool, 2 reader threads (what --reader-threads=auto
+// gives a 2-core machine; the daemon sizes them before it checks) of 16 x 4 MiB, 256 MiB handoff
 // buffer.
 DaemonOptions Defaults() {
   DaemonOptions options;
+  options.reader.threads = 2;
   options.host_cache_bytes = 4 * kGiB;
   options.gpu_pool_bytes = 2 * kGiB;
   options.session_limits.max_leases = 4096;
