@@ -137,4 +137,13 @@ absl::StatusOr<double> ProcessCpuSeconds(int pid) {
 
 std::string TodayUtc() { return absl::FormatTime("%Y-%m-%d", absl::Now(), absl::UTCTimeZone()); }
 
+void FillRandomWords(std::vector<uint64_t>& words, uint64_t& seed) {
+  for (uint64_t& word : words) {
+    uint64_t z = (seed += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    word = z ^ (z >> 31);
+  }
+}
+
 }  // namespace tierd::bench

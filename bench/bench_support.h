@@ -71,6 +71,10 @@ absl::StatusOr<double> ProcessCpuSeconds(int pid);
 // Today's date, YYYY-MM-DD (UTC), for the records.
 std::string TodayUtc();
 
+// Fills `words` with pseudo-random words (splitmix64 from `seed`, which it advances): the bytes of
+// the models benchmarks write.
+void FillRandomWords(std::vector<uint64_t>& words, uint64_t& seed);
+
 }  // namespace tierd::bench
 
 #endif  // TIERD_BENCH_BENCH_SUPPORT_H_

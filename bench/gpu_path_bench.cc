@@ -117,12 +117,7 @@ void WriteSafetensors(const std::string& path, const std::vector<TensorSpec>& te
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
   std::vector<uint64_t> block(1 << 20);  // 8 MiB
   for (uint64_t written = 0; written < offset;) {
-    for (uint64_t& word : block) {  // splitmix64
-      uint64_t z = (seed += 0x9e3779b97f4a7c15ull);
-      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-      word = z ^ (z >> 31);
-    }
+    FillRandomWords(block, seed);
     const uint64_t n = std::min<uint64_t>(block.size() * 8, offset - written);
     out.write(reinterpret_cast<const char*>(block.data()), static_cast<std::streamsize>(n));
     written += n;

@@ -61,12 +61,7 @@ void WriteModelFile(const HostLoadFile& file, uint64_t data_bytes, uint64_t& see
   Check(WriteAll(fd.get(), prefix + file.header, file.path), "writing the model");
   std::vector<uint64_t> block(kIoBytes / sizeof(uint64_t));
   for (uint64_t written = 0; written < data_bytes;) {
-    for (uint64_t& word : block) {
-      uint64_t z = (seed += 0x9e3779b97f4a7c15ull);
-      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-      word = z ^ (z >> 31);
-    }
+    FillRandomWords(block, seed);
     const uint64_t n = std::min<uint64_t>(kIoBytes, data_bytes - written);
     Check(WriteAll(fd.get(), {reinterpret_cast<const char*>(block.data()), n}, file.path),
           "writing the model");

@@ -18,9 +18,10 @@
 #include "bench/bench_support.h"
 #include "common/fd_io.h"
 #include "common/posix_error.h"
+#include "common/cpus.h"
+#include "common/free_ranges.h"
 #include "storage/host_arena.h"
 #include "storage/host_cache.h"
-#include "common/cpus.h"
 #include "storage/reader_sizing.h"
 #include "storage/storage_stack.h"
 
@@ -30,8 +31,6 @@ namespace {
 constexpr uint64_t kPageBytes = 4096;
 constexpr uint64_t kReadBytes = 4ull << 20;  // the reference's read size
 constexpr uint64_t kPinPieceBytes = 1ull << 30;
-
-uint64_t RoundUp(uint64_t value, uint64_t unit) { return (value + unit - 1) / unit * unit; }
 
 std::string ObjectKey(const HostLoadObject& object) {
   return absl::StrCat(kHostLoadModelName, "/", object.name);

@@ -50,6 +50,17 @@ using ::tierd::testing::TempDir;
 
 constexpr absl::Duration kTimeout = absl::Seconds(10);
 
+// Whether `holds()` becomes true within kTimeout.
+template <typename Predicate>
+bool Soon(Predicate holds) {
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (absl::Now() < deadline) {
+    if (holds()) return true;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return holds();
+}
+
 // The answers one session was sent, by request id, in the order they came.
 class Answers {
  public:
@@ -175,12 +186,7 @@ class SessionProtocolTest : public ::testing::Test {
   // Whether the tier's stats satisfy `holds` within kTimeout.
   template <typename Predicate>
   bool StatsSoon(Predicate holds) {
-    const absl::Time deadline = absl::Now() + kTimeout;
-    while (absl::Now() < deadline) {
-      if (holds(tier_->stats())) return true;
-      absl::SleepFor(absl::Milliseconds(2));
-    }
-    return false;
+    return Soon([&] { return holds(tier_->stats()); });
   }
   // Whether, within kTimeout, no session is open and nothing is leased, reserved or pinned.
   bool NothingHeldSoon() {
@@ -417,10 +423,7 @@ TEST_F(SessionProtocolTest, CallsFromManyThreadsAtOnceEachGetTheirOwnAnswer) {
   for (std::thread& caller : callers) caller.join();
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_TRUE(StatsSoon([](const GpuTierStats& stats) { return stats.leases == 0; }));
-  const absl::Time deadline = absl::Now() + kTimeout;
-  while (callbacks.load() < kRounds / 4 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  Soon([&] { return callbacks.load() >= kRounds / 4; });
   EXPECT_EQ(callbacks.load(), kRounds / 4);
   core.reset();
   EXPECT_TRUE(NothingHeldSoon());
@@ -496,8 +499,7 @@ TEST_F(SessionProtocolTest, ACallReadsItsOwnAnswerWhileTheSessionIsBusy) {
   ASSERT_THAT(fetched, IsOk());
   EXPECT_EQ(fetched->lease().key(), "m/blocks.2");
   core->ReleaseLease(fetched->lease().lease_id(), **stream);
-  const absl::Time deadline = absl::Now() + kTimeout;
-  while (answers.order().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  Soon([&] { return !answers.order().empty(); });
   EXPECT_EQ(answers.order().size(), 1u);
   core.reset();
   EXPECT_TRUE(NothingHeldSoon());
@@ -513,8 +515,7 @@ TEST_F(SessionProtocolTest, AnAnswerOwedToACallbackComesWithoutACall) {
                          [&answers](const v1::SessionResponse& answer) { answers.Add(answer); }),
               IsOk());
   // Nobody calls: the reader thread reads it.
-  const absl::Time deadline = absl::Now() + kTimeout;
-  while (answers.order().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  Soon([&] { return !answers.order().empty(); });
   const std::vector<uint64_t> order = answers.order();
   ASSERT_EQ(order.size(), 1u);
   EXPECT_EQ(answers.Await(order[0]).lease().key(), "m/blocks.1");
@@ -531,9 +532,7 @@ TEST_F(SessionProtocolTest, TheClientSeesTheSessionEndWhileItMakesNoCall) {
   ASSERT_THAT(core->Call(FetchRequestFor(0, "m/blocks.0")), IsOk());
   EXPECT_FALSE(core->ended());
   server_->Shutdown(absl::Now());  // ends the session from the daemon's side
-  const absl::Time deadline = absl::Now() + kTimeout;
-  while (!core->ended() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
-  EXPECT_TRUE(core->ended());
+  EXPECT_TRUE(Soon([&] { return core->ended(); }));
   absl::StatusOr<v1::SessionResponse> late = core->Call(FetchRequestFor(0, "m/blocks.0"));
   EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(NothingHeldSoon());
