@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,22 +17,11 @@
 #include "bench/host_load_model.h"
 #include "bench/host_load_runs.h"
 #include "common/byte_size.h"
+#include "common/machine.h"
 #include "device/device_factory.h"
 
 namespace tierd::bench {
 namespace {
-
-// MemAvailable from /proc/meminfo, in bytes; 0 where it cannot be read.
-uint64_t AvailableMemoryBytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string name;
-  uint64_t kib = 0;
-  std::string unit;
-  while (meminfo >> name >> kib >> unit) {
-    if (name == "MemAvailable:") return kib << 10;
-  }
-  return 0;
-}
 
 // A state directory for the stacks, removed when this goes.
 class ScratchDirectory {
@@ -89,7 +77,7 @@ nlohmann::json RunHostLoad(const HostLoadOptions& options) {
   }
   if (options.reference_threads.empty()) Die("--reference-threads names no thread count");
   if (options.repeat < 1) Die("--repeat must be at least 1");
-  const uint64_t available = AvailableMemoryBytes();
+  const uint64_t available = Check(AvailableMemoryBytes(), "reading the memory available");
   if (options.model_bytes > available / 2) {
     Die(absl::StrCat("--model-bytes=", FormatByteSize(options.model_bytes),
                      " is more than half of the memory available (MemAvailable ",

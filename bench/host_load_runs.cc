@@ -18,7 +18,7 @@
 #include "bench/bench_support.h"
 #include "common/fd_io.h"
 #include "common/posix_error.h"
-#include "common/cpus.h"
+#include "common/machine.h"
 #include "common/free_ranges.h"
 #include "storage/host_arena.h"
 #include "storage/host_cache.h"

@@ -1,20 +1,13 @@
 #include "server/resource_limits.h"
 
-#include "common/cpus.h"
-
-
-#include <cerrno>
-#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "common/byte_size.h"
+#include "common/machine.h"
 #include "common/posix_error.h"
 #include "common/status_macros.h"
 #include "device/shared_memory.h"
@@ -144,25 +137,7 @@ absl::StatusOr<MachineResources> ReadMachineResources() {
   MachineResources machine;
   machine.cpu_cores = UsableCpus();
 
-  constexpr char kMeminfo[] = "/proc/meminfo";
-  std::ifstream meminfo(kMeminfo);
-  if (!meminfo) return PosixError(absl::StrCat("opening ", kMeminfo), errno);
-  bool found = false;
-  for (std::string line; !found && std::getline(meminfo, line);) {
-    absl::string_view rest = line;
-    if (!absl::ConsumePrefix(&rest, "MemAvailable:")) continue;
-    rest = absl::StripAsciiWhitespace(rest);
-    uint64_t kib = 0;
-    if (!absl::ConsumeSuffix(&rest, "kB") ||
-        !absl::SimpleAtoi(absl::StripAsciiWhitespace(rest), &kib)) {
-      return absl::FailedPreconditionError(absl::StrCat("cannot read ", kMeminfo, ": ", line));
-    }
-    machine.memory_available_bytes = kib << 10;
-    found = true;
-  }
-  if (!found) {
-    return absl::FailedPreconditionError(absl::StrCat("no MemAvailable in ", kMeminfo));
-  }
+  ASSIGN_OR_RETURN(machine.memory_available_bytes, AvailableMemoryBytes());
   ASSIGN_OR_RETURN(machine.shared_memory_free_bytes, SharedMemoryFreeBytes());
   return machine;
 }

@@ -2,13 +2,10 @@
 
 #include <malloc.h>
 
-#include <fstream>
-#include <string>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "common/byte_size.h"
+#include "common/machine.h"
 
 namespace tierd {
 
@@ -47,20 +44,9 @@ void ReturnMemoryAfterDropping(uint64_t bytes) {
 uint64_t DefaultMaxUnreadAnswerBytes() {
   constexpr uint64_t kFloor = 64ull << 20;
   constexpr uint64_t kCeiling = 1ull << 30;
-  std::ifstream meminfo("/proc/meminfo");
-  std::string line;
-  while (std::getline(meminfo, line)) {
-    absl::string_view rest = line;
-    if (!absl::ConsumePrefix(&rest, "MemAvailable:")) continue;
-    rest = absl::StripAsciiWhitespace(rest);
-    uint64_t kib;
-    if (!absl::ConsumeSuffix(&rest, "kB") ||
-        !absl::SimpleAtoi(absl::StripAsciiWhitespace(rest), &kib)) {
-      break;
-    }
-    return std::clamp<uint64_t>(kib * 1024 / 16, kFloor, kCeiling);
-  }
-  return kCeiling;
+  absl::StatusOr<uint64_t> available = AvailableMemoryBytes();
+  if (!available.ok()) return kCeiling;
+  return std::clamp<uint64_t>(*available / 16, kFloor, kCeiling);
 }
 
 }  // namespace tierd

@@ -10,7 +10,7 @@
 #include "common/free_ranges.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "common/cpus.h"
+#include "common/machine.h"
 #include "device/pinned_host_buffer.h"
 
 namespace tierd {

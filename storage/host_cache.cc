@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/byte_size.h"
-#include "common/cpus.h"
+#include "common/machine.h"
 #include "common/deferred_calls.h"
 #include "common/log.h"
 #include "device/pinned_host_buffer.h"
