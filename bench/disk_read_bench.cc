@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -161,13 +162,10 @@ int HostLoad(int argc, char** argv) {
   if (const int threads = absl::GetFlag(FLAGS_reader_threads); threads > 0) {
     options.reader_threads = threads;
   }
-  if (const std::string engine = absl::GetFlag(FLAGS_reader_engine); engine == "io_uring") {
-    options.reader_engine = tierd::IoEngine::kIoUring;
-  } else if (engine == "pread") {
-    options.reader_engine = tierd::IoEngine::kPread;
-  } else if (engine != "auto") {
-    Die("--reader-engine must be auto, io_uring or pread");
-  }
+  const std::optional<tierd::IoEngine> engine =
+      tierd::ParseIoEngine(absl::GetFlag(FLAGS_reader_engine));
+  if (!engine) Die("--reader-engine must be auto, io_uring or pread");
+  options.reader_engine = *engine;
   if (const int threads = absl::GetFlag(FLAGS_checksum_threads); threads > 0) {
     options.checksum_threads = threads;
   }
@@ -253,7 +251,7 @@ int main(int argc, char** argv) {
       {"queue_depth", options.queue_depth},
       {"chunk_bytes", options.chunk_bytes},
       {"request_bytes", absl::GetFlag(FLAGS_request_bytes).bytes},
-      {"engine", stats.engine == tierd::IoEngine::kIoUring ? "io_uring" : "pread"},
+      {"engine", tierd::IoEngineName(stats.engine)},
       {"buffered_files", stats.buffered_files},
       {"tierd_gb_per_s", tierd_runs},
       {"tierd_median_gb_per_s", Median(tierd_runs)},

@@ -64,10 +64,6 @@ nlohmann::json ModelRecord(const HostLoadModel& model) {
           {"files", files}};
 }
 
-const char* EngineName(IoEngine engine) {
-  return engine == IoEngine::kIoUring ? "io_uring" : engine == IoEngine::kPread ? "pread" : "auto";
-}
-
 }  // namespace
 
 nlohmann::json RunHostLoad(const HostLoadOptions& options) {
@@ -136,7 +132,7 @@ nlohmann::json RunHostLoad(const HostLoadOptions& options) {
       device->Describe(), last.reader.threads, last.reader.queue_depth,
       options.reader_threads ? "set by flags"
                              : absl::StrCat("auto: ", last.reader_sizing).c_str(),
-      EngineName(last.reader_stats.engine),
+      IoEngineName(last.reader_stats.engine),
       absl::StrCat(last.reader_stats.buffered_files, " of ", model.files.size(),
                    " files read buffered"),
       options.prefetch ? "prefetch all, then fetch" : "fetch all on demand");
@@ -179,7 +175,7 @@ nlohmann::json RunHostLoad(const HostLoadOptions& options) {
         {"checksum_threads", options.checksum_threads > 0 ? options.checksum_threads
                                                           : DefaultChecksumThreads()},
         {"sizing", last.reader_sizing},
-        {"engine", EngineName(last.reader_stats.engine)},
+        {"engine", IoEngineName(last.reader_stats.engine)},
         {"buffered_files", last.reader_stats.buffered_files}}},
       {"load", options.prefetch ? "prefetch" : "fetch"},
       {"tierd",

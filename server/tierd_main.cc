@@ -192,17 +192,13 @@ int Run() {
   options.reader.queue_depth = absl::GetFlag(FLAGS_reader_queue_depth);
   options.reader.chunk_bytes = absl::GetFlag(FLAGS_reader_chunk_bytes).bytes;
   options.reader.direct = absl::GetFlag(FLAGS_direct_io);
-  const std::string engine = absl::GetFlag(FLAGS_io_engine);
-  if (engine == "auto") {
-    options.reader.engine = tierd::IoEngine::kAuto;
-  } else if (engine == "io_uring") {
-    options.reader.engine = tierd::IoEngine::kIoUring;
-  } else if (engine == "pread") {
-    options.reader.engine = tierd::IoEngine::kPread;
-  } else {
+  const std::optional<tierd::IoEngine> engine =
+      tierd::ParseIoEngine(absl::GetFlag(FLAGS_io_engine));
+  if (!engine) {
     std::fprintf(stderr, "tierd: --io-engine must be auto, io_uring or pread\n");
     return kExitBadUsage;
   }
+  options.reader.engine = *engine;
   options.socket_group = absl::GetFlag(FLAGS_socket_group);
   absl::StatusOr<std::vector<tierd::ClientGroupOptions>> client_groups =
       tierd::ParseClientGroups(absl::GetFlag(FLAGS_client_groups));

@@ -17,6 +17,25 @@
 #include "storage/model_scan.h"
 
 namespace tierd {
+
+std::optional<IoEngine> ParseIoEngine(absl::string_view name) {
+  if (name == "auto") return IoEngine::kAuto;
+  if (name == "io_uring") return IoEngine::kIoUring;
+  if (name == "pread") return IoEngine::kPread;
+  return std::nullopt;
+}
+
+const char* IoEngineName(IoEngine engine) {
+  switch (engine) {
+    case IoEngine::kAuto:
+      return "auto";
+    case IoEngine::kIoUring:
+      return "io_uring";
+    case IoEngine::kPread:
+      return "pread";
+  }
+  return "?";
+}
 namespace {
 
 // O_DIRECT needs offsets, lengths and buffers aligned to the device's logical block size; 4 KiB is

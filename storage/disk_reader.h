@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -31,6 +32,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "storage/file_system.h"
@@ -41,6 +43,10 @@ namespace tierd {
 
 enum class ReadPriority { kDemand = 0, kPrefetch = 1 };
 enum class IoEngine { kAuto, kIoUring, kPread };
+
+// "auto" / "io_uring" / "pread" ↔ IoEngine.
+std::optional<IoEngine> ParseIoEngine(absl::string_view name);
+const char* IoEngineName(IoEngine engine);
 
 struct DiskReaderOptions {
   int threads = 2;
