@@ -10,9 +10,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 
 namespace tierd::bench {
 
@@ -27,6 +29,24 @@ inline double SecondsSince(Clock::time_point start) {
 
 // The value, or Die with "what: status".
 void Check(const absl::Status& status, const std::string& what);
+
+// The first error reported from several threads.
+class FirstError {
+ public:
+  void Note(std::string error) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (error_.empty()) error_ = std::move(error);
+  }
+  // Dies with `what: error` when one was noted. REQUIRES: the threads that note have finished.
+  void DieIfAny(const std::string& what) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (!error_.empty()) Die(what + ": " + error_);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::string error_ ABSL_GUARDED_BY(mu_);
+};
 template <typename T>
 T Check(absl::StatusOr<T> value, const std::string& what) {
   Check(value.status(), what);

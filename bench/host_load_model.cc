@@ -16,7 +16,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
 #include "bench/bench_support.h"
 #include "common/byte_size.h"
 #include "common/directory.h"
@@ -141,8 +140,7 @@ size_t VerifyHostLoadObjects(const HostLoadModel& model,
     if (fds.back().get() < 0) Die(PosixError("cannot open " + file.path, errno).ToString());
   }
   std::atomic<size_t> next{0};
-  absl::Mutex mu;
-  std::string first_error;  // guarded by mu
+  FirstError first_error;
   auto verify = [&] {
     std::vector<uint8_t> expected(kIoBytes);
     for (size_t i = next++; i < model.objects.size(); i = next++) {
@@ -165,8 +163,7 @@ size_t VerifyHostLoadObjects(const HostLoadModel& model,
                                static_cast<int>(*file_byte), ")");
         }
         if (!error.empty()) {
-          absl::MutexLock lock(&mu);
-          if (first_error.empty()) first_error = error;
+          first_error.Note(std::move(error));
           next = model.objects.size();
           return;
         }
@@ -177,7 +174,7 @@ size_t VerifyHostLoadObjects(const HostLoadModel& model,
   std::vector<std::thread> workers;
   for (int t = 0; t < std::max(1, threads); ++t) workers.emplace_back(verify);
   for (std::thread& worker : workers) worker.join();
-  if (!first_error.empty()) Die("verification failed: " + first_error);
+  first_error.DieIfAny("verification failed");
   return model.objects.size();
 }
 

@@ -13,7 +13,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "bench/bench_support.h"
 #include "common/fd_io.h"
@@ -35,24 +34,6 @@ constexpr uint64_t kPinPieceBytes = 1ull << 30;
 std::string ObjectKey(const HostLoadObject& object) {
   return absl::StrCat(kHostLoadModelName, "/", object.name);
 }
-
-// The first error reported from several threads.
-class FirstError {
- public:
-  void Note(std::string error) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    if (error_.empty()) error_ = std::move(error);
-  }
-  // Dies with `what: error` when one was noted. REQUIRES: the threads that note have finished.
-  void DieIfAny(const std::string& what) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    if (!error_.empty()) Die(absl::StrCat(what, ": ", error_));
-  }
-
- private:
-  absl::Mutex mu_;
-  std::string error_ ABSL_GUARDED_BY(mu_);
-};
 
 // Pinning runs in the background; a daemon's arena is long since pinned when a model loads.
 void WaitForPinning(const HostArena& arena) {
