@@ -4,8 +4,9 @@
 // disks), solid-state or rotational, and their hardware queue counts — and at the cores:
 //  - memory-backed: a read is the kernel copying pages, so it scales with threads like pread does:
 //    half the cores, at least 2, at most 8;
-//  - solid-state disks: two threads per disk (one ring keeps a drive's queue full at 16 reads of
-//    4 MiB; two overlap the completions' handling), at least 2, else at most half the cores and 8;
+//  - solid-state disks: two threads per disk, at least 2, else at most half the cores and 8. Not
+//    measured on NVMe yet (no machine here has one): the reasoning is that one ring of 16 reads of
+//    4 MiB keeps a drive's queue busy and a second overlaps the completions' handling;
 //  - rotational disks, or what cannot be told: 2, measured to read a virtual disk at 0.98 of fio.
 //    What cannot be told includes file systems whose device number is not a block device's —
 //    btrfs, ZFS, NFS, overlayfs (a container's root) — and machines without sysfs: set
