@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -98,7 +97,7 @@ nlohmann::json RunHostLoad(const HostLoadOptions& options) {
   settings.reader_engine = options.reader_engine;
   settings.checksum_threads = options.checksum_threads;
   settings.prefetch = options.prefetch;
-  settings.verify_threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
+  settings.verify_threads = std::clamp(UsableCpus(), 1, 8);
 
   std::vector<double> tierd_runs;
   std::vector<std::string> checksums;  // per tierd run: "recorded" or "verified"
