@@ -234,19 +234,24 @@ class CudaDevice final : public Device {
   }
 
   absl::Status RegisterHostMemory(void* data, size_t bytes) override {
-    if (data == nullptr || bytes == 0) {
-      return absl::InvalidArgumentError("registering a null or empty host range");
-    }
+    return HostRegister(data, bytes, cudaHostRegisterPortable);
+  }
+
+  absl::Status RegisterReadOnlyHostMemory(const void* data, size_t bytes) override {
     RETURN_IF_ERROR(Activate());
-    absl::Status status = CudaStatus(cudaHostRegister(data, bytes, cudaHostRegisterPortable),
-                                     absl::StrCat("cudaHostRegister ", bytes, " bytes"));
-    if (status.code() == absl::StatusCode::kInternal ||
-        status.code() == absl::StatusCode::kResourceExhausted) {
-      // The usual cause is RLIMIT_MEMLOCK: say so, since the CUDA message does not.
-      return absl::ResourceExhaustedError(
-          absl::StrCat(status.message(), "; is the memlock limit (ulimit -l) high enough?"));
+    int supported = 0;
+    RETURN_IF_ERROR(CudaStatus(
+        cudaDeviceGetAttribute(&supported, cudaDevAttrHostRegisterReadOnlySupported, ordinal_),
+        "cudaDeviceGetAttribute(cudaDevAttrHostRegisterReadOnlySupported)"));
+    if (supported == 0) {
+      return absl::UnimplementedError(
+          absl::StrCat("cuda:", ordinal_,
+                       " cannot register read-only host memory "
+                       "(cudaDevAttrHostRegisterReadOnlySupported is 0)"));
     }
-    return status;
+    // cudaHostRegisterReadOnly: the driver maps the pages for reading only, and never writes them.
+    return HostRegister(const_cast<void*>(data), bytes,
+                        cudaHostRegisterPortable | cudaHostRegisterReadOnly);
   }
 
   absl::Status UnregisterHostMemory(void* data) override {
@@ -377,6 +382,22 @@ class CudaDevice final : public Device {
   }
 
  private:
+  // cudaHostRegister with `flags`, its failures explained.
+  absl::Status HostRegister(void* data, size_t bytes, unsigned int flags) {
+    if (data == nullptr || bytes == 0) {
+      return absl::InvalidArgumentError("registering a null or empty host range");
+    }
+    RETURN_IF_ERROR(Activate());
+    absl::Status status = CudaStatus(cudaHostRegister(data, bytes, flags),
+                                     absl::StrCat("cudaHostRegister ", bytes, " bytes"));
+    if (status.code() == absl::StatusCode::kInternal ||
+        status.code() == absl::StatusCode::kResourceExhausted) {
+      // The usual cause is RLIMIT_MEMLOCK: say so, since the CUDA message does not.
+      return absl::ResourceExhaustedError(
+          absl::StrCat(status.message(), "; is the memlock limit (ulimit -l) high enough?"));
+    }
+    return status;
+  }
   // The runtime's current device is per thread; every entry point selects ours first.
   absl::Status Activate() const { return CudaStatus(cudaSetDevice(ordinal_), "cudaSetDevice"); }
 

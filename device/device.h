@@ -126,8 +126,14 @@ class Device {
   // Errors: INVALID_ARGUMENT for a null or empty range; RESOURCE_EXHAUSTED when the OS refuses to
   // lock that much memory (RLIMIT_MEMLOCK).
   virtual absl::Status RegisterHostMemory(void* data, size_t bytes) = 0;
-  // REQUIRES: `data` is the start of a range registered with RegisterHostMemory and no copy on it
-  // is still in flight.
+  // Page-locks [data, data + bytes) of memory this process may only read (mapped PROT_READ, e.g.
+  // another process's shared memory), for copies out of it at full speed. The device never writes
+  // to it. REQUIRES and errors as RegisterHostMemory; UNIMPLEMENTED where the device cannot
+  // register read-only memory (the default): the caller then maps the memory writable and uses
+  // RegisterHostMemory.
+  virtual absl::Status RegisterReadOnlyHostMemory(const void* data, size_t bytes);
+  // REQUIRES: `data` is the start of a range registered with RegisterHostMemory or
+  // RegisterReadOnlyHostMemory, and no copy on it is still in flight.
   virtual absl::Status UnregisterHostMemory(void* data) = 0;
 
   virtual absl::StatusOr<std::unique_ptr<Stream>> CreateStream(StreamPriority priority) = 0;
@@ -179,6 +185,10 @@ class Device {
  protected:
   Device() = default;
 };
+
+inline absl::Status Device::RegisterReadOnlyHostMemory(const void*, size_t) {
+  return absl::UnimplementedError("this device cannot register read-only host memory");
+}
 
 }  // namespace tierd
 

@@ -27,6 +27,9 @@ class DeviceWrapper : public Device {
   absl::Status RegisterHostMemory(void* data, size_t bytes) override {
     return target_.RegisterHostMemory(data, bytes);
   }
+  absl::Status RegisterReadOnlyHostMemory(const void* data, size_t bytes) override {
+    return target_.RegisterReadOnlyHostMemory(data, bytes);
+  }
   absl::Status UnregisterHostMemory(void* data) override {
     return target_.UnregisterHostMemory(data);
   }

@@ -100,6 +100,10 @@ absl::StatusOr<std::unique_ptr<Slab>> HostDevice::AllocateSlab(size_t bytes) {
 }
 
 absl::Status HostDevice::RegisterHostMemory(void* data, size_t bytes) {
+  return RegisterReadOnlyHostMemory(data, bytes);
+}
+
+absl::Status HostDevice::RegisterReadOnlyHostMemory(const void* data, size_t bytes) {
   if (data == nullptr || bytes == 0) {
     return absl::InvalidArgumentError("registering a null or empty host range");
   }

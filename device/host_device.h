@@ -37,6 +37,9 @@ class HostDevice final : public Device {
 
   absl::StatusOr<std::unique_ptr<Slab>> AllocateSlab(size_t bytes) override;
   absl::Status RegisterHostMemory(void* data, size_t bytes) override ABSL_LOCKS_EXCLUDED(mu_);
+  // Tracked like RegisterHostMemory's ranges: the host backend copies with the CPU.
+  absl::Status RegisterReadOnlyHostMemory(const void* data, size_t bytes) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status UnregisterHostMemory(void* data) override ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream(StreamPriority priority) override;
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override ABSL_LOCKS_EXCLUDED(mu_);
@@ -71,7 +74,7 @@ class HostDevice final : public Device {
 
   absl::Mutex mu_;
   uint64_t next_object_id_ ABSL_GUARDED_BY(mu_) = 0;
-  std::set<void*> registered_host_ranges_ ABSL_GUARDED_BY(mu_);
+  std::set<const void*> registered_host_ranges_ ABSL_GUARDED_BY(mu_);
   // Event tables this device owns, and the free slots in them.
   std::vector<std::shared_ptr<SharedMemory>> event_tables_ ABSL_GUARDED_BY(mu_);
   std::vector<EventSlotRef> free_event_slots_ ABSL_GUARDED_BY(mu_);

@@ -53,12 +53,22 @@ absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Create(const std::st
     ::shm_unlink(name.c_str());
     return PosixError(absl::StrCat("mmap ", name), mmap_errno);
   }
-  return std::unique_ptr<SharedMemory>(new SharedMemory(name, data, bytes, /*owner=*/true));
+  return std::unique_ptr<SharedMemory>(
+      new SharedMemory(name, data, bytes, /*owner=*/true, /*read_only=*/false));
 }
 
 absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Open(const std::string& name) {
+  return OpenMapping(name, /*read_only=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::OpenReadOnly(const std::string& name) {
+  return OpenMapping(name, /*read_only=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::OpenMapping(const std::string& name,
+                                                                        bool read_only) {
   if (absl::Status status = CheckName(name); !status.ok()) return status;
-  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  int fd = ::shm_open(name.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC, 0);
   if (fd < 0) return PosixError(absl::StrCat("shm_open ", name), errno);
   struct stat st;
   if (::fstat(fd, &st) != 0) {
@@ -71,11 +81,26 @@ absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Open(const std::stri
     return absl::NotFoundError(absl::StrCat("shared memory ", name, " is empty"));
   }
   const size_t bytes = static_cast<size_t>(st.st_size);
-  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* data =
+      ::mmap(nullptr, bytes, read_only ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int mmap_errno = errno;
   ::close(fd);
   if (data == MAP_FAILED) return PosixError(absl::StrCat("mmap ", name), mmap_errno);
-  return std::unique_ptr<SharedMemory>(new SharedMemory(name, data, bytes, /*owner=*/false));
+  return std::unique_ptr<SharedMemory>(
+      new SharedMemory(name, data, bytes, /*owner=*/false, read_only));
+}
+
+absl::Status SharedMemory::MakeWritable() {
+  if (!read_only_) return absl::OkStatus();
+  int fd = ::shm_open(name_.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return PosixError(absl::StrCat("shm_open ", name_), errno);
+  // MAP_FIXED replaces the read-only mapping in one step, so the range is never unmapped.
+  void* data = ::mmap(data_, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+  int mmap_errno = errno;
+  ::close(fd);
+  if (data == MAP_FAILED) return PosixError(absl::StrCat("mmap ", name_), mmap_errno);
+  read_only_ = false;
+  return absl::OkStatus();
 }
 
 SharedMemory::~SharedMemory() {
