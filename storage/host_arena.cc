@@ -1,5 +1,6 @@
 #include "storage/host_arena.h"
 
+#include <unistd.h>
 
 #include <algorithm>
 #include <utility>
@@ -9,9 +10,10 @@
 #include "common/byte_size.h"
 #include "common/free_ranges.h"
 #include "common/log.h"
-#include "common/status_macros.h"
 #include "common/machine.h"
+#include "common/status_macros.h"
 #include "device/pinned_host_buffer.h"
+#include "device/shared_memory.h"
 
 namespace tierd {
 
@@ -24,38 +26,44 @@ absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(Device& device,
   const uint64_t page = PageSize();
   const uint64_t capacity = RoundUp(options.bytes, page);
   const uint64_t piece = std::max(page, RoundUp(options.pin_piece_bytes, page));
-  ASSIGN_OR_RETURN(uint8_t* const base, MapArenaRegion(capacity));
+  ASSIGN_OR_RETURN(std::unique_ptr<ArenaRegion> region,
+                   options.shared ? ArenaRegion::MapShared(
+                                        SharedMemoryPrefixForPid(::getpid()) + "arena", capacity)
+                                  : ArenaRegion::MapPrivate(capacity));
   if (options.huge_pages) {
-    if (absl::Status advised = AdviseHugePages(base, capacity); !advised.ok()) {
+    if (absl::Status advised = region->AdviseHugePages(); !advised.ok()) {
       TIERD_LOG_FIRST_N(INFO, 1) << "host arena in small pages: " << advised;
     }
   }
   const int threads = options.pin_threads > 0 ? options.pin_threads : DefaultPinThreads();
-  auto pinner = std::make_unique<ArenaPinner>(device, base, capacity,
+  auto pinner = std::make_unique<ArenaPinner>(device, *region,
                                               ArenaPinnerOptions{piece, threads, options.prefault});
   absl::StatusOr<uint64_t> first = pinner->PinFirstPiece();
   if (!first.ok()) {
     pinner.reset();
-    UnmapArenaRegion(base, capacity);
+    region.reset();
     return absl::ResourceExhaustedError(
         absl::StrCat("pinning the first ", FormatByteSize(std::min(piece, capacity)),
                      " of the host arena: ", first.status().message()));
   }
-  std::unique_ptr<HostArena> arena(new HostArena(base, capacity, piece, start, std::move(pinner)));
+  std::unique_ptr<HostArena> arena(
+      new HostArena(std::move(region), piece, start, std::move(pinner)));
   {
     absl::MutexLock lock(&arena->mu_);
     arena->pinned_ = *first;
     arena->free_.Add(0, *first);
     arena->pinning_done_ = *first == capacity;
   }
+  if (*first == capacity) arena->region_->EndReservations();
   arena->pinner_->Start(*arena);
   return arena;
 }
 
-HostArena::HostArena(uint8_t* base, uint64_t capacity, uint64_t piece_bytes, absl::Time pin_start,
-                     std::unique_ptr<ArenaPinner> pinner)
-    : base_(base),
-      capacity_(capacity),
+HostArena::HostArena(std::unique_ptr<ArenaRegion> region, uint64_t piece_bytes,
+                     absl::Time pin_start, std::unique_ptr<ArenaPinner> pinner)
+    : region_(std::move(region)),
+      base_(region_->data()),
+      capacity_(region_->size()),
       piece_bytes_(piece_bytes),
       pin_start_(pin_start),
       pinner_(std::move(pinner)) {}
@@ -63,7 +71,7 @@ HostArena::HostArena(uint8_t* base, uint64_t capacity, uint64_t piece_bytes, abs
 HostArena::~HostArena() {
   pinner_->Stop();
   pinner_.reset();  // unregisters every piece pinned, before the memory goes
-  UnmapArenaRegion(base_, capacity_);
+  region_.reset();
 }
 
 void HostArena::PiecePinned(uint64_t offset, uint64_t size) {
@@ -85,6 +93,7 @@ void HostArena::PieceFailed(uint64_t offset, const absl::Status& status) {
 }
 
 void HostArena::PinningEnded() {
+  region_->EndReservations();  // no piece is reserved any more
   {
     absl::MutexLock lock(&mu_);
     pinning_done_ = true;

@@ -7,6 +7,10 @@
 // costs time), and transparent huge pages are asked for where the system has them. Pieces are
 // handed out in order but finish in any order, so the pinned part may have holes while pinning is
 // under way.
+// A shared arena (HostArenaOptions::shared) is a POSIX shared memory object that the other daemons
+// of the node map read-only by shared_memory_name() and copy from to their own GPUs; each piece's
+// memory is reserved as it is pinned, so a /dev/shm too small for the arena fails a piece (see
+// pin_status()) rather than crashing the daemon.
 // Allocations come only from pinned pieces; they are page-aligned and page-sized, so O_DIRECT I/O
 // can use them as they are.
 //
@@ -22,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -32,6 +37,7 @@
 #include "device/device.h"
 #include "storage/detail/arena_pages.h"
 #include "storage/detail/arena_pinner.h"
+#include "storage/detail/arena_region.h"
 
 namespace tierd {
 
@@ -50,7 +56,13 @@ struct HostArenaOptions {
   // against 0.3-4.1 s for the first piece (bench/arena_pin_bench, bench/results/).
   PagePrefault prefault = PagePrefault::kTouch;
   // Ask for transparent huge pages (MADV_HUGEPAGE); where the system has none, small pages serve.
+  // A shared arena has them only where /sys/kernel/mm/transparent_hugepage/shmem_enabled (and
+  // the huge= option of the /dev/shm mount) allow.
   bool huge_pages = true;
+  // Back the arena with the POSIX shared memory object SharedMemoryPrefixForPid(getpid()) +
+  // "arena" (mode 0600), which other processes of this user may map; unlinked when the arena goes
+  // (RemoveStaleSharedMemory removes it after a crash). One shared arena per process at a time.
+  bool shared = false;
 };
 
 class HostArena;
@@ -85,13 +97,15 @@ class HostArena : private PinObserver {
  public:
   // Reserves the address range, pins the first piece before returning and the rest in the
   // background. Errors: INVALID_ARGUMENT for 0 bytes; RESOURCE_EXHAUSTED when the memory cannot be
-  // mapped or the first piece cannot be pinned (with the reason: often the memlock limit). A later
+  // mapped or the first piece cannot be pinned (with the reason: often the memlock limit, or a
+  // full /dev/shm for a shared arena); ALREADY_EXISTS when this process has a shared arena. A later
   // piece that fails to pin is logged, no further piece is started, and the arena keeps the pieces
   // pinned so far, including those other threads finish afterwards (see pin_status()).
   static absl::StatusOr<std::unique_ptr<HostArena>> Create(Device& device,
                                                            const HostArenaOptions& options);
   // Stops pinning (waiting for the registrations in progress), unregisters exactly the pieces that
-  // were registered, and unmaps. REQUIRES: no copy or I/O uses the memory any more.
+  // were registered, and unmaps; a shared arena's name is unlinked (mappings other processes hold
+  // stay valid until they unmap). REQUIRES: no copy or I/O uses the memory any more.
   ~HostArena();
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
@@ -105,6 +119,9 @@ class HostArena : private PinObserver {
   uint8_t* base() const { return base_; }
   uint64_t capacity() const { return capacity_; }
   uint64_t piece_bytes() const { return piece_bytes_; }
+  // The name other processes map a shared arena by (SharedMemory::OpenReadOnly); empty when the
+  // arena is not shared.
+  const std::string& shared_memory_name() const { return region_->shared_memory_name(); }
   // Threads pinning after the first piece (0 when the first piece was the whole arena).
   int pin_threads() const { return pinner_->piece_count() > 1 ? pinner_->threads() : 0; }
   // Bytes of the pieces pinned so far; not a prefix of the arena while pinning is under way.
@@ -128,7 +145,7 @@ class HostArena : private PinObserver {
 
  private:
   friend class ArenaAllocation;
-  HostArena(uint8_t* base, uint64_t capacity, uint64_t piece_bytes, absl::Time pin_start,
+  HostArena(std::unique_ptr<ArenaRegion> region, uint64_t piece_bytes, absl::Time pin_start,
             std::unique_ptr<ArenaPinner> pinner);
   // Returns a block taken by Allocate.
   void Free(uint64_t offset, uint64_t size) ABSL_LOCKS_EXCLUDED(mu_);
@@ -138,11 +155,12 @@ class HostArena : private PinObserver {
   void PinningEnded() override ABSL_LOCKS_EXCLUDED(mu_);
   void NotifyPinListener() ABSL_LOCKS_EXCLUDED(listener_mu_);
 
+  std::unique_ptr<ArenaRegion> region_;
   uint8_t* const base_;
   const uint64_t capacity_;
   const uint64_t piece_bytes_;
   const absl::Time pin_start_;
-  std::unique_ptr<ArenaPinner> pinner_;
+  std::unique_ptr<ArenaPinner> pinner_;  // goes before region_: it unregisters the pieces
 
   mutable absl::Mutex mu_;
   FreeRanges free_ ABSL_GUARDED_BY(mu_);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
 #include "common/posix_error.h"
+#include "common/status_macros.h"
 #include "device/pinned_host_buffer.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -48,11 +49,13 @@ std::optional<PagePrefault> ParsePagePrefault(absl::string_view text) {
   return std::nullopt;
 }
 
-absl::StatusOr<uint8_t*> MapArenaRegion(uint64_t bytes) {
-  // Over-map by a huge page and trim, so that the region starts on a huge page boundary.
+namespace {
+
+// Maps `bytes` with `prot` and `flags` (anonymous, or of `fd` from offset 0), starting on a huge
+// page boundary when it is at least a huge page: over-maps by a huge page and trims.
+absl::StatusOr<uint8_t*> MapAligned(uint64_t bytes, int prot, int flags, int fd) {
   const uint64_t slack = bytes >= kHugePageBytes ? kHugePageBytes : 0;
-  void* mapped =
-      ::mmap(nullptr, bytes + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* mapped = ::mmap(nullptr, bytes + slack, prot, flags, fd, 0);
   if (mapped == MAP_FAILED) {
     return PosixError(absl::StrCat("mapping a host arena of ", FormatByteSize(bytes)), errno);
   }
@@ -64,6 +67,26 @@ absl::StatusOr<uint8_t*> MapArenaRegion(uint64_t bytes) {
   if (head > 0) ::munmap(start, head);
   if (slack - head > 0) ::munmap(aligned + bytes, slack - head);
   return aligned;
+}
+
+}  // namespace
+
+absl::StatusOr<uint8_t*> MapArenaRegion(uint64_t bytes) {
+  return MapAligned(bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1);
+}
+
+absl::StatusOr<uint8_t*> MapSharedArenaRegion(int fd, uint64_t bytes) {
+  // A file mapping starts where the kernel puts it, not where its alignment asks: reserve an
+  // aligned range of address space first, then map the object over it.
+  ASSIGN_OR_RETURN(uint8_t* const range,
+                   MapAligned(bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1));
+  if (::mmap(range, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    const int saved = errno;
+    ::munmap(range, bytes);
+    return PosixError(absl::StrCat("mapping a shared host arena of ", FormatByteSize(bytes)),
+                      saved);
+  }
+  return range;
 }
 
 void UnmapArenaRegion(uint8_t* data, uint64_t bytes) { ::munmap(data, bytes); }

@@ -38,6 +38,10 @@ inline constexpr uint64_t kHugePageBytes = 2ull << 20;
 // with UnmapArenaRegion(data, bytes). Errors: RESOURCE_EXHAUSTED (or the errno's code) when the
 // address space or memory is not there.
 absl::StatusOr<uint8_t*> MapArenaRegion(uint64_t bytes);
+// Maps the first `bytes` (> 0, a multiple of the page size) of the shared memory object open
+// read-write as `fd`, MAP_SHARED, aligned as MapArenaRegion. Release it with UnmapArenaRegion.
+// Errors: as MapArenaRegion.
+absl::StatusOr<uint8_t*> MapSharedArenaRegion(int fd, uint64_t bytes);
 void UnmapArenaRegion(uint8_t* data, uint64_t bytes);
 
 // Asks the kernel to back [data, data + bytes) with transparent huge pages (MADV_HUGEPAGE).

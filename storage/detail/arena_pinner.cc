@@ -9,13 +9,13 @@
 
 namespace tierd {
 
-ArenaPinner::ArenaPinner(Device& device, uint8_t* base, uint64_t capacity,
-                         const ArenaPinnerOptions& options)
+ArenaPinner::ArenaPinner(Device& device, ArenaRegion& region, const ArenaPinnerOptions& options)
     : device_(device),
-      base_(base),
-      capacity_(capacity),
+      region_(region),
+      base_(region.data()),
+      capacity_(region.size()),
       options_(options),
-      piece_count_((capacity + options.piece_bytes - 1) / options.piece_bytes),
+      piece_count_((capacity_ + options.piece_bytes - 1) / options.piece_bytes),
       threads_(static_cast<int>(
           std::clamp<uint64_t>(piece_count_ - 1, 1, std::max(options.threads, 1)))),
       registered_(piece_count_, false) {}
@@ -104,6 +104,8 @@ void ArenaPinner::PinPieces(PinObserver& observer) {
 absl::Status ArenaPinner::PinPiece(uint64_t index, bool* skipped) {
   uint8_t* const data = base_ + PieceOffset(index);
   const uint64_t size = PieceSize(index);
+  // Before anything touches it: a shared region out of memory fails here, not with SIGBUS.
+  RETURN_IF_ERROR(region_.Reserve(PieceOffset(index), size));
   RETURN_IF_ERROR(PrefaultPages(data, size, options_.prefault));
   {
     // Faulting a piece in takes a while; a pinner told to stop meanwhile registers nothing more.

@@ -1,8 +1,9 @@
 // Pins the host arena's region piece by piece: the first piece on the caller's thread, the rest on
-// a few threads of its own, each faulting a piece's pages in and then registering it with the
-// Device. Pieces are handed out in order but finish in any order. Owns the registrations: it
-// unregisters exactly the pieces it registered when it goes. Internal to storage/host_arena.cc,
-// which keeps the allocator's state and hears of each piece through PinObserver.
+// a few threads of its own, each reserving a piece's memory (ArenaRegion::Reserve), faulting its
+// pages in and then registering it with the Device. Pieces are handed out in order but finish in
+// any order. Owns the registrations: it unregisters exactly the pieces it registered when it goes.
+// Internal to storage/host_arena.cc, which keeps the allocator's state and hears of each piece
+// through PinObserver.
 #ifndef TIERD_STORAGE_DETAIL_ARENA_PINNER_H_
 #define TIERD_STORAGE_DETAIL_ARENA_PINNER_H_
 
@@ -16,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "device/device.h"
 #include "storage/detail/arena_pages.h"
+#include "storage/detail/arena_region.h"
 
 namespace tierd {
 
@@ -40,10 +42,10 @@ struct ArenaPinnerOptions {
   PagePrefault prefault = PagePrefault::kTouch;
 };
 
-// Thread-safe. REQUIRES: [base, base + capacity) stays mapped while the pinner lives.
+// Thread-safe. REQUIRES: `region` outlives the pinner.
 class ArenaPinner {
  public:
-  ArenaPinner(Device& device, uint8_t* base, uint64_t capacity, const ArenaPinnerOptions& options);
+  ArenaPinner(Device& device, ArenaRegion& region, const ArenaPinnerOptions& options);
   // Stop(), then unregisters every piece registered (a failure to unregister is logged).
   ~ArenaPinner();
   ArenaPinner(const ArenaPinner&) = delete;
@@ -68,12 +70,13 @@ class ArenaPinner {
  private:
   // Takes pieces until none is left, one failed, or Stop().
   void PinPieces(PinObserver& observer) ABSL_LOCKS_EXCLUDED(mu_);
-  // Prefaults and registers one piece; `stopping` is checked between the two.
+  // Reserves, prefaults and registers one piece; `stopping` is checked before registering.
   absl::Status PinPiece(uint64_t index, bool* skipped) ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t PieceOffset(uint64_t index) const { return index * options_.piece_bytes; }
   uint64_t PieceSize(uint64_t index) const;
 
   Device& device_;
+  ArenaRegion& region_;
   uint8_t* const base_;
   const uint64_t capacity_;
   const ArenaPinnerOptions options_;
