@@ -302,6 +302,10 @@ absl::StatusOr<const SharedMemory*> SessionCore::host_buffer(uint32_t id) {
   return handles_->host_buffer(id);
 }
 
+absl::StatusOr<detail::PeerArena*> SessionCore::host_arena(uint32_t id) {
+  return handles_->host_arena(id);
+}
+
 absl::Status SessionCore::Opened(const v1::SessionResponse& open_answer) {
   if (open_answer.opened().protocol() != SessionProtocolVersion()) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -38,6 +38,7 @@
 namespace tierd {
 namespace detail {
 class OpenedHandles;
+class PeerArena;
 }  // namespace detail
 
 // The status a session response carries (its code and message).
@@ -88,6 +89,10 @@ class SessionCore {
   // A host handoff buffer (Handle.HOST_BUFFER), mapped and registered with device(); only
   // daemons asking each other for objects through the host are sent one.
   absl::StatusOr<const SharedMemory*> host_buffer(uint32_t id);
+  // A home daemon's host arena (Handle.HOST_ARENA), mapped read-only and registered with
+  // device() as its pieces are used (wire/detail/peer_arena.h); only daemons asking each other
+  // for host leases are sent one.
+  absl::StatusOr<detail::PeerArena*> host_arena(uint32_t id);
 
   // Releases a lease: records a done event on `stream` after the work enqueued there (DoneEvents),
   // then tells the daemon, without waiting for its answer. Once the session has ended it does

@@ -59,6 +59,17 @@ absl::Status OpenedHandles::Open(const v1::SessionResponse& response,
             opened.code(),
             absl::StrCat("opening host buffer ", handle.id(), ": ", opened.message())));
       }
+    } else if (handle.kind() == v1::Handle::HOST_ARENA) {
+      if (host_arenas_.count(handle.id()) > 0) continue;
+      absl::StatusOr<std::unique_ptr<PeerArena>> arena =
+          PeerArena::Open(handle.handle(), handle.size(), handle.piece_bytes(), device);
+      if (!arena.ok()) {
+        first_failure.Update(absl::Status(
+            arena.status().code(),
+            absl::StrCat("opening host arena ", handle.id(), ": ", arena.status().message())));
+        continue;
+      }
+      host_arenas_[handle.id()] = *std::move(arena);
     }
   }
   return first_failure;
@@ -88,6 +99,11 @@ absl::StatusOr<const SharedMemory*> OpenedHandles::host_buffer(uint32_t id) {
         absl::StrCat("the daemon named host buffer ", id, " without its handle"));
   }
   return it->second->memory.get();
+}
+
+absl::StatusOr<PeerArena*> OpenedHandles::host_arena(uint32_t id) {
+  absl::MutexLock lock(&mu_);
+  return FindHandle(host_arenas_, id, "host arena");
 }
 
 absl::StatusOr<Slab*> OpenedHandles::slab(uint32_t id) {

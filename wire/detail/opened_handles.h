@@ -1,6 +1,6 @@
-// The slab, event and host buffer handles a daemon has sent one session, opened in this process
-// and kept for as long as the session lives: the daemon sends each handle once per session, and
-// later answers name it by id only. SessionCore's; nothing else uses it.
+// The slab, event, host buffer and host arena handles a daemon has sent one session, opened in this
+// process and kept for as long as the session lives: the daemon sends each handle once per session,
+// and later answers name it by id only. SessionCore's; nothing else uses it.
 //
 // Thread-safe.
 #ifndef TIERD_WIRE_DETAIL_OPENED_HANDLES_H_
@@ -17,6 +17,7 @@
 #include "device/device.h"
 #include "device/shared_memory.h"
 #include "tierd/v1/tierd.pb.h"
+#include "wire/detail/peer_arena.h"
 
 namespace tierd::detail {
 
@@ -27,7 +28,8 @@ class OpenedHandles {
   OpenedHandles& operator=(const OpenedHandles&) = delete;
 
   // Opens with `device` the handles of `response` not opened yet; host buffers are also
-  // registered with it (and unregistered when this goes). Every handle is tried: the daemon
+  // registered with it (and unregistered when this goes), host arenas are mapped and registered
+  // piece by piece as they are used (PeerArena). Every handle is tried: the daemon
   // counts them all as sent, so one that fails must not keep the others from being opened.
   // Returns the first failure, naming the handle.
   absl::Status Open(const v1::SessionResponse& response, const std::shared_ptr<Device>& device)
@@ -37,6 +39,8 @@ class OpenedHandles {
   absl::StatusOr<Slab*> slab(uint32_t id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<Event*> event(uint32_t id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<const SharedMemory*> host_buffer(uint32_t id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Valid while this lives.
+  absl::StatusOr<PeerArena*> host_arena(uint32_t id) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct MappedHostBuffer {
@@ -51,6 +55,7 @@ class OpenedHandles {
   std::map<uint32_t, std::unique_ptr<Slab>> slabs_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::unique_ptr<Event>> events_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::unique_ptr<MappedHostBuffer>> host_buffers_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, std::unique_ptr<PeerArena>> host_arenas_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tierd::detail

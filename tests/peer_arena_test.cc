@@ -1,0 +1,265 @@
+// Another daemon's shared host arena as a peer sees it (wire/detail/peer_arena.h): mapped
+// read-only, registered piece by piece as ranges are wanted (each piece once, whoever wants it),
+// unregistered when it goes, and mapped read-write where the device cannot register read-only
+// memory.
+#include "wire/detail/peer_arena.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "device/host_device.h"
+#include "device/pinned_host_buffer.h"
+#include "gtest/gtest.h"
+#include "storage/host_arena.h"
+#include "tests/registration_recording_device.h"
+#include "tests/test_support.h"
+
+namespace tierd::detail {
+namespace {
+
+using ::tierd::testing::IsOk;
+using ::tierd::testing::RegistrationRecordingDevice;
+using ::tierd::testing::StatusIs;
+
+constexpr uint64_t kMiB = 1 << 20;
+constexpr uint64_t kArenaBytes = 8 * kMiB;
+constexpr uint64_t kPiece = kMiB;
+
+// The permissions ("r--s", "rw-s", ...) of the mapping of this process that starts at `address`,
+// from /proc/self/maps; empty when no mapping starts there.
+std::string MappingPermissions(const void* address) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    std::vector<std::string> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (fields.size() < 2) continue;
+    std::vector<std::string> range = absl::StrSplit(fields[0], '-');
+    uint64_t start = 0;
+    if (range.size() == 2 && absl::SimpleHexAtoi(range[0], &start) &&
+        start == reinterpret_cast<uintptr_t>(address)) {
+      return fields[1];
+    }
+  }
+  return "";
+}
+
+class PeerArenaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto host = HostDevice::Create();
+    ASSERT_THAT(host, IsOk());
+    host_ = *std::move(host);
+    HostArenaOptions options{kArenaBytes, kPiece, /*pin_threads=*/2};
+    options.shared = true;
+    auto home = HostArena::Create(*host_, options);
+    ASSERT_THAT(home, IsOk());
+    home_ = *std::move(home);
+    ASSERT_TRUE(home_->WaitUntilFullyPinned(absl::Seconds(30)));
+    device_ = std::make_shared<RegistrationRecordingDevice>(*host_);
+  }
+
+  // The peer's view of the whole home arena.
+  std::unique_ptr<PeerArena> OpenPeer(uint64_t size = kArenaBytes) {
+    auto peer = PeerArena::Open(home_->shared_memory_name(), size, kPiece, device_);
+    EXPECT_THAT(peer, IsOk());
+    return peer.ok() ? *std::move(peer) : nullptr;
+  }
+
+  // The address the peer maps piece `index` at.
+  static const void* Piece(const PeerArena& peer, uint64_t index) {
+    return peer.data() + index * kPiece;
+  }
+
+  std::unique_ptr<HostDevice> host_;
+  std::unique_ptr<HostArena> home_;
+  std::shared_ptr<RegistrationRecordingDevice> device_;
+};
+
+TEST_F(PeerArenaTest, RegistersExactlyThePiecesARangeTouchesOnce) {
+  std::unique_ptr<PeerArena> peer = OpenPeer();
+  ASSERT_NE(peer, nullptr);
+  EXPECT_TRUE(device_->registered().empty());  // Open registers nothing
+
+  // [1.5 MiB, 3.5 MiB) touches pieces 1, 2 and 3.
+  ASSERT_THAT(peer->EnsureRegistered(kPiece + kPiece / 2, 2 * kPiece), IsOk());
+  const std::map<const void*, int> expected = {
+      {Piece(*peer, 1), 1}, {Piece(*peer, 2), 1}, {Piece(*peer, 3), 1}};
+  EXPECT_EQ(device_->read_only_registered(), expected);
+  EXPECT_TRUE(device_->writable_registered().empty());
+
+  // Ranges within registered pieces register nothing more; an empty range nothing at all.
+  ASSERT_THAT(peer->EnsureRegistered(2 * kPiece, kPiece), IsOk());
+  ASSERT_THAT(peer->EnsureRegistered(3 * kPiece + kPiece - 1, 1), IsOk());
+  ASSERT_THAT(peer->EnsureRegistered(6 * kPiece, 0), IsOk());
+  EXPECT_EQ(device_->registered(), expected);
+  EXPECT_EQ(peer->registered_pieces(), 3u);
+}
+
+TEST_F(PeerArenaTest, ConcurrentCallersRegisterEveryPieceOnce) {
+  device_->set_delay(absl::Milliseconds(3));
+  std::unique_ptr<PeerArena> peer = OpenPeer();
+  ASSERT_NE(peer, nullptr);
+  constexpr int kThreads = 6;
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&peer, &results, t] {
+      // Overlapping ranges, each starting mid-piece, that together cover pieces 0 to 6.
+      for (uint64_t start = t % 3; start + 2 <= 7; start += 2) {
+        absl::Status status = peer->EnsureRegistered(start * kPiece + 4096, 2 * kPiece - 4096);
+        if (!status.ok()) results[t] = status;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const absl::Status& result : results) EXPECT_THAT(result, IsOk());
+  std::map<const void*, int> expected;
+  for (uint64_t index = 0; index < 7; ++index) expected[Piece(*peer, index)] = 1;
+  EXPECT_EQ(device_->registered(), expected);
+  EXPECT_EQ(peer->registered_pieces(), 7u);
+}
+
+TEST_F(PeerArenaTest, ACallerWaitsForAPieceAnotherThreadIsRegistering) {
+  std::unique_ptr<PeerArena> peer = OpenPeer();
+  ASSERT_NE(peer, nullptr);
+  device_->set_gate_closed(true);
+  absl::Status first_result;
+  std::thread first([&] { first_result = peer->EnsureRegistered(0, kPiece); });
+  while (device_->waiting_at_gate() == 0) absl::SleepFor(absl::Milliseconds(1));
+
+  absl::Notification second_done;
+  absl::Status second_result;
+  std::thread second([&] {
+    second_result = peer->EnsureRegistered(kPiece / 2, 4096);
+    second_done.Notify();
+  });
+  // The second caller neither registers the piece again nor returns before it is registered.
+  EXPECT_FALSE(second_done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  EXPECT_EQ(device_->waiting_at_gate(), 1);
+  device_->set_gate_closed(false);
+  first.join();
+  second.join();
+  EXPECT_THAT(first_result, IsOk());
+  EXPECT_THAT(second_result, IsOk());
+  EXPECT_EQ(device_->registered(), (std::map<const void*, int>{{Piece(*peer, 0), 1}}));
+}
+
+TEST_F(PeerArenaTest, AFailedRegistrationIsReturnedAndTriedAgainByTheNextCall) {
+  std::unique_ptr<PeerArena> peer = OpenPeer();
+  ASSERT_NE(peer, nullptr);
+  device_->FailNextRegistrations(1);
+  EXPECT_THAT(peer->EnsureRegistered(0, 3 * kPiece),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(peer->registered_pieces(), 0u);
+  ASSERT_THAT(peer->EnsureRegistered(0, 3 * kPiece), IsOk());
+  EXPECT_EQ(peer->registered_pieces(), 3u);
+  // The failure settled nothing: the pieces are registered read-only after all.
+  EXPECT_EQ(device_->read_only_registered().size(), 3u);
+}
+
+TEST_F(PeerArenaTest, ARangeBeyondTheArenaIsOutOfRange) {
+  std::unique_ptr<PeerArena> peer = OpenPeer();
+  ASSERT_NE(peer, nullptr);
+  EXPECT_THAT(peer->EnsureRegistered(kArenaBytes, 1), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(peer->EnsureRegistered(0, kArenaBytes + 1), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(peer->EnsureRegistered(kArenaBytes - 1, ~uint64_t{0}),
+              StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(peer->EnsureRegistered(~uint64_t{0}, 2), StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(peer->EnsureRegistered(kArenaBytes, 0), IsOk());
+  EXPECT_TRUE(device_->registered().empty());
+}
+
+TEST_F(PeerArenaTest, OpenChecksTheObjectAndThePieceSize) {
+  const std::string& name = home_->shared_memory_name();
+  EXPECT_THAT(PeerArena::Open(name, kArenaBytes, 0, device_),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(PeerArena::Open(name, kArenaBytes, PageSize() + 512, device_),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(PeerArena::Open(name, 0, kPiece, device_),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(PeerArena::Open(name, kArenaBytes + PageSize(), kPiece, device_),
+              StatusIs(absl::StatusCode::kInternal));
+  EXPECT_THAT(PeerArena::Open(name + "-gone", kArenaBytes, kPiece, device_),
+              StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(PeerArenaTest, MapsTheArenaReadOnlyAndSeesTheHomesBytes) {
+  std::optional<ArenaAllocation> block = home_->Allocate(3 * kMiB);
+  ASSERT_TRUE(block.has_value());
+  testing::FillPattern(home_->data(*block), block->size(), /*seed=*/5);
+  std::unique_ptr<PeerArena> peer = OpenPeer();
+  ASSERT_NE(peer, nullptr);
+  EXPECT_EQ(MappingPermissions(peer->data()), "r--s");
+  ASSERT_THAT(peer->EnsureRegistered(block->offset(), block->size()), IsOk());
+  EXPECT_EQ(testing::FirstPatternMismatch(peer->data() + block->offset(), block->size(), 5), -1);
+  EXPECT_EQ(MappingPermissions(peer->data()), "r--s");
+}
+
+TEST_F(PeerArenaTest, TheDestructorUnregistersEveryRegisteredPiece) {
+  std::unique_ptr<PeerArena> peer = OpenPeer();
+  ASSERT_NE(peer, nullptr);
+  ASSERT_THAT(peer->EnsureRegistered(0, 1), IsOk());
+  ASSERT_THAT(peer->EnsureRegistered(5 * kPiece, 2 * kPiece), IsOk());
+  const std::map<const void*, int> registered = device_->registered();
+  EXPECT_EQ(registered.size(), 3u);
+  EXPECT_TRUE(device_->unregistered().empty());
+  peer.reset();
+  EXPECT_EQ(device_->unregistered(), registered);
+}
+
+TEST_F(PeerArenaTest, WhereReadOnlyRegistrationIsUnsupportedItMapsReadWriteAtTheSameAddress) {
+  device_->set_read_only_unsupported(true);
+  std::optional<ArenaAllocation> block = home_->Allocate(2 * kMiB);
+  ASSERT_TRUE(block.has_value());
+  testing::FillPattern(home_->data(*block), block->size(), /*seed=*/9);
+  std::unique_ptr<PeerArena> peer = OpenPeer();
+  ASSERT_NE(peer, nullptr);
+  const uint8_t* const data = peer->data();
+  EXPECT_EQ(MappingPermissions(data), "r--s");
+
+  ASSERT_THAT(peer->EnsureRegistered(block->offset(), block->size()), IsOk());
+  EXPECT_EQ(peer->data(), data);  // addresses handed out stay valid
+  EXPECT_EQ(MappingPermissions(data), "rw-s");
+  EXPECT_TRUE(device_->read_only_registered().empty());
+  const uint64_t pieces =
+      (block->offset() + block->size() - 1) / kPiece - block->offset() / kPiece + 1;
+  EXPECT_EQ(device_->writable_registered().size(), pieces);
+  EXPECT_EQ(testing::FirstPatternMismatch(data + block->offset(), block->size(), 9), -1);
+  // The home's later writes show through the new mapping too.
+  testing::FillPattern(home_->data(*block), block->size(), /*seed=*/10);
+  EXPECT_EQ(testing::FirstPatternMismatch(data + block->offset(), block->size(), 10), -1);
+
+  ASSERT_THAT(peer->EnsureRegistered(7 * kPiece, kPiece), IsOk());
+  EXPECT_EQ(device_->writable_registered().size(), pieces + 1);
+  peer.reset();
+  EXPECT_EQ(device_->unregistered(), device_->writable_registered());
+}
+
+TEST_F(PeerArenaTest, BytesToPieceEndStopsAtThePieceOrTheArenasEnd) {
+  const uint64_t size = 5 * kPiece + 2 * PageSize();  // the last piece is two pages
+  std::unique_ptr<PeerArena> peer = OpenPeer(size);
+  ASSERT_NE(peer, nullptr);
+  EXPECT_EQ(peer->size(), size);
+  EXPECT_EQ(peer->piece_bytes(), kPiece);
+  EXPECT_EQ(peer->BytesToPieceEnd(peer->data()), kPiece);
+  EXPECT_EQ(peer->BytesToPieceEnd(peer->data() + kPiece - 1), 1u);
+  EXPECT_EQ(peer->BytesToPieceEnd(peer->data() + 2 * kPiece + 100), kPiece - 100);
+  EXPECT_EQ(peer->BytesToPieceEnd(peer->data() + 5 * kPiece), 2 * PageSize());
+  EXPECT_EQ(peer->BytesToPieceEnd(peer->data() + size - 1), 1u);
+  ASSERT_THAT(peer->EnsureRegistered(5 * kPiece, 2 * PageSize()), IsOk());
+  EXPECT_THAT(peer->EnsureRegistered(size, 1), StatusIs(absl::StatusCode::kOutOfRange));
+}
+
+}  // namespace
+}  // namespace tierd::detail
