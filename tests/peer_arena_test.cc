@@ -6,7 +6,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -18,7 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
-#include "device/host_device.h"
+#include "device/device_factory.h"
 #include "device/pinned_host_buffer.h"
 #include "gtest/gtest.h"
 #include "storage/host_arena.h"
@@ -57,11 +59,12 @@ std::string MappingPermissions(const void* address) {
 class PeerArenaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto host = HostDevice::Create();
-    ASSERT_THAT(host, IsOk());
-    host_ = *std::move(host);
+    auto device = CreateDevice(testing::DeviceUnderTest());
+    ASSERT_THAT(device, IsOk());
+    host_ = *std::move(device);
     HostArenaOptions options{kArenaBytes, kPiece, /*pin_threads=*/2};
     options.shared = true;
+    // The home daemon's arena; in this same process, so the peer maps it at another address.
     auto home = HostArena::Create(*host_, options);
     ASSERT_THAT(home, IsOk());
     home_ = *std::move(home);
@@ -81,7 +84,7 @@ class PeerArenaTest : public ::testing::Test {
     return peer.data() + index * kPiece;
   }
 
-  std::unique_ptr<HostDevice> host_;
+  std::unique_ptr<Device> host_;  // the device under test: the home's, and the peer's wrapped
   std::unique_ptr<HostArena> home_;
   std::shared_ptr<RegistrationRecordingDevice> device_;
 };
@@ -128,6 +131,39 @@ TEST_F(PeerArenaTest, ConcurrentCallersRegisterEveryPieceOnce) {
   for (uint64_t index = 0; index < 7; ++index) expected[Piece(*peer, index)] = 1;
   EXPECT_EQ(device_->registered(), expected);
   EXPECT_EQ(peer->registered_pieces(), 7u);
+}
+
+TEST_F(PeerArenaTest, CopiesOutOfRegisteredPiecesReachTheDevice) {
+  std::optional<ArenaAllocation> block = home_->Allocate(3 * kMiB + 5 * PageSize());
+  ASSERT_TRUE(block.has_value());
+  testing::FillPattern(home_->data(*block), block->size(), /*seed=*/31);
+  std::unique_ptr<PeerArena> peer = OpenPeer();
+  ASSERT_NE(peer, nullptr);
+  // From mid-piece, so that the copy is split at a piece's end more than once.
+  const uint64_t offset = block->offset() + kPiece / 2;
+  const uint64_t bytes = block->size() - kPiece / 2;
+  ASSERT_THAT(peer->EnsureRegistered(offset, bytes), IsOk());
+
+  auto slab = device_->AllocateSlab(bytes);
+  ASSERT_THAT(slab, IsOk());
+  auto back = PinnedHostBuffer::Create(*device_, bytes);
+  ASSERT_THAT(back, IsOk());
+  auto stream = device_->CreateStream(StreamPriority::kNormal);
+  ASSERT_THAT(stream, IsOk());
+  int copies = 0;
+  for (uint64_t done = 0; done < bytes; ++copies) {
+    const uint8_t* from = peer->data() + offset + done;
+    const uint64_t chunk = std::min(bytes - done, peer->BytesToPieceEnd(from));
+    ASSERT_THAT(
+        device_->CopyAsync(**stream, static_cast<uint8_t*>((*slab)->data()) + done, from, chunk),
+        IsOk());
+    done += chunk;
+  }
+  EXPECT_GE(copies, 4);
+  ASSERT_THAT(device_->CopyAsync(**stream, (*back)->data(), (*slab)->data(), bytes), IsOk());
+  ASSERT_THAT(device_->SynchronizeStream(**stream), IsOk());
+  std::string expected = testing::PatternBytes(block->size(), 31);
+  EXPECT_EQ(std::memcmp((*back)->data(), expected.data() + kPiece / 2, bytes), 0);
 }
 
 TEST_F(PeerArenaTest, ACallerWaitsForAPieceAnotherThreadIsRegistering) {
