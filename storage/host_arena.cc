@@ -26,6 +26,14 @@ absl::StatusOr<std::unique_ptr<HostArena>> HostArena::Create(Device& device,
   const uint64_t page = PageSize();
   const uint64_t capacity = RoundUp(options.bytes, page);
   const uint64_t piece = std::max(page, RoundUp(options.pin_piece_bytes, page));
+  if (options.shared) {
+    // An arena left in /dev/shm by a daemon that crashed holds its memory until it is unlinked,
+    // and the CUDA backend, unlike the host one, does not sweep such objects itself.
+    if (int removed = RemoveStaleSharedMemory(); removed > 0) {
+      TIERD_LOG(INFO) << "removed " << removed
+                      << " shared memory object(s) left by tierd processes that no longer run";
+    }
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<ArenaRegion> region,
                    options.shared ? ArenaRegion::MapShared(
                                         SharedMemoryPrefixForPid(::getpid()) + "arena", capacity)

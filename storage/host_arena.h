@@ -61,7 +61,9 @@ struct HostArenaOptions {
   bool huge_pages = true;
   // Back the arena with the POSIX shared memory object SharedMemoryPrefixForPid(getpid()) +
   // "arena" (mode 0600), which other processes of this user may map; unlinked when the arena goes
-  // (RemoveStaleSharedMemory removes it after a crash). One shared arena per process at a time.
+  // (creating a shared arena first removes, with RemoveStaleSharedMemory, the objects of tierd
+  // processes that no longer run: an arena left by a crash). One shared arena per process at a
+  // time.
   bool shared = false;
 };
 

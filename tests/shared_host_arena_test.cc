@@ -92,6 +92,22 @@ TEST_F(SharedHostArenaTest, ItsNameExistsUnderDevShmWhileTheArenaLives) {
   EXPECT_EQ((*unshared)->shared_memory_name(), "");
 }
 
+TEST_F(SharedHostArenaTest, CreatingOneRemovesAnArenaLeftByAProcessThatNoLongerRuns) {
+  // The pid of a process that has exited (and been reaped), as a crashed daemon's would be.
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(gone, nullptr, 0), gone);
+  const std::string left_behind = SharedMemoryPrefixForPid(gone) + "arena";
+  auto leftover = SharedMemory::Create(left_behind, kMiB);
+  ASSERT_THAT(leftover, IsOk());
+  ASSERT_TRUE(ShmObjectExists(left_behind));
+
+  auto arena = HostArena::Create(*host_, SharedOptions(4 * kMiB));
+  ASSERT_THAT(arena, IsOk());
+  EXPECT_FALSE(ShmObjectExists(left_behind));
+  EXPECT_TRUE(ShmObjectExists((*arena)->shared_memory_name()));
+}
+
 TEST_F(SharedHostArenaTest, BytesWrittenThroughTheArenaAreReadThroughAnotherMapping) {
   auto arena = HostArena::Create(*host_, SharedOptions(4 * kMiB));
   ASSERT_THAT(arena, IsOk());
