@@ -56,8 +56,8 @@ struct HostArenaOptions {
   // against 0.3-4.1 s for the first piece (bench/arena_pin_bench, bench/results/).
   PagePrefault prefault = PagePrefault::kTouch;
   // Ask for transparent huge pages (MADV_HUGEPAGE); where the system has none, small pages serve.
-  // A shared arena has them only where /sys/kernel/mm/transparent_hugepage/shmem_enabled (and
-  // the huge= option of the /dev/shm mount) allow.
+  // A shared arena has them only where /dev/shm is mounted with huge=within_size or huge=always
+  // (or /sys/kernel/mm/transparent_hugepage/shmem_enabled is [force]): arena_region.h.
   bool huge_pages = true;
   // Back the arena with the POSIX shared memory object SharedMemoryPrefixForPid(getpid()) +
   // "arena" (mode 0600), which other processes of this user may map; unlinked when the arena goes

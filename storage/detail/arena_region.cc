@@ -10,6 +10,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "common/byte_size.h"
 #include "common/posix_error.h"
 #include "common/status_macros.h"
@@ -31,6 +34,22 @@ std::string SelectedKernelSetting(const char* path) {
     }
   }
   return "";
+}
+
+// The huge= option of the tmpfs mounted on /dev/shm, where shm_open puts its objects ("never"
+// when it has none, the kernel's default). The last mount there is the one in use.
+std::string DevShmHugeOption() {
+  std::ifstream mounts("/proc/self/mounts");
+  std::string device, mount_point, type, options, rest;
+  std::string huge = "never";
+  while (mounts >> device >> mount_point >> type >> options && std::getline(mounts, rest)) {
+    if (mount_point != "/dev/shm") continue;
+    huge = "never";
+    for (absl::string_view option : absl::StrSplit(options, ',')) {
+      if (absl::ConsumePrefix(&option, "huge=")) huge = std::string(option);
+    }
+  }
+  return huge;
 }
 
 }  // namespace
@@ -71,11 +90,18 @@ ArenaRegion::~ArenaRegion() {
 absl::Status ArenaRegion::AdviseHugePages() const {
   RETURN_IF_ERROR(tierd::AdviseHugePages(data_, size_));
   if (name_.empty()) return absl::OkStatus();
-  // Shared memory gets transparent huge pages only where the kernel's shmem setting allows them.
+  // An object in /dev/shm gets transparent huge pages where that tmpfs is mounted with huge=,
+  // unless shmem_enabled overrides every mount: "deny" turns them off, "force" on (its other
+  // values govern only the kernel's internal shared memory mount). huge=advise is not enough here:
+  // it honours MADV_HUGEPAGE in page faults, but Reserve's posix_fallocate, which has no mapping
+  // to ask, takes small pages, and the faults then find them there.
   const std::string setting = SelectedKernelSetting(kShmemHugePagesSetting);
-  if (setting == "never" || setting == "deny") {
-    return absl::FailedPreconditionError(
-        absl::StrCat(kShmemHugePagesSetting, " is [", setting, "]"));
+  if (setting == "force") return absl::OkStatus();
+  const std::string huge = DevShmHugeOption();
+  if (setting == "deny" || (huge != "always" && huge != "within_size")) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kShmemHugePagesSetting, " is [", setting, "] and /dev/shm is mounted with huge=", huge,
+        " (a shared arena gets huge pages with huge=within_size or huge=always, or [force])"));
   }
   return absl::OkStatus();
 }

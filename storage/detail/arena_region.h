@@ -45,9 +45,11 @@ class ArenaRegion {
   const std::string& shared_memory_name() const { return name_; }
 
   // Asks for transparent huge pages (MADV_HUGEPAGE). Errors: AdviseHugePages's; for a shared
-  // region also FAILED_PRECONDITION when /sys/kernel/mm/transparent_hugepage/shmem_enabled is
-  // "never" (or "deny"), where shared memory has no huge pages whatever is asked. Never fatal: the
-  // region then uses small pages.
+  // region also FAILED_PRECONDITION where its memory gets no huge pages whatever is asked: unless
+  // /sys/kernel/mm/transparent_hugepage/shmem_enabled is [force], the tmpfs on /dev/shm must be
+  // mounted with huge=within_size or huge=always (huge=advise yields small pages once Reserve has
+  // allocated them), and the setting must not be [deny].
+  // Never fatal: the region then uses small pages.
   absl::Status AdviseHugePages() const;
 
   // Backs [offset, offset + bytes) with memory before it is first touched: posix_fallocate on a
