@@ -48,7 +48,12 @@ class ChunkedCopier {
   // As CopyInPieces, and no piece spans two pinned pieces of the host side (`dst` when
   // `host_is_dst`, `src` otherwise).
   absl::Status CopyChunked(Stream& stream, uint8_t* dst, const uint8_t* src, uint64_t bytes,
-                           bool host_is_dst);
+                           bool host_is_dst) {
+    return CopyChunked(stream, dst, src, bytes, host_is_dst, pieces_);
+  }
+  // As above, for host memory whose registrations `pieces` describes (another daemon's arena).
+  absl::Status CopyChunked(Stream& stream, uint8_t* dst, const uint8_t* src, uint64_t bytes,
+                           bool host_is_dst, const PinnedPieceBoundaries& pieces);
 
  private:
   Device& device_;

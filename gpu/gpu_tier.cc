@@ -39,6 +39,8 @@ GpuTier::GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& 
     : device_(device),
       host_cache_(host_cache),
       options_(options),
+      local_host_source_(host_cache, arena),
+      host_source_(options.host_source != nullptr ? *options.host_source : local_host_source_),
       pool_(std::move(pool)),
       own_events_(options.events == nullptr
                       ? std::make_unique<EventPool>(device, options.max_events)
@@ -60,7 +62,7 @@ GpuTier::GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& 
       handoff_(mu_, device, *pool_, events_, *handoff_stream_, *handoff_buffer_, copier_, stats_,
                liveness_),
       drains_(mu_, device, events_, clients_, residency_, timer_, liveness_),
-      loader_({mu_, device, catalog, host_cache, *pool_, events_, *demand_stream_,
+      loader_({mu_, device, catalog, host_source_, *pool_, events_, *demand_stream_,
                *prefetch_stream_, copier_, residency_, clients_, handoff_, stored_, callbacks_,
                stats_}),
       peer_loader_({mu_, device, options.peers, *pool_, events_, *handoff_stream_, copier_,
@@ -302,8 +304,8 @@ absl::StatusOr<bool> GpuTier::Prefetch(const std::string& key, absl::Time deadli
                                        bool host_only) {
   if (host_only) {
     ASSIGN_OR_RETURN(const std::string host_key, stored_.OwnHostKey(key));
-    const bool resident = host_cache_.IsResident(host_key);
-    RETURN_IF_ERROR(host_cache_.Prefetch(host_key, deadline));
+    const bool resident = host_source_.IsResident(host_key);
+    RETURN_IF_ERROR(host_source_.Prefetch(host_key, deadline));
     return !resident;
   }
   DeferredCalls deferred;

@@ -193,6 +193,9 @@ class GpuTier {
   Device& device_;
   HostCache& host_cache_;
   const GpuTierOptions options_;
+  // The host cache as a HostSource, used when options_.host_source is null.
+  LocalHostSource local_host_source_;
+  HostSource& host_source_;
   std::unique_ptr<StagingPool> pool_;      // left to the process's exit after abandoned waits
   std::unique_ptr<EventPool> own_events_;  // when options.events is null
   EventPool& events_;

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "gpu/event_pool.h"
+#include "gpu/host_source.h"
 #include "gpu/peer_source.h"
 #include "gpu/staging_pool.h"
 #include "storage/catalog.h"
@@ -49,6 +50,9 @@ struct GpuTierOptions {
   // Where fetches of stored objects this tier does not have look next: the node's other daemons.
   // Null: nowhere (NOT_FOUND). Must outlive the tier.
   PeerSource* peers = nullptr;
+  // Where loads find objects' bytes in host memory: null for the daemon's own host cache; on a node
+  // of daemons, the node's host tier (server/node_host_tier.h). Must outlive the tier.
+  HostSource* host_source = nullptr;
   // The pinned host memory objects are copied through for peers that cannot read this GPU's
   // memory (FetchOptions::through_host); allocated on first use.
   uint64_t handoff_buffer_bytes = 256ull << 20;

@@ -13,7 +13,7 @@ StagingLoader::StagingLoader(const Parts& parts)
     : mu_(parts.tier_mu),
       device_(parts.device),
       catalog_(parts.catalog),
-      host_cache_(parts.host_cache),
+      host_source_(parts.host_source),
       pool_(parts.pool),
       events_(parts.events),
       demand_stream_(parts.demand_stream),
@@ -67,13 +67,13 @@ void StagingLoader::IssueHostFetch(StagingObject* object, ReadPriority priority,
   ++host_fetches_in_flight_;
   deferred.push_back([this, object, key = stored_.HostKey(object->key(), object->model == nullptr),
                       priority, deadline] {
-    host_cache_.Fetch(key, priority, deadline, [this, object](absl::StatusOr<HostObject> host) {
+    host_source_.Fetch(key, priority, deadline, [this, object](absl::StatusOr<HostBytes> host) {
       OnHostObject(object, std::move(host));
     });
   });
 }
 
-void StagingLoader::OnHostObject(StagingObject* object, absl::StatusOr<HostObject> host) {
+void StagingLoader::OnHostObject(StagingObject* object, absl::StatusOr<HostBytes> host) {
   const RunningCallbacks::Scope running(callbacks_);
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
@@ -98,7 +98,7 @@ void StagingLoader::OnHostObject(StagingObject* object, absl::StatusOr<HostObjec
                     deferred.calls());
   }
   object->state = StagingObject::State::kAllocating;
-  auto shared_host = std::make_shared<HostObject>(*std::move(host));
+  auto shared_host = std::make_shared<HostBytes>(*std::move(host));
   residency_.Allocate(
       object->size,
       [this, object, shared_host](absl::StatusOr<StagingAllocation> memory) mutable {
@@ -110,14 +110,14 @@ void StagingLoader::OnHostObject(StagingObject* object, absl::StatusOr<HostObjec
           return FailLoad(object, memory.status(), later.calls());
         }
         object->memory = *std::move(memory);
-        HostObject host = std::move(*shared_host);
+        HostBytes host = std::move(*shared_host);
         CopyIn(object, std::move(host), later.calls());
       },
       deferred.calls());
 }
 
-void StagingLoader::CopyIn(StagingObject* object, HostObject host, Deferred& deferred) {
-  auto shared_host = std::make_shared<HostObject>(std::move(host));
+void StagingLoader::CopyIn(StagingObject* object, HostBytes host, Deferred& deferred) {
+  auto shared_host = std::make_shared<HostBytes>(std::move(host));
   // The host reference goes after the lock: releasing it can run host-cache callbacks that take it.
   deferred.push_back([shared_host]() mutable { shared_host.reset(); });
   // Without a free event the copy still goes ahead, and its readers are answered once it is done.
@@ -125,7 +125,7 @@ void StagingLoader::CopyIn(StagingObject* object, HostObject host, Deferred& def
   Stream& stream = object->demand ? demand_stream_ : prefetch_stream_;
   absl::Status status = copier_.CopyChunked(stream, pool_.data(object->memory->range()),
                                             shared_host->data(), object->size,
-                                            /*host_is_dst=*/false);
+                                            /*host_is_dst=*/false, shared_host->pieces());
   if (status.ok() && object->ready_event) {
     status = device_.RecordEvent(events_.event(*object->ready_event), stream);
   }

@@ -32,6 +32,7 @@
 #include "gpu/event_pool.h"
 #include "gpu/gpu_tier_stats.h"
 #include "gpu/gpu_tier_types.h"
+#include "gpu/host_source.h"
 #include "gpu/staging_pool.h"
 #include "storage/catalog.h"
 #include "storage/host_cache.h"
@@ -47,7 +48,7 @@ class StagingLoader {
     absl::Mutex& tier_mu;
     Device& device;
     const Catalog& catalog;
-    HostCache& host_cache;
+    HostSource& host_source;
     StagingPool& pool;
     EventPool& events;
     Stream& demand_stream;    // H2D, high priority
@@ -92,16 +93,16 @@ class StagingLoader {
  private:
   void IssueHostFetch(StagingObject* object, ReadPriority priority, absl::Time deadline,
                       Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnHostObject(StagingObject* object, absl::StatusOr<HostObject> host)
+  void OnHostObject(StagingObject* object, absl::StatusOr<HostBytes> host)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Copies `host` into the object's staging range and answers its waiters.
-  void CopyIn(StagingObject* object, HostObject host, Deferred& deferred)
+  void CopyIn(StagingObject* object, HostBytes host, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex& mu_;
   Device& device_;
   const Catalog& catalog_;
-  HostCache& host_cache_;
+  HostSource& host_source_;
   StagingPool& pool_;
   EventPool& events_;
   Stream& demand_stream_;

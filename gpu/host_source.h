@@ -1,0 +1,94 @@
+// Where the GPU tier gets an object's bytes in pinned host memory: the daemon's own host cache, or
+// — on a node of several daemons (tierd --peers) — the host arena of the daemon that is the
+// object's home (server/node_host_tier.h). The tier copies from a HostBytes to staging and resets
+// it once the copy has completed; what it references stays put until then.
+#ifndef TIERD_GPU_HOST_SOURCE_H_
+#define TIERD_GPU_HOST_SOURCE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gpu/chunked_copier.h"
+#include "storage/disk_reader.h"
+#include "storage/host_arena.h"
+#include "storage/host_cache.h"
+
+namespace tierd {
+
+// An object's bytes in pinned host memory, held until Reset (or destruction). Move-only.
+class HostBytes {
+ public:
+  HostBytes() = default;
+  // An object of this daemon's host cache, in memory registered as `pieces` says.
+  HostBytes(HostObject object, const PinnedPieceBoundaries& pieces);
+  // Bytes held by someone else: `release` runs once, from Reset, and gives them back. It must not
+  // block. `pieces` must outlive the bytes.
+  HostBytes(const uint8_t* data, uint64_t size, const PinnedPieceBoundaries& pieces,
+            absl::AnyInvocable<void() &&> release);
+  HostBytes(HostBytes&& other) noexcept { *this = std::move(other); }
+  HostBytes& operator=(HostBytes&& other) noexcept;
+  ~HostBytes() { Reset(); }
+  HostBytes(const HostBytes&) = delete;
+  HostBytes& operator=(const HostBytes&) = delete;
+
+  bool valid() const { return data_ != nullptr || object_.valid(); }
+  const uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  // Where the memory's registrations end: a copy must not span two.
+  const PinnedPieceBoundaries& pieces() const { return *pieces_; }
+  // Gives the bytes back; the handle is then empty.
+  void Reset();
+
+ private:
+  HostObject object_;
+  const uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+  const PinnedPieceBoundaries* pieces_ = nullptr;
+  absl::AnyInvocable<void() &&> release_;
+};
+
+class HostSource {
+ public:
+  using Callback = absl::AnyInvocable<void(absl::StatusOr<HostBytes>) &&>;
+
+  virtual ~HostSource() = default;
+  // Brings `key` (a host cache key: a model object, or a stored object's key with its group's
+  // prefix) into pinned host memory and calls `done` with its bytes, as HostCache::Fetch does
+  // (same errors). `done` may run before Fetch returns; it must not block.
+  virtual void Fetch(const std::string& key, ReadPriority priority, absl::Time deadline,
+                     Callback done) = 0;
+  // Starts bringing `key` into host memory without holding it (HostCache::Prefetch).
+  virtual absl::Status Prefetch(const std::string& key, absl::Time deadline) = 0;
+  // Whether `key` is known to be in the host memory Fetch would take it from.
+  virtual bool IsResident(const std::string& key) const = 0;
+};
+
+// The daemon's own host cache and arena. Thread-safe.
+class LocalHostSource : public HostSource {
+ public:
+  // Both must outlive this.
+  LocalHostSource(HostCache& cache, const HostArena& arena) : cache_(cache), pieces_(arena) {}
+
+  void Fetch(const std::string& key, ReadPriority priority, absl::Time deadline,
+             Callback done) override;
+  absl::Status Prefetch(const std::string& key, absl::Time deadline) override {
+    return cache_.Prefetch(key, deadline);
+  }
+  bool IsResident(const std::string& key) const override { return cache_.IsResident(key); }
+
+  HostCache& cache() const { return cache_; }
+  const PinnedPieceBoundaries& pieces() const { return pieces_; }
+
+ private:
+  HostCache& cache_;
+  const HostArenaPieceBoundaries pieces_;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_GPU_HOST_SOURCE_H_
