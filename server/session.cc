@@ -70,7 +70,13 @@ absl::StatusOr<v1::EvictResponse> RunEvict(GpuTier& tier, const v1::EvictRequest
 }
 
 SessionProtocol::SessionProtocol(GpuTier& tier, SessionOptions options, Send send)
-    : tier_(tier), options_(std::move(options)), send_(std::move(send)) {}
+    : tier_(tier),
+      options_(std::move(options)),
+      send_(std::move(send)),
+      host_leases_(options_.host_lender == nullptr
+                       ? nullptr
+                       : std::make_shared<HostLeases>(*options_.host_lender,
+                                                      options_.limits.max_leases)) {}
 
 SessionProtocol::~SessionProtocol() = default;
 
@@ -86,12 +92,14 @@ void SessionProtocol::Close() {
     name = client_name_;
     on_closed = std::move(on_closed_);
   }
+  const size_t host_leases = host_leases_ != nullptr ? host_leases_->ReleaseAll() : 0;
   if (client != 0) {
     const ClosedClient freed = tier_.CloseClient(client);
-    if (freed.leases + freed.reservations + freed.pins > 0) {
+    if (freed.leases + freed.reservations + freed.pins + host_leases > 0) {
       TIERD_LOG(INFO) << "session " << client << " (\"" << name << "\") ended holding "
-                      << freed.leases << " lease(s), " << freed.reservations
-                      << " reservation(s) and " << freed.pins << " pin(s); freed";
+                      << freed.leases << " lease(s), " << host_leases << " host lease(s), "
+                      << freed.reservations << " reservation(s) and " << freed.pins
+                      << " pin(s); freed";
     } else {
       TIERD_VLOG(1) << "session " << client << " (\"" << name << "\") ended";
     }
@@ -185,10 +193,15 @@ void SessionProtocol::Handle(const v1::SessionRequest& request) {
       return Fetch(id, client, request.fetch());
     case v1::SessionRequest::kRelease: {
       const v1::ReleaseRequest& release = request.release();
-      absl::Status released = tier_.Release(client, release.lease_id(),
+      absl::Status released;
+      if (HostLeases::IsHostLease(release.lease_id()) && host_leases_ != nullptr) {
+        released = host_leases_->Release(release.lease_id());
+      } else {
+        released = tier_.Release(client, release.lease_id(),
                                             release.has_done_event_id()
                                                 ? std::optional<uint32_t>(release.done_event_id())
                                                 : std::nullopt);
+      }
       if (released.ok() && request.release().quiet()) return EndQuietly();
       return Reply(id, released);
     }
@@ -260,11 +273,11 @@ void SessionProtocol::Open(uint64_t request_id, const v1::OpenSession& open) {
   opened->set_protocol(SessionProtocolVersion());
   const std::vector<uint32_t> done_events = tier_.DoneEvents(*client);
   for (uint32_t event : done_events) opened->add_done_event_ids(event);
-  SendWithHandles(std::move(response), std::nullopt, /*host_buffer=*/false, done_events);
+  SendWithHandles(std::move(response), std::nullopt, HostHandle::kNone, done_events);
 }
 
 void SessionProtocol::SendWithHandles(v1::SessionResponse response, std::optional<uint32_t> slab,
-                                      bool host_buffer, const std::vector<uint32_t>& events) {
+                                      HostHandle host, const std::vector<uint32_t>& events) {
   bool close_now;
   {
     // Attached and sent under one lock: a later response that relies on a handle "already sent"
@@ -273,7 +286,11 @@ void SessionProtocol::SendWithHandles(v1::SessionResponse response, std::optiona
     if (slab.has_value() && slabs_sent_.insert(*slab).second) {
       ToProto(tier_.pool().SlabInfo(*slab), response.add_new_handles());
     }
-    if (host_buffer && !host_buffer_sent_) {
+    if (host == HostHandle::kArena && !arena_sent_) {
+      arena_sent_ = true;
+      *response.add_new_handles() = options_.host_lender->ArenaHandle();
+    }
+    if (host == HostHandle::kHandoffBuffer && !host_buffer_sent_) {
       host_buffer_sent_ = true;
       v1::Handle* handle = response.add_new_handles();
       handle->set_kind(v1::Handle::HOST_BUFFER);
@@ -298,6 +315,13 @@ void SessionProtocol::SendWithHandles(v1::SessionResponse response, std::optiona
 void SessionProtocol::Fetch(uint64_t request_id, ClientId client, const v1::FetchRequest& fetch) {
   if (absl::Status key = CheckKey(fetch.key(), "fetch.key"); !key.ok()) {
     return Reply(request_id, key);
+  }
+  if (fetch.host_lease()) {
+    if (fetch.through_host()) {
+      return Reply(request_id, absl::InvalidArgumentError(
+                                   "fetch.host_lease and fetch.through_host exclude each other"));
+    }
+    return LendHost(request_id, fetch.key());
   }
   FetchOptions options;
   options.ask_peers = !fetch.local_only();
@@ -327,13 +351,33 @@ void SessionProtocol::Fetch(uint64_t request_id, ClientId client, const v1::Fetc
           // The reader may not be able to open a staging slab of this GPU: it is not sent.
           lease->set_host_buffer_id(HostHandoffBuffer::kHandleId);
           lease->set_host_offset(*grant->host_offset);
-          return self->SendWithHandles(std::move(response), std::nullopt, /*host_buffer=*/true,
-                                       events);
+          return self->SendWithHandles(std::move(response), std::nullopt,
+                                       HostHandle::kHandoffBuffer, events);
         }
-        self->SendWithHandles(std::move(response), grant->range.slab, /*host_buffer=*/false,
-                              events);
+        self->SendWithHandles(std::move(response), grant->range.slab, HostHandle::kNone, events);
       },
       options);
+}
+
+void SessionProtocol::LendHost(uint64_t request_id, const std::string& key) {
+  if (host_leases_ == nullptr) {
+    return Reply(request_id,
+                 absl::PermissionDeniedError(
+                     "fetch.host_lease: this daemon lends host memory only to the daemons of its "
+                     "node (--peers), on sessions of the default client group"));
+  }
+  host_leases_->Lend(key, [self = shared_from_this(), request_id](absl::StatusOr<HostLoan> loan) {
+    if (!loan.ok()) return self->Reply(request_id, loan.status());
+    v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
+    v1::Lease* lease = response.mutable_lease();
+    lease->set_lease_id(loan->lease_id);
+    lease->set_key(loan->key);
+    lease->set_length(loan->length);
+    lease->set_host_buffer_id(HostLender::kArenaHandleId);
+    lease->set_host_offset(loan->offset);
+    lease->set_checksum(loan->checksum);
+    self->SendWithHandles(std::move(response), std::nullopt, HostHandle::kArena, {});
+  });
 }
 
 void SessionProtocol::Prefetch(uint64_t request_id, const v1::PrefetchRequest& prefetch) {
@@ -372,7 +416,8 @@ void SessionProtocol::Reserve(uint64_t request_id, ClientId client,
                   reservation->set_slab_id(grant->range.slab);
                   reservation->set_offset(grant->range.offset);
                   reservation->set_length(grant->length);
-                  self->SendWithHandles(std::move(response), grant->range.slab, false, {});
+                  self->SendWithHandles(std::move(response), grant->range.slab, HostHandle::kNone,
+                                        {});
                 });
 }
 

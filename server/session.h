@@ -23,6 +23,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "gpu/gpu_tier.h"
+#include "server/host_lender.h"
 #include "server/response_counters.h"
 #include "tierd/v1/tierd.pb.h"
 
@@ -40,6 +41,10 @@ struct SessionOptions {
   uint32_t max_requests_in_flight = 1024;
   // Where answers are counted by code; null: not counted. Must outlive the sessions.
   ResponseCounters* counters = nullptr;
+  // Lends model objects in the daemon's host arena to the node's other daemons
+  // (FetchRequest.host_lease); null where sessions may not have them (a client group's, or a
+  // daemon without peers): they are refused with PERMISSION_DENIED. Must outlive the sessions.
+  HostLender* host_lender = nullptr;
 };
 
 // Checks an object key from a request: non-empty, at most `max_key_bytes`, "NAMESPACE/NAME".
@@ -82,6 +87,8 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
  private:
   void Open(uint64_t request_id, const v1::OpenSession& open) ABSL_LOCKS_EXCLUDED(mu_);
   void Fetch(uint64_t request_id, ClientId client, const v1::FetchRequest& fetch);
+  // FetchRequest.host_lease: lends the object where it lies in the host arena.
+  void LendHost(uint64_t request_id, const std::string& key);
   void Prefetch(uint64_t request_id, const v1::PrefetchRequest& prefetch);
   void Reserve(uint64_t request_id, ClientId client, const v1::ReserveRequest& reserve);
   void Commit(uint64_t request_id, ClientId client, const v1::CommitRequest& commit);
@@ -102,10 +109,13 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
   bool AllAnsweredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return close_when_answered_ && !closed_ && requests_in_flight_ == 0 && answers_being_sent_ == 0;
   }
+  // Host memory a response may name.
+  enum class HostHandle { kNone, kHandoffBuffer, kArena };
   // Adds to `response` the handles it needs that the session has not been sent yet (`slab`, each
-  // of `events`, and with `host_buffer` the host handoff buffer) and sends it.
-  void SendWithHandles(v1::SessionResponse response, std::optional<uint32_t> slab, bool host_buffer,
-                       const std::vector<uint32_t>& events) ABSL_LOCKS_EXCLUDED(mu_);
+  // of `events`, and `host`) and sends it.
+  void SendWithHandles(v1::SessionResponse response, std::optional<uint32_t> slab,
+                       HostHandle host, const std::vector<uint32_t>& events)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckKey(const std::string& key, absl::string_view field) const {
     return tierd::CheckKey(key, options_.max_key_bytes, field);
   }
@@ -113,6 +123,8 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
   GpuTier& tier_;
   const SessionOptions options_;
   const Send send_;
+  // What the node's other daemons were lent (null without options_.host_lender).
+  const std::shared_ptr<HostLeases> host_leases_;
 
   mutable absl::Mutex mu_;
   ClientId client_ ABSL_GUARDED_BY(mu_) = 0;
@@ -126,6 +138,7 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
   std::set<uint32_t> slabs_sent_ ABSL_GUARDED_BY(mu_);
   std::set<uint32_t> events_sent_ ABSL_GUARDED_BY(mu_);
   bool host_buffer_sent_ ABSL_GUARDED_BY(mu_) = false;
+  bool arena_sent_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tierd
