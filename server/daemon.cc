@@ -165,6 +165,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& requ
   // The session socket first: a client that finds the gRPC calls answering also finds it.
   SessionOptions session = SessionOptionsFor(*daemon->device_, options);
   session.counters = &daemon->counters_;
+  // The default group's sessions only: the node's daemons ask each other on the main sockets.
+  session.host_lender = daemon->host_lender_.get();
   if (!options.session_socket_path.empty()) {
     ASSIGN_OR_RETURN(
         daemon->session_server_,
@@ -175,7 +177,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& requ
   RETURN_IF_ERROR(daemon->StartClientGroupSockets(session));
   daemon->service_->Attach(daemon->storage_->catalog(), daemon->storage_->host_cache(),
                            *daemon->gpu_tier_, daemon->ClientGroupTiers(), session,
-                           daemon->unread_answers_);
+                           daemon->unread_answers_,
+                           NodeParts{daemon->node_host_tier_.get(), daemon->host_lender_.get()});
   TIERD_LOG(INFO) << "answers clients have not read may take up to "
                   << FormatByteSize(options.max_unread_answer_bytes) << " ("
                   << FormatByteSize(daemon->unread_answers_.per_connection_limit())
@@ -240,6 +243,8 @@ absl::Status Daemon::StartStorage() {
   storage.max_tensors_per_model = options_.max_tensors_per_model;
   storage.arena = {options_.host_cache_bytes, options_.pin_piece_bytes};
   storage.arena.pin_threads = options_.pin_threads;
+  // The node's other daemons map it to copy the objects homed here.
+  storage.arena.shared = SharesHostTier(options_);
   storage.reader = options_.reader;
   storage.host_cache = HostCacheOptions{options_.host_cache_policy};
   storage.file_system = options_.file_system;
@@ -274,6 +279,21 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
                                                  options_.socket_path, ")")}));
     TIERD_LOG(INFO) << "peers: " << absl::StrJoin(peers_->sockets(), ", ")
                     << " (copies: " << PeerCopyPathName(options_.peer_copy) << ")";
+  }
+  if (SharesHostTier(options_)) {
+    // Every tier's model objects come through the node's host tier; stored objects stay local.
+    host_lender_ =
+        std::make_unique<HostLender>(storage_->catalog(), storage_->host_cache(), storage_->arena());
+    local_host_ = std::make_unique<LocalHostSource>(storage_->host_cache(), storage_->arena());
+    NodeHostTierOptions node;
+    node.home_timeout = options_.node_home_timeout;
+    node_host_tier_ = std::make_unique<NodeHostTier>(
+        storage_->catalog(), *local_host_, *peers_,
+        NodeHomes(options_.peer_sockets, options_.socket_path), node);
+    gpu.host_source = node_host_tier_.get();
+    TIERD_LOG(INFO) << "node host tier: " << node_host_tier_->homes().members().size()
+                    << " daemons; model objects homed elsewhere are copied from their home's "
+                    << "host arena (" << storage_->arena().shared_memory_name() << " here)";
   }
   GpuTierOptions own_groups = gpu;  // client groups' tiers do not ask peers
   gpu.peers = peers_.get();
@@ -328,7 +348,8 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   return absl::OkStatus();
 }
 
-absl::Status Daemon::StartClientGroupSockets(const SessionOptions& session) {
+absl::Status Daemon::StartClientGroupSockets(SessionOptions session) {
+  session.host_lender = nullptr;  // a group's clients are not the node's daemons
   for (ClientGroup& group : client_groups_) {
     const std::string path = ClientGroupSocketPathFor(options_.socket_path, group.options.name);
     ASSIGN_OR_RETURN(group.sessions, SessionSocketServer::Start(path, group.gid, *group.tier,
@@ -365,7 +386,8 @@ void Daemon::ReportDeviceHealth(bool healthy) {
 
 void Daemon::SampleCounters() {
   const v1::Stats stats =
-      CollectStats(storage_->catalog(), storage_->host_cache(), *gpu_tier_, ClientGroupTiers(), "");
+      CollectStats(storage_->catalog(), storage_->host_cache(), *gpu_tier_, ClientGroupTiers(), "",
+                   NodeParts{node_host_tier_.get(), host_lender_.get()});
   const absl::Time now = absl::Now();
   throughput_.Sample(now, StageBytes(stats));
   pressure_.Observe(now, stats,
@@ -375,8 +397,9 @@ void Daemon::SampleCounters() {
 std::string Daemon::RenderMetrics() {
   MetricsSnapshot snapshot;
   snapshot.serving = serving_;
-  snapshot.stats = CollectStats(storage_->catalog(), storage_->host_cache(), *gpu_tier_,
-                                ClientGroupTiers(), device_->Describe());
+  snapshot.stats =
+      CollectStats(storage_->catalog(), storage_->host_cache(), *gpu_tier_, ClientGroupTiers(),
+                   device_->Describe(), NodeParts{node_host_tier_.get(), host_lender_.get()});
   snapshot.stage_rates = throughput_.Rates();
   snapshot.responses = counters_.Snapshot();
   return RenderPrometheusText(snapshot);
@@ -402,7 +425,10 @@ Daemon::~Daemon() {
   gpu_tier_.reset();
   events_.reset();  // the tiers' events: they go back to the device, which must outlive them
   step("peer sessions");
+  node_host_tier_.reset();
+  local_host_.reset();
   peers_.reset();
+  host_lender_.reset();
   step("host cache");
   if (storage_ != nullptr) storage_->StopIo();
   if (never_idle) {

@@ -21,7 +21,9 @@
 #include "server/daemon_options.h"
 #include "gpu/gpu_tier.h"
 #include "server/health_monitor.h"
+#include "server/host_lender.h"
 #include "server/metrics_server.h"
+#include "server/node_host_tier.h"
 #include "server/peer_daemons.h"
 #include "server/pressure_reporter.h"
 #include "server/response_counters.h"
@@ -79,7 +81,7 @@ class Daemon {
   // The default group's and every client group's GPU tier; adopts the durable objects.
   absl::Status StartGpuTiers(std::vector<DurableRecord> durable_objects);
   // The client groups' session sockets.
-  absl::Status StartClientGroupSockets(const SessionOptions& session);
+  absl::Status StartClientGroupSockets(SessionOptions session);
   std::vector<NamedGpuTier> ClientGroupTiers() const;
   absl::Status StartMetrics();
   // The device's health, as the monitor reports it, unless shutting down.
@@ -105,7 +107,12 @@ class Daemon {
   std::unique_ptr<Device> device_;
   int state_lock_fd_;
   std::unique_ptr<StorageStack> storage_;
+  // The node's host tier (SharesHostTier; null without): lends objects homed here to the peers,
+  // and borrows the others from their homes.
+  std::unique_ptr<HostLender> host_lender_;
   std::unique_ptr<PeerDaemons> peers_;  // --peers; null without
+  std::unique_ptr<LocalHostSource> local_host_;
+  std::unique_ptr<NodeHostTier> node_host_tier_;
   std::unique_ptr<EventPool> events_;   // shared by every GPU tier
   std::unique_ptr<GpuTier> gpu_tier_;
   // --client-groups, in the order given.

@@ -70,6 +70,12 @@ struct DaemonOptions {
   PeerCopyPath peer_copy = PeerCopyPath::kAuto;  // --peer-copy
   // --peer-host-buffer-bytes: pinned host memory for peers that copy through the host.
   uint64_t peer_host_buffer_bytes = 256ull << 20;
+  // --node-host-tier: with peers, the daemons share one host tier (server/node_host_tier.h): each
+  // model object is read and pinned by its home daemon only, and the host arena is shared memory
+  // the peers map.
+  bool node_host_tier = true;
+  // --node-home-timeout: how long a fetch waits for a home's lease before reading it here.
+  absl::Duration node_home_timeout = absl::Seconds(30);
   // --model-roots: directories models may be registered from; empty: anywhere.
   std::vector<std::string> model_roots;
   // Tensors one registered model may have (--max-tensors-per-model).
@@ -89,6 +95,16 @@ struct DaemonOptions {
   // Makes the device instead of CreateDevice(device): tests wrap one to slow or fail it.
   std::function<absl::StatusOr<std::unique_ptr<Device>>()> create_device;
 };
+
+// Whether the daemon takes part in a node host tier: --node-host-tier, and --peers names a daemon
+// other than this one. Its host arena is then POSIX shared memory (/dev/shm).
+inline bool SharesHostTier(const DaemonOptions& options) {
+  if (!options.node_host_tier) return false;
+  for (const std::string& peer : options.peer_sockets) {
+    if (peer != options.socket_path) return true;
+  }
+  return false;
+}
 
 }  // namespace tierd
 

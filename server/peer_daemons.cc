@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "server/proto_convert.h"
+#include "wire/detail/peer_arena.h"
 #include "wire/session_core.h"
 #include "wire/session_socket.h"
 #include "wire/session_transport.h"
@@ -235,6 +236,96 @@ void PeerDaemons::OnAnswer(std::shared_ptr<Search> search, Peer& peer,
   std::move(search->done)(absl::Status(
       copy.status().code(), absl::StrCat("peer ", peer.socket, " has ", search->key,
                                          " but lending it failed: ", copy.status().message())));
+}
+
+PeerDaemons::Peer* PeerDaemons::FindPeer(const std::string& socket) const {
+  for (const auto& peer : peers_) {
+    if (peer->socket == socket) return peer.get();
+  }
+  return nullptr;
+}
+
+namespace {
+
+// The HomeLease of a host lease `core`'s peer answered with.
+absl::StatusOr<HomeLease> HomeLeaseOf(const std::shared_ptr<SessionCore>& core,
+                                      const std::string& peer, const v1::Lease& lease) {
+  ASSIGN_OR_RETURN(detail::PeerArena * arena, core->host_arena(lease.host_buffer_id()));
+  const uint64_t offset = lease.host_offset();
+  if (offset > arena->size() || lease.length() > arena->size() - offset) {
+    return absl::InternalError(absl::StrCat(peer, " lent ", lease.key(), " at [", offset, ", +",
+                                            lease.length(), ") of an arena of ", arena->size(),
+                                            " bytes"));
+  }
+  if (lease.length() > 0) RETURN_IF_ERROR(arena->EnsureRegistered(offset, lease.length()));
+  HomeLease home;
+  home.data = arena->data() + offset;
+  home.size = lease.length();
+  home.checksum = lease.checksum();
+  home.arena = arena;
+  home.release = [core, lease_id = lease.lease_id()] { ReleaseQuietly(*core, lease_id); };
+  return home;
+}
+
+}  // namespace
+
+void PeerDaemons::BorrowHost(const std::string& socket, const std::string& key,
+                             absl::AnyInvocable<void(absl::StatusOr<HomeLease>) &&> done) {
+  Peer* peer = FindPeer(socket);
+  if (peer == nullptr) {
+    return std::move(done)(absl::NotFoundError(absl::StrCat(socket, " is not a peer")));
+  }
+  absl::StatusOr<std::shared_ptr<SessionCore>> core = SessionTo(*peer);
+  if (!core.ok()) {
+    return std::move(done)(absl::UnavailableError(
+        absl::StrCat("peer ", socket, ": ", core.status().message())));
+  }
+  v1::SessionRequest request;
+  request.mutable_fetch()->set_key(key);
+  request.mutable_fetch()->set_local_only(true);
+  request.mutable_fetch()->set_host_lease(true);
+  // As in AskNext: a failed write may or may not call back; whichever comes first answers.
+  auto shared_done =
+      std::make_shared<absl::AnyInvocable<void(absl::StatusOr<HomeLease>) &&>>(std::move(done));
+  auto claimed = std::make_shared<std::atomic<bool>>(false);
+  std::weak_ptr<SessionCore> weak = *core;
+  absl::Status sent = (*core)->Send(
+      std::move(request),
+      [this, peer, weak, claimed, shared_done](const v1::SessionResponse& answer) {
+        if (claimed->exchange(true)) return;
+        std::shared_ptr<SessionCore> session = weak.lock();
+        absl::Status status = StatusOf(answer);
+        if (!status.ok() || !answer.has_lease() || session == nullptr) {
+          if (absl::IsUnavailable(status) && session != nullptr) Forget(*peer, session);
+          if (status.ok()) status = absl::UnavailableError("the session ended");
+          return std::move (*shared_done)(absl::Status(
+              status.code(), absl::StrCat("peer ", peer->socket, ": ", status.message())));
+        }
+        absl::StatusOr<HomeLease> lease = HomeLeaseOf(session, peer->socket, answer.lease());
+        if (!lease.ok()) ReleaseQuietly(*session, answer.lease().lease_id());
+        std::move (*shared_done)(std::move(lease));
+      });
+  if (!sent.ok() && !claimed->exchange(true)) {
+    Forget(*peer, *core);
+    std::move (*shared_done)(absl::UnavailableError(
+        absl::StrCat("peer ", socket, ": ", sent.message())));
+  }
+}
+
+void PeerDaemons::PrefetchHost(const std::string& socket, const std::string& key) {
+  Peer* peer = FindPeer(socket);
+  if (peer == nullptr) return;
+  absl::StatusOr<std::shared_ptr<SessionCore>> core = SessionTo(*peer);
+  if (!core.ok()) {
+    TIERD_LOG_EVERY_N_SEC(INFO, 10) << "peer " << socket << ": cannot prefetch " << key << ": "
+                                    << core.status();
+    return;
+  }
+  v1::SessionRequest request;
+  request.mutable_prefetch()->add_keys(key);
+  request.mutable_prefetch()->set_host_only(true);
+  // Without a callback, a failure is logged by the session's reader.
+  if (absl::Status sent = (*core)->Send(std::move(request)); !sent.ok()) Forget(*peer, *core);
 }
 
 absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::SessionTo(Peer& peer) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -34,6 +35,23 @@
 namespace tierd {
 
 class SessionCore;
+namespace detail {
+class PeerArena;
+}  // namespace detail
+
+// A home daemon's model object, lent where it lies in the home's host arena (FetchRequest
+// .host_lease), mapped and registered here. The node's host tier (server/node_host_tier.h) copies
+// from it.
+struct HomeLease {
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;
+  uint64_t checksum = 0;  // the home's record of it; 0: none
+  // The home's arena as mapped here: where its registrations end. Valid until `release`.
+  const detail::PeerArena* arena = nullptr;
+  // Gives the lease back. Must be called once, after every read of `data` has completed; may be
+  // called from any thread; does not block. Keeps the mapping alive until then.
+  absl::AnyInvocable<void() &&> release;
+};
 
 // tierd --peer-copy.
 enum class PeerCopyPath {
@@ -70,6 +88,18 @@ class PeerDaemons : public PeerSource {
 
   void Fetch(const std::string& key, Callback done) override;
 
+  // Asks the peer at `socket` (one of sockets()) for a host lease on model object `key` and calls
+  // `done` once with it — its pieces registered with this daemon's device — or the error:
+  // NOT_FOUND for a socket that is not a peer, UNAVAILABLE when the peer cannot be reached, the
+  // peer's answer otherwise. Blocks while it connects (a round trip, unless the peer hangs);
+  // `done` runs on the thread that reads the peer's session, and registering a piece of the
+  // peer's arena for the first time blocks that thread.
+  void BorrowHost(const std::string& socket, const std::string& key,
+                  absl::AnyInvocable<void(absl::StatusOr<HomeLease>) &&> done);
+  // Asks the peer at `socket` to bring `key` into its host cache (a host-only prefetch); a failure
+  // is logged. Blocks as BorrowHost does.
+  void PrefetchHost(const std::string& socket, const std::string& key);
+
   const std::vector<std::string>& sockets() const { return sockets_; }
 
  private:
@@ -84,6 +114,7 @@ class PeerDaemons : public PeerSource {
                 bool through_host, const v1::SessionResponse& answer);
   // The open session to `peer`, connecting when there is none or the last one ended.
   absl::StatusOr<std::shared_ptr<SessionCore>> SessionTo(Peer& peer);
+  Peer* FindPeer(const std::string& socket) const;
   // Drops `core` as `peer`'s session if it still is: the next fetch reconnects.
   void Forget(Peer& peer, const std::shared_ptr<SessionCore>& core);
 

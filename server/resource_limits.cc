@@ -147,6 +147,12 @@ absl::Status CheckDaemonLimits(const DaemonOptions& options, const MachineResour
   Budget memory = MemoryAvailable(machine);
   RETURN_IF_ERROR(TakeDaemonHostMemory(options, memory));
   Budget shared_memory = SharedMemoryFree(machine.shared_memory_free_bytes);
+  if (SharesHostTier(options)) {
+    RETURN_IF_ERROR(shared_memory.Take(
+        absl::StrCat(Sized("--host-cache-bytes", options.host_cache_bytes),
+                     " (a shared host arena: --peers with --node-host-tier)"),
+        "--host-cache-bytes", options.host_cache_bytes));
+  }
   return shared_memory.Take(Sized("--peer-host-buffer-bytes", options.peer_host_buffer_bytes),
                             "--peer-host-buffer-bytes", options.peer_host_buffer_bytes);
 }
@@ -161,6 +167,10 @@ absl::Status CheckStagingMemory(const DaemonOptions& options, const MachineResou
                                                      FormatByteSize(device_free_bytes), ")"));
   Budget memory = MemoryAvailable(machine);
   if (host_backend) {
+    if (SharesHostTier(options)) {
+      RETURN_IF_ERROR(device.Take(Sized("--host-cache-bytes", options.host_cache_bytes),
+                                  "--host-cache-bytes", options.host_cache_bytes));
+    }
     RETURN_IF_ERROR(device.Take(Sized("--peer-host-buffer-bytes", options.peer_host_buffer_bytes),
                                 "--peer-host-buffer-bytes", options.peer_host_buffer_bytes));
     RETURN_IF_ERROR(TakeDaemonHostMemory(options, memory));

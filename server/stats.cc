@@ -50,11 +50,13 @@ std::vector<std::string> ReportedFigures() {
   AppendPaths(kEventPoolFigures, paths);
   AppendPaths(kHostCacheFigures, paths);
   AppendPaths(kDurableStoreFigures, paths);
+  AppendPaths(kNodeHostFigures, paths);
   return paths;
 }
 
 v1::Stats CollectStats(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
-                       const std::vector<NamedGpuTier>& client_groups, const std::string& device) {
+                       const std::vector<NamedGpuTier>& client_groups, const std::string& device,
+                       const NodeParts& node) {
   v1::Stats stats;
   stats.set_device(device);
   GpuTierStats gpu = gpu_tier.stats();
@@ -77,6 +79,7 @@ v1::Stats CollectStats(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tie
   if (const DurableStore* durable = gpu_tier.durable_store(); durable != nullptr) {
     Report(kDurableStoreFigures, durable->stats(), stats);
   }
+  if (node.tier != nullptr) Report(kNodeHostFigures, node.tier->stats(node.lender), stats);
   stats.set_models(catalog.model_count());
   return stats;
 }

@@ -10,6 +10,8 @@
 #include "absl/strings/string_view.h"
 
 #include "gpu/gpu_tier.h"
+#include "server/host_lender.h"
+#include "server/node_host_tier.h"
 #include "storage/catalog.h"
 #include "storage/host_cache.h"
 #include "tierd/v1/tierd.pb.h"
@@ -22,11 +24,19 @@ struct NamedGpuTier {
   GpuTier* tier = nullptr;
 };
 
+// The node's host tier as this daemon takes part in it (server/node_host_tier.h); null parts
+// without one.
+struct NodeParts {
+  const NodeHostTier* tier = nullptr;
+  const HostLender* lender = nullptr;
+};
+
 // Takes each tier's lock in turn (not all at once): the figures of different tiers may be a few
 // microseconds apart. `gpu_tier` is the default group's tier, `client_groups` the others' (their
 // figures are summed in, and each is listed when there are any). `device` is Device::Describe().
 v1::Stats CollectStats(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
-                       const std::vector<NamedGpuTier>& client_groups, const std::string& device);
+                       const std::vector<NamedGpuTier>& client_groups, const std::string& device,
+                       const NodeParts& node = {});
 
 // Sets the uint64 field at `path` ("gpu.hits": the hits of the field gpu) of `message`; false when
 // it has no such field.

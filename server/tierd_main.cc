@@ -97,6 +97,13 @@ ABSL_FLAG(std::string, peer_copy, "auto",
 ABSL_FLAG(tierd::ByteSize, peer_host_buffer_bytes, tierd::ByteSize{256ull << 20},
           "Pinned host memory objects are copied through for peers that cannot read this GPU's "
           "memory (allocated on first use); an object larger cannot go that way");
+ABSL_FLAG(bool, node_host_tier, true,
+          "With --peers: the node's daemons share one host tier. Each model object is read from "
+          "disk and kept in pinned memory by one home daemon only; the others copy it to their "
+          "GPU from the home's host arena, which is then POSIX shared memory (/dev/shm must hold "
+          "--host-cache-bytes)");
+ABSL_FLAG(absl::Duration, node_home_timeout, absl::Seconds(30),
+          "How long a fetch waits for an object's home daemon to lend it before reading it here");
 ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus metrics over HTTP on this port at /metrics; 0: no metrics endpoint");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1",
@@ -235,6 +242,12 @@ int Run() {
   }
   options.peer_copy = *peer_copy;
   options.peer_host_buffer_bytes = absl::GetFlag(FLAGS_peer_host_buffer_bytes).bytes;
+  options.node_host_tier = absl::GetFlag(FLAGS_node_host_tier);
+  options.node_home_timeout = absl::GetFlag(FLAGS_node_home_timeout);
+  if (options.node_home_timeout <= absl::ZeroDuration()) {
+    std::fprintf(stderr, "tierd: --node-home-timeout must be positive\n");
+    return kExitBadUsage;
+  }
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   if (metrics_port < 0 || metrics_port > 65535) {
     std::fprintf(stderr, "tierd: --metrics-port must be 0 (off) or a port, 1..65535\n");

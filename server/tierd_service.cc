@@ -135,9 +135,9 @@ TierdService::~TierdService() = default;
 
 void TierdService::Attach(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
                           std::vector<NamedGpuTier> client_groups, SessionOptions session_options,
-                          UnreadAnswerBudget& unread_answers) {
+                          UnreadAnswerBudget& unread_answers, NodeParts node) {
   attached_.reset(new Tiers{catalog, host_cache, gpu_tier, std::move(client_groups),
-                            std::move(session_options), unread_answers});
+                            std::move(session_options), unread_answers, node});
   tiers_.store(attached_.get(), std::memory_order_release);
 }
 
@@ -255,6 +255,9 @@ void TierdService::HandleListObjects(
     for (const TensorPlacement& tensor : object.tensors) ToProto(tensor, info->add_tensors());
     info->set_on_gpu((*tiers)->gpu_tier.IsOnGpu(info->key()));
     info->set_in_host_cache((*tiers)->host_cache.IsResident(info->key()));
+    if (const NodeHostTier* node = (*tiers)->node.tier; node != nullptr) {
+      info->set_home(node->homes().HomeOf(info->key()));
+    }
   }
   call.Answer(absl::OkStatus());
 }
@@ -300,7 +303,8 @@ void TierdService::HandleGetStats(UnaryCall<v1::GetStatsRequest, v1::Stats>& cal
   absl::StatusOr<Tiers*> tiers = Serving(/*during_shutdown=*/true);
   if (!tiers.ok()) return call.Answer(tiers.status());
   *call.response() = CollectStats((*tiers)->catalog, (*tiers)->host_cache, (*tiers)->gpu_tier,
-                                  (*tiers)->client_groups, (*tiers)->session_options.device);
+                                  (*tiers)->client_groups, (*tiers)->session_options.device,
+                                  (*tiers)->node);
   call.Answer(absl::OkStatus());
 }
 

@@ -44,11 +44,11 @@ class TierdService final : public RawTierdService {
   // Serves calls on these tiers from now on: `gpu_tier` is the default client group's, the one
   // sessions and calls on this service use; `client_groups` are the other groups' tiers, which
   // stats include and dropped models are removed from. Session streams charge the answers their
-  // clients have not read to `unread_answers`. The references must outlive the service. Call
+  // clients have not read to `unread_answers`. `node`: the node's host tier, for stats and homes. The references must outlive the service. Call
   // once.
   void Attach(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
               std::vector<NamedGpuTier> client_groups, SessionOptions session_options,
-              UnreadAnswerBudget& unread_answers);
+              UnreadAnswerBudget& unread_answers, NodeParts node = {});
   // From now on new sessions and calls that change state are refused with UNAVAILABLE; listing
   // and stats still answer.
   void StartShutdown() { shutting_down_ = true; }
@@ -88,6 +88,7 @@ class TierdService final : public RawTierdService {
     std::vector<NamedGpuTier> client_groups;
     SessionOptions session_options;
     UnreadAnswerBudget& unread_answers;
+    NodeParts node;
   };
 
   // The tiers to serve a call on. UNAVAILABLE while starting, and once shutting down unless

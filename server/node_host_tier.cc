@@ -1,0 +1,185 @@
+#include "server/node_host_tier.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "wire/detail/peer_arena.h"
+
+namespace tierd {
+namespace {
+
+// Where a home's arena, as mapped here, ends its registrations.
+class PeerArenaPieces : public PinnedPieceBoundaries {
+ public:
+  explicit PeerArenaPieces(const detail::PeerArena& arena) : arena_(arena) {}
+  uint64_t BytesToPieceEnd(const uint8_t* host) const override {
+    return arena_.BytesToPieceEnd(host);
+  }
+
+ private:
+  const detail::PeerArena& arena_;
+};
+
+}  // namespace
+
+// One fetch of an object homed elsewhere: answered once, by the home's lease, its refusal or the
+// timeout, whichever comes first.
+struct NodeHostTier::Ask {
+  std::string key;
+  std::string home;
+  ReadPriority priority;
+  absl::Time deadline;
+  Callback done;
+  std::atomic<bool> answered{false};
+
+  // True for the first caller only: it answers.
+  bool Claim() { return !answered.exchange(true); }
+};
+
+NodeHostTier::NodeHostTier(const Catalog& catalog, LocalHostSource& local, PeerDaemons& peers,
+                           NodeHomes homes, const NodeHostTierOptions& options)
+    : catalog_(catalog),
+      local_(local),
+      peers_(peers),
+      homes_(std::move(homes)),
+      options_(options) {
+  for (const std::string& member : homes_.members()) {
+    if (member != homes_.self()) workers_[member] = std::make_unique<WorkerPool>(1);
+  }
+}
+
+NodeHostTier::~NodeHostTier() = default;
+
+const std::string* NodeHostTier::HomeToAsk(const std::string& key) const {
+  if (workers_.empty() || homes_.IsHomedHere(key)) return nullptr;
+  // Stored objects (and unknown keys, which the own cache refuses) are not homed; an object read
+  // here already (a fallback) is served from here.
+  if (!catalog_.Lookup(key).ok() || local_.IsResident(key)) return nullptr;
+  return &homes_.HomeOf(key);
+}
+
+void NodeHostTier::Fetch(const std::string& key, ReadPriority priority, absl::Time deadline,
+                         Callback done) {
+  const std::string* home = HomeToAsk(key);
+  if (home == nullptr) return local_.Fetch(key, priority, deadline, std::move(done));
+  auto ask = std::make_shared<Ask>();
+  ask->key = key;
+  ask->home = *home;
+  ask->priority = priority;
+  ask->deadline = deadline;
+  ask->done = std::move(done);
+  if (Paused(*home)) {
+    ask->Claim();
+    return FallBack(std::move(ask), absl::UnavailableError(absl::StrCat(
+                                        "it did not answer within ",
+                                        absl::FormatDuration(options_.home_timeout),
+                                        " lately")));
+  }
+  timer_.RunAfter(options_.home_timeout, [this, ask] {
+    if (!ask->Claim()) return;
+    Pause(ask->home);
+    FallBack(ask, absl::DeadlineExceededError(absl::StrCat(
+                      "no lease within ", absl::FormatDuration(options_.home_timeout))));
+  });
+  workers_.at(*home)->Post(
+      [this, ask] {
+        peers_.BorrowHost(ask->home, ask->key, [this, ask](absl::StatusOr<HomeLease> lease) {
+          if (!lease.ok()) {
+            if (ask->Claim()) FallBack(ask, lease.status());
+            return;
+          }
+          if (!ask->Claim()) {  // timed out: the object is being read here already
+            std::move(lease->release)();
+            return;
+          }
+          absl::StatusOr<HostBytes> bytes = Accept(ask, *std::move(lease));
+          if (!bytes.ok()) return FallBack(ask, bytes.status());
+          std::move(ask->done)(std::move(bytes));
+        });
+      },
+      priority == ReadPriority::kDemand ? WorkerPool::kUrgent : WorkerPool::kNormal);
+}
+
+absl::StatusOr<HostBytes> NodeHostTier::Accept(const std::shared_ptr<Ask>& ask, HomeLease lease) {
+  absl::Status mismatch;
+  absl::StatusOr<ObjectRef> ref = catalog_.Lookup(ask->key);
+  const std::optional<uint64_t> checksum = catalog_.Checksum(ask->key);
+  if (!ref.ok()) {
+    mismatch = ref.status();
+  } else if (lease.size != ref->object->size) {
+    mismatch = absl::FailedPreconditionError(
+        absl::StrCat("it lent ", lease.size, " bytes, this daemon's model has ",
+                     ref->object->size, " (is it registered from other files?)"));
+  } else if (checksum.has_value() && lease.checksum != 0 && *checksum != lease.checksum) {
+    mismatch = absl::FailedPreconditionError(
+        "its checksum of the object differs from this daemon's (is the model registered from "
+        "other files?)");
+  }
+  if (!mismatch.ok()) {
+    std::move(lease.release)();
+    return mismatch;
+  }
+  host_fetches_.fetch_add(1, std::memory_order_relaxed);
+  bytes_from_homes_.fetch_add(lease.size, std::memory_order_relaxed);
+  auto pieces = std::make_shared<PeerArenaPieces>(*lease.arena);
+  // Given back on the home's thread: the copy's completion callback must not wait on a write to a
+  // home that stopped reading.
+  WorkerPool* worker = workers_.at(ask->home).get();
+  return HostBytes(lease.data, lease.size, *pieces,
+                   [pieces, worker, release = std::move(lease.release)]() mutable {
+                     worker->Post(std::move(release), WorkerPool::kUrgent);
+                   });
+}
+
+void NodeHostTier::FallBack(std::shared_ptr<Ask> ask, const absl::Status& why) {
+  fallbacks_.fetch_add(1, std::memory_order_relaxed);
+  TIERD_LOG_EVERY_N_SEC(WARNING, 10) << "reading " << ask->key << " here, not from its home "
+                                     << ask->home << ": " << why;
+  local_.Fetch(ask->key, ask->priority, ask->deadline, std::move(ask->done));
+}
+
+absl::Status NodeHostTier::Prefetch(const std::string& key, absl::Time deadline) {
+  const std::string* home = HomeToAsk(key);
+  if (home == nullptr) return local_.Prefetch(key, deadline);
+  if (Paused(*home)) {
+    fallbacks_.fetch_add(1, std::memory_order_relaxed);
+    return local_.Prefetch(key, deadline);
+  }
+  workers_.at(*home)->Post([this, home = *home, key] { peers_.PrefetchHost(home, key); });
+  return absl::OkStatus();
+}
+
+bool NodeHostTier::Paused(const std::string& home) const {
+  absl::MutexLock lock(&mu_);
+  auto it = paused_until_.find(home);
+  return it != paused_until_.end() && absl::Now() < it->second;
+}
+
+void NodeHostTier::Pause(const std::string& home) {
+  absl::MutexLock lock(&mu_);
+  paused_until_[home] = absl::Now() + options_.unresponsive_pause;
+  TIERD_LOG(WARNING) << "home " << home << " lent nothing within "
+                     << absl::FormatDuration(options_.home_timeout) << "; its objects are read "
+                     << "here for the next " << absl::FormatDuration(options_.unresponsive_pause);
+}
+
+NodeHostStats NodeHostTier::stats(const HostLender* lender) const {
+  NodeHostStats stats;
+  if (lender != nullptr) {
+    stats.leases_served = lender->leases_served();
+    stats.leases_held = lender->leases_held();
+  }
+  stats.daemons = homes_.members().size();
+  stats.host_fetches = host_fetches_.load(std::memory_order_relaxed);
+  stats.bytes_from_homes = bytes_from_homes_.load(std::memory_order_relaxed);
+  stats.fallbacks = fallbacks_.load(std::memory_order_relaxed);
+  for (const std::string& key : local_.cache().Keys("")) {
+    if (homes_.IsHomedHere(key) && local_.IsResident(key) && catalog_.Lookup(key).ok()) {
+      ++stats.objects_homed;
+    }
+  }
+  return stats;
+}
+
+}  // namespace tierd
