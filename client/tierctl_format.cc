@@ -314,20 +314,29 @@ std::string FormatModels(const std::vector<v1::ModelSummary>& models) {
 }
 
 std::string FormatObjects(const std::vector<v1::ObjectInfo>& objects) {
-  Table table({"KEY", "SIZE", "TENSORS", "WHERE"}, {false, true, true, false});
+  // The HOME column only for a daemon of a node (its objects have homes).
+  bool homed = false;
+  for (const v1::ObjectInfo& object : objects) homed = homed || !object.home().empty();
+  std::vector<std::string> header = {"KEY", "SIZE", "TENSORS", "WHERE"};
+  if (homed) header.push_back("HOME");
+  Table table(std::move(header), {false, true, true, false, false});
   uint64_t total_bytes = 0;
   size_t on_gpu = 0;
   size_t in_host = 0;
   for (const v1::ObjectInfo& object : objects) {
     const char* where = object.on_gpu() ? "gpu" : object.in_host_cache() ? "host" : "disk";
-    table.AddRow({EscapeForText(object.key()), FormatByteSize(object.size()),
-                  absl::StrCat(object.tensors_size()), where});
+    std::vector<std::string> row = {EscapeForText(object.key()), FormatByteSize(object.size()),
+                                    absl::StrCat(object.tensors_size()), where};
+    if (homed) row.push_back(EscapeForText(object.home()));
+    table.AddRow(std::move(row));
     total_bytes += object.size();
     on_gpu += object.on_gpu() ? 1 : 0;
     in_host += object.in_host_cache() ? 1 : 0;
   }
   return absl::StrCat(table.ToString(), objects.size(), " objects, ", FormatByteSize(total_bytes),
-                      "; ", on_gpu, " on the GPU, ", in_host, " in host memory\n");
+                      "; ", on_gpu, " on the GPU, ", in_host, " in this daemon's host memory",
+                      homed ? " (HOME: the node's daemon that keeps it in host memory)" : "",
+                      "\n");
 }
 
 std::string FormatStats(const v1::Stats& stats) {

@@ -46,6 +46,15 @@ TEST(TierctlFormatTest, ObjectTablesShowEveryKeyWhole) {
   EXPECT_THAT(table, HasSubstr("m/blocks.0"));
   EXPECT_THAT(table, HasSubstr("2 objects"));
 
+  EXPECT_THAT(table, ::testing::Not(HasSubstr("HOME")));
+
+  // On a node, each object's home daemon.
+  hidden.set_home("/run/tierd/gpu1.sock");
+  plain.set_home("/run/tierd/gpu0.sock");
+  const std::string homed = FormatObjects({hidden, plain});
+  EXPECT_THAT(homed, HasSubstr("HOME"));
+  EXPECT_THAT(homed, HasSubstr("/run/tierd/gpu1.sock"));
+
   v1::ModelSummary model;
   model.set_name("m\x1b]0;title\x07");
   EXPECT_THAT(FormatModels({model}), HasSubstr("m\\u001b]0;title\\u0007 "));
