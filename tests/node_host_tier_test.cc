@@ -1,0 +1,372 @@
+// The node's host tier (tierd --peers, docs/NODE.md) across real daemon processes on the device
+// under test: each model object is read from disk and kept in host memory by its home daemon
+// only, and the others copy it to their GPU from the home's host arena. On the CUDA build the
+// daemons share GPU 0, which runs the same protocol (a peer's arena mapped and registered with
+// each daemon's own CUDA context) as several GPUs do.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/tierd_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/daemon_test_support.h"
+#include "tests/storage_test_support.h"
+#include "tests/test_support.h"
+#include "wire/session_socket.h"
+
+namespace tierd {
+namespace {
+
+using ::tierd::testing::FetchBytes;
+using ::tierd::testing::IsOk;
+using ::tierd::testing::IsOkAndHolds;
+using ::tierd::testing::RandomTensor;
+using ::tierd::testing::SiblingBinary;
+using ::tierd::testing::StatusIs;
+using ::tierd::testing::Subprocess;
+using ::tierd::testing::TempDir;
+using ::tierd::testing::TensorSpec;
+
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+constexpr int kDaemons = 3;
+
+class NodeHostTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // 16 objects of 256 KiB to 1 MiB, one per tensor.
+    for (int i = 0; i < 16; ++i) {
+      tensors_.push_back(RandomTensor(absl::StrCat("w", i), "F32",
+                                      {static_cast<uint64_t>(64 * (1 + i % 4)), 1024}, 100 + i));
+      model_bytes_ += tensors_.back().data.size();
+    }
+    model_dir_ = absl::StrCat(dir_.path(), "/model");
+    ASSERT_EQ(::mkdir(model_dir_.c_str(), 0755), 0);
+    ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(model_dir_, "/model.safetensors"), tensors_),
+                IsOk());
+  }
+
+  void TearDown() override {
+    sessions_.clear();
+    clients_.clear();
+    for (int i = kDaemons - 1; i >= 0; --i) StopDaemon(i);
+  }
+
+  std::string socket_path(int i) const { return absl::StrCat(dir_.path(), "/gpu", i, ".sock"); }
+
+  // Every daemon names the whole node, itself included, as a shared configuration would.
+  void StartDaemons(const std::string& host_cache_bytes = "16MiB") {
+    for (int i = 0; i < kDaemons; ++i) {
+      std::vector<std::string> argv = {
+          SiblingBinary("tierd"),
+          absl::StrCat("--device=", testing::DeviceUnderTest().ToString()),
+          absl::StrCat("--socket=", socket_path(i)),
+          absl::StrCat("--state-dir=", dir_.path(), "/state", i),
+          absl::StrCat("--host-cache-bytes=", host_cache_bytes),
+          "--gpu-pool-bytes=16MiB",
+          "--gpu-slab-bytes=8MiB",
+          "--reader-threads=2",
+          "--shutdown-grace-ms=500",
+          "--node-home-timeout=2s",
+          absl::StrCat("--peers=", socket_path(0), ",", socket_path(1), ",", socket_path(2))};
+      auto daemon = testing::StartServingDaemon(argv, socket_path(i), kTimeout);
+      ASSERT_THAT(daemon, IsOk());
+      daemons_[i] = *std::move(daemon);
+    }
+    for (int i = 0; i < kDaemons; ++i) {
+      ASSERT_THAT(client(i).RegisterModel("m", model_dir_, v1::GROUPING_TENSOR), IsOk());
+    }
+  }
+
+  void StopDaemon(int i) {
+    if (daemons_[i] == nullptr) return;
+    daemons_[i]->Signal(SIGTERM);
+    EXPECT_THAT(daemons_[i]->Wait(kTimeout), IsOkAndHolds(0));
+    daemons_[i].reset();
+  }
+
+  Client& client(int i) {
+    std::unique_ptr<Client>& client = clients_[i];
+    if (client == nullptr) {
+      ClientOptions options;
+      options.socket_path = socket_path(i);
+      options.client_name = absl::StrCat("node_host_tier_test to ", i);
+      auto connected = Client::Connect(options);
+      EXPECT_THAT(connected, IsOk());
+      if (connected.ok()) client = *std::move(connected);
+    }
+    return *client;
+  }
+
+  Session& session(int i) {
+    std::unique_ptr<Session>& session = sessions_[i];
+    if (session == nullptr) {
+      auto opened = client(i).OpenSession();
+      EXPECT_THAT(opened, IsOk());
+      if (opened.ok()) session = *std::move(opened);
+    }
+    return *session;
+  }
+
+  v1::Stats Stats(int i) {
+    auto stats = client(i).GetStats();
+    EXPECT_THAT(stats, IsOk());
+    return stats.ok() ? *stats : v1::Stats();
+  }
+
+  // Waits until no peer holds a host lease on daemon i: they are given back once the copies that
+  // read them have completed, shortly after the fetches are answered.
+  void ExpectHostLeasesDrain(int i) {
+    uint64_t held = 0;
+    for (const absl::Time deadline = absl::Now() + kTimeout; absl::Now() < deadline;) {
+      held = Stats(i).node_host_leases();
+      if (held == 0) return;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ADD_FAILURE() << "peers still hold " << held << " host lease(s) on daemon " << i;
+  }
+
+  // Fetches every object through daemon i and checks its bytes.
+  void FetchAllAndCheck(int i) {
+    for (const TensorSpec& tensor : tensors_) {
+      EXPECT_THAT(FetchBytes(session(i), "m/" + tensor.name), IsOkAndHolds(tensor.data))
+          << "daemon " << i << ", " << tensor.name;
+    }
+  }
+
+  TempDir dir_;
+  std::string model_dir_;
+  std::vector<TensorSpec> tensors_;
+  uint64_t model_bytes_ = 0;
+  std::unique_ptr<Subprocess> daemons_[kDaemons];
+  std::map<int, std::unique_ptr<Client>> clients_;
+  std::map<int, std::unique_ptr<Session>> sessions_;
+};
+
+TEST_F(NodeHostTierTest, EachObjectIsReadAndPinnedOnceForTheNode) {
+  StartDaemons();
+  for (int i = 0; i < kDaemons; ++i) FetchAllAndCheck(i);
+  for (int i = 0; i < kDaemons; ++i) ExpectHostLeasesDrain(i);
+
+  // Where each object lives on the node, as every daemon lists it.
+  auto listed = client(0).ListObjects("m");
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_EQ(listed->size(), tensors_.size());
+  std::map<std::string, int> homed;
+  std::map<std::string, uint64_t> homed_bytes;
+  for (const v1::ObjectInfo& object : *listed) {
+    ++homed[object.home()];
+    homed_bytes[object.home()] += object.size();
+  }
+  uint64_t disk = 0, objects_held = 0, homes_total = 0, borrowed = 0, borrowed_bytes = 0;
+  for (int i = 0; i < kDaemons; ++i) {
+    const v1::Stats stats = Stats(i);
+    SCOPED_TRACE(absl::StrCat("daemon ", i));
+    EXPECT_EQ(stats.node_daemons(), static_cast<uint64_t>(kDaemons));
+    EXPECT_EQ(stats.node_fallbacks(), 0u);
+    // Exactly the objects homed here were read here, and only they are held here.
+    EXPECT_EQ(stats.bytes_disk_to_host(), homed_bytes[socket_path(i)]);
+    EXPECT_EQ(stats.node_objects_homed(), static_cast<uint64_t>(homed[socket_path(i)]));
+    EXPECT_EQ(stats.host().objects(), static_cast<uint64_t>(homed[socket_path(i)]));
+    // The others were borrowed from their homes, once each.
+    EXPECT_EQ(stats.node_host_fetches(), tensors_.size() - homed[socket_path(i)]);
+    EXPECT_EQ(stats.bytes_node_host_to_gpu(), model_bytes_ - homed_bytes[socket_path(i)]);
+    EXPECT_EQ(stats.node_host_leases_served(),
+              static_cast<uint64_t>(homed[socket_path(i)]) * (kDaemons - 1));
+    disk += stats.bytes_disk_to_host();
+    objects_held += stats.host().objects();
+    homes_total += stats.node_objects_homed();
+    borrowed += stats.node_host_fetches();
+    borrowed_bytes += stats.bytes_node_host_to_gpu();
+  }
+  EXPECT_EQ(disk, model_bytes_);
+  EXPECT_EQ(objects_held, tensors_.size());
+  EXPECT_EQ(homes_total, tensors_.size());
+  EXPECT_EQ(borrowed, tensors_.size() * (kDaemons - 1));
+  EXPECT_EQ(borrowed_bytes, model_bytes_ * (kDaemons - 1));
+
+  // Fetched again, from the GPUs or the homes: nothing more is read.
+  for (int i = 0; i < kDaemons; ++i) {
+    ASSERT_THAT(session(i).Evict("m/", v1::TIER_GPU), IsOk());
+    FetchAllAndCheck(i);
+  }
+  uint64_t disk_again = 0;
+  for (int i = 0; i < kDaemons; ++i) disk_again += Stats(i).bytes_disk_to_host();
+  EXPECT_EQ(disk_again, model_bytes_);
+}
+
+TEST_F(NodeHostTierTest, PrefetchesGoToTheHome) {
+  StartDaemons();
+  std::vector<std::string> keys;
+  for (const TensorSpec& tensor : tensors_) keys.push_back("m/" + tensor.name);
+  ASSERT_THAT(client(0).Prefetch(keys, /*host_only=*/true), IsOk());
+  // Each object lands in its home's host cache, nowhere else.
+  uint64_t held = 0;
+  for (const absl::Time deadline = absl::Now() + kTimeout;
+       held < tensors_.size() && absl::Now() < deadline;) {
+    held = 0;
+    for (int i = 0; i < kDaemons; ++i) held += Stats(i).host().objects();
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(held, tensors_.size());
+  auto listed = client(1).ListObjects("m");
+  ASSERT_THAT(listed, IsOk());
+  for (int i = 0; i < kDaemons; ++i) {
+    auto own = client(i).ListObjects("m");
+    ASSERT_THAT(own, IsOk());
+    for (const v1::ObjectInfo& object : *own) {
+      EXPECT_EQ(object.in_host_cache(), object.home() == socket_path(i)) << object.key();
+    }
+  }
+  EXPECT_EQ(Stats(0).node_fallbacks(), 0u);
+}
+
+TEST_F(NodeHostTierTest, AHomeKilledMidLoadLeavesTheOthersCorrect) {
+  StartDaemons();
+  // Two daemons load the model over and over while the third is killed: every fetch answers with
+  // the right bytes, from the home while it lives and from the disk afterwards.
+  std::atomic<bool> stop{false};
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> loaders;
+  for (int i = 0; i < 2; ++i) {
+    Session& own = session(i);
+    loaders.emplace_back([&, i, &own = own] {
+      while (!stop.load()) {
+        for (const TensorSpec& tensor : tensors_) {
+          absl::StatusOr<std::string> bytes = FetchBytes(own, "m/" + tensor.name);
+          if (!bytes.ok() || *bytes != tensor.data) {
+            ++wrong;
+            ADD_FAILURE() << "daemon " << i << ", " << tensor.name << ": "
+                          << (bytes.ok() ? "wrong bytes" : bytes.status().ToString());
+          }
+        }
+        (void)own.Evict("m/", v1::TIER_GPU);
+      }
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  daemons_[2]->Signal(SIGKILL);
+  EXPECT_THAT(daemons_[2]->Wait(kTimeout), IsOkAndHolds(128 + SIGKILL));
+  daemons_[2].reset();
+  clients_.erase(2);
+  absl::SleepFor(absl::Milliseconds(500));
+  stop = true;
+  for (std::thread& loader : loaders) loader.join();
+  EXPECT_EQ(wrong.load(), 0);
+
+  // The objects homed on the dead daemon are read where they are wanted now, once each.
+  FetchAllAndCheck(0);
+  FetchAllAndCheck(1);
+  auto listed = client(0).ListObjects("m");
+  ASSERT_THAT(listed, IsOk());
+  int homed_on_dead = 0;
+  for (const v1::ObjectInfo& object : *listed) homed_on_dead += object.home() == socket_path(2);
+  if (homed_on_dead > 0) {
+    EXPECT_GT(Stats(0).node_fallbacks() + Stats(1).node_fallbacks(), 0u);
+  }
+  // Nothing is held for the dead daemon, nor by it.
+  for (int i = 0; i < 2; ++i) {
+    ExpectHostLeasesDrain(i);
+    EXPECT_EQ(Stats(i).leases(), 0u);
+  }
+}
+
+TEST_F(NodeHostTierTest, EvictionAtTheHomeNeverMovesBytesUnderACopy) {
+  // Host caches of 4 MiB against a model of about 10 MiB: the homes evict and read again all the
+  // time while their peers copy out of them.
+  StartDaemons("4MiB");
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> loaders;
+  for (int i = 0; i < kDaemons; ++i) {
+    Session& own = session(i);
+    loaders.emplace_back([&, i, &own = own] {
+      for (int round = 0; round < 4; ++round) {
+        for (size_t t = 0; t < tensors_.size(); ++t) {
+          const TensorSpec& tensor = tensors_[(t + i * 5) % tensors_.size()];
+          absl::StatusOr<std::string> bytes = FetchBytes(own, "m/" + tensor.name);
+          if (!bytes.ok() || *bytes != tensor.data) {
+            ++wrong;
+            ADD_FAILURE() << "daemon " << i << ", " << tensor.name << ": "
+                          << (bytes.ok() ? "wrong bytes" : bytes.status().ToString());
+          }
+        }
+        (void)own.Evict("m/", v1::TIER_GPU);
+      }
+    });
+  }
+  for (std::thread& loader : loaders) loader.join();
+  EXPECT_EQ(wrong.load(), 0);
+  uint64_t evictions = 0;
+  for (int i = 0; i < kDaemons; ++i) {
+    ExpectHostLeasesDrain(i);
+    evictions += Stats(i).host().evictions();
+  }
+  EXPECT_GT(evictions, 0u);
+}
+
+TEST_F(NodeHostTierTest, AHomeThatHangsIsWaitedForBoundedly) {
+  StartDaemons();
+  auto listed = client(0).ListObjects("m");
+  ASSERT_THAT(listed, IsOk());
+  std::string key;
+  for (const v1::ObjectInfo& object : *listed) {
+    if (object.home() == socket_path(2)) key = object.key();
+  }
+  if (key.empty()) GTEST_SKIP() << "no object is homed on daemon 2 with these socket paths";
+  // Open daemon 0's session to daemon 2 first, so that the hang is in the lease, not the connect.
+  ASSERT_THAT(FetchBytes(session(0), key), IsOk());
+  // Off the GPU once its lease has drained, so the next fetch asks the home again.
+  absl::Status evicted;
+  for (const absl::Time deadline = absl::Now() + kTimeout; absl::Now() < deadline;) {
+    evicted = session(0).Evict(key, v1::TIER_GPU).status();
+    if (evicted.ok()) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_THAT(evicted, IsOk());
+  daemons_[2]->Signal(SIGSTOP);
+  const absl::Time start = absl::Now();
+  const std::string expected = tensors_[std::stoi(key.substr(3))].data;
+  EXPECT_THAT(FetchBytes(session(0), key), IsOkAndHolds(expected));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Seconds(1.5));  // --node-home-timeout=2s
+  EXPECT_LT(took, absl::Seconds(15));
+  EXPECT_EQ(Stats(0).node_fallbacks(), 1u);
+  daemons_[2]->Signal(SIGCONT);
+}
+
+TEST_F(NodeHostTierTest, HostLeasesNeedANode) {
+  // A daemon without peers lends no host memory.
+  std::vector<std::string> argv = {
+      SiblingBinary("tierd"), absl::StrCat("--device=", testing::DeviceUnderTest().ToString()),
+      absl::StrCat("--socket=", socket_path(0)), absl::StrCat("--state-dir=", dir_.path(), "/s"),
+      "--host-cache-bytes=16MiB", "--gpu-pool-bytes=16MiB", "--gpu-slab-bytes=8MiB",
+      "--shutdown-grace-ms=500"};
+  auto daemon = testing::StartServingDaemon(argv, socket_path(0), kTimeout);
+  ASSERT_THAT(daemon, IsOk());
+  daemons_[0] = *std::move(daemon);
+  ASSERT_THAT(client(0).RegisterModel("m", model_dir_, v1::GROUPING_TENSOR), IsOk());
+  const int fd = testing::OpenSessionSocketSession(SessionSocketPathFor(socket_path(0)), "t");
+  ASSERT_GE(fd, 0);
+  v1::SessionRequest request = testing::FetchRequestFor(2, "m/w0");
+  request.mutable_fetch()->set_host_lease(true);
+  ASSERT_THAT(SendAll(fd, EncodeFrame(request)), IsOk());
+  std::string payload;
+  ASSERT_THAT(ReadFrame(fd, payload), IsOk());
+  v1::SessionResponse answer;
+  ASSERT_TRUE(answer.ParseFromString(payload));
+  EXPECT_EQ(answer.code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(answer.message(), ::testing::HasSubstr("--peers"));
+  ::close(fd);
+  EXPECT_EQ(Stats(0).node_daemons(), 0u);
+}
+
+}  // namespace
+}  // namespace tierd
