@@ -62,6 +62,9 @@ ABSL_FLAG(tierd::ByteSize, gpu_pool_bytes, tierd::ByteSize{0},
           "Each daemon's --gpu-pool-bytes; 0: the model's size and an eighth");
 ABSL_FLAG(std::string, tierd_flags, "", "More flags for every daemon, space-separated");
 ABSL_FLAG(int, repeat, 3, "warm: timed rounds of each side");
+ABSL_FLAG(int, cold_repeat, 1,
+          "Runs of each cold phase (alone, together), fresh daemons each time; the median run is "
+          "reported, with every run's figure");
 ABSL_FLAG(bool, drop_caches, true,
           "Drop the page cache before each cold load (needs root; pointless on tmpfs)");
 ABSL_FLAG(double, timeout, 600, "Seconds any one step (a daemon's start, a load) may take");
@@ -171,7 +174,9 @@ int Main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) absl::StrAppend(&command, i == 0 ? "" : " ", argv[i]);
   const int count = absl::GetFlag(FLAGS_daemons);
   if (count < 1) Die("--daemons must be at least 1");
-  if (absl::GetFlag(FLAGS_repeat) < 1) Die("--repeat must be at least 1");
+  if (absl::GetFlag(FLAGS_repeat) < 1 || absl::GetFlag(FLAGS_cold_repeat) < 1) {
+    Die("--repeat and --cold-repeat must be at least 1");
+  }
   NodePlan plan;
   plan.daemons.tierd = absl::GetFlag(FLAGS_tierd);
   if (plan.daemons.tierd.empty() || ::access(plan.daemons.tierd.c_str(), X_OK) != 0) {
@@ -187,6 +192,7 @@ int Main(int argc, char** argv) {
   plan.daemons.work_dir = std::filesystem::absolute(absl::GetFlag(FLAGS_work_dir));
   plan.drop_caches = absl::GetFlag(FLAGS_drop_caches);
   plan.repeat = absl::GetFlag(FLAGS_repeat);
+  plan.cold_repeat = absl::GetFlag(FLAGS_cold_repeat);
   plan.daemons.start_timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout));
   for (absl::string_view flag :
        absl::StrSplit(absl::GetFlag(FLAGS_tierd_flags), ' ', absl::SkipWhitespace())) {
@@ -212,10 +218,16 @@ int Main(int argc, char** argv) {
   {
     // The client processes first: nothing of gRPC or a device may exist in a process that forks.
     NodeClients clients(count, absl::Seconds(absl::GetFlag(FLAGS_timeout)));
-    phases["alone"] = RunAlonePhase(plan, clients);
+    std::vector<nlohmann::json> runs;
+    for (int run = 0; run < plan.cold_repeat; ++run) runs.push_back(RunAlonePhase(plan, clients));
+    phases["alone"] = MedianRun(runs, "gb_per_s");
+    const double alone = phases["alone"]["gb_per_s"].get<double>();
+    runs.clear();
     std::unique_ptr<NodeDaemons> daemons;
-    phases["together"] =
-        RunTogetherPhase(plan, clients, phases["alone"]["gb_per_s"].get<double>(), daemons);
+    for (int run = 0; run < plan.cold_repeat; ++run) {
+      runs.push_back(RunTogetherPhase(plan, clients, alone, daemons));
+    }
+    phases["together"] = MedianRun(runs, "aggregate_gb_per_s");
     phases["warm"] = RunWarmPhase(plan, clients, *daemons);
     phases["together"]["daemon_ends"] = daemons->Stop();
   }

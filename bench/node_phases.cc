@@ -127,6 +127,7 @@ nlohmann::json RunTogetherPhase(const NodePlan& plan, NodeClients& clients, doub
                                 std::unique_ptr<NodeDaemons>& daemons) {
   const int count = plan.daemon_count();
   Progress(absl::StrCat("together: ", count, " daemons, each other's peers"));
+  daemons.reset();  // their sockets are the new ones'
   daemons = StartWithModel(plan, count, /*with_peers=*/true, "together");
   const std::vector<nlohmann::json> connected = ConnectClients(plan, clients, *daemons);
   const uint64_t model_bytes = connected[0]["bytes"].get<uint64_t>();
@@ -258,6 +259,21 @@ nlohmann::json RunWarmPhase(const NodePlan& plan, NodeClients& clients, NodeDaem
           {"goal_ratio_at_least", 0.90},
           {"disk_bytes_during_warm", disk_after - disk_before},
           {"stats_after", after}};
+}
+
+nlohmann::json MedianRun(const std::vector<nlohmann::json>& runs, const std::string& figure) {
+  std::vector<double> figures;
+  for (const nlohmann::json& run : runs) figures.push_back(run[figure].get<double>());
+  const double median = Median(figures);
+  nlohmann::json result;
+  for (const nlohmann::json& run : runs) {
+    if (run[figure].get<double>() == median) {
+      result = run;
+      break;
+    }
+  }
+  result["runs_" + figure] = figures;
+  return result;
 }
 
 }  // namespace tierd::bench

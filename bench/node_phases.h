@@ -13,6 +13,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "bench/node_daemons.h"
 #include "bench/node_worker.h"
@@ -27,19 +28,24 @@ struct NodePlan {
   bool model_on_tmpfs = false;
   bool cuda = true;  // the daemons run on GPUs (else on the host backend)
   int repeat = 3;
+  int cold_repeat = 1;  // runs of each cold phase, fresh daemons each time
 
   int daemon_count() const { return static_cast<int>(daemons.devices.size()); }
 };
 
 nlohmann::json RunAlonePhase(const NodePlan& plan, NodeClients& clients);
 
-// Leaves the daemons running in `daemons`, for the warm phase. `alone_gb_per_s`: the alone phase's
-// throughput, which each GPU's is compared with.
+// Stops the daemons in `daemons` first, and leaves its own running there, for the warm phase.
+// `alone_gb_per_s`: the alone phase's throughput, which each GPU's is compared with.
 nlohmann::json RunTogetherPhase(const NodePlan& plan, NodeClients& clients, double alone_gb_per_s,
                                 std::unique_ptr<NodeDaemons>& daemons);
 
 // REQUIRES: `daemons` hold the model in host memory and `clients` are connected to them.
 nlohmann::json RunWarmPhase(const NodePlan& plan, NodeClients& clients, NodeDaemons& daemons);
+
+// Of several runs of a phase, the one whose `figure` is the median (nearest rank), with
+// "runs_FIGURE" listing every run's figure. REQUIRES: `runs` is not empty.
+nlohmann::json MedianRun(const std::vector<nlohmann::json>& runs, const std::string& figure);
 
 }  // namespace tierd::bench
 

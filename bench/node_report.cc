@@ -1,6 +1,8 @@
 #include "bench/node_report.h"
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,6 +23,19 @@ std::string DaemonRow(const std::string& phase, const std::string& daemon,
                          figures["node_host_fetches"].get<unsigned long long>(),
                          Bytes(figures["bytes_node_host_to_gpu"]),
                          figures["node_fallbacks"].get<unsigned long long>());
+}
+
+// "PHASE runs: a, b, c GB/s (median b)" when the phase ran more than once.
+std::string Runs(const std::string& phase, const nlohmann::json& phases,
+                 const std::string& figure) {
+  if (!phases.contains(phase) || !phases[phase].contains("runs_" + figure)) return "";
+  const nlohmann::json& runs = phases[phase]["runs_" + figure];
+  if (runs.size() < 2) return "";
+  std::vector<std::string> values;
+  for (const nlohmann::json& value : runs)
+    values.push_back(absl::StrFormat("%.3f", value.get<double>()));
+  return absl::StrFormat("%s runs: %s GB/s (median %.3f)\n", phase, absl::StrJoin(values, ", "),
+                         phases[phase][figure].get<double>());
 }
 
 }  // namespace
@@ -50,6 +65,8 @@ std::string FormatNodeReport(const nlohmann::json& result) {
                                        daemon, daemon["gb_per_s"].get<double>(),
                                        daemon["ratio_to_alone"].get<double>()));
     }
+    absl::StrAppend(&text, Runs("alone", phases, "gb_per_s"),
+                    Runs("together", phases, "aggregate_gb_per_s"));
     absl::StrAppendFormat(&text, "\ntogether: the node %.3f GB/s over %.2f s (%s)\n",
                           together["aggregate_gb_per_s"].get<double>(),
                           together["span_s"].get<double>(), together.value("cold", ""));
