@@ -23,6 +23,7 @@ namespace {
 struct Round {
   std::vector<double> start_s, end_s;
   std::vector<double> gb_per_s;
+  std::vector<uint64_t> bytes;  // fetched (or copied) by each client
   double span_s = 0;
   double aggregate_gb_per_s = 0;
 };
@@ -37,6 +38,7 @@ Round Summarize(const std::vector<nlohmann::json>& answers) {
     round.start_s.push_back(start);
     round.end_s.push_back(end);
     round.gb_per_s.push_back(object_bytes / 1e9 / (end - start));
+    round.bytes.push_back(answers[i]["bytes"].get<uint64_t>());
     first_start = i == 0 ? start : std::min(first_start, start);
     last_end = i == 0 ? end : std::max(last_end, end);
     bytes += object_bytes;
@@ -117,6 +119,7 @@ nlohmann::json RunAlonePhase(const NodePlan& plan, NodeClients& clients) {
                            FormatByteSize(connected["bytes"].get<uint64_t>()), round.span_s));
   result.update({{"device", plan.daemons.devices[0]},
                  {"seconds", round.span_s},
+                 {"bytes_fetched", round.bytes[0]},
                  {"gb_per_s", round.gb_per_s[0]},
                  {"stats", DaemonFigures(stats)},
                  {"daemon_end", ends[0]}});
@@ -145,6 +148,7 @@ nlohmann::json RunTogetherPhase(const NodePlan& plan, NodeClients& clients, doub
     figures.update({{"daemon", i},
                     {"on", plan.daemons.devices[i]},
                     {"gb_per_s", round.gb_per_s[i]},
+                    {"bytes_fetched", round.bytes[i]},
                     {"ratio_to_alone", round.gb_per_s[i] / alone_gb_per_s}});
     disk_bytes += stats.bytes_disk_to_host();
     host_bytes += stats.host().used_bytes();
