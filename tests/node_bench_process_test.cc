@@ -38,7 +38,7 @@ class NodeBenchProcessTest : public ::testing::Test {
          absl::StrCat("--daemons=", kDaemons), absl::StrCat("--model-dir=", model_dir()),
          "--tensors=1MiBx4", "--files=2", absl::StrCat("--work-dir=", dir_.path(), "/work"),
          absl::StrCat("--repeat=", kRepeat), "--host-cache-bytes=8MiB", "--gpu-pool-bytes=8MiB",
-         "--timeout=120", absl::StrCat("--json=", json())},
+         "--timeout=120", "--drop-caches=false", absl::StrCat("--json=", json())},
         kTimeout);
   }
 
@@ -71,6 +71,7 @@ TEST_F(NodeBenchProcessTest, ReportsEveryPhaseWithFiguresThatAddUp) {
   EXPECT_GT(alone["gb_per_s"].get<double>(), 0);
   EXPECT_EQ(alone["stats"]["bytes_disk_to_host"], kModelBytes);
   EXPECT_EQ(alone["stats"]["node_host_fetches"], 0) << "alone, daemon 0 has no peers";
+  EXPECT_FALSE(alone["page_cache_dropped"].get<bool>());
 
   const nlohmann::json& together = result["phases"]["together"];
   ASSERT_EQ(together["daemons"].size(), static_cast<size_t>(kDaemons));
