@@ -189,6 +189,7 @@ int Main(int argc, char** argv) {
   plan.model_dir = absl::GetFlag(FLAGS_model_dir);
   if (plan.model_dir.empty()) Die("--model-dir is required");
   plan.model_dir = std::filesystem::absolute(plan.model_dir);
+  plan.daemons.model_root = plan.model_dir;
   plan.daemons.work_dir = std::filesystem::absolute(absl::GetFlag(FLAGS_work_dir));
   plan.drop_caches = absl::GetFlag(FLAGS_drop_caches);
   plan.repeat = absl::GetFlag(FLAGS_repeat);

@@ -78,6 +78,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemons>> NodeDaemons::Start(const NodeDaemon
                                      absl::StrCat("--device=", options.devices[i]),
                                      absl::StrCat("--socket=", sockets[i]),
                                      absl::StrCat("--state-dir=", dir, "/state"),
+                                     absl::StrCat("--model-roots=", options.model_root),
                                      absl::StrCat("--host-cache-bytes=", options.host_cache_bytes),
                                      absl::StrCat("--gpu-pool-bytes=", options.gpu_pool_bytes)};
     if (with_peers && count > 1) argv.push_back("--peers=" + absl::StrJoin(sockets, ","));

@@ -25,6 +25,9 @@ struct NodeDaemonOptions {
   std::string tierd;                 // the tierd binary
   std::string work_dir;              // daemon-I/{tierd.sock,state,PHASE.log} go under it
   std::vector<std::string> devices;  // per daemon index: "cuda:K" or "host"
+  // --model-roots of every daemon: the model's directory, as a deployment confines models. The
+  // daemons then size their disk readers to the storage the model is on, not their state's.
+  std::string model_root;
   uint64_t host_cache_bytes = 0;
   uint64_t gpu_pool_bytes = 0;
   std::vector<std::string> extra_flags;  // given to every daemon, after the bench's own
