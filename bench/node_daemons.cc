@@ -49,12 +49,6 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::str
   return pid;
 }
 
-std::string DescribeWaitStatus(int status) {
-  if (WIFEXITED(status)) return absl::StrCat("exited ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
-  return absl::StrCat("wait status ", status);
-}
-
 }  // namespace
 
 std::string NodeDaemonSocket(const NodeDaemonOptions& options, int index) {

@@ -1,7 +1,6 @@
 #include "bench/node_worker.h"
 
 #include <algorithm>
-#include <chrono>
 #include <map>
 #include <utility>
 
@@ -16,11 +15,6 @@
 
 namespace tierd::bench {
 namespace {
-
-// CLOCK_MONOTONIC: one clock for every process of the machine.
-double MonotonicSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // One worker's client, session and reference buffers; requests come one at a time.
 class NodeWorker {
