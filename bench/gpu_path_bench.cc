@@ -18,7 +18,6 @@
 //            p50/p99 of the call (request sent → lease usable). Targets p50 ≤ 50 µs, p99 ≤ 200 µs.
 // The model is registered with per-tensor grouping (one object per tensor) when not yet known.
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,10 +37,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "bench/bench_support.h"
 #include "bench/gpu_path_flags.h"

@@ -17,7 +17,7 @@ std::string Bytes(const nlohmann::json& value) { return FormatByteSize(value.get
 // A daemon's row: its throughput and what its stats say it moved.
 std::string DaemonRow(const std::string& phase, const std::string& daemon,
                       const nlohmann::json& figures, double gb_per_s, double ratio) {
-  return absl::StrFormat("%-9s %-7s %-8s %8.3f %7.3f %11s %11s %7llu %11s %9llu\n", phase, daemon,
+  return absl::StrFormat("%-9s %-7s %-8s %8.3f %7.3f %11s %11s %9llu %11s %9llu\n", phase, daemon,
                          figures.value("on", ""), gb_per_s, ratio,
                          Bytes(figures["bytes_disk_to_host"]), Bytes(figures["host_used_bytes"]),
                          figures["node_host_fetches"].get<unsigned long long>(),
@@ -49,8 +49,8 @@ std::string FormatNodeReport(const nlohmann::json& result) {
       Bytes(model["bytes"]), model["objects"].get<int>(), model.value("dir", ""),
       model.value("on_tmpfs", false) ? " (tmpfs)" : "");
   absl::StrAppend(&text,
-                  "phase     daemon  on           GB/s  /alone   disk→host   host used  "
-                  "homes'  home→GPU  fallbacks\n");
+                  "phase     daemon  on           GB/s  /alone   disk→host   host used  from home"
+                  "    home→GPU  fallbacks\n");
   const nlohmann::json& phases = result["phases"];
   if (phases.contains("alone")) {
     nlohmann::json figures = phases["alone"]["stats"];
