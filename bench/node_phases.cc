@@ -130,7 +130,10 @@ nlohmann::json RunTogetherPhase(const NodePlan& plan, NodeClients& clients, doub
                                 std::unique_ptr<NodeDaemons>& daemons) {
   const int count = plan.daemon_count();
   Progress(absl::StrCat("together: ", count, " daemons, each other's peers"));
-  daemons.reset();  // their sockets are the new ones'
+  if (daemons != nullptr) {  // an earlier run's, whose sockets the new daemons take
+    Disconnect(clients, daemons->count());
+    daemons.reset();
+  }
   daemons = StartWithModel(plan, count, /*with_peers=*/true, "together");
   const std::vector<nlohmann::json> connected = ConnectClients(plan, clients, *daemons);
   const uint64_t model_bytes = connected[0]["bytes"].get<uint64_t>();
