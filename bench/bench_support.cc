@@ -135,6 +135,12 @@ absl::StatusOr<double> ProcessCpuSeconds(int pid) {
   return static_cast<double>(user + system) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
+std::string DescribeWaitStatus(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
+  return absl::StrCat("ended with wait status ", status);
+}
+
 std::string TodayUtc() { return absl::FormatTime("%Y-%m-%d", absl::Now(), absl::UTCTimeZone()); }
 
 void FillRandomWords(std::vector<uint64_t>& words, uint64_t& seed) {

@@ -24,6 +24,12 @@ inline double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Seconds on CLOCK_MONOTONIC: one clock for every process of the machine, so that times taken in
+// several processes compare.
+inline double MonotonicSeconds() {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
 // Prints "PROGRAM: message" to stderr and exits 1.
 [[noreturn]] void Die(const std::string& message);
 
@@ -87,6 +93,9 @@ nlohmann::json LatencySummary(std::vector<double> us);
 // User + system CPU seconds process `pid` has used so far (/proc/PID/stat). NOT_FOUND when there
 // is no such process; INTERNAL when the file does not parse.
 absl::StatusOr<double> ProcessCpuSeconds(int pid);
+
+// How a child process ended, from its wait status: "exited 0", "killed by signal 9".
+std::string DescribeWaitStatus(int status);
 
 // Today's date, YYYY-MM-DD (UTC), for the records.
 std::string TodayUtc();

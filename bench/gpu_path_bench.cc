@@ -18,7 +18,6 @@
 //            p50/p99 of the call (request sent → lease usable). Targets p50 ≤ 50 µs, p99 ≤ 200 µs.
 // The model is registered with per-tensor grouping (one object per tensor) when not yet known.
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,14 +37,13 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "bench/bench_support.h"
 #include "bench/gpu_path_flags.h"
 #include "bench/gpu_path_session.h"
+#include "bench/model_writer.h"
 #include "client/tierd_client.h"
 #include "common/byte_size.h"
 #include "common/command_line.h"
@@ -73,74 +71,10 @@ ABSL_FLAG(std::string, json, "", "Write the results here as JSON");
 namespace tierd::bench {
 namespace {
 
-// ---- make-model ---------------------------------------------------------------------------------
-
-struct TensorSpec {
-  std::string name;
-  uint64_t bytes;
-};
-
-std::vector<TensorSpec> ParseTensorList(const std::string& text) {
-  std::vector<TensorSpec> tensors;
-  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    std::vector<std::string> parts = absl::StrSplit(item, 'x');
-    int count = 0;
-    absl::StatusOr<uint64_t> size =
-        parts.size() == 2 ? tierd::ParseByteSize(parts[0]) : absl::InvalidArgumentError("");
-    if (!size.ok() || *size == 0 || !absl::SimpleAtoi(parts[1], &count) || count <= 0) {
-      Die(absl::StrCat("--tensors: \"", item, "\" is not SIZExCOUNT (e.g. 64MiBx16)"));
-    }
-    for (int i = 0; i < count; ++i) {
-      tensors.push_back({absl::StrCat("s", *size >> 20, "m.", i), *size});
-    }
-  }
-  if (tensors.empty()) Die("--tensors names no tensor");
-  return tensors;
-}
-
-// Writes one safetensors file of U8 tensors filled with pseudo-random bytes.
-void WriteSafetensors(const std::string& path, const std::vector<TensorSpec>& tensors,
-                      uint64_t& seed) {
-  nlohmann::json header = nlohmann::json::object();
-  uint64_t offset = 0;
-  for (const TensorSpec& tensor : tensors) {
-    header[tensor.name] = {{"dtype", "U8"},
-                           {"shape", {tensor.bytes}},
-                           {"data_offsets", {offset, offset + tensor.bytes}}};
-    offset += tensor.bytes;
-  }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  const uint64_t length = text.size();
-  out.write(reinterpret_cast<const char*>(&length), sizeof(length));
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  std::vector<uint64_t> block(1 << 20);  // 8 MiB
-  for (uint64_t written = 0; written < offset;) {
-    FillRandomWords(block, seed);
-    const uint64_t n = std::min<uint64_t>(block.size() * 8, offset - written);
-    out.write(reinterpret_cast<const char*>(block.data()), static_cast<std::streamsize>(n));
-    written += n;
-  }
-  out.close();
-  if (!out) Die("cannot write " + path);
-}
-
 int MakeModel() {
   const std::string dir = absl::GetFlag(FLAGS_model_dir);
   if (dir.empty()) Die("--model-dir is required");
-  const std::vector<TensorSpec> tensors = ParseTensorList(absl::GetFlag(FLAGS_tensors));
-  const int files = std::max(1, absl::GetFlag(FLAGS_files));
-  ::mkdir(dir.c_str(), 0755);
-  std::vector<std::vector<TensorSpec>> per_file(files);
-  for (size_t i = 0; i < tensors.size(); ++i) per_file[i % files].push_back(tensors[i]);
-  uint64_t seed = 1;
-  for (int f = 0; f < files; ++f) {
-    const std::string path = absl::StrCat(dir, "/model-", f + 1, "-of-", files, ".safetensors");
-    Progress(absl::StrCat("writing ", path));
-    WriteSafetensors(path, per_file[f], seed);
-  }
-  ::sync();
+  WriteModel(dir, ParseTensorList(absl::GetFlag(FLAGS_tensors)), absl::GetFlag(FLAGS_files));
   return 0;
 }
 

@@ -65,42 +65,12 @@ class Bench {
   // Fetches `objects` on stream() and waits for their bytes; returns the seconds that took.
   // `prefetch_first` sends one prefetch of them all before the fetches, as a loader does.
   double FetchAll(const std::vector<Object>& objects, bool prefetch_first) {
-    tierd::Session& session = this->session();
-    tierd::Stream& stream = this->stream();
-    std::vector<tierd::Lease> leases;
-    leases.reserve(objects.size());
-    const Clock::time_point start = Clock::now();
-    if (prefetch_first) {
-      std::vector<std::string> keys;
-      for (const Object& object : objects) keys.push_back(object.key);
-      Check(session.Prefetch(keys), "prefetch");
-    }
-    for (const Object& object : objects) {
-      leases.push_back(Check(session.Fetch(object.key, stream), "fetch " + object.key));
-    }
-    Check(session.device().SynchronizeStream(stream), "synchronizing");
-    const double seconds = SecondsSince(start);
-    for (tierd::Lease& lease : leases) {
-      if (lease.size() != ObjectSize(lease.key())) Die(lease.key() + ": lease of the wrong size");
-    }
-    return seconds;
+    return Check(FetchAndWait(session(), stream(), objects, prefetch_first), "fetching");
   }
 
   // Evicts the model (or `prefix`) from `tier`, waiting for draining releases.
   void Evict(const std::string& prefix, tierd::v1::Tier tier) {
-    for (int attempt = 0;; ++attempt) {
-      tierd::v1::EvictResponse response = Check(session_->Evict(prefix, tier), "evict " + prefix);
-      if (response.skipped() == 0) return;
-      if (attempt == 5000) Die(absl::StrCat("evict ", prefix, ": objects stay busy"));
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
-
-  uint64_t ObjectSize(const std::string& key) const {
-    for (const Object& object : objects_) {
-      if (object.key == key) return object.size;
-    }
-    return 0;
+    Check(EvictWaiting(session(), prefix, tier), "evict " + prefix);
   }
 
  private:

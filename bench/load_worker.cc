@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "bench/bench_support.h"
 #include "client/tierd_client.h"
 
 namespace tierd::bench {
@@ -26,10 +27,6 @@ constexpr size_t kErrorsKept = 5;
 constexpr int kFailuresInARowToStop = 1000;
 // Exit status of a worker that gave up in a call stuck past its deadline.
 constexpr int kExitStuck = 3;
-
-double MonotonicSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // The worker's report while it runs: operations record into it from the main thread, and the
 // watchdog may send it from its own thread. It is sent once.

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "bench/bench_support.h"
 #include "common/posix_error.h"
 
 namespace tierd::bench {
@@ -51,12 +52,6 @@ bool ReadAvailable(int fd, std::string& buffer) {
 double CpuSeconds(const struct rusage& usage) {
   return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
          static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
-}
-
-std::string DescribeStatus(int status) {
-  if (WIFEXITED(status)) return absl::StrCat("exited ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
-  return absl::StrCat("ended with wait status ", status);
 }
 
 }  // namespace
@@ -230,7 +225,7 @@ std::vector<WorkerExit> WorkerProcesses::Reap(absl::Time deadline) {
       if (done == worker.pid || (done < 0 && errno != EINTR)) {
         worker.reaped = true;
         exits[i].clean = done == worker.pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        exits[i].how = done == worker.pid ? DescribeStatus(status) : "could not be waited for";
+        exits[i].how = done == worker.pid ? DescribeWaitStatus(status) : "could not be waited for";
         if (killed[i]) absl::StrAppend(&exits[i].how, " (after the deadline)");
         exits[i].cpu_seconds = CpuSeconds(usage);
       } else {

@@ -10,8 +10,8 @@
 # holds the package, its tests and examples; the node's own Python with torch, grpcio and protobuf
 # runs them). With --bench, the benchmarks, their scripts
 # (OUT_DIR/bench) and fio with its libraries (OUT_DIR/fio.tar.xz, unpacked by the scripts) come
-# along instead, for bench/run-gpu-path-bench.sh, bench/run-load-bench.sh and
-# bench/run-disk-read-bench.sh. Binaries are stripped
+# along instead, for bench/run-gpu-path-bench.sh, bench/run-load-bench.sh,
+# bench/run-disk-read-bench.sh and bench/run-node-bench.sh. Binaries are stripped
 # of debug information unless --keep-symbols is given. Given a name ending in .tar.gz, the tree is packed into that tarball
 # instead, under one top folder tierd/ (tar xzf OUT.tar.gz -C /opt gives /opt/tierd/bin/tierd).
 set -euo pipefail
@@ -57,10 +57,11 @@ if ((with_tests || with_bench)); then
 fi
 if ((with_bench)); then
   binaries+=("$build_dir/bin/gpu_path_bench" "$build_dir/bin/disk_read_bench"
-    "$build_dir/bin/arena_pin_bench" "$build_dir/bin/load_bench" "$build_dir/bin/event_limit_bench")
+    "$build_dir/bin/arena_pin_bench" "$build_dir/bin/load_bench" "$build_dir/bin/event_limit_bench"
+    "$build_dir/bin/node_bench")
   mkdir -p "$out/bench"
   cp "$here/bench/run-gpu-path-bench.sh" "$here/bench/run-load-bench.sh" \
-    "$here/bench/run-disk-read-bench.sh" "$here/bench/safetensors_load.py" \
+    "$here/bench/run-disk-read-bench.sh" "$here/bench/run-node-bench.sh" "$here/bench/safetensors_load.py" \
     "$here/bench/stream_weights_bench.py" "$out/bench/"
   fio=$(command -v fio) || { echo "bundle: --bench needs fio (apt-get install fio)" >&2; exit 1; }
   staging=$(mktemp -d)

@@ -1,0 +1,81 @@
+#include "bench/model_writer.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "bench/bench_support.h"
+#include "common/byte_size.h"
+
+namespace tierd::bench {
+namespace {
+
+// Writes one safetensors file of U8 tensors filled with pseudo-random bytes.
+void WriteSafetensors(const std::string& path, const std::vector<TensorSpec>& tensors,
+                      uint64_t& seed) {
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t offset = 0;
+  for (const TensorSpec& tensor : tensors) {
+    header[tensor.name] = {{"dtype", "U8"},
+                           {"shape", {tensor.bytes}},
+                           {"data_offsets", {offset, offset + tensor.bytes}}};
+    offset += tensor.bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  const uint64_t length = text.size();
+  out.write(reinterpret_cast<const char*>(&length), sizeof(length));
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  std::vector<uint64_t> block(1 << 20);  // 8 MiB
+  for (uint64_t written = 0; written < offset;) {
+    FillRandomWords(block, seed);
+    const uint64_t n = std::min<uint64_t>(block.size() * 8, offset - written);
+    out.write(reinterpret_cast<const char*>(block.data()), static_cast<std::streamsize>(n));
+    written += n;
+  }
+  out.close();
+  if (!out) Die("cannot write " + path);
+}
+
+}  // namespace
+
+std::vector<TensorSpec> ParseTensorList(const std::string& text) {
+  std::vector<TensorSpec> tensors;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::vector<std::string> parts = absl::StrSplit(item, 'x');
+    int count = 0;
+    absl::StatusOr<uint64_t> size =
+        parts.size() == 2 ? tierd::ParseByteSize(parts[0]) : absl::InvalidArgumentError("");
+    if (!size.ok() || *size == 0 || !absl::SimpleAtoi(parts[1], &count) || count <= 0) {
+      Die(absl::StrCat("--tensors: \"", item, "\" is not SIZExCOUNT (e.g. 64MiBx16)"));
+    }
+    for (int i = 0; i < count; ++i) {
+      tensors.push_back({absl::StrCat("s", *size >> 20, "m.", i), *size});
+    }
+  }
+  if (tensors.empty()) Die("--tensors names no tensor");
+  return tensors;
+}
+
+void WriteModel(const std::string& dir, const std::vector<TensorSpec>& tensors, int files) {
+  files = std::max(1, files);
+  ::mkdir(dir.c_str(), 0755);
+  std::vector<std::vector<TensorSpec>> per_file(files);
+  for (size_t i = 0; i < tensors.size(); ++i) per_file[i % files].push_back(tensors[i]);
+  uint64_t seed = 1;
+  for (int f = 0; f < files; ++f) {
+    const std::string path = absl::StrCat(dir, "/model-", f + 1, "-of-", files, ".safetensors");
+    Progress(absl::StrCat("writing ", path));
+    WriteSafetensors(path, per_file[f], seed);
+  }
+  ::sync();
+}
+
+}  // namespace tierd::bench

@@ -1,0 +1,288 @@
+#include "bench/node_phases.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/bench_model.h"
+#include "bench/bench_support.h"
+#include "common/byte_size.h"
+#include "device/shared_memory.h"
+
+namespace tierd::bench {
+namespace {
+
+// What the clients' timed rounds give: each one's GB/s, and the node's over the span from the
+// first start to the last end.
+struct Round {
+  std::vector<double> start_s, end_s;
+  std::vector<double> gb_per_s;
+  std::vector<uint64_t> bytes;  // fetched (or copied) by each client
+  double span_s = 0;
+  double aggregate_gb_per_s = 0;
+};
+
+Round Summarize(const std::vector<nlohmann::json>& answers) {
+  Round round;
+  double first_start = 0, last_end = 0, bytes = 0;
+  for (size_t i = 0; i < answers.size(); ++i) {
+    const double start = answers[i]["start_s"].get<double>();
+    const double end = answers[i]["end_s"].get<double>();
+    const double object_bytes = answers[i]["bytes"].get<double>();
+    round.start_s.push_back(start);
+    round.end_s.push_back(end);
+    round.gb_per_s.push_back(object_bytes / 1e9 / (end - start));
+    round.bytes.push_back(answers[i]["bytes"].get<uint64_t>());
+    first_start = i == 0 ? start : std::min(first_start, start);
+    last_end = i == 0 ? end : std::max(last_end, end);
+    bytes += object_bytes;
+  }
+  round.span_s = last_end - first_start;
+  round.aggregate_gb_per_s = bytes / 1e9 / round.span_s;
+  return round;
+}
+
+// Drops the page cache where that makes the load cold, and says what "cold" meant.
+nlohmann::json MakeCold(const NodePlan& plan) {
+  if (plan.model_on_tmpfs) {
+    return {{"page_cache_dropped", false},
+            {"cold", "the model is on tmpfs: cold means only not in the daemons' host caches"}};
+  }
+  if (!plan.drop_caches) {
+    return {{"page_cache_dropped", false},
+            {"cold", "--drop-caches=false: the files may be in the page cache"}};
+  }
+  const bool dropped = DropPageCache();
+  return {{"page_cache_dropped", dropped},
+          {"cold", dropped ? "page cache dropped, fresh daemons"
+                           : "the page cache could not be dropped (not root?)"}};
+}
+
+// The figures of a daemon's stats the node phases report.
+nlohmann::json DaemonFigures(const tierd::v1::Stats& stats) {
+  return {{"device", stats.device()},
+          {"bytes_disk_to_host", stats.bytes_disk_to_host()},
+          {"bytes_host_to_gpu", stats.bytes_host_to_gpu()},
+          {"host_used_bytes", stats.host().used_bytes()},
+          {"host_pinned_bytes", stats.host_pinned_bytes()},
+          {"host_budget_bytes", stats.host().budget_bytes()},
+          {"node_daemons", stats.node_daemons()},
+          {"node_objects_homed", stats.node_objects_homed()},
+          {"node_host_fetches", stats.node_host_fetches()},
+          {"bytes_node_host_to_gpu", stats.bytes_node_host_to_gpu()},
+          {"node_host_leases_served", stats.node_host_leases_served()},
+          {"node_host_leases", stats.node_host_leases()},
+          {"node_fallbacks", stats.node_fallbacks()}};
+}
+
+std::unique_ptr<NodeDaemons> StartWithModel(const NodePlan& plan, int count, bool with_peers,
+                                            const std::string& label) {
+  std::unique_ptr<NodeDaemons> daemons =
+      Check(NodeDaemons::Start(plan.daemons, count, with_peers, label),
+            absl::StrCat(label, ": starting ", count, " daemon(s)"));
+  for (int i = 0; i < count; ++i) RegisteredObjects(daemons->client(i), plan.model, plan.model_dir);
+  return daemons;
+}
+
+std::vector<nlohmann::json> ConnectClients(const NodePlan& plan, NodeClients& clients,
+                                           NodeDaemons& daemons) {
+  std::vector<nlohmann::json> requests;
+  for (int i = 0; i < daemons.count(); ++i) {
+    requests.push_back({{"op", "connect"}, {"socket", daemons.socket(i)}, {"model", plan.model}});
+  }
+  return clients.AskEach(FirstWorkers(daemons.count()), requests);
+}
+
+void Disconnect(NodeClients& clients, int count) {
+  clients.Ask(FirstWorkers(count), {{"op", "disconnect"}});
+}
+
+}  // namespace
+
+nlohmann::json RunAlonePhase(const NodePlan& plan, NodeClients& clients) {
+  Progress(absl::StrCat("alone: daemon 0 on ", plan.daemons.devices[0], ", without peers"));
+  std::unique_ptr<NodeDaemons> daemons = StartWithModel(plan, 1, /*with_peers=*/false, "alone");
+  const nlohmann::json connected = ConnectClients(plan, clients, *daemons)[0];
+  nlohmann::json result = MakeCold(plan);
+  const nlohmann::json load = clients.Ask({0}, {{"op", "load"}})[0];
+  const Round round = Summarize({load});
+  const tierd::v1::Stats stats = Check(daemons->client(0).GetStats(), "alone: stats");
+  Disconnect(clients, 1);
+  const std::vector<std::string> ends = daemons->Stop();
+  Progress(absl::StrFormat("alone: %.3f GB/s (%s in %.2f s)", round.gb_per_s[0],
+                           FormatByteSize(connected["bytes"].get<uint64_t>()), round.span_s));
+  result.update({{"device", plan.daemons.devices[0]},
+                 {"seconds", round.span_s},
+                 {"bytes_fetched", round.bytes[0]},
+                 {"gb_per_s", round.gb_per_s[0]},
+                 {"stats", DaemonFigures(stats)},
+                 {"daemon_end", ends[0]}});
+  return result;
+}
+
+nlohmann::json RunTogetherPhase(const NodePlan& plan, NodeClients& clients, double alone_gb_per_s,
+                                std::unique_ptr<NodeDaemons>& daemons) {
+  const int count = plan.daemon_count();
+  Progress(absl::StrCat("together: ", count, " daemons, each other's peers"));
+  if (daemons != nullptr) {  // an earlier run's, whose sockets the new daemons take
+    Disconnect(clients, daemons->count());
+    daemons.reset();
+  }
+  daemons = StartWithModel(plan, count, /*with_peers=*/true, "together");
+  const std::vector<nlohmann::json> connected = ConnectClients(plan, clients, *daemons);
+  const uint64_t model_bytes = connected[0]["bytes"].get<uint64_t>();
+  nlohmann::json result = MakeCold(plan);
+  const Round round = Summarize(clients.Ask(FirstWorkers(count), {{"op", "load"}}));
+
+  // Per daemon, and per GPU: the daemons sharing a device share its link.
+  nlohmann::json per_daemon = nlohmann::json::array();
+  uint64_t disk_bytes = 0, host_bytes = 0;
+  std::map<std::string, std::vector<int>> by_device;
+  for (int i = 0; i < count; ++i) {
+    const tierd::v1::Stats stats =
+        Check(daemons->client(i).GetStats(), absl::StrCat("together: stats of daemon ", i));
+    nlohmann::json figures = DaemonFigures(stats);
+    figures.update({{"daemon", i},
+                    {"on", plan.daemons.devices[i]},
+                    {"gb_per_s", round.gb_per_s[i]},
+                    {"bytes_fetched", round.bytes[i]},
+                    {"ratio_to_alone", round.gb_per_s[i] / alone_gb_per_s}});
+    disk_bytes += stats.bytes_disk_to_host();
+    host_bytes += stats.host().used_bytes();
+    by_device[plan.daemons.devices[i]].push_back(i);
+    per_daemon.push_back(std::move(figures));
+    Progress(absl::StrFormat(
+        "together: daemon %d on %s: %.3f GB/s; disk→host %s, host used %s, from a home %llu "
+        "objects (%s), fallbacks %llu",
+        i, plan.daemons.devices[i], round.gb_per_s[i], FormatByteSize(stats.bytes_disk_to_host()),
+        FormatByteSize(stats.host().used_bytes()),
+        static_cast<unsigned long long>(stats.node_host_fetches()),
+        FormatByteSize(stats.bytes_node_host_to_gpu()),
+        static_cast<unsigned long long>(stats.node_fallbacks())));
+  }
+  nlohmann::json per_gpu = nlohmann::json::array();
+  double worst_gpu_ratio = 0;
+  for (const auto& [device, indices] : by_device) {
+    // The device's throughput: its daemons' bytes from the first one's start to the last one's end.
+    double first_start = round.start_s[indices[0]], last_end = round.end_s[indices[0]];
+    for (int i : indices) {
+      first_start = std::min(first_start, round.start_s[i]);
+      last_end = std::max(last_end, round.end_s[i]);
+    }
+    const double gb_per_s =
+        static_cast<double>(indices.size() * model_bytes) / 1e9 / (last_end - first_start);
+    const double ratio = gb_per_s / alone_gb_per_s;
+    worst_gpu_ratio = per_gpu.empty() ? ratio : std::min(worst_gpu_ratio, ratio);
+    per_gpu.push_back({{"device", device},
+                       {"daemons", indices},
+                       {"gb_per_s", gb_per_s},
+                       {"ratio_to_alone", ratio}});
+  }
+  result.update({{"model_bytes", model_bytes},
+                 {"daemons", per_daemon},
+                 {"devices", per_gpu},
+                 {"span_s", round.span_s},
+                 {"aggregate_gb_per_s", round.aggregate_gb_per_s},
+                 {"disk_bytes", disk_bytes},
+                 {"host_bytes", host_bytes},
+                 {"disk_bytes_over_model", static_cast<double>(disk_bytes) / model_bytes},
+                 {"host_bytes_over_model", static_cast<double>(host_bytes) / model_bytes},
+                 {"worst_device_ratio_to_alone", worst_gpu_ratio},
+                 {"goals",
+                  {{"disk_bytes_over_model", 1.0},
+                   {"host_bytes_over_model", 1.0},
+                   {"device_ratio_to_alone_at_least", 0.90}}}});
+  Progress(absl::StrFormat(
+      "together: node %.3f GB/s; disk bytes / model %.2f, host bytes / model %.2f (goals 1.0); "
+      "worst device / alone %.3f (goal >= 0.90)",
+      round.aggregate_gb_per_s, result["disk_bytes_over_model"].get<double>(),
+      result["host_bytes_over_model"].get<double>(), worst_gpu_ratio));
+  return result;
+}
+
+nlohmann::json RunWarmPhase(const NodePlan& plan, NodeClients& clients, NodeDaemons& daemons) {
+  const int count = daemons.count();
+  const std::vector<int> all = FirstWorkers(count);
+  uint64_t disk_before = 0;
+  for (int i = 0; i < count; ++i) {
+    disk_before += Check(daemons.client(i).GetStats(), "warm: stats").bytes_disk_to_host();
+  }
+  // One buffer of the model's size, which every client process maps and registers.
+  const uint64_t model_bytes = TotalBytes(RegisteredObjects(daemons.client(0), plan.model, ""));
+  std::unique_ptr<tierd::SharedMemory> shared =
+      Check(tierd::SharedMemory::Create(
+                absl::StrCat(tierd::SharedMemoryPrefixForPid(::getpid()), "node-bench-reference"),
+                model_bytes),
+            "warm: the shared reference buffer");
+  std::memset(shared->data(), 0x5a, model_bytes);
+  clients.Ask(all, {{"op", "map_reference"}, {"shm", shared->name()}});
+  clients.Ask(all, {{"op", "copy_reference"}});  // untimed: the first touch of the buffers
+
+  std::vector<double> tierd_runs, reference_runs;
+  nlohmann::json per_daemon_runs = nlohmann::json::array();
+  for (int run = 0; run < plan.repeat; ++run) {
+    clients.Ask(all, {{"op", "evict_gpu"}});
+    const Round fetched = Summarize(clients.Ask(all, {{"op", "load"}}));
+    const Round copied = Summarize(clients.Ask(all, {{"op", "copy_reference"}}));
+    tierd_runs.push_back(fetched.aggregate_gb_per_s);
+    reference_runs.push_back(copied.aggregate_gb_per_s);
+    per_daemon_runs.push_back(
+        {{"tierd_gb_per_s", fetched.gb_per_s}, {"reference_gb_per_s", copied.gb_per_s}});
+    Progress(absl::StrFormat("warm run %d: tierd %.2f GB/s, reference %.2f GB/s (all %d at once)",
+                             run, tierd_runs.back(), reference_runs.back(), count));
+  }
+  Disconnect(clients, count);
+  nlohmann::json after = nlohmann::json::array();
+  uint64_t disk_after = 0;
+  for (int i = 0; i < count; ++i) {
+    const tierd::v1::Stats stats = Check(daemons.client(i).GetStats(), "warm: stats");
+    disk_after += stats.bytes_disk_to_host();
+    after.push_back(DaemonFigures(stats));
+  }
+  const double ratio = Median(tierd_runs) / Median(reference_runs);
+  Progress(absl::StrFormat("warm: tierd %.2f GB/s, reference %.2f GB/s, ratio %.3f (goal >= 0.90)",
+                           Median(tierd_runs), Median(reference_runs), ratio));
+  return {{"repeat", plan.repeat},
+          {"model_bytes", model_bytes},
+          {"bytes_per_run", model_bytes * count},
+          {"reference",
+           plan.cuda ? "cudaMemcpyAsync from ONE POSIX shared-memory buffer of the model's size, "
+                       "mapped and cudaHostRegister'ed by each client process, to a device buffer "
+                       "of that process, object by object on one stream, all processes at once, "
+                       "after one untimed round"
+                     : "memcpy (the host backend's copy; no CUDA) from ONE POSIX shared-memory "
+                       "buffer of the model's size, mapped by each client process, object by "
+                       "object, all processes at once, after one untimed round"},
+          {"tierd_gb_per_s", tierd_runs},
+          {"reference_gb_per_s", reference_runs},
+          {"per_daemon_runs", per_daemon_runs},
+          {"tierd_median_gb_per_s", Median(tierd_runs)},
+          {"reference_median_gb_per_s", Median(reference_runs)},
+          {"ratio", ratio},
+          {"goal_ratio_at_least", 0.90},
+          {"disk_bytes_during_warm", disk_after - disk_before},
+          {"stats_after", after}};
+}
+
+nlohmann::json MedianRun(const std::vector<nlohmann::json>& runs, const std::string& figure) {
+  std::vector<double> figures;
+  for (const nlohmann::json& run : runs) figures.push_back(run[figure].get<double>());
+  const double median = Median(figures);
+  nlohmann::json result;
+  for (const nlohmann::json& run : runs) {
+    if (run[figure].get<double>() == median) {
+      result = run;
+      break;
+    }
+  }
+  result["runs_" + figure] = figures;
+  return result;
+}
+
+}  // namespace tierd::bench

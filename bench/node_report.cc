@@ -1,0 +1,99 @@
+#include "bench/node_report.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/byte_size.h"
+
+namespace tierd::bench {
+namespace {
+
+std::string Bytes(const nlohmann::json& value) { return FormatByteSize(value.get<uint64_t>()); }
+
+// A daemon's row: its throughput and what its stats say it moved.
+std::string DaemonRow(const std::string& phase, const std::string& daemon,
+                      const nlohmann::json& figures, double gb_per_s, double ratio) {
+  return absl::StrFormat("%-9s %-7s %-8s %8.3f %7.3f %11s %11s %9llu %11s %9llu\n", phase, daemon,
+                         figures.value("on", ""), gb_per_s, ratio,
+                         Bytes(figures["bytes_disk_to_host"]), Bytes(figures["host_used_bytes"]),
+                         figures["node_host_fetches"].get<unsigned long long>(),
+                         Bytes(figures["bytes_node_host_to_gpu"]),
+                         figures["node_fallbacks"].get<unsigned long long>());
+}
+
+// "PHASE runs: a, b, c GB/s (median b)" when the phase ran more than once.
+std::string Runs(const std::string& phase, const nlohmann::json& phases,
+                 const std::string& figure) {
+  if (!phases.contains(phase) || !phases[phase].contains("runs_" + figure)) return "";
+  const nlohmann::json& runs = phases[phase]["runs_" + figure];
+  if (runs.size() < 2) return "";
+  std::vector<std::string> values;
+  for (const nlohmann::json& value : runs)
+    values.push_back(absl::StrFormat("%.3f", value.get<double>()));
+  return absl::StrFormat("%s runs: %s GB/s (median %.3f)\n", phase, absl::StrJoin(values, ", "),
+                         phases[phase][figure].get<double>());
+}
+
+}  // namespace
+
+std::string FormatNodeReport(const nlohmann::json& result) {
+  const nlohmann::json& model = result["model"];
+  std::string text = absl::StrFormat(
+      "node_bench, %s: %d daemons on %s; model %s (%d objects) in %s%s\n\n",
+      result.value("date", ""), result["daemons"]["count"].get<int>(),
+      absl::StrJoin(result["daemons"]["devices"].get<std::vector<std::string>>(), ", "),
+      Bytes(model["bytes"]), model["objects"].get<int>(), model.value("dir", ""),
+      model.value("on_tmpfs", false) ? " (tmpfs)" : "");
+  absl::StrAppend(&text,
+                  "phase     daemon  on           GB/s  /alone   disk→host   host used  from home"
+                  "    home→GPU  fallbacks\n");
+  const nlohmann::json& phases = result["phases"];
+  if (phases.contains("alone")) {
+    nlohmann::json figures = phases["alone"]["stats"];
+    figures["on"] = phases["alone"]["device"];
+    absl::StrAppend(
+        &text, DaemonRow("alone", "0", figures, phases["alone"]["gb_per_s"].get<double>(), 1.0));
+  }
+  if (phases.contains("together")) {
+    const nlohmann::json& together = phases["together"];
+    for (const nlohmann::json& daemon : together["daemons"]) {
+      absl::StrAppend(&text, DaemonRow("together", std::to_string(daemon["daemon"].get<int>()),
+                                       daemon, daemon["gb_per_s"].get<double>(),
+                                       daemon["ratio_to_alone"].get<double>()));
+    }
+    absl::StrAppend(&text, Runs("alone", phases, "gb_per_s"),
+                    Runs("together", phases, "aggregate_gb_per_s"));
+    absl::StrAppendFormat(&text, "\ntogether: the node %.3f GB/s over %.2f s (%s)\n",
+                          together["aggregate_gb_per_s"].get<double>(),
+                          together["span_s"].get<double>(), together.value("cold", ""));
+    for (const nlohmann::json& device : together["devices"]) {
+      absl::StrAppendFormat(&text, "  %s (daemons %s): %.3f GB/s, %.3f of alone (goal >= 0.90)\n",
+                            device["device"].get<std::string>(),
+                            absl::StrJoin(device["daemons"].get<std::vector<int>>(), ","),
+                            device["gb_per_s"].get<double>(),
+                            device["ratio_to_alone"].get<double>());
+    }
+    absl::StrAppendFormat(&text,
+                          "  disk bytes / model bytes %.2f (goal 1.0); host bytes holding the "
+                          "model / model bytes %.2f (goal 1.0)\n",
+                          together["disk_bytes_over_model"].get<double>(),
+                          together["host_bytes_over_model"].get<double>());
+  }
+  if (phases.contains("warm")) {
+    const nlohmann::json& warm = phases["warm"];
+    absl::StrAppendFormat(
+        &text,
+        "\nwarm (all daemons at once, median of %d): tierd %.2f GB/s, reference %.2f GB/s, "
+        "ratio %.3f (goal >= 0.90); read from disk meanwhile: %s\n  reference: %s\n",
+        warm["repeat"].get<int>(), warm["tierd_median_gb_per_s"].get<double>(),
+        warm["reference_median_gb_per_s"].get<double>(), warm["ratio"].get<double>(),
+        Bytes(warm["disk_bytes_during_warm"]), warm["reference"].get<std::string>());
+  }
+  return text;
+}
+
+}  // namespace tierd::bench
