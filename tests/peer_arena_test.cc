@@ -254,6 +254,41 @@ TEST_F(PeerArenaTest, TheDestructorUnregistersEveryRegisteredPiece) {
   EXPECT_EQ(device_->unregistered(), registered);
 }
 
+TEST_F(PeerArenaTest, TheBackgroundRegistersEveryPieceOnceBesideTheCallers) {
+  device_->set_delay(absl::Milliseconds(3));
+  std::unique_ptr<PeerArena> peer = OpenPeer();
+  ASSERT_NE(peer, nullptr);
+  peer->RegisterAllInBackground();
+  peer->RegisterAllInBackground();  // once only
+  // A lease's pieces meanwhile, from the far end.
+  ASSERT_THAT(peer->EnsureRegistered(6 * kPiece, 2 * kPiece), IsOk());
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(30);
+       peer->registered_pieces() < kArenaBytes / kPiece && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  std::map<const void*, int> expected;
+  for (uint64_t index = 0; index < kArenaBytes / kPiece; ++index) {
+    expected[Piece(*peer, index)] = 1;
+  }
+  EXPECT_EQ(device_->registered(), expected);
+}
+
+TEST_F(PeerArenaTest, DestroyingStopsTheBackgroundRegistration) {
+  std::unique_ptr<PeerArena> peer = OpenPeer();
+  ASSERT_NE(peer, nullptr);
+  device_->set_gate_closed(true);
+  peer->RegisterAllInBackground();
+  while (device_->waiting_at_gate() == 0) absl::SleepFor(absl::Milliseconds(1));
+  std::thread opener([this] {
+    absl::SleepFor(absl::Milliseconds(20));
+    device_->set_gate_closed(false);
+  });
+  peer.reset();  // stops after the piece under way, and unregisters what was registered
+  opener.join();
+  EXPECT_LT(device_->registered().size(), kArenaBytes / kPiece);
+  EXPECT_EQ(device_->unregistered(), device_->registered());
+}
+
 TEST_F(PeerArenaTest, WhereReadOnlyRegistrationIsUnsupportedItMapsReadWriteAtTheSameAddress) {
   device_->set_read_only_unsupported(true);
   std::optional<ArenaAllocation> block = home_->Allocate(2 * kMiB);

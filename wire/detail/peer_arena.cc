@@ -37,6 +37,14 @@ PeerArena::PeerArena(std::unique_ptr<SharedMemory> memory, uint64_t size, uint64
       pieces_((size + piece_bytes - 1) / piece_bytes, PieceState::kUnregistered) {}
 
 PeerArena::~PeerArena() {
+  std::thread background;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    background = std::move(background_);
+  }
+  // Not under the lock: the thread takes it.
+  if (background.joinable()) background.join();
   absl::MutexLock lock(&mu_);
   for (uint64_t index = 0; index < pieces_.size(); ++index) {
     if (pieces_[index] != PieceState::kRegistered) continue;
@@ -60,6 +68,28 @@ uint64_t PeerArena::BytesToPieceEnd(const uint8_t* p) const {
 uint64_t PeerArena::registered_pieces() const {
   absl::MutexLock lock(&mu_);
   return std::count(pieces_.begin(), pieces_.end(), PieceState::kRegistered);
+}
+
+void PeerArena::RegisterAllInBackground() {
+  absl::MutexLock lock(&mu_);
+  if (background_.joinable()) return;
+  background_ = std::thread([this] {
+    const absl::Time start = absl::Now();
+    for (uint64_t index = 0; index < pieces_.size(); ++index) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) return;
+      }
+      if (absl::Status status = EnsureRegistered(index * piece_bytes_, PieceSize(index));
+          !status.ok()) {
+        TIERD_LOG(WARNING) << "registering the host arena " << memory_->name() << " ahead: "
+                           << status << "; its pieces are registered as leases reach them";
+        return;
+      }
+    }
+    TIERD_LOG(INFO) << "host arena " << memory_->name() << " (" << (size_ >> 20)
+                    << " MiB) registered in " << absl::FormatDuration(absl::Now() - start);
+  });
 }
 
 absl::Status PeerArena::EnsureRegistered(uint64_t offset, uint64_t bytes) {

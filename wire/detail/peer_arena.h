@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -39,8 +40,8 @@ class PeerArena {
   static absl::StatusOr<std::unique_ptr<PeerArena>> Open(const std::string& name, uint64_t size,
                                                          uint64_t piece_bytes,
                                                          std::shared_ptr<Device> device);
-  // Unregisters every registered piece and unmaps. REQUIRES: no copy reads the arena any more,
-  // and no EnsureRegistered call is under way.
+  // Stops the background registration, unregisters every registered piece and unmaps. REQUIRES:
+  // no copy reads the arena any more, and no other call is under way.
   ~PeerArena();
   PeerArena(const PeerArena&) = delete;
   PeerArena& operator=(const PeerArena&) = delete;
@@ -61,6 +62,11 @@ class PeerArena {
   uint64_t BytesToPieceEnd(const uint8_t* p) const;
   // Pieces registered now.
   uint64_t registered_pieces() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Starts a thread that registers every piece not registered yet, first to last, so that later
+  // leases find their pieces ready: registering a piece of small pages takes a good part of a
+  // second per GiB, which a load would otherwise wait for piece by piece. It stops at the first
+  // failure (logged; EnsureRegistered tries that piece again) or when this is destroyed. Once.
+  void RegisterAllInBackground() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   enum class PieceState { kUnregistered, kRegistering, kRegistered };
@@ -89,6 +95,8 @@ class PeerArena {
   bool probing_ ABSL_GUARDED_BY(mu_) = false;  // a thread is settling the mode
   // Set when remapping the object read-write failed: the mapping may be gone.
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // the destructor tells the background thread
+  std::thread background_ ABSL_GUARDED_BY(mu_);  // RegisterAllInBackground's
 };
 
 }  // namespace tierd::detail
