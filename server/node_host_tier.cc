@@ -47,9 +47,29 @@ NodeHostTier::NodeHostTier(const Catalog& catalog, LocalHostSource& local, PeerD
   for (const std::string& member : homes_.members()) {
     if (member != homes_.self()) workers_[member] = std::make_unique<WorkerPool>(1);
   }
+  for (const auto& [peer, worker] : workers_) ConnectAhead(peer);
 }
 
-NodeHostTier::~NodeHostTier() = default;
+NodeHostTier::~NodeHostTier() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  // The peers' threads first, while the timer they may use lives; its connects left pending then
+  // see stopping_ and do nothing.
+  workers_.clear();
+}
+
+void NodeHostTier::ConnectAhead(const std::string& peer) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return;
+  workers_.at(peer)->Post([this, peer] {
+    if (absl::Status connected = peers_.Connect(peer); !connected.ok()) {
+      TIERD_VLOG(1) << "node peer " << peer << " not reached yet: " << connected;
+      timer_.RunAfter(absl::Seconds(1), [this, peer] { ConnectAhead(peer); });
+    }
+  });
+}
 
 const std::string* NodeHostTier::HomeToAsk(const std::string& key) const {
   if (workers_.empty() || homes_.IsHomedHere(key)) return nullptr;
@@ -174,6 +194,7 @@ NodeHostStats NodeHostTier::stats(const HostLender* lender) const {
   stats.host_fetches = host_fetches_.load(std::memory_order_relaxed);
   stats.bytes_from_homes = bytes_from_homes_.load(std::memory_order_relaxed);
   stats.fallbacks = fallbacks_.load(std::memory_order_relaxed);
+  stats.peer_arena_bytes = peers_.RegisteredArenaBytes();
   for (const std::string& key : local_.cache().Keys("")) {
     if (homes_.IsHomedHere(key) && local_.IsResident(key) && catalog_.Lookup(key).ok()) {
       ++stats.objects_homed;

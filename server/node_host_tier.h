@@ -14,6 +14,8 @@
 //
 // Talking to a peer can block (connecting, or writing to a peer that stopped reading), so each
 // peer has a thread of its own for it; a fetch never waits longer than `home_timeout` for a home.
+// From the start, each peer is connected to (again every second until it answers), so that its
+// host arena is mapped and registered here before the first load needs it.
 // Thread-safe.
 #ifndef TIERD_SERVER_NODE_HOST_TIER_H_
 #define TIERD_SERVER_NODE_HOST_TIER_H_
@@ -54,6 +56,8 @@ struct NodeHostStats {
   // This daemon as a home (HostLender): host leases lent to the peers, and held by them now.
   uint64_t leases_served = 0;
   uint64_t leases_held = 0;
+  // Bytes of the peers' host arenas registered here (PeerDaemons::RegisteredArenaBytes).
+  uint64_t peer_arena_bytes = 0;
 };
 
 // How each figure is reported (common/figures.h).
@@ -65,6 +69,7 @@ inline constexpr Figure<NodeHostStats> kNodeHostFigures[] = {
     {"node_fallbacks", &NodeHostStats::fallbacks},
     {"node_host_leases_served", &NodeHostStats::leases_served},
     {"node_host_leases", &NodeHostStats::leases_held},
+    {"node_peer_arena_bytes", &NodeHostStats::peer_arena_bytes},
 };
 static_assert(std::size(kNodeHostFigures) * sizeof(uint64_t) == sizeof(NodeHostStats),
               "every member of NodeHostStats has its line in kNodeHostFigures");
@@ -98,6 +103,8 @@ class NodeHostTier : public HostSource {
   absl::StatusOr<HostBytes> Accept(const std::shared_ptr<Ask>& ask, HomeLease lease);
   // Reads the object here after all, saying why.
   void FallBack(std::shared_ptr<Ask> ask, const absl::Status& why);
+  // Connects to `peer` on its thread, and tries again a second later until it answers.
+  void ConnectAhead(const std::string& peer) ABSL_LOCKS_EXCLUDED(mu_);
   bool Paused(const std::string& home) const ABSL_LOCKS_EXCLUDED(mu_);
   void Pause(const std::string& home) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -113,9 +120,9 @@ class NodeHostTier : public HostSource {
 
   mutable absl::Mutex mu_;
   std::map<std::string, absl::Time> paused_until_ ABSL_GUARDED_BY(mu_);
-  // Last: they go first, running what is queued while the rest is alive.
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // set first by the destructor: no more connects
   TimerThread timer_;
-  // One thread per peer (by socket), created with this.
+  // One thread per peer (by socket), created with this; the destructor joins them first.
   std::map<std::string, std::unique_ptr<WorkerPool>> workers_;
 };
 

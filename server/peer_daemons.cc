@@ -1,5 +1,6 @@
 #include "server/peer_daemons.h"
 
+#include <algorithm>
 #include <atomic>
 #include <utility>
 
@@ -7,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "server/host_lender.h"
 #include "server/proto_convert.h"
 #include "wire/detail/peer_arena.h"
 #include "wire/session_core.h"
@@ -257,6 +259,8 @@ absl::StatusOr<HomeLease> HomeLeaseOf(const std::shared_ptr<SessionCore>& core,
                                             lease.length(), ") of an arena of ", arena->size(),
                                             " bytes"));
   }
+  // The whole arena is registered ahead, the lease's own pieces first where they are not yet.
+  arena->RegisterAllInBackground();
   if (lease.length() > 0) RETURN_IF_ERROR(arena->EnsureRegistered(offset, lease.length()));
   HomeLease home;
   home.data = arena->data() + offset;
@@ -312,6 +316,29 @@ void PeerDaemons::BorrowHost(const std::string& socket, const std::string& key,
   }
 }
 
+absl::Status PeerDaemons::Connect(const std::string& socket) {
+  Peer* peer = FindPeer(socket);
+  if (peer == nullptr) return absl::NotFoundError(absl::StrCat(socket, " is not a peer"));
+  return SessionTo(*peer).status();
+}
+
+uint64_t PeerDaemons::RegisteredArenaBytes() const {
+  uint64_t bytes = 0;
+  for (const auto& peer : peers_) {
+    std::shared_ptr<SessionCore> core;
+    {
+      absl::MutexLock lock(&peer->mu);
+      core = peer->core;
+    }
+    if (core == nullptr) continue;
+    if (absl::StatusOr<detail::PeerArena*> arena = core->host_arena(HostLender::kArenaHandleId);
+        arena.ok()) {
+      bytes += std::min((*arena)->registered_pieces() * (*arena)->piece_bytes(), (*arena)->size());
+    }
+  }
+  return bytes;
+}
+
 void PeerDaemons::PrefetchHost(const std::string& socket, const std::string& key) {
   Peer* peer = FindPeer(socket);
   if (peer == nullptr) return;
@@ -348,6 +375,7 @@ absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::SessionTo(Peer& peer) 
   v1::SessionRequest open;
   open.mutable_open()->set_client_name(client_name_);
   open.mutable_open()->set_protocol(SessionProtocolVersion());
+  open.mutable_open()->set_node_daemon(true);
   absl::StatusOr<v1::SessionResponse> opened = core->Call(std::move(open));
   // A failed session is ended here, on this thread, not its reader's.
   if (!opened.ok()) return opened.status();
@@ -357,6 +385,11 @@ absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::SessionTo(Peer& peer) 
   }
   core->set_device(device_);
   RETURN_IF_ERROR(core->Opened(*opened));
+  // A peer that lends host memory sent its arena: registered ahead, in the background.
+  if (absl::StatusOr<detail::PeerArena*> arena = core->host_arena(HostLender::kArenaHandleId);
+      arena.ok()) {
+    (*arena)->RegisterAllInBackground();
+  }
   TIERD_VLOG(1) << "peer " << peer.socket << ": session open, " << opened->opened().device();
   peer.core = core;
   return core;

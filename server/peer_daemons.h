@@ -96,6 +96,12 @@ class PeerDaemons : public PeerSource {
   // peer's arena for the first time blocks that thread.
   void BorrowHost(const std::string& socket, const std::string& key,
                   absl::AnyInvocable<void(absl::StatusOr<HomeLease>) &&> done);
+  // Opens the session to the peer at `socket` now, unless one is open: its host arena, when it
+  // sends one, is then registered here in the background. Blocks as BorrowHost does. NOT_FOUND
+  // for a socket that is not a peer; the connection's errors.
+  absl::Status Connect(const std::string& socket);
+  // Bytes of the peers' host arenas (those of the sessions open now) registered here.
+  uint64_t RegisteredArenaBytes() const;
   // Asks the peer at `socket` to bring `key` into its host cache (a host-only prefetch); a failure
   // is logged. Blocks as BorrowHost does.
   void PrefetchHost(const std::string& socket, const std::string& key);

@@ -273,7 +273,10 @@ void SessionProtocol::Open(uint64_t request_id, const v1::OpenSession& open) {
   opened->set_protocol(SessionProtocolVersion());
   const std::vector<uint32_t> done_events = tier_.DoneEvents(*client);
   for (uint32_t event : done_events) opened->add_done_event_ids(event);
-  SendWithHandles(std::move(response), std::nullopt, HostHandle::kNone, done_events);
+  // Another daemon of the node maps the arena ahead of its first lease.
+  const HostHandle host =
+      open.node_daemon() && host_leases_ != nullptr ? HostHandle::kArena : HostHandle::kNone;
+  SendWithHandles(std::move(response), std::nullopt, host, done_events);
 }
 
 void SessionProtocol::SendWithHandles(v1::SessionResponse response, std::optional<uint32_t> slab,

@@ -203,6 +203,22 @@ TEST_F(NodeHostTierTest, EachObjectIsReadAndPinnedOnceForTheNode) {
   EXPECT_EQ(disk_again, model_bytes_);
 }
 
+TEST_F(NodeHostTierTest, EachDaemonRegistersItsPeersArenasBeforeAnyLoad) {
+  StartDaemons();
+  // Nothing fetched: each daemon connected to the others as it started and registered their
+  // arenas (16 MiB each) in the background.
+  for (int i = 0; i < kDaemons; ++i) {
+    uint64_t registered = 0;
+    for (const absl::Time deadline = absl::Now() + kTimeout;
+         registered < 2 * (16u << 20) && absl::Now() < deadline;
+         registered = Stats(i).node_peer_arena_bytes()) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    EXPECT_EQ(registered, 2 * (16u << 20)) << "daemon " << i;
+    EXPECT_EQ(Stats(i).node_host_fetches(), 0u);
+  }
+}
+
 TEST_F(NodeHostTierTest, PrefetchesGoToTheHome) {
   StartDaemons();
   std::vector<std::string> keys;
