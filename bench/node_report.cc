@@ -70,8 +70,12 @@ std::string FormatNodeReport(const nlohmann::json& result) {
     absl::StrAppendFormat(&text, "\ntogether: the node %.3f GB/s over %.2f s (%s)\n",
                           together["aggregate_gb_per_s"].get<double>(),
                           together["span_s"].get<double>(), together.value("cold", ""));
+    absl::StrAppendFormat(&text,
+                          "  each daemon (a GPU's, on a node): at worst %.3f of alone (goal >= "
+                          "0.90)\n",
+                          together["worst_daemon_ratio_to_alone"].get<double>());
     for (const nlohmann::json& device : together["devices"]) {
-      absl::StrAppendFormat(&text, "  %s (daemons %s): %.3f GB/s, %.3f of alone (goal >= 0.90)\n",
+      absl::StrAppendFormat(&text, "  %s (daemons %s): %.3f GB/s, %.3f of alone\n",
                             device["device"].get<std::string>(),
                             absl::StrJoin(device["daemons"].get<std::vector<int>>(), ","),
                             device["gb_per_s"].get<double>(),
