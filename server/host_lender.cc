@@ -10,15 +10,23 @@ namespace tierd {
 HostLender::HostLender(Catalog& catalog, HostCache& cache, const HostArena& arena)
     : catalog_(catalog), cache_(cache), arena_(arena) {}
 
-void HostLender::Lend(const std::string& key,
+void HostLender::Lend(const std::string& key, uint64_t source_fingerprint,
                       absl::AnyInvocable<void(absl::StatusOr<HostObject>) &&> done) {
   // Only model objects have homes; a stored object's key names no registered model.
-  if (absl::Status known = catalog_.Lookup(key).status(); !known.ok()) {
+  absl::StatusOr<ObjectRef> ref = catalog_.Lookup(key);
+  if (!ref.ok()) {
+    absl::Status known = ref.status();
     if (known.code() == absl::StatusCode::kNotFound) {
       known = absl::NotFoundError(
           absl::StrCat("host leases are lent for model objects only: ", known.message()));
     }
     return std::move(done)(known);
+  }
+  if (source_fingerprint != 0 &&
+      source_fingerprint != ObjectSourceFingerprint(*ref->model, *ref->object)) {
+    return std::move(done)(absl::FailedPreconditionError(absl::StrCat(
+        key, " comes from other files here (", ref->model->directory,
+        "): register the model from the same files on every daemon of the node")));
   }
   cache_.Fetch(key, ReadPriority::kDemand, absl::InfiniteFuture(), std::move(done));
 }
@@ -33,7 +41,7 @@ v1::Handle HostLender::ArenaHandle() const {
   return handle;
 }
 
-void HostLeases::Lend(const std::string& key,
+void HostLeases::Lend(const std::string& key, uint64_t source_fingerprint,
                       absl::AnyInvocable<void(absl::StatusOr<HostLoan>) &&> done) {
   {
     absl::MutexLock lock(&mu_);
@@ -44,7 +52,7 @@ void HostLeases::Lend(const std::string& key,
     }
     ++pending_;
   }
-  lender_.Lend(key, [this, self = shared_from_this(),
+  lender_.Lend(key, source_fingerprint, [this, self = shared_from_this(),
                      done = std::move(done)](absl::StatusOr<HostObject> object) mutable {
     HostObject unused;  // released after the lock
     absl::StatusOr<HostLoan> loan;

@@ -47,9 +47,11 @@ class HostLender {
   HostLender& operator=(const HostLender&) = delete;
 
   // Brings model object `key` into the host cache (read from disk at demand priority when it is
-  // not there) and calls `done` with a reference to it. INVALID_ARGUMENT for a stored object's key
-  // (only model objects are homed), and the host cache's errors.
-  void Lend(const std::string& key, absl::AnyInvocable<void(absl::StatusOr<HostObject>) &&> done);
+  // not there) and calls `done` with a reference to it. NOT_FOUND for a stored object's key (only
+  // model objects are homed) or an unknown one; FAILED_PRECONDITION when `source_fingerprint` (0:
+  // unchecked) is not this daemon's ObjectSourceFingerprint of it; the host cache's errors.
+  void Lend(const std::string& key, uint64_t source_fingerprint,
+            absl::AnyInvocable<void(absl::StatusOr<HostObject>) &&> done);
   // The arena's handle, as sessions send it once.
   v1::Handle ArenaHandle() const;
   uint64_t OffsetOf(const HostObject& object) const {
@@ -87,8 +89,8 @@ class HostLeases : public std::enable_shared_from_this<HostLeases> {
 
   // Lends `key` (HostLender::Lend) and records the lease. RESOURCE_EXHAUSTED when max_leases are
   // held; UNAVAILABLE once ReleaseAll has run (the session ended while the read was under way).
-  void Lend(const std::string& key, absl::AnyInvocable<void(absl::StatusOr<HostLoan>) &&> done)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  void Lend(const std::string& key, uint64_t source_fingerprint,
+            absl::AnyInvocable<void(absl::StatusOr<HostLoan>) &&> done) ABSL_LOCKS_EXCLUDED(mu_);
   // NOT_FOUND for a lease this session does not hold.
   absl::Status Release(uint64_t lease_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Releases every lease and refuses new ones; returns how many were held.

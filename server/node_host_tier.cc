@@ -30,6 +30,7 @@ struct NodeHostTier::Ask {
   std::string home;
   ReadPriority priority;
   absl::Time deadline;
+  uint64_t source_fingerprint = 0;  // of this daemon's registration (ObjectSourceFingerprint)
   Callback done;
   std::atomic<bool> answered{false};
 
@@ -88,6 +89,9 @@ void NodeHostTier::Fetch(const std::string& key, ReadPriority priority, absl::Ti
   ask->home = *home;
   ask->priority = priority;
   ask->deadline = deadline;
+  if (absl::StatusOr<ObjectRef> ref = catalog_.Lookup(key); ref.ok()) {
+    ask->source_fingerprint = ObjectSourceFingerprint(*ref->model, *ref->object);
+  }
   ask->done = std::move(done);
   if (Paused(*home)) {
     ask->Claim();
@@ -104,7 +108,8 @@ void NodeHostTier::Fetch(const std::string& key, ReadPriority priority, absl::Ti
   });
   workers_.at(*home)->Post(
       [this, ask] {
-        peers_.BorrowHost(ask->home, ask->key, [this, ask](absl::StatusOr<HomeLease> lease) {
+        peers_.BorrowHost(ask->home, ask->key, ask->source_fingerprint,
+                          [this, ask](absl::StatusOr<HomeLease> lease) {
           if (!lease.ok()) {
             if (ask->Claim()) FallBack(ask, lease.status());
             return;

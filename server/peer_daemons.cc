@@ -274,6 +274,7 @@ absl::StatusOr<HomeLease> HomeLeaseOf(const std::shared_ptr<SessionCore>& core,
 }  // namespace
 
 void PeerDaemons::BorrowHost(const std::string& socket, const std::string& key,
+                             uint64_t source_fingerprint,
                              absl::AnyInvocable<void(absl::StatusOr<HomeLease>) &&> done) {
   Peer* peer = FindPeer(socket);
   if (peer == nullptr) {
@@ -288,6 +289,7 @@ void PeerDaemons::BorrowHost(const std::string& socket, const std::string& key,
   request.mutable_fetch()->set_key(key);
   request.mutable_fetch()->set_local_only(true);
   request.mutable_fetch()->set_host_lease(true);
+  request.mutable_fetch()->set_source_fingerprint(source_fingerprint);
   // As in AskNext: a failed write may or may not call back; whichever comes first answers.
   auto shared_done =
       std::make_shared<absl::AnyInvocable<void(absl::StatusOr<HomeLease>) &&>>(std::move(done));

@@ -88,13 +88,14 @@ class PeerDaemons : public PeerSource {
 
   void Fetch(const std::string& key, Callback done) override;
 
-  // Asks the peer at `socket` (one of sockets()) for a host lease on model object `key` and calls
+  // Asks the peer at `socket` (one of sockets()) for a host lease on model object `key`
+  // (FetchRequest.source_fingerprint: `source_fingerprint`) and calls
   // `done` once with it — its pieces registered with this daemon's device — or the error:
   // NOT_FOUND for a socket that is not a peer, UNAVAILABLE when the peer cannot be reached, the
   // peer's answer otherwise. Blocks while it connects (a round trip, unless the peer hangs);
   // `done` runs on the thread that reads the peer's session, and registering a piece of the
   // peer's arena for the first time blocks that thread.
-  void BorrowHost(const std::string& socket, const std::string& key,
+  void BorrowHost(const std::string& socket, const std::string& key, uint64_t source_fingerprint,
                   absl::AnyInvocable<void(absl::StatusOr<HomeLease>) &&> done);
   // Opens the session to the peer at `socket` now, unless one is open: its host arena, when it
   // sends one, is then registered here in the background. Blocks as BorrowHost does. NOT_FOUND

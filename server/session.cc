@@ -324,7 +324,7 @@ void SessionProtocol::Fetch(uint64_t request_id, ClientId client, const v1::Fetc
       return Reply(request_id, absl::InvalidArgumentError(
                                    "fetch.host_lease and fetch.through_host exclude each other"));
     }
-    return LendHost(request_id, fetch.key());
+    return LendHost(request_id, fetch);
   }
   FetchOptions options;
   options.ask_peers = !fetch.local_only();
@@ -362,14 +362,16 @@ void SessionProtocol::Fetch(uint64_t request_id, ClientId client, const v1::Fetc
       options);
 }
 
-void SessionProtocol::LendHost(uint64_t request_id, const std::string& key) {
+void SessionProtocol::LendHost(uint64_t request_id, const v1::FetchRequest& fetch) {
   if (host_leases_ == nullptr) {
     return Reply(request_id,
                  absl::PermissionDeniedError(
                      "fetch.host_lease: this daemon lends host memory only to the daemons of its "
                      "node (--peers), on sessions of the default client group"));
   }
-  host_leases_->Lend(key, [self = shared_from_this(), request_id](absl::StatusOr<HostLoan> loan) {
+  host_leases_->Lend(fetch.key(), fetch.source_fingerprint(), [self = shared_from_this(),
+                                                              request_id](
+                                                                 absl::StatusOr<HostLoan> loan) {
     if (!loan.ok()) return self->Reply(request_id, loan.status());
     v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
     v1::Lease* lease = response.mutable_lease();

@@ -88,7 +88,7 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
   void Open(uint64_t request_id, const v1::OpenSession& open) ABSL_LOCKS_EXCLUDED(mu_);
   void Fetch(uint64_t request_id, ClientId client, const v1::FetchRequest& fetch);
   // FetchRequest.host_lease: lends the object where it lies in the host arena.
-  void LendHost(uint64_t request_id, const std::string& key);
+  void LendHost(uint64_t request_id, const v1::FetchRequest& fetch);
   void Prefetch(uint64_t request_id, const v1::PrefetchRequest& prefetch);
   void Reserve(uint64_t request_id, ClientId client, const v1::ReserveRequest& reserve);
   void Commit(uint64_t request_id, ClientId client, const v1::CommitRequest& commit);

@@ -1,5 +1,7 @@
 #include "storage/model.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -71,6 +73,22 @@ const ObjectInfo* FindObject(const ModelInfo& info, absl::string_view name) {
       info.objects.begin(), info.objects.end(), name,
       [](const ObjectInfo& object, absl::string_view key) { return object.name < key; });
   return it != info.objects.end() && it->name == name ? &*it : nullptr;
+}
+
+uint64_t ObjectSourceFingerprint(const ModelInfo& model, const ObjectInfo& object) {
+  std::string text = absl::StrCat(object.size);
+  for (const Extent& extent : object.extents) {
+    const ModelFile& file = model.files.at(extent.file);
+    if (file.device != 0 || file.inode != 0) {
+      absl::StrAppend(&text, "|", file.device, ":", file.inode);
+    } else {
+      absl::StrAppend(&text, "|", file.path);
+    }
+    absl::StrAppend(&text, ":", file.size, ":", file.mtime_ns, "@", extent.file_offset, "+",
+                    extent.length, ">", extent.object_offset);
+  }
+  const uint64_t fingerprint = XXH3_64bits(text.data(), text.size());
+  return fingerprint != 0 ? fingerprint : 1;
 }
 
 }  // namespace tierd

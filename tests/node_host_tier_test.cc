@@ -82,7 +82,11 @@ class NodeHostTierTest : public ::testing::Test {
       daemons_[i] = *std::move(daemon);
     }
     for (int i = 0; i < kDaemons; ++i) {
-      ASSERT_THAT(client(i).RegisterModel("m", model_dir_, v1::GROUPING_TENSOR), IsOk());
+      const auto other = other_model_dir_.find(i);
+      ASSERT_THAT(client(i).RegisterModel(
+                      "m", other == other_model_dir_.end() ? model_dir_ : other->second,
+                      v1::GROUPING_TENSOR),
+                  IsOk());
     }
   }
 
@@ -146,6 +150,8 @@ class NodeHostTierTest : public ::testing::Test {
   std::string model_dir_;
   std::vector<TensorSpec> tensors_;
   uint64_t model_bytes_ = 0;
+  // Daemons that register "m" from another directory than model_dir_.
+  std::map<int, std::string> other_model_dir_;
   std::unique_ptr<Subprocess> daemons_[kDaemons];
   std::map<int, std::unique_ptr<Client>> clients_;
   std::map<int, std::unique_ptr<Session>> sessions_;
@@ -356,6 +362,34 @@ TEST_F(NodeHostTierTest, AHomeThatHangsIsWaitedForBoundedly) {
   EXPECT_LT(took, absl::Seconds(15));
   EXPECT_EQ(Stats(0).node_fallbacks(), 1u);
   daemons_[2]->Signal(SIGCONT);
+}
+
+TEST_F(NodeHostTierTest, ADaemonWithTheModelFromOtherFilesIsNeitherLentNorBorrowedFrom) {
+  // Daemon 2's "m" has the same tensors, shapes and sizes, and other bytes.
+  std::vector<TensorSpec> other;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const TensorSpec& tensor = tensors_[i];
+    other.push_back(RandomTensor(tensor.name, tensor.dtype, tensor.shape, 900 + i));
+  }
+  const std::string other_dir = absl::StrCat(dir_.path(), "/other-model");
+  ASSERT_EQ(::mkdir(other_dir.c_str(), 0755), 0);
+  ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(other_dir, "/model.safetensors"), other),
+              IsOk());
+  other_model_dir_[2] = other_dir;
+  StartDaemons();
+  auto listed = client(0).ListObjects("m");
+  ASSERT_THAT(listed, IsOk());
+  uint64_t homed_on_2 = 0;
+  for (const v1::ObjectInfo& object : *listed) homed_on_2 += object.home() == socket_path(2);
+
+  // Every daemon serves its own registration's bytes: the homes refuse a lease whose files differ.
+  FetchAllAndCheck(0);
+  for (const TensorSpec& tensor : other) {
+    EXPECT_THAT(FetchBytes(session(2), "m/" + tensor.name), IsOkAndHolds(tensor.data))
+        << tensor.name;
+  }
+  EXPECT_EQ(Stats(0).node_fallbacks(), homed_on_2);
+  EXPECT_EQ(Stats(2).node_fallbacks(), tensors_.size() - homed_on_2);
 }
 
 TEST_F(NodeHostTierTest, HostLeasesNeedANode) {

@@ -6,10 +6,11 @@
 #            packaging, not memory) and the GPU tests.
 #   thread   TSan, in build-tsan/: the tests of the concurrent parts — the host arena, cache and
 #            disk reader, the GPU tier, the session protocol and the durable store in process, the
-#            daemon in process (health, faults, metrics) and the API against real
-#            daemon processes. Debian's Abseil is not built with TSan, so every test preloads
-#            tests/tsan/absl_sync_annotations.cc's library, which tells TSan what absl::Mutex does;
-#            tests/tsan/suppressions.txt says what is left out of uninstrumented libraries.
+#            daemon in process (health, faults, metrics), the API against real daemon processes
+#            and the node's host tier (a peer's arena, three daemons). Debian's Abseil is not
+#            built with TSan, so every test preloads tests/tsan/absl_sync_annotations.cc's
+#            library, which tells TSan what absl::Mutex does; tests/tsan/suppressions.txt says
+#            what is left out of uninstrumented libraries.
 # Any finding fails the test that provoked it. Each test binary's JSON report goes to
 # BUILD/test-results (tests/reliability_report.py reads them). Extra ctest arguments come from
 # $CTEST_ARGS.
@@ -20,7 +21,8 @@ modes=("$@")
 tsan_tests=(host_arena_test host_cache_test disk_reader_test daemon_health_test
             fault_injection_test metrics_test api_test_host client_groups_test
             peer_handoff_test_host half_close_test unread_answer_budget_test gpu_tier_test
-            session_protocol_test durable_store_test worker_pool_test)
+            session_protocol_test durable_store_test worker_pool_test peer_arena_test_host
+            node_host_tier_test_host)
 
 status=0
 for mode in "${modes[@]}"; do
