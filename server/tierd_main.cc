@@ -102,7 +102,7 @@ ABSL_FLAG(bool, node_host_tier, true,
           "disk and kept in pinned memory by one home daemon only; the others copy it to their "
           "GPU from the home's host arena, which is then POSIX shared memory (/dev/shm must hold "
           "--host-cache-bytes)");
-ABSL_FLAG(absl::Duration, node_home_timeout, absl::Seconds(30),
+ABSL_FLAG(int, node_home_timeout_ms, 30000,
           "How long a fetch waits for an object's home daemon to lend it before reading it here");
 ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus metrics over HTTP on this port at /metrics; 0: no metrics endpoint");
@@ -243,11 +243,12 @@ int Run() {
   options.peer_copy = *peer_copy;
   options.peer_host_buffer_bytes = absl::GetFlag(FLAGS_peer_host_buffer_bytes).bytes;
   options.node_host_tier = absl::GetFlag(FLAGS_node_host_tier);
-  options.node_home_timeout = absl::GetFlag(FLAGS_node_home_timeout);
-  if (options.node_home_timeout <= absl::ZeroDuration()) {
-    std::fprintf(stderr, "tierd: --node-home-timeout must be positive\n");
+  const int home_timeout_ms = absl::GetFlag(FLAGS_node_home_timeout_ms);
+  if (home_timeout_ms <= 0) {
+    std::fprintf(stderr, "tierd: --node-home-timeout-ms must be positive\n");
     return kExitBadUsage;
   }
+  options.node_home_timeout = absl::Milliseconds(home_timeout_ms);
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   if (metrics_port < 0 || metrics_port > 65535) {
     std::fprintf(stderr, "tierd: --metrics-port must be 0 (off) or a port, 1..65535\n");

@@ -75,7 +75,7 @@ class NodeHostTierTest : public ::testing::Test {
           "--gpu-slab-bytes=8MiB",
           "--reader-threads=2",
           "--shutdown-grace-ms=500",
-          "--node-home-timeout=2s",
+          "--node-home-timeout-ms=2000",
           absl::StrCat("--peers=", socket_path(0), ",", socket_path(1), ",", socket_path(2))};
       auto daemon = testing::StartServingDaemon(argv, socket_path(i), kTimeout);
       ASSERT_THAT(daemon, IsOk());
@@ -358,7 +358,7 @@ TEST_F(NodeHostTierTest, AHomeThatHangsIsWaitedForBoundedly) {
   const std::string expected = tensors_[std::stoi(key.substr(3))].data;
   EXPECT_THAT(FetchBytes(session(0), key), IsOkAndHolds(expected));
   const absl::Duration took = absl::Now() - start;
-  EXPECT_GE(took, absl::Seconds(1.5));  // --node-home-timeout=2s
+  EXPECT_GE(took, absl::Seconds(1.5));  // --node-home-timeout-ms=2000
   EXPECT_LT(took, absl::Seconds(15));
   EXPECT_EQ(Stats(0).node_fallbacks(), 1u);
   daemons_[2]->Signal(SIGCONT);
