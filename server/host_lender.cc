@@ -10,6 +10,17 @@ namespace tierd {
 HostLender::HostLender(Catalog& catalog, HostCache& cache, const HostArena& arena)
     : catalog_(catalog), cache_(cache), arena_(arena) {}
 
+HostLender::~HostLender() = default;  // grace_ runs what it holds at once
+
+void HostLender::ReleaseAfterGrace(std::vector<HostObject> objects) {
+  if (objects.empty()) return;
+  auto held = std::make_shared<std::vector<HostObject>>(std::move(objects));
+  grace_.RunAfter(kClosedSessionGrace, [held, counts = counts_] {
+    counts->held.fetch_sub(static_cast<int64_t>(held->size()), std::memory_order_relaxed);
+    held->clear();
+  });
+}
+
 void HostLender::Lend(const std::string& key, uint64_t source_fingerprint,
                       absl::AnyInvocable<void(absl::StatusOr<HostObject>) &&> done) {
   // Only model objects have homes; a stored object's key names no registered model.
@@ -72,8 +83,8 @@ void HostLeases::Lend(const std::string& key, uint64_t source_fingerprint,
         made.length = object->size();
         made.checksum = lender_.Checksum(made.key).value_or(0);
         leases_.emplace(made.lease_id, *std::move(object));
-        lender_.served_.fetch_add(1, std::memory_order_relaxed);
-        lender_.held_.fetch_add(1, std::memory_order_relaxed);
+        counts_->served.fetch_add(1, std::memory_order_relaxed);
+        counts_->held.fetch_add(1, std::memory_order_relaxed);
         loan = std::move(made);
       }
     }
@@ -93,19 +104,23 @@ absl::Status HostLeases::Release(uint64_t lease_id) {
     object = std::move(it->second);
     leases_.erase(it);
   }
-  lender_.held_.fetch_sub(1, std::memory_order_relaxed);
+  counts_->held.fetch_sub(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
 size_t HostLeases::ReleaseAll() {
-  std::map<uint64_t, HostObject> held;  // released after the lock
+  std::vector<HostObject> held;
   {
     absl::MutexLock lock(&mu_);
+    if (closed_) return 0;
     closed_ = true;
-    held.swap(leases_);
+    for (auto& [id, object] : leases_) held.push_back(std::move(object));
+    leases_.clear();
   }
-  lender_.held_.fetch_sub(static_cast<int64_t>(held.size()), std::memory_order_relaxed);
-  return held.size();
+  const size_t count = held.size();
+  // Its daemon's copies out of them may still run (its session broke, not it): held a while yet.
+  lender_.ReleaseAfterGrace(std::move(held));
+  return count;
 }
 
 }  // namespace tierd

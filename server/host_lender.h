@@ -4,8 +4,9 @@
 //
 // HostLender is the daemon's: it reads objects into the host cache and counts what it lends.
 // HostLeases is one session's table of what it was lent: a lent object is held (a HostObject
-// reference: resident, never evicted or moved) until the session releases the lease or ends.
-// Both are thread-safe.
+// reference: resident, never evicted or moved) until the session releases the lease, or for
+// kClosedSessionGrace after the session ends without releasing it — its daemon's copies out of
+// the object may still be running when its session breaks. Both are thread-safe.
 #ifndef TIERD_SERVER_HOST_LENDER_H_
 #define TIERD_SERVER_HOST_LENDER_H_
 
@@ -21,6 +22,8 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/timer_thread.h"
 #include "storage/catalog.h"
 #include "storage/host_arena.h"
 #include "storage/host_cache.h"
@@ -40,9 +43,13 @@ class HostLender {
  public:
   // The id of the arena's handle in a session (Handle.id of kind HOST_ARENA).
   static constexpr uint32_t kArenaHandleId = 1;
+  // How long the objects a session still held when it ended stay held.
+  static constexpr absl::Duration kClosedSessionGrace = absl::Seconds(5);
 
   // All must outlive this. REQUIRES: the arena is shared (HostArena::shared_memory_name()).
   HostLender(Catalog& catalog, HostCache& cache, const HostArena& arena);
+  // Releases at once what ended sessions left held. REQUIRES: the host cache is still alive.
+  ~HostLender();
   HostLender(const HostLender&) = delete;
   HostLender& operator=(const HostLender&) = delete;
 
@@ -59,18 +66,27 @@ class HostLender {
   }
   std::optional<uint64_t> Checksum(const std::string& key) const { return catalog_.Checksum(key); }
 
-  uint64_t leases_served() const { return served_.load(std::memory_order_relaxed); }
+  uint64_t leases_served() const { return counts_->served.load(std::memory_order_relaxed); }
   uint64_t leases_held() const {
-    return static_cast<uint64_t>(held_.load(std::memory_order_relaxed));
+    return static_cast<uint64_t>(counts_->held.load(std::memory_order_relaxed));
   }
 
  private:
   friend class HostLeases;
+  // Shared with the sessions' tables, which may go after the lender (a read finishing as the host
+  // cache stops).
+  struct Counts {
+    std::atomic<uint64_t> served{0};
+    std::atomic<int64_t> held{0};
+  };
+  // Holds `objects` for kClosedSessionGrace, then releases them.
+  void ReleaseAfterGrace(std::vector<HostObject> objects);
+
   Catalog& catalog_;
   HostCache& cache_;
   const HostArena& arena_;
-  std::atomic<uint64_t> served_{0};
-  std::atomic<int64_t> held_{0};
+  const std::shared_ptr<Counts> counts_ = std::make_shared<Counts>();
+  TimerThread grace_;  // last: goes first, releasing what it holds
 };
 
 class HostLeases : public std::enable_shared_from_this<HostLeases> {
@@ -79,11 +95,12 @@ class HostLeases : public std::enable_shared_from_this<HostLeases> {
   static constexpr uint64_t kIdBit = 1ull << 63;
   static bool IsHostLease(uint64_t lease_id) { return (lease_id & kIdBit) != 0; }
 
-  // `lender` must outlive this. At most `max_leases` are held at once. Made shared: a lend in
-  // flight keeps it.
-  HostLeases(HostLender& lender, uint32_t max_leases) : lender_(lender), max_(max_leases) {}
-  // Releases what is still held.
-  ~HostLeases() { ReleaseAll(); }
+  // At most `max_leases` are held at once. Made shared: a lend in flight keeps it. `lender` must
+  // outlive every call but the destructor.
+  HostLeases(HostLender& lender, uint32_t max_leases)
+      : lender_(lender), counts_(lender.counts_), max_(max_leases) {}
+  // REQUIRES: ReleaseAll was called (the session ended); then it touches no lender.
+  ~HostLeases() = default;
   HostLeases(const HostLeases&) = delete;
   HostLeases& operator=(const HostLeases&) = delete;
 
@@ -93,11 +110,13 @@ class HostLeases : public std::enable_shared_from_this<HostLeases> {
             absl::AnyInvocable<void(absl::StatusOr<HostLoan>) &&> done) ABSL_LOCKS_EXCLUDED(mu_);
   // NOT_FOUND for a lease this session does not hold.
   absl::Status Release(uint64_t lease_id) ABSL_LOCKS_EXCLUDED(mu_);
-  // Releases every lease and refuses new ones; returns how many were held.
+  // The session ended: refuses new leases, and hands what is still held to the lender to release
+  // after kClosedSessionGrace. Returns how many were held.
   size_t ReleaseAll() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   HostLender& lender_;
+  const std::shared_ptr<HostLender::Counts> counts_;
   const uint32_t max_;
   absl::Mutex mu_;
   std::map<uint64_t, HostObject> leases_ ABSL_GUARDED_BY(mu_);
