@@ -272,11 +272,11 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   gpu.events = events_.get();
   gpu.done_events_per_client = options_.session_done_events;
   if (!options_.peer_sockets.empty()) {
-    ASSIGN_OR_RETURN(peers_,
-                     PeerDaemons::Create(
-                         *device_, {options_.peer_sockets, options_.socket_path, options_.peer_copy,
-                                    absl::StrCat("tierd peer (", device_->Describe(), ", ",
-                                                 options_.socket_path, ")")}));
+    PeerDaemonsOptions peers{options_.peer_sockets, options_.socket_path, options_.peer_copy,
+                             absl::StrCat("tierd peer (", device_->Describe(), ", ",
+                                          options_.socket_path, ")")};
+    peers.node_daemon = SharesHostTier(options_);
+    ASSIGN_OR_RETURN(peers_, PeerDaemons::Create(*device_, std::move(peers)));
     TIERD_LOG(INFO) << "peers: " << absl::StrJoin(peers_->sockets(), ", ")
                     << " (copies: " << PeerCopyPathName(options_.peer_copy) << ")";
   }

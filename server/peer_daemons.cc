@@ -28,6 +28,11 @@ struct PeerDaemons::Peer {
   // Sessions that ended, kept until the PeerDaemons goes: a copy may still hold one (its opened
   // slab), and the last reference must not be dropped on the session's own reader thread.
   std::vector<std::shared_ptr<SessionCore>> retired ABSL_GUARDED_BY(mu);
+  // Its host arena could not be mapped here: its sessions do not ask for it, nothing is borrowed.
+  bool arena_unusable ABSL_GUARDED_BY(mu) = false;
+  // The last session opened, for RegisteredArenaBytes; taken after mu, never held for long.
+  absl::Mutex arena_mu ABSL_ACQUIRED_AFTER(mu);
+  std::shared_ptr<SessionCore> arena_session ABSL_GUARDED_BY(arena_mu);
 };
 
 // One Fetch going through the peers.
@@ -124,7 +129,8 @@ absl::StatusOr<std::unique_ptr<PeerDaemons>> PeerDaemons::Create(Device& device,
 PeerDaemons::PeerDaemons(Device& device, PeerDaemonsOptions options)
     : device_(std::shared_ptr<Device>(), &device),
       client_name_(std::move(options.client_name)),
-      path_(options.path) {
+      path_(options.path),
+      node_daemon_(options.node_daemon) {
   for (std::string& socket : options.sockets) {
     if (socket == options.own_socket) continue;
     bool seen = false;
@@ -146,6 +152,8 @@ PeerDaemons::~PeerDaemons() {
       absl::MutexLock lock(&peer->mu);
       core = std::move(peer->core);
       retired.swap(peer->retired);
+      absl::MutexLock arena_lock(&peer->arena_mu);
+      peer->arena_session.reset();
     }
     // Destroyed here, on this thread: each ends its session and joins its reader.
     core.reset();
@@ -281,6 +289,15 @@ void PeerDaemons::BorrowHost(const std::string& socket, const std::string& key,
     return std::move(done)(absl::NotFoundError(absl::StrCat(socket, " is not a peer")));
   }
   absl::StatusOr<std::shared_ptr<SessionCore>> core = SessionTo(*peer);
+  bool arena_unusable = false;
+  {
+    absl::MutexLock lock(&peer->mu);
+    arena_unusable = peer->arena_unusable;
+  }
+  if (core.ok() && arena_unusable) {
+    return std::move(done)(absl::UnavailableError(
+        absl::StrCat("peer ", socket, ": its host arena cannot be mapped here")));
+  }
   if (!core.ok()) {
     return std::move(done)(absl::UnavailableError(
         absl::StrCat("peer ", socket, ": ", core.status().message())));
@@ -329,8 +346,9 @@ uint64_t PeerDaemons::RegisteredArenaBytes() const {
   for (const auto& peer : peers_) {
     std::shared_ptr<SessionCore> core;
     {
-      absl::MutexLock lock(&peer->mu);
-      core = peer->core;
+      // Not peer->mu, which a connection to a peer that does not answer may hold for long.
+      absl::MutexLock lock(&peer->arena_mu);
+      core = peer->arena_session;
     }
     if (core == nullptr) continue;
     if (absl::StatusOr<detail::PeerArena*> arena = core->host_arena(HostLender::kArenaHandleId);
@@ -371,13 +389,24 @@ absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::SessionTo(Peer& peer) 
       ++i;
     }
   }
+  ASSIGN_OR_RETURN(std::shared_ptr<SessionCore> core,
+                   OpenSessionLocked(peer, node_daemon_ && !peer.arena_unusable));
+  TIERD_VLOG(1) << "peer " << peer.socket << ": session open";
+  peer.core = core;
+  absl::MutexLock arena_lock(&peer.arena_mu);
+  peer.arena_session = core;
+  return core;
+}
+
+absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::OpenSessionLocked(Peer& peer,
+                                                                           bool node_daemon) {
   ASSIGN_OR_RETURN(std::unique_ptr<SessionTransport> transport,
                    ConnectSessionSocket(peer.session_socket));
   std::shared_ptr<SessionCore> core = SessionCore::Start(std::move(transport));
   v1::SessionRequest open;
   open.mutable_open()->set_client_name(client_name_);
   open.mutable_open()->set_protocol(SessionProtocolVersion());
-  open.mutable_open()->set_node_daemon(true);
+  open.mutable_open()->set_node_daemon(node_daemon);
   absl::StatusOr<v1::SessionResponse> opened = core->Call(std::move(open));
   // A failed session is ended here, on this thread, not its reader's.
   if (!opened.ok()) return opened.status();
@@ -386,14 +415,20 @@ absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::SessionTo(Peer& peer) 
         "runs the ", opened->opened().backend(), " backend, this daemon ", device_->backend()));
   }
   core->set_device(device_);
-  RETURN_IF_ERROR(core->Opened(*opened));
+  if (absl::Status handles = core->Opened(*opened); !handles.ok()) {
+    if (!node_daemon) return handles;
+    // Most likely its host arena (another IPC namespace or user): the session works without it,
+    // and the objects homed there are read here.
+    TIERD_LOG(WARNING) << "peer " << peer.socket << ": " << handles
+                       << "; its host arena is not used, the objects homed there are read here";
+    peer.arena_unusable = true;
+    return OpenSessionLocked(peer, /*node_daemon=*/false);
+  }
   // A peer that lends host memory sent its arena: registered ahead, in the background.
   if (absl::StatusOr<detail::PeerArena*> arena = core->host_arena(HostLender::kArenaHandleId);
       arena.ok()) {
     (*arena)->RegisterAllInBackground();
   }
-  TIERD_VLOG(1) << "peer " << peer.socket << ": session open, " << opened->opened().device();
-  peer.core = core;
   return core;
 }
 

@@ -72,6 +72,9 @@ struct PeerDaemonsOptions {
   PeerCopyPath path = PeerCopyPath::kAuto;
   // Shown in the peers' logs.
   std::string client_name = "tierd peer";
+  // This daemon shares the node's host tier: its sessions ask the peers for their host arenas
+  // (OpenSession.node_daemon), which are mapped and registered here ahead of any lease.
+  bool node_daemon = false;
 };
 
 class PeerDaemons : public PeerSource {
@@ -121,6 +124,9 @@ class PeerDaemons : public PeerSource {
                 bool through_host, const v1::SessionResponse& answer);
   // The open session to `peer`, connecting when there is none or the last one ended.
   absl::StatusOr<std::shared_ptr<SessionCore>> SessionTo(Peer& peer);
+  // Connects and opens a session (asking for the peer's host arena with `node_daemon`; without
+  // it, from then on, when the arena cannot be mapped here). REQUIRES: peer.mu held.
+  absl::StatusOr<std::shared_ptr<SessionCore>> OpenSessionLocked(Peer& peer, bool node_daemon);
   Peer* FindPeer(const std::string& socket) const;
   // Drops `core` as `peer`'s session if it still is: the next fetch reconnects.
   void Forget(Peer& peer, const std::shared_ptr<SessionCore>& core);
@@ -128,6 +134,7 @@ class PeerDaemons : public PeerSource {
   std::shared_ptr<Device> device_;  // not owned
   const std::string client_name_;
   const PeerCopyPath path_;
+  const bool node_daemon_;
   std::vector<std::string> sockets_;
   std::vector<std::unique_ptr<Peer>> peers_;
 };
