@@ -74,7 +74,8 @@ struct DaemonOptions {
   // model object is read and pinned by its home daemon only, and the host arena is shared memory
   // the peers map.
   bool node_host_tier = true;
-  // --node-home-timeout-ms: how long a fetch waits for a home's lease before reading it here.
+  // --node-home-timeout-ms: how long a home may answer nothing before a fetch waiting for its
+  // lease reads the object here.
   absl::Duration node_home_timeout = absl::Seconds(30);
   // --model-roots: directories models may be registered from; empty: anywhere.
   std::vector<std::string> model_roots;

@@ -30,6 +30,7 @@ struct NodeHostTier::Ask {
   std::string home;
   ReadPriority priority;
   absl::Time deadline;
+  absl::Time asked;  // when the request was queued for the home
   uint64_t source_fingerprint = 0;  // of this daemon's registration (ObjectSourceFingerprint)
   Callback done;
   std::atomic<bool> answered{false};
@@ -46,9 +47,9 @@ NodeHostTier::NodeHostTier(const Catalog& catalog, LocalHostSource& local, PeerD
       homes_(std::move(homes)),
       options_(options) {
   for (const std::string& member : homes_.members()) {
-    if (member != homes_.self()) workers_[member] = std::make_unique<WorkerPool>(1);
+    if (member != homes_.self()) homes_state_[member].worker = std::make_unique<WorkerPool>(1);
   }
-  for (const auto& [peer, worker] : workers_) ConnectAhead(peer);
+  for (const auto& [peer, home] : homes_state_) ConnectAhead(peer);
 }
 
 NodeHostTier::~NodeHostTier() {
@@ -58,13 +59,13 @@ NodeHostTier::~NodeHostTier() {
   }
   // The peers' threads first, while the timer they may use lives; its connects left pending then
   // see stopping_ and do nothing.
-  workers_.clear();
+  for (auto& [peer, home] : homes_state_) home.worker.reset();
 }
 
 void NodeHostTier::ConnectAhead(const std::string& peer) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return;
-  workers_.at(peer)->Post([this, peer] {
+  homes_state_.at(peer).worker->Post([this, peer] {
     if (absl::Status connected = peers_.Connect(peer); !connected.ok()) {
       TIERD_VLOG(1) << "node peer " << peer << " not reached yet: " << connected;
       timer_.RunAfter(absl::Seconds(1), [this, peer] { ConnectAhead(peer); });
@@ -73,7 +74,7 @@ void NodeHostTier::ConnectAhead(const std::string& peer) {
 }
 
 const std::string* NodeHostTier::HomeToAsk(const std::string& key) const {
-  if (workers_.empty() || homes_.IsHomedHere(key)) return nullptr;
+  if (homes_state_.empty() || homes_.IsHomedHere(key)) return nullptr;
   // Stored objects (and unknown keys, which the own cache refuses) are not homed; an object read
   // here already (a fallback) is served from here.
   if (!catalog_.Lookup(key).ok() || local_.IsResident(key)) return nullptr;
@@ -100,30 +101,53 @@ void NodeHostTier::Fetch(const std::string& key, ReadPriority priority, absl::Ti
                                         absl::FormatDuration(options_.home_timeout),
                                         " lately")));
   }
-  timer_.RunAfter(options_.home_timeout, [this, ask] {
+  ask->asked = absl::Now();
+  WatchHome(ask, options_.home_timeout);
+  Home& at = homes_state_.at(*home);
+  at.worker->Post(
+      [this, ask, &at] {
+        if (ask->answered) return;  // it timed out while queued here: nothing to ask for
+        peers_.BorrowHost(
+            ask->home, ask->key, ask->source_fingerprint,
+            [this, ask, &at](absl::StatusOr<HomeLease> lease) {
+              at.last_answer_ns.store(absl::ToUnixNanos(absl::Now()), std::memory_order_relaxed);
+              if (!lease.ok()) {
+                if (ask->Claim()) FallBack(ask, lease.status());
+                return;
+              }
+              if (!ask->Claim()) {  // timed out: the object is being read here already
+                GiveBack(at, std::move(lease->release));
+                return;
+              }
+              absl::StatusOr<HostBytes> bytes = Accept(ask, *std::move(lease));
+              if (!bytes.ok()) return FallBack(ask, bytes.status());
+              std::move(ask->done)(std::move(bytes));
+            });
+      },
+      priority == ReadPriority::kDemand ? WorkerPool::kUrgent : WorkerPool::kNormal);
+}
+
+void NodeHostTier::WatchHome(const std::shared_ptr<Ask>& ask, absl::Duration after) {
+  timer_.RunAfter(after, [this, ask] {
+    if (ask->answered) return;
+    // A home that answers other requests meanwhile is busy reading, not gone: the wait counts
+    // from its last answer.
+    const absl::Time last_answer = absl::FromUnixNanos(
+        homes_state_.at(ask->home).last_answer_ns.load(std::memory_order_relaxed));
+    const absl::Time quiet_since = std::max(ask->asked, last_answer);
+    const absl::Duration quiet = absl::Now() - quiet_since;
+    if (quiet < options_.home_timeout) return WatchHome(ask, options_.home_timeout - quiet);
     if (!ask->Claim()) return;
     Pause(ask->home);
     FallBack(ask, absl::DeadlineExceededError(absl::StrCat(
-                      "no lease within ", absl::FormatDuration(options_.home_timeout))));
+                      "it answered nothing for ", absl::FormatDuration(options_.home_timeout))));
   });
-  workers_.at(*home)->Post(
-      [this, ask] {
-        peers_.BorrowHost(ask->home, ask->key, ask->source_fingerprint,
-                          [this, ask](absl::StatusOr<HomeLease> lease) {
-          if (!lease.ok()) {
-            if (ask->Claim()) FallBack(ask, lease.status());
-            return;
-          }
-          if (!ask->Claim()) {  // timed out: the object is being read here already
-            std::move(lease->release)();
-            return;
-          }
-          absl::StatusOr<HostBytes> bytes = Accept(ask, *std::move(lease));
-          if (!bytes.ok()) return FallBack(ask, bytes.status());
-          std::move(ask->done)(std::move(bytes));
-        });
-      },
-      priority == ReadPriority::kDemand ? WorkerPool::kUrgent : WorkerPool::kNormal);
+}
+
+void NodeHostTier::GiveBack(Home& home, absl::AnyInvocable<void() &&> release) {
+  // On the home's thread: writing to a home that stopped reading may block, and this may be the
+  // last reference to a session, which must not go on that session's own reader thread.
+  home.worker->Post(std::move(release), WorkerPool::kUrgent);
 }
 
 absl::StatusOr<HostBytes> NodeHostTier::Accept(const std::shared_ptr<Ask>& ask, HomeLease lease) {
@@ -142,7 +166,7 @@ absl::StatusOr<HostBytes> NodeHostTier::Accept(const std::shared_ptr<Ask>& ask, 
         "other files?)");
   }
   if (!mismatch.ok()) {
-    std::move(lease.release)();
+    GiveBack(homes_state_.at(ask->home), std::move(lease.release));
     return mismatch;
   }
   host_fetches_.fetch_add(1, std::memory_order_relaxed);
@@ -150,10 +174,10 @@ absl::StatusOr<HostBytes> NodeHostTier::Accept(const std::shared_ptr<Ask>& ask, 
   auto pieces = std::make_shared<PeerArenaPieces>(*lease.arena);
   // Given back on the home's thread: the copy's completion callback must not wait on a write to a
   // home that stopped reading.
-  WorkerPool* worker = workers_.at(ask->home).get();
+  Home* home = &homes_state_.at(ask->home);
   return HostBytes(lease.data, lease.size, *pieces,
-                   [pieces, worker, release = std::move(lease.release)]() mutable {
-                     worker->Post(std::move(release), WorkerPool::kUrgent);
+                   [this, pieces, home, release = std::move(lease.release)]() mutable {
+                     GiveBack(*home, std::move(release));
                    });
 }
 
@@ -171,7 +195,7 @@ absl::Status NodeHostTier::Prefetch(const std::string& key, absl::Time deadline)
     fallbacks_.fetch_add(1, std::memory_order_relaxed);
     return local_.Prefetch(key, deadline);
   }
-  workers_.at(*home)->Post([this, home = *home, key] { peers_.PrefetchHost(home, key); });
+  homes_state_.at(*home).worker->Post([this, home = *home, key] { peers_.PrefetchHost(home, key); });
   return absl::OkStatus();
 }
 

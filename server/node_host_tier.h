@@ -6,14 +6,16 @@
 // read, no second pinned copy.
 //
 // When the home cannot lend — it is down, refuses (it does not know the model, its cache is
-// full), does not answer within `home_timeout`, or lends bytes that do not match this daemon's
+// full, its files differ), answers nothing at all for `home_timeout` (a home busy reading answers
+// other borrows meanwhile, and is waited for), or lends bytes that do not match this daemon's
 // record of the object — this daemon reads the object itself, into its own host cache: logged
 // (at most once per 10 s) and counted (fallbacks). A home that timed out is not asked again for
 // `unresponsive_pause`. Stored objects, and objects homed here, come from the own host cache.
 // Prefetches of objects homed elsewhere become host-only prefetches at their home.
 //
 // Talking to a peer can block (connecting, or writing to a peer that stopped reading), so each
-// peer has a thread of its own for it; a fetch never waits longer than `home_timeout` for a home.
+// peer has a thread of its own for it; a fetch never waits for a home that has been silent for
+// `home_timeout`.
 // From the start, each peer is connected to (again every second until it answers), so that its
 // host arena is mapped and registered here before the first load needs it.
 // Thread-safe.
@@ -41,7 +43,8 @@
 namespace tierd {
 
 struct NodeHostTierOptions {
-  // How long a fetch waits for a home's lease before reading the object itself.
+  // How long a home may answer nothing while a fetch waits for its lease before the object is
+  // read here.
   absl::Duration home_timeout = absl::Seconds(30);
   // How long a home that did not answer in time is passed over.
   absl::Duration unresponsive_pause = absl::Seconds(10);
@@ -101,8 +104,14 @@ class NodeHostTier : public HostSource {
   const std::string* HomeToAsk(const std::string& key) const;
   // The object's bytes as the home lent them, once checked against the catalog; or why not.
   absl::StatusOr<HostBytes> Accept(const std::shared_ptr<Ask>& ask, HomeLease lease);
-  // Reads the object here after all, saying why.
+  // Reads the object here after all, saying why. REQUIRES: `ask` claimed by the caller.
   void FallBack(std::shared_ptr<Ask> ask, const absl::Status& why);
+  struct Home;
+  // Falls back for `ask` once its home has answered nothing (this or any other borrow) for
+  // home_timeout; checks again `after` from now.
+  void WatchHome(const std::shared_ptr<Ask>& ask, absl::Duration after);
+  // Gives a lease back on the home's thread.
+  void GiveBack(Home& home, absl::AnyInvocable<void() &&> release);
   // Connects to `peer` on its thread, and tries again a second later until it answers.
   void ConnectAhead(const std::string& peer) ABSL_LOCKS_EXCLUDED(mu_);
   bool Paused(const std::string& home) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -122,8 +131,12 @@ class NodeHostTier : public HostSource {
   std::map<std::string, absl::Time> paused_until_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // set first by the destructor: no more connects
   TimerThread timer_;
-  // One thread per peer (by socket), created with this; the destructor joins them first.
-  std::map<std::string, std::unique_ptr<WorkerPool>> workers_;
+  // Each peer (by socket), created with this.
+  struct Home {
+    std::unique_ptr<WorkerPool> worker;  // one thread; the destructor joins them first
+    std::atomic<int64_t> last_answer_ns{0};  // when it last answered a borrow (Unix ns)
+  };
+  std::map<std::string, Home> homes_state_;
 };
 
 }  // namespace tierd

@@ -103,7 +103,8 @@ ABSL_FLAG(bool, node_host_tier, true,
           "GPU from the home's host arena, which is then POSIX shared memory (/dev/shm must hold "
           "--host-cache-bytes)");
 ABSL_FLAG(int, node_home_timeout_ms, 30000,
-          "How long a fetch waits for an object's home daemon to lend it before reading it here");
+          "How long an object's home daemon may answer nothing while a fetch waits for its lease "
+          "before the object is read here (a home busy reading answers other requests meanwhile)");
 ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus metrics over HTTP on this port at /metrics; 0: no metrics endpoint");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1",
