@@ -4,6 +4,8 @@
 // memory.
 #include "wire/detail/peer_arena.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,10 +20,12 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "device/device_factory.h"
 #include "device/pinned_host_buffer.h"
+#include "device/shared_memory.h"
 #include "gtest/gtest.h"
 #include "storage/host_arena.h"
 #include "tests/registration_recording_device.h"
@@ -271,6 +275,37 @@ TEST_F(PeerArenaTest, TheBackgroundRegistersEveryPieceOnceBesideTheCallers) {
     expected[Piece(*peer, index)] = 1;
   }
   EXPECT_EQ(device_->registered(), expected);
+}
+
+TEST_F(PeerArenaTest, TheBackgroundRegistersOnlyThePiecesTheHomeHasFaultedIn) {
+  // A home that has faulted in pieces 0-3 of 8 so far (sized, nothing reserved beyond them).
+  const std::string name = absl::StrCat(SharedMemoryPrefixForPid(::getpid()), "partial");
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, kArenaBytes), 0);
+  void* home = ::mmap(nullptr, kArenaBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  ASSERT_NE(home, MAP_FAILED);
+  std::memset(home, 1, 4 * kPiece);
+  auto peer = PeerArena::Open(name, kArenaBytes, kPiece, device_);
+  ASSERT_THAT(peer, IsOk());
+  (*peer)->RegisterAllInBackground();
+  auto registered_at_least = [&](uint64_t n) {
+    for (const absl::Time deadline = absl::Now() + absl::Seconds(10);
+         (*peer)->registered_pieces() < n && absl::Now() < deadline;) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return (*peer)->registered_pieces();
+  };
+  EXPECT_EQ(registered_at_least(4), 4u);
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ((*peer)->registered_pieces(), 4u);  // the others are not allocated by the peer
+  // The home pins piece 6: the next pass registers it.
+  std::memset(static_cast<uint8_t*>(home) + 6 * kPiece, 1, kPiece);
+  EXPECT_EQ(registered_at_least(5), 5u);
+  peer->reset();
+  ::munmap(home, kArenaBytes);
+  ::shm_unlink(name.c_str());
 }
 
 TEST_F(PeerArenaTest, DestroyingStopsTheBackgroundRegistration) {

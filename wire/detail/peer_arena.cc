@@ -1,5 +1,7 @@
 #include "wire/detail/peer_arena.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -56,6 +58,18 @@ PeerArena::~PeerArena() {
   }
 }
 
+bool PeerArena::PiecePresent(uint64_t index) const {
+  // The first and the last page of the piece: the home faults a whole piece in before it pins it.
+  const uint64_t page = PageSize();
+  const uint64_t first = index * piece_bytes_;
+  const uint64_t last = first + PieceSize(index) - page;
+  for (const uint64_t offset : {first, last}) {
+    unsigned char resident = 0;
+    if (::mincore(data_ + offset, page, &resident) != 0 || (resident & 1) == 0) return false;
+  }
+  return true;
+}
+
 uint64_t PeerArena::PieceSize(uint64_t index) const {
   return std::min(piece_bytes_, size_ - index * piece_bytes_);
 }
@@ -75,17 +89,33 @@ void PeerArena::RegisterAllInBackground() {
   if (background_.joinable()) return;
   background_ = std::thread([this] {
     const absl::Time start = absl::Now();
-    for (uint64_t index = 0; index < pieces_.size(); ++index) {
-      {
-        absl::MutexLock lock(&mu_);
-        if (stopping_) return;
+    const uint64_t count = (size_ + piece_bytes_ - 1) / piece_bytes_;
+    // Only the pieces the home has pinned (their pages are there): registering one it has not
+    // would allocate its memory, which the home reserves piece by piece and may not have room for.
+    // The others are looked at again each second, until all are registered.
+    for (;;) {
+      uint64_t waiting = 0;
+      for (uint64_t index = 0; index < count; ++index) {
+        {
+          absl::MutexLock lock(&mu_);
+          if (stopping_) return;
+          if (pieces_[index] == PieceState::kRegistered) continue;
+        }
+        if (!PiecePresent(index)) {
+          ++waiting;
+          continue;
+        }
+        if (absl::Status status = EnsureRegistered(index * piece_bytes_, PieceSize(index));
+            !status.ok()) {
+          TIERD_LOG(WARNING) << "registering the host arena " << memory_->name() << " ahead: "
+                             << status << "; its pieces are registered as leases reach them";
+          return;
+        }
       }
-      if (absl::Status status = EnsureRegistered(index * piece_bytes_, PieceSize(index));
-          !status.ok()) {
-        TIERD_LOG(WARNING) << "registering the host arena " << memory_->name() << " ahead: "
-                           << status << "; its pieces are registered as leases reach them";
-        return;
-      }
+      if (waiting == 0) break;
+      absl::MutexLock lock(&mu_);
+      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping), absl::Seconds(1))) return;
     }
     TIERD_LOG(INFO) << "host arena " << memory_->name() << " (" << (size_ >> 20)
                     << " MiB) registered in " << absl::FormatDuration(absl::Now() - start);

@@ -64,7 +64,8 @@ class PeerArena {
   uint64_t registered_pieces() const ABSL_LOCKS_EXCLUDED(mu_);
   // Starts a thread that registers every piece not registered yet, first to last, so that later
   // leases find their pieces ready: registering a piece of small pages takes a good part of a
-  // second per GiB, which a load would otherwise wait for piece by piece. It stops at the first
+  // second per GiB, which a load would otherwise wait for piece by piece. Only pieces the home has
+  // faulted in are registered (the others each second, until all are); it stops at the first
   // failure (logged; EnsureRegistered tries that piece again) or when this is destroyed. Once.
   void RegisterAllInBackground() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -82,6 +83,8 @@ class PeerArena {
   // The first registration: read-only, or read-write after remapping where the device cannot.
   absl::Status ProbeAndRegister(uint8_t* data, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t PieceSize(uint64_t index) const;
+  // Whether the home has faulted piece `index` in (mincore of its first and last page).
+  bool PiecePresent(uint64_t index) const;
 
   const std::unique_ptr<SharedMemory> memory_;
   const std::shared_ptr<Device> device_;
