@@ -31,6 +31,7 @@ void HostBytes::Reset() {
   object_.Reset();
   data_ = nullptr;
   size_ = 0;
+  pieces_ = nullptr;
   if (release_) std::exchange(release_, nullptr)();
 }
 

@@ -366,8 +366,8 @@ void SessionProtocol::LendHost(uint64_t request_id, const v1::FetchRequest& fetc
   if (host_leases_ == nullptr) {
     return Reply(request_id,
                  absl::PermissionDeniedError(
-                     "fetch.host_lease: this daemon lends host memory only to the daemons of its "
-                     "node (--peers), on sessions of the default client group"));
+                     "fetch.host_lease: this daemon lends host memory only as part of a node "
+                     "(--peers with --node-host-tier), to sessions of the default client group"));
   }
   host_leases_->Lend(fetch.key(), fetch.source_fingerprint(), [self = shared_from_this(),
                                                               request_id](
