@@ -151,3 +151,78 @@ class StreamWeightsTest(DaemonTestCase):
             self.assertEqual(streamed.fetches, 0)
         self.wait_for_stats(lambda stats: stats.leases == 0 and stats.sessions == 0,
                             "leases released after the refusals")
+
+
+class TiedLM(torch.nn.Module):
+    """The parts of a Hugging Face causal LM that a checkpoint leaves out: an LM head tied to the
+    embedding (saved once), and a buffer computed when the module is built (as rotary frequencies
+    are), not saved at all."""
+
+    def __init__(self, vocab=64, dim=32, blocks=4):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(dim, dim) for _ in range(blocks))
+        self.head = torch.nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, dim), persistent=False)
+
+    def forward(self, ids):
+        x = self.embed(ids) * self.scale
+        for block in self.blocks:
+            x = torch.tanh(block(x))
+        return self.head(x)
+
+
+def parameters_to_meta(module):
+    """What accelerate.init_empty_weights() leaves: parameters on the meta device (ties kept),
+    buffers real."""
+    moved = {}
+    for submodule in module.modules():
+        for name, parameter in list(submodule._parameters.items()):
+            if parameter is None:
+                continue
+            if id(parameter) not in moved:
+                moved[id(parameter)] = torch.nn.Parameter(parameter.to("meta"),
+                                                          requires_grad=False)
+            submodule._parameters[name] = moved[id(parameter)]
+    return module
+
+
+class StreamWeightsWithoutTheCheckpointsGapsTest(DaemonTestCase):
+    def setUp(self):
+        super().setUp()
+        torch.manual_seed(5)
+        self.device = torch_device()
+        self.reference = TiedLM().to(self.device).eval()
+        state = {name: tensor for name, tensor in self.reference.state_dict().items()
+                 if name != "head.weight"}  # tied: saved once, as its checkpoint does
+        save_safetensors(state, os.path.join(self.model_dir("lm"), "model.safetensors"))
+        self.client.register_model("lm", self.model_dir("lm"), grouping="block")
+        self.ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            self.expected = self.reference(self.ids.to(self.device))
+
+    def test_tied_weights_and_built_buffers_of_a_module_without_weights(self):
+        torch.manual_seed(77)  # other weights: every one that matters comes from tierd
+        module = parameters_to_meta(TiedLM()).eval()
+        self.assertTrue(module.head.weight.is_meta)
+        self.assertEqual(module.scale.device.type, "cpu")
+        with tierd.torch.stream_weights(module, self.client, "lm") as streamed:
+            with torch.no_grad():
+                got = module(self.ids.to(self.device))
+            synchronize()
+            self.assertEqual(streamed.streamed_units, [f"blocks.{b}" for b in range(4)])
+            self.assertEqual(module.scale.device, self.device)  # moved to the session's device
+        self.assertTrue(torch.equal(got, self.expected), f"max difference "
+                        f"{(got - self.expected).abs().max()}")
+        self.wait_for_stats(lambda stats: stats.leases == 0 and stats.sessions == 0,
+                            "the streaming session's leases released")
+
+    def test_a_tensor_left_without_values_is_refused_by_name_before_any_forward(self):
+        module = TiedLM().to("meta").eval()  # the buffer too: nothing can give it values
+        # (Older torch also unties the head as it moves the module: then it is named too.)
+        with self.assertRaisesRegex(ValueError, r"\bscale (is|are) on the meta device and not in "
+                                                r"lm.*init_empty_weights"):
+            tierd.torch.stream_weights(module, self.client, "lm")
+        self.wait_for_stats(lambda stats: stats.leases == 0 and stats.sessions == 0,
+                            "nothing held after the refusal")

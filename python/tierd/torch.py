@@ -31,9 +31,12 @@ def stream_weights(module, client, model, granularity="block", prefetch_depth=2,
     """Streams `module`'s weights from tierd model `model` (registered from the safetensors the
     module's state dict was saved to). `client` is a tierd.Client (a session is opened and owned)
     or a tierd.Session. granularity: "block" streams whole blocks; "phase" streams each phase
-    object (the model must be registered with grouping "phase"). The module may be built on the
-    meta device (its weights then take no memory of their own); tensors it has that the model
-    lacks must already be on the session's device. Returns a StreamedWeights; close() undoes it."""
+    object (the model must be registered with grouping "phase"). The module may be built with its
+    parameters on the meta device (they then take no memory of their own). Tensors the model lacks:
+    those tied to one it holds get its bytes; those with values (buffers computed when the module
+    was built) are moved to the session's device; those on the meta device are refused by name
+    (build the module with accelerate.init_empty_weights(), which keeps buffers real). Returns a
+    StreamedWeights; close() undoes it."""
     if granularity not in ("block", "phase"):
         raise ValueError(f'granularity must be "block" or "phase", not {granularity!r}')
     if prefetch_depth < 0 or resident_blocks < 0:
@@ -86,7 +89,9 @@ class StreamedWeights:
         if grouping == "tensor":
             raise ValueError(f'model {model} is registered with grouping "tensor"; '
                              f'register it with "block" or "phase" to stream it')
-        self.units = _plan_units(module, session._client.list_objects(model), model, granularity)
+        self.units, uncovered = _plan_units(module, session._client.list_objects(model), model,
+                                            granularity)
+        _place_uncovered(uncovered, model, self._device)
         blocks = [unit for unit in self.units if not unit.resident]
         for unit in blocks[:resident_blocks]:
             unit.resident = True
@@ -273,6 +278,23 @@ def _plan_units(module, objects, model, granularity):
         for name in names:
             unit.parameters.append((name,) + owners[name])
             covered.add(name)
+    # A tensor the checkpoint does not name may be another's alias (tied weights, e.g. an LM head
+    # sharing the embedding's matrix, saved once): it gets the same bytes.
+    by_identity = {}
+    for unit in units.values():
+        for name, owner, attribute in unit.parameters:
+            by_identity.setdefault(id(getattr(owner, attribute)), (unit, name))
+    uncovered = {}
+    for name, (owner, attribute) in owners.items():
+        tensor = getattr(owner, attribute)
+        if name in covered or tensor is None:
+            continue
+        alias = by_identity.get(id(tensor))
+        if alias is not None:
+            alias[0].parameters.append((alias[1], owner, attribute))
+            covered.add(name)
+        else:
+            uncovered[name] = (owner, attribute)
     for unit in units.values():
         if unit.resident:
             continue
@@ -282,7 +304,27 @@ def _plan_units(module, objects, model, granularity):
             raise ValueError(f"{unit.path} has parameters that {model} lacks: "
                              f"{', '.join(missing[:5])}")
     order = {path: index for index, (path, _) in enumerate(module.named_modules())}
-    return sorted(units.values(), key=lambda unit: order[unit.path])
+    return sorted(units.values(), key=lambda unit: order[unit.path]), uncovered
+
+
+def _place_uncovered(uncovered, model, device):
+    """Tensors the model's objects do not hold: those with values (buffers computed when the
+    module was built, such as rotary frequencies) go to `device`; those still on the meta device
+    have no values anywhere, and are refused before the first forward."""
+    empty = sorted(name for name, (owner, attribute) in uncovered.items()
+                   if getattr(owner, attribute).is_meta)
+    if empty:
+        shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+        raise ValueError(
+            f"{shown} {'is' if len(empty) == 1 else 'are'} on the meta device and not in {model}: "
+            f"nothing can give {'it' if len(empty) == 1 else 'them'} values. Build the module "
+            f"without its weights but with real buffers (accelerate.init_empty_weights(), or "
+            f"build it on the CPU and move only its parameters to the meta device), or give "
+            f"these tensors values before streaming")
+    for name, (owner, attribute) in uncovered.items():
+        tensor = getattr(owner, attribute)
+        if tensor.device != device:
+            _set_tensor(owner, attribute, tensor.to(device))
 
 
 def _prefixes(path):
