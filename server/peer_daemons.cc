@@ -400,6 +400,7 @@ absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::SessionTo(Peer& peer) 
 
 absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::OpenSessionLocked(Peer& peer,
                                                                            bool node_daemon) {
+  peer.mu.AssertHeld();
   ASSIGN_OR_RETURN(std::unique_ptr<SessionTransport> transport,
                    ConnectSessionSocket(peer.session_socket));
   std::shared_ptr<SessionCore> core = SessionCore::Start(std::move(transport));
