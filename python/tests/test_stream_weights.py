@@ -8,6 +8,7 @@ import torch
 import tierd
 import tierd.torch
 from dit_model import DiT, save_safetensors
+from parameters_to_meta import parameters_to_meta
 from tierd_testing import Daemon, DaemonTestCase, synchronize, torch_device
 
 BLOCKS = 6
@@ -171,21 +172,6 @@ class TiedLM(torch.nn.Module):
         for block in self.blocks:
             x = torch.tanh(block(x))
         return self.head(x)
-
-
-def parameters_to_meta(module):
-    """What accelerate.init_empty_weights() leaves: parameters on the meta device (ties kept),
-    buffers real."""
-    moved = {}
-    for submodule in module.modules():
-        for name, parameter in list(submodule._parameters.items()):
-            if parameter is None:
-                continue
-            if id(parameter) not in moved:
-                moved[id(parameter)] = torch.nn.Parameter(parameter.to("meta"),
-                                                          requires_grad=False)
-            submodule._parameters[name] = moved[id(parameter)]
-    return module
 
 
 class StreamWeightsWithoutTheCheckpointsGapsTest(DaemonTestCase):

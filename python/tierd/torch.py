@@ -89,6 +89,7 @@ class StreamedWeights:
         if grouping == "tensor":
             raise ValueError(f'model {model} is registered with grouping "tensor"; '
                              f'register it with "block" or "phase" to stream it')
+        _tie_weights(module)
         self.units, uncovered = _plan_units(module, session._client.list_objects(model), model,
                                             granularity)
         _place_uncovered(uncovered, model, self._device)
@@ -215,6 +216,15 @@ class StreamedWeights:
             placeholder = torch.empty(0, dtype=dtype, device=self._device)
             self._placeholders[dtype] = placeholder
         return placeholder
+
+
+def _tie_weights(module):
+    """Ties what the module declares tied, as loading a checkpoint would: a Hugging Face model built
+    from its config (transformers 5 under accelerate.init_empty_weights()) has its LM head and
+    embedding as two tensors until tie_weights() is called, and the checkpoint holds only one."""
+    tie = getattr(module, "tie_weights", None)
+    if callable(tie):
+        tie()
 
 
 def _set_tensor(owner, attribute, tensor):
