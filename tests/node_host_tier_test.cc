@@ -302,9 +302,10 @@ TEST_F(NodeHostTierTest, AHomeKilledMidLoadLeavesTheOthersCorrect) {
 }
 
 TEST_F(NodeHostTierTest, EvictionAtTheHomeNeverMovesBytesUnderACopy) {
-  // Host caches of 4 MiB against a model of about 10 MiB: the homes evict and read again all the
-  // time while their peers copy out of them.
-  StartDaemons("4MiB");
+  // Host caches of 3 MiB against a model of 10 MiB: the homes together cannot hold it (9 MiB), so
+  // some home evicts and reads again while its peers copy out of it. Each daemon fetches one
+  // object (at most 1 MiB) at a time: a home's cache always has room for the three held at once.
+  StartDaemons("3MiB");
   std::atomic<int> wrong{0};
   std::vector<std::thread> loaders;
   for (int i = 0; i < kDaemons; ++i) {
