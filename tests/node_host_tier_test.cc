@@ -146,6 +146,23 @@ class NodeHostTierTest : public ::testing::Test {
     }
   }
 
+  // Fetches every object through daemon i's session `own` once, starting at object `first`, and
+  // evicts them from its GPU; returns how many answers were wrong or failed (each a test failure too).
+  int LoadRound(int i, Session& own, size_t first) {
+    int wrong = 0;
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      const TensorSpec& tensor = tensors_[(first + t) % tensors_.size()];
+      absl::StatusOr<std::string> bytes = FetchBytes(own, "m/" + tensor.name);
+      if (!bytes.ok() || *bytes != tensor.data) {
+        ++wrong;
+        ADD_FAILURE() << "daemon " << i << ", " << tensor.name << ": "
+                      << (bytes.ok() ? "wrong bytes" : bytes.status().ToString());
+      }
+    }
+    (void)own.Evict("m/", v1::TIER_GPU);
+    return wrong;
+  }
+
   TempDir dir_;
   std::string model_dir_;
   std::vector<TensorSpec> tensors_;
@@ -259,19 +276,8 @@ TEST_F(NodeHostTierTest, AHomeKilledMidLoadLeavesTheOthersCorrect) {
   std::atomic<int> wrong{0};
   std::vector<std::thread> loaders;
   for (int i = 0; i < 2; ++i) {
-    Session& own = session(i);
-    loaders.emplace_back([&, i, &own = own] {
-      while (!stop.load()) {
-        for (const TensorSpec& tensor : tensors_) {
-          absl::StatusOr<std::string> bytes = FetchBytes(own, "m/" + tensor.name);
-          if (!bytes.ok() || *bytes != tensor.data) {
-            ++wrong;
-            ADD_FAILURE() << "daemon " << i << ", " << tensor.name << ": "
-                          << (bytes.ok() ? "wrong bytes" : bytes.status().ToString());
-          }
-        }
-        (void)own.Evict("m/", v1::TIER_GPU);
-      }
+    loaders.emplace_back([&, i, &own = session(i)] {
+      while (!stop.load()) wrong += LoadRound(i, own, 0);
     });
   }
   absl::SleepFor(absl::Milliseconds(300));
@@ -309,20 +315,8 @@ TEST_F(NodeHostTierTest, EvictionAtTheHomeNeverMovesBytesUnderACopy) {
   std::atomic<int> wrong{0};
   std::vector<std::thread> loaders;
   for (int i = 0; i < kDaemons; ++i) {
-    Session& own = session(i);
-    loaders.emplace_back([&, i, &own = own] {
-      for (int round = 0; round < 4; ++round) {
-        for (size_t t = 0; t < tensors_.size(); ++t) {
-          const TensorSpec& tensor = tensors_[(t + i * 5) % tensors_.size()];
-          absl::StatusOr<std::string> bytes = FetchBytes(own, "m/" + tensor.name);
-          if (!bytes.ok() || *bytes != tensor.data) {
-            ++wrong;
-            ADD_FAILURE() << "daemon " << i << ", " << tensor.name << ": "
-                          << (bytes.ok() ? "wrong bytes" : bytes.status().ToString());
-          }
-        }
-        (void)own.Evict("m/", v1::TIER_GPU);
-      }
+    loaders.emplace_back([&, i, &own = session(i)] {
+      for (int round = 0; round < 4; ++round) wrong += LoadRound(i, own, i * 5);
     });
   }
   for (std::thread& loader : loaders) loader.join();
