@@ -31,7 +31,8 @@ struct NodeHostTier::Ask {
   ReadPriority priority;
   absl::Time deadline;
   absl::Time asked;  // when the request was queued for the home
-  uint64_t source_fingerprint = 0;  // of this daemon's registration (ObjectSourceFingerprint)
+  ObjectRef object;                 // this daemon's registration of it
+  uint64_t source_fingerprint = 0;  // ObjectSourceFingerprint of `object`
   Callback done;
   std::atomic<bool> answered{false};
 
@@ -73,26 +74,26 @@ void NodeHostTier::ConnectAhead(const std::string& peer) {
   });
 }
 
-const std::string* NodeHostTier::HomeToAsk(const std::string& key) const {
+const std::string* NodeHostTier::HomeToAsk(const std::string& key, ObjectRef* object) const {
   if (homes_state_.empty() || homes_.IsHomedHere(key)) return nullptr;
   // Stored objects (and unknown keys, which the own cache refuses) are not homed; an object read
   // here already (a fallback) is served from here.
-  if (!catalog_.Lookup(key).ok() || local_.IsResident(key)) return nullptr;
+  absl::StatusOr<ObjectRef> ref = catalog_.Lookup(key);
+  if (!ref.ok() || local_.IsResident(key)) return nullptr;
+  if (object != nullptr) *object = *std::move(ref);
   return &homes_.HomeOf(key);
 }
 
 void NodeHostTier::Fetch(const std::string& key, ReadPriority priority, absl::Time deadline,
                          Callback done) {
-  const std::string* home = HomeToAsk(key);
-  if (home == nullptr) return local_.Fetch(key, priority, deadline, std::move(done));
   auto ask = std::make_shared<Ask>();
+  const std::string* home = HomeToAsk(key, &ask->object);
+  if (home == nullptr) return local_.Fetch(key, priority, deadline, std::move(done));
   ask->key = key;
   ask->home = *home;
   ask->priority = priority;
   ask->deadline = deadline;
-  if (absl::StatusOr<ObjectRef> ref = catalog_.Lookup(key); ref.ok()) {
-    ask->source_fingerprint = ObjectSourceFingerprint(*ref->model, *ref->object);
-  }
+  ask->source_fingerprint = ObjectSourceFingerprint(*ask->object.model, *ask->object.object);
   ask->done = std::move(done);
   if (Paused(*home)) {
     ask->Claim();
@@ -152,14 +153,12 @@ void NodeHostTier::GiveBack(Home& home, absl::AnyInvocable<void() &&> release) {
 
 absl::StatusOr<HostBytes> NodeHostTier::Accept(const std::shared_ptr<Ask>& ask, HomeLease lease) {
   absl::Status mismatch;
-  absl::StatusOr<ObjectRef> ref = catalog_.Lookup(ask->key);
+  const uint64_t size = ask->object.object->size;
   const std::optional<uint64_t> checksum = catalog_.Checksum(ask->key);
-  if (!ref.ok()) {
-    mismatch = ref.status();
-  } else if (lease.size != ref->object->size) {
+  if (lease.size != size) {
     mismatch = absl::FailedPreconditionError(
-        absl::StrCat("it lent ", lease.size, " bytes, this daemon's model has ",
-                     ref->object->size, " (is it registered from other files?)"));
+        absl::StrCat("it lent ", lease.size, " bytes, this daemon's model has ", size,
+                     " (is it registered from other files?)"));
   } else if (checksum.has_value() && lease.checksum != 0 && *checksum != lease.checksum) {
     mismatch = absl::FailedPreconditionError(
         "its checksum of the object differs from this daemon's (is the model registered from "

@@ -100,8 +100,9 @@ class NodeHostTier : public HostSource {
 
  private:
   struct Ask;
-  // Where `key` comes from: the own cache (nullptr) or the home at this socket.
-  const std::string* HomeToAsk(const std::string& key) const;
+  // Where `key` comes from: the own cache (nullptr) or the home at this socket; then `object`
+  // (when not null) is this daemon's registration of it.
+  const std::string* HomeToAsk(const std::string& key, ObjectRef* object = nullptr) const;
   // The object's bytes as the home lent them, once checked against the catalog; or why not.
   absl::StatusOr<HostBytes> Accept(const std::shared_ptr<Ask>& ask, HomeLease lease);
   // Reads the object here after all, saying why. REQUIRES: `ask` claimed by the caller.
