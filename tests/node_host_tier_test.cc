@@ -42,14 +42,22 @@ constexpr int kDaemons = 3;
 class NodeHostTierTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    // 16 objects of 256 KiB to 1 MiB, one per tensor.
-    for (int i = 0; i < 16; ++i) {
-      tensors_.push_back(RandomTensor(absl::StrCat("w", i), "F32",
-                                      {static_cast<uint64_t>(64 * (1 + i % 4)), 1024}, 100 + i));
-      model_bytes_ += tensors_.back().data.size();
-    }
     model_dir_ = absl::StrCat(dir_.path(), "/model");
     ASSERT_EQ(::mkdir(model_dir_.c_str(), 0755), 0);
+    // 16 objects of 256 KiB to 1 MiB, one per tensor: 10 MiB.
+    WriteModel(16, 64);
+  }
+
+  // Writes model "m" (before the daemons start): `objects` tensors of 1 to 4 times `rows` rows of
+  // 4 KiB, one object each.
+  void WriteModel(int objects, uint64_t rows) {
+    tensors_.clear();
+    model_bytes_ = 0;
+    for (int i = 0; i < objects; ++i) {
+      tensors_.push_back(RandomTensor(absl::StrCat("w", i), "F32",
+                                      {rows * (1 + i % 4), 1024}, 100 + i));
+      model_bytes_ += tensors_.back().data.size();
+    }
     ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(model_dir_, "/model.safetensors"), tensors_),
                 IsOk());
   }
@@ -310,7 +318,9 @@ TEST_F(NodeHostTierTest, AHomeKilledMidLoadLeavesTheOthersCorrect) {
 TEST_F(NodeHostTierTest, EvictionAtTheHomeNeverMovesBytesUnderACopy) {
   // Host caches of 3 MiB against a model of 10 MiB: the homes together cannot hold it (9 MiB), so
   // some home evicts and reads again while its peers copy out of it. Each daemon fetches one
-  // object (at most 1 MiB) at a time: a home's cache always has room for the three held at once.
+  // object of at most 512 KiB at a time, and a peer's lease may outlive its answer briefly: a
+  // home holds at most five objects at once (its own and two from each peer), 2.5 MiB.
+  WriteModel(32, 32);
   StartDaemons("3MiB");
   std::atomic<int> wrong{0};
   std::vector<std::thread> loaders;
