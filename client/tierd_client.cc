@@ -76,21 +76,64 @@ absl::StatusOr<Lease> Session::Fetch(const std::string& key) {
 }
 
 absl::StatusOr<Lease> Session::Fetch(const std::string& key, Stream& stream) {
-  {
-    // Read your own writes: a commit of this key still on its way comes first.
-    std::pair<SessionCommits*, const std::string*> args(commits_.get(), &key);
-    absl::MutexLock lock(&commits_->mu);
-    commits_->mu.Await(absl::Condition(
-        +[](std::pair<SessionCommits*, const std::string*>* args) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return args->first->in_flight.count(*args->second) == 0;
-        },
-        &args));
-  }
+  AwaitCommitsOf(key);
   v1::SessionRequest request;
   request.mutable_fetch()->set_key(key);
   absl::StatusOr<v1::SessionResponse> response = core_->Call(std::move(request));
   if (!response.ok()) return response.status();
-  v1::Lease& granted = *response->mutable_lease();
+  return LeaseFrom(*response, stream);
+}
+
+absl::StatusOr<std::vector<Lease>> Session::FetchMany(const std::vector<std::string>& keys,
+                                                      Stream& stream, std::vector<Lease> release) {
+  std::vector<v1::SessionRequest> releases;
+  for (Lease& lease : release) {
+    if (!lease.valid()) continue;
+    if (lease.session_ != core_) {
+      lease.Release(stream);
+      continue;
+    }
+    if (std::optional<v1::SessionRequest> request = core_->PrepareRelease(lease.lease_id_, stream)) {
+      releases.push_back(*std::move(request));
+    }
+    lease.session_.reset();  // released by the request above, or held until the session ends
+  }
+  std::vector<v1::SessionRequest> fetches(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    AwaitCommitsOf(keys[i]);
+    fetches[i].mutable_fetch()->set_key(keys[i]);
+  }
+  std::vector<absl::StatusOr<v1::SessionResponse>> answers =
+      core_->CallMany(std::move(releases), std::move(fetches));
+  std::vector<Lease> leases;
+  leases.reserve(keys.size());
+  absl::Status first_failure;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    absl::StatusOr<Lease> lease =
+        answers[i].ok() ? LeaseFrom(*answers[i], stream) : answers[i].status();
+    if (lease.ok()) {
+      leases.push_back(*std::move(lease));
+    } else if (first_failure.ok()) {
+      first_failure = absl::Status(lease.status().code(),
+                                   absl::StrCat(keys[i], ": ", lease.status().message()));
+    }
+  }
+  if (!first_failure.ok()) return first_failure;  // `leases` release themselves
+  return leases;
+}
+
+void Session::AwaitCommitsOf(const std::string& key) {
+  std::pair<SessionCommits*, const std::string*> args(commits_.get(), &key);
+  absl::MutexLock lock(&commits_->mu);
+  commits_->mu.Await(absl::Condition(
+      +[](std::pair<SessionCommits*, const std::string*>* args) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return args->first->in_flight.count(*args->second) == 0;
+      },
+      &args));
+}
+
+absl::StatusOr<Lease> Session::LeaseFrom(v1::SessionResponse& response, Stream& stream) {
+  v1::Lease& granted = *response.mutable_lease();
   Lease lease;
   lease.session_ = core_;
   lease.lease_id_ = granted.lease_id();
@@ -106,7 +149,7 @@ absl::StatusOr<Lease> Session::Fetch(const std::string& key, Stream& stream) {
   if (!slab.ok()) return slab.status();
   if (granted.offset() + granted.length() > (*slab)->size()) {
     return absl::InternalError(
-        absl::StrCat("lease of ", key, " lies outside slab ", granted.slab_id()));
+        absl::StrCat("lease of ", lease.key_, " lies outside slab ", granted.slab_id()));
   }
   if (granted.has_ready_event_id()) {
     // The copy into staging may still run: the stream waits for it, not the CPU.

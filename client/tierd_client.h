@@ -126,6 +126,13 @@ class Session {
   // the session has ended.
   absl::StatusOr<Lease> Fetch(const std::string& key, Stream& stream);
   absl::StatusOr<Lease> Fetch(const std::string& key);
+  // One round trip for a step: releases `release` (as Lease::Release(stream) would, done events
+  // recorded on `stream`) and fetches `keys`, all in one write to the daemon, and waits for the
+  // answers together. The leases come in the order of `keys`, `stream` made to wait for each
+  // one's bytes. When any fetch fails, the others' leases are released and the first failure is
+  // returned, its message naming the key. Leases of another session are released the usual way.
+  absl::StatusOr<std::vector<Lease>> FetchMany(const std::vector<std::string>& keys,
+                                               Stream& stream, std::vector<Lease> release = {});
 
   // Starts bringing `keys` to the GPU without holding them (the seeds' begin_fetch_step). Errors
   // known at once (unknown key) are returned.
@@ -151,6 +158,10 @@ class Session {
  private:
   friend class Client;
   explicit Session(std::shared_ptr<SessionCore> core);
+  // Waits until no commit of `key` sent through this session is in flight (read your own writes).
+  void AwaitCommitsOf(const std::string& key);
+  // The Lease a fetch's answer grants, `stream` made to wait for its bytes.
+  absl::StatusOr<Lease> LeaseFrom(v1::SessionResponse& response, Stream& stream);
   std::shared_ptr<SessionCore> core_;
   std::shared_ptr<SessionCommits> commits_;
   v1::SessionOpened opened_;

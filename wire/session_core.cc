@@ -1,6 +1,7 @@
 #include "wire/session_core.h"
 
 #include <cstdio>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -207,31 +208,46 @@ bool SessionCore::ended() {
 
 absl::StatusOr<SessionCore::Submitted> SessionCore::Submit(v1::SessionRequest& request,
                                                            std::shared_ptr<Pending> pending) {
-  const bool registered = pending != nullptr;
+  std::vector<Submitted> submitted;
+  RETURN_IF_ERROR(SubmitAll(absl::MakeSpan(&request, 1), absl::MakeConstSpan(&pending, 1), submitted));
+  return submitted.front();
+}
+
+absl::Status SessionCore::SubmitAll(absl::Span<v1::SessionRequest> requests,
+                                    absl::Span<const std::shared_ptr<Pending>> pendings,
+                                    std::vector<Submitted>& submitted) {
   {
     absl::MutexLock lock(&mu_);
     if (ended_) return EndedLocked();
-    request.set_request_id(next_request_++);
-    if (registered) {
-      if (pending->callback) ++callbacks_owed_;
-      pending_[request.request_id()] = std::move(pending);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      requests[i].set_request_id(next_request_++);
+      if (pendings[i] != nullptr) {
+        if (pendings[i]->callback) ++callbacks_owed_;
+        pending_[requests[i].request_id()] = pendings[i];
+      }
     }
   }
   bool written;
   {
     absl::MutexLock lock(&write_mu_);
-    written = transport_->Write(request);
+    written = requests.size() == 1 ? transport_->Write(requests.front())
+                                   : transport_->WriteMany(requests);
   }
-  if (written) return Submitted::kWritten;
+  submitted.assign(requests.size(), Submitted::kWritten);
+  if (written) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  // A request nobody registered (SendQuiet) has nobody to answer it either.
-  auto it = registered ? pending_.find(request.request_id()) : pending_.end();
-  const bool unanswered = !registered || it != pending_.end();
-  if (it != pending_.end()) {
-    if (it->second->callback) --callbacks_owed_;
-    pending_.erase(it);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    // A request nobody registered (a quiet one) has nobody to answer it either.
+    const bool registered = pendings[i] != nullptr;
+    auto it = registered ? pending_.find(requests[i].request_id()) : pending_.end();
+    const bool unanswered = !registered || it != pending_.end();
+    if (it != pending_.end()) {
+      if (it->second->callback) --callbacks_owed_;
+      pending_.erase(it);
+    }
+    submitted[i] = unanswered ? Submitted::kFailedUnanswered : Submitted::kFailedAnswered;
   }
-  return unanswered ? Submitted::kFailedUnanswered : Submitted::kFailedAnswered;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::SessionResponse> SessionCore::Call(v1::SessionRequest request) {
@@ -290,6 +306,41 @@ absl::Status SessionCore::SendQuiet(v1::SessionRequest request) {
   return submitted == Submitted::kWritten ? absl::OkStatus() : EndedAfterFailedWrite();
 }
 
+std::vector<absl::StatusOr<v1::SessionResponse>> SessionCore::CallMany(
+    std::vector<v1::SessionRequest> quiet, std::vector<v1::SessionRequest> calls) {
+  std::vector<v1::SessionRequest> requests = std::move(quiet);
+  const size_t first_call = requests.size();
+  std::move(calls.begin(), calls.end(), std::back_inserter(requests));
+  std::vector<std::shared_ptr<Pending>> pendings(requests.size());
+  for (size_t i = first_call; i < requests.size(); ++i) pendings[i] = std::make_shared<Pending>();
+  std::vector<Submitted> submitted;
+  std::vector<absl::StatusOr<v1::SessionResponse>> answers;
+  answers.reserve(requests.size() - first_call);
+  if (absl::Status sent = SubmitAll(absl::MakeSpan(requests), pendings, submitted); !sent.ok()) {
+    answers.assign(requests.size() - first_call, sent);
+    return answers;
+  }
+  const bool written = submitted.empty() || submitted.front() == Submitted::kWritten;
+  const absl::Status ended = written ? absl::OkStatus() : EndedAfterFailedWrite();
+  for (size_t i = first_call; i < requests.size(); ++i) {
+    // Unless the reader already answered it as an orphan (with the reason), say why here.
+    if (submitted[i] == Submitted::kFailedUnanswered) {
+      answers.push_back(ended);
+      continue;
+    }
+    Pending& pending = *pendings[i];
+    {
+      absl::MutexLock lock(&mu_);
+      AwaitAnswerLocked(pending);
+    }
+    if (pending.response.ok()) {
+      if (absl::Status status = StatusOf(*pending.response); !status.ok()) pending.response = status;
+    }
+    answers.push_back(std::move(pending.response));
+  }
+  return answers;
+}
+
 absl::Status SessionCore::OpenHandles(const v1::SessionResponse& response) {
   return handles_->Open(response, device_);
 }
@@ -328,7 +379,13 @@ absl::StatusOr<std::optional<uint32_t>> SessionCore::RecordDone(Stream& stream, 
 }
 
 void SessionCore::ReleaseLease(uint64_t lease_id, Stream& stream) {
-  if (ended()) return;
+  if (std::optional<v1::SessionRequest> release = PrepareRelease(lease_id, stream)) {
+    (void)SendQuiet(*std::move(release));
+  }
+}
+
+std::optional<v1::SessionRequest> SessionCore::PrepareRelease(uint64_t lease_id, Stream& stream) {
+  if (ended()) return std::nullopt;
   v1::SessionRequest request;
   v1::ReleaseRequest* release = request.mutable_release();
   release->set_lease_id(lease_id);
@@ -336,9 +393,9 @@ void SessionCore::ReleaseLease(uint64_t lease_id, Stream& stream) {
   absl::StatusOr<std::optional<uint32_t>> done = RecordDone(stream, "lease", lease_id);
   // Without a record or a finished stream the buffer may still be read: the lease stays held until
   // the session ends.
-  if (!done.ok()) return;
+  if (!done.ok()) return std::nullopt;
   if (done->has_value()) release->set_done_event_id(**done);
-  (void)SendQuiet(std::move(request));
+  return request;
 }
 
 }  // namespace tierd

@@ -22,13 +22,16 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "device/device.h"
 #include "device/shared_memory.h"
 #include "tierd/v1/tierd.grpc.pb.h"
@@ -68,6 +71,12 @@ class SessionCore {
   // Sends a request the daemon answers only when it fails (a quiet release); the reader logs such
   // a failure (within about kIdleWatch, or with the next call's answer).
   absl::Status SendQuiet(v1::SessionRequest request) ABSL_LOCKS_EXCLUDED(mu_);
+  // One round trip for many requests: sends `quiet` (as SendQuiet would) and then `calls`, all in
+  // one write of the transport, and waits for the calls' answers. Returns one per call, in order,
+  // each as Call would; the session's ended status (UNAVAILABLE) for every call once it is over.
+  std::vector<absl::StatusOr<v1::SessionResponse>> CallMany(std::vector<v1::SessionRequest> quiet,
+                                                            std::vector<v1::SessionRequest> calls)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const char* transport_kind() const { return transport_->kind(); }
   // True once the stream has ended (the daemon went away or closed it); every call then fails.
@@ -98,6 +107,10 @@ class SessionCore {
   // then tells the daemon, without waiting for its answer. Once the session has ended it does
   // nothing: the daemon released the lease, and the session's events may be another's by now.
   void ReleaseLease(uint64_t lease_id, Stream& stream);
+  // The quiet release ReleaseLease sends, with its done event recorded on `stream`, for the caller
+  // to send (CallMany). Nullopt when nothing is to be sent: the session has ended, or nothing
+  // says when `stream` is done with the buffer (the lease then stays held until the session ends).
+  std::optional<v1::SessionRequest> PrepareRelease(uint64_t lease_id, Stream& stream);
   // Records a done event after the work enqueued on `stream` (DoneEvents::RecordAfter): its id,
   // to name in a commit, nullopt when none is needed, or the device's error when nothing says the
   // stream is done. `what` and `id` name it in the message of a failure ("reservation", 7).
@@ -137,6 +150,11 @@ class SessionCore {
   // The ended session's status when the session is over already.
   absl::StatusOr<Submitted> Submit(v1::SessionRequest& request, std::shared_ptr<Pending> pending)
       ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
+  // Submit for many requests, written at once (SessionTransport::WriteMany): pendings[i] (null for
+  // a quiet request) belongs to requests[i]; what became of each is put in `submitted`.
+  absl::Status SubmitAll(absl::Span<v1::SessionRequest> requests,
+                         absl::Span<const std::shared_ptr<Pending>> pendings,
+                         std::vector<Submitted>& submitted) ABSL_LOCKS_EXCLUDED(mu_, write_mu_);
 
   std::shared_ptr<Device> device_;
   std::unique_ptr<SessionTransport> transport_;

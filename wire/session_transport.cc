@@ -24,6 +24,11 @@ class SocketTransport final : public SessionTransport {
   bool Write(const v1::SessionRequest& request) override {
     return SendAll(fd_, EncodeFrame(request)).ok();
   }
+  bool WriteMany(absl::Span<const v1::SessionRequest> requests) override {
+    std::string frames;
+    for (const v1::SessionRequest& request : requests) frames += EncodeFrame(request);
+    return SendAll(fd_, frames).ok();
+  }
   bool Read(v1::SessionResponse& response) override {
     read_status_ = reader_.Next(payload_);
     if (read_status_.ok() && !response.ParseFromString(payload_)) {
@@ -60,6 +65,15 @@ class GrpcTransport final : public SessionTransport {
   }
 
   bool Write(const v1::SessionRequest& request) override { return stream_->Write(request); }
+  bool WriteMany(absl::Span<const v1::SessionRequest> requests) override {
+    // All but the last may wait in gRPC's buffer: they go out together.
+    for (size_t i = 0; i < requests.size(); ++i) {
+      grpc::WriteOptions options;
+      if (i + 1 < requests.size()) options.set_buffer_hint();
+      if (!stream_->Write(requests[i], options)) return false;
+    }
+    return true;
+  }
   bool Read(v1::SessionResponse& response) override { return stream_->Read(&response); }
   void CloseWrites() override { stream_->WritesDone(); }
   absl::Status Finish() override {

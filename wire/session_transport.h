@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "tierd/v1/tierd.grpc.pb.h"
 
 namespace tierd {
@@ -18,6 +19,14 @@ class SessionTransport {
   virtual ~SessionTransport() = default;
   // Sends one request. One writer at a time; may run beside Read. False once the session is over.
   virtual bool Write(const v1::SessionRequest& request) = 0;
+  // Sends `requests` in order, as one write where the transport can (the session socket: one
+  // send of all their frames). As Write otherwise; false may leave some of them sent.
+  virtual bool WriteMany(absl::Span<const v1::SessionRequest> requests) {
+    for (const v1::SessionRequest& request : requests) {
+      if (!Write(request)) return false;
+    }
+    return true;
+  }
   // Waits for the next response. One reader at a time. False once the session is over.
   virtual bool Read(v1::SessionResponse& response) = 0;
   // Sends no more: the daemon ends the session, and Read returns false after the last answer.
