@@ -234,6 +234,70 @@ class ClientTest(DaemonTestCase):
             self.assertEqual(caught.exception.code, tierd.StatusCode.NOT_FOUND)
 
 
+class FetchManyTest(DaemonTestCase):
+    """Session.fetch_many: a step's releases and fetches in one write, against a session quota of
+    three leases."""
+
+    daemon_flags = {"extra_flags": ("--session-max-leases=3",)}
+
+    def setUp(self):
+        super().setUp()
+        self.tensors = model_tensors(seed=11)
+        save_safetensors(self.tensors, os.path.join(self.model_dir("model"), "model.safetensors"))
+        self.client.register_model("m", self.model_dir("model"))
+
+    def assert_block(self, lease, block):
+        self.assertEqual(lease.key, f"m/blocks.{block}")
+        for name, fetched in lease.tensors.items():
+            self.assertTrue(torch.equal(fetched.cpu(), self.tensors[name]), name)
+
+    def test_each_step_releases_the_last_and_leases_its_keys_in_order(self):
+        for session_socket in ("default", ""):
+            client = tierd.Client(self.daemon.socket, session_socket=session_socket)
+            with client.session() as session:
+                held = []
+                for step in range(4):
+                    blocks = [(step * 3 + i) % BLOCKS for i in range(3)]
+                    # At the quota: the releases must reach the daemon before the fetches.
+                    held = session.fetch_many([f"m/blocks.{b}" for b in blocks], release=held)
+                    self.assertEqual(len(held), 3)
+                    for lease, block in zip(held, blocks):
+                        self.assert_block(lease, block)
+                self.wait_for_stats(lambda stats: stats.leases == 3, "the last step's leases held")
+                session.release_many(held)
+                self.assertTrue(all(lease.released for lease in held))
+                self.wait_for_stats(lambda stats: stats.leases == 0, "every lease released")
+            client.close()
+
+    def test_a_failed_fetch_releases_the_others_and_names_its_key(self):
+        with self.client.session() as session:
+            with self.assertRaises(tierd.TierdError) as caught:
+                session.fetch_many(["m/blocks.0", "m/no_such_block", "m/blocks.1"])
+            self.assertEqual(caught.exception.code, grpc.StatusCode.NOT_FOUND)
+            self.assertTrue(caught.exception.message.startswith("m/no_such_block: "),
+                            caught.exception.message)
+            self.wait_for_stats(lambda stats: stats.leases == 0, "the others released")
+            with self.assertRaises(tierd.TierdError) as caught:
+                session.fetch_many([f"m/blocks.{b}" for b in range(4)])
+            self.assertEqual(caught.exception.code, grpc.StatusCode.RESOURCE_EXHAUSTED)
+            self.wait_for_stats(lambda stats: stats.leases == 0, "the others released")
+            # The session goes on.
+            for lease, block in zip(session.fetch_many(["m/blocks.4", "m/blocks.5"]), (4, 5)):
+                self.assert_block(lease, block)
+                lease.release()
+
+    def test_after_the_daemon_is_gone_fetch_many_is_unavailable(self):
+        session = self.client.session()
+        leases = session.fetch_many(["m/blocks.0"])
+        self.daemon.kill()
+        with self.assertRaises(tierd.TierdError) as caught:
+            session.fetch_many(["m/blocks.1"], release=leases)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
+        session.release_many(leases)  # nothing to send: no error
+        session.close()
+        self.daemon = Daemon(self.directory)  # for tearDown's stop
+
+
 class ClientGroupTest(DaemonTestCase):
     """A client group (tierd --client-groups) through the Python client."""
 

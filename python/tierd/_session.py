@@ -90,12 +90,19 @@ class Lease:
         """Records one of the session's done events on `stream` (default: the current stream)
         after everything the caller has enqueued that reads the buffer, and releases the lease.
         Idempotent."""
+        request = self._detach(stream)
+        if request is not None:
+            self._session._send_quiet(request)
+
+    def _detach(self, stream):
+        """Marks the lease released and returns the quiet release to send for it (None: nothing to
+        send, or released already), its done event recorded on `stream`."""
         if self._released:
-            return
+            return None
         self._released = True
         self.tensors = {}
         self.buffer = None
-        self._session._release(self.lease_id, stream)
+        return self._session._release_request(self.lease_id, stream)
 
     def __enter__(self):
         return self
@@ -199,6 +206,52 @@ class Session(SessionCore):
         request.fetch.key = key
         self._send(request, pending._answer)
         return pending
+
+    def fetch_many_async(self, keys, release=(), stream=None):
+        """One write for a step: releases the Leases in `release` (done events recorded on
+        `stream`, default the current stream, as Lease.release does) and sends a fetch of each of
+        `keys`, releases first. Returns a PendingFetch per key, in order."""
+        for key in keys:
+            self._wait_for_commits_of(key)
+        releases = [request for request in (lease._detach(stream) for lease in release)
+                    if request is not None]
+        pending = [PendingFetch(self, key) for key in keys]
+        fetches = []
+        for key in keys:
+            request = tierd_pb2.SessionRequest()
+            request.fetch.key = key
+            fetches.append(request)
+        try:
+            self._send_many(releases, fetches, [fetch._answer for fetch in pending])
+        except TierdError:
+            if fetches:
+                raise
+            # Only releases, and the session ended: the daemon released everything it held.
+        return pending
+
+    def fetch_many(self, keys, release=(), stream=None):
+        """fetch_many_async, then the leases of `keys` in order, `stream` made to wait for each
+        one's bytes: one round trip for a step. When a fetch fails, the leases of the others are
+        released and its error is raised, naming its key."""
+        pending = self.fetch_many_async(keys, release, stream)
+        leases = []
+        try:
+            for fetch in pending:
+                try:
+                    leases.append(fetch.result(stream))
+                except TierdError as error:
+                    raise TierdError(error.code, f"{fetch.key}: {error.message}") from None
+        except BaseException:
+            for lease in leases:
+                lease.release(stream)
+            for fetch in pending[len(leases):]:
+                fetch.cancel()
+            raise
+        return leases
+
+    def release_many(self, leases, stream=None):
+        """Releases `leases` (done events recorded on `stream`) in one write."""
+        self.fetch_many_async((), leases, stream)
 
     def prefetch(self, keys, deadline_ms=0, host_only=False):
         """Starts bringing `keys` towards the GPU without holding them (the seeds' begin_fetch_step
@@ -337,8 +390,15 @@ class Session(SessionCore):
         `read` the buffer) and sends the release without waiting for an answer. Once the session
         has ended it does nothing: the daemon released the lease, and the session's events may be
         another's by now."""
+        request = self._release_request(lease_id, stream, read)
+        if request is not None:
+            self._send_quiet(request)
+
+    def _release_request(self, lease_id, stream, read=True):
+        """The quiet release _release sends, its done event recorded; None once the session has
+        ended."""
         if self._ended is not None:
-            return
+            return None
         request = tierd_pb2.SessionRequest()
         request.release.lease_id = lease_id
         request.release.quiet = True
@@ -346,7 +406,7 @@ class Session(SessionCore):
             done = self._done_events.record_after(self._stream(stream))
             if done is not None:
                 request.release.done_event_id = done
-        self._send_quiet(request)
+        return request
 
     def _release_unread(self, response):
         # A cancelled fetch's answer: may run on the reader thread, so it only sends.

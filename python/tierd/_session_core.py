@@ -77,6 +77,21 @@ class SessionCore:
         self._register(request, _Pending(callback))
         self._transport.send(request)
 
+    def _send_many(self, quiet, requests, callbacks):
+        """Sends the `quiet` requests and then `requests` in one write, `callbacks[i]` taking the
+        answer to requests[i] as _send's callback does."""
+        with self._lock:
+            if self._ended is not None:
+                raise self._ended
+            for request in quiet:
+                request.request_id = self._next_request
+                self._next_request += 1
+            for request, callback in zip(requests, callbacks):
+                request.request_id = self._next_request
+                self._next_request += 1
+                self._pending[request.request_id] = _Pending(callback)
+        self._transport.send_many(list(quiet) + list(requests))
+
     def _send_quiet(self, request):
         try:
             self._register(request, None)

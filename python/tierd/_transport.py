@@ -49,10 +49,17 @@ class SocketTransport:
         return data
 
     def send(self, request):
-        payload = request.SerializeToString()
+        self.send_many((request,))
+
+    def send_many(self, requests):
+        """Sends `requests` in order, in one write."""
+        frames = []
+        for request in requests:
+            payload = request.SerializeToString()
+            frames += (_LENGTH.pack(len(payload)), payload)
         try:
             with self._send_lock:
-                self._socket.sendall(_LENGTH.pack(len(payload)) + payload)
+                self._socket.sendall(b"".join(frames))
         except OSError as error:
             raise TierdError(StatusCode.UNAVAILABLE, f"the session socket broke: {error}") from None
 
@@ -94,6 +101,10 @@ class GrpcTransport:
 
     def send(self, request):
         self._requests.put(request)
+
+    def send_many(self, requests):
+        for request in requests:
+            self._requests.put(request)
 
     def receive(self):
         try:

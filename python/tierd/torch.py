@@ -160,8 +160,7 @@ class StreamedWeights:
         for _, owner, attribute in unit.parameters:
             _set_tensor(owner, attribute, self._placeholder(getattr(owner, attribute).dtype))
         leases, unit.leases = unit.leases, None
-        for lease in leases:
-            lease.release()
+        self.session.release_many(leases)
 
     def _send_ahead(self, unit):
         """Sends fetches for the prefetch_depth blocks after `unit` (wrapping around) and cancels
@@ -178,14 +177,14 @@ class StreamedWeights:
         for step in range(1, min(self.prefetch_depth, count - 1) + 1):
             ahead = self._streamed[(start + step) % count]
             if ahead.pending is None and ahead.leases is None:
-                ahead.pending = [self.session.fetch_async(key) for key in ahead.keys]
+                ahead.pending = self.session.fetch_many_async(ahead.keys)
 
     # ---- leases -----------------------------------------------------------------------------
 
     def _take(self, unit, stream):
         pending, unit.pending = unit.pending, None
         if pending is None:
-            pending = [self.session.fetch_async(key) for key in unit.keys]
+            pending = self.session.fetch_many_async(unit.keys)
         leases = []
         try:
             for fetch in pending:
