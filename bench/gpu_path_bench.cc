@@ -16,6 +16,8 @@
 //            once, against two plain copies in opposite directions at once. Reference 72 GB/s.
 //   latency  Fetch of an object already on the GPU through a session, --fetches times;
 //            p50/p99 of the call (request sent → lease usable). Targets p50 ≤ 50 µs, p99 ≤ 200 µs.
+//            Then a step of --step-layers objects, one Fetch (round trip) per object against one
+//            FetchMany that also releases the last step's leases.
 // The model is registered with per-tensor grouping (one object per tensor) when not yet known.
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -59,6 +61,7 @@ ABSL_FLAG(std::string, tensors, "16MiBx64,64MiBx16,256MiBx4,700MiBx2",
 ABSL_FLAG(int, files, 1, "make-model: files to spread the tensors over");
 ABSL_FLAG(int, repeat, 5, "Timed runs of each side");
 ABSL_FLAG(int, fetches, 20000, "latency: timed fetches");
+ABSL_FLAG(int, step_layers, 48, "latency: objects (layers) in a timed step, Fetch by Fetch and FetchMany");
 ABSL_FLAG(tierd::ByteSize, store_bytes, tierd::ByteSize{256ull << 20}, "duplex: bytes per store");
 ABSL_FLAG(int, stores, 16, "duplex: stores per run");
 ABSL_FLAG(std::string, fio, "fio", "cold: fio binary for the O_DIRECT reference");

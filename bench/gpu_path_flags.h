@@ -15,6 +15,7 @@ ABSL_DECLARE_FLAG(std::string, tensors);
 ABSL_DECLARE_FLAG(int, files);
 ABSL_DECLARE_FLAG(int, repeat);
 ABSL_DECLARE_FLAG(int, fetches);
+ABSL_DECLARE_FLAG(int, step_layers);
 ABSL_DECLARE_FLAG(tierd::ByteSize, store_bytes);
 ABSL_DECLARE_FLAG(int, stores);
 ABSL_DECLARE_FLAG(std::string, fio);

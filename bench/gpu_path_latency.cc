@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,45 @@ nlohmann::json SessionLatencies(tierd::Session& session, tierd::Stream& stream,
           {"session_round_trip", LatencySummary(round_trip_us)}};
 }
 
+// A step of a model with one object per layer, all on the GPU (pinned): `keys` fetched one
+// Fetch (one round trip) at a time, the last step's leases released as it goes, against one
+// FetchMany per step that releases the last step's leases in the same write. Microseconds per
+// step.
+nlohmann::json StepLatencies(tierd::Session& session, tierd::Stream& stream,
+                             const std::vector<std::string>& keys, int steps) {
+  const int warmup = std::max(20, steps / 10);
+  std::vector<double> one_by_one_us;
+  std::vector<tierd::Lease> held;
+  for (int step = 0; step < warmup + steps; ++step) {
+    const Clock::time_point start = Clock::now();
+    std::vector<tierd::Lease> leases;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      leases.push_back(Check(session.Fetch(keys[i], stream), "fetch"));
+      if (i < held.size()) held[i].Release(stream);
+    }
+    held = std::move(leases);
+    if (step >= warmup) one_by_one_us.push_back(SecondsSince(start) * 1e6);
+  }
+  std::vector<double> fetch_many_us;
+  for (int step = 0; step < warmup + steps; ++step) {
+    const Clock::time_point start = Clock::now();
+    held = Check(session.FetchMany(keys, stream, std::move(held)), "fetch many");
+    if (step >= warmup) fetch_many_us.push_back(SecondsSince(start) * 1e6);
+  }
+  held.clear();
+  Progress(absl::StrFormat(
+      "a step of %zu layers over %s: one Fetch per layer p50 %.1f us (%.1f us a layer), FetchMany "
+      "p50 %.1f us (%.1f us a layer), %.2fx",
+      keys.size(), session.transport(), Percentile(one_by_one_us, 0.5),
+      Percentile(one_by_one_us, 0.5) / keys.size(), Percentile(fetch_many_us, 0.5),
+      Percentile(fetch_many_us, 0.5) / keys.size(),
+      Percentile(one_by_one_us, 0.5) / Percentile(fetch_many_us, 0.5)));
+  return {{"transport", session.transport()},
+          {"layers", keys.size()},
+          {"one_fetch_per_layer", LatencySummary(one_by_one_us)},
+          {"fetch_many", LatencySummary(fetch_many_us)}};
+}
+
 nlohmann::json Latency(Bench& bench) {
   const Object& object =
       *std::min_element(bench.objects().begin(), bench.objects().end(),
@@ -107,6 +147,19 @@ nlohmann::json Latency(Bench& bench) {
     sessions.push_back(SessionLatencies(*session, *stream, object.key, fetches));
   }
   Check(bench.session().Unpin(object.key), "unpin");
+  // A step of --step-layers layers: the smallest objects, pinned.
+  std::vector<Object> by_size = bench.objects();
+  std::sort(by_size.begin(), by_size.end(),
+            [](const Object& a, const Object& b) { return a.size < b.size; });
+  by_size.resize(std::min<size_t>(by_size.size(), absl::GetFlag(FLAGS_step_layers)));
+  std::vector<std::string> layer_keys;
+  for (const Object& layer : by_size) {
+    Check(bench.session().Pin(layer.key), "pin " + layer.key);
+    layer_keys.push_back(layer.key);
+  }
+  const nlohmann::json step = StepLatencies(bench.session(), bench.stream(), layer_keys,
+                                            std::max(100, fetches / 100));
+  for (const std::string& key : layer_keys) Check(bench.session().Unpin(key), "unpin " + key);
   // Context: a unary call, and the floor any request/answer between two processes pays here.
   std::vector<double> unary_us;
   for (int i = 0; i < 2000; ++i) {
@@ -123,6 +176,7 @@ nlohmann::json Latency(Bench& bench) {
                  {"object_bytes", object.size},
                  {"targets", "p50 <= 50 us, p99 <= 200 us (the first session)"},
                  {"sessions", sessions},
+                 {"step", step},
                  {"unary_get_stats", LatencySummary(unary_us)},
                  {"unix_socket_ping_pong", LatencySummary(socket_us)}});
   return result;
