@@ -1,15 +1,19 @@
-"""tierd.torch.stream_weights on Hugging Face transformers models as their users build them:
-saved with save_pretrained (sharded safetensors and an index), registered with block grouping,
-built without their weights, streamed through a GPU pool smaller than the model. Logits and greedy
-generation equal the resident model's. Needs transformers (the GPU machine has it; it is not a
-Debian package): skipped without it."""
+"""tierd.torch.stream_weights and tierd.transformers.from_pretrained on Hugging Face transformers
+models as their users build them: saved with save_pretrained (sharded safetensors and an index),
+registered with block grouping, built without their weights, streamed through a GPU pool smaller
+than the model. Logits and greedy generation equal the resident model's. Those tests need
+transformers (the GPU machine has it; it is not a Debian package) and are skipped without it;
+from_pretrained's own logic (names, dtypes, registration, parameters on meta) runs everywhere."""
 
+import os
 import unittest
 
 import torch
 
 import tierd
 import tierd.torch
+import tierd.transformers
+from dit_model import save_safetensors
 from parameters_to_meta import parameters_to_meta
 from tierd_testing import DaemonTestCase, synchronize, torch_device
 
@@ -73,3 +77,95 @@ class TransformersStreamTest(DaemonTestCase):
     def test_a_gpt2_with_a_tied_head_streams_exactly(self):
         self.check_model("gpt2", transformers.GPT2Config(
             vocab_size=256, n_embd=128, n_layer=6, n_head=4, n_positions=64))
+
+    def test_from_pretrained_streams_a_checkpoint_directory_exactly(self):
+        config = transformers.LlamaConfig(
+            vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=6,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+        torch.manual_seed(0)
+        reference = transformers.AutoModelForCausalLM.from_config(config).eval()
+        directory = self.model_dir("Llama tiny")
+        reference.save_pretrained(directory, safe_serialization=True, max_shard_size="400KB")
+        reference.generation_config.save_pretrained(directory)
+        device = torch_device()
+        reference = reference.to(device)
+        ids = torch.randint(0, config.vocab_size, (2, 12),
+                            generator=torch.Generator().manual_seed(3)).to(device)
+        with torch.no_grad():
+            expected_logits = reference(ids).logits
+            expected_tokens = reference.generate(ids, max_new_tokens=6, do_sample=False)
+        for _ in range(2):  # the second call finds the model registered already
+            model = tierd.transformers.from_pretrained(directory, self.client, prefetch_depth=1)
+            with torch.no_grad():
+                logits = model(ids).logits
+                tokens = model.generate(ids, max_new_tokens=6, do_sample=False)
+            synchronize()
+            model.tierd_weights.close()
+            self.assertTrue(torch.equal(logits, expected_logits),
+                            f"max difference {(logits - expected_logits).abs().max()}")
+            self.assertTrue(torch.equal(tokens, expected_tokens))
+        self.assertEqual([m.name for m in self.client.list_models()], ["Llama-tiny"])
+        with self.assertRaises(ValueError) as caught:
+            tierd.transformers.from_pretrained(directory, self.client, dtype=torch.float16)
+        self.assertIn("float32", str(caught.exception))
+        self.wait_for_stats(lambda stats: stats.leases == 0 and stats.sessions == 0,
+                            "the streaming sessions' leases released")
+
+
+class FromPretrainedLogicTest(DaemonTestCase):
+    """What from_pretrained decides before transformers builds anything: runs without it."""
+
+    def test_a_directory_names_its_model(self):
+        self.assertEqual(tierd.transformers.model_name_for("/m/Llama-3.1 8B/"), "Llama-3.1-8B")
+        self.assertEqual(tierd.transformers.model_name_for("/m/.hidden"), "hidden")
+        with self.assertRaises(ValueError):
+            tierd.transformers.model_name_for("/")
+
+    def test_the_checkpoint_dtype_is_where_most_floating_point_bytes_are(self):
+        directory = self.model_dir("mixed")
+        save_safetensors({"a.weight": torch.zeros(64, 64, dtype=torch.bfloat16),
+                          "b.weight": torch.zeros(8, dtype=torch.float32),
+                          "c.index": torch.zeros(4096, dtype=torch.int64)},
+                         os.path.join(directory, "model.safetensors"))
+        self.client.register_model("mixed", directory)
+        objects = self.client.list_objects("mixed")
+        self.assertEqual(tierd.transformers.checkpoint_dtype(objects), torch.bfloat16)
+
+    def test_a_name_taken_by_another_directory_or_grouping_is_refused(self):
+        for name in ("first", "second"):
+            save_safetensors({"blocks.0.w": torch.zeros(4)},
+                             os.path.join(self.model_dir(name), "model.safetensors"))
+        register = tierd.transformers.register_checkpoint
+        register(self.client, "taken", self.model_dir("first"))
+        register(self.client, "taken", self.model_dir("first") + "/")  # the same: nothing to do
+        with self.assertRaises(ValueError) as caught:
+            register(self.client, "taken", self.model_dir("second"))
+        self.assertIn("pass another name=", str(caught.exception))
+        self.client.register_model("by_tensor", self.model_dir("second"), grouping="tensor")
+        with self.assertRaises(ValueError) as caught:
+            register(self.client, "by_tensor", self.model_dir("second"))
+        self.assertIn("block grouping", str(caught.exception))
+        self.assertEqual(sorted(m.name for m in self.client.list_models()), ["by_tensor", "taken"])
+
+    @unittest.skipIf(transformers is not None, "transformers is installed")
+    def test_without_transformers_from_pretrained_says_what_it_needs(self):
+        with self.assertRaises(ImportError) as caught:
+            tierd.transformers.from_pretrained(self.model_dir("none"), self.client)
+        self.assertIn("needs the transformers package", str(caught.exception))
+        self.assertEqual(list(self.client.list_models()), [])
+
+    def test_parameters_go_to_meta_and_buffers_stay_real(self):
+        class Rotary(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = torch.nn.Linear(8, 8)
+                self.register_buffer("inv_freq", torch.arange(4.0), persistent=False)
+
+        with tierd.transformers.parameters_on_meta():
+            module = Rotary()
+        self.assertEqual(module.linear.weight.device.type, "meta")
+        self.assertIsInstance(module.linear.weight, torch.nn.Parameter)
+        self.assertEqual(module.inv_freq.device.type, "cpu")
+        self.assertTrue(torch.equal(module.inv_freq, torch.arange(4.0)))
+        # Outside it, modules are built as usual.
+        self.assertEqual(torch.nn.Linear(2, 2).weight.device.type, "cpu")

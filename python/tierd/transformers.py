@@ -1,0 +1,139 @@
+"""Hugging Face checkpoints, streamed: one call from a directory saved with save_pretrained to a
+model whose generate() works, built without its weights.
+
+    model = tierd.transformers.from_pretrained("/models/llama-3-8b", tierd.Client())
+    model.generate(ids, max_new_tokens=32)
+
+This is the only module of the package that imports transformers."""
+
+import collections
+import contextlib
+import os
+import re
+
+import torch
+
+from ._session import Session
+from .client import Client
+from .dtypes import to_torch
+from .torch import stream_weights
+from .v1 import tierd_pb2
+
+_NAME_CHARACTERS = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def from_pretrained(directory, client, name=None, prefetch_depth=2, resident_blocks=0, dtype=None):
+    """A causal language model from the Hugging Face checkpoint in `directory` (config.json and
+    safetensors, sharded or not), its weights streamed from tierd block by block.
+
+    `client`: a tierd.Client or tierd.Session. The daemon registers `directory` as model `name`
+    (default: the directory's name, made a valid model name) with block grouping, unless it has
+    that name already from the same directory (from another: ValueError). The model is built from
+    config.json with its parameters taking no memory (its buffers, which the checkpoint lacks, are
+    computed and put on the session's device), its generation_config.json loaded when there is
+    one, and its weights streamed (tierd.torch.stream_weights: `prefetch_depth` blocks ahead,
+    `resident_blocks` kept on the GPU). `dtype`: the checkpoint's (the bytes are served as
+    stored); another is refused. Returns the model, in eval mode; `model.tierd_weights` is the
+    StreamedWeights, whose close() ends the streaming (and the session, when one was opened)."""
+    transformers = _import_transformers()
+    directory = os.path.abspath(directory)
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        raise FileNotFoundError(f"{directory} has no config.json: not a Hugging Face checkpoint")
+    daemon = client._client if isinstance(client, Session) else client
+    if not isinstance(daemon, Client):
+        raise TypeError("client must be a tierd.Client or a tierd.Session")
+    name = name or model_name_for(directory)
+    register_checkpoint(daemon, name, directory)
+    stored = checkpoint_dtype(daemon.list_objects(name))
+    if dtype is None:
+        dtype = stored
+    elif dtype != stored:
+        raise ValueError(f"{directory} holds {stored} weights, which tierd serves as stored; "
+                         f"dtype={dtype} would need a converted checkpoint")
+    config = transformers.AutoConfig.from_pretrained(directory)
+    with parameters_on_meta():
+        model = transformers.AutoModelForCausalLM.from_config(config, **_dtype_argument(dtype))
+    model.eval()
+    if os.path.isfile(os.path.join(directory, "generation_config.json")):
+        model.generation_config = transformers.GenerationConfig.from_pretrained(directory)
+    model.tierd_weights = stream_weights(model, client, name, granularity="block",
+                                         prefetch_depth=prefetch_depth,
+                                         resident_blocks=resident_blocks)
+    return model
+
+
+def model_name_for(directory):
+    """The model name a checkpoint directory registers under by default: its last component, each
+    character tierd does not allow in a name made '-' ("Llama-3.1 8B" -> "Llama-3.1-8B")."""
+    base = os.path.basename(os.path.normpath(directory))
+    name = _NAME_CHARACTERS.sub("-", base).lstrip(".")[:128]
+    if not name:
+        raise ValueError(f"no model name can be made from {directory!r}: pass name=")
+    return name
+
+
+def checkpoint_dtype(objects):
+    """The dtype most of the model's floating-point bytes are stored in (ObjectInfo list)."""
+    stored = collections.Counter()
+    for info in objects:
+        for tensor in info.tensors:
+            dtype = to_torch(tensor.dtype)
+            if dtype.is_floating_point:
+                stored[dtype] += tensor.size
+    if not stored:
+        raise ValueError("the checkpoint holds no floating-point tensors")
+    return stored.most_common(1)[0][0]
+
+
+@contextlib.contextmanager
+def parameters_on_meta():
+    """Within it, modules built register their parameters on the meta device (they take no memory)
+    while their buffers stay real, as accelerate.init_empty_weights() does: buffers computed in
+    __init__ (rotary frequencies, position ids) are not in checkpoints."""
+    register = torch.nn.Module.register_parameter
+
+    def register_on_meta(module, name, parameter):
+        register(module, name, parameter)
+        if parameter is not None:
+            kind = type(module._parameters[name])
+            fields = dict(module._parameters[name].__dict__)
+            fields["requires_grad"] = parameter.requires_grad
+            module._parameters[name] = kind(module._parameters[name].to("meta"), **fields)
+
+    torch.nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+def register_checkpoint(client, name, directory):
+    """Registers `directory` as model `name` with block grouping, unless the daemon has that
+    already; ValueError when it has `name` from another directory or with another grouping."""
+    known = {model.name: model for model in client.list_models()}
+    if name not in known:
+        client.register_model(name, directory, grouping="block")
+        return
+    if os.path.normpath(known[name].directory) != os.path.normpath(directory):
+        raise ValueError(f"the daemon has model {name!r} from {known[name].directory}, not "
+                         f"{directory}: pass another name=")
+    if known[name].grouping not in (tierd_pb2.GROUPING_BLOCK, tierd_pb2.GROUPING_UNSPECIFIED):
+        raise ValueError(f"the daemon has model {name!r} registered with "
+                         f"{tierd_pb2.Grouping.Name(known[name].grouping)}; streaming needs "
+                         f"block grouping: drop it or pass another name=")
+
+
+def _dtype_argument(dtype):
+    # transformers 5 names it dtype; 4.x torch_dtype.
+    import transformers
+    major = int(transformers.__version__.split(".")[0])
+    return {"dtype": dtype} if major >= 5 else {"torch_dtype": dtype}
+
+
+def _import_transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError("tierd.transformers needs the transformers package "
+                          "(pip install transformers)") from None
+    return transformers
