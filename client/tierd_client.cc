@@ -86,18 +86,17 @@ absl::StatusOr<Lease> Session::Fetch(const std::string& key, Stream& stream) {
 
 absl::StatusOr<std::vector<Lease>> Session::FetchMany(const std::vector<std::string>& keys,
                                                       Stream& stream, std::vector<Lease> release) {
-  std::vector<v1::SessionRequest> releases;
+  std::vector<uint64_t> released;
   for (Lease& lease : release) {
     if (!lease.valid()) continue;
     if (lease.session_ != core_) {
       lease.Release(stream);
       continue;
     }
-    if (std::optional<v1::SessionRequest> request = core_->PrepareRelease(lease.lease_id_, stream)) {
-      releases.push_back(*std::move(request));
-    }
-    lease.session_.reset();  // released by the request above, or held until the session ends
+    released.push_back(lease.lease_id_);
+    lease.session_.reset();  // released below, or held until the session ends
   }
+  std::vector<v1::SessionRequest> releases = core_->PrepareReleases(released, stream);
   std::vector<v1::SessionRequest> fetches(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     AwaitCommitsOf(keys[i]);

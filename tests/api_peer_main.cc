@@ -13,11 +13,12 @@
 //       fetch LEASES leases of MODEL's first objects, on two streams in turn, and compare each
 //       with the expected tensors; print "holding", wait for a line on stdin, release them (each
 //       on its stream), store an object and fetch it back; exit 0 when everything matched.
-//   api_peer slow-read SOCKET KEY EXPECTED_DIR DELAY_MS
+//   api_peer slow-read SOCKET KEY EXPECTED_DIR DELAY_MS [batched]
 //       fetch KEY, enqueue a read of it that starts DELAY_MS later (on CUDA a kernel that waits on
 //       the GPU, on the host backend a stalled stream), release the lease at once and print
 //       "released" once the daemon has the release; then wait for the read and compare what it
-//       read with the expected tensors.
+//       read with the expected tensors. "batched": KEY is fetched twice and both leases are
+//       released by one FetchMany, which names one done event for both.
 #include <unistd.h>
 
 #include <algorithm>
@@ -209,7 +210,7 @@ absl::Status EnqueueSlowCopy(tierd::Session& session, tierd::Stream& stream, voi
 }
 
 int SlowRead(tierd::Client& client, const std::string& key, const std::string& expected_dir,
-             int delay_ms) {
+             int delay_ms, bool batched) {
   absl::StatusOr<std::unique_ptr<tierd::Session>> session = client.OpenSession();
   if (!session.ok()) return Fail(session.status());
   tierd::Device& device = (*session)->device();
@@ -225,7 +226,18 @@ int SlowRead(tierd::Client& client, const std::string& key, const std::string& e
   absl::Status status = EnqueueSlowCopy(**session, **stream, (*copy)->data(), lease->data(), size,
                                         absl::Milliseconds(delay_ms));
   if (!status.ok()) return Fail(status);
-  lease->Release(**stream);  // the done event completes only after the slow copy
+  // The done event completes only after the slow copy.
+  if (batched) {
+    absl::StatusOr<tierd::Lease> again = (*session)->Fetch(key, **stream);
+    if (!again.ok()) return Fail(again.status());
+    std::vector<tierd::Lease> both;
+    both.push_back(*std::move(lease));
+    both.push_back(*std::move(again));
+    absl::StatusOr<std::vector<tierd::Lease>> none = (*session)->FetchMany({}, **stream, std::move(both));
+    if (!none.ok()) return Fail(none.status());
+  } else {
+    lease->Release(**stream);
+  }
   // A release is sent without waiting for an answer; a request answered after it (one session's
   // requests are handled in order) says the daemon has it before "released" is printed.
   if (absl::Status barrier = (*session)->Unpin("barrier/never-pinned");
@@ -268,8 +280,9 @@ int main(int argc, char** argv) {
   if (args[0] == "hold-many" && args.size() == 5 && absl::SimpleAtoi(args[4], &number)) {
     return HoldMany(**client, args[2], args[3], number);
   }
-  if (args[0] == "slow-read" && args.size() == 5 && absl::SimpleAtoi(args[4], &number)) {
-    return SlowRead(**client, args[2], args[3], number);
+  if (args[0] == "slow-read" && (args.size() == 5 || (args.size() == 6 && args[5] == "batched")) &&
+      absl::SimpleAtoi(args[4], &number)) {
+    return SlowRead(**client, args[2], args[3], number, args.size() == 6);
   }
   std::fprintf(stderr, "api_peer: bad arguments\n");
   return 2;

@@ -5,6 +5,48 @@
 
 namespace tierd {
 namespace api_test {
+
+// A client process releases block 0 right after enqueuing a read of it that starts 1.5 s later
+// (on CUDA a kernel waiting on the GPU). Meanwhile the pool fills: blocks 1-3 are held here, so
+// block 4 can only go where block 0 is. The daemon must wait for the done event before it copies
+// block 4 over it. `batched`: the client holds block 0 twice and releases both leases with one
+// FetchMany, whose releases name one done event.
+void ApiTest::ExpectAReadStillRunningAfterItsReleaseSeesTheBytesItWasLeased(bool batched) {
+  constexpr absl::Duration kReadDelay = absl::Milliseconds(1500);
+  auto holding = client_->OpenSession();
+  ASSERT_THAT(holding, IsOk());
+  std::vector<Lease> held;
+  for (int block = 1; block <= 3; ++block) {
+    auto lease = (*holding)->Fetch(Key(block));
+    ASSERT_THAT(lease, IsOk());
+    held.push_back(*std::move(lease));
+  }
+  std::vector<std::string> args = {"slow-read", Key(0), expected_dir(),
+                                   absl::StrCat(absl::ToInt64Milliseconds(kReadDelay))};
+  if (batched) args.push_back("batched");
+  auto reader = StartPeer(args);
+  ASSERT_NE(reader, nullptr);
+  ASSERT_THAT(reader->ReadLine(kTimeout), ::tierd::testing::IsOkAndHolds(std::string("released")));
+  const absl::Time released = absl::Now();
+  auto other = client_->OpenSession();
+  ASSERT_THAT(other, IsOk());
+  auto fourth = (*other)->Fetch(Key(4));
+  ASSERT_THAT(fourth, IsOk());
+  // The fetch waited for the slow read (with slack for the time between launch and "released").
+  EXPECT_GE(absl::Now() - released, kReadDelay - absl::Milliseconds(500));
+  ExpectTensorsMatch(**other, *fourth);
+  // The peer compared what its read saw with block 0's bytes.
+  EXPECT_THAT(reader->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
+  // Block 4 did take block 0's place: the test exercised the reuse it guards.
+  auto objects = client_->ListObjects("m");
+  ASSERT_THAT(objects, IsOk());
+  for (const v1::ObjectInfo& object : *objects) {
+    if (object.key() == Key(0)) {
+      EXPECT_FALSE(object.on_gpu());
+    }
+  }
+}
+
 namespace {
 
 TEST_F(ApiTest, EveryObjectFetchedByConcurrentClientsEqualsTheFileBytes) {
@@ -152,41 +194,11 @@ TEST_F(ApiTest, AStoreTheHostTierCannotHoldFailsWithResourceExhaustedAndLosesNot
 }
 
 TEST_F(ApiTest, AReadStillRunningAfterItsReleaseSeesTheBytesItWasLeased) {
-  // A client process releases block 0 right after enqueuing a read of it that starts 1.5 s later
-  // (on CUDA a kernel waiting on the GPU). Meanwhile the pool fills: blocks 1-3 are held here, so
-  // block 4 can only go where block 0 is. The daemon must wait for the done event before it
-  // copies block 4 over it.
-  constexpr absl::Duration kReadDelay = absl::Milliseconds(1500);
-  auto holding = client_->OpenSession();
-  ASSERT_THAT(holding, IsOk());
-  std::vector<Lease> held;
-  for (int block = 1; block <= 3; ++block) {
-    auto lease = (*holding)->Fetch(Key(block));
-    ASSERT_THAT(lease, IsOk());
-    held.push_back(*std::move(lease));
-  }
-  auto reader = StartPeer(
-      {"slow-read", Key(0), expected_dir(), absl::StrCat(absl::ToInt64Milliseconds(kReadDelay))});
-  ASSERT_NE(reader, nullptr);
-  ASSERT_THAT(reader->ReadLine(kTimeout), ::tierd::testing::IsOkAndHolds(std::string("released")));
-  const absl::Time released = absl::Now();
-  auto other = client_->OpenSession();
-  ASSERT_THAT(other, IsOk());
-  auto fourth = (*other)->Fetch(Key(4));
-  ASSERT_THAT(fourth, IsOk());
-  // The fetch waited for the slow read (with slack for the time between launch and "released").
-  EXPECT_GE(absl::Now() - released, kReadDelay - absl::Milliseconds(500));
-  ExpectTensorsMatch(**other, *fourth);
-  // The peer compared what its read saw with block 0's bytes.
-  EXPECT_THAT(reader->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
-  // Block 4 did take block 0's place: the test exercised the reuse it guards.
-  auto objects = client_->ListObjects("m");
-  ASSERT_THAT(objects, IsOk());
-  for (const v1::ObjectInfo& object : *objects) {
-    if (object.key() == Key(0)) {
-      EXPECT_FALSE(object.on_gpu());
-    }
-  }
+  ExpectAReadStillRunningAfterItsReleaseSeesTheBytesItWasLeased(/*batched=*/false);
+}
+
+TEST_F(ApiTest, AReadStillRunningAfterABatchOfReleasesSeesTheBytesItWasLeased) {
+  ExpectAReadStillRunningAfterItsReleaseSeesTheBytesItWasLeased(/*batched=*/true);
 }
 
 TEST_F(ApiTest, TwoClientProcessesShareOneGpuCopy) {

@@ -164,6 +164,9 @@ class ApiTest : public ::testing::Test {
     }
   }
 
+  // Defined with its tests in api_test.cc.
+  void ExpectAReadStillRunningAfterItsReleaseSeesTheBytesItWasLeased(bool batched);
+
   v1::Stats Stats() {
     auto stats = client_->GetStats();
     EXPECT_THAT(stats, IsOk());

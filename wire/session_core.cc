@@ -379,23 +379,26 @@ absl::StatusOr<std::optional<uint32_t>> SessionCore::RecordDone(Stream& stream, 
 }
 
 void SessionCore::ReleaseLease(uint64_t lease_id, Stream& stream) {
-  if (std::optional<v1::SessionRequest> release = PrepareRelease(lease_id, stream)) {
-    (void)SendQuiet(*std::move(release));
+  for (v1::SessionRequest& release : PrepareReleases({lease_id}, stream)) {
+    (void)SendQuiet(std::move(release));
   }
 }
 
-std::optional<v1::SessionRequest> SessionCore::PrepareRelease(uint64_t lease_id, Stream& stream) {
-  if (ended()) return std::nullopt;
-  v1::SessionRequest request;
-  v1::ReleaseRequest* release = request.mutable_release();
-  release->set_lease_id(lease_id);
-  release->set_quiet(true);
-  absl::StatusOr<std::optional<uint32_t>> done = RecordDone(stream, "lease", lease_id);
-  // Without a record or a finished stream the buffer may still be read: the lease stays held until
-  // the session ends.
-  if (!done.ok()) return std::nullopt;
-  if (done->has_value()) release->set_done_event_id(**done);
-  return request;
+std::vector<v1::SessionRequest> SessionCore::PrepareReleases(const std::vector<uint64_t>& lease_ids,
+                                                             Stream& stream) {
+  std::vector<v1::SessionRequest> requests;
+  if (lease_ids.empty() || ended()) return requests;
+  absl::StatusOr<std::optional<uint32_t>> done = RecordDone(stream, "lease", lease_ids.front());
+  // Without a record or a finished stream the buffers may still be read: the leases stay held
+  // until the session ends.
+  if (!done.ok()) return requests;
+  for (uint64_t lease_id : lease_ids) {
+    v1::ReleaseRequest* release = requests.emplace_back().mutable_release();
+    release->set_lease_id(lease_id);
+    release->set_quiet(true);
+    if (done->has_value()) release->set_done_event_id(**done);
+  }
+  return requests;
 }
 
 }  // namespace tierd

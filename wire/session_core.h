@@ -107,10 +107,12 @@ class SessionCore {
   // then tells the daemon, without waiting for its answer. Once the session has ended it does
   // nothing: the daemon released the lease, and the session's events may be another's by now.
   void ReleaseLease(uint64_t lease_id, Stream& stream);
-  // The quiet release ReleaseLease sends, with its done event recorded on `stream`, for the caller
-  // to send (CallMany). Nullopt when nothing is to be sent: the session has ended, or nothing
-  // says when `stream` is done with the buffer (the lease then stays held until the session ends).
-  std::optional<v1::SessionRequest> PrepareRelease(uint64_t lease_id, Stream& stream);
+  // The quiet releases ReleaseLease would send for `lease_ids`, for the caller to send
+  // (CallMany): one done event, recorded on `stream`, names the end of every one's reads. None
+  // when nothing is to be sent: the session has ended, or nothing says when `stream` is done with
+  // the buffers (the leases then stay held until the session ends).
+  std::vector<v1::SessionRequest> PrepareReleases(const std::vector<uint64_t>& lease_ids,
+                                                  Stream& stream);
   // Records a done event after the work enqueued on `stream` (DoneEvents::RecordAfter): its id,
   // to name in a commit, nullopt when none is needed, or the device's error when nothing says the
   // stream is done. `what` and `id` name it in the message of a failure ("reservation", 7).

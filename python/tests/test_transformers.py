@@ -15,7 +15,7 @@ import tierd.torch
 import tierd.transformers
 from dit_model import save_safetensors
 from parameters_to_meta import parameters_to_meta
-from tierd_testing import DaemonTestCase, synchronize, torch_device
+from tierd_testing import DaemonTestCase, run_python, synchronize, torch_device
 
 try:
     import transformers
@@ -169,3 +169,77 @@ class FromPretrainedLogicTest(DaemonTestCase):
         self.assertTrue(torch.equal(module.inv_freq, torch.arange(4.0)))
         # Outside it, modules are built as usual.
         self.assertEqual(torch.nn.Linear(2, 2).weight.device.type, "cpu")
+
+
+@unittest.skipIf(transformers is None, "transformers is not installed")
+class TierdCacheTest(DaemonTestCase):
+    """tierd.transformers.TierdCache under generate(): the same tokens as transformers' own cache,
+    and a prefix saved by one process continued by another."""
+
+    CONFIG = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+    def save_model(self):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(
+            transformers.LlamaConfig(**self.CONFIG)).eval()
+        directory = self.model_dir("llama")
+        model.save_pretrained(directory, safe_serialization=True)
+        return directory
+
+    def load_model(self, directory):
+        return transformers.AutoModelForCausalLM.from_pretrained(directory).to(torch_device()).eval()
+
+    def test_greedy_generate_equals_the_default_caches(self):
+        model = self.load_model(self.save_model())
+        ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(4))
+        ids = ids.to(torch_device())
+        with torch.no_grad():
+            expected = model.generate(ids, max_new_tokens=12, do_sample=False)
+            with self.client.session() as session:
+                cache = tierd.transformers.TierdCache(session, "gen", config=model.config,
+                                                      chunk_tokens=16)
+                tokens = model.generate(ids, past_key_values=cache, max_new_tokens=12,
+                                        do_sample=False)
+                self.assertEqual(cache.get_seq_length(), 40 + 11)
+                cache.close()
+                session.flush()
+        self.assertTrue(torch.equal(tokens, expected), f"{tokens}\n{expected}")
+        # 51 tokens: three chunks of 16 per layer were stored.
+        self.assertEqual(self.client.stats().stored_objects, 3 * self.CONFIG["num_hidden_layers"])
+        self.wait_for_stats(lambda stats: stats.leases == 0, "every chunk's lease released")
+
+    def test_a_prefix_saved_by_one_process_is_continued_by_another(self):
+        directory = self.save_model()
+        prefix = torch.randint(0, 256, (1, 70), generator=torch.Generator().manual_seed(5))
+        question = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(6))
+        writer = run_python(
+            "import sys, torch, tierd, tierd.transformers, transformers\n"
+            "from tierd_testing import torch_device\n"
+            "model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[2])\n"
+            "model = model.to(torch_device()).eval()\n"
+            "prefix = torch.randint(0, 256, (1, 70), generator=torch.Generator().manual_seed(5))\n"
+            "session = tierd.Client(sys.argv[1]).session()\n"
+            "cache = tierd.transformers.TierdCache(session, 'doc', config=model.config,\n"
+            "                                      chunk_tokens=32)\n"
+            "with torch.no_grad():\n"
+            "    model(prefix.to(torch_device()), past_key_values=cache, use_cache=True)\n"
+            "cache.save()\n"
+            "session.close()\n", self.daemon.socket, directory)
+        _, errors = writer.communicate(timeout=120)
+        self.assertEqual(writer.returncode, 0, errors)
+
+        model = self.load_model(directory)
+        ids = torch.cat([prefix, question], dim=1).to(torch_device())
+        with torch.no_grad():
+            # The reference computes the prefix first too, in transformers' own cache.
+            own = transformers.DynamicCache(config=model.config)
+            model(prefix.to(torch_device()), past_key_values=own, use_cache=True)
+            expected = model.generate(ids, past_key_values=own, max_new_tokens=8, do_sample=False)
+            with self.client.session() as session:
+                cache = tierd.transformers.TierdCache.open(session, "doc")
+                self.assertEqual(cache.get_seq_length(), 70)
+                tokens = model.generate(ids, past_key_values=cache, max_new_tokens=8,
+                                        do_sample=False)
+                cache.close()
+        self.assertTrue(torch.equal(tokens, expected), f"{tokens}\n{expected}")

@@ -1,6 +1,7 @@
 """What the Python tests share: a real tierd daemon in a temporary directory, on the device the
 run asked for (TIERD_TEST_DEVICE: "host" or "cuda:N"), and helpers to wait on its stats."""
 
+import faulthandler
 import os
 import shutil
 import signal
@@ -16,6 +17,8 @@ import tierd
 
 TEST_DEVICE = os.environ.get("TIERD_TEST_DEVICE", "host")
 TIMEOUT = 60.0
+# How long one test may run before it counts as hung.
+HANG_SECONDS = 240
 
 
 def torch_device():
@@ -87,6 +90,9 @@ class DaemonTestCase(unittest.TestCase):
     daemon_flags = {}
 
     def setUp(self):
+        # A test that hangs (a wait with no deadline: a device event, a stream) ends the run with
+        # every thread's stack rather than running into the suite's timeout silently.
+        faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
         self.directory = tempfile.mkdtemp(prefix="tierd-python-test.")
         self.daemon = Daemon(self.directory, **self.daemon_flags)
         self.client = tierd.Client(self.daemon.socket, client_name=self.id())
@@ -95,6 +101,7 @@ class DaemonTestCase(unittest.TestCase):
         self.client.close()
         self.daemon.stop()
         shutil.rmtree(self.directory, ignore_errors=True)
+        faulthandler.cancel_dump_traceback_later()
 
     def model_dir(self, name):
         path = os.path.join(self.directory, name)

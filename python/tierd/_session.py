@@ -90,19 +90,17 @@ class Lease:
         """Records one of the session's done events on `stream` (default: the current stream)
         after everything the caller has enqueued that reads the buffer, and releases the lease.
         Idempotent."""
-        request = self._detach(stream)
-        if request is not None:
-            self._session._send_quiet(request)
+        if self._detach():
+            self._session._release(self.lease_id, stream)
 
-    def _detach(self, stream):
-        """Marks the lease released and returns the quiet release to send for it (None: nothing to
-        send, or released already), its done event recorded on `stream`."""
+    def _detach(self):
+        """Marks the lease released; False when it was already."""
         if self._released:
-            return None
+            return False
         self._released = True
         self.tensors = {}
         self.buffer = None
-        return self._session._release_request(self.lease_id, stream)
+        return True
 
     def __enter__(self):
         return self
@@ -213,8 +211,8 @@ class Session(SessionCore):
         `keys`, releases first. Returns a PendingFetch per key, in order."""
         for key in keys:
             self._wait_for_commits_of(key)
-        releases = [request for request in (lease._detach(stream) for lease in release)
-                    if request is not None]
+        releases = self._release_requests([lease.lease_id for lease in release if lease._detach()],
+                                          stream)
         pending = [PendingFetch(self, key) for key in keys]
         fetches = []
         for key in keys:
@@ -390,23 +388,25 @@ class Session(SessionCore):
         `read` the buffer) and sends the release without waiting for an answer. Once the session
         has ended it does nothing: the daemon released the lease, and the session's events may be
         another's by now."""
-        request = self._release_request(lease_id, stream, read)
-        if request is not None:
+        for request in self._release_requests([lease_id], stream, read):
             self._send_quiet(request)
 
-    def _release_request(self, lease_id, stream, read=True):
-        """The quiet release _release sends, its done event recorded; None once the session has
+    def _release_requests(self, lease_ids, stream, read=True):
+        """The quiet releases of `lease_ids`, all naming one done event recorded on `stream` after
+        the caller's reads (unless nothing of ours `read` the buffers); none once the session has
         ended."""
-        if self._ended is not None:
-            return None
-        request = tierd_pb2.SessionRequest()
-        request.release.lease_id = lease_id
-        request.release.quiet = True
-        if read:
-            done = self._done_events.record_after(self._stream(stream))
+        if self._ended is not None or not lease_ids:
+            return []
+        done = self._done_events.record_after(self._stream(stream)) if read else None
+        requests = []
+        for lease_id in lease_ids:
+            request = tierd_pb2.SessionRequest()
+            request.release.lease_id = lease_id
+            request.release.quiet = True
             if done is not None:
                 request.release.done_event_id = done
-        return request
+            requests.append(request)
+        return requests
 
     def _release_unread(self, response):
         # A cancelled fetch's answer: may run on the reader thread, so it only sends.

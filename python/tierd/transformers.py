@@ -1,8 +1,17 @@
-"""Hugging Face checkpoints, streamed: one call from a directory saved with save_pretrained to a
-model whose generate() works, built without its weights.
+"""tierd for Hugging Face transformers models.
+
+from_pretrained: one call from a directory saved with save_pretrained to a model whose generate()
+works, built without its weights, which are streamed from tierd block by block.
 
     model = tierd.transformers.from_pretrained("/models/llama-3-8b", tierd.Client())
     model.generate(ids, max_new_tokens=32)
+
+TierdCache: a transformers Cache that keeps each layer's keys and values in tierd
+(tierd.kv_cache.LayeredKVStore), fetching the next layer's while this one computes; save() lets
+another process, or this one after a restart, continue the same prefix.
+
+    cache = tierd.transformers.TierdCache(session, "doc-42", config=model.config)
+    model.generate(ids, past_key_values=cache, max_new_tokens=32)
 
 This is the only module of the package that imports transformers."""
 
@@ -16,8 +25,16 @@ import torch
 from ._session import Session
 from .client import Client
 from .dtypes import to_torch
+from .kv_cache import LayeredKVStore
 from .torch import stream_weights
 from .v1 import tierd_pb2
+
+try:
+    import transformers
+    from transformers.cache_utils import Cache as _Cache
+except ImportError:
+    transformers = None
+    _Cache = object
 
 _NAME_CHARACTERS = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -35,7 +52,7 @@ def from_pretrained(directory, client, name=None, prefetch_depth=2, resident_blo
     `resident_blocks` kept on the GPU). `dtype`: the checkpoint's (the bytes are served as
     stored); another is refused. Returns the model, in eval mode; `model.tierd_weights` is the
     StreamedWeights, whose close() ends the streaming (and the session, when one was opened)."""
-    transformers = _import_transformers()
+    _require_transformers()
     directory = os.path.abspath(directory)
     if not os.path.isfile(os.path.join(directory, "config.json")):
         raise FileNotFoundError(f"{directory} has no config.json: not a Hugging Face checkpoint")
@@ -125,15 +142,99 @@ def register_checkpoint(client, name, directory):
 
 def _dtype_argument(dtype):
     # transformers 5 names it dtype; 4.x torch_dtype.
-    import transformers
     major = int(transformers.__version__.split(".")[0])
     return {"dtype": dtype} if major >= 5 else {"torch_dtype": dtype}
 
 
-def _import_transformers():
-    try:
-        import transformers
-    except ImportError:
+def _require_transformers():
+    if transformers is None:
         raise ImportError("tierd.transformers needs the transformers package "
-                          "(pip install transformers)") from None
-    return transformers
+                          "(pip install transformers)")
+
+
+class TierdCache(_Cache):
+    """A transformers Cache (pass it as past_key_values to generate() or the model) keeping each
+    attention layer's keys and values in tierd through `session`, as stored objects
+    "NAMESPACE/NAME.l<layer>.c<chunk>" of `chunk_tokens` tokens (tierd.kv_cache). While layer i
+    computes, layer i+1's chunks are fetched (one round trip); only the layers being computed are
+    in this process's GPU memory, the rest where the daemon keeps them (its GPU pool, host memory,
+    disk when `durable`).
+
+    save() stores what is not stored yet; TierdCache.open(session, NAME) in another process (or
+    after a restart, when durable) continues from there: pass generate() the saved prefix's ids
+    followed by the new ones, and only the new ones are computed. Greedy and sampled decoding;
+    beam search and assisted decoding (which reorder or crop the cache) are refused."""
+
+    def __init__(self, session, name, config=None, chunk_tokens=1024, namespace="kv",
+                 durable=False, store=None):
+        _require_transformers()
+        if store is None:
+            if config is None:
+                raise ValueError("TierdCache needs the model's config (or a store)")
+            layers = config.get_text_config(decoder=True).num_hidden_layers
+            store = LayeredKVStore(session, name, layers, chunk_tokens, namespace, durable)
+        super().__init__(layers=[])
+        self.store = store
+
+    @classmethod
+    def open(cls, session, name, namespace="kv", durable=False):
+        """The cache save() left under `name` (NOT_FOUND when none was saved)."""
+        return cls(session, name, store=LayeredKVStore.open(session, name, namespace, durable))
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        self.store.prefetch(layer_idx + 1)
+        return self.store.update(layer_idx, key_states, value_states)
+
+    def get_seq_length(self, layer_idx=0):
+        return self.store.tokens(layer_idx)
+
+    def get_query_offset(self, layer_idx=0):
+        return self.store.tokens(layer_idx)
+
+    def get_mask_sizes(self, query_length, layer_idx=0):
+        if isinstance(query_length, torch.Tensor):  # transformers before 5.4 passes cache_position
+            query_length = query_length.shape[0]
+        return self.store.tokens(layer_idx) + query_length, 0
+
+    def get_max_length(self, layer_idx=None):
+        return -1
+
+    def get_max_cache_shape(self, layer_idx=0):
+        return -1
+
+    @property
+    def is_compileable(self):
+        return False
+
+    @property
+    def is_initialized(self):
+        return self.store.tokens(0) > 0
+
+    @property
+    def is_sliding(self):
+        return [False] * self.store.layers
+
+    def __len__(self):
+        return self.store.layers
+
+    def save(self):
+        """Stores what is not stored yet and waits for it (LayeredKVStore.save)."""
+        self.store.save()
+
+    def reset(self):
+        self.store.reset()
+
+    def close(self):
+        """Gives up the fetches sent ahead for the next step."""
+        self.store.close()
+
+    def _refuse(self, *args, **kwargs):
+        raise NotImplementedError("TierdCache serves greedy and sampled decoding: beam search and "
+                                  "assisted decoding, which reorder or crop the cache, are not "
+                                  "supported")
+
+    crop = reorder_cache = batch_repeat_interleave = batch_select_indices = _refuse
+
+
+if transformers is None:
+    TierdCache.__doc__ += "\n\n(transformers is not installed: constructing one raises ImportError.)"

@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""A Llama-architecture model (random weights, bf16, resident on the GPU) decoding with its KV
+cache in tierd against transformers' own caches, and a second process continuing a saved prefix
+against recomputing it. Same run, same GPU.
+
+decode: a --context-token prompt (batch 1) is prefilled, then --new-tokens tokens are decoded
+greedily, one forward per token, with
+  (a) dynamic     transformers' DynamicCache: every layer's keys and values on the GPU
+  (b) offloaded   DynamicCache(offloading=True): each layer offloaded to the CPU after its update,
+                  the next prefetched on a side stream (transformers' offloaded cache)
+  (c) tierd_cN    tierd.transformers.TierdCache of N-token chunks on a daemon whose GPU pool
+                  holds the cache, for each N of --chunk-tokens
+  (d) tierd_host_cN  the same on a daemon whose pool holds a few layers: the chunks come from its
+                  host memory every step
+Reported: decode tokens/s (the prefill timed apart, the best of --repeat runs), whether every
+variant decoded the same tokens as (a), whether its own runs agree, and how far the first decoding
+step's logits are from (a)'s (a random model's logits are close together: bf16 rounding can
+change the greedy token).
+
+prefix: this process prefills --context tokens into a TierdCache and saves it; a second process
+builds the same model, opens the cache and computes the first token after --question more tokens,
+against recomputing the whole prompt with a DynamicCache in that process. Reported: both times to
+the first token, their ratio (goal <= 0.2), and whether the tokens agree.
+
+    bench/kv_cache_bench.py --tierd BUNDLE/bin/tierd --work-dir /tmp/kvb --json out.json
+"""
+
+import argparse
+import datetime
+import faulthandler
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import torch
+import transformers
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import tierd  # noqa: E402
+import tierd.transformers  # noqa: E402
+from stream_weights_bench import Daemon  # noqa: E402
+
+
+def log(message):
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def build_model(args):
+    """The same random model in every process (seeded, built on the GPU)."""
+    config = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4,
+        num_hidden_layers=args.layers, num_attention_heads=args.hidden // 128,
+        num_key_value_heads=args.kv_heads, max_position_embeddings=args.context + 4096)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    return model.eval()
+
+
+def prompt(args, tokens, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 32000, (1, tokens), generator=generator).cuda()
+
+
+def timed(function):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    result = function()
+    torch.cuda.synchronize()
+    return result, time.perf_counter() - start
+
+
+def decode(model, cache, ids, new_tokens):
+    """Prefill `ids`, then greedy decoding one token per forward. Returns (tokens, prefill s,
+    decode s, the first decoding forward's logits)."""
+    with torch.no_grad():
+        logits, prefill_s = timed(lambda: model(ids, past_key_values=cache, use_cache=True).logits)
+        next_token = logits[:, -1:].argmax(-1)
+        first_logits = None
+
+        def steps():
+            nonlocal next_token, first_logits
+            out = [next_token]
+            for _ in range(new_tokens - 1):
+                logits = model(next_token, past_key_values=cache, use_cache=True).logits
+                if first_logits is None:
+                    first_logits = logits[:, -1].float()
+                next_token = logits[:, -1:].argmax(-1)
+                out.append(next_token)
+            return torch.cat(out, dim=1)
+
+        tokens, decode_s = timed(steps)
+    return tokens, prefill_s, decode_s, first_logits
+
+
+def kv_bytes(args, tokens):
+    return 2 * args.layers * args.kv_heads * 128 * 2 * tokens
+
+
+def run_decode(args, model, daemons, results):
+    ids = prompt(args, args.context, seed=1)
+    variants = {
+        "dynamic": lambda: transformers.DynamicCache(config=model.config),
+        "offloaded": lambda: transformers.DynamicCache(config=model.config, offloading=True),
+    }
+    sessions = []
+    for daemon_name, daemon in daemons.items():
+        for chunk in args.chunk_tokens:
+            def make(daemon=daemon, chunk=chunk):
+                session = tierd.Client(daemon.socket).session()
+                sessions.append(session)
+                return tierd.transformers.TierdCache(session, f"decode-{len(sessions)}",
+                                                     config=model.config, chunk_tokens=chunk)
+            variants[f"{daemon_name}_c{chunk}"] = make
+    reference = None
+    for name, make in variants.items():
+        runs = []
+        for _ in range(args.repeat):
+            cache = make()
+            runs.append(decode(model, cache, ids, args.new_tokens))
+            if isinstance(cache, tierd.transformers.TierdCache):
+                cache.close()
+            del cache
+            torch.cuda.empty_cache()
+        tokens, prefill_s, decode_s, first_logits = min(runs, key=lambda run: run[2])
+        if reference is None:
+            reference = (tokens, first_logits)
+        results["decode"][name] = {
+            "prefill_s": prefill_s, "decode_s": decode_s,
+            "tokens_per_s": args.new_tokens / decode_s,
+            "same_tokens_as_dynamic": bool(torch.equal(tokens, reference[0])),
+            "repeats_decode_the_same_tokens": all(torch.equal(run[0], tokens) for run in runs),
+            "first_step_max_logit_difference_from_dynamic":
+                float((first_logits - reference[1]).abs().max())}
+        figures = results["decode"][name]
+        log(f"decode {name}: {figures['tokens_per_s']:.1f} tok/s (prefill {prefill_s:.2f} s), "
+            f"same tokens as dynamic: {figures['same_tokens_as_dynamic']}, repeats agree: "
+            f"{figures['repeats_decode_the_same_tokens']}, first step's logits differ by "
+            f"{figures['first_step_max_logit_difference_from_dynamic']:.3g}")
+    for session in sessions:
+        session.close()
+    offloaded = results["decode"]["offloaded"]["tokens_per_s"]
+    for name, figures in results["decode"].items():
+        figures["vs_offloaded"] = figures["tokens_per_s"] / offloaded
+
+
+def run_prefix(args, model, daemon, results):
+    ids = prompt(args, args.context, seed=2)
+    session = tierd.Client(daemon.socket).session()
+    cache = tierd.transformers.TierdCache(session, "prefix", config=model.config,
+                                          chunk_tokens=max(args.chunk_tokens))
+    with torch.no_grad():
+        _, prefill_s = timed(lambda: model(ids, past_key_values=cache, use_cache=True))
+    _, save_s = timed(cache.save)
+    cache.close()
+    session.close()
+    log(f"prefix: {args.context} tokens prefilled in {prefill_s:.2f} s, saved in {save_s:.2f} s")
+    command = [sys.executable, os.path.abspath(__file__), "--continue-prefix",
+               "--socket", daemon.socket] + [f"--{k.replace('_', '-')}={v}" for k, v in
+                                             (("context", args.context),
+                                              ("question", args.question),
+                                              ("layers", args.layers), ("hidden", args.hidden),
+                                              ("kv_heads", args.kv_heads))]
+    worker = subprocess.run(command, capture_output=True, text=True, timeout=1200)
+    if worker.returncode != 0:
+        sys.exit(f"the continuing process failed:\n{worker.stderr}")
+    continued = json.loads(worker.stdout.strip().splitlines()[-1])
+    continued.update(prefill_s=prefill_s, save_s=save_s,
+                     ratio=continued["reused_s"] / continued["recomputed_s"])
+    results["prefix"] = continued
+    log(f"prefix continued by a second process: first token in {continued['reused_s'] * 1e3:.1f} "
+        f"ms reusing the saved cache, {continued['recomputed_s'] * 1e3:.1f} ms recomputing "
+        f"({continued['ratio']:.3f}x; goal <= 0.2); same token: {continued['same_token']}, same "
+        f"as computing the prefix first: {continued['same_as_prefix_first']}")
+
+
+def continue_prefix(args):
+    """The second process: the first token after the saved prefix and --question tokens."""
+    model = build_model(args)
+    ids = torch.cat([prompt(args, args.context, seed=2), prompt(args, args.question, seed=3)], 1)
+    question = ids[:, args.context:]
+    session = tierd.Client(args.socket).session()
+    with torch.no_grad():
+        model(ids[:, :64])  # warm the kernels up
+        for _ in range(2):
+            def reuse():
+                cache = tierd.transformers.TierdCache.open(session, "prefix")
+                logits = model(question, past_key_values=cache, use_cache=True).logits
+                cache.close()
+                return logits[:, -1].argmax(-1)
+            reused, reused_s = timed(reuse)
+        recomputed, recomputed_s = timed(lambda: model(
+            ids, past_key_values=transformers.DynamicCache(config=model.config),
+            use_cache=True).logits[:, -1].argmax(-1))
+        own = transformers.DynamicCache(config=model.config)
+        model(ids[:, :args.context], past_key_values=own, use_cache=True)
+        prefix_first = model(question, past_key_values=own, use_cache=True).logits[:, -1].argmax(-1)
+    session.close()
+    print(json.dumps({"reused_s": reused_s, "recomputed_s": recomputed_s,
+                      "same_token": bool(torch.equal(reused, recomputed)),
+                      "same_as_prefix_first": bool(torch.equal(reused, prefix_first))}))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tierd", help="the tierd binary")
+    parser.add_argument("--work-dir", help="where the daemons' state goes")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--context", type=int, default=16384)
+    parser.add_argument("--question", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--chunk-tokens", type=int, nargs="+", default=[1024, 4096],
+                        help="TierdCache chunk sizes to run (the prefix uses the largest)")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--continue-prefix", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--socket", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.continue_prefix:
+        return continue_prefix(args)
+    if not (args.tierd and args.work_dir):
+        parser.error("--tierd and --work-dir are needed")
+    faulthandler.dump_traceback_later(1500, exit=True)
+    shutil.rmtree(args.work_dir, ignore_errors=True)
+    os.makedirs(args.work_dir)
+    cache_bytes = kv_bytes(args, args.context + args.new_tokens)
+    log(f"KV cache of {args.context + args.new_tokens} tokens: {cache_bytes / 2**20:.0f} MiB")
+    daemons = {
+        "tierd": Daemon(args.tierd, args.work_dir, pool_bytes=2 * cache_bytes + (1 << 30),
+                        slab_bytes=64 << 20, host_cache_bytes=4 * cache_bytes, name="gpu-pool"),
+        "tierd_host": Daemon(args.tierd, args.work_dir, pool_bytes=256 << 20, slab_bytes=64 << 20,
+                             host_cache_bytes=4 * cache_bytes, name="host-tier"),
+    }
+    results = {"benchmark": "kv_cache", "date": datetime.date.today().isoformat(),
+               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "transformers": transformers.__version__, "command": " ".join(sys.argv),
+               "model": {"layers": args.layers, "hidden": args.hidden, "kv_heads": args.kv_heads,
+                         "head_dim": 128, "dtype": "bf16"},
+               "context": args.context, "new_tokens": args.new_tokens,
+               "chunk_tokens": args.chunk_tokens, "kv_cache_bytes": cache_bytes, "decode": {}}
+    try:
+        model = build_model(args)
+        run_decode(args, model, daemons, results)
+        run_prefix(args, model, daemons["tierd"], results)
+    finally:
+        for daemon in daemons.values():
+            daemon.stop()
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(results, out, indent=2)
+
+
+if __name__ == "__main__":
+    main()
