@@ -15,7 +15,7 @@
 //   duplex   prefetch+fetch of the model (H2D) while another session stores objects (D2H) at
 //            once, against two plain copies in opposite directions at once. Reference 72 GB/s.
 //   latency  Fetch of an object already on the GPU through a session, --fetches times;
-//            p50/p99 of the call (request sent → lease usable). Targets p50 ≤ 50 µs, p99 ≤ 200 µs.
+//            p50/p99 of the call (request sent → lease usable). Targets p50 ≤ 25 µs, p99 ≤ 100 µs.
 //            Then a step of --step-layers objects, one Fetch (round trip) per object against one
 //            FetchMany that also releases the last step's leases.
 // The model is registered with per-tensor grouping (one object per tensor) when not yet known.

@@ -76,7 +76,7 @@ nlohmann::json SessionLatencies(tierd::Session& session, tierd::Stream& stream,
     round_trip_us.push_back(SecondsSince(start) * 1e6);
   }
   Progress(absl::StrFormat(
-      "latency over %s: fetch p50 %.1f us, p99 %.1f us (targets 50, 200); releases batched: p50 "
+      "latency over %s: fetch p50 %.1f us, p99 %.1f us (targets 25, 100); releases batched: p50 "
       "%.1f us, p99 %.1f us; session round trip p50 %.1f us, p99 %.1f us",
       session.transport(), Percentile(fetch_us, 0.5), Percentile(fetch_us, 0.99),
       Percentile(batched_us, 0.5), Percentile(batched_us, 0.99), Percentile(round_trip_us, 0.5),
@@ -174,7 +174,7 @@ nlohmann::json Latency(Bench& bench) {
   nlohmann::json result = Environment(bench);
   result.update({{"benchmark", "fetch_latency"},
                  {"object_bytes", object.size},
-                 {"targets", "p50 <= 50 us, p99 <= 200 us (the first session)"},
+                 {"targets", "p50 <= 25 us, p99 <= 100 us (the first session)"},
                  {"sessions", sessions},
                  {"step", step},
                  {"unary_get_stats", LatencySummary(unary_us)},

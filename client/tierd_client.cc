@@ -95,6 +95,7 @@ absl::StatusOr<std::vector<Lease>> Session::FetchMany(const std::vector<std::str
     }
     released.push_back(lease.lease_id_);
     lease.session_.reset();  // released below, or held until the session ends
+    lease.data_ = nullptr;
   }
   std::vector<v1::SessionRequest> releases = core_->PrepareReleases(released, stream);
   std::vector<v1::SessionRequest> fetches(keys.size());

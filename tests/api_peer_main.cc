@@ -13,12 +13,12 @@
 //       fetch LEASES leases of MODEL's first objects, on two streams in turn, and compare each
 //       with the expected tensors; print "holding", wait for a line on stdin, release them (each
 //       on its stream), store an object and fetch it back; exit 0 when everything matched.
-//   api_peer slow-read SOCKET KEY EXPECTED_DIR DELAY_MS [batched]
-//       fetch KEY, enqueue a read of it that starts DELAY_MS later (on CUDA a kernel that waits on
-//       the GPU, on the host backend a stalled stream), release the lease at once and print
-//       "released" once the daemon has the release; then wait for the read and compare what it
-//       read with the expected tensors. "batched": KEY is fetched twice and both leases are
-//       released by one FetchMany, which names one done event for both.
+//   api_peer slow-read SOCKET KEY[,KEY...] EXPECTED_DIR DELAY_MS
+//       fetch each KEY, enqueue a read of each that starts DELAY_MS later (on CUDA a kernel that
+//       waits on the GPU, on the host backend a stalled stream), release the leases at once (more
+//       than one: with one FetchMany, which names one done event for all) and print "released"
+//       once the daemon has the releases; then wait for the reads and compare what they read with
+//       the expected tensors.
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +28,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/tierd_client.h"
 #include "device/pinned_host_buffer.h"
@@ -209,34 +210,38 @@ absl::Status EnqueueSlowCopy(tierd::Session& session, tierd::Stream& stream, voi
   return status;
 }
 
-int SlowRead(tierd::Client& client, const std::string& key, const std::string& expected_dir,
-             int delay_ms, bool batched) {
+int SlowRead(tierd::Client& client, const std::vector<std::string>& keys,
+             const std::string& expected_dir, int delay_ms) {
   absl::StatusOr<std::unique_ptr<tierd::Session>> session = client.OpenSession();
   if (!session.ok()) return Fail(session.status());
   tierd::Device& device = (*session)->device();
   absl::StatusOr<std::unique_ptr<tierd::Stream>> stream =
       device.CreateStream(tierd::StreamPriority::kNormal);
   if (!stream.ok()) return Fail(stream.status());
-  absl::StatusOr<tierd::Lease> lease = (*session)->Fetch(key, **stream);
-  if (!lease.ok()) return Fail(lease.status());
-  const uint64_t size = lease->size();
-  const std::vector<tierd::v1::TensorInfo> tensors = lease->tensors();
-  absl::StatusOr<std::unique_ptr<tierd::Slab>> copy = device.AllocateSlab(size);
-  if (!copy.ok()) return Fail(copy.status());
-  absl::Status status = EnqueueSlowCopy(**session, **stream, (*copy)->data(), lease->data(), size,
-                                        absl::Milliseconds(delay_ms));
-  if (!status.ok()) return Fail(status);
-  // The done event completes only after the slow copy.
-  if (batched) {
-    absl::StatusOr<tierd::Lease> again = (*session)->Fetch(key, **stream);
-    if (!again.ok()) return Fail(again.status());
-    std::vector<tierd::Lease> both;
-    both.push_back(*std::move(lease));
-    both.push_back(*std::move(again));
-    absl::StatusOr<std::vector<tierd::Lease>> none = (*session)->FetchMany({}, **stream, std::move(both));
-    if (!none.ok()) return Fail(none.status());
+  absl::StatusOr<std::vector<tierd::Lease>> leases = (*session)->FetchMany(keys, **stream);
+  if (!leases.ok()) return Fail(leases.status());
+  struct Read {
+    std::unique_ptr<tierd::Slab> copy;
+    uint64_t size;
+    std::vector<tierd::v1::TensorInfo> tensors;
+  };
+  std::vector<Read> reads;
+  for (tierd::Lease& lease : *leases) {
+    absl::StatusOr<std::unique_ptr<tierd::Slab>> copy = device.AllocateSlab(lease.size());
+    if (!copy.ok()) return Fail(copy.status());
+    absl::Status status = EnqueueSlowCopy(**session, **stream, (*copy)->data(), lease.data(),
+                                          lease.size(), absl::Milliseconds(delay_ms));
+    if (!status.ok()) return Fail(status);
+    reads.push_back({*std::move(copy), lease.size(), lease.tensors()});
+  }
+  // The done event completes only after the slow copies. One lease is released by itself;
+  // several by one FetchMany, whose releases name one done event.
+  if (leases->size() == 1) {
+    leases->front().Release(**stream);
   } else {
-    lease->Release(**stream);
+    absl::StatusOr<std::vector<tierd::Lease>> none =
+        (*session)->FetchMany({}, **stream, *std::move(leases));
+    if (!none.ok()) return Fail(none.status());
   }
   // A release is sent without waiting for an answer; a request answered after it (one session's
   // requests are handled in order) says the daemon has it before "released" is printed.
@@ -246,10 +251,13 @@ int SlowRead(tierd::Client& client, const std::string& key, const std::string& e
   }
   std::printf("released\n");
   std::fflush(stdout);
-  if (status = device.SynchronizeStream(**stream); !status.ok()) return Fail(status);
-  if (status = CheckBytes(**session, key, (*copy)->data(), size, tensors, expected_dir);
-      !status.ok()) {
-    return Fail(status);
+  if (absl::Status status = device.SynchronizeStream(**stream); !status.ok()) return Fail(status);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (absl::Status status = CheckBytes(**session, keys[i], reads[i].copy->data(), reads[i].size,
+                                         reads[i].tensors, expected_dir);
+        !status.ok()) {
+      return Fail(status);
+    }
   }
   std::printf("read after the release matched\n");
   return 0;
@@ -280,9 +288,8 @@ int main(int argc, char** argv) {
   if (args[0] == "hold-many" && args.size() == 5 && absl::SimpleAtoi(args[4], &number)) {
     return HoldMany(**client, args[2], args[3], number);
   }
-  if (args[0] == "slow-read" && (args.size() == 5 || (args.size() == 6 && args[5] == "batched")) &&
-      absl::SimpleAtoi(args[4], &number)) {
-    return SlowRead(**client, args[2], args[3], number, args.size() == 6);
+  if (args[0] == "slow-read" && args.size() == 5 && absl::SimpleAtoi(args[4], &number)) {
+    return SlowRead(**client, absl::StrSplit(args[2], ','), args[3], number);
   }
   std::fprintf(stderr, "api_peer: bad arguments\n");
   return 2;

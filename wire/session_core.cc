@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <iterator>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -320,12 +321,12 @@ std::vector<absl::StatusOr<v1::SessionResponse>> SessionCore::CallMany(
     answers.assign(requests.size() - first_call, sent);
     return answers;
   }
-  const bool written = submitted.empty() || submitted.front() == Submitted::kWritten;
-  const absl::Status ended = written ? absl::OkStatus() : EndedAfterFailedWrite();
+  std::optional<absl::Status> ended;  // learned once, when a call needs it
   for (size_t i = first_call; i < requests.size(); ++i) {
     // Unless the reader already answered it as an orphan (with the reason), say why here.
     if (submitted[i] == Submitted::kFailedUnanswered) {
-      answers.push_back(ended);
+      if (!ended.has_value()) ended = EndedAfterFailedWrite();
+      answers.push_back(*ended);
       continue;
     }
     Pending& pending = *pendings[i];

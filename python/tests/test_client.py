@@ -286,6 +286,16 @@ class FetchManyTest(DaemonTestCase):
                 self.assert_block(lease, block)
                 lease.release()
 
+    def test_another_sessions_leases_are_released_through_it(self):
+        with self.client.session() as mine, self.client.session() as other:
+            theirs = other.fetch_many(["m/blocks.0", "m/blocks.1"])
+            self.wait_for_stats(lambda stats: stats.leases == 2, "the other session's leases")
+            leases = mine.fetch_many(["m/blocks.2"], release=theirs)
+            self.assertTrue(all(lease.released for lease in theirs))
+            self.wait_for_stats(lambda stats: stats.leases == 1, "only this session's lease held")
+            mine.release_many(leases)
+            self.wait_for_stats(lambda stats: stats.leases == 0, "every lease released")
+
     def test_after_the_daemon_is_gone_fetch_many_is_unavailable(self):
         session = self.client.session()
         leases = session.fetch_many(["m/blocks.0"])
@@ -293,7 +303,7 @@ class FetchManyTest(DaemonTestCase):
         with self.assertRaises(tierd.TierdError) as caught:
             session.fetch_many(["m/blocks.1"], release=leases)
         self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
-        session.release_many(leases)  # nothing to send: no error
+        self.assertTrue(all(lease.released for lease in leases))
         session.close()
         self.daemon = Daemon(self.directory)  # for tearDown's stop
 

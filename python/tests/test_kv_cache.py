@@ -96,6 +96,7 @@ class LayeredKVStoreTest(DaemonTestCase):
             got = run(store, LATER)
             self.assert_layers_equal(got, reference(FIRST + LATER))
             store.close()
+        self.wait_for_stats(lambda stats: stats.leases == 0, "every chunk's lease released")
 
     def test_a_durable_store_survives_the_daemons_restart(self):
         with self.client.session() as session:
@@ -111,6 +112,23 @@ class LayeredKVStoreTest(DaemonTestCase):
             store = LayeredKVStore.open(session, "doc", durable=True)
             self.assert_layers_equal(run(store, LATER), reference(FIRST + LATER))
             store.close()
+
+    def test_saves_at_a_chunk_boundary_and_again_later_continue_where_they_stopped(self):
+        # 16 tokens: four chunks, no tail; then 17 and a tail; then a save right after open.
+        at_boundary = [(0, 10)] + [(step, 1) for step in range(1, 7)]
+        with self.client.session() as session:
+            with LayeredKVStore(session, "doc", LAYERS, chunk_tokens=CHUNK) as store:
+                run(store, at_boundary)
+                store.save()
+                self.assertEqual(LayeredKVStore.open(session, "doc").tokens(), 16)
+                run(store, [(7, 1)])
+                store.save()
+            with LayeredKVStore.open(session, "doc") as store:
+                self.assertEqual(store.tokens(), 17)
+                store.save()  # nothing new: the same manifest
+            with LayeredKVStore.open(session, "doc") as store:
+                self.assert_layers_equal(run(store, LATER), reference(at_boundary + [(7, 1)] + LATER))
+        self.wait_for_stats(lambda stats: stats.leases == 0, "every chunk's lease released")
 
     def test_what_cannot_be_done_says_why(self):
         with self.client.session() as session:

@@ -209,10 +209,16 @@ class Session(SessionCore):
         """One write for a step: releases the Leases in `release` (done events recorded on
         `stream`, default the current stream, as Lease.release does) and sends a fetch of each of
         `keys`, releases first. Returns a PendingFetch per key, in order."""
+        keys = list(keys)
         for key in keys:
             self._wait_for_commits_of(key)
-        releases = self._release_requests([lease.lease_id for lease in release if lease._detach()],
-                                          stream)
+        mine = []
+        for lease in release:
+            if lease._session is not self:
+                lease.release(stream)  # another session's: released through it
+            elif lease._detach():
+                mine.append(lease.lease_id)
+        releases = self._release_requests(mine, stream)
         pending = [PendingFetch(self, key) for key in keys]
         fetches = []
         for key in keys:
@@ -240,8 +246,7 @@ class Session(SessionCore):
                 except TierdError as error:
                     raise TierdError(error.code, f"{fetch.key}: {error.message}") from None
         except BaseException:
-            for lease in leases:
-                lease.release(stream)
+            self.release_many(leases, stream)
             for fetch in pending[len(leases):]:
                 fetch.cancel()
             raise

@@ -94,16 +94,18 @@ class LayeredKVStore:
             for fetch in pending[len(leases):]:
                 fetch.cancel()
             raise
-        parts_k = [lease.tensors["k"] for lease in leases]
-        parts_v = [lease.tensors["v"] for lease in leases]
-        if state.tail_k is not None:
-            parts_k.append(state.tail_k)
-            parts_v.append(state.tail_v)
-        all_k = torch.cat(parts_k + [keys], dim=-2)
-        all_v = torch.cat(parts_v + [values], dim=-2)
-        # The copies out of the staging buffers are enqueued: the leases go back after them.
-        self.session.release_many(leases)
-        state.saved_tail = 0
+        try:
+            parts_k = [lease.tensors["k"] for lease in leases]
+            parts_v = [lease.tensors["v"] for lease in leases]
+            if state.tail_k is not None:
+                parts_k.append(state.tail_k)
+                parts_v.append(state.tail_v)
+            all_k = torch.cat(parts_k + [keys], dim=-2)
+            all_v = torch.cat(parts_v + [values], dim=-2)
+        finally:
+            # After the copies out of the staging buffers, enqueued above (or after whatever was
+            # enqueued, when the concatenation failed).
+            self.session.release_many(leases)
         self._seal(layer, state, all_k, all_v)
         return all_k, all_v
 
@@ -131,11 +133,19 @@ class LayeredKVStore:
         self._layers = [_Layer() for _ in self._layers]
 
     def close(self):
-        """Gives up the fetches sent ahead; the tokens stay known (update fetches them again)."""
+        """Gives up the fetches sent ahead (the last layer's update sends the first layer's for the
+        next step, and they hold leases until taken); the tokens stay known, and a later update
+        fetches them again."""
         for state in self._layers:
             for fetch in state.pending or ():
                 fetch.cancel()
             state.pending = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     # ---- keys and chunks -------------------------------------------------------------------
 
@@ -155,16 +165,19 @@ class LayeredKVStore:
     def _seal(self, layer, state, all_k, all_v):
         """Stores the full chunks past the sealed ones and keeps the rest as the tail."""
         size = self.chunk_tokens
-        start = state.sealed * size
-        full = (all_k.shape[-2] - start) // size
-        for chunk in range(full):
-            begin = start + chunk * size
-            self._store(self._chunk_key(layer, state.sealed + chunk),
-                        all_k[:, :, begin:begin + size], all_v[:, :, begin:begin + size])
-        state.sealed += full
-        # A copy: a view would keep the whole layer's tensors alive.
-        state.tail_k = all_k[:, :, state.sealed * size:].clone()
-        state.tail_v = all_v[:, :, state.sealed * size:].clone()
+        try:
+            while all_k.shape[-2] - state.sealed * size >= size:
+                begin = state.sealed * size
+                self._store(self._chunk_key(layer, state.sealed),
+                            all_k[:, :, begin:begin + size], all_v[:, :, begin:begin + size])
+                state.sealed += 1
+        finally:
+            # Whether or not every store went out, the layer holds what it returns: the chunks
+            # stored and the rest as its tail (a copy: a view would keep the whole layer's tensors
+            # alive). A tail save() stored is in `all_k` now, fetched with the chunks.
+            state.tail_k = all_k[:, :, state.sealed * size:].clone()
+            state.tail_v = all_v[:, :, state.sealed * size:].clone()
+            state.saved_tail = 0
 
     def _store(self, key, k, v):
         self.session.store_async(key, {"k": k, "v": v}, durable=self.durable)

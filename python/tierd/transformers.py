@@ -106,7 +106,9 @@ def checkpoint_dtype(objects):
 def parameters_on_meta():
     """Within it, modules built register their parameters on the meta device (they take no memory)
     while their buffers stay real, as accelerate.init_empty_weights() does: buffers computed in
-    __init__ (rotary frequencies, position ids) are not in checkpoints."""
+    __init__ (rotary frequencies, position ids) are not in checkpoints. It patches
+    torch.nn.Module.register_parameter for the whole process while it lasts: build nothing else
+    meanwhile on other threads."""
     register = torch.nn.Module.register_parameter
 
     def register_on_meta(module, name, parameter):
@@ -159,6 +161,10 @@ class TierdCache(_Cache):
     computes, layer i+1's chunks are fetched (one round trip); only the layers being computed are
     in this process's GPU memory, the rest where the daemon keeps them (its GPU pool, host memory,
     disk when `durable`).
+
+    The last layer fetches the first layer's chunks for the next step: close() (or leaving a
+    `with` block) gives them up once generation is over. Needs transformers 5 (its Cache takes the
+    layers; tested with 5.17).
 
     save() stores what is not stored yet; TierdCache.open(session, NAME) in another process (or
     after a restart, when durable) continues from there: pass generate() the saved prefix's ids
@@ -225,8 +231,15 @@ class TierdCache(_Cache):
         self.store.reset()
 
     def close(self):
-        """Gives up the fetches sent ahead for the next step."""
+        """Gives up the fetches sent ahead for the next step (LayeredKVStore.close): call it, or
+        use the cache as a context manager, once generation is over."""
         self.store.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def _refuse(self, *args, **kwargs):
         raise NotImplementedError("TierdCache serves greedy and sampled decoding: beam search and "
