@@ -98,7 +98,8 @@ TEST_F(LoadBenchProcessTest, ADaemonThatStopsAnsweringCostsTheRunItsDeadlines) {
       LoadBench({"--clients=2", "--duration=5", "--grace=1", "--setup-timeout=5", "--stores=0"}));
   ASSERT_THAT(bench, IsOk());
   absl::SleepFor(absl::Seconds(2));
-  daemon_->Signal(SIGSTOP);  // from here on every call waits: in the setup or the timed phase
+  // From here on every call waits: in the setup or the timed phase.
+  ASSERT_THAT(daemon_->Stop(kTimeout), IsOk());
   absl::StatusOr<int> exit_code = (*bench)->Wait(absl::Seconds(90));
   daemon_->Signal(SIGCONT);
   ASSERT_THAT(exit_code, IsOk()) << "load_bench hangs with its daemon";

@@ -358,7 +358,7 @@ TEST_F(NodeHostTierTest, AHomeThatHangsIsWaitedForBoundedly) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   ASSERT_THAT(evicted, IsOk());
-  daemons_[2]->Signal(SIGSTOP);
+  ASSERT_THAT(daemons_[2]->Stop(kTimeout), IsOk());
   const absl::Time start = absl::Now();
   const std::string expected = tensors_[std::stoi(key.substr(3))].data;
   EXPECT_THAT(FetchBytes(session(0), key), IsOkAndHolds(expected));

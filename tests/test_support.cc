@@ -141,6 +141,26 @@ void Subprocess::CloseStdin() {
 
 void Subprocess::Signal(int signal_number) { ::kill(pid_, signal_number); }
 
+absl::Status Subprocess::Stop(absl::Duration timeout) {
+  Signal(SIGSTOP);
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    int status = 0;
+    const pid_t done = ::waitpid(pid_, &status, WNOHANG | WUNTRACED);
+    if (done == pid_) {
+      if (WIFSTOPPED(status)) return absl::OkStatus();
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return absl::FailedPreconditionError(
+          absl::StrCat("pid ", pid_, " exited (", *exit_code_, ") instead of stopping"));
+    }
+    if (done < 0 && errno != EINTR) return PosixError("waitpid", errno);
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("pid ", pid_, " has not stopped"));
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
 absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
   if (exit_code_.has_value()) return *exit_code_;
   const absl::Time deadline = absl::Now() + timeout;

@@ -90,6 +90,9 @@ class Subprocess {
   absl::Status WriteToStdin(const std::string& text);
   void CloseStdin();
   void Signal(int signal_number);
+  // Sends SIGSTOP and waits until every thread of the child has stopped (kill() returns before
+  // they do): DEADLINE_EXCEEDED after `timeout`, FAILED_PRECONDITION when it exited instead.
+  absl::Status Stop(absl::Duration timeout);
   // Waits for exit and returns the exit code (128 + signal when killed by a signal);
   // DEADLINE_EXCEEDED after `timeout`.
   absl::StatusOr<int> Wait(absl::Duration timeout);
