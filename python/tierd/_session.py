@@ -225,6 +225,8 @@ class Session(SessionCore):
             request = tierd_pb2.SessionRequest()
             request.fetch.key = key
             fetches.append(request)
+        if not releases and not fetches:
+            return pending
         try:
             self._send_many(releases, fetches, [fetch._answer for fetch in pending])
         except TierdError:
