@@ -7,8 +7,8 @@ import torch
 
 import tierd
 import tierd.torch
+import tierd.transformers
 from dit_model import DiT, save_safetensors
-from parameters_to_meta import parameters_to_meta
 from tierd_testing import Daemon, DaemonTestCase, synchronize, torch_device
 
 BLOCKS = 6
@@ -190,8 +190,10 @@ class StreamWeightsWithoutTheCheckpointsGapsTest(DaemonTestCase):
 
     def test_tied_weights_and_built_buffers_of_a_module_without_weights(self):
         torch.manual_seed(77)  # other weights: every one that matters comes from tierd
-        module = parameters_to_meta(TiedLM()).eval()
+        with tierd.transformers.parameters_on_meta():
+            module = TiedLM().eval()
         self.assertTrue(module.head.weight.is_meta)
+        self.assertIs(module.head.weight, module.embed.weight)  # the tie made in __init__ kept
         self.assertEqual(module.scale.device.type, "cpu")
         with tierd.torch.stream_weights(module, self.client, "lm") as streamed:
             with torch.no_grad():

@@ -14,7 +14,6 @@ import tierd
 import tierd.torch
 import tierd.transformers
 from dit_model import save_safetensors
-from parameters_to_meta import parameters_to_meta
 from tierd_testing import DaemonTestCase, run_python, synchronize, torch_device
 
 try:
@@ -29,12 +28,12 @@ except ImportError:
 
 
 def build_without_weights(config):
-    """As a user would: accelerate.init_empty_weights() where accelerate is installed (buffers
-    stay real), else the same by hand."""
-    if accelerate is not None:
-        with accelerate.init_empty_weights():
-            return transformers.AutoModelForCausalLM.from_config(config).eval()
-    return parameters_to_meta(transformers.AutoModelForCausalLM.from_config(config)).eval()
+    """As a user would: accelerate.init_empty_weights() where accelerate is installed, else
+    tierd.transformers.parameters_on_meta() (both keep buffers real)."""
+    context = (accelerate.init_empty_weights() if accelerate is not None
+               else tierd.transformers.parameters_on_meta())
+    with context:
+        return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
 @unittest.skipIf(transformers is None, "transformers is not installed")

@@ -106,14 +106,17 @@ def checkpoint_dtype(objects):
 def parameters_on_meta():
     """Within it, modules built register their parameters on the meta device (they take no memory)
     while their buffers stay real, as accelerate.init_empty_weights() does: buffers computed in
-    __init__ (rotary frequencies, position ids) are not in checkpoints. It patches
+    __init__ (rotary frequencies, position ids) are not in checkpoints. Ties made by assigning one
+    parameter to another are kept. It patches
     torch.nn.Module.register_parameter for the whole process while it lasts: build nothing else
     meanwhile on other threads."""
     register = torch.nn.Module.register_parameter
 
     def register_on_meta(module, name, parameter):
         register(module, name, parameter)
-        if parameter is not None:
+        # One already on the meta device is kept as it is: a module that ties a weight by
+        # assigning another's parameter (lm_head.weight = embed.weight) keeps the tie.
+        if parameter is not None and not parameter.is_meta:
             kind = type(module._parameters[name])
             fields = dict(module._parameters[name].__dict__)
             fields["requires_grad"] = parameter.requires_grad
