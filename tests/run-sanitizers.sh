@@ -7,7 +7,7 @@
 #   thread   TSan, in build-tsan/: the tests of the concurrent parts — the host arena, cache and
 #            disk reader, the GPU tier, the session protocol and the durable store in process, the
 #            daemon in process (health, faults, metrics), the API against real daemon processes
-#            and the node's host tier (a peer's arena, three daemons). Debian's Abseil is not
+#            the node's host tier (a peer's arena, three daemons) and two threads' first log lines. Debian's Abseil is not
 #            built with TSan, so every test preloads tests/tsan/absl_sync_annotations.cc's
 #            library, which tells TSan what absl::Mutex does; tests/tsan/suppressions.txt says
 #            what is left out of uninstrumented libraries.
@@ -22,7 +22,7 @@ tsan_tests=(host_arena_test host_cache_test disk_reader_test daemon_health_test
             fault_injection_test metrics_test api_test_host client_groups_test
             peer_handoff_test_host half_close_test unread_answer_budget_test gpu_tier_test
             session_protocol_test durable_store_test worker_pool_test peer_arena_test_host
-            node_host_tier_test_host)
+            node_host_tier_test_host log_line_test)
 
 status=0
 for mode in "${modes[@]}"; do
