@@ -6,11 +6,11 @@
 #            packaging, not memory) and the GPU tests.
 #   thread   TSan, in build-tsan/: the tests of the concurrent parts — the host arena, cache and
 #            disk reader, the GPU tier, the session protocol and the durable store in process, the
-#            daemon in process (health, faults, metrics), the API against real daemon processes
-#            the node's host tier (a peer's arena, three daemons) and two threads' first log lines. Debian's Abseil is not
-#            built with TSan, so every test preloads tests/tsan/absl_sync_annotations.cc's
-#            library, which tells TSan what absl::Mutex does; tests/tsan/suppressions.txt says
-#            what is left out of uninstrumented libraries.
+#            daemon in process (health, faults, metrics), the API against real daemon processes,
+#            the node's host tier (a peer's arena, three daemons) and two threads' first log
+#            lines. Debian's Abseil is not built with TSan, so every test preloads
+#            tests/tsan/absl_sync_annotations.cc's library, which tells TSan what absl::Mutex
+#            does; tests/tsan/suppressions.txt says what is left out of uninstrumented libraries.
 # Any finding fails the test that provoked it. Each test binary's JSON report goes to
 # BUILD/test-results (tests/reliability_report.py reads them). Extra ctest arguments come from
 # $CTEST_ARGS.
