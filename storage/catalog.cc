@@ -16,6 +16,7 @@
 #include "storage/model_scan.h"
 #include "storage/object_checksum.h"
 #include "storage/object_layout.h"
+#include "storage/shard.h"
 
 namespace tierd {
 
@@ -25,7 +26,8 @@ struct Catalog::ModelEntry {
 
   // Guarded by Catalog::mu_ (an annotation here cannot name the enclosing catalog's mutex).
   std::string stale;  // non-empty: a file changed since registration, and why reads must not go on
-  std::map<std::string, uint64_t> checksums;  // object name → checksum
+  std::map<std::string, uint64_t> checksums;  // object or shard name → checksum
+  size_t shard_checksums = 0;                 // of them, shards'
   bool dirty = false;                         // checksums not yet persisted
 };
 
@@ -33,6 +35,17 @@ namespace {
 
 // Far above any real model's file; only bounds what a damaged one can cost.
 constexpr uint64_t kMaxCatalogFileBytes = 1ull << 30;
+
+// Shards whose checksums a model keeps (the first read of a shard records one, later reads are
+// checked against it). Clients choose which shards exist; past this, a shard's reads go unchecked
+// against its first, as an object's before its first read.
+constexpr size_t kMaxShardChecksumsPerModel = 65536;
+
+size_t CountShardChecksums(const ModelInfo& info, const std::map<std::string, uint64_t>& sums) {
+  size_t shards = 0;
+  for (const auto& [name, sum] : sums) shards += FindObject(info, name) == nullptr ? 1 : 0;
+  return shards;
+}
 
 ModelSummary Summarize(const ModelInfo& info) {
   ModelSummary summary;
@@ -110,6 +123,7 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& state_
     }
     entry->info = std::make_shared<const ModelInfo>(std::move(loaded->info));
     entry->checksums = std::move(loaded->checksums);
+    entry->shard_checksums = CountShardChecksums(*entry->info, entry->checksums);
     absl::MutexLock lock(&catalog->mu_);
     catalog->models_.emplace(model, std::move(entry));
   }
@@ -251,12 +265,13 @@ absl::StatusOr<ObjectRef> Catalog::Lookup(absl::string_view key) const {
     if (!it->second->stale.empty()) return absl::FailedPreconditionError(it->second->stale);
     info = it->second->info;
   }
-  const ObjectInfo* object = FindObject(*info, split.second);
-  if (object == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("model ", Quote(split.first), " has no object ", Quote(split.second)));
+  if (const ObjectInfo* object = FindObject(*info, split.second); object != nullptr) {
+    return ObjectRef{std::move(info), object, std::string(key), nullptr};
   }
-  return ObjectRef{std::move(info), object, std::string(key)};
+  ASSIGN_OR_RETURN(ObjectInfo shard_info, FindShard(*info, split.second));
+  auto shard = std::make_shared<const ObjectInfo>(std::move(shard_info));
+  const ObjectInfo* object = shard.get();
+  return ObjectRef{std::move(info), object, std::string(key), std::move(shard)};
 }
 
 bool Catalog::IsCurrent(const std::shared_ptr<const ModelInfo>& model) const {
@@ -292,8 +307,15 @@ void Catalog::RecordChecksum(const std::string& key, uint64_t checksum) {
   auto model = models_.find(split->first);
   // An unknown object is ignored too: its checksum could never be looked up, and a persisted one
   // would make the file fail validation on the next start.
-  if (model == models_.end() || FindObject(*model->second->info, split->second) == nullptr) return;
+  if (model == models_.end()) return;
   ModelEntry& entry = *model->second;
+  if (FindObject(*entry.info, split->second) == nullptr) {
+    // A shard's, up to a bound: clients choose which shards exist.
+    if (!IsShardName(*entry.info, split->second)) return;
+    const bool known = entry.checksums.count(split->second) > 0;
+    if (!known && entry.shard_checksums >= kMaxShardChecksumsPerModel) return;
+    if (!known) ++entry.shard_checksums;
+  }
   auto [it, inserted] = entry.checksums.emplace(split->second, checksum);
   if (!inserted && it->second == checksum) return;
   it->second = checksum;

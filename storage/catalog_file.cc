@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "storage/json_file.h"
 #include "storage/object_layout.h"
+#include "storage/shard.h"
 
 namespace tierd {
 namespace {
@@ -191,9 +192,11 @@ absl::StatusOr<LoadedModel> ParseModel(absl::string_view text, const std::string
     std::optional<uint64_t> value;
     if (JsonString(&it.value(), &hex)) value = ParseHex64(hex);
     if (!value.has_value()) return Corrupt(absl::StrCat("bad checksum for ", it.key()));
-    // RecordChecksum never records one for an object the model lacks; drop rather than keep a
-    // value no lookup can reach.
-    if (FindObject(info, it.key()) != nullptr) loaded.checksums.emplace(it.key(), *value);
+    // RecordChecksum never records one for an object or shard the model lacks; drop rather than
+    // keep a value no lookup can reach.
+    if (FindObject(info, it.key()) != nullptr || IsShardName(info, it.key())) {
+      loaded.checksums.emplace(it.key(), *value);
+    }
   }
   return loaded;
 }

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -89,7 +90,11 @@ struct DiskReader::Request {
 
 struct DiskReader::Chunk {
   Request* request = nullptr;
+  // The targets [target, target + targets) of the request: several when their aligned ranges
+  // touch or overlap in one file (a strided shard's rows), so that no block is read twice and
+  // neighbouring rows go in one read.
   const ReadTarget* target = nullptr;
+  size_t targets = 1;
   uint64_t aligned_offset = 0;  // file offset of the first byte read
   uint64_t length = 0;          // bytes to read (aligned)
   uint64_t read = 0;            // bytes read so far
@@ -304,19 +309,26 @@ class DiskReader::Worker {
 
 namespace {
 
+// The bytes of `target` that `chunk` read: [begin, end) of the file.
+std::pair<uint64_t, uint64_t> WantedPart(const DiskReader::Chunk& chunk, const ReadTarget& target) {
+  return {std::max(target.offset, chunk.aligned_offset),
+          std::min(target.offset + target.length, chunk.aligned_offset + chunk.length)};
+}
+
 absl::Status DeliverChunk(const DiskReader::Chunk& chunk, const uint8_t* bounce) {
-  const ReadTarget& target = *chunk.target;
-  const uint64_t want_begin = std::max(target.offset, chunk.aligned_offset);
-  const uint64_t want_end =
-      std::min(target.offset + target.length, chunk.aligned_offset + chunk.length);
-  if (chunk.aligned_offset + chunk.read < want_end) {
-    return absl::DataLossError(absl::StrCat(target.path, " ends at byte ",
-                                            chunk.aligned_offset + chunk.read, " but bytes up to ",
-                                            want_end, " were expected; was it changed?"));
+  for (size_t i = 0; i < chunk.targets; ++i) {
+    const ReadTarget& target = chunk.target[i];
+    const auto [want_begin, want_end] = WantedPart(chunk, target);
+    if (chunk.aligned_offset + chunk.read < want_end) {
+      return absl::DataLossError(absl::StrCat(target.path, " ends at byte ",
+                                              chunk.aligned_offset + chunk.read,
+                                              " but bytes up to ", want_end,
+                                              " were expected; was it changed?"));
+    }
+    if (chunk.in_place != nullptr) continue;  // already in place
+    std::memcpy(target.destination + (want_begin - target.offset),
+                bounce + (want_begin - chunk.aligned_offset), want_end - want_begin);
   }
-  if (chunk.in_place != nullptr) return absl::OkStatus();  // already in place
-  std::memcpy(target.destination + (want_begin - target.offset),
-              bounce + (want_begin - chunk.aligned_offset), want_end - want_begin);
   return absl::OkStatus();
 }
 
@@ -447,6 +459,7 @@ bool DiskReader::NextChunk(bool wait, Chunk* chunk) {
   const uint64_t end = AlignUp(target.offset + target.length);
   chunk->request = request;
   chunk->target = &target;
+  chunk->targets = 1;
   chunk->aligned_offset = request->next_offset;
   chunk->length = std::min(options_.chunk_bytes, end - request->next_offset);
   chunk->read = 0;
@@ -454,12 +467,28 @@ bool DiskReader::NextChunk(bool wait, Chunk* chunk) {
   if (target.aligned_window) {
     uint8_t* window = target.destination - target.offset % kAlignment;
     chunk->in_place = window + (chunk->aligned_offset - AlignDown(target.offset));
+  } else if (chunk->aligned_offset + chunk->length == end) {
+    // The chunk ends the target: the next targets of the same file whose blocks touch or overlap
+    // its own join it, as long as it stays within a chunk.
+    for (size_t next = request->next_target + 1; next < request->targets.size(); ++next) {
+      const ReadTarget& more = request->targets[next];
+      const uint64_t chunk_end = chunk->aligned_offset + chunk->length;
+      const uint64_t more_end = AlignUp(more.offset + more.length);
+      if (more.length == 0 || more.aligned_window || more.path != target.path ||
+          more.model_file != target.model_file || AlignDown(more.offset) > chunk_end ||
+          AlignDown(more.offset) < chunk->aligned_offset ||
+          more_end - chunk->aligned_offset > options_.chunk_bytes) {
+        break;
+      }
+      chunk->length = std::max(chunk_end, more_end) - chunk->aligned_offset;
+      ++chunk->targets;
+    }
   }
   request->started = true;
   ++request->outstanding;
   request->next_offset += chunk->length;
-  if (request->next_offset >= end) {
-    ++request->next_target;
+  if (chunk->targets > 1 || request->next_offset >= end) {
+    request->next_target += chunk->targets;
     request->next_offset = 0;
     request->SettleCursor();
   }
@@ -474,11 +503,10 @@ void DiskReader::FinishChunk(const Chunk& chunk, const absl::Status& status) {
     absl::MutexLock lock(&mu_);
     --request->outstanding;
     if (status.ok()) {
-      const ReadTarget& target = *chunk.target;
-      const uint64_t begin = std::max(target.offset, chunk.aligned_offset);
-      const uint64_t end =
-          std::min(target.offset + target.length, chunk.aligned_offset + chunk.length);
-      stats_.bytes_delivered += end - begin;
+      for (size_t i = 0; i < chunk.targets; ++i) {
+        const auto [begin, end] = WantedPart(chunk, chunk.target[i]);
+        stats_.bytes_delivered += end - begin;
+      }
     } else if (request->status.ok()) {
       request->status = status;
       if (!request->issued_all) {

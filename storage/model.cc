@@ -68,6 +68,13 @@ absl::StatusOr<std::pair<std::string, std::string>> SplitObjectKey(absl::string_
   return std::make_pair(std::string(model), std::string(key.substr(slash + 1)));
 }
 
+std::shared_ptr<const std::vector<TensorPlacement>> ObjectRef::tensors() const {
+  if (shard != nullptr) {
+    return std::shared_ptr<const std::vector<TensorPlacement>>(shard, &object->tensors);
+  }
+  return std::shared_ptr<const std::vector<TensorPlacement>>(model, &object->tensors);
+}
+
 const ObjectInfo* FindObject(const ModelInfo& info, absl::string_view name) {
   auto it = std::lower_bound(
       info.objects.begin(), info.objects.end(), name,

@@ -119,8 +119,13 @@ inline constexpr size_t kDefaultMaxTensorsPerModel = 131072;
 // An object looked up by key; keeps its model's description alive.
 struct ObjectRef {
   std::shared_ptr<const ModelInfo> model;
-  const ObjectInfo* object = nullptr;
-  std::string key;  // "MODEL/OBJECT"
+  const ObjectInfo* object = nullptr;  // in `model`, or `shard`
+  std::string key;                     // "MODEL/OBJECT" or "MODEL/OBJECT@DIM:INDEX/COUNT"
+  // Owns the object when the key names a shard (storage/shard.h): made at lookup, not in `model`.
+  std::shared_ptr<const ObjectInfo> shard;
+
+  // The object's tensors, kept alive by what owns the object.
+  std::shared_ptr<const std::vector<TensorPlacement>> tensors() const;
 };
 
 // Splits "MODEL/OBJECT" at the first '/'. INVALID_ARGUMENT when either side is empty or the model

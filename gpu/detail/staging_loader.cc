@@ -37,7 +37,7 @@ absl::StatusOr<StagingObject*> StagingLoader::StartLoad(const std::string& key,
   } else {
     ASSIGN_OR_RETURN(ObjectRef ref, catalog_.Lookup(key));
     record.size = ref.object->size;
-    record.tensors = Tensors(ref.model, &ref.object->tensors);  // aliases the model's lifetime
+    record.tensors = ref.tensors();
     record.model = ref.model;
   }
   if (!FitsInSlab(record.size, pool_.largest_slab())) {

@@ -1,0 +1,213 @@
+#include "storage/shard.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/quote.h"
+#include "common/status_macros.h"
+#include "storage/object_layout.h"
+
+namespace tierd {
+namespace {
+
+// Decimal digits only (no sign, no spaces), at most 9 of them.
+std::optional<uint32_t> ParseSmallNumber(absl::string_view text) {
+  if (text.empty() || text.size() > 9) return std::nullopt;
+  uint32_t value = 0;
+  for (char c : text) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return std::nullopt;
+    value = value * 10 + static_cast<uint32_t>(c - '0');
+  }
+  return value;
+}
+
+uint64_t AlignUp(uint64_t value, uint64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+// Maps byte ranges of an object to the file ranges that hold them.
+class ExtentMap {
+ public:
+  explicit ExtentMap(const std::vector<Extent>& extents) : by_object_(extents) {
+    std::sort(by_object_.begin(), by_object_.end(), [](const Extent& a, const Extent& b) {
+      return a.object_offset < b.object_offset;
+    });
+  }
+
+  // Appends the file ranges of object bytes [begin, begin + length) to `out`, landing at
+  // `target` onwards. False when some of them are in no extent (never, for a tensor's bytes).
+  bool Map(uint64_t begin, uint64_t length, uint64_t target, std::vector<Extent>& out) const {
+    auto it = std::upper_bound(
+        by_object_.begin(), by_object_.end(), begin,
+        [](uint64_t offset, const Extent& extent) { return offset < extent.object_offset; });
+    if (it == by_object_.begin()) return false;
+    --it;
+    while (length > 0) {
+      if (it == by_object_.end() || begin < it->object_offset ||
+          begin >= it->object_offset + it->length) {
+        return false;
+      }
+      const uint64_t skip = begin - it->object_offset;
+      const uint64_t take = std::min(length, it->length - skip);
+      out.push_back(Extent{it->file, it->file_offset + skip, take, target});
+      begin += take;
+      target += take;
+      length -= take;
+      ++it;
+    }
+    return true;
+  }
+
+ private:
+  std::vector<Extent> by_object_;
+};
+
+absl::Status BadShard(const ObjectInfo& object, const ShardSpec& spec, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("shard ", FormatShardSpec(spec), " of object ",
+                                                 Quote(object.name), ": ", why));
+}
+
+}  // namespace
+
+absl::StatusOr<ShardSpec> ParseShardSpec(absl::string_view text) {
+  const size_t colon = text.find(':');
+  const size_t slash = text.find('/');
+  std::optional<uint32_t> dim, index, count;
+  if (colon != absl::string_view::npos && slash != absl::string_view::npos && colon < slash) {
+    dim = ParseSmallNumber(text.substr(0, colon));
+    index = ParseSmallNumber(text.substr(colon + 1, slash - colon - 1));
+    count = ParseSmallNumber(text.substr(slash + 1));
+  }
+  if (!dim || !index || !count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", Quote(text), " is not DIM:INDEX/COUNT (e.g. 0:1/4)"));
+  }
+  return ShardSpec{*dim, *index, *count};
+}
+
+std::string FormatShardSpec(const ShardSpec& spec) {
+  return absl::StrCat(spec.dim, ":", spec.index, "/", spec.count);
+}
+
+std::optional<std::pair<absl::string_view, absl::string_view>> SplitShardName(
+    absl::string_view object_name) {
+  const size_t at = object_name.rfind('@');
+  if (at == absl::string_view::npos) return std::nullopt;
+  return std::make_pair(object_name.substr(0, at), object_name.substr(at + 1));
+}
+
+std::pair<uint64_t, uint64_t> ShardRows(uint64_t rows, uint32_t index, uint32_t parts) {
+  const uint64_t base = rows / parts;
+  const uint64_t extra = rows % parts;  // the first `extra` parts have one row more
+  const uint64_t first = index * base + std::min<uint64_t>(index, extra);
+  return {first, base + (index < extra ? 1 : 0)};
+}
+
+absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec& spec,
+                                       std::string name) {
+  if (spec.count == 0) return BadShard(object, spec, "the count must be at least 1");
+  if (spec.index >= spec.count) return BadShard(object, spec, "the index must be below the count");
+  const bool any_split = std::any_of(
+      object.tensors.begin(), object.tensors.end(),
+      [&](const TensorPlacement& tensor) { return tensor.shape.size() > spec.dim; });
+  if (!any_split) {
+    return BadShard(object, spec,
+                    absl::StrCat("no tensor has dimension ", spec.dim, " (dimensions count from 0)"));
+  }
+
+  const ExtentMap extents(object.extents);
+  ObjectInfo shard;
+  shard.name = std::move(name);
+  std::vector<Extent> pieces;
+  uint64_t cursor = 0;
+  for (const TensorPlacement& tensor : object.tensors) {
+    TensorPlacement out{tensor.name, tensor.dtype, tensor.shape, 0, 0};
+    out.offset = AlignUp(cursor, kGatheredTensorAlignment);
+    // Each piece: object bytes [begin, begin + length) of the source tensor.
+    uint64_t outer = 1;     // rows of the dimensions before `dim`: one piece each
+    uint64_t stride = 0;    // bytes between pieces
+    uint64_t first = 0;     // bytes into a stride where the piece starts
+    uint64_t length = tensor.size;
+    if (tensor.shape.size() > spec.dim) {
+      const uint64_t rows = tensor.shape[spec.dim];
+      if (rows < spec.count) {
+        return BadShard(object, spec,
+                        absl::StrCat("tensor ", Quote(tensor.name), " has ", rows,
+                                     " rows in dimension ", spec.dim, ", fewer than the count"));
+      }
+      uint64_t inner = DTypeSize(tensor.dtype);  // bytes of one row along `dim`
+      for (size_t d = spec.dim + 1; d < tensor.shape.size(); ++d) inner *= tensor.shape[d];
+      for (size_t d = 0; d < spec.dim; ++d) outer *= tensor.shape[d];
+      const auto [first_row, row_count] = ShardRows(rows, spec.index, spec.count);
+      out.shape[spec.dim] = row_count;
+      stride = rows * inner;
+      first = first_row * inner;
+      length = row_count * inner;
+    }
+    out.size = outer * length;
+    if (length > 0) {
+      for (uint64_t o = 0; o < outer; ++o) {
+        if (!extents.Map(tensor.offset + o * stride + first, length, out.offset + o * length,
+                         pieces)) {
+          return absl::InternalError(absl::StrCat("object ", Quote(object.name), ": tensor ",
+                                                  Quote(tensor.name), " is outside its extents"));
+        }
+      }
+    }
+    cursor = out.offset + out.size;
+    shard.tensors.push_back(std::move(out));
+  }
+  shard.size = cursor;
+
+  std::sort(pieces.begin(), pieces.end(), [](const Extent& a, const Extent& b) {
+    return a.file != b.file ? a.file < b.file : a.file_offset < b.file_offset;
+  });
+  for (const Extent& piece : pieces) {
+    if (!shard.extents.empty()) {
+      Extent& last = shard.extents.back();
+      if (last.file == piece.file && last.file_offset + last.length == piece.file_offset &&
+          last.object_offset + last.length == piece.object_offset) {
+        last.length += piece.length;
+        continue;
+      }
+    }
+    shard.extents.push_back(piece);
+  }
+  return shard;
+}
+
+namespace {
+
+// The base object and spec of a shard name; NOT_FOUND / INVALID_ARGUMENT as FindShard.
+absl::StatusOr<std::pair<const ObjectInfo*, ShardSpec>> ParseShardName(
+    const ModelInfo& model, absl::string_view object_name) {
+  const auto split = SplitShardName(object_name);
+  const ObjectInfo* base = split ? FindObject(model, split->first) : nullptr;
+  if (base == nullptr) {
+    return absl::NotFoundError(absl::StrCat("model ", Quote(model.name), " has no object ",
+                                            Quote(object_name)));
+  }
+  ASSIGN_OR_RETURN(const ShardSpec spec, ParseShardSpec(split->second));
+  if (FormatShardSpec(spec) != split->second) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", Quote(split->second), " of object ",
+                                                   Quote(base->name), ": write it as ",
+                                                   FormatShardSpec(spec)));
+  }
+  return std::make_pair(base, spec);
+}
+
+}  // namespace
+
+absl::StatusOr<ObjectInfo> FindShard(const ModelInfo& model, absl::string_view object_name) {
+  ASSIGN_OR_RETURN(const auto parsed, ParseShardName(model, object_name));
+  return ShardObject(*parsed.first, parsed.second, std::string(object_name));
+}
+
+bool IsShardName(const ModelInfo& model, absl::string_view object_name) {
+  return ParseShardName(model, object_name).ok();
+}
+
+}  // namespace tierd

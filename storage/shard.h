@@ -1,0 +1,73 @@
+// Tensor-parallel shards of an object: rank `index` of `count`'s slice of each tensor along `dim`,
+// as torch.tensor_split(tensor, count, dim)[index] gives it, made an object of its own.
+//
+// A shard is named by a suffix on its object's name: "MODEL/OBJECT@DIM:INDEX/COUNT". Its tensors
+// are those of the object in the same order, each split along `dim` when it has more than `dim`
+// dimensions and copied whole otherwise (a row-parallel layer's bias, a norm's weight when dim is
+// 1), at kGatheredTensorAlignment inside the shard. Its extents are the byte ranges of the model's
+// files that hold exactly those slices: one range per tensor for dim 0, one per row of the
+// dimensions before `dim` otherwise. So the tiers read, checksum, hold and lend a shard like any
+// object, and only its bytes are read.
+//
+// Uneven splits follow tensor_split: of n rows in count parts, the first n % count parts have one
+// row more.
+//
+// Pure computation: no I/O, no locking. Thread-compatible.
+#ifndef TIERD_STORAGE_SHARD_H_
+#define TIERD_STORAGE_SHARD_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "storage/model.h"
+
+namespace tierd {
+
+struct ShardSpec {
+  uint32_t dim = 0;
+  uint32_t index = 0;
+  uint32_t count = 1;
+
+  friend bool operator==(const ShardSpec& a, const ShardSpec& b) {
+    return a.dim == b.dim && a.index == b.index && a.count == b.count;
+  }
+};
+
+// "DIM:INDEX/COUNT" (decimal, at most 9 digits each) → ShardSpec; INVALID_ARGUMENT otherwise.
+// Says nothing about whether the spec fits an object (ShardObject does).
+absl::StatusOr<ShardSpec> ParseShardSpec(absl::string_view text);
+// "DIM:INDEX/COUNT".
+std::string FormatShardSpec(const ShardSpec& spec);
+
+// Splits an object name at its last '@': ("OBJECT", "DIM:INDEX/COUNT"), or nullopt when the name
+// has no '@'. The spec part is not parsed.
+std::optional<std::pair<absl::string_view, absl::string_view>> SplitShardName(
+    absl::string_view object_name);
+
+// Rows [first, first + count) of `rows` split in `parts` that part `index` gets (tensor_split).
+// REQUIRES: index < parts.
+std::pair<uint64_t, uint64_t> ShardRows(uint64_t rows, uint32_t index, uint32_t parts);
+
+// The shard of `object` that `spec` names, as an object called `name`. INVALID_ARGUMENT, naming
+// the object (and the tensor), when count is 0, index >= count, no tensor has dimension `dim`, or
+// a tensor split along it has fewer than `count` rows there.
+absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec& spec,
+                                       std::string name);
+
+// The shard of `model` that `object_name` ("OBJECT@DIM:INDEX/COUNT") names. NOT_FOUND when the
+// name has no '@' or OBJECT is not an object of the model; INVALID_ARGUMENT when the spec is
+// malformed, not written as FormatShardSpec writes it (so that one shard has one key), or does not
+// fit the object (ShardObject).
+absl::StatusOr<ObjectInfo> FindShard(const ModelInfo& model, absl::string_view object_name);
+
+// True when `object_name` is OBJECT@SPEC with OBJECT an object of `model` and SPEC written as
+// FormatShardSpec writes it; whether the spec fits the object is not checked.
+bool IsShardName(const ModelInfo& model, absl::string_view object_name);
+
+}  // namespace tierd
+
+#endif  // TIERD_STORAGE_SHARD_H_

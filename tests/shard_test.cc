@@ -1,0 +1,193 @@
+// Tensor-parallel shards ("MODEL/OBJECT@DIM:INDEX/COUNT") end to end on real files: registered in
+// a real catalog, read by a real disk reader into the host cache, compared with tensor_split of
+// the whole tensor; only the shard's bytes read from disk; bad specs refused.
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "storage/object_layout.h"
+#include "storage/shard.h"
+#include "tests/host_cache_test_fixture.h"
+
+namespace tierd {
+namespace host_cache_test {
+namespace {
+
+// torch.tensor_split(tensor, count, dim)[index] of a tensor held as `data`, computed element by
+// element from the documented rule (the first rows % count parts get one row more).
+std::string TensorSplit(const std::string& data, const std::vector<uint64_t>& shape,
+                        size_t element, size_t dim, uint64_t index, uint64_t count) {
+  std::vector<uint64_t> sizes(count, shape[dim] / count);
+  for (uint64_t i = 0; i < shape[dim] % count; ++i) ++sizes[i];
+  uint64_t first = 0;
+  for (uint64_t i = 0; i < index; ++i) first += sizes[i];
+  uint64_t after = 1;  // elements per step along `dim`
+  for (size_t d = dim + 1; d < shape.size(); ++d) after *= shape[d];
+  std::string out;
+  for (uint64_t i = 0; i < data.size() / element; ++i) {
+    const uint64_t coordinate = (i / after) % shape[dim];
+    if (coordinate >= first && coordinate < first + sizes[index]) {
+      out.append(data, i * element, element);
+    }
+  }
+  return out;
+}
+
+class ShardTest : public HostCacheTest {
+ protected:
+  // Writes `files` (each a list of tensors) as model "m" and registers it with `grouping`.
+  void Register(const std::vector<std::vector<testing::TensorSpec>>& files, Grouping grouping) {
+    model_dir_ = absl::StrCat(dir_.path(), "/models/sharded");
+    std::filesystem::create_directories(model_dir_);
+    for (size_t i = 0; i < files.size(); ++i) {
+      ASSERT_THAT(testing::WriteSafetensors(
+                      absl::StrCat(model_dir_, "/model-", i, ".safetensors"), files[i]),
+                  IsOk());
+    }
+    ASSERT_THAT(catalog_->RegisterModel("m", model_dir_, grouping, GroupingRules::Defaults()),
+                IsOk());
+  }
+
+  // Fetches `key` and returns its bytes ("" and a failure when it cannot be fetched).
+  std::string FetchBytes(const std::string& key) {
+    absl::StatusOr<HostObject> object = FetchNow(key);
+    EXPECT_THAT(object, IsOk()) << key;
+    if (!object.ok()) return "";
+    return std::string(reinterpret_cast<const char*>(object->data()), object->size());
+  }
+
+  // The bytes of tensor `tensor` inside shard `key`, checked against its lookup.
+  std::string TensorOfShard(const std::string& key, size_t tensor) {
+    absl::StatusOr<ObjectRef> ref = catalog_->Lookup(key);
+    EXPECT_THAT(ref, IsOk()) << key;
+    if (!ref.ok()) return "";
+    const TensorPlacement& placement = ref->object->tensors.at(tensor);
+    return FetchBytes(key).substr(placement.offset, placement.size);
+  }
+};
+
+TEST_F(ShardTest, ShardsAreTensorSplitForEveryDtypeDimAndCount) {
+  Start(8);
+  const std::vector<testing::TensorSpec> tensors = {
+      testing::RandomTensor("bias", "F32", {7}, 1),
+      testing::RandomTensor("proj.weight", "BF16", {6, 10}, 2),
+      testing::RandomTensor("conv.weight", "F16", {5, 4, 3}, 3),
+      testing::RandomTensor("u8", "U8", {3, 5, 2, 4}, 4),
+      testing::RandomTensor("f64", "F64", {4, 9}, 5),
+      testing::RandomTensor("fp8", "F8_E4M3", {9, 3}, 6),
+      testing::RandomTensor("i64", "I64", {2, 3, 5}, 7),
+  };
+  Register({tensors}, Grouping::kTensor);
+  int checked = 0;
+  for (const testing::TensorSpec& tensor : tensors) {
+    const size_t element = tensor.data.size() / [&] {
+      uint64_t n = 1;
+      for (uint64_t d : tensor.shape) n *= d;
+      return n;
+    }();
+    for (size_t dim = 0; dim < tensor.shape.size(); ++dim) {
+      for (uint64_t count : {uint64_t{1}, uint64_t{2}, uint64_t{3}, tensor.shape[dim]}) {
+        if (count > tensor.shape[dim]) continue;
+        for (uint64_t index = 0; index < count; ++index) {
+          const std::string key =
+              absl::StrCat("m/", tensor.name, "@", dim, ":", index, "/", count);
+          const std::string expected =
+              TensorSplit(tensor.data, tensor.shape, element, dim, index, count);
+          ASSERT_EQ(FetchBytes(key), expected) << key;
+          absl::StatusOr<ObjectRef> ref = catalog_->Lookup(key);
+          ASSERT_THAT(ref, IsOk());
+          std::vector<uint64_t> shape = tensor.shape;
+          shape[dim] = ShardRows(shape[dim], index, count).second;
+          EXPECT_EQ(ref->object->tensors.at(0).shape, shape) << key;
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
+  // A shard's checksum is recorded at its first read, as an object's.
+  EXPECT_TRUE(catalog_->Checksum("m/proj.weight@1:1/2").has_value());
+}
+
+// An object of several tensors in two files: each tensor with the dimension is split, the others
+// stay whole; the shard's tensors sit at the gathered alignment.
+TEST_F(ShardTest, AnObjectOfSeveralTensorsAcrossFilesSplitsThoseWithTheDimension) {
+  Start(8);
+  const testing::TensorSpec q = testing::RandomTensor("layers.0.q.weight", "BF16", {8, 12}, 1);
+  const testing::TensorSpec norm = testing::RandomTensor("layers.0.norm.weight", "F32", {12}, 2);
+  const testing::TensorSpec o = testing::RandomTensor("layers.0.o.weight", "BF16", {12, 7}, 3);
+  Register({{q, norm}, {o}}, Grouping::kBlock);
+  for (uint32_t index = 0; index < 3; ++index) {
+    const std::string key = absl::StrCat("m/layers.0@1:", index, "/3");
+    absl::StatusOr<ObjectRef> ref = catalog_->Lookup(key);
+    ASSERT_THAT(ref, IsOk());
+    ASSERT_EQ(ref->object->tensors.size(), 3u);
+    for (size_t t = 0; t < 3; ++t) {
+      const TensorPlacement& placement = ref->object->tensors[t];
+      EXPECT_EQ(placement.offset % kGatheredTensorAlignment, 0u);
+      const testing::TensorSpec& source =
+          placement.name == q.name ? q : placement.name == o.name ? o : norm;
+      const std::string expected =
+          source.shape.size() > 1 ? TensorSplit(source.data, source.shape,
+                                                source.dtype == "F32" ? 4 : 2, 1, index, 3)
+                                  : source.data;  // the 1-D norm stays whole
+      EXPECT_EQ(TensorOfShard(key, t), expected) << key << " " << placement.name;
+    }
+  }
+  // Dim 0 splits the norm too: it has a dimension 0.
+  absl::StatusOr<ObjectRef> rows = catalog_->Lookup("m/layers.0@0:1/2");
+  ASSERT_THAT(rows, IsOk());
+  for (const TensorPlacement& placement : rows->object->tensors) {
+    if (placement.name == norm.name) {
+      EXPECT_EQ(placement.shape, std::vector<uint64_t>{6});
+    }
+  }
+}
+
+// A dim-0 shard is one range of the file: only its bytes (rounded out to the read alignment) are
+// read, never the tensor's. A dim-1 shard reads each row's slice once, its neighbouring slices in
+// one read where their blocks touch.
+TEST_F(ShardTest, OnlyTheShardsBytesAreReadFromDisk) {
+  Start(8, EvictionPolicy::kFifo, testing::ReaderOptions(1, 4, 1 << 20));
+  const uint64_t rows = 1024, row_bytes = 1024;  // F32 [1024, 256]: 1 MiB
+  const uint64_t tensor_bytes = rows * row_bytes;
+  Register({{testing::RandomTensor("w", "F32", {rows, row_bytes / 4}, 9)}}, Grouping::kTensor);
+  const uint64_t before = storage_->reader().stats().bytes_read;
+  ASSERT_EQ(FetchBytes("m/w@0:1/4").size(), tensor_bytes / 4);
+  const uint64_t dim0_read = storage_->reader().stats().bytes_read - before;
+  EXPECT_GE(dim0_read, tensor_bytes / 4);
+  EXPECT_LE(dim0_read, tensor_bytes / 4 + 4096);
+  // 1024 slices of 256 bytes, four to a block: read one by one, each would read its block (4 MiB
+  // in all); read together, the blocks they span are read once.
+  ASSERT_EQ(FetchBytes("m/w@1:2/4").size(), tensor_bytes / 4);
+  const uint64_t dim1_read = storage_->reader().stats().bytes_read - before - dim0_read;
+  EXPECT_LE(dim1_read, tensor_bytes + 4096);
+}
+
+TEST_F(ShardTest, BadSpecsAreRefused) {
+  Start(2);
+  Register({{testing::RandomTensor("w", "F32", {4, 3}, 1),
+             testing::RandomTensor("b", "F32", {3}, 2)}},
+           Grouping::kTensor);
+  for (const char* key : {"m/w@2:0/2",     // dim out of range
+                          "m/b@1:0/1",     // a 1-D tensor has no dimension 1
+                          "m/w@0:2/2",     // index >= count
+                          "m/w@0:0/0",     // count 0
+                          "m/w@1:0/4",     // count > the dim's size
+                          "m/w@0:1",       // malformed
+                          "m/w@0:-1/2",    // malformed
+                          "m/w@x",         // malformed
+                          "m/w@0:01/2",    // not written canonically
+                          "m/w@0:0/2 "}) { // trailing space
+    EXPECT_THAT(FetchNow(key), StatusIs(absl::StatusCode::kInvalidArgument)) << key;
+    EXPECT_THAT(catalog_->Lookup(key), StatusIs(absl::StatusCode::kInvalidArgument)) << key;
+  }
+  EXPECT_THAT(FetchNow("m/nothing@0:0/2"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_FALSE(catalog_->Checksum("m/w@0:0/0").has_value());
+}
+
+}  // namespace
+}  // namespace host_cache_test
+}  // namespace tierd
