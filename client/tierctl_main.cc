@@ -43,6 +43,9 @@ ABSL_FLAG(bool, durable, false,
           "put: the object survives a restart of the daemon (written and fsynced before put "
           "returns)");
 ABSL_FLAG(std::string, tier, "", "evict: the tier to drop from: gpu (default), host or all");
+ABSL_FLAG(std::string, shard, "",
+          "get, prefetch: a tensor-parallel shard of each object, DIM:INDEX/COUNT (part INDEX of "
+          "COUNT along dimension DIM, as torch.tensor_split gives it)");
 
 namespace {
 
@@ -57,8 +60,10 @@ constexpr char kUsage[] =
     "                             --verify: hash every object now, so first reads are checked\n"
     "  ls [NAME]                  list the models, or the objects of model NAME\n"
     "  stats                      print the daemon's tiers and counters\n"
-    "  prefetch KEY...            start bringing objects to the GPU\n"
-    "  get KEY -o FILE            write an object's bytes to FILE (- for stdout)\n"
+    "  prefetch KEY... [--shard=DIM:INDEX/COUNT]\n"
+    "                             start bringing objects (or a shard of each) to the GPU\n"
+    "  get KEY -o FILE [--shard=DIM:INDEX/COUNT]\n"
+    "                             write an object's bytes (or a shard's) to FILE (- for stdout)\n"
     "  put KEY FILE [--no-spill] [--durable]\n"
     "                             store the bytes of FILE (- for stdin) as object KEY; --durable:\n"
     "                             it survives a restart of the daemon\n"
@@ -189,7 +194,15 @@ int Stats(const Args&) {
   return 0;
 }
 
-int Prefetch(const Args& keys) {
+// `key`, or its shard when --shard is given (the daemon checks the spec).
+std::string KeyOrShard(const std::string& key) {
+  const std::string shard = absl::GetFlag(FLAGS_shard);
+  return shard.empty() ? key : absl::StrCat(key, "@", shard);
+}
+
+int Prefetch(const Args& args) {
+  Args keys;
+  for (const std::string& key : args) keys.push_back(KeyOrShard(key));
   absl::StatusOr<std::unique_ptr<tierd::Client>> client = Connect();
   if (!client.ok()) return Fail(client.status());
   absl::StatusOr<tierd::v1::PrefetchResponse> response = (*client)->Prefetch(keys);
@@ -210,13 +223,14 @@ int Get(const Args& args) {
   if (json && output == "-") return BadUsage("--json and -o - would both write stdout");
   absl::StatusOr<std::unique_ptr<tierd::Client>> client = Connect();
   if (!client.ok()) return Fail(client.status());
-  absl::StatusOr<uint64_t> bytes = tierd::GetObjectToFile(**client, args[0], output);
+  const std::string key = KeyOrShard(args[0]);
+  absl::StatusOr<uint64_t> bytes = tierd::GetObjectToFile(**client, key, output);
   if (!bytes.ok()) return Fail(bytes.status());
   if (json) {
-    tierd::PrintJson(Json{{"key", args[0]}, {"bytes", *bytes}, {"file", output}});
+    tierd::PrintJson(Json{{"key", key}, {"bytes", *bytes}, {"file", output}});
   } else {
     // stderr: stdout may be carrying the bytes themselves.
-    std::fprintf(stderr, "%s: %llu bytes → %s\n", args[0].c_str(),
+    std::fprintf(stderr, "%s: %llu bytes → %s\n", key.c_str(),
                  static_cast<unsigned long long>(*bytes),
                  output == "-" ? "stdout" : output.c_str());
   }
@@ -280,8 +294,8 @@ constexpr Command kCommands[] = {
     {"load", 2, 2, "--group --verify", Load},
     {"ls", 0, 1, "", List},
     {"stats", 0, 0, "", Stats},
-    {"prefetch", 1, kAnyNumber, "", Prefetch},
-    {"get", 1, 1, "-o", Get},
+    {"prefetch", 1, kAnyNumber, "--shard", Prefetch},
+    {"get", 1, 1, "-o --shard", Get},
     {"put", 2, 2, "--no-spill --durable", Put},
     {"evict", 1, 1, "--tier", Evict},
 };
@@ -295,6 +309,7 @@ std::vector<std::string> MisplacedFlags(const Command& command) {
       {"--no-spill", absl::GetFlag(FLAGS_no_spill)},
       {"--durable", absl::GetFlag(FLAGS_durable)},
       {"--tier", !absl::GetFlag(FLAGS_tier).empty()},
+      {"--shard", !absl::GetFlag(FLAGS_shard).empty()},
   };
   std::vector<std::string> misplaced;
   for (const auto& [flag, is_given] : given) {

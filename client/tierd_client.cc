@@ -355,6 +355,10 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
   return session;
 }
 
+std::string ShardKey(const std::string& key, uint32_t dim, uint32_t index, uint32_t count) {
+  return absl::StrCat(key, "@", dim, ":", index, "/", count);
+}
+
 namespace {
 
 // `directory` made absolute against this process's working directory: the daemon takes absolute

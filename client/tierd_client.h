@@ -36,6 +36,12 @@ class Session;
 class SessionCore;
 struct SessionCommits;
 
+// The key of a tensor-parallel shard of object `key`: part `index` of `count` of each of its
+// tensors along dimension `dim`, as torch.tensor_split gives it ("MODEL/OBJECT@DIM:INDEX/COUNT").
+// Fetch and prefetch it like any object: the daemon reads only its bytes from the files, and
+// tensors without that dimension come whole. See docs/SHARDS.md.
+std::string ShardKey(const std::string& key, uint32_t dim, uint32_t index, uint32_t count);
+
 struct ClientOptions {
   std::string socket_path = "/run/tierd/gpu0.sock";
   // Shown in the daemon's logs and stats.

@@ -15,26 +15,6 @@ namespace tierd {
 namespace host_cache_test {
 namespace {
 
-// torch.tensor_split(tensor, count, dim)[index] of a tensor held as `data`, computed element by
-// element from the documented rule (the first rows % count parts get one row more).
-std::string TensorSplit(const std::string& data, const std::vector<uint64_t>& shape,
-                        size_t element, size_t dim, uint64_t index, uint64_t count) {
-  std::vector<uint64_t> sizes(count, shape[dim] / count);
-  for (uint64_t i = 0; i < shape[dim] % count; ++i) ++sizes[i];
-  uint64_t first = 0;
-  for (uint64_t i = 0; i < index; ++i) first += sizes[i];
-  uint64_t after = 1;  // elements per step along `dim`
-  for (size_t d = dim + 1; d < shape.size(); ++d) after *= shape[d];
-  std::string out;
-  for (uint64_t i = 0; i < data.size() / element; ++i) {
-    const uint64_t coordinate = (i / after) % shape[dim];
-    if (coordinate >= first && coordinate < first + sizes[index]) {
-      out.append(data, i * element, element);
-    }
-  }
-  return out;
-}
-
 class ShardTest : public HostCacheTest {
  protected:
   // Writes `files` (each a list of tensors) as model "m" and registers it with `grouping`.
@@ -82,19 +62,13 @@ TEST_F(ShardTest, ShardsAreTensorSplitForEveryDtypeDimAndCount) {
   Register({tensors}, Grouping::kTensor);
   int checked = 0;
   for (const testing::TensorSpec& tensor : tensors) {
-    const size_t element = tensor.data.size() / [&] {
-      uint64_t n = 1;
-      for (uint64_t d : tensor.shape) n *= d;
-      return n;
-    }();
     for (size_t dim = 0; dim < tensor.shape.size(); ++dim) {
       for (uint64_t count : {uint64_t{1}, uint64_t{2}, uint64_t{3}, tensor.shape[dim]}) {
         if (count > tensor.shape[dim]) continue;
         for (uint64_t index = 0; index < count; ++index) {
           const std::string key =
               absl::StrCat("m/", tensor.name, "@", dim, ":", index, "/", count);
-          const std::string expected =
-              TensorSplit(tensor.data, tensor.shape, element, dim, index, count);
+          const std::string expected = testing::TensorSplit(tensor, dim, index, count);
           ASSERT_EQ(FetchBytes(key), expected) << key;
           absl::StatusOr<ObjectRef> ref = catalog_->Lookup(key);
           ASSERT_THAT(ref, IsOk());
@@ -129,10 +103,9 @@ TEST_F(ShardTest, AnObjectOfSeveralTensorsAcrossFilesSplitsThoseWithTheDimension
       EXPECT_EQ(placement.offset % kGatheredTensorAlignment, 0u);
       const testing::TensorSpec& source =
           placement.name == q.name ? q : placement.name == o.name ? o : norm;
-      const std::string expected =
-          source.shape.size() > 1 ? TensorSplit(source.data, source.shape,
-                                                source.dtype == "F32" ? 4 : 2, 1, index, 3)
-                                  : source.data;  // the 1-D norm stays whole
+      const std::string expected = source.shape.size() > 1
+                                       ? testing::TensorSplit(source, 1, index, 3)
+                                       : source.data;  // the 1-D norm stays whole
       EXPECT_EQ(TensorOfShard(key, t), expected) << key << " " << placement.name;
     }
   }

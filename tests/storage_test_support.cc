@@ -20,6 +20,27 @@ TensorSpec RandomTensor(const std::string& name, const std::string& dtype,
   return spec;
 }
 
+std::string TensorSplit(const TensorSpec& tensor, size_t dim, uint64_t index, uint64_t count) {
+  const std::vector<uint64_t>& shape = tensor.shape;
+  uint64_t elements = 1;
+  for (uint64_t size : shape) elements *= size;
+  const size_t element = elements == 0 ? 1 : tensor.data.size() / elements;
+  std::vector<uint64_t> sizes(count, shape[dim] / count);
+  for (uint64_t i = 0; i < shape[dim] % count; ++i) ++sizes[i];
+  uint64_t first = 0;
+  for (uint64_t i = 0; i < index; ++i) first += sizes[i];
+  uint64_t after = 1;  // elements per step along `dim`
+  for (size_t d = dim + 1; d < shape.size(); ++d) after *= shape[d];
+  std::string out;
+  for (uint64_t i = 0; i < elements; ++i) {
+    const uint64_t coordinate = (i / after) % shape[dim];
+    if (coordinate >= first && coordinate < first + sizes[index]) {
+      out.append(tensor.data, i * element, element);
+    }
+  }
+  return out;
+}
+
 DiskReaderOptions ReaderOptions(int threads, int queue_depth, uint64_t chunk_bytes) {
   DiskReaderOptions options;
   options.threads = threads;

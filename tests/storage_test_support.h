@@ -25,6 +25,11 @@ using ::tierd::WriteSafetensors;
 TensorSpec RandomTensor(const std::string& name, const std::string& dtype,
                         const std::vector<uint64_t>& shape, uint64_t seed);
 
+// torch.tensor_split(tensor, count, dim)[index] of `tensor`, computed element by element from the
+// documented rule (of n rows, the first n % count parts get one row more): the reference shards
+// are checked against.
+std::string TensorSplit(const TensorSpec& tensor, size_t dim, uint64_t index, uint64_t count);
+
 // Reader options with the given threads, queue depth and chunk size, the rest default.
 DiskReaderOptions ReaderOptions(int threads, int queue_depth, uint64_t chunk_bytes);
 
