@@ -6,7 +6,8 @@
         ...  # lease.tensors: {name: tensor viewing the daemon's staging buffer}
 
 tierd.ActivationCache offloads activation caches (store_async / begin_fetch_step / fetch);
-tierd.torch.stream_weights streams a model's blocks through forward hooks.
+tierd.torch.stream_weights streams a model's blocks through forward hooks;
+tierd.tensor_parallel.load_shards loads one rank's shards of a model's weights.
 """
 
 from .activation_cache import ActivationCache

@@ -1,0 +1,143 @@
+"""Tensor-parallel shards against a real daemon: shard keys give torch.tensor_split's slices for
+every dtype, dimension and count; bad specs are refused; two rank processes load their halves of a
+Llama layer with load_shards and their all-reduced forward equals the whole layer's."""
+
+import json
+import os
+
+import torch
+
+import tierd
+from dit_model import save_safetensors
+from tierd import tensor_parallel
+from tierd_testing import DaemonTestCase, TIMEOUT, run_python, torch_device
+from tp_llama_layer import PLAN, PREFIX, example_input, reference_layer
+
+_TENSORS = {
+    "f32": torch.randn(7, 6),
+    "bf16": torch.randn(6, 10).to(torch.bfloat16),
+    "f16": torch.randn(5, 4, 3).to(torch.float16),
+    "u8": torch.randint(0, 255, (3, 5, 2, 4), dtype=torch.uint8),
+    "i64": torch.randint(-1000, 1000, (4, 9)),
+    "f64": torch.randn(9).double(),
+}
+
+
+class ShardKeyTest(DaemonTestCase):
+    def setUp(self):
+        super().setUp()
+        save_safetensors(_TENSORS, os.path.join(self.model_dir("t"), "model.safetensors"))
+        self.client.register_model("t", self.model_dir("t"), grouping="tensor")
+
+    def test_shards_are_tensor_split_for_every_dtype_dim_and_count(self):
+        checked = 0
+        with self.client.session() as session:
+            for name, whole in _TENSORS.items():
+                for dim in range(whole.dim()):
+                    for count in sorted({1, 2, 3, whole.shape[dim]}):
+                        if count > whole.shape[dim]:
+                            continue
+                        expected = torch.tensor_split(whole, count, dim)
+                        for index in range(count):
+                            key = tensor_parallel.shard_key(f"t/{name}", dim, index, count)
+                            with session.fetch(key) as lease:
+                                got = lease.tensor.cpu()
+                            self.assertEqual(got.dtype, whole.dtype, key)
+                            self.assertTrue(torch.equal(got, expected[index]), key)
+                            checked += 1
+        self.assertGreater(checked, 60)
+
+    def test_bad_specs_are_refused(self):
+        with self.client.session() as session:
+            for key in ("t/f32@2:0/2", "t/f64@1:0/1", "t/f32@0:2/2", "t/f32@0:0/0",
+                        "t/f32@1:0/7", "t/f32@0:1", "t/f32@0:01/2"):
+                with self.assertRaises(tierd.TierdError, msg=key) as raised:
+                    session.fetch(key)
+                self.assertEqual(raised.exception.code, tierd.StatusCode.INVALID_ARGUMENT, key)
+        for dim, index, count in ((0, 2, 2), (-1, 0, 2), (0, 0, 0), (True, 0, 1)):
+            with self.assertRaises(ValueError):
+                tensor_parallel.shard_key("t/f32", dim, index, count)
+
+    def test_a_plan_names_each_parameters_dimension(self):
+        plan = {"*.q_proj": "colwise", "*.o_proj": "rowwise", "*.norm.weight": None,
+                "embed.weight": 1}
+        self.assertEqual(tensor_parallel.split_dim(plan, "layers.0.q_proj.weight"), 0)
+        self.assertEqual(tensor_parallel.split_dim(plan, "layers.0.o_proj.bias"), 1)
+        self.assertIsNone(tensor_parallel.split_dim(plan, "layers.0.norm.weight"))
+        self.assertIsNone(tensor_parallel.split_dim(plan, "lm_head.weight"))
+        self.assertEqual(tensor_parallel.split_dim(plan, "embed.weight"), 1)
+        with self.assertRaises(ValueError):
+            tensor_parallel.split_dim({"*": "diagonal"}, "x.weight")
+
+
+_RANK = r"""
+import json, sys, torch, torch.distributed as dist, tierd
+from tierd import tensor_parallel
+from tp_llama_layer import LlamaLayer, PLAN, PREFIX, example_input
+socket, rank, rendezvous, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
+layer = LlamaLayer(world_size=2, device="meta")
+with tierd.Client(socket) as client, client.session() as session:
+    keys = tensor_parallel.load_shards(layer, session, "llama", PLAN, rank, 2, prefix=PREFIX)
+    device = session.device
+x = example_input().to(device)
+def all_reduce(partial):
+    summed = partial.cpu()
+    dist.all_reduce(summed)
+    return summed.to(partial.device)
+with torch.no_grad():
+    y = layer(x, all_reduce)
+if rank == 0:
+    torch.save(y.cpu(), out)
+print(json.dumps({name: [key, list(p.shape)] for (name, p), key in
+                  zip(layer.named_parameters(), keys.values())}))
+dist.destroy_process_group()
+"""
+
+
+class TwoRanksTest(DaemonTestCase):
+    def test_two_ranks_halves_compute_the_whole_layers_forward(self):
+        reference = reference_layer()
+        state = {PREFIX + name: tensor for name, tensor in reference.state_dict().items()}
+        save_safetensors(state, os.path.join(self.model_dir("llama"), "model.safetensors"))
+        self.client.register_model("llama", self.model_dir("llama"), grouping="tensor")
+        out = os.path.join(self.directory, "y.pt")
+        rendezvous = os.path.join(self.directory, "rendezvous")
+        ranks = [run_python(_RANK, self.daemon.socket, str(rank), rendezvous, out)
+                 for rank in range(2)]
+        reports = []
+        for rank in ranks:
+            stdout, stderr = rank.communicate(timeout=TIMEOUT)
+            self.assertEqual(rank.returncode, 0, stderr)
+            reports.append(json.loads(stdout.strip().splitlines()[-1]))
+
+        with torch.no_grad():
+            expected = reference(example_input())
+        torch.testing.assert_close(torch.load(out), expected, rtol=1e-5, atol=1e-5)
+        # Each rank held half of each projection and the whole of each norm.
+        for rank, report in enumerate(reports):
+            key, shape = report["self_attn.q_proj.weight"]
+            self.assertEqual(key, f"llama/{PREFIX}self_attn.q_proj.weight@0:{rank}/2")
+            self.assertEqual(shape, [32, 64])
+            key, shape = report["mlp.down_proj.weight"]
+            self.assertEqual(key, f"llama/{PREFIX}mlp.down_proj.weight@1:{rank}/2")
+            self.assertEqual(shape, [64, 48])
+            key, shape = report["input_layernorm.weight"]
+            self.assertEqual(key, f"llama/{PREFIX}input_layernorm.weight")
+            self.assertEqual(shape, [64])
+        # The node read each byte once: the ranks' shards add up to the layer, norms read once.
+        layer_bytes = sum(t.numel() * t.element_size() for t in state.values())
+        self.assertEqual(self.client.stats().bytes_disk_to_host, layer_bytes)
+
+    def test_a_module_of_the_wrong_shape_is_refused(self):
+        reference = reference_layer()
+        state = {PREFIX + name: tensor for name, tensor in reference.state_dict().items()}
+        save_safetensors(state, os.path.join(self.model_dir("llama"), "model.safetensors"))
+        self.client.register_model("llama", self.model_dir("llama"), grouping="tensor")
+        whole = reference_layer(seed=3).to(torch_device())
+        with self.assertRaisesRegex(ValueError, "q_proj.weight has shape"):
+            tensor_parallel.load_shards(whole, self.client, "llama", PLAN, 0, 2, prefix=PREFIX)
+        # Whole (a plan splitting nothing), it loads the reference's weights.
+        tensor_parallel.load_shards(whole, self.client, "llama", {}, 0, 1, prefix=PREFIX)
+        for name, parameter in whole.named_parameters():
+            self.assertTrue(torch.equal(parameter.cpu(), reference.state_dict()[name]), name)

@@ -1,0 +1,121 @@
+"""Tensor-parallel shards: each rank fetches only its slice of each weight, read by the daemon
+straight from the model's unconverted safetensors files.
+
+A shard key names part `index` of `count` of every tensor of an object along dimension `dim`, as
+torch.tensor_split gives it: "MODEL/OBJECT@DIM:INDEX/COUNT". Tensors without that dimension come
+whole. Fetch it like any key: only its bytes are read from disk, it is cached as an object of its
+own, and two ranks (or two daemons of a node) asking for the same shard share it.
+
+    key = tierd.tensor_parallel.shard_key("llama/model.layers.0.self_attn.q_proj.weight", 0, rank, 2)
+
+load_shards fills a module built for one rank (its parallel layers already of the rank's size, or
+on the meta device) from a model registered per tensor, following a plan of which parameters split
+along which dimension:
+
+    plan = {"*.q_proj": "colwise", "*.k_proj": "colwise", "*.v_proj": "colwise",
+            "*.o_proj": "rowwise", "*.gate_proj": "colwise", "*.up_proj": "colwise",
+            "*.down_proj": "rowwise"}
+    tierd.tensor_parallel.load_shards(layer, client, "llama", plan, rank, world_size,
+                                      prefix="model.layers.0.")
+"""
+
+import fnmatch
+
+import torch
+
+from ._session import Session
+from .client import Client
+
+# What a plan's values mean: the dimension a parameter splits along. A rowwise layer's 1-D bias
+# has no dimension 1 and so comes whole, as row parallelism needs.
+_STYLES = {"colwise": 0, "rowwise": 1, "replicate": None}
+
+
+def shard_key(key, dim, index, count):
+    """The key of part `index` of `count` of each tensor of object `key` along dimension `dim`."""
+    for what, value in (("dim", dim), ("index", index), ("count", count)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{what} must be a non-negative int, not {value!r}")
+    if index >= count:
+        raise ValueError(f"index {index} must be below count {count}")
+    return f"{key}@{dim}:{index}/{count}"
+
+
+def split_dim(plan, name):
+    """The dimension `plan` splits parameter `name` along, or None when it comes whole.
+
+    `plan` maps fnmatch patterns to a dimension (an int), "colwise" (0), "rowwise" (1) or
+    "replicate"/None (whole). A pattern matches the parameter's name ("layers.0.q_proj.weight") or
+    its module's ("layers.0.q_proj"); the first pattern in the plan's order that matches wins.
+    Parameters that no pattern matches come whole."""
+    module = name.rsplit(".", 1)[0] if "." in name else ""
+    for pattern, style in plan.items():
+        if fnmatch.fnmatchcase(name, pattern) or (module and fnmatch.fnmatchcase(module, pattern)):
+            if style is None or isinstance(style, int) and not isinstance(style, bool):
+                return style
+            if style not in _STYLES:
+                raise ValueError(f"plan entry {pattern!r}: {style!r} is not an int, None, "
+                                 f"or one of {sorted(_STYLES)}")
+            return _STYLES[style]
+    return None
+
+
+def load_shards(module, client, model, plan, rank, world_size, prefix="", prefetch_depth=4):
+    """Loads rank `rank` of `world_size`'s shard of each of `module`'s parameters from model
+    `model`, registered with per-tensor grouping (its objects named by the tensors), and returns
+    the keys fetched, by parameter name.
+
+    A parameter `name` is tensor `prefix + name`: fetched as shard_key(..., dim, rank, world_size)
+    where `plan` splits it (split_dim), whole otherwise. A parameter on the meta device is replaced
+    by one of the shard's shape, dtype and the session's device; any other must already have the
+    shard's shape (ValueError otherwise) and gets its bytes copied in (converted to its dtype).
+    `client`: a tierd.Client (a session is opened and closed) or a tierd.Session. Keys are
+    prefetched `prefetch_depth` ahead, so the daemon reads the next shards while this one is
+    copied. Errors: KeyError for a parameter the model lacks, TierdError for the daemon's
+    refusals (a shard that does not fit the tensor: INVALID_ARGUMENT)."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+    if isinstance(client, Session):
+        return _load(module, client, model, plan, rank, world_size, prefix, prefetch_depth)
+    if not isinstance(client, Client):
+        raise TypeError("client must be a tierd.Client or a tierd.Session")
+    with client.session() as session:
+        return _load(module, session, model, plan, rank, world_size, prefix, prefetch_depth)
+
+
+def _load(module, session, model, plan, rank, world_size, prefix, prefetch_depth):
+    parameters = list(module.named_parameters())
+    keys = {}
+    for name, _ in parameters:
+        key = f"{model}/{prefix}{name}"
+        dim = split_dim(plan, name)
+        keys[name] = key if dim is None else shard_key(key, dim, rank, world_size)
+    order = [keys[name] for name, _ in parameters]
+    if order:
+        session.prefetch(order[:prefetch_depth])
+    for position, (name, parameter) in enumerate(parameters):
+        ahead = position + prefetch_depth
+        if ahead < len(order):
+            session.prefetch([order[ahead]])
+        with session.fetch(keys[name]) as lease:
+            tensor = lease.tensors.get(prefix + name)
+            if tensor is None:
+                raise KeyError(f"{keys[name]} holds {sorted(lease.tensors)}, not {prefix + name}: "
+                               f"register {model} with per-tensor grouping")
+            _assign(module, name, parameter, tensor, keys[name], session.device)
+    return keys
+
+
+def _assign(module, name, parameter, tensor, key, device):
+    if parameter.is_meta:
+        owner_path, _, attribute = name.rpartition(".")
+        owner = module.get_submodule(owner_path) if owner_path else module
+        loaded = torch.empty(tensor.shape, dtype=parameter.dtype, device=device)
+        loaded.copy_(tensor)
+        setattr(owner, attribute, torch.nn.Parameter(loaded, requires_grad=parameter.requires_grad))
+        return
+    if tuple(parameter.shape) != tuple(tensor.shape):
+        raise ValueError(f"parameter {name} has shape {tuple(parameter.shape)} but {key} is "
+                         f"{tuple(tensor.shape)}: is the module built for this rank and plan?")
+    with torch.no_grad():
+        parameter.copy_(tensor)
