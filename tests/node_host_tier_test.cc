@@ -234,6 +234,40 @@ TEST_F(NodeHostTierTest, EachObjectIsReadAndPinnedOnceForTheNode) {
   EXPECT_EQ(disk_again, model_bytes_);
 }
 
+// Tensor-parallel ranks, one per daemon, each fetching its shard of every tensor: each shard is
+// read from disk once for the node, by its home, whichever rank asks first; their shards add up to
+// the model. Every daemon then fetching every rank's shards reads nothing more.
+TEST_F(NodeHostTierTest, EachShardIsReadOnceForTheNode) {
+  StartDaemons();
+  auto shard_key = [](const TensorSpec& tensor, int rank, size_t t) {
+    return ShardKey("m/" + tensor.name, static_cast<uint32_t>(t % 2), rank, kDaemons);
+  };
+  auto check = [&](int daemon, int rank) {
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      EXPECT_THAT(FetchBytes(session(daemon), shard_key(tensors_[t], rank, t)),
+                  IsOkAndHolds(testing::TensorSplit(tensors_[t], t % 2, rank, kDaemons)))
+          << "daemon " << daemon << ", rank " << rank << ", " << tensors_[t].name;
+    }
+  };
+  for (int rank = 0; rank < kDaemons; ++rank) check(rank, rank);
+  uint64_t disk = 0;
+  for (int i = 0; i < kDaemons; ++i) disk += Stats(i).bytes_disk_to_host();
+  EXPECT_EQ(disk, model_bytes_);
+
+  for (int i = 0; i < kDaemons; ++i) {
+    ASSERT_THAT(session(i).Evict("m/", v1::TIER_GPU), IsOk());
+    for (int rank = 0; rank < kDaemons; ++rank) check(i, rank);
+  }
+  uint64_t disk_again = 0, fallbacks = 0;
+  for (int i = 0; i < kDaemons; ++i) {
+    const v1::Stats stats = Stats(i);
+    disk_again += stats.bytes_disk_to_host();
+    fallbacks += stats.node_fallbacks();
+  }
+  EXPECT_EQ(disk_again, model_bytes_);
+  EXPECT_EQ(fallbacks, 0u);
+}
+
 TEST_F(NodeHostTierTest, EachDaemonRegistersItsPeersArenasBeforeAnyLoad) {
   StartDaemons();
   // Nothing fetched: each daemon connected to the others as it started and registered their
