@@ -16,14 +16,18 @@
 namespace tierd::bench {
 namespace {
 
-// Writes one safetensors file of U8 tensors filled with pseudo-random bytes.
+// Writes one safetensors file of U8 tensors filled with pseudo-random bytes: [bytes / row_bytes,
+// row_bytes] where row_bytes divides the size, else 1-D.
 void WriteSafetensors(const std::string& path, const std::vector<TensorSpec>& tensors,
-                      uint64_t& seed) {
+                      uint64_t row_bytes, uint64_t& seed) {
   nlohmann::json header = nlohmann::json::object();
   uint64_t offset = 0;
   for (const TensorSpec& tensor : tensors) {
+    const bool rows = row_bytes > 0 && tensor.bytes % row_bytes == 0;
     header[tensor.name] = {{"dtype", "U8"},
-                           {"shape", {tensor.bytes}},
+                           {"shape", rows ? nlohmann::json::array({tensor.bytes / row_bytes,
+                                                                   row_bytes})
+                                          : nlohmann::json::array({tensor.bytes})},
                            {"data_offsets", {offset, offset + tensor.bytes}}};
     offset += tensor.bytes;
   }
@@ -64,7 +68,8 @@ std::vector<TensorSpec> ParseTensorList(const std::string& text) {
   return tensors;
 }
 
-void WriteModel(const std::string& dir, const std::vector<TensorSpec>& tensors, int files) {
+void WriteModel(const std::string& dir, const std::vector<TensorSpec>& tensors, int files,
+                uint64_t row_bytes) {
   files = std::max(1, files);
   ::mkdir(dir.c_str(), 0755);
   std::vector<std::vector<TensorSpec>> per_file(files);
@@ -73,7 +78,7 @@ void WriteModel(const std::string& dir, const std::vector<TensorSpec>& tensors, 
   for (int f = 0; f < files; ++f) {
     const std::string path = absl::StrCat(dir, "/model-", f + 1, "-of-", files, ".safetensors");
     Progress(absl::StrCat("writing ", path));
-    WriteSafetensors(path, per_file[f], seed);
+    WriteSafetensors(path, per_file[f], row_bytes, seed);
   }
   ::sync();
 }

@@ -19,9 +19,12 @@ struct TensorSpec {
 std::vector<TensorSpec> ParseTensorList(const std::string& text);
 
 // Writes `tensors` into `dir` (created when missing) as `files` safetensors files, the tensors
-// dealt round-robin over them, named model-I-of-N.safetensors. The bytes depend only on the list
-// and the file count. Dies on a write error.
-void WriteModel(const std::string& dir, const std::vector<TensorSpec>& tensors, int files);
+// dealt round-robin over them, named model-I-of-N.safetensors. With `row_bytes`, a tensor whose
+// size it divides is 2-D, [size / row_bytes, row_bytes] (tensor-parallel shards split it along
+// either dimension); otherwise 1-D. The bytes depend only on the list and the file count. Dies on
+// a write error.
+void WriteModel(const std::string& dir, const std::vector<TensorSpec>& tensors, int files,
+                uint64_t row_bytes = 0);
 
 }  // namespace tierd::bench
 

@@ -12,7 +12,10 @@
 //   together  all daemons fresh, each other's --peers, cold-load the model at the same moment;
 //   warm      the model in host memory, evicted from the GPUs: all fetch it at once, --repeat
 //   times,
-//             against plain copies of the same bytes from one shared pinned buffer.
+//             against plain copies of the same bytes from one shared pinned buffer;
+//   tp        (only when --phases names it) tensor parallelism, one rank per daemon: all fresh,
+//             each other's peers, every rank cold-loads its shard of every tensor at once, along
+//             dimension 0 and then 1 (docs/SHARDS.md).
 // Prints progress on stderr and a table on stdout, and writes every figure to --json.
 #include <linux/magic.h>
 #include <sys/statfs.h>
@@ -69,6 +72,12 @@ ABSL_FLAG(bool, drop_caches, true,
           "Drop the page cache before each cold load (needs root; pointless on tmpfs)");
 ABSL_FLAG(double, timeout, 600, "Seconds any one step (a daemon's start, a load) may take");
 ABSL_FLAG(std::string, json, "", "Write every figure here as JSON");
+ABSL_FLAG(std::string, phases, "alone,together,warm",
+          "Phases to run, of alone, together, warm and tp (warm needs together; together and tp "
+          "need alone)");
+ABSL_FLAG(uint64_t, row_bytes, 8192,
+          "A written model's tensors are [size / this, this] U8 (a 4096-wide BF16 layer's rows): "
+          "the tp phase splits them along each dimension");
 
 namespace tierd::bench {
 namespace {
@@ -77,8 +86,11 @@ constexpr char kModelStamp[] = ".node-bench-model";
 
 // Writes the model unless `dir` holds the one these flags name; refuses a directory holding
 // anything else, so that no one's files are overwritten.
-void EnsureModel(const std::string& dir, const std::string& tensors, int files) {
-  const std::string want = absl::StrCat(tensors, " in ", files, " files\n");
+void EnsureModel(const std::string& dir, const std::string& tensors, int files,
+                 uint64_t row_bytes) {
+  const std::string want =
+      row_bytes == 0 ? absl::StrCat(tensors, " in ", files, " files\n")
+                     : absl::StrCat(tensors, " in ", files, " files, rows of ", row_bytes, "\n");
   std::ifstream stamp_in(dir + "/" + kModelStamp);
   const std::string have((std::istreambuf_iterator<char>(stamp_in)),
                          std::istreambuf_iterator<char>());
@@ -86,9 +98,10 @@ void EnsureModel(const std::string& dir, const std::string& tensors, int files) 
   std::error_code error;
   if (std::filesystem::exists(dir, error) && !std::filesystem::is_empty(dir, error)) {
     Die(absl::StrCat("--model-dir ", dir, " holds no model this benchmark wrote with --tensors=",
-                     tensors, " --files=", files, "; remove it or name another"));
+                     tensors, " --files=", files, " --row-bytes=", row_bytes,
+                     "; remove it or name another"));
   }
-  WriteModel(dir, ParseTensorList(tensors), files);
+  WriteModel(dir, ParseTensorList(tensors), files, row_bytes);
   std::ofstream(dir + "/" + kModelStamp) << want;
 }
 
@@ -162,7 +175,7 @@ int Main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(
       "node_bench --tierd=PATH --model-dir=DIR [--daemons=N] [--gpus=0,1,...] "
-      "[--backend=cuda|host] "
+      "[--backend=cuda|host] [--phases=alone,together,warm,tp] "
       "[--json=OUT]");
   if (absl::StatusOr<std::vector<std::string>> parsed =
           tierd::ParseFlagsAndArguments(argc, argv, {__FILE__, {}});
@@ -177,6 +190,13 @@ int Main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_repeat) < 1 || absl::GetFlag(FLAGS_cold_repeat) < 1) {
     Die("--repeat and --cold-repeat must be at least 1");
   }
+  const std::set<std::string> wanted = absl::StrSplit(absl::GetFlag(FLAGS_phases), ',');
+  for (const std::string& phase : wanted) {
+    if (phase != "alone" && phase != "together" && phase != "warm" && phase != "tp") {
+      Die(absl::StrCat("--phases: \"", phase, "\" is none of alone, together, warm, tp"));
+    }
+  }
+  if (wanted.count("warm") > 0 && wanted.count("together") == 0) Die("--phases: warm needs together");
   NodePlan plan;
   plan.daemons.tierd = absl::GetFlag(FLAGS_tierd);
   if (plan.daemons.tierd.empty() || ::access(plan.daemons.tierd.c_str(), X_OK) != 0) {
@@ -209,7 +229,8 @@ int Main(int argc, char** argv) {
   if (plan.daemons.gpu_pool_bytes == 0) plan.daemons.gpu_pool_bytes = room;
   CheckMemory(plan, model_bytes);
 
-  EnsureModel(plan.model_dir, absl::GetFlag(FLAGS_tensors), absl::GetFlag(FLAGS_files));
+  EnsureModel(plan.model_dir, absl::GetFlag(FLAGS_tensors), absl::GetFlag(FLAGS_files),
+              absl::GetFlag(FLAGS_row_bytes));
   plan.model_on_tmpfs = OnTmpfs(plan.model_dir);
   if (plan.model_on_tmpfs) {
     Progress("the model is on tmpfs: no page cache to drop; cold means not in a host cache");
@@ -223,14 +244,31 @@ int Main(int argc, char** argv) {
     for (int run = 0; run < plan.cold_repeat; ++run) runs.push_back(RunAlonePhase(plan, clients));
     phases["alone"] = MedianRun(runs, "gb_per_s");
     const double alone = phases["alone"]["gb_per_s"].get<double>();
-    runs.clear();
-    std::unique_ptr<NodeDaemons> daemons;
-    for (int run = 0; run < plan.cold_repeat; ++run) {
-      runs.push_back(RunTogetherPhase(plan, clients, alone, daemons));
+    if (wanted.count("together") > 0) {
+      runs.clear();
+      std::unique_ptr<NodeDaemons> daemons;
+      for (int run = 0; run < plan.cold_repeat; ++run) {
+        runs.push_back(RunTogetherPhase(plan, clients, alone, daemons));
+      }
+      phases["together"] = MedianRun(runs, "aggregate_gb_per_s");
+      if (wanted.count("warm") > 0) phases["warm"] = RunWarmPhase(plan, clients, *daemons);
+      phases["together"]["daemon_ends"] = daemons->Stop();
     }
-    phases["together"] = MedianRun(runs, "aggregate_gb_per_s");
-    phases["warm"] = RunWarmPhase(plan, clients, *daemons);
-    phases["together"]["daemon_ends"] = daemons->Stop();
+    if (wanted.count("tp") > 0) {
+      const double alone_seconds = phases["alone"]["seconds"].get<double>();
+      for (uint32_t dim : {0u, 1u}) {
+        runs.clear();
+        for (int run = 0; run < plan.cold_repeat; ++run) {
+          runs.push_back(RunTensorParallelPhase(plan, clients, dim, alone_seconds));
+        }
+        nlohmann::json median = MedianRun(runs, "aggregate_gb_per_s");
+        phases[absl::StrCat("tp_dim", dim)] = std::move(median);
+      }
+      phases["tp_dim1"]["throughput_over_dim0"] =
+          phases["tp_dim1"]["aggregate_gb_per_s"].get<double>() /
+          phases["tp_dim0"]["aggregate_gb_per_s"].get<double>();
+      phases["tp_dim1"]["goal_throughput_over_dim0_at_least"] = 0.8;
+    }
   }
 
   nlohmann::json result = {{"benchmark", "node"},

@@ -68,6 +68,7 @@ nlohmann::json MakeCold(const NodePlan& plan) {
 nlohmann::json DaemonFigures(const tierd::v1::Stats& stats) {
   return {{"device", stats.device()},
           {"bytes_disk_to_host", stats.bytes_disk_to_host()},
+          {"disk_bytes_read", stats.disk_bytes_read()},
           {"bytes_host_to_gpu", stats.bytes_host_to_gpu()},
           {"host_used_bytes", stats.host().used_bytes()},
           {"host_pinned_bytes", stats.host_pinned_bytes()},
@@ -274,6 +275,71 @@ nlohmann::json RunWarmPhase(const NodePlan& plan, NodeClients& clients, NodeDaem
           {"goal_ratio_at_least", 0.90},
           {"disk_bytes_during_warm", disk_after - disk_before},
           {"stats_after", after}};
+}
+
+nlohmann::json RunTensorParallelPhase(const NodePlan& plan, NodeClients& clients, uint32_t dim,
+                                      double alone_seconds) {
+  const int count = plan.daemon_count();
+  const std::string label = absl::StrCat("tp_dim", dim);
+  Progress(absl::StrCat(label, ": ", count, " ranks, one per daemon, each loading its shards along "
+                        "dimension ", dim));
+  std::unique_ptr<NodeDaemons> daemons = StartWithModel(plan, count, /*with_peers=*/true, label);
+  const uint64_t model_bytes = ConnectClients(plan, clients, *daemons)[0]["bytes"].get<uint64_t>();
+  nlohmann::json result = MakeCold(plan);
+  std::vector<nlohmann::json> requests;
+  for (int rank = 0; rank < count; ++rank) {
+    requests.push_back({{"op", "load"}, {"shard", {{"dim", dim}, {"index", rank}, {"count", count}}}});
+  }
+  const Round round = Summarize(clients.AskEach(FirstWorkers(count), requests));
+  const double goal_seconds = alone_seconds / count * 1.10;
+  nlohmann::json ranks = nlohmann::json::array();
+  uint64_t disk_bytes = 0, disk_bytes_read = 0, shard_bytes = 0;
+  double worst_seconds = 0;
+  for (int rank = 0; rank < count; ++rank) {
+    const tierd::v1::Stats stats =
+        Check(daemons->client(rank).GetStats(), absl::StrCat(label, ": stats of daemon ", rank));
+    const double seconds = round.end_s[rank] - round.start_s[rank];
+    worst_seconds = std::max(worst_seconds, seconds);
+    disk_bytes += stats.bytes_disk_to_host();
+    disk_bytes_read += stats.disk_bytes_read();
+    shard_bytes += round.bytes[rank];
+    nlohmann::json figures = DaemonFigures(stats);
+    figures.update({{"rank", rank},
+                    {"on", plan.daemons.devices[rank]},
+                    {"seconds", seconds},
+                    {"bytes_fetched", round.bytes[rank]},
+                    {"gb_per_s", round.gb_per_s[rank]},
+                    {"seconds_over_alone_per_rank", seconds / (alone_seconds / count)}});
+    ranks.push_back(std::move(figures));
+    Progress(absl::StrFormat("%s: rank %d: %s in %.3f s (%.3f GB/s), %.3f of alone / %d", label,
+                             rank, FormatByteSize(round.bytes[rank]), seconds, round.gb_per_s[rank],
+                             seconds / (alone_seconds / count), count));
+  }
+  Disconnect(clients, count);
+  const std::vector<std::string> ends = daemons->Stop();
+  const double disk_over_model = static_cast<double>(disk_bytes) / model_bytes;
+  const double read_over_model = static_cast<double>(disk_bytes_read) / model_bytes;
+  Progress(absl::StrFormat("%s: node read %.3f of the model from disk (%.3f with the reads' "
+                           "rounding to blocks; goal 1.0); slowest rank %.3f s, goal <= %.3f s "
+                           "(alone / %d + 10%%)",
+                           label, disk_over_model, read_over_model, worst_seconds, goal_seconds,
+                           count));
+  result.update({{"dim", dim},
+                 {"ranks", ranks},
+                 {"model_bytes", model_bytes},
+                 {"shard_bytes", shard_bytes},
+                 {"disk_bytes", disk_bytes},
+                 {"disk_bytes_over_model", disk_over_model},
+                 {"disk_bytes_read", disk_bytes_read},
+                 {"disk_bytes_read_over_model", read_over_model},
+                 {"span_s", round.span_s},
+                 {"aggregate_gb_per_s", round.aggregate_gb_per_s},
+                 {"worst_rank_seconds", worst_seconds},
+                 {"alone_seconds", alone_seconds},
+                 {"goal_rank_seconds_at_most", goal_seconds},
+                 {"goals", {{"disk_bytes_over_model", 1.0}, {"rank_seconds_over_alone_per_rank", 1.10}}},
+                 {"daemon_ends", ends}});
+  return result;
 }
 
 nlohmann::json MedianRun(const std::vector<nlohmann::json>& runs, const std::string& figure) {

@@ -43,6 +43,13 @@ nlohmann::json RunTogetherPhase(const NodePlan& plan, NodeClients& clients, doub
 // REQUIRES: `daemons` hold the model in host memory and `clients` are connected to them.
 nlohmann::json RunWarmPhase(const NodePlan& plan, NodeClients& clients, NodeDaemons& daemons);
 
+// Tensor parallelism over the node's daemons, one rank each: all fresh, each other's --peers, and
+// every client cold-loads its rank's shard (along `dim`) of every tensor at the same moment. Per
+// rank its seconds against `alone_seconds` / ranks (goal: within 10%), and the node's bytes read
+// from disk against the model (goal: 1.0).
+nlohmann::json RunTensorParallelPhase(const NodePlan& plan, NodeClients& clients, uint32_t dim,
+                                      double alone_seconds);
+
 // Of several runs of a phase, the one whose `figure` is the median (nearest rank), with
 // "runs_FIGURE" listing every run's figure. REQUIRES: `runs` is not empty.
 nlohmann::json MedianRun(const std::vector<nlohmann::json>& runs, const std::string& figure);

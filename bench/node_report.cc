@@ -97,6 +97,30 @@ std::string FormatNodeReport(const nlohmann::json& result) {
         warm["reference_median_gb_per_s"].get<double>(), warm["ratio"].get<double>(),
         Bytes(warm["disk_bytes_during_warm"]), warm["reference"].get<std::string>());
   }
+  for (const char* name : {"tp_dim0", "tp_dim1"}) {
+    if (!phases.contains(name)) continue;
+    const nlohmann::json& tp = phases[name];
+    absl::StrAppendFormat(
+        &text,
+        "\n%s (%zu ranks, one per daemon, cold, at once): node %.3f GB/s; disk bytes / model %.3f "
+        "(%.3f read with the rounding to blocks; goal 1.0); slowest rank %.3f s, goal <= %.3f s "
+        "(alone %.3f s / ranks + 10%%)\n",
+        name, tp["ranks"].size(), tp["aggregate_gb_per_s"].get<double>(),
+        tp["disk_bytes_over_model"].get<double>(),
+        tp["disk_bytes_read_over_model"].get<double>(), tp["worst_rank_seconds"].get<double>(),
+        tp["goal_rank_seconds_at_most"].get<double>(), tp["alone_seconds"].get<double>());
+    for (const nlohmann::json& rank : tp["ranks"]) {
+      absl::StrAppendFormat(&text, "  rank %d on %s: %s in %.3f s (%.3f GB/s), %.3f of alone / ranks\n",
+                            rank["rank"].get<int>(), rank["on"].get<std::string>(),
+                            Bytes(rank["bytes_fetched"]), rank["seconds"].get<double>(),
+                            rank["gb_per_s"].get<double>(),
+                            rank["seconds_over_alone_per_rank"].get<double>());
+    }
+    if (tp.contains("throughput_over_dim0")) {
+      absl::StrAppendFormat(&text, "  dim 1 / dim 0 node throughput %.3f (goal >= 0.8)\n",
+                            tp["throughput_over_dim0"].get<double>());
+    }
+  }
   return text;
 }
 

@@ -12,6 +12,7 @@
 #include "bench/bench_support.h"
 #include "client/tierd_client.h"
 #include "device/shared_memory.h"
+#include "storage/shard.h"
 
 namespace tierd::bench {
 namespace {
@@ -29,7 +30,7 @@ class NodeWorker {
     } else if (session_ == nullptr && op != "disconnect") {
       answer = absl::FailedPreconditionError(op + " before connect");
     } else if (op == "load") {
-      answer = Load();
+      answer = Load(request.value("shard", nlohmann::json()));
     } else if (op == "evict_gpu") {
       answer = Empty(EvictWaiting(*session_, model_ + "/", tierd::v1::TIER_GPU));
     } else if (op == "map_reference") {
@@ -71,7 +72,14 @@ class NodeWorker {
     stream_ = *std::move(stream);
     model_ = model;
     objects_.clear();
-    for (const tierd::v1::ObjectInfo& info : *listed) objects_.push_back({info.key(), info.size()});
+    shapes_.clear();
+    for (const tierd::v1::ObjectInfo& info : *listed) {
+      objects_.push_back({info.key(), info.size()});
+      shapes_.emplace_back();
+      if (info.tensors_size() == 1) {
+        shapes_.back().assign(info.tensors(0).shape().begin(), info.tensors(0).shape().end());
+      }
+    }
     if (objects_.empty()) return absl::NotFoundError(model + " has no objects");
     return nlohmann::json{{"device", session_->info().device()},
                           {"transport", session_->transport()},
@@ -79,13 +87,39 @@ class NodeWorker {
                           {"bytes", TotalBytes(objects_)}};
   }
 
-  absl::StatusOr<nlohmann::json> Load() {
+  // `shard`: null, or {dim, index, count}.
+  absl::StatusOr<nlohmann::json> Load(const nlohmann::json& shard) {
+    std::vector<Object> objects = objects_;
+    if (shard.is_object()) {
+      absl::StatusOr<std::vector<Object>> shards = Shards(shard.value("dim", 0u),
+                                                          shard.value("index", 0u),
+                                                          shard.value("count", 1u));
+      if (!shards.ok()) return shards.status();
+      objects = *std::move(shards);
+    }
     const double start = MonotonicSeconds();
     absl::StatusOr<double> seconds =
-        FetchAndWait(*session_, *stream_, objects_, /*prefetch_first=*/true);
+        FetchAndWait(*session_, *stream_, objects, /*prefetch_first=*/true);
     if (!seconds.ok()) return seconds.status();
     return nlohmann::json{
-        {"start_s", start}, {"end_s", start + *seconds}, {"bytes", TotalBytes(objects_)}};
+        {"start_s", start}, {"end_s", start + *seconds}, {"bytes", TotalBytes(objects)}};
+  }
+
+  // Each object's shard and its size (U8 tensors: a byte per element).
+  absl::StatusOr<std::vector<Object>> Shards(uint32_t dim, uint32_t index, uint32_t count) const {
+    std::vector<Object> shards;
+    for (size_t i = 0; i < objects_.size(); ++i) {
+      const std::vector<uint64_t>& shape = shapes_[i];
+      if (dim >= shape.size() || count == 0 || index >= count || shape[dim] < count) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(objects_[i].key, " (", shape.size(), " dimensions) has no shard ", dim,
+                         ":", index, "/", count, "; write the model with --row-bytes"));
+      }
+      uint64_t bytes = objects_[i].size / shape[dim];
+      bytes *= ShardRows(shape[dim], index, count).second;
+      shards.push_back({ShardKey(objects_[i].key, dim, index, count), bytes});
+    }
+    return shards;
   }
 
   absl::Status MapReference(const std::string& name) {
@@ -156,6 +190,7 @@ class NodeWorker {
   std::unique_ptr<tierd::Stream> stream_;
   std::string model_;
   std::vector<Object> objects_;
+  std::vector<std::vector<uint64_t>> shapes_;  // of each object's one tensor; empty for several
   std::unique_ptr<tierd::SharedMemory> shared_;
   std::unique_ptr<tierd::Slab> target_;
   std::unique_ptr<tierd::Stream> copy_stream_;

@@ -7,7 +7,9 @@
 //   connect    {socket, model}: a client and session with that daemon, the model's objects listed.
 //              Answer: device, transport, objects, bytes.
 //   load       fetch every object (one prefetch of them all first), wait for the bytes, release.
-//              Answer: start_s, end_s (CLOCK_MONOTONIC, comparable across processes), bytes.
+//              With {shard: {dim, index, count}}, each object's tensor-parallel shard instead
+//              (objects of one tensor). Answer: start_s, end_s (CLOCK_MONOTONIC, comparable
+//              across processes), bytes.
 //   evict_gpu  evict the model from the daemon's GPU tier, waiting for releases to drain.
 //   map_reference {shm}: map the shared buffer `shm` (the parent's SharedMemory, the model's size),
 //              register it with the session's device, and allocate a device buffer to copy into.

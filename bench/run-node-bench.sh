@@ -16,6 +16,8 @@
 #   DEVICE            cuda, or host for a dry run without a GPU (cuda where nvidia-smi sees one)
 #   TENSORS / FILES   the model (64MiBx128: 8 GiB, in 4 files; 1MiBx16 in 2 on the host backend)
 #   MODEL_DIR         where the model goes (WORK_DIR/model); a directory holding another is refused
+#   PHASES            node_bench --phases (alone,together,warm); alone,tp runs the tensor-parallel
+#                     load: one rank per daemon, each cold-loading its shards (docs/SHARDS.md)
 #   REPEAT            warm rounds (3)
 #   COLD_REPEAT       runs of each cold phase, fresh daemons each time; the median is reported (1)
 #   HOST_CACHE_BYTES / GPU_POOL_BYTES  each daemon's (the model's size and an eighth)
@@ -60,7 +62,8 @@ mkdir -p "$(dirname "$model_dir")"
 
 flags=(--tierd="$bundle/bin/tierd" --daemons="$daemons" --gpus="$gpus" --backend="$DEVICE"
        --model-dir="$model_dir" --tensors="$tensors" --files="$files" --work-dir="$work"
-       --repeat="${REPEAT:-3}" --cold-repeat="${COLD_REPEAT:-1}" --json="$out/node.json")
+       --repeat="${REPEAT:-3}" --cold-repeat="${COLD_REPEAT:-1}" --json="$out/node.json"
+       --phases="${PHASES:-alone,together,warm}")
 [[ -n ${HOST_CACHE_BYTES:-} ]] && flags+=(--host-cache-bytes="$HOST_CACHE_BYTES")
 [[ -n ${GPU_POOL_BYTES:-} ]] && flags+=(--gpu-pool-bytes="$GPU_POOL_BYTES")
 [[ -n ${TIERD_FLAGS:-} ]] && flags+=(--tierd-flags="$TIERD_FLAGS")

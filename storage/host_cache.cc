@@ -499,8 +499,10 @@ bool HostCache::IsResident(const std::string& key) const {
 }
 
 HostCacheStats HostCache::stats() const {
+  const uint64_t disk_bytes_read = reader_.stats().bytes_read;  // outside mu_: the reader's lock
   absl::MutexLock lock(&mu_);
   HostCacheStats stats = stats_;
+  stats.disk_bytes_read = disk_bytes_read;
   stats.capacity_bytes = arena_.capacity();
   stats.pinned_bytes = arena_.pinned_bytes();
   stats.used_bytes = arena_.used_bytes();

@@ -25,6 +25,9 @@ struct HostCacheStats {
   uint64_t bytes_from_disk = 0;  // weights and spilled objects read back
   uint64_t bytes_to_spill = 0;
   uint64_t checksum_failures = 0;
+  // Read from disk by the disk reader: bytes_from_disk and the reads' rounding to 4 KiB blocks
+  // (a shard's rows narrower than a block read their neighbours' bytes too).
+  uint64_t disk_bytes_read = 0;
 };
 
 // How each figure is reported (common/figures.h).
@@ -44,6 +47,7 @@ inline constexpr Figure<HostCacheStats> kHostCacheFigures[] = {
     {"bytes_disk_to_host", &HostCacheStats::bytes_from_disk},
     {"bytes_host_to_disk", &HostCacheStats::bytes_to_spill},
     {"checksum_failures", &HostCacheStats::checksum_failures},
+    {"disk_bytes_read", &HostCacheStats::disk_bytes_read},
 };
 static_assert(std::size(kHostCacheFigures) * sizeof(uint64_t) == sizeof(HostCacheStats),
               "every member of HostCacheStats has its line in kHostCacheFigures");

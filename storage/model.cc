@@ -70,7 +70,8 @@ absl::StatusOr<std::pair<std::string, std::string>> SplitObjectKey(absl::string_
 
 std::shared_ptr<const std::vector<TensorPlacement>> ObjectRef::tensors() const {
   if (shard != nullptr) {
-    return std::shared_ptr<const std::vector<TensorPlacement>>(shard, &object->tensors);
+    // A copy: the shard's extents (a row each, for a strided one) need not live as long.
+    return std::make_shared<const std::vector<TensorPlacement>>(object->tensors);
   }
   return std::shared_ptr<const std::vector<TensorPlacement>>(model, &object->tensors);
 }

@@ -65,6 +65,11 @@ class ExtentMap {
   std::vector<Extent> by_object_;
 };
 
+// Separate file ranges a shard may take: one per row of the dimensions before `dim` of each split
+// tensor. A 128256 × 16384 embedding split along dimension 1 takes 128256; the bound keeps a
+// client's spec from costing the daemon gigabytes (a conv weight split along its last dimension).
+constexpr uint64_t kMaxShardRanges = 1 << 18;
+
 absl::Status BadShard(const ObjectInfo& object, const ShardSpec& spec, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("shard ", FormatShardSpec(spec), " of object ",
                                                  Quote(object.name), ": ", why));
@@ -116,6 +121,19 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
   if (!any_split) {
     return BadShard(object, spec,
                     absl::StrCat("no tensor has dimension ", spec.dim, " (dimensions count from 0)"));
+  }
+
+  uint64_t ranges = 0;
+  for (const TensorPlacement& tensor : object.tensors) {
+    if (tensor.shape.size() <= spec.dim) continue;
+    uint64_t outer = 1;
+    for (size_t d = 0; d < spec.dim; ++d) outer *= tensor.shape[d];
+    ranges += outer;
+  }
+  if (ranges > kMaxShardRanges) {
+    return BadShard(object, spec,
+                    absl::StrCat("it would be read as ", ranges, " separate ranges, more than ",
+                                 kMaxShardRanges, "; split along a lower dimension"));
   }
 
   const ExtentMap extents(object.extents);
@@ -187,6 +205,11 @@ absl::StatusOr<std::pair<const ObjectInfo*, ShardSpec>> ParseShardName(
   const auto split = SplitShardName(object_name);
   const ObjectInfo* base = split ? FindObject(model, split->first) : nullptr;
   if (base == nullptr) {
+    return absl::NotFoundError(absl::StrCat("model ", Quote(model.name), " has no object ",
+                                            Quote(object_name)));
+  }
+  // A suffix with neither ':' nor '/' is no attempt at a spec: the name is just unknown.
+  if (split->second.find_first_of(":/") == absl::string_view::npos) {
     return absl::NotFoundError(absl::StrCat("model ", Quote(model.name), " has no object ",
                                             Quote(object_name)));
   }

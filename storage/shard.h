@@ -53,15 +53,17 @@ std::optional<std::pair<absl::string_view, absl::string_view>> SplitShardName(
 std::pair<uint64_t, uint64_t> ShardRows(uint64_t rows, uint32_t index, uint32_t parts);
 
 // The shard of `object` that `spec` names, as an object called `name`. INVALID_ARGUMENT, naming
-// the object (and the tensor), when count is 0, index >= count, no tensor has dimension `dim`, or
-// a tensor split along it has fewer than `count` rows there.
+// the object (and the tensor), when count is 0, index >= count, no tensor has dimension `dim`, a
+// tensor split along it has fewer than `count` rows there, or the shard would be read as more than
+// 262,144 separate file ranges (one per row of the dimensions before `dim`).
 absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec& spec,
                                        std::string name);
 
 // The shard of `model` that `object_name` ("OBJECT@DIM:INDEX/COUNT") names. NOT_FOUND when the
-// name has no '@' or OBJECT is not an object of the model; INVALID_ARGUMENT when the spec is
-// malformed, not written as FormatShardSpec writes it (so that one shard has one key), or does not
-// fit the object (ShardObject).
+// name has no '@', OBJECT is not an object of the model, or what follows the '@' has neither ':'
+// nor '/'; INVALID_ARGUMENT when the spec is malformed, not written as FormatShardSpec writes it (so
+// that one shard has one key), or does not fit the object (ShardObject). An object of the model
+// whose own name looks like a shard's is found by FindObject first: it is that object.
 absl::StatusOr<ObjectInfo> FindShard(const ModelInfo& model, absl::string_view object_name);
 
 // True when `object_name` is OBJECT@SPEC with OBJECT an object of `model` and SPEC written as

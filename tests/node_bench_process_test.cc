@@ -31,15 +31,15 @@ class NodeBenchProcessTest : public ::testing::Test {
   std::string model_dir() const { return dir_.path() + "/model"; }
   std::string json() const { return dir_.path() + "/node.json"; }
 
-  absl::StatusOr<testing::RunResult> NodeBench() const {
-    return testing::RunProgramWithStderr(
-        {testing::SiblingBinary("node_bench"),
+  absl::StatusOr<testing::RunResult> NodeBench(const std::string& phases = "") const {
+    std::vector<std::string> argv = {testing::SiblingBinary("node_bench"),
          absl::StrCat("--tierd=", testing::SiblingBinary("tierd")), "--backend=host",
          absl::StrCat("--daemons=", kDaemons), absl::StrCat("--model-dir=", model_dir()),
          "--tensors=1MiBx4", "--files=2", absl::StrCat("--work-dir=", dir_.path(), "/work"),
          absl::StrCat("--repeat=", kRepeat), "--host-cache-bytes=8MiB", "--gpu-pool-bytes=8MiB",
-         "--timeout=120", "--drop-caches=false", absl::StrCat("--json=", json())},
-        kTimeout);
+         "--timeout=120", "--drop-caches=false", absl::StrCat("--json=", json())};
+    if (!phases.empty()) argv.push_back("--phases=" + phases);
+    return testing::RunProgramWithStderr(argv, kTimeout);
   }
 
   nlohmann::json Result() const {
@@ -103,6 +103,33 @@ TEST_F(NodeBenchProcessTest, ReportsEveryPhaseWithFiguresThatAddUp) {
   EXPECT_GT(warm["ratio"].get<double>(), 0);
   EXPECT_THAT(warm["reference"].get<std::string>(), HasSubstr("memcpy"));
   EXPECT_EQ(warm["disk_bytes_during_warm"], 0) << "the model was in host memory";
+}
+
+// One rank per daemon, each cold-loading its shards along dimension 0, then 1: the ranks' shards
+// add up to the model, read once for the node.
+TEST_F(NodeBenchProcessTest, TensorParallelPhasesSplitTheModelAndReadItOnce) {
+  auto run = NodeBench("alone,tp");
+  ASSERT_THAT(run, IsOk());
+  ASSERT_EQ(run->exit_code, 0) << run->output;
+  EXPECT_THAT(run->output, HasSubstr("dim 1 / dim 0 node throughput"));
+  const nlohmann::json result = Result();
+  ASSERT_FALSE(result.is_discarded()) << run->output;
+  EXPECT_FALSE(result["phases"].contains("together"));
+  EXPECT_FALSE(result["phases"].contains("warm"));
+  for (const char* name : {"tp_dim0", "tp_dim1"}) {
+    SCOPED_TRACE(name);
+    const nlohmann::json& tp = result["phases"][name];
+    ASSERT_EQ(tp["ranks"].size(), static_cast<size_t>(kDaemons));
+    for (const nlohmann::json& rank : tp["ranks"]) {
+      EXPECT_EQ(rank["bytes_fetched"], kModelBytes / kDaemons) << rank.dump();
+      EXPECT_GT(rank["seconds"].get<double>(), 0);
+    }
+    EXPECT_EQ(tp["shard_bytes"], kModelBytes);
+    EXPECT_EQ(tp["disk_bytes"], kModelBytes);
+    EXPECT_GE(tp["disk_bytes_read"].get<uint64_t>(), kModelBytes);
+    EXPECT_GT(tp["alone_seconds"].get<double>(), 0);
+  }
+  EXPECT_GT(result["phases"]["tp_dim1"]["throughput_over_dim0"].get<double>(), 0);
 }
 
 TEST_F(NodeBenchProcessTest, NeverOverwritesADirectoryItDidNotWrite) {

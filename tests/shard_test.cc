@@ -142,7 +142,8 @@ TEST_F(ShardTest, OnlyTheShardsBytesAreReadFromDisk) {
 TEST_F(ShardTest, BadSpecsAreRefused) {
   Start(2);
   Register({{testing::RandomTensor("w", "F32", {4, 3}, 1),
-             testing::RandomTensor("b", "F32", {3}, 2)}},
+             testing::RandomTensor("b", "F32", {3}, 2),
+             testing::RandomTensor("tall", "U8", {(1 << 18) + 1, 1}, 3)}},
            Grouping::kTensor);
   for (const char* key : {"m/w@2:0/2",     // dim out of range
                           "m/b@1:0/1",     // a 1-D tensor has no dimension 1
@@ -151,13 +152,17 @@ TEST_F(ShardTest, BadSpecsAreRefused) {
                           "m/w@1:0/4",     // count > the dim's size
                           "m/w@0:1",       // malformed
                           "m/w@0:-1/2",    // malformed
-                          "m/w@x",         // malformed
+                          "m/w@x:/",       // malformed
                           "m/w@0:01/2",    // not written canonically
-                          "m/w@0:0/2 "}) { // trailing space
+                          "m/w@0:0/2 ",    // trailing space
+                          "m/tall@1:0/1"}) {  // a range per row: more than the bound
     EXPECT_THAT(FetchNow(key), StatusIs(absl::StatusCode::kInvalidArgument)) << key;
     EXPECT_THAT(catalog_->Lookup(key), StatusIs(absl::StatusCode::kInvalidArgument)) << key;
   }
   EXPECT_THAT(FetchNow("m/nothing@0:0/2"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(catalog_->Lookup("m/tall@0:0/1"), IsOk());  // one range
+  // No spec at all after the '@': just a name the model lacks.
+  EXPECT_THAT(FetchNow("m/w@x"), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_FALSE(catalog_->Checksum("m/w@0:0/0").has_value());
 }
 

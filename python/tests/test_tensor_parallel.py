@@ -58,6 +58,25 @@ class ShardKeyTest(DaemonTestCase):
             with self.assertRaises(ValueError):
                 tensor_parallel.shard_key("t/f32", dim, index, count)
 
+    def test_a_tied_parameter_is_fetched_once_and_tied_again(self):
+        class Tied(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = torch.nn.Embedding(7, 6, device="meta")
+                self.head = torch.nn.Linear(6, 7, bias=False, device="meta")
+                self.head.weight = self.embed.weight
+
+        embedding = torch.randn(7, 6)
+        save_safetensors({"embed.weight": embedding},
+                         os.path.join(self.model_dir("tied"), "model.safetensors"))
+        self.client.register_model("tied", self.model_dir("tied"), grouping="tensor")
+        module = Tied()
+        keys = tensor_parallel.load_shards(module, self.client, "tied", {"embed": 0}, 1, 2)
+        self.assertEqual(keys, {"embed.weight": "tied/embed.weight@0:1/2"})
+        self.assertIs(module.head.weight, module.embed.weight)
+        self.assertTrue(torch.equal(module.embed.weight.detach().cpu(),
+                                    torch.tensor_split(embedding, 2, 0)[1]))
+
     def test_a_plan_names_each_parameters_dimension(self):
         plan = {"*.q_proj": "colwise", "*.o_proj": "rowwise", "*.norm.weight": None,
                 "embed.weight": 1}

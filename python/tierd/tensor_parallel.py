@@ -63,16 +63,19 @@ def split_dim(plan, name):
 def load_shards(module, client, model, plan, rank, world_size, prefix="", prefetch_depth=4):
     """Loads rank `rank` of `world_size`'s shard of each of `module`'s parameters from model
     `model`, registered with per-tensor grouping (its objects named by the tensors), and returns
-    the keys fetched, by parameter name.
+    the keys fetched, by parameter name (a tied parameter's first).
 
     A parameter `name` is tensor `prefix + name`: fetched as shard_key(..., dim, rank, world_size)
-    where `plan` splits it (split_dim), whole otherwise. A parameter on the meta device is replaced
-    by one of the shard's shape, dtype and the session's device; any other must already have the
-    shard's shape (ValueError otherwise) and gets its bytes copied in (converted to its dtype).
+    where `plan` splits it (split_dim) and world_size > 1, whole otherwise. A parameter on the meta
+    device is replaced by one of the shard's shape, on the session's device, in the parameter's
+    dtype; any other must already have the shard's shape (ValueError otherwise) and gets its bytes
+    copied in (converted to its dtype). A parameter tied under several names (an embedding and
+    the output layer) is fetched once, by its first name, and replaced under every name.
     `client`: a tierd.Client (a session is opened and closed) or a tierd.Session. Keys are
     prefetched `prefetch_depth` ahead, so the daemon reads the next shards while this one is
-    copied. Errors: KeyError for a parameter the model lacks, TierdError for the daemon's
-    refusals (a shard that does not fit the tensor: INVALID_ARGUMENT)."""
+    copied. Errors: TierdError for the daemon's refusals (a tensor the model lacks: NOT_FOUND; a
+    shard that does not fit the tensor: INVALID_ARGUMENT), KeyError for a model registered with
+    objects of several tensors."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in [0, {world_size})")
     if isinstance(client, Session):
@@ -84,36 +87,48 @@ def load_shards(module, client, model, plan, rank, world_size, prefix="", prefet
 
 
 def _load(module, session, model, plan, rank, world_size, prefix, prefetch_depth):
-    parameters = list(module.named_parameters())
+    # Each parameter once, under its first name, with every name it is tied under.
+    names = {}
+    parameters = {}
+    for path, owner in module.named_modules(remove_duplicate=False):
+        for attribute, parameter in owner.named_parameters(recurse=False):
+            name = f"{path}.{attribute}" if path else attribute
+            names.setdefault(id(parameter), []).append(name)
+            parameters.setdefault(id(parameter), parameter)
     keys = {}
-    for name, _ in parameters:
-        key = f"{model}/{prefix}{name}"
-        dim = split_dim(plan, name)
-        keys[name] = key if dim is None else shard_key(key, dim, rank, world_size)
-    order = [keys[name] for name, _ in parameters]
+    for aliases in names.values():
+        key = f"{model}/{prefix}{aliases[0]}"
+        dim = split_dim(plan, aliases[0])
+        split = dim is not None and world_size > 1
+        keys[aliases[0]] = shard_key(key, dim, rank, world_size) if split else key
+    order = list(keys.values())
     if order:
         session.prefetch(order[:prefetch_depth])
-    for position, (name, parameter) in enumerate(parameters):
+    for position, (identity, aliases) in enumerate(names.items()):
         ahead = position + prefetch_depth
         if ahead < len(order):
             session.prefetch([order[ahead]])
-        with session.fetch(keys[name]) as lease:
-            tensor = lease.tensors.get(prefix + name)
+        key = keys[aliases[0]]
+        with session.fetch(key) as lease:
+            tensor = lease.tensors.get(prefix + aliases[0])
             if tensor is None:
-                raise KeyError(f"{keys[name]} holds {sorted(lease.tensors)}, not {prefix + name}: "
+                raise KeyError(f"{key} holds {sorted(lease.tensors)}, not {prefix + aliases[0]}: "
                                f"register {model} with per-tensor grouping")
-            _assign(module, name, parameter, tensor, keys[name], session.device)
+            _assign(module, aliases, parameters[identity], tensor, key, session.device)
     return keys
 
 
-def _assign(module, name, parameter, tensor, key, device):
+def _assign(module, aliases, parameter, tensor, key, device):
     if parameter.is_meta:
-        owner_path, _, attribute = name.rpartition(".")
-        owner = module.get_submodule(owner_path) if owner_path else module
         loaded = torch.empty(tensor.shape, dtype=parameter.dtype, device=device)
         loaded.copy_(tensor)
-        setattr(owner, attribute, torch.nn.Parameter(loaded, requires_grad=parameter.requires_grad))
+        replacement = torch.nn.Parameter(loaded, requires_grad=parameter.requires_grad)
+        for name in aliases:
+            owner_path, _, attribute = name.rpartition(".")
+            owner = module.get_submodule(owner_path) if owner_path else module
+            setattr(owner, attribute, replacement)
         return
+    name = aliases[0]
     if tuple(parameter.shape) != tuple(tensor.shape):
         raise ValueError(f"parameter {name} has shape {tuple(parameter.shape)} but {key} is "
                          f"{tuple(tensor.shape)}: is the module built for this rank and plan?")
