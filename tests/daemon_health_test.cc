@@ -119,7 +119,8 @@ TEST_F(DaemonHealthTest, NotServingWhileStartingThenServing) {
   grpc::Status status = GetStats(&stats);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(status.error_message(), ::testing::HasSubstr("starting"));
-  ASSERT_NE(device_, nullptr);
+  // The socket answers before the device is made: wait for it, which also orders device_'s write.
+  ASSERT_TRUE(device_created_.WaitForNotificationWithTimeout(kTimeout));
   device_->may_pin.Notify();
   starter.join();
   ASSERT_THAT(daemon, IsOk());
