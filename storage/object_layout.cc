@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/free_ranges.h"
 
 namespace tierd {
 namespace {
@@ -29,10 +30,6 @@ absl::StatusOr<std::unique_ptr<RE2>> Compile(const std::string& pattern, absl::s
 // Debian's RE2 predates its switch to absl::string_view.
 re2::StringPiece AsPiece(absl::string_view text) {
   return re2::StringPiece(text.data(), text.size());
-}
-
-uint64_t AlignUp(uint64_t value, uint64_t alignment) {
-  return (value + alignment - 1) / alignment * alignment;
 }
 
 bool InFileOrder(const SourceTensor& a, const SourceTensor& b) {
@@ -128,7 +125,7 @@ ObjectInfo LayOutObject(std::string name, std::vector<SourceTensor> tensors) {
 
   uint64_t cursor = 0;
   for (const SourceTensor& tensor : tensors) {
-    const uint64_t offset = AlignUp(cursor, kGatheredTensorAlignment);
+    const uint64_t offset = RoundUp(cursor, kGatheredTensorAlignment);
     object.tensors.push_back(PlacementOf(tensor, offset));
     cursor = offset + tensor.size();
     if (tensor.size() == 0) continue;

@@ -1,11 +1,14 @@
 #include "storage/shard.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/free_ranges.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
 #include "storage/object_layout.h"
@@ -22,10 +25,6 @@ std::optional<uint32_t> ParseSmallNumber(absl::string_view text) {
     value = value * 10 + static_cast<uint32_t>(c - '0');
   }
   return value;
-}
-
-uint64_t AlignUp(uint64_t value, uint64_t alignment) {
-  return (value + alignment - 1) / alignment * alignment;
 }
 
 // Maps byte ranges of an object to the file ranges that hold them.
@@ -70,13 +69,13 @@ class ExtentMap {
 // client's spec from costing the daemon gigabytes (a conv weight split along its last dimension).
 constexpr uint64_t kMaxShardRanges = 1 << 18;
 
-absl::Status BadShard(const ObjectInfo& object, const ShardSpec& spec, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("shard ", FormatShardSpec(spec), " of object ",
-                                                 Quote(object.name), ": ", why));
-}
+struct ShardSpec {
+  uint32_t dim = 0;
+  uint32_t index = 0;
+  uint32_t count = 1;
+};
 
-}  // namespace
-
+// "DIM:INDEX/COUNT" (decimal, at most 9 digits each) → ShardSpec; INVALID_ARGUMENT otherwise.
 absl::StatusOr<ShardSpec> ParseShardSpec(absl::string_view text) {
   const size_t colon = text.find(':');
   const size_t slash = text.find('/');
@@ -93,10 +92,12 @@ absl::StatusOr<ShardSpec> ParseShardSpec(absl::string_view text) {
   return ShardSpec{*dim, *index, *count};
 }
 
+// "DIM:INDEX/COUNT", the one way a spec is written in a key.
 std::string FormatShardSpec(const ShardSpec& spec) {
   return absl::StrCat(spec.dim, ":", spec.index, "/", spec.count);
 }
 
+// An object name split at its last '@': ("OBJECT", "DIM:INDEX/COUNT"), or nullopt with no '@'.
 std::optional<std::pair<absl::string_view, absl::string_view>> SplitShardName(
     absl::string_view object_name) {
   const size_t at = object_name.rfind('@');
@@ -104,13 +105,13 @@ std::optional<std::pair<absl::string_view, absl::string_view>> SplitShardName(
   return std::make_pair(object_name.substr(0, at), object_name.substr(at + 1));
 }
 
-std::pair<uint64_t, uint64_t> ShardRows(uint64_t rows, uint32_t index, uint32_t parts) {
-  const uint64_t base = rows / parts;
-  const uint64_t extra = rows % parts;  // the first `extra` parts have one row more
-  const uint64_t first = index * base + std::min<uint64_t>(index, extra);
-  return {first, base + (index < extra ? 1 : 0)};
+absl::Status BadShard(const ObjectInfo& object, const ShardSpec& spec, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("shard ", FormatShardSpec(spec), " of object ",
+                                                 Quote(object.name), ": ", why));
 }
 
+// The shard of `object` that `spec` names, as an object called `name`; INVALID_ARGUMENT as
+// FindShard says.
 absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec& spec,
                                        std::string name) {
   if (spec.count == 0) return BadShard(object, spec, "the count must be at least 1");
@@ -143,7 +144,7 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
   uint64_t cursor = 0;
   for (const TensorPlacement& tensor : object.tensors) {
     TensorPlacement out{tensor.name, tensor.dtype, tensor.shape, 0, 0};
-    out.offset = AlignUp(cursor, kGatheredTensorAlignment);
+    out.offset = RoundUp(cursor, kGatheredTensorAlignment);
     // Each piece: object bytes [begin, begin + length) of the source tensor.
     uint64_t outer = 1;     // rows of the dimensions before `dim`: one piece each
     uint64_t stride = 0;    // bytes between pieces
@@ -197,8 +198,6 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
   return shard;
 }
 
-namespace {
-
 // The base object and spec of a shard name; NOT_FOUND / INVALID_ARGUMENT as FindShard.
 absl::StatusOr<std::pair<const ObjectInfo*, ShardSpec>> ParseShardName(
     const ModelInfo& model, absl::string_view object_name) {
@@ -223,6 +222,13 @@ absl::StatusOr<std::pair<const ObjectInfo*, ShardSpec>> ParseShardName(
 }
 
 }  // namespace
+
+std::pair<uint64_t, uint64_t> ShardRows(uint64_t rows, uint32_t index, uint32_t parts) {
+  const uint64_t base = rows / parts;
+  const uint64_t extra = rows % parts;  // the first `extra` parts have one row more
+  const uint64_t first = index * base + std::min<uint64_t>(index, extra);
+  return {first, base + (index < extra ? 1 : 0)};
+}
 
 absl::StatusOr<ObjectInfo> FindShard(const ModelInfo& model, absl::string_view object_name) {
   ASSIGN_OR_RETURN(const auto parsed, ParseShardName(model, object_name));

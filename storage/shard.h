@@ -17,7 +17,6 @@
 #define TIERD_STORAGE_SHARD_H_
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <utility>
 
@@ -27,47 +26,21 @@
 
 namespace tierd {
 
-struct ShardSpec {
-  uint32_t dim = 0;
-  uint32_t index = 0;
-  uint32_t count = 1;
-
-  friend bool operator==(const ShardSpec& a, const ShardSpec& b) {
-    return a.dim == b.dim && a.index == b.index && a.count == b.count;
-  }
-};
-
-// "DIM:INDEX/COUNT" (decimal, at most 9 digits each) → ShardSpec; INVALID_ARGUMENT otherwise.
-// Says nothing about whether the spec fits an object (ShardObject does).
-absl::StatusOr<ShardSpec> ParseShardSpec(absl::string_view text);
-// "DIM:INDEX/COUNT".
-std::string FormatShardSpec(const ShardSpec& spec);
-
-// Splits an object name at its last '@': ("OBJECT", "DIM:INDEX/COUNT"), or nullopt when the name
-// has no '@'. The spec part is not parsed.
-std::optional<std::pair<absl::string_view, absl::string_view>> SplitShardName(
-    absl::string_view object_name);
-
 // Rows [first, first + count) of `rows` split in `parts` that part `index` gets (tensor_split).
 // REQUIRES: index < parts.
 std::pair<uint64_t, uint64_t> ShardRows(uint64_t rows, uint32_t index, uint32_t parts);
 
-// The shard of `object` that `spec` names, as an object called `name`. INVALID_ARGUMENT, naming
-// the object (and the tensor), when count is 0, index >= count, no tensor has dimension `dim`, a
-// tensor split along it has fewer than `count` rows there, or the shard would be read as more than
-// 262,144 separate file ranges (one per row of the dimensions before `dim`).
-absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec& spec,
-                                       std::string name);
-
 // The shard of `model` that `object_name` ("OBJECT@DIM:INDEX/COUNT") names. NOT_FOUND when the
 // name has no '@', OBJECT is not an object of the model, or what follows the '@' has neither ':'
-// nor '/'; INVALID_ARGUMENT when the spec is malformed, not written as FormatShardSpec writes it (so
-// that one shard has one key), or does not fit the object (ShardObject). An object of the model
+// nor '/'; INVALID_ARGUMENT when the spec is malformed, not written canonically (no leading
+// zeros: one shard has one key), or does not fit the object: count 0, index >= count, no tensor
+// with dimension DIM, a split tensor with fewer rows than count there, or more than 262,144
+// separate file ranges (one per row of the dimensions before DIM). An object of the model
 // whose own name looks like a shard's is found by FindObject first: it is that object.
 absl::StatusOr<ObjectInfo> FindShard(const ModelInfo& model, absl::string_view object_name);
 
-// True when `object_name` is OBJECT@SPEC with OBJECT an object of `model` and SPEC written as
-// FormatShardSpec writes it; whether the spec fits the object is not checked.
+// True when `object_name` is OBJECT@SPEC with OBJECT an object of `model` and SPEC written
+// canonically; whether the spec fits the object is not checked.
 bool IsShardName(const ModelInfo& model, absl::string_view object_name);
 
 }  // namespace tierd
