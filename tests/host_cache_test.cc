@@ -21,27 +21,6 @@ namespace tierd {
 namespace host_cache_test {
 namespace {
 
-// Puts a file's mtime back when it goes out of scope: a write under it changes the bytes but not
-// what the file's metadata says, as a failing disk or a careful attacker would.
-class ScopedMtime {
- public:
-  explicit ScopedMtime(std::string path) : path_(std::move(path)) {
-    struct stat st {};
-    EXPECT_EQ(::stat(path_.c_str(), &st), 0);
-    mtime_ = st.st_mtim;
-  }
-  ~ScopedMtime() {
-    const timespec times[2] = {{0, UTIME_OMIT}, mtime_};
-    EXPECT_EQ(::utimensat(AT_FDCWD, path_.c_str(), times, 0), 0);
-  }
-  ScopedMtime(const ScopedMtime&) = delete;
-  ScopedMtime& operator=(const ScopedMtime&) = delete;
-
- private:
-  std::string path_;
-  timespec mtime_{};
-};
-
 TEST_F(HostCacheTest, FetchReadsTheObjectAndRecordsItsChecksum) {
   Start(4);
   RegisterModel(3);

@@ -4,6 +4,9 @@
 #ifndef TIERD_TESTS_HOST_CACHE_TEST_FIXTURE_H_
 #define TIERD_TESTS_HOST_CACHE_TEST_FIXTURE_H_
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
@@ -71,6 +74,27 @@ class SlowPinningDevice : public DeviceWrapper {
  private:
   const int prompt_;
   std::atomic<uintptr_t> first_piece_{0};  // the address of the arena's first piece
+};
+
+// Puts a file's mtime back when it goes out of scope: a write under it changes the bytes but not
+// what the file's metadata says, as a failing disk or a careful attacker would.
+class ScopedMtime {
+ public:
+  explicit ScopedMtime(std::string path) : path_(std::move(path)) {
+    struct stat st {};
+    EXPECT_EQ(::stat(path_.c_str(), &st), 0);
+    mtime_ = st.st_mtim;
+  }
+  ~ScopedMtime() {
+    const timespec times[2] = {{0, UTIME_OMIT}, mtime_};
+    EXPECT_EQ(::utimensat(AT_FDCWD, path_.c_str(), times, 0), 0);
+  }
+  ScopedMtime(const ScopedMtime&) = delete;
+  ScopedMtime& operator=(const ScopedMtime&) = delete;
+
+ private:
+  std::string path_;
+  timespec mtime_{};
 };
 
 class HostCacheTest : public ::testing::Test {

@@ -3,6 +3,8 @@
 // the whole tensor; only the shard's bytes read from disk; bad specs refused.
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -137,6 +139,36 @@ TEST_F(ShardTest, OnlyTheShardsBytesAreReadFromDisk) {
   ASSERT_EQ(FetchBytes("m/w@1:2/4").size(), tensor_bytes / 4);
   const uint64_t dim1_read = storage_->reader().stats().bytes_read - before - dim0_read;
   EXPECT_LE(dim1_read, tensor_bytes + 4096);
+}
+
+// A shard's checksum, recorded at its first read, is kept across a restart and checks its later
+// reads: a byte flipped on disk under it (size and mtime kept) is DATA_LOSS, never handed out,
+// while the other rank's shard, which does not hold that byte, is still served.
+TEST_F(ShardTest, AShardsChecksumOutlivesARestartAndChecksItsReads) {
+  Start(8);
+  const testing::TensorSpec w = testing::RandomTensor("w", "F32", {64, 256}, 5);  // 64 KiB
+  Register({{w}}, Grouping::kTensor);
+  ASSERT_EQ(FetchBytes("m/w@0:1/2"), testing::TensorSplit(w, 0, 1, 2));
+  ASSERT_THAT(catalog_->Flush(), IsOk());
+  const std::optional<uint64_t> recorded = catalog_->Checksum("m/w@0:1/2");
+  ASSERT_TRUE(recorded.has_value());
+
+  storage_.reset();
+  Start(8);
+  EXPECT_EQ(catalog_->Checksum("m/w@0:1/2"), recorded);
+  {
+    // The file ends with rank 1's rows: flip a byte near its end.
+    const std::string path = absl::StrCat(model_dir_, "/model-0.safetensors");
+    const ScopedMtime keep(path);
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(-100, std::ios::end);
+    const std::streamoff position = file.tellg();
+    const char byte = static_cast<char>(file.get());
+    file.seekp(position);
+    file.put(static_cast<char>(byte ^ 0x40));
+  }
+  EXPECT_THAT(FetchNow("m/w@0:1/2"), StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_EQ(FetchBytes("m/w@0:0/2"), testing::TensorSplit(w, 0, 0, 2));
 }
 
 TEST_F(ShardTest, BadSpecsAreRefused) {
