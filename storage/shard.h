@@ -7,7 +7,7 @@
 // 1), at kGatheredTensorAlignment inside the shard. Its extents are the byte ranges of the model's
 // files that hold exactly those slices: one range per tensor for dim 0, one per row of the
 // dimensions before `dim` otherwise. So the tiers read, checksum, hold and lend a shard like any
-// object, and only its bytes are read.
+// object, and only the blocks holding those ranges are read.
 //
 // Uneven splits follow tensor_split: of n rows in count parts, the first n % count parts have one
 // row more.
