@@ -24,11 +24,11 @@ void WriteSafetensors(const std::string& path, const std::vector<TensorSpec>& te
   uint64_t offset = 0;
   for (const TensorSpec& tensor : tensors) {
     const bool rows = row_bytes > 0 && tensor.bytes % row_bytes == 0;
-    header[tensor.name] = {{"dtype", "U8"},
-                           {"shape", rows ? nlohmann::json::array({tensor.bytes / row_bytes,
-                                                                   row_bytes})
-                                          : nlohmann::json::array({tensor.bytes})},
-                           {"data_offsets", {offset, offset + tensor.bytes}}};
+    header[tensor.name] = {
+        {"dtype", "U8"},
+        {"shape", rows ? nlohmann::json::array({tensor.bytes / row_bytes, row_bytes})
+                       : nlohmann::json::array({tensor.bytes})},
+        {"data_offsets", {offset, offset + tensor.bytes}}};
     offset += tensor.bytes;
   }
   std::string text = header.dump();

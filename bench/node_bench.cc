@@ -97,9 +97,9 @@ void EnsureModel(const std::string& dir, const std::string& tensors, int files,
   if (have == want) return;
   std::error_code error;
   if (std::filesystem::exists(dir, error) && !std::filesystem::is_empty(dir, error)) {
-    Die(absl::StrCat("--model-dir ", dir, " holds no model this benchmark wrote with --tensors=",
-                     tensors, " --files=", files, " --row-bytes=", row_bytes,
-                     "; remove it or name another"));
+    Die(absl::StrCat(
+        "--model-dir ", dir, " holds no model this benchmark wrote with --tensors=", tensors,
+        " --files=", files, " --row-bytes=", row_bytes, "; remove it or name another"));
   }
   WriteModel(dir, ParseTensorList(tensors), files, row_bytes);
   std::ofstream(dir + "/" + kModelStamp) << want;
@@ -196,7 +196,8 @@ int Main(int argc, char** argv) {
       Die(absl::StrCat("--phases: \"", phase, "\" is none of alone, together, warm, tp"));
     }
   }
-  if (wanted.count("warm") > 0 && wanted.count("together") == 0) Die("--phases: warm needs together");
+  if (wanted.count("warm") > 0 && wanted.count("together") == 0)
+    Die("--phases: warm needs together");
   NodePlan plan;
   plan.daemons.tierd = absl::GetFlag(FLAGS_tierd);
   if (plan.daemons.tierd.empty() || ::access(plan.daemons.tierd.c_str(), X_OK) != 0) {

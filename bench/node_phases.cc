@@ -281,14 +281,17 @@ nlohmann::json RunTensorParallelPhase(const NodePlan& plan, NodeClients& clients
                                       double alone_seconds) {
   const int count = plan.daemon_count();
   const std::string label = absl::StrCat("tp_dim", dim);
-  Progress(absl::StrCat(label, ": ", count, " ranks, one per daemon, each loading its shards along "
-                        "dimension ", dim));
+  Progress(absl::StrCat(label, ": ", count,
+                        " ranks, one per daemon, each loading its shards along "
+                        "dimension ",
+                        dim));
   std::unique_ptr<NodeDaemons> daemons = StartWithModel(plan, count, /*with_peers=*/true, label);
   const uint64_t model_bytes = ConnectClients(plan, clients, *daemons)[0]["bytes"].get<uint64_t>();
   nlohmann::json result = MakeCold(plan);
   std::vector<nlohmann::json> requests;
   for (int rank = 0; rank < count; ++rank) {
-    requests.push_back({{"op", "load"}, {"shard", {{"dim", dim}, {"index", rank}, {"count", count}}}});
+    requests.push_back(
+        {{"op", "load"}, {"shard", {{"dim", dim}, {"index", rank}, {"count", count}}}});
   }
   const Round round = Summarize(clients.AskEach(FirstWorkers(count), requests));
   const double goal_seconds = alone_seconds / count * 1.10;
@@ -319,26 +322,27 @@ nlohmann::json RunTensorParallelPhase(const NodePlan& plan, NodeClients& clients
   const std::vector<std::string> ends = daemons->Stop();
   const double disk_over_model = static_cast<double>(disk_bytes) / model_bytes;
   const double read_over_model = static_cast<double>(disk_bytes_read) / model_bytes;
-  Progress(absl::StrFormat("%s: node read %.3f of the model from disk (%.3f with the reads' "
-                           "rounding to blocks; goal 1.0); slowest rank %.3f s, goal <= %.3f s "
-                           "(alone / %d + 10%%)",
-                           label, disk_over_model, read_over_model, worst_seconds, goal_seconds,
-                           count));
-  result.update({{"dim", dim},
-                 {"ranks", ranks},
-                 {"model_bytes", model_bytes},
-                 {"shard_bytes", shard_bytes},
-                 {"disk_bytes", disk_bytes},
-                 {"disk_bytes_over_model", disk_over_model},
-                 {"disk_bytes_read", disk_bytes_read},
-                 {"disk_bytes_read_over_model", read_over_model},
-                 {"span_s", round.span_s},
-                 {"aggregate_gb_per_s", round.aggregate_gb_per_s},
-                 {"worst_rank_seconds", worst_seconds},
-                 {"alone_seconds", alone_seconds},
-                 {"goal_rank_seconds_at_most", goal_seconds},
-                 {"goals", {{"disk_bytes_over_model", 1.0}, {"rank_seconds_over_alone_per_rank", 1.10}}},
-                 {"daemon_ends", ends}});
+  Progress(
+      absl::StrFormat("%s: node read %.3f of the model from disk (%.3f with the reads' "
+                      "rounding to blocks; goal 1.0); slowest rank %.3f s, goal <= %.3f s "
+                      "(alone / %d + 10%%)",
+                      label, disk_over_model, read_over_model, worst_seconds, goal_seconds, count));
+  result.update(
+      {{"dim", dim},
+       {"ranks", ranks},
+       {"model_bytes", model_bytes},
+       {"shard_bytes", shard_bytes},
+       {"disk_bytes", disk_bytes},
+       {"disk_bytes_over_model", disk_over_model},
+       {"disk_bytes_read", disk_bytes_read},
+       {"disk_bytes_read_over_model", read_over_model},
+       {"span_s", round.span_s},
+       {"aggregate_gb_per_s", round.aggregate_gb_per_s},
+       {"worst_rank_seconds", worst_seconds},
+       {"alone_seconds", alone_seconds},
+       {"goal_rank_seconds_at_most", goal_seconds},
+       {"goals", {{"disk_bytes_over_model", 1.0}, {"rank_seconds_over_alone_per_rank", 1.10}}},
+       {"daemon_ends", ends}});
   return result;
 }
 

@@ -106,15 +106,15 @@ std::string FormatNodeReport(const nlohmann::json& result) {
         "(%.3f read with the rounding to blocks; goal 1.0); slowest rank %.3f s, goal <= %.3f s "
         "(alone %.3f s / ranks + 10%%)\n",
         name, tp["ranks"].size(), tp["aggregate_gb_per_s"].get<double>(),
-        tp["disk_bytes_over_model"].get<double>(),
-        tp["disk_bytes_read_over_model"].get<double>(), tp["worst_rank_seconds"].get<double>(),
-        tp["goal_rank_seconds_at_most"].get<double>(), tp["alone_seconds"].get<double>());
+        tp["disk_bytes_over_model"].get<double>(), tp["disk_bytes_read_over_model"].get<double>(),
+        tp["worst_rank_seconds"].get<double>(), tp["goal_rank_seconds_at_most"].get<double>(),
+        tp["alone_seconds"].get<double>());
     for (const nlohmann::json& rank : tp["ranks"]) {
-      absl::StrAppendFormat(&text, "  rank %d on %s: %s in %.3f s (%.3f GB/s), %.3f of alone / ranks\n",
-                            rank["rank"].get<int>(), rank["on"].get<std::string>(),
-                            Bytes(rank["bytes_fetched"]), rank["seconds"].get<double>(),
-                            rank["gb_per_s"].get<double>(),
-                            rank["seconds_over_alone_per_rank"].get<double>());
+      absl::StrAppendFormat(
+          &text, "  rank %d on %s: %s in %.3f s (%.3f GB/s), %.3f of alone / ranks\n",
+          rank["rank"].get<int>(), rank["on"].get<std::string>(), Bytes(rank["bytes_fetched"]),
+          rank["seconds"].get<double>(), rank["gb_per_s"].get<double>(),
+          rank["seconds_over_alone_per_rank"].get<double>());
     }
     if (tp.contains("throughput_over_dim0")) {
       absl::StrAppendFormat(&text, "  dim 1 / dim 0 node throughput %.3f (goal >= 0.8)\n",

@@ -91,9 +91,8 @@ class NodeWorker {
   absl::StatusOr<nlohmann::json> Load(const nlohmann::json& shard) {
     std::vector<Object> objects = objects_;
     if (shard.is_object()) {
-      absl::StatusOr<std::vector<Object>> shards = Shards(shard.value("dim", 0u),
-                                                          shard.value("index", 0u),
-                                                          shard.value("count", 1u));
+      absl::StatusOr<std::vector<Object>> shards =
+          Shards(shard.value("dim", 0u), shard.value("index", 0u), shard.value("count", 1u));
       if (!shards.ok()) return shards.status();
       objects = *std::move(shards);
     }

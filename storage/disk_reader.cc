@@ -320,10 +320,9 @@ absl::Status DeliverChunk(const DiskReader::Chunk& chunk, const uint8_t* bounce)
     const ReadTarget& target = chunk.target[i];
     const auto [want_begin, want_end] = WantedPart(chunk, target);
     if (chunk.aligned_offset + chunk.read < want_end) {
-      return absl::DataLossError(absl::StrCat(target.path, " ends at byte ",
-                                              chunk.aligned_offset + chunk.read,
-                                              " but bytes up to ", want_end,
-                                              " were expected; was it changed?"));
+      return absl::DataLossError(
+          absl::StrCat(target.path, " ends at byte ", chunk.aligned_offset + chunk.read,
+                       " but bytes up to ", want_end, " were expected; was it changed?"));
     }
     if (chunk.in_place != nullptr) continue;  // already in place
     std::memcpy(target.destination + (want_begin - target.offset),

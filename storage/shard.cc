@@ -31,9 +31,8 @@ std::optional<uint32_t> ParseSmallNumber(absl::string_view text) {
 class ExtentMap {
  public:
   explicit ExtentMap(const std::vector<Extent>& extents) : by_object_(extents) {
-    std::sort(by_object_.begin(), by_object_.end(), [](const Extent& a, const Extent& b) {
-      return a.object_offset < b.object_offset;
-    });
+    std::sort(by_object_.begin(), by_object_.end(),
+              [](const Extent& a, const Extent& b) { return a.object_offset < b.object_offset; });
   }
 
   // Appends the file ranges of object bytes [begin, begin + length) to `out`, landing at
@@ -106,8 +105,8 @@ std::optional<std::pair<absl::string_view, absl::string_view>> SplitShardName(
 }
 
 absl::Status BadShard(const ObjectInfo& object, const ShardSpec& spec, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("shard ", FormatShardSpec(spec), " of object ",
-                                                 Quote(object.name), ": ", why));
+  return absl::InvalidArgumentError(
+      absl::StrCat("shard ", FormatShardSpec(spec), " of object ", Quote(object.name), ": ", why));
 }
 
 // The shard of `object` that `spec` names, as an object called `name`; INVALID_ARGUMENT as
@@ -116,12 +115,13 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
                                        std::string name) {
   if (spec.count == 0) return BadShard(object, spec, "the count must be at least 1");
   if (spec.index >= spec.count) return BadShard(object, spec, "the index must be below the count");
-  const bool any_split = std::any_of(
-      object.tensors.begin(), object.tensors.end(),
-      [&](const TensorPlacement& tensor) { return tensor.shape.size() > spec.dim; });
+  const bool any_split =
+      std::any_of(object.tensors.begin(), object.tensors.end(),
+                  [&](const TensorPlacement& tensor) { return tensor.shape.size() > spec.dim; });
   if (!any_split) {
-    return BadShard(object, spec,
-                    absl::StrCat("no tensor has dimension ", spec.dim, " (dimensions count from 0)"));
+    return BadShard(
+        object, spec,
+        absl::StrCat("no tensor has dimension ", spec.dim, " (dimensions count from 0)"));
   }
 
   uint64_t ranges = 0;
@@ -146,9 +146,9 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
     TensorPlacement out{tensor.name, tensor.dtype, tensor.shape, 0, 0};
     out.offset = RoundUp(cursor, kGatheredTensorAlignment);
     // Each piece: object bytes [begin, begin + length) of the source tensor.
-    uint64_t outer = 1;     // rows of the dimensions before `dim`: one piece each
-    uint64_t stride = 0;    // bytes between pieces
-    uint64_t first = 0;     // bytes into a stride where the piece starts
+    uint64_t outer = 1;   // rows of the dimensions before `dim`: one piece each
+    uint64_t stride = 0;  // bytes between pieces
+    uint64_t first = 0;   // bytes into a stride where the piece starts
     uint64_t length = tensor.size;
     if (tensor.shape.size() > spec.dim) {
       const uint64_t rows = tensor.shape[spec.dim];
@@ -204,13 +204,13 @@ absl::StatusOr<std::pair<const ObjectInfo*, ShardSpec>> ParseShardName(
   const auto split = SplitShardName(object_name);
   const ObjectInfo* base = split ? FindObject(model, split->first) : nullptr;
   if (base == nullptr) {
-    return absl::NotFoundError(absl::StrCat("model ", Quote(model.name), " has no object ",
-                                            Quote(object_name)));
+    return absl::NotFoundError(
+        absl::StrCat("model ", Quote(model.name), " has no object ", Quote(object_name)));
   }
   // A suffix with neither ':' nor '/' is no attempt at a spec: the name is just unknown.
   if (split->second.find_first_of(":/") == absl::string_view::npos) {
-    return absl::NotFoundError(absl::StrCat("model ", Quote(model.name), " has no object ",
-                                            Quote(object_name)));
+    return absl::NotFoundError(
+        absl::StrCat("model ", Quote(model.name), " has no object ", Quote(object_name)));
   }
   ASSIGN_OR_RETURN(const ShardSpec spec, ParseShardSpec(split->second));
   if (FormatShardSpec(spec) != split->second) {

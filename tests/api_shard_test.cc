@@ -31,14 +31,14 @@ TEST_F(ApiTest, ASessionFetchesATensorParallelShardOfEachTensor) {
         EXPECT_EQ(std::vector<uint64_t>(tensor.shape().begin(), tensor.shape().end()), shape)
             << key;
         ASSERT_EQ(tensor.size(), want.size()) << key;
-        EXPECT_EQ(bytes.compare(tensor.offset(), tensor.size(), want), 0) << key << " "
-                                                                          << tensor.name();
+        EXPECT_EQ(bytes.compare(tensor.offset(), tensor.size(), want), 0)
+            << key << " " << tensor.name();
       }
     }
   }
-  for (const std::string& bad : {ShardKey(Key(2), 2, 0, 2), ShardKey(Key(2), 0, 3, 3),
-                                 ShardKey(Key(2), 0, 0, 0), ShardKey(Key(2), 0, 0, kRows + 1),
-                                 Key(2) + "@0:1"}) {
+  for (const std::string& bad :
+       {ShardKey(Key(2), 2, 0, 2), ShardKey(Key(2), 0, 3, 3), ShardKey(Key(2), 0, 0, 0),
+        ShardKey(Key(2), 0, 0, kRows + 1), Key(2) + "@0:1"}) {
     EXPECT_THAT((*session)->Fetch(bad), StatusIs(absl::StatusCode::kInvalidArgument)) << bad;
   }
   EXPECT_THAT((*session)->Fetch(ShardKey("m/blocks.99", 0, 0, 2)),

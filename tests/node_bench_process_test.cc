@@ -33,11 +33,19 @@ class NodeBenchProcessTest : public ::testing::Test {
 
   absl::StatusOr<testing::RunResult> NodeBench(const std::string& phases = "") const {
     std::vector<std::string> argv = {testing::SiblingBinary("node_bench"),
-         absl::StrCat("--tierd=", testing::SiblingBinary("tierd")), "--backend=host",
-         absl::StrCat("--daemons=", kDaemons), absl::StrCat("--model-dir=", model_dir()),
-         "--tensors=1MiBx4", "--files=2", absl::StrCat("--work-dir=", dir_.path(), "/work"),
-         absl::StrCat("--repeat=", kRepeat), "--host-cache-bytes=8MiB", "--gpu-pool-bytes=8MiB",
-         "--timeout=120", "--drop-caches=false", absl::StrCat("--json=", json())};
+                                     absl::StrCat("--tierd=", testing::SiblingBinary("tierd")),
+                                     "--backend=host",
+                                     absl::StrCat("--daemons=", kDaemons),
+                                     absl::StrCat("--model-dir=", model_dir()),
+                                     "--tensors=1MiBx4",
+                                     "--files=2",
+                                     absl::StrCat("--work-dir=", dir_.path(), "/work"),
+                                     absl::StrCat("--repeat=", kRepeat),
+                                     "--host-cache-bytes=8MiB",
+                                     "--gpu-pool-bytes=8MiB",
+                                     "--timeout=120",
+                                     "--drop-caches=false",
+                                     absl::StrCat("--json=", json())};
     if (!phases.empty()) argv.push_back("--phases=" + phases);
     return testing::RunProgramWithStderr(argv, kTimeout);
   }

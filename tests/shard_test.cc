@@ -1,6 +1,8 @@
 // Tensor-parallel shards ("MODEL/OBJECT@DIM:INDEX/COUNT") end to end on real files: registered in
 // a real catalog, read by a real disk reader into the host cache, compared with tensor_split of
 // the whole tensor; only the shard's bytes read from disk; bad specs refused.
+#include "storage/shard.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -10,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "storage/object_layout.h"
-#include "storage/shard.h"
 #include "tests/host_cache_test_fixture.h"
 
 namespace tierd {
@@ -24,8 +25,8 @@ class ShardTest : public HostCacheTest {
     model_dir_ = absl::StrCat(dir_.path(), "/models/sharded");
     std::filesystem::create_directories(model_dir_);
     for (size_t i = 0; i < files.size(); ++i) {
-      ASSERT_THAT(testing::WriteSafetensors(
-                      absl::StrCat(model_dir_, "/model-", i, ".safetensors"), files[i]),
+      ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(model_dir_, "/model-", i, ".safetensors"),
+                                            files[i]),
                   IsOk());
     }
     ASSERT_THAT(catalog_->RegisterModel("m", model_dir_, grouping, GroupingRules::Defaults()),
@@ -68,8 +69,7 @@ TEST_F(ShardTest, ShardsAreTensorSplitForEveryDtypeDimAndCount) {
       for (uint64_t count : {uint64_t{1}, uint64_t{2}, uint64_t{3}, tensor.shape[dim]}) {
         if (count > tensor.shape[dim]) continue;
         for (uint64_t index = 0; index < count; ++index) {
-          const std::string key =
-              absl::StrCat("m/", tensor.name, "@", dim, ":", index, "/", count);
+          const std::string key = absl::StrCat("m/", tensor.name, "@", dim, ":", index, "/", count);
           const std::string expected = testing::TensorSplit(tensor, dim, index, count);
           ASSERT_EQ(FetchBytes(key), expected) << key;
           absl::StatusOr<ObjectRef> ref = catalog_->Lookup(key);
@@ -103,8 +103,9 @@ TEST_F(ShardTest, AnObjectOfSeveralTensorsAcrossFilesSplitsThoseWithTheDimension
     for (size_t t = 0; t < 3; ++t) {
       const TensorPlacement& placement = ref->object->tensors[t];
       EXPECT_EQ(placement.offset % kGatheredTensorAlignment, 0u);
-      const testing::TensorSpec& source =
-          placement.name == q.name ? q : placement.name == o.name ? o : norm;
+      const testing::TensorSpec& source = placement.name == q.name   ? q
+                                          : placement.name == o.name ? o
+                                                                     : norm;
       const std::string expected = source.shape.size() > 1
                                        ? testing::TensorSplit(source, 1, index, 3)
                                        : source.data;  // the 1-D norm stays whole
@@ -173,20 +174,20 @@ TEST_F(ShardTest, AShardsChecksumOutlivesARestartAndChecksItsReads) {
 
 TEST_F(ShardTest, BadSpecsAreRefused) {
   Start(2);
-  Register({{testing::RandomTensor("w", "F32", {4, 3}, 1),
-             testing::RandomTensor("b", "F32", {3}, 2),
-             testing::RandomTensor("tall", "U8", {(1 << 18) + 1, 1}, 3)}},
-           Grouping::kTensor);
-  for (const char* key : {"m/w@2:0/2",     // dim out of range
-                          "m/b@1:0/1",     // a 1-D tensor has no dimension 1
-                          "m/w@0:2/2",     // index >= count
-                          "m/w@0:0/0",     // count 0
-                          "m/w@1:0/4",     // count > the dim's size
-                          "m/w@0:1",       // malformed
-                          "m/w@0:-1/2",    // malformed
-                          "m/w@x:/",       // malformed
-                          "m/w@0:01/2",    // not written canonically
-                          "m/w@0:0/2 ",    // trailing space
+  Register(
+      {{testing::RandomTensor("w", "F32", {4, 3}, 1), testing::RandomTensor("b", "F32", {3}, 2),
+        testing::RandomTensor("tall", "U8", {(1 << 18) + 1, 1}, 3)}},
+      Grouping::kTensor);
+  for (const char* key : {"m/w@2:0/2",        // dim out of range
+                          "m/b@1:0/1",        // a 1-D tensor has no dimension 1
+                          "m/w@0:2/2",        // index >= count
+                          "m/w@0:0/0",        // count 0
+                          "m/w@1:0/4",        // count > the dim's size
+                          "m/w@0:1",          // malformed
+                          "m/w@0:-1/2",       // malformed
+                          "m/w@x:/",          // malformed
+                          "m/w@0:01/2",       // not written canonically
+                          "m/w@0:0/2 ",       // trailing space
                           "m/tall@1:0/1"}) {  // a range per row: more than the bound
     EXPECT_THAT(FetchNow(key), StatusIs(absl::StatusCode::kInvalidArgument)) << key;
     EXPECT_THAT(catalog_->Lookup(key), StatusIs(absl::StatusCode::kInvalidArgument)) << key;

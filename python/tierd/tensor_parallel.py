@@ -6,7 +6,7 @@ torch.tensor_split gives it: "MODEL/OBJECT@DIM:INDEX/COUNT". Tensors without tha
 whole. Fetch it like any key: only the disk blocks holding it are read, it is cached as an
 object of its own, and two ranks (or two daemons of a node) asking for the same shard share it.
 
-    key = tierd.tensor_parallel.shard_key("llama/model.layers.0.self_attn.q_proj.weight", 0, rank, 2)
+    key = tierd.tensor_parallel.shard_key("llama/model.layers.0.mlp.up_proj.weight", 0, rank, 2)
 
 load_shards fills a module built for one rank (its parallel layers already of the rank's size, or
 on the meta device) from a model registered per tensor, following a plan of which parameters split
