@@ -43,6 +43,13 @@ namespace {
 // a multiple of every common one.
 constexpr uint64_t kAlignment = 4096;
 
+// Targets of one file at most this far apart join one chunk (the gap is read too): the slices of a
+// strided shard, one per row, are then read in large reads rather than a block at a time.
+constexpr uint64_t kMaxMergedGap = 64 << 10;
+// A chunk of which less than 3/4 is wanted is sparse (Chunk::sparse).
+constexpr uint64_t kSparseNumerator = 3;
+constexpr uint64_t kSparseDenominator = 4;
+
 uint64_t AlignDown(uint64_t value) { return value / kAlignment * kAlignment; }
 uint64_t AlignUp(uint64_t value) { return AlignDown(value + kAlignment - 1); }
 
@@ -99,6 +106,10 @@ struct DiskReader::Chunk {
   uint64_t length = 0;          // bytes to read (aligned)
   uint64_t read = 0;            // bytes read so far
   uint8_t* in_place = nullptr;  // where the chunk lands when the target has an aligned window
+  // Most of the chunk's blocks hold bytes no target wants (another rank's slices of a strided
+  // shard): it is read through the page cache, so that the node's other readers of those blocks
+  // (the other ranks' daemons) find them there instead of reading them from the device again.
+  bool sparse = false;
 };
 
 bool DiskReader::QueueOrder::operator()(const Request* a, const Request* b) const {
@@ -199,7 +210,7 @@ class DiskReader::Worker {
         reader_->FinishChunk(chunk, absl::UnavailableError(admitted.message()));
         continue;
       }
-      slots_[slot] = Slot{chunk, *file, (*file)->use_direct.load()};
+      slots_[slot] = Slot{chunk, *file, (*file)->use_direct.load() && !chunk.sparse};
       return true;
     }
   }
@@ -223,7 +234,7 @@ class DiskReader::Worker {
                                         "reading ", s.file->path, ": ", std::strerror(-result))));
       return true;
     }
-    reader_->NoteBytesRead(static_cast<uint64_t>(result));
+    reader_->NoteBytesRead(static_cast<uint64_t>(result), /*sparse=*/s.chunk.sparse);
     s.chunk.read += static_cast<uint64_t>(result);
     // A read that stops short of a block boundary has reached the end of the file.
     const bool end_of_file = result == 0 || (s.direct && result % kAlignment != 0);
@@ -474,7 +485,8 @@ bool DiskReader::NextChunk(bool wait, Chunk* chunk) {
       const uint64_t chunk_end = chunk->aligned_offset + chunk->length;
       const uint64_t more_end = AlignUp(more.offset + more.length);
       if (more.length == 0 || more.aligned_window || more.path != target.path ||
-          more.model_file != target.model_file || AlignDown(more.offset) > chunk_end ||
+          more.model_file != target.model_file ||
+          AlignDown(more.offset) > chunk_end + kMaxMergedGap ||
           AlignDown(more.offset) < chunk->aligned_offset ||
           more_end - chunk->aligned_offset > options_.chunk_bytes) {
         break;
@@ -482,6 +494,12 @@ bool DiskReader::NextChunk(bool wait, Chunk* chunk) {
       chunk->length = std::max(chunk_end, more_end) - chunk->aligned_offset;
       ++chunk->targets;
     }
+    uint64_t wanted = 0;
+    for (size_t i = 0; i < chunk->targets; ++i) {
+      const auto [begin, end] = WantedPart(*chunk, chunk->target[i]);
+      wanted += end - begin;
+    }
+    chunk->sparse = wanted * kSparseDenominator < chunk->length * kSparseNumerator;
   }
   request->started = true;
   ++request->outstanding;
@@ -598,9 +616,10 @@ void DiskReader::UseBuffered(File* file, int error) {
                                 << std::strerror(error) << "): reading such files buffered";
 }
 
-void DiskReader::NoteBytesRead(uint64_t bytes) {
+void DiskReader::NoteBytesRead(uint64_t bytes, bool sparse) {
   absl::MutexLock lock(&mu_);
   stats_.bytes_read += bytes;
+  if (sparse) stats_.sparse_bytes_read += bytes;
 }
 
 void DiskReader::ForgetFile(const std::string& path) {

@@ -146,6 +146,39 @@ TEST_P(DiskReaderTest, GathersManyTargetsOfOneRequestIntoPlace) {
   EXPECT_EQ(object.substr(2 * kMiB, kMiB + 4), first.substr(2 * kMiB + 1, kMiB + 4));
 }
 
+// A strided shard's slices: targets close together join large reads, and where most of a read is
+// other slices' bytes it goes through the page cache (sparse_bytes_read), so that the node's other
+// ranks reading those blocks find them there. Mostly wanted reads stay O_DIRECT.
+TEST_P(DiskReaderTest, StridedSlicesAreReadTogetherAndSparseOnesThroughThePageCache) {
+  const std::string path = absl::StrCat(dir_.path(), "/rows");
+  const uint64_t rows = 256, row_bytes = 8192;
+  const std::string contents = MakeFile(path, rows * row_bytes + 100, 6);
+  auto reader = NewReader(ReaderOptions(1, 4, kMiB));
+  // Slice length → whether it is a sparse read (wanted < 3/4 of what is read).
+  for (const auto& [slice, sparse] : {std::pair<uint64_t, bool>{1000, true}, {7000, false}}) {
+    SCOPED_TRACE(absl::StrCat("slices of ", slice, " bytes"));
+    const DiskReaderStats before = reader->stats();
+    std::string shard(rows * slice, '\0');
+    std::vector<ReadTarget> targets;
+    for (uint64_t row = 0; row < rows; ++row) {
+      targets.push_back({path, row * row_bytes + 100, slice,
+                         reinterpret_cast<uint8_t*>(shard.data()) + row * slice});
+    }
+    auto outcome = Read(*reader, std::move(targets));
+    ASSERT_TRUE(outcome->finished.WaitForNotificationWithTimeout(kTimeout));
+    ASSERT_THAT(outcome->status, IsOk());
+    for (uint64_t row = 0; row < rows; ++row) {
+      ASSERT_EQ(shard.substr(row * slice, slice), contents.substr(row * row_bytes + 100, slice))
+          << "row " << row;
+    }
+    const DiskReaderStats after = reader->stats();
+    const uint64_t read = after.bytes_read - before.bytes_read;
+    EXPECT_EQ(after.bytes_delivered - before.bytes_delivered, rows * slice);
+    EXPECT_LE(read, rows * row_bytes + 4096);  // each block once
+    EXPECT_EQ(after.sparse_bytes_read - before.sparse_bytes_read, sparse ? read : 0);
+  }
+}
+
 TEST_P(DiskReaderTest, FallsBackToBufferedReadsWhereODirectIsRefused) {
   const std::string path = absl::StrCat(dir_.path(), "/refused");
   const std::string contents = MakeFile(path, 2 * kMiB + 3, 4);
