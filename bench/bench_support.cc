@@ -1,5 +1,7 @@
 #include "bench/bench_support.h"
 
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -43,6 +45,16 @@ bool DropPageCache() {
     warned = true;
   }
   return false;
+}
+
+std::optional<uint64_t> DeviceBytesRead(const std::string& path) {
+  struct stat info;
+  if (::stat(path.c_str(), &info) != 0 || major(info.st_dev) == 0) return std::nullopt;
+  std::ifstream in(
+      absl::StrCat("/sys/dev/block/", major(info.st_dev), ":", minor(info.st_dev), "/stat"));
+  uint64_t reads = 0, merged = 0, sectors = 0;
+  if (!(in >> reads >> merged >> sectors)) return std::nullopt;
+  return sectors * 512;  // the kernel counts 512-byte sectors whatever the device's block size
 }
 
 double RunFio(const FioRead& read, nlohmann::json* raw) {

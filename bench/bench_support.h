@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,6 +66,11 @@ void Progress(const std::string& line);
 // Writes dirty pages back and drops the page cache. Needs root; returns false (after a warning
 // on the first failure) where it cannot.
 bool DropPageCache();
+
+// Bytes the kernel has read from the block device holding `path` since boot (its sectors read, from
+// /sys/dev/block/MAJOR:MINOR/stat); nullopt where there is no such device (tmpfs, overlayfs).
+// Counts every reader of the device, not only tierd's.
+std::optional<uint64_t> DeviceBytesRead(const std::string& path);
 
 // A sequential O_DIRECT read of `files` (one after another, as one job each with --numjobs=1, or
 // split across jobs) through fio's io_uring engine with fixed buffers.

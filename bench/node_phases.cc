@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/bench_model.h"
 #include "bench/bench_support.h"
+#include "bench/node_report.h"
 #include "common/byte_size.h"
 #include "device/shared_memory.h"
 
@@ -288,12 +289,14 @@ nlohmann::json RunTensorParallelPhase(const NodePlan& plan, NodeClients& clients
   std::unique_ptr<NodeDaemons> daemons = StartWithModel(plan, count, /*with_peers=*/true, label);
   const uint64_t model_bytes = ConnectClients(plan, clients, *daemons)[0]["bytes"].get<uint64_t>();
   nlohmann::json result = MakeCold(plan);
+  const std::optional<uint64_t> device_before = DeviceBytesRead(plan.model_dir);
   std::vector<nlohmann::json> requests;
   for (int rank = 0; rank < count; ++rank) {
     requests.push_back(
         {{"op", "load"}, {"shard", {{"dim", dim}, {"index", rank}, {"count", count}}}});
   }
   const Round round = Summarize(clients.AskEach(FirstWorkers(count), requests));
+  const std::optional<uint64_t> device_after = DeviceBytesRead(plan.model_dir);
   const double goal_seconds = alone_seconds / count * 1.10;
   nlohmann::json ranks = nlohmann::json::array();
   uint64_t disk_bytes = 0, disk_bytes_read = 0, shard_bytes = 0;
@@ -322,11 +325,17 @@ nlohmann::json RunTensorParallelPhase(const NodePlan& plan, NodeClients& clients
   const std::vector<std::string> ends = daemons->Stop();
   const double disk_over_model = static_cast<double>(disk_bytes) / model_bytes;
   const double read_over_model = static_cast<double>(disk_bytes_read) / model_bytes;
-  Progress(
-      absl::StrFormat("%s: node read %.3f of the model from disk (%.3f with the reads' "
-                      "rounding to blocks; goal 1.0); slowest rank %.3f s, goal <= %.3f s "
-                      "(alone / %d + 10%%)",
-                      label, disk_over_model, read_over_model, worst_seconds, goal_seconds, count));
+  // What the device itself served (every reader of it, page cache misses only), where it is known.
+  nlohmann::json device_over_model = nullptr;
+  if (device_before.has_value() && device_after.has_value()) {
+    device_over_model = static_cast<double>(*device_after - *device_before) / model_bytes;
+    result["device_bytes_read"] = *device_after - *device_before;
+  }
+  Progress(absl::StrFormat(
+      "%s: node read %.3f of the model from disk (%.3f with the reads' rounding to blocks, %s "
+      "from the device; goal 1.0); slowest rank %.3f s, goal <= %.3f s (alone / %d + 10%%)",
+      label, disk_over_model, read_over_model, FormatRatio(device_over_model), worst_seconds,
+      goal_seconds, count));
   result.update(
       {{"dim", dim},
        {"ranks", ranks},
@@ -336,6 +345,7 @@ nlohmann::json RunTensorParallelPhase(const NodePlan& plan, NodeClients& clients
        {"disk_bytes_over_model", disk_over_model},
        {"disk_bytes_read", disk_bytes_read},
        {"disk_bytes_read_over_model", read_over_model},
+       {"device_bytes_read_over_model", device_over_model},
        {"span_s", round.span_s},
        {"aggregate_gb_per_s", round.aggregate_gb_per_s},
        {"worst_rank_seconds", worst_seconds},

@@ -40,6 +40,10 @@ std::string Runs(const std::string& phase, const nlohmann::json& phases,
 
 }  // namespace
 
+std::string FormatRatio(const nlohmann::json& ratio) {
+  return ratio.is_null() ? "unknown" : absl::StrFormat("%.3f", ratio.get<double>());
+}
+
 std::string FormatNodeReport(const nlohmann::json& result) {
   const nlohmann::json& model = result["model"];
   std::string text = absl::StrFormat(
@@ -103,10 +107,11 @@ std::string FormatNodeReport(const nlohmann::json& result) {
     absl::StrAppendFormat(
         &text,
         "\n%s (%zu ranks, one per daemon, cold, at once): node %.3f GB/s; disk bytes / model %.3f "
-        "(%.3f read with the rounding to blocks; goal 1.0); slowest rank %.3f s, goal <= %.3f s "
-        "(alone %.3f s / ranks + 10%%)\n",
+        "(%.3f read with the rounding to blocks, %s from the device; goal 1.0); slowest rank "
+        "%.3f s, goal <= %.3f s (alone %.3f s / ranks + 10%%)\n",
         name, tp["ranks"].size(), tp["aggregate_gb_per_s"].get<double>(),
         tp["disk_bytes_over_model"].get<double>(), tp["disk_bytes_read_over_model"].get<double>(),
+        FormatRatio(tp.value("device_bytes_read_over_model", nlohmann::json())),
         tp["worst_rank_seconds"].get<double>(), tp["goal_rank_seconds_at_most"].get<double>(),
         tp["alone_seconds"].get<double>());
     for (const nlohmann::json& rank : tp["ranks"]) {

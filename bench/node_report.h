@@ -11,6 +11,9 @@ namespace tierd::bench {
 // node_bench writes to --json; phases it lacks are left out.
 std::string FormatNodeReport(const nlohmann::json& result);
 
+// A ratio as "1.000", or "unknown" for null (a figure the machine could not give).
+std::string FormatRatio(const nlohmann::json& ratio);
+
 }  // namespace tierd::bench
 
 #endif  // TIERD_BENCH_NODE_REPORT_H_
