@@ -1,7 +1,9 @@
 #include "common/command_line.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <utility>
 
@@ -11,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/status_macros.h"
+#include "common/version.h"
 
 namespace tierd {
 namespace {
@@ -44,8 +47,14 @@ std::optional<FlagArgument> SplitFlagArgument(absl::string_view arg) {
   return flag;
 }
 
-// Hands a help flag to absl, which prints the usage (or version) and exits.
+// Hands a help flag to absl, which prints the usage and exits; --version prints
+// "PROGRAM VERSION" here.
 [[noreturn]] void ShowHelp(char* program, const FlagArgument& help) {
+  if (Underscored(help.name) == "version") {
+    const char* slash = std::strrchr(program, '/');
+    std::printf("%s %s\n", slash == nullptr ? program : slash + 1, std::string(Version()).c_str());
+    std::exit(0);
+  }
   std::string arg = absl::StrCat("--", Underscored(help.name));
   if (help.value.has_value()) absl::StrAppend(&arg, "=", *help.value);
   char* args[] = {program, arg.data()};

@@ -105,6 +105,8 @@ std::string RenderPrometheusText(const MetricsSnapshot& snapshot) {
       .Sample(snapshot.serving ? 1 : 0);
   out.Metric("tierd_device_info", "gauge", "The device this daemon serves, as a label")
       .Sample(1, Label("device", stats.device()));
+  out.Metric("tierd_build_info", "gauge", "The daemon's version, as a label")
+      .Sample(1, Label("version", stats.version()));
 
   RenderFigures(stats, out);
 

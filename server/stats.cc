@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_split.h"
 #include "common/figures.h"
+#include "common/version.h"
 
 namespace tierd {
 namespace {
@@ -59,6 +60,7 @@ v1::Stats CollectStats(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tie
                        const NodeParts& node) {
   v1::Stats stats;
   stats.set_device(device);
+  stats.set_version(std::string(Version()));
   GpuTierStats gpu = gpu_tier.stats();
   if (!client_groups.empty()) {
     v1::ClientGroupStats* group = stats.add_client_groups();

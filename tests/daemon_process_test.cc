@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/version.h"
 #include "gmock/gmock.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "gtest/gtest.h"
@@ -97,6 +98,26 @@ TEST_F(DaemonProcessTest, ServesHealthOnItsSocketAndStopsCleanlyOnSigterm) {
   daemon->Signal(SIGTERM);
   EXPECT_THAT(daemon->Wait(kTimeout), IsOkAndHolds(0));
   EXPECT_NE(::access(socket_path().c_str(), F_OK), 0) << "socket left behind";
+}
+
+// One version, the project's, from every place that reports it: both programs' --version, and the
+// daemon's stats (tierctl stats shows them; GetStats carries the field).
+TEST_F(DaemonProcessTest, TheProgramsAndTheStatsReportTheProjectsVersion) {
+  for (const char* program : {"tierd", "tierctl"}) {
+    auto version = RunProgram({SiblingBinary(program), "--version"}, kTimeout);
+    ASSERT_THAT(version, IsOk());
+    EXPECT_EQ(version->exit_code, 0);
+    EXPECT_EQ(version->output, absl::StrCat(program, " ", Version(), "\n"));
+  }
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  auto stats = Tierctl({"stats"});
+  ASSERT_THAT(stats, IsOk());
+  EXPECT_THAT(stats->output, HasSubstr(absl::StrCat("\nversion: ", Version(), "\n")));
+  // GetStats' field, as grpcurl would print it.
+  auto json = Tierctl({"stats", "--json"});
+  ASSERT_THAT(json, IsOk());
+  EXPECT_THAT(json->output, HasSubstr(absl::StrCat("\"version\": \"", Version(), "\"")));
 }
 
 // What `grpcurl -plaintext -unix SOCKET list` and `describe grpc.health.v1.Health` do: server

@@ -25,12 +25,13 @@
 #include "absl/strings/str_split.h"
 #include "client/health.h"
 #include "client/tierd_client.h"
+#include "common/version.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_test_support.h"
+#include "tests/operations_test_fixture.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
-#include "tests/operations_test_fixture.h"
 
 namespace tierd {
 namespace {
@@ -43,7 +44,6 @@ using ::tierd::testing::SiblingBinary;
 using ::tierd::testing::StatusIs;
 using ::tierd::testing::Subprocess;
 using ::tierd::testing::TempDir;
-
 
 // A TCP port on loopback that nothing listens on right now.
 int FreeLoopbackPort() {
@@ -321,6 +321,7 @@ TEST_F(OperationsTest, MetricsEndpointServesParseablePrometheusText) {
   EXPECT_THAT(metrics.errors, ::testing::IsEmpty());
   EXPECT_EQ(metrics.at("tierd_serving"), 1);
   EXPECT_EQ(metrics.at("tierd_device_info{device=\"host\"}"), 1);
+  EXPECT_EQ(metrics.at(absl::StrCat("tierd_build_info{version=\"", Version(), "\"}")), 1);
   EXPECT_EQ(metrics.at("tierd_tier_budget_bytes{tier=\"gpu\"}"), 32 << 20);
   EXPECT_EQ(metrics.at("tierd_tier_budget_bytes{tier=\"host\"}"), 64 << 20);
   EXPECT_EQ(metrics.at("tierd_stored_objects"), 3);
