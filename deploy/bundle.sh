@@ -48,9 +48,10 @@ if ((with_tests)); then
   cp "$build_dir/relocatable/CTestTestfile.cmake" "$out/"
 fi
 if ((with_tests || with_bench)); then
-  # The Python client package, with its tests and examples beside it (python/tests/run.sh).
+  # The Python client package, with its tests and examples beside it (python/tests/run.sh), and
+  # what makes it installable (tests/package/test-python-package.sh builds a wheel from it there).
   mkdir -p "$out/python"
-  cp -r "$build_dir/python/tierd" "$out/python/"
+  cp -r "$build_dir/python/tierd" "$build_dir"/python/{pyproject.toml,setup.py,README.md} "$out/python/"
   cp -r "$here/python/tests" "$here/python/examples" "$out/python/"
   find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
   binaries+=("$build_dir/python/tierd/libtierd_host_event.so")

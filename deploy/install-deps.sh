@@ -2,8 +2,10 @@
 # Installs what building and testing tierd needs, from Debian 12's own archive. Idempotent: packages
 # already present are left alone and apt is not touched at all when nothing is missing. The Python
 # client and its tests use Debian's python3-torch (CPU-only), python3-grpcio and python3-protobuf;
-# the deployment files' test uses systemd (systemd-analyze verify) and python3-yaml; the fuzzers
-# clang 14 with its libFuzzer and sanitizer runtimes.
+# the deployment files' test uses systemd (systemd-analyze verify) and python3-yaml; the package
+# tests (tests/package/) dpkg-dev and file (cpack's DEB generator and dpkg-shlibdeps), and
+# python3-venv, -pip, -setuptools and -wheel (the wheel, installed offline); the fuzzers clang 14
+# with its libFuzzer and sanitizer runtimes.
 #
 # The CUDA backend additionally needs the CUDA Toolkit (nvcc under /usr/local/cuda), which is not in
 # Debian's archive; without it tierd builds with the host backend only.
@@ -15,6 +17,7 @@ packages=(
   libabsl-dev liburing-dev libxxhash-dev libre2-dev nlohmann-json3-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev
   fio systemd python3-yaml
+  dpkg-dev file python3-venv python3-pip python3-setuptools python3-wheel
   clang-14 libclang-rt-14-dev
   python3-torch python3-grpcio python3-protobuf python3-numpy
 )

@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# python/tests/run.sh --root DIR [--device host|cuda:N] [unittest arguments...]
+# python/tests/run.sh --root DIR [--device host|cuda:N] [--installed] [unittest arguments...]
 #
 # Runs the Python client's tests against real daemons. DIR holds bin/tierd and python/tierd (a
-# build tree, or a bundle from deploy/bundle.sh --tests). The interpreter is $TIERD_PYTHON, else the
-# first of python3 and /usr/bin/python3 that has torch, grpcio and protobuf. With a cuda device and
-# no usable GPU the tests report themselves skipped (exit 77) unless TIERD_REQUIRE_GPU=1.
+# build tree, or a bundle from deploy/bundle.sh --tests). With --installed the tests use the tierd
+# package the interpreter has installed (a wheel in a virtual environment) instead of DIR's. The
+# interpreter is $TIERD_PYTHON, else the first of python3 and /usr/bin/python3 that has torch,
+# grpcio and protobuf. With a cuda device and no usable GPU the tests report themselves skipped
+# (exit 77) unless TIERD_REQUIRE_GPU=1.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=
 device=host
+installed=0
 while (($# > 0)); do
   case $1 in
     --root) root=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
+    --installed) installed=1; shift ;;
     *) break ;;
   esac
 done
@@ -41,7 +45,12 @@ if [[ $device == cuda* && ${TIERD_REQUIRE_GPU:-0} != 1 ]] &&
 fi
 
 echo "run.sh: $("$python" -c 'import sys, torch, grpc, google.protobuf as p; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, grpcio {grpc.__version__}, protobuf {p.__version__}")')"
-export PYTHONPATH="$root/python:$here/../examples:$here${PYTHONPATH:+:$PYTHONPATH}"
+package_dir=$root/python
+if ((installed)); then
+  package_dir=
+  echo "run.sh: the installed tierd: $(cd / && "$python" -c 'import tierd; print(tierd.__version__, tierd.__file__)')"
+fi
+export PYTHONPATH="${package_dir:+$package_dir:}$here/../examples:$here${PYTHONPATH:+:$PYTHONPATH}"
 export TIERD_BIN="$root/bin/tierd"
 export TIERD_TEST_DEVICE="$device"
 cd "$here"

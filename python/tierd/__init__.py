@@ -10,6 +10,7 @@ tierd.torch.stream_weights streams a model's blocks through forward hooks;
 tierd.tensor_parallel.load_shards loads one rank's shards of a model's weights.
 """
 
+from ._version import __version__
 from .activation_cache import ActivationCache
 from .client import Client, Lease, PendingFetch, Session
 from .errors import StatusCode, TierdError
