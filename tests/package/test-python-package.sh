@@ -5,6 +5,10 @@
 # a fresh virtual environment (`python3 -m venv --system-site-packages`: torch, grpcio and protobuf
 # come from the system), checks that tierd there is VERSION with its generated modules and helper
 # library, and runs the client tests with that environment's Python against BUILD_DIR's daemon.
+# Arguments after VERSION go to python/tests/run.sh (`--device cuda:0 test_client` on a GPU
+# machine). A Python that is itself a virtual environment's lends the new one the base system's
+# packages, not its own: put its site-packages on PYTHONPATH then. TIERD_WHEEL_PYTHON picks the
+# Python (/usr/bin/python3).
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/common.sh"
 build=$(cd "${1:?usage: test-python-package.sh BUILD_DIR VERSION [tests...]}" && pwd)
