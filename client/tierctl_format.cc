@@ -335,14 +335,16 @@ std::string FormatObjects(const std::vector<v1::ObjectInfo>& objects) {
   }
   return absl::StrCat(table.ToString(), objects.size(), " objects, ", FormatByteSize(total_bytes),
                       "; ", on_gpu, " on the GPU, ", in_host, " in this daemon's host memory",
-                      homed ? " (HOME: the node's daemon that keeps it in host memory)" : "", "\n");
+                      homed ? " (HOME: the node's daemon that keeps it in host memory)" : "",
+                      "\n");
 }
 
 std::string FormatStats(const v1::Stats& stats) {
   std::vector<Section> sections;
   sections.push_back({absl::StrCat("device: ", stats.device()), {}});
-  if (!stats.version().empty())
+  if (!stats.version().empty()) {
     sections.push_back({absl::StrCat("version: ", stats.version()), {}});
+  }
   // Each figure under the section its field declares, in the order of the fields: a TierStats
   // field's figures, then the section's own.
   const google::protobuf::Descriptor& descriptor = *v1::Stats::descriptor();

@@ -16,6 +16,13 @@ version=${2:?VERSION}
 shift 2
 python=${TIERD_WHEEL_PYTHON:-/usr/bin/python3}
 
+# The source tree lacks the generated modules: pip says so and how to build, instead of installing
+# a package that cannot import.
+if "$python" -m pip wheel --no-deps --no-build-isolation --no-index --wheel-dir "$work/refused" \
+    "$here/../../python" > "$work/refused.log" 2>&1; then
+  fail "a wheel was built from the source tree"
+fi
+grep -q "this is the source tree" "$work/refused.log" || { cat "$work/refused.log"; fail "no clear refusal"; }
 wheel=$(bash "$here/../../python/build-wheel.sh" "$build/python" "$work/dist" "$python")
 echo "built $(basename "$wheel")"
 "$python" -m venv --system-site-packages "$work/venv"
