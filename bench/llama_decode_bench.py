@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Greedy decoding with a Llama-architecture checkpoint (random weights, bf16, about 2.2 GB) whose
+weights stream from a daemon with a 1 GiB GPU pool: every decoding step brings the blocks the pool
+cannot keep from the daemon's host memory. The model comes from tierd.transformers.from_pretrained
+(each --prefetch-depth in turn). Compared in the same run, on the same GPU:
+
+  copy rate   torch's host -> GPU copy of a pinned buffer of one block's size
+  resident    the same checkpoint all on the GPU (tokens/s, and the tokens, which must be equal)
+  accelerate  accelerate.cpu_offload of the same weights (when accelerate is installed)
+
+Reported: tokens/s of each; for tierd, the bytes the daemon copied host -> GPU per second of
+decoding over the copy rate (goal >= 0.95: streaming runs at the copy engine's speed).
+
+    bench/llama_decode_bench.py --tierd BUNDLE/bin/tierd --work-dir /tmp/ldb --json out.json
+"""
+
+import argparse
+import datetime
+import faulthandler
+import json
+import os
+import shutil
+import sys
+import time
+
+import torch
+import transformers
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import tierd  # noqa: E402
+import tierd.transformers  # noqa: E402
+from kv_cache_bench import log, timed  # noqa: E402
+from stream_weights_bench import Daemon  # noqa: E402
+
+MODEL = "llama"
+
+
+def build_checkpoint(args, directory):
+    """A seeded random Llama of --layers layers saved as sharded safetensors; returns it, on the
+    GPU."""
+    config = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=args.hidden, intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
+        num_key_value_heads=4, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.generation_config.pad_token_id = 0
+    model.save_pretrained(directory, max_shard_size="512MB")
+    return model.eval()
+
+
+def generate(model, ids, tokens, runs=1):
+    """`tokens` greedy tokens after `ids`, timed, the fastest of `runs` (after one untimed run
+    when `runs` > 1); returns (tokens, seconds)."""
+    def once():
+        with torch.no_grad():
+            out, seconds = timed(lambda: model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
+                min_new_tokens=tokens, do_sample=False))
+        return out[:, ids.shape[1]:], seconds
+    if runs > 1:
+        once()
+    return min((once() for _ in range(runs)), key=lambda run: run[1])
+
+
+def copy_rate(nbytes, repeat=10):
+    """GB/s of torch's pinned host -> GPU copy of `nbytes`, the best of `repeat`."""
+    source = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    target = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    target.copy_(source, non_blocking=True)
+    best = min(timed(lambda: target.copy_(source, non_blocking=True))[1] for _ in range(repeat))
+    return nbytes / best / 1e9
+
+
+def wait_in_host_cache(client):
+    """Reads the model into the daemon's host memory, so that decoding streams from there."""
+    keys = [info.key for info in client.list_objects(MODEL)]
+    client.prefetch(keys, host_only=True)
+    deadline = time.monotonic() + 300
+    while sum(info.in_host_cache for info in client.list_objects(MODEL)) < len(keys):
+        if time.monotonic() > deadline:
+            sys.exit("the model did not reach the daemon's host cache in 300 s")
+        time.sleep(0.2)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tierd", required=True, help="the tierd binary")
+    parser.add_argument("--work-dir", required=True, help="the checkpoint and the daemon's state")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--layers", type=int, default=22)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--intermediate", type=int, default=5632)
+    parser.add_argument("--gpu-pool-bytes", type=int, default=1 << 30)
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--accelerate-tokens", type=int, default=4)
+    parser.add_argument("--prefetch-depth", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--runs", type=int, default=2, help="timed runs; the fastest counts")
+    args = parser.parse_args()
+    faulthandler.dump_traceback_later(1500, exit=True)
+    shutil.rmtree(args.work_dir, ignore_errors=True)
+    checkpoint = os.path.join(args.work_dir, MODEL)
+    os.makedirs(checkpoint)
+
+    resident = build_checkpoint(args, checkpoint)
+    model_bytes = sum(p.numel() * p.element_size() for p in resident.parameters())
+    block_bytes = sum(p.numel() * p.element_size() for p in resident.model.layers[0].parameters())
+    log(f"checkpoint: {args.layers} layers, {model_bytes / 1e9:.2f} GB, blocks of "
+        f"{block_bytes / 2**20:.0f} MiB; GPU pool {args.gpu_pool_bytes / 2**30:.2f} GiB")
+    ids = torch.randint(0, 32000, (1, args.prompt_tokens),
+                        generator=torch.Generator().manual_seed(1)).cuda()
+    results = {"benchmark": "llama_decode", "date": datetime.date.today().isoformat(),
+               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "transformers": transformers.__version__, "command": " ".join(sys.argv),
+               "model_bytes": model_bytes, "block_bytes": block_bytes,
+               "gpu_pool_bytes": args.gpu_pool_bytes, "new_tokens": args.new_tokens}
+
+    expected, seconds = generate(resident, ids, args.new_tokens, runs=args.runs)
+    results["resident"] = {"tokens_per_s": args.new_tokens / seconds}
+    log(f"resident: {args.new_tokens / seconds:.1f} tok/s")
+    results["copy_rate_gb_per_s"] = copy_rate(block_bytes)
+    log(f"host -> GPU copy rate: {results['copy_rate_gb_per_s']:.1f} GB/s")
+
+    daemon = Daemon(args.tierd, args.work_dir, pool_bytes=args.gpu_pool_bytes,
+                    slab_bytes=256 << 20, host_cache_bytes=2 * model_bytes)
+    try:
+        with tierd.Client(daemon.socket) as client:
+            for depth in args.prefetch_depth:
+                streamed = tierd.transformers.from_pretrained(checkpoint, client, name=MODEL,
+                                                              prefetch_depth=depth)
+                wait_in_host_cache(client)
+                generate(streamed, ids, args.new_tokens)  # untimed
+                # Each timed run's bytes: the daemon's copies during it, over its decode time.
+                runs = []
+                for _ in range(args.runs):
+                    before = client.stats().bytes_host_to_gpu
+                    tokens, seconds = generate(streamed, ids, args.new_tokens)
+                    runs.append((seconds, client.stats().bytes_host_to_gpu - before, tokens))
+                streamed.tierd_weights.close()
+                seconds, moved, tokens = min(runs, key=lambda run: run[0])
+                rate = moved / seconds / 1e9
+                figures = results.setdefault("tierd", {})[f"prefetch_depth_{depth}"] = {
+                    "tokens_per_s": args.new_tokens / seconds, "bytes_host_to_gpu": moved,
+                    "streamed_gb_per_s": rate,
+                    "over_copy_rate": rate / results["copy_rate_gb_per_s"],
+                    "goal_over_copy_rate_at_least": 0.95,
+                    "same_tokens_as_resident": bool(torch.equal(tokens, expected))}
+                log(f"tierd, prefetch depth {depth}: {args.new_tokens / seconds:.1f} tok/s, "
+                    f"{moved / args.new_tokens / 1e9:.2f} GB streamed a token at {rate:.1f} GB/s "
+                    f"= {figures['over_copy_rate']:.3f} of the copy rate (goal >= 0.95); same "
+                    f"tokens as resident: {figures['same_tokens_as_resident']}")
+    finally:
+        daemon.stop()
+
+    try:
+        import accelerate
+    except ImportError:
+        log("accelerate is not installed: no cpu_offload comparison")
+    else:
+        offloaded = accelerate.cpu_offload(resident.to("cpu"), execution_device="cuda:0")
+        _, seconds = generate(offloaded, ids, args.accelerate_tokens)
+        results["accelerate_cpu_offload"] = {"tokens_per_s": args.accelerate_tokens / seconds}
+        log(f"accelerate.cpu_offload: {args.accelerate_tokens / seconds:.2f} tok/s")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(results, out, indent=2)
+
+
+if __name__ == "__main__":
+    main()
