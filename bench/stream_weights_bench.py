@@ -96,8 +96,52 @@ def time_passes(run_pass, passes):
 def measure(run_pass, args):
     times, output = time_passes(run_pass, args.warmup + args.passes)
     measured = times[args.warmup:]
-    return {"median_ms": statistics.median(measured), "min_ms": min(measured),
-            "max_ms": max(measured), "passes_ms": measured}, output
+    result = {"median_ms": statistics.median(measured), "min_ms": min(measured),
+              "max_ms": max(measured), "passes_ms": measured}
+    if args.profile:
+        result["profile"] = profile_pass(run_pass)
+    return result, output
+
+
+def profile_pass(run_pass):
+    """Where one more pass's time goes on the GPU, from torch.profiler: this process's kernels'
+    busy time (the union of their intervals) and the gaps between them, the largest first with the
+    kernels around them. The daemon's copies run in its own process and are not among them: a gap
+    is the GPU waiting (for a copy's event, or for this process to enqueue work)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        run_pass()
+        torch.cuda.synchronize()
+    kernels = sorted((event.time_range.start, event.time_range.end, event.name)
+                     for event in profiler.events()
+                     if event.device_type == torch.autograd.DeviceType.CUDA
+                     and not event.name.startswith("Memcpy") and not event.name.startswith("Memset"))
+    if not kernels:
+        return {}
+    busy, gaps = 0.0, []
+    start, end, name = kernels[0]
+    for next_start, next_end, next_name in kernels[1:]:
+        if next_start > end:
+            busy += end - start
+            gaps.append((next_start - end, name, next_name))
+            start = next_start
+        end, name = max(end, next_end), next_name if next_end >= end else name
+    busy += end - start
+    gaps.sort(reverse=True)
+    return {"span_ms": (end - kernels[0][0]) / 1e3, "kernel_busy_ms": busy / 1e3,
+            "gap_ms": sum(gap for gap, _, _ in gaps) / 1e3, "gaps": len(gaps),
+            "largest_gaps": [{"ms": gap / 1e3, "after": before[:60], "before": after[:60]}
+                             for gap, before, after in gaps[:8]]}
+
+
+def describe_profile(profile):
+    if not profile:
+        return ""
+    largest = ", ".join(f"{gap['ms']:.2f}" for gap in profile["largest_gaps"][:4])
+    return (f"; profiled pass: kernels busy {profile['kernel_busy_ms']:.1f} of "
+            f"{profile['span_ms']:.1f} ms, {profile['gaps']} gaps {profile['gap_ms']:.1f} ms "
+            f"(largest {largest} ms)")
 
 
 # ---- (c) and (d): in-process offload from pinned memory -------------------------------------
@@ -298,6 +342,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--prefetch-depth", type=int, default=2)
     parser.add_argument("--modes", default="resident,tierd,two_slot,sync,accelerate,processes")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile one more pass of each measured run (GPU busy time and gaps)")
     parser.add_argument("--watchdog", type=float, default=1200,
                         help="seconds after which a stuck run prints its stacks and exits")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -336,7 +382,8 @@ def main():
         with torch.no_grad():
             result, references[tokens] = measure(lambda: module(*inputs), args)
         results["sizes"][str(tokens)] = {"resident": result}
-        log(f"T={tokens} (a) resident: {result['median_ms']:.1f} ms")
+        log(f"T={tokens} (a) resident: {result['median_ms']:.1f} ms"
+            f"{describe_profile(result.get('profile'))}")
     results["resident_gpu_bytes"] = args.blocks * block_bytes
 
     pinned = None
@@ -364,7 +411,8 @@ def main():
                         args)
                     entry["two_slot"]["output_equal"] = bool(torch.equal(output,
                                                                          references[tokens]))
-                    log(f"T={tokens} (c) two-slot: {entry['two_slot']['median_ms']:.1f} ms")
+                    log(f"T={tokens} (c) two-slot: {entry['two_slot']['median_ms']:.1f} ms"
+                        f"{describe_profile(entry['two_slot'].get('profile'))}")
                 if "sync" in modes:
                     entry["sync"], output = measure(lambda: sync_pass(pinned, slots[0], inputs),
                                                     args)
@@ -395,7 +443,7 @@ def main():
                 entry["tierd"]["bytes_host_to_gpu"] = (after.bytes_host_to_gpu -
                                                        before.bytes_host_to_gpu)
                 log(f"T={tokens} (b) tierd: {entry['tierd']['median_ms']:.1f} ms, outputs equal: "
-                    f"{entry['tierd']['output_equal']}")
+                    f"{entry['tierd']['output_equal']}{describe_profile(entry['tierd'].get('profile'))}")
             client.close()
         finally:
             daemon.stop()

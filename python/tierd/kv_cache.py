@@ -26,7 +26,7 @@ class LayeredKVStore:
     """Keys and values of `layers` attention layers, kept in tierd through `session`. Not
     thread-safe: one model's forward drives it."""
 
-    def __init__(self, session, name, layers, chunk_tokens=1024, namespace="kv", durable=False):
+    def __init__(self, session, name, layers, chunk_tokens=4096, namespace="kv", durable=False):
         if not namespace or "/" in namespace:
             raise ValueError(f"namespace must be one path component, not {namespace!r}")
         if not name or "/" in name:

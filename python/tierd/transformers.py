@@ -174,7 +174,7 @@ class TierdCache(_Cache):
     followed by the new ones, and only the new ones are computed. Greedy and sampled decoding;
     beam search and assisted decoding (which reorder or crop the cache) are refused."""
 
-    def __init__(self, session, name, config=None, chunk_tokens=1024, namespace="kv",
+    def __init__(self, session, name, config=None, chunk_tokens=4096, namespace="kv",
                  durable=False, store=None):
         _require_transformers()
         if store is None:
