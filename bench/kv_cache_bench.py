@@ -126,6 +126,8 @@ def run_decode(args, model, daemons, results):
                 cache.close()
             del cache
             torch.cuda.empty_cache()
+        if args.profile and name != "dynamic":
+            profile_decode(name, make, model, ids, args.new_tokens)
         tokens, prefill_s, decode_s, first_logits = min(runs, key=lambda run: run[2])
         if reference is None:
             reference = (tokens, first_logits)
@@ -146,6 +148,27 @@ def run_decode(args, model, daemons, results):
     offloaded = results["decode"]["offloaded"]["tokens_per_s"]
     for name, figures in results["decode"].items():
         figures["vs_offloaded"] = figures["tokens_per_s"] / offloaded
+
+
+def profile_decode(name, make, model, ids, new_tokens):
+    """Logs where one more decode's CPU time goes (cProfile: the functions with the most time of
+    their own). A decode step is bound by this process's CPU when its GPU work is small: what the
+    cache adds per layer shows here."""
+    import cProfile
+    import io
+    import pstats
+    cache = make()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    _, _, decode_s, _ = decode(model, cache, ids, new_tokens)
+    profiler.disable()
+    if isinstance(cache, tierd.transformers.TierdCache):
+        cache.close()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(14)
+    lines = [line for line in text.getvalue().splitlines() if line.strip()]
+    log(f"profile of {name}'s decode ({new_tokens / decode_s:.1f} tok/s under the profiler):\n" +
+        "\n".join(lines[-16:]))
 
 
 def run_prefix(args, model, daemon, results):
@@ -219,6 +242,8 @@ def main():
     parser.add_argument("--chunk-tokens", type=int, nargs="+", default=[1024, 4096],
                         help="TierdCache chunk sizes to run (the prefix uses the largest)")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--profile", action="store_true",
+                        help="log where one more decode of each cache spends its CPU time")
     parser.add_argument("--continue-prefix", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--socket", help=argparse.SUPPRESS)
     args = parser.parse_args()
