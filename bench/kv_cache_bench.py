@@ -19,18 +19,25 @@ change the greedy token).
 
 prefix: this process prefills --context tokens into a TierdCache and saves it; a second process
 builds the same model, opens the cache and computes the first token after --question more tokens,
-against recomputing the whole prompt with a DynamicCache in that process. Reported: both times to
-the first token, their ratio (goal <= 0.2), and whether the tokens agree.
+against recomputing the whole prompt with a DynamicCache in that process, twice: with the prefix's
+chunks where the first process left them (the daemon's GPU pool), and evicted to the daemon's host
+memory before each try. Reported: the times to the first token (the median of --prefix-repeat
+tries), their ratios to recomputing (goal <= 0.2), and whether the tokens agree.
+
+--breakdown times the tierd caches' own calls on the CPU during one more decode of each, per layer;
+--profile logs a cProfile of one more decode of each cache.
 
     bench/kv_cache_bench.py --tierd BUNDLE/bin/tierd --work-dir /tmp/kvb --json out.json
 """
 
 import argparse
+import collections
 import datetime
 import faulthandler
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -128,6 +135,9 @@ def run_decode(args, model, daemons, results):
             torch.cuda.empty_cache()
         if args.profile and name != "dynamic":
             profile_decode(name, make, model, ids, args.new_tokens)
+        if args.breakdown and name.startswith("tierd"):
+            results.setdefault("breakdown", {})[name] = breakdown_decode(name, make, model, ids,
+                                                                         args.new_tokens)
         tokens, prefill_s, decode_s, first_logits = min(runs, key=lambda run: run[2])
         if reference is None:
             reference = (tokens, first_logits)
@@ -171,6 +181,98 @@ def profile_decode(name, make, model, ids, new_tokens):
         "\n".join(lines[-16:]))
 
 
+class _CallTimes:
+    """CPU time spent in the wrapped calls, per name: wrap(owner, attribute, name) times every
+    call of owner.attribute until restore()."""
+
+    def __init__(self):
+        self.seconds = collections.Counter()
+        self.calls = collections.Counter()
+        self.names = []  # in the order wrapped
+        self._restore = []
+
+    def wrap(self, owner, attribute, name):
+        original = getattr(owner, attribute)
+
+        def timed_call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - start
+                self.calls[name] += 1
+        setattr(owner, attribute, timed_call)
+        self.names.append(name)
+        self._restore.append((owner, attribute, original))
+
+    def restore(self):
+        for owner, attribute, original in reversed(self._restore):
+            setattr(owner, attribute, original)
+        self._restore = []
+
+
+def breakdown_decode(name, make, model, ids, new_tokens):
+    """One more decode with the cache's calls timed on the CPU: how much of a step the cache's own
+    work takes (sending fetches, taking leases, concatenating, releasing, storing), per layer."""
+    cache = make()
+    store, session = cache.store, cache.store.session
+    times = _CallTimes()
+    times.wrap(cache, "update", "update (all of the below)")
+    times.wrap(store, "prefetch", "prefetch (send the fetches)")
+    times.wrap(tierd.PendingFetch, "result", "take a lease (answer wait + views)")
+    times.wrap(session, "_lease_from", "  of which: make the lease")
+    times.wrap(session, "_slab", "    its slab")
+    times.wrap(session._lease_views, "views", "    its tensors' views")
+    times.wrap(tierd._session, "tensor_views", "      of which: made anew")
+    times.wrap(session, "_stream", "    the current stream")
+    times.wrap(session, "_event", "    its ready event")
+    times.wrap(session._backend, "wait_event", "    the stream's wait for it")
+    times.wrap(session, "release_many", "release the leases")
+    times.wrap(store, "_seal", "keep the tail, store full chunks")
+    times.wrap(torch, "cat", "torch.cat (every caller)")
+    try:
+        _, _, decode_s, _ = decode(model, cache, ids, new_tokens)
+    finally:
+        times.restore()
+        cache.close()
+    # Needs a stored chunk: a context of at least one chunk.
+    quiet_us = (_quiet_view_cost(session, store._chunk_key(0, 0)) if store._layers[0].sealed
+                else (float("nan"), float("nan")))
+    layer_steps = new_tokens * store.layers
+    per_layer = {what: times.seconds[what] / layer_steps * 1e6 for what in times.names}
+    figures = {"decode_s": decode_s, "tokens_per_s": new_tokens / decode_s,
+               "step_ms": decode_s / new_tokens * 1e3, "us_per_layer": per_layer,
+               "calls": dict(times.calls), "quiet_views_us": {"made": quiet_us[0], "kept": quiet_us[1]}}
+    log(f"where {name}'s decode steps go ({figures['step_ms']:.2f} ms a step, {store.layers} "
+        f"layers, {figures['tokens_per_s']:.1f} tok/s with the timers):\n" +
+        "\n".join(f"  {what:40s} {us:8.1f} us a layer, {times.calls[what]} calls"
+                   for what, us in per_layer.items()) +
+        f"\n  one lease's views, with nothing else running: {quiet_us[0]:.1f} us made anew, "
+        f"{quiet_us[1]:.1f} us kept")
+    return figures
+
+
+def _quiet_view_cost(session, key, tries=2000):
+    """A lease's views of one fetched chunk, timed alone in a loop, made anew (tensor_views) and
+    kept (the session's LeaseViews): what they cost this CPU when no reader thread or GPU work
+    competes for it. Microseconds, (made, kept)."""
+    pending = session.fetch_async(key)
+    lease = pending.result()
+    placed = pending._response.lease
+    slab = session._slab(placed.slab_id)
+    start = time.perf_counter()
+    for _ in range(tries):
+        tierd._session.tensor_views(lease.buffer, placed.tensors)
+    made = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(tries):
+        session._lease_views.views(placed.slab_id, slab, placed.offset, placed.length,
+                                   placed.tensors)
+    kept = time.perf_counter() - start
+    lease.release()
+    return made / tries * 1e6, kept / tries * 1e6
+
+
 def run_prefix(args, model, daemon, results):
     ids = prompt(args, args.context, seed=2)
     session = tierd.Client(daemon.socket).session()
@@ -185,6 +287,7 @@ def run_prefix(args, model, daemon, results):
     command = [sys.executable, os.path.abspath(__file__), "--continue-prefix",
                "--socket", daemon.socket] + [f"--{k.replace('_', '-')}={v}" for k, v in
                                              (("context", args.context),
+                                              ("prefix_repeat", args.prefix_repeat),
                                               ("question", args.question),
                                               ("layers", args.layers), ("hidden", args.hidden),
                                               ("kv_heads", args.kv_heads))]
@@ -193,39 +296,60 @@ def run_prefix(args, model, daemon, results):
         sys.exit(f"the continuing process failed:\n{worker.stderr}")
     continued = json.loads(worker.stdout.strip().splitlines()[-1])
     continued.update(prefill_s=prefill_s, save_s=save_s,
-                     ratio=continued["reused_s"] / continued["recomputed_s"])
+                     ratio=continued["reused_s"] / continued["recomputed_s"],
+                     ratio_host=continued["reused_host_s"] / continued["recomputed_s"])
     results["prefix"] = continued
-    log(f"prefix continued by a second process: first token in {continued['reused_s'] * 1e3:.1f} "
-        f"ms reusing the saved cache, {continued['recomputed_s'] * 1e3:.1f} ms recomputing "
-        f"({continued['ratio']:.3f}x; goal <= 0.2); same token: {continued['same_token']}, same "
-        f"as computing the prefix first: {continued['same_as_prefix_first']}")
+    for suffix, where in (("", "in the daemon's GPU pool"), ("_host", "in its host memory")):
+        log(f"prefix continued by a second process, the chunks {where}: first token in "
+            f"{continued[f'reused{suffix}_s'] * 1e3:.1f} ms (median of {args.prefix_repeat}) "
+            f"reusing the saved cache, {continued['recomputed_s'] * 1e3:.1f} ms recomputing "
+            f"({continued[f'ratio{suffix}']:.3f}x; goal <= 0.2; with the prefix's cache resident "
+            f"{continued['resident_s'] * 1e3:.1f} ms); same token: "
+            f"{continued[f'same_token{suffix}']}, same as computing the prefix first: "
+            f"{continued[f'same_as_prefix_first{suffix}']}")
 
 
 def continue_prefix(args):
-    """The second process: the first token after the saved prefix and --question tokens."""
+    """The second process: the first token after the saved prefix and --question tokens, with the
+    prefix's chunks where the first process left them (the daemon's GPU pool) and with them evicted
+    to its host memory before each try; the median of --prefix-repeat tries each."""
     model = build_model(args)
     ids = torch.cat([prompt(args, args.context, seed=2), prompt(args, args.question, seed=3)], 1)
     question = ids[:, args.context:]
     session = tierd.Client(args.socket).session()
+    placements = {}
     with torch.no_grad():
         model(ids[:, :64])  # warm the kernels up
-        for _ in range(2):
-            def reuse():
-                cache = tierd.transformers.TierdCache.open(session, "prefix")
-                logits = model(question, past_key_values=cache, use_cache=True).logits
-                cache.close()
-                return logits[:, -1].argmax(-1)
-            reused, reused_s = timed(reuse)
+
+        def reuse():
+            cache = tierd.transformers.TierdCache.open(session, "prefix")
+            logits = model(question, past_key_values=cache, use_cache=True).logits
+            cache.close()
+            return logits[:, -1].argmax(-1)
+        reuse()  # maps the daemon's slabs and events into this process
+        for placement in ("gpu", "host"):
+            tries = []
+            for _ in range(args.prefix_repeat):
+                if placement == "host":
+                    session.evict("kv/", tier="gpu")
+                reused, reused_s = timed(reuse)
+                tries.append(reused_s)
+            placements[placement] = (reused, statistics.median(tries), tries)
         recomputed, recomputed_s = timed(lambda: model(
             ids, past_key_values=transformers.DynamicCache(config=model.config),
             use_cache=True).logits[:, -1].argmax(-1))
         own = transformers.DynamicCache(config=model.config)
         model(ids[:, :args.context], past_key_values=own, use_cache=True)
-        prefix_first = model(question, past_key_values=own, use_cache=True).logits[:, -1].argmax(-1)
+        prefix_first, resident_s = timed(lambda: model(
+            question, past_key_values=own, use_cache=True).logits[:, -1].argmax(-1))
     session.close()
-    print(json.dumps({"reused_s": reused_s, "recomputed_s": recomputed_s,
-                      "same_token": bool(torch.equal(reused, recomputed)),
-                      "same_as_prefix_first": bool(torch.equal(reused, prefix_first))}))
+    result = {"recomputed_s": recomputed_s, "resident_s": resident_s}
+    for placement, (reused, median_s, tries) in placements.items():
+        suffix = "" if placement == "gpu" else "_" + placement
+        result.update({f"reused{suffix}_s": median_s, f"reused{suffix}_tries_s": tries,
+                       f"same_token{suffix}": bool(torch.equal(reused, recomputed)),
+                       f"same_as_prefix_first{suffix}": bool(torch.equal(reused, prefix_first))})
+    print(json.dumps(result))
 
 
 def main():
@@ -242,8 +366,12 @@ def main():
     parser.add_argument("--chunk-tokens", type=int, nargs="+", default=[1024, 4096],
                         help="TierdCache chunk sizes to run (the prefix uses the largest)")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--prefix-repeat", type=int, default=5,
+                        help="tries of the continued prefix per placement (the median is kept)")
     parser.add_argument("--profile", action="store_true",
                         help="log where one more decode of each cache spends its CPU time")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="log where the CPU time of one more decode of each tierd cache goes")
     parser.add_argument("--continue-prefix", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--socket", help=argparse.SUPPRESS)
     args = parser.parse_args()
