@@ -19,6 +19,10 @@ from .errors import TierdError, StatusCode
 _IPC_HANDLE_BYTES = _wire_format.CUDA_IPC_HANDLE_BYTES
 _IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1
 _CUDA_ERROR_NOT_READY = 600  # cuEventQuery: recorded work still running
+_STREAMS_KEPT = 64
+# The current stream's raw handle in one call (what Triton asks torch for); absent from some torch
+# releases, where current_stream() asks torch for the stream object each time.
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 class _IpcHandle(ctypes.Structure):
@@ -38,12 +42,17 @@ class _Driver:
             raise TierdError(StatusCode.FAILED_PRECONDITION,
                              f"the daemon's backend is cuda, but libcuda.so.1 is missing: {error}")
         self._lib = lib
+        # The same library through PyDLL: its calls keep the GIL. Used only for the calls that
+        # change this thread's current context, which never block: each call made through `lib`
+        # lets go of the GIL and must take it back, and on a fetch path with a session's reader
+        # thread waiting for it, that handoff costs more than the call.
+        self._lib_holding_gil = ctypes.PyDLL("libcuda.so.1")
         void_p = ctypes.c_void_p
         self._bind("cuGetErrorString", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])
         self._bind("cuDeviceGet", [ctypes.POINTER(ctypes.c_int), ctypes.c_int])
         self._bind("cuDevicePrimaryCtxRetain", [ctypes.POINTER(void_p), ctypes.c_int])
-        self._bind("cuCtxPushCurrent_v2", [void_p])
-        self._bind("cuCtxPopCurrent_v2", [ctypes.POINTER(void_p)])
+        self._bind("cuCtxPushCurrent_v2", [void_p], holding_gil=True)
+        self._bind("cuCtxPopCurrent_v2", [ctypes.POINTER(void_p)], holding_gil=True)
         self._bind("cuIpcOpenMemHandle_v2",
                    [ctypes.POINTER(ctypes.c_uint64), _IpcHandle, ctypes.c_uint])
         self._bind("cuIpcCloseMemHandle", [ctypes.c_uint64])
@@ -55,8 +64,8 @@ class _Driver:
         self._bind("cuStreamWaitEvent", [void_p, void_p, ctypes.c_uint])
         self._contexts = {}
 
-    def _bind(self, name, argtypes):
-        function = getattr(self._lib, name)
+    def _bind(self, name, argtypes, holding_gil=False):
+        function = getattr(self._lib_holding_gil if holding_gil else self._lib, name)
         function.argtypes = argtypes
         function.restype = ctypes.c_int
         setattr(self, name, function)
@@ -176,6 +185,7 @@ class CudaBackend:
         torch.cuda.init()
         self.ordinal = ordinal
         self._driver = _Driver.get()
+        self._streams = {}  # raw handle -> torch stream (current_stream)
 
     @property
     def device(self):
@@ -202,7 +212,19 @@ class CudaBackend:
         return self._cached(bytes(handle), lambda: CudaEvent(self._driver, self.ordinal, raw))
 
     def current_stream(self):
-        return torch.cuda.current_stream(self.device)
+        """torch's current stream on the device. Asked for on every fetch and release, so the
+        stream object is kept by its handle: a stream is a handle and a device, and the streams
+        torch hands out live as long as the process."""
+        if _current_raw_stream is None:
+            return torch.cuda.current_stream(self.ordinal)
+        handle = _current_raw_stream(self.ordinal)
+        stream = self._streams.get(handle)
+        if stream is None:
+            stream = torch.cuda.current_stream(self.ordinal)
+            if len(self._streams) >= _STREAMS_KEPT:
+                self._streams.clear()
+            self._streams[stream.cuda_stream] = stream
+        return stream
 
     def wait_event(self, event, stream):
         """Makes `stream` wait for the event's newest record; the CPU does not wait."""
