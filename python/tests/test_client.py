@@ -134,6 +134,38 @@ class ClientTest(DaemonTestCase):
                 self.assertTrue(torch.equal(lease.tensors["kv"].cpu(), (kv * 2).cpu()))
             self.assertEqual(self.client.stats().stored_objects, 1)
 
+    def test_each_lease_gets_tensors_of_its_own_laid_out_as_stored_now(self):
+        # An object that stays on the GPU is leased at the same place each time, and the session
+        # keeps the views it made there: a caller's in-place changes to one lease's tensors must
+        # not reach the next lease's, and the same bytes stored again under other shapes must be
+        # seen under the new ones.
+        device = torch_device()
+        x = torch.arange(32, dtype=torch.float32, device=device).reshape(4, 8)
+        with self.client.session() as session:
+            session.store_async("acts/x", {"x": x, "y": x + 1})
+            session.flush()
+            with session.fetch("acts/x") as first:
+                place = first.tensors["x"].data_ptr()
+                first.tensors["x"].unsqueeze_(0)
+                first.tensors["y"].requires_grad_()
+            with session.fetch("acts/x") as second:
+                self.assertEqual(second.tensors["x"].data_ptr(), place)
+                self.assertEqual(tuple(second.tensors["x"].shape), (4, 8))
+                self.assertFalse(second.tensors["y"].requires_grad)
+                self.assertTrue(torch.equal(second.tensors["x"].cpu(), x.cpu()))
+                self.assertTrue(torch.equal(second.tensors["y"].cpu(), (x + 1).cpu()))
+            # Stores alternate between two staging ranges (each new version's, then the old one's
+            # freed); three layouts in turn put each layout where another one was.
+            shapes = [(8, 4), (2, 16), (4, 8)]
+            for version in range(6):
+                shape = shapes[version % 3]
+                session.store_async("acts/x", {"x": x.reshape(shape) * version, "y": x[:2]})
+                with session.fetch("acts/x") as lease:
+                    self.assertEqual(tuple(lease.tensors["x"].shape), shape)
+                    self.assertTrue(torch.equal(lease.tensors["x"].cpu(),
+                                                (x.reshape(shape) * version).cpu()))
+                    self.assertTrue(torch.equal(lease.tensors["y"].cpu(), x[:2].cpu()))
+
     def test_activation_cache_offloads_and_brings_back(self):
         device = torch_device()
         with self.client.session() as session:

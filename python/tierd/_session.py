@@ -10,6 +10,7 @@ import time
 import torch
 
 from ._done_events import DoneEvents
+from ._lease_views import LeaseViews
 from ._session_core import SessionCore
 from ._wire_format import SESSION_PROTOCOL
 from .dtypes import ELEMENT_BYTES, to_safetensors, to_torch
@@ -57,6 +58,12 @@ def tensor_views(buffer, infos):
             raw = raw.clone()
         views[info.name] = raw.view(dtype).view(tuple(info.shape))
     return views
+
+
+def _staging_views(slab, offset, length, infos):
+    """(buffer, tensor_views) of `length` bytes at `offset` of `slab`."""
+    buffer = slab.tensor[offset: offset + length]
+    return buffer, tensor_views(buffer, infos)
 
 
 class Lease:
@@ -160,6 +167,7 @@ class Session(SessionCore):
         self._commits = collections.Counter()  # key -> commits in flight
         self._commit_error = None
         self._commits_changed = threading.Condition(self._lock)
+        self._lease_views = LeaseViews(_staging_views)
         self._start_reading()
         request = tierd_pb2.SessionRequest()
         request.open.client_name = client.client_name
@@ -362,6 +370,7 @@ class Session(SessionCore):
         self._transport.close()
         if threading.current_thread() is not self._reader:
             self._reader.join()
+        self._lease_views.clear()
 
     def __enter__(self):
         return self
@@ -379,9 +388,8 @@ class Session(SessionCore):
             raise TierdError(code_from_number(response.code), response.message)
         lease = response.lease
         try:
-            slab = self._slab(lease.slab_id)
-            buffer = slab.tensor[lease.offset: lease.offset + lease.length]
-            tensors = tensor_views(buffer, lease.tensors)
+            buffer, tensors = self._lease_views.views(lease.slab_id, self._slab(lease.slab_id),
+                                                      lease.offset, lease.length, lease.tensors)
             if lease.HasField("ready_event_id"):
                 # The copy into staging may still run: the stream waits for it.
                 self._backend.wait_event(self._event(lease.ready_event_id), self._stream(stream))
