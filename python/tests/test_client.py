@@ -166,6 +166,26 @@ class ClientTest(DaemonTestCase):
                                                 (x.reshape(shape) * version).cpu()))
                     self.assertTrue(torch.equal(lease.tensors["y"].cpu(), x[:2].cpu()))
 
+    def test_a_tensor_copied_for_its_alignment_is_never_another_objects(self):
+        # A float32 tensor 3 bytes into its object cannot be viewed in place and is copied. Two
+        # models of the same names and shapes, leased at the same place one after the other, have
+        # the same layout there: the second must get its own bytes, not a copy of the first's.
+        for model, scale in (("ma", 1.0), ("mb", -2.0)):
+            save_safetensors({"blocks.0.a": torch.arange(3, dtype=torch.uint8),
+                              "blocks.0.b": torch.arange(4, dtype=torch.float32) * scale},
+                             os.path.join(self.model_dir(model), "model.safetensors"))
+            self.client.register_model(model, self.model_dir(model))
+        with self.client.session() as session:
+            places = set()
+            for model, scale in (("ma", 1.0), ("mb", -2.0), ("ma", 1.0)):
+                with session.fetch(f"{model}/blocks.0") as lease:
+                    places.add(lease.buffer.data_ptr())
+                    self.assertTrue(torch.equal(lease.tensors["blocks.0.b"].cpu(),
+                                                torch.arange(4, dtype=torch.float32) * scale),
+                                    model)
+                session.evict(f"{model}/blocks.0")
+            self.assertEqual(len(places), 1, "the objects were not leased at one place")
+
     def test_activation_cache_offloads_and_brings_back(self):
         device = torch_device()
         with self.client.session() as session:

@@ -8,7 +8,9 @@ larger part of what a lease cost this process. LeaseViews keeps the views of the
 lately, keyed by the slab, the range and the tensors' layout (every field of their TensorInfos),
 and gives each lease views of its own of them (new tensors over the same memory), so that what a
 caller does to a lease's tensors (an in-place reshape, requires_grad_) never reaches another
-lease's.
+lease's. A range with a tensor that had to be copied (one not aligned for its dtype) is not
+kept: the copy holds the bytes of the lease it was made for, and another object of the same layout
+may be leased there later.
 """
 
 import collections
@@ -16,8 +18,9 @@ import threading
 
 
 class LeaseViews:
-    """Thread-safe. `make(slab, offset, length, infos)` gives (buffer, {name: tensor}) for a range
-    not seen lately; at most `capacity` ranges are kept, the least recently leased dropped first."""
+    """Thread-safe. `make(slab, offset, length, infos)` gives (buffer, {name: tensor}, reusable) for
+    a range not seen lately, `reusable` false when a tensor is a copy rather than a view of the
+    buffer; at most `capacity` ranges are kept, the least recently leased dropped first."""
 
     def __init__(self, make, capacity=1024):
         self._make = make
@@ -34,7 +37,10 @@ class LeaseViews:
             if kept is not None:
                 self._views.move_to_end(key)
         if kept is None:
-            kept = self._make(slab, offset, length, infos)
+            buffer, tensors, reusable = self._make(slab, offset, length, infos)
+            if not reusable:
+                return buffer, tensors
+            kept = (buffer, tensors)
             with self._lock:
                 self._views[key] = kept
                 while len(self._views) > self._capacity:

@@ -61,9 +61,13 @@ def tensor_views(buffer, infos):
 
 
 def _staging_views(slab, offset, length, infos):
-    """(buffer, tensor_views) of `length` bytes at `offset` of `slab`."""
+    """(buffer, tensor_views, whether every tensor views the buffer rather than copies it) of
+    `length` bytes at `offset` of `slab`."""
     buffer = slab.tensor[offset: offset + length]
-    return buffer, tensor_views(buffer, infos)
+    views = tensor_views(buffer, infos)
+    start, end = buffer.data_ptr(), buffer.data_ptr() + length
+    in_place = all(view.numel() == 0 or start <= view.data_ptr() < end for view in views.values())
+    return buffer, views, in_place
 
 
 class Lease:
