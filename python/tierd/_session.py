@@ -43,7 +43,7 @@ def _backend_for(opened, device):
 def tensor_views(buffer, infos):
     """{name: tensor} for the tensors `infos` (TensorInfo) places in `buffer` (a uint8 tensor),
     each a zero-copy view. A tensor whose offset is not a multiple of its element size cannot be
-    viewed in place and is copied instead (logged once per object)."""
+    viewed in place and is copied instead, with a warning."""
     views = collections.OrderedDict()
     for info in infos:
         dtype = to_torch(info.dtype)
