@@ -242,7 +242,8 @@ def breakdown_decode(name, make, model, ids, new_tokens):
     per_layer = {what: times.seconds[what] / layer_steps * 1e6 for what in times.names}
     figures = {"decode_s": decode_s, "tokens_per_s": new_tokens / decode_s,
                "step_ms": decode_s / new_tokens * 1e3, "us_per_layer": per_layer,
-               "calls": dict(times.calls), "quiet_views_us": {"made": quiet_us[0], "kept": quiet_us[1]}}
+               "calls": dict(times.calls),
+               "quiet_views_us": {"made": quiet_us[0], "kept": quiet_us[1]}}
     log(f"where {name}'s decode steps go ({figures['step_ms']:.2f} ms a step, {store.layers} "
         f"layers, {figures['tokens_per_s']:.1f} tok/s with the timers):\n" +
         "\n".join(f"  {what:40s} {us:8.1f} us a layer, {times.calls[what]} calls"
