@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""A tensor-parallel forward with one rank per GPU, each rank served by the daemon of its own GPU,
+on a machine with several GPUs (the tests run the ranks on one GPU's daemon).
+
+Starts one tierd per GPU (cuda:0 .. cuda:N-1, peers of each other, so the node's host tier reads
+each shard once), saves the Llama-architecture layer of python/tests/tp_llama_layer.py as
+safetensors, registers it with every daemon, and runs N rank processes: rank r loads its shards
+from daemon r with tierd.tensor_parallel.load_shards and computes the layer's forward, the partial
+results all-reduced over gloo. Rank 0's output must equal the whole layer's forward on the CPU.
+Prints and writes (--json) the ranks' devices, the shard keys each held, the largest difference
+and the daemons' disk bytes.
+
+    PYTHONPATH=BUNDLE/python:BUNDLE/python/examples:BUNDLE/python/tests \\
+        bench/tp_forward_check.py --tierd BUNDLE/bin/tierd --work-dir WORK [--ranks 2] [--json F]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import torch
+
+import tierd
+from dit_model import save_safetensors
+from tp_llama_layer import PREFIX, example_input, reference_layer
+
+_RANK = r"""
+import json, sys, torch, torch.distributed as dist, tierd
+from tierd import tensor_parallel
+from tp_llama_layer import LlamaLayer, PLAN, PREFIX, example_input
+socket, rendezvous, out = sys.argv[1], sys.argv[4], sys.argv[5]
+rank, ranks = int(sys.argv[2]), int(sys.argv[3])
+dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=ranks)
+layer = LlamaLayer(world_size=ranks, device="meta")
+with tierd.Client(socket) as client, client.session() as session:
+    keys = tensor_parallel.load_shards(layer, session, "llama", PLAN, rank, ranks, prefix=PREFIX)
+    device = session.device
+x = example_input().to(device)
+def all_reduce(partial):
+    summed = partial.cpu()
+    dist.all_reduce(summed)
+    return summed.to(partial.device)
+with torch.no_grad():
+    y = layer(x, all_reduce)
+if rank == 0:
+    torch.save(y.cpu(), out)
+print(json.dumps({"rank": rank, "device": str(device), "keys": sorted(set(keys.values()))}))
+dist.destroy_process_group()
+"""
+
+
+def start_daemon(args, rank, sockets):
+    directory = os.path.join(args.work_dir, f"daemon-{rank}")
+    os.makedirs(directory)
+    peers = ",".join(socket for other, socket in enumerate(sockets) if other != rank)
+    log = open(os.path.join(directory, "tierd.log"), "wb")
+    return subprocess.Popen(
+        [args.tierd, f"--device=cuda:{rank}", f"--socket={sockets[rank]}",
+         f"--state-dir={directory}/state", "--host-cache-bytes=1GiB", "--gpu-pool-bytes=512MiB",
+         f"--peers={peers}"], stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_until_serving(socket, deadline):
+    while True:
+        with tierd.Client(socket, timeout=1.0) as client:
+            try:
+                return client.stats()
+            except tierd.TierdError:
+                if time.monotonic() > deadline:
+                    raise
+        time.sleep(0.05)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tierd", required=True)
+    parser.add_argument("--work-dir", required=True)
+    parser.add_argument("--ranks", type=int, default=torch.cuda.device_count())
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    if args.ranks < 2 or args.ranks > torch.cuda.device_count():
+        sys.exit(f"--ranks must be 2 to the {torch.cuda.device_count()} GPUs seen")
+    shutil.rmtree(args.work_dir, ignore_errors=True)
+    os.makedirs(args.work_dir)
+    sockets = [os.path.join(args.work_dir, f"gpu{rank}.sock") for rank in range(args.ranks)]
+    daemons = [start_daemon(args, rank, sockets) for rank in range(args.ranks)]
+    try:
+        deadline = time.monotonic() + 60
+        for socket in sockets:
+            wait_until_serving(socket, deadline)
+        reference = reference_layer()
+        model_dir = os.path.join(args.work_dir, "llama")
+        os.makedirs(model_dir)
+        save_safetensors({PREFIX + name: tensor for name, tensor in reference.state_dict().items()},
+                         os.path.join(model_dir, "model.safetensors"))
+        for socket in sockets:
+            with tierd.Client(socket) as client:
+                client.register_model("llama", model_dir, grouping="tensor")
+        out = os.path.join(args.work_dir, "y.pt")
+        rendezvous = os.path.join(args.work_dir, "rendezvous")
+        processes = [subprocess.Popen([sys.executable, "-c", _RANK, sockets[rank], str(rank),
+                                       str(args.ranks), rendezvous, out], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+                     for rank in range(args.ranks)]
+        reports = []
+        for process in processes:
+            stdout, stderr = process.communicate(timeout=300)
+            if process.returncode != 0:
+                sys.exit(f"a rank failed:\n{stderr}")
+            reports.append(json.loads(stdout.strip().splitlines()[-1]))
+        with torch.no_grad():
+            expected = reference(example_input())
+        got = torch.load(out)
+        difference = float((got - expected).abs().max())
+        equal = torch.allclose(got, expected, rtol=1e-5, atol=1e-5)
+        disk = []
+        for socket in sockets:
+            with tierd.Client(socket) as client:
+                disk.append(client.stats().bytes_disk_to_host)
+        result = {"ranks": reports, "max_difference": difference, "equal_within_1e-5": equal,
+                  "gpus": [torch.cuda.get_device_name(rank) for rank in range(args.ranks)],
+                  "disk_to_host_bytes_per_daemon": disk,
+                  "model_bytes": sum(t.numel() * t.element_size()
+                                     for t in reference.state_dict().values())}
+        print(json.dumps(result, indent=2))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+        if not equal:
+            sys.exit("the ranks' all-reduced output differs from the whole layer's")
+    finally:
+        for daemon in daemons:
+            daemon.terminate()
+            daemon.wait(30)
+
+
+if __name__ == "__main__":
+    main()
