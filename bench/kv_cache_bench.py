@@ -268,7 +268,7 @@ def _quiet_view_cost(session, key, tries=2000):
     start = time.perf_counter()
     for _ in range(tries):
         session._lease_views.views(placed.slab_id, slab, placed.offset, placed.length,
-                                   placed.tensors)
+                                   placed.tensors, session._backend, session._stream(None))
     kept = time.perf_counter() - start
     lease.release()
     return made / tries * 1e6, kept / tries * 1e6

@@ -265,6 +265,10 @@ class CudaBackend:
         the process, so a handle is never another stream's."""
         return stream.cuda_stream
 
+    def on_stream(self, stream):
+        """A context in which torch enqueues on `stream`."""
+        return torch.cuda.stream(stream)
+
     def copy_into(self, destination, source, stream):
         with torch.cuda.stream(stream):
             destination.copy_(source, non_blocking=True)

@@ -6,6 +6,7 @@ CPU work has no stream: a tensor op is finished when it returns, so recording an
 it at once and waiting on one blocks the calling thread (on a futex, not a spin).
 """
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -157,6 +158,11 @@ class HostBackend:
         """CPU work is finished when it returns: a release after it needs no event."""
         del stream
         return True
+
+    def on_stream(self, stream):
+        """CPU work has no stream: nothing to switch to."""
+        del stream
+        return contextlib.nullcontext()
 
     def copy_into(self, destination, source, stream):
         del stream

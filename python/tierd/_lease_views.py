@@ -18,7 +18,7 @@ import threading
 
 
 class LeaseViews:
-    """Thread-safe. `make(slab, offset, length, infos)` gives (buffer, {name: tensor}, reusable) for
+    """Thread-safe. `make(slab, offset, length, infos, *make_args)` gives (buffer, {name: tensor}, reusable) for
     a range not seen lately, `reusable` false when a tensor is a copy rather than a view of the
     buffer; at most `capacity` ranges are kept, the least recently leased dropped first."""
 
@@ -28,16 +28,17 @@ class LeaseViews:
         self._lock = threading.Lock()
         self._views = collections.OrderedDict()  # key -> (buffer, {name: tensor})
 
-    def views(self, slab_id, slab, offset, length, infos):
+    def views(self, slab_id, slab, offset, length, infos, *make_args):
         """(buffer, {name: tensor}) for `length` bytes at `offset` of slab `slab_id` laid out as
-        `infos` (TensorInfo), each tensor a fresh view the caller may keep."""
+        `infos` (TensorInfo), each tensor a fresh view the caller may keep. `make_args` go to
+        `make` after the range's."""
         key = (slab_id, offset, length, tuple(info.SerializeToString() for info in infos))
         with self._lock:
             kept = self._views.get(key)
             if kept is not None:
                 self._views.move_to_end(key)
         if kept is None:
-            buffer, tensors, reusable = self._make(slab, offset, length, infos)
+            buffer, tensors, reusable = self._make(slab, offset, length, infos, *make_args)
             if not reusable:
                 return buffer, tensors
             kept = (buffer, tensors)

@@ -60,11 +60,12 @@ def tensor_views(buffer, infos):
     return views
 
 
-def _staging_views(slab, offset, length, infos):
+def _staging_views(slab, offset, length, infos, backend, stream):
     """(buffer, tensor_views, whether every tensor views the buffer rather than copies it) of
-    `length` bytes at `offset` of `slab`."""
+    `length` bytes at `offset` of `slab`; a copy is made on `stream`, after what it waits for."""
     buffer = slab.tensor[offset: offset + length]
-    views = tensor_views(buffer, infos)
+    with backend.on_stream(stream):
+        views = tensor_views(buffer, infos)
     start, end = buffer.data_ptr(), buffer.data_ptr() + length
     in_place = all(view.numel() == 0 or start <= view.data_ptr() < end for view in views.values())
     return buffer, views, in_place
@@ -392,11 +393,14 @@ class Session(SessionCore):
             raise TierdError(code_from_number(response.code), response.message)
         lease = response.lease
         try:
-            buffer, tensors = self._lease_views.views(lease.slab_id, self._slab(lease.slab_id),
-                                                      lease.offset, lease.length, lease.tensors)
+            stream = self._stream(stream)
             if lease.HasField("ready_event_id"):
-                # The copy into staging may still run: the stream waits for it.
-                self._backend.wait_event(self._event(lease.ready_event_id), self._stream(stream))
+                # The copy into staging may still run: the stream waits for it, before anything
+                # below can read the buffer (a misaligned tensor is copied out of it).
+                self._backend.wait_event(self._event(lease.ready_event_id), stream)
+            buffer, tensors = self._lease_views.views(lease.slab_id, self._slab(lease.slab_id),
+                                                      lease.offset, lease.length, lease.tensors,
+                                                      self._backend, stream)
         except BaseException:
             self._release(lease.lease_id, None, read=False)
             raise
