@@ -7,8 +7,8 @@ each shard once), saves the Llama-architecture layer of python/tests/tp_llama_la
 safetensors, registers it with every daemon, and runs N rank processes: rank r loads its shards
 from daemon r with tierd.tensor_parallel.load_shards and computes the layer's forward, the partial
 results all-reduced over gloo. Rank 0's output must equal the whole layer's forward on the CPU.
-Prints and writes (--json) the ranks' devices, the shard keys each held, the largest difference
-and the daemons' disk bytes.
+Prints and writes (--json) the ranks' devices, each parameter's shard key and shape, the largest
+difference and the daemons' disk bytes.
 
     PYTHONPATH=BUNDLE/python:BUNDLE/python/examples:BUNDLE/python/tests \\
         bench/tp_forward_check.py --tierd BUNDLE/bin/tierd --work-dir WORK [--ranks 2] [--json F]
@@ -26,32 +26,7 @@ import torch
 
 import tierd
 from dit_model import save_safetensors
-from tp_llama_layer import PREFIX, example_input, reference_layer
-
-_RANK = r"""
-import json, sys, torch, torch.distributed as dist, tierd
-from tierd import tensor_parallel
-from tp_llama_layer import LlamaLayer, PLAN, PREFIX, example_input
-socket, rendezvous, out = sys.argv[1], sys.argv[4], sys.argv[5]
-rank, ranks = int(sys.argv[2]), int(sys.argv[3])
-dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=ranks)
-layer = LlamaLayer(world_size=ranks, device="meta")
-with tierd.Client(socket) as client, client.session() as session:
-    keys = tensor_parallel.load_shards(layer, session, "llama", PLAN, rank, ranks, prefix=PREFIX)
-    device = session.device
-x = example_input().to(device)
-def all_reduce(partial):
-    summed = partial.cpu()
-    dist.all_reduce(summed)
-    return summed.to(partial.device)
-with torch.no_grad():
-    y = layer(x, all_reduce)
-if rank == 0:
-    torch.save(y.cpu(), out)
-print(json.dumps({"rank": rank, "device": str(device), "keys": sorted(set(keys.values()))}))
-dist.destroy_process_group()
-"""
-
+from tp_llama_layer import PREFIX, RANK_SOURCE, example_input, reference_layer
 
 def start_daemon(args, rank, sockets):
     directory = os.path.join(args.work_dir, f"daemon-{rank}")
@@ -102,7 +77,7 @@ def main():
                 client.register_model("llama", model_dir, grouping="tensor")
         out = os.path.join(args.work_dir, "y.pt")
         rendezvous = os.path.join(args.work_dir, "rendezvous")
-        processes = [subprocess.Popen([sys.executable, "-c", _RANK, sockets[rank], str(rank),
+        processes = [subprocess.Popen([sys.executable, "-c", RANK_SOURCE, sockets[rank], str(rank),
                                        str(args.ranks), rendezvous, out], stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True)
                      for rank in range(args.ranks)]

@@ -11,7 +11,7 @@ import tierd
 from dit_model import save_safetensors
 from tierd import tensor_parallel
 from tierd_testing import DaemonTestCase, TIMEOUT, run_python, torch_device
-from tp_llama_layer import PLAN, PREFIX, example_input, reference_layer
+from tp_llama_layer import PLAN, PREFIX, RANK_SOURCE, example_input, reference_layer
 
 _TENSORS = {
     "f32": torch.randn(7, 6),
@@ -89,31 +89,6 @@ class ShardKeyTest(DaemonTestCase):
             tensor_parallel.split_dim({"*": "diagonal"}, "x.weight")
 
 
-_RANK = r"""
-import json, sys, torch, torch.distributed as dist, tierd
-from tierd import tensor_parallel
-from tp_llama_layer import LlamaLayer, PLAN, PREFIX, example_input
-socket, rank, rendezvous, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
-layer = LlamaLayer(world_size=2, device="meta")
-with tierd.Client(socket) as client, client.session() as session:
-    keys = tensor_parallel.load_shards(layer, session, "llama", PLAN, rank, 2, prefix=PREFIX)
-    device = session.device
-x = example_input().to(device)
-def all_reduce(partial):
-    summed = partial.cpu()
-    dist.all_reduce(summed)
-    return summed.to(partial.device)
-with torch.no_grad():
-    y = layer(x, all_reduce)
-if rank == 0:
-    torch.save(y.cpu(), out)
-print(json.dumps({name: [key, list(p.shape)] for (name, p), key in
-                  zip(layer.named_parameters(), keys.values())}))
-dist.destroy_process_group()
-"""
-
-
 class TwoRanksTest(DaemonTestCase):
     def test_two_ranks_halves_compute_the_whole_layers_forward(self):
         reference = reference_layer()
@@ -122,13 +97,13 @@ class TwoRanksTest(DaemonTestCase):
         self.client.register_model("llama", self.model_dir("llama"), grouping="tensor")
         out = os.path.join(self.directory, "y.pt")
         rendezvous = os.path.join(self.directory, "rendezvous")
-        ranks = [run_python(_RANK, self.daemon.socket, str(rank), rendezvous, out)
+        ranks = [run_python(RANK_SOURCE, self.daemon.socket, str(rank), "2", rendezvous, out)
                  for rank in range(2)]
         reports = []
         for rank in ranks:
             stdout, stderr = rank.communicate(timeout=TIMEOUT)
             self.assertEqual(rank.returncode, 0, stderr)
-            reports.append(json.loads(stdout.strip().splitlines()[-1]))
+            reports.append(json.loads(stdout.strip().splitlines()[-1])["parameters"])
 
         with torch.no_grad():
             expected = reference(example_input())

@@ -3,6 +3,8 @@ Hugging Face's parameter names, that runs whole or as one rank of a tensor-paral
 q/k/v and gate/up projections column-parallel, o and down row-parallel, its norms replicated.
 Rotary embeddings are left out: they act on each head alone and do not touch the sharding."""
 
+import json
+
 import torch
 from torch import nn
 
@@ -91,3 +93,43 @@ def reference_layer(seed=0):
 def example_input(seed=1):
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(2, 5, HIDDEN, generator=generator)
+
+
+def run_rank(socket, rank, ranks, rendezvous, out):
+    """One rank of a `ranks`-way group, in a process of its own: loads its shards of the layer
+    saved as model "llama" from the daemon at `socket`, runs the forward on the daemon's device,
+    the partial results all-reduced over gloo (file rendezvous), and has rank 0 save the output to
+    `out`. Prints a JSON line: its rank and device, and each parameter's key and shape."""
+    import torch.distributed as dist
+
+    import tierd
+    from tierd import tensor_parallel
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
+                            world_size=ranks)
+    layer = LlamaLayer(world_size=ranks, device="meta")
+    with tierd.Client(socket) as client, client.session() as session:
+        keys = tensor_parallel.load_shards(layer, session, "llama", PLAN, rank, ranks,
+                                           prefix=PREFIX)
+        device = session.device
+    x = example_input().to(device)  # the loaded parameters outlive the session
+
+    def all_reduce(partial):
+        summed = partial.cpu()
+        dist.all_reduce(summed)
+        return summed.to(partial.device)
+
+    with torch.no_grad():
+        y = layer(x, all_reduce)
+    if rank == 0:
+        torch.save(y.cpu(), out)
+    parameters = {name: [keys[name], list(parameter.shape)]
+                  for name, parameter in layer.named_parameters()}
+    print(json.dumps({"rank": rank, "device": str(device), "parameters": parameters}))
+    dist.destroy_process_group()
+
+
+# What a rank's process runs: python -c RANK_SOURCE SOCKET RANK RANKS RENDEZVOUS OUT, with this
+# directory and the client on PYTHONPATH.
+RANK_SOURCE = ("import sys; from tp_llama_layer import run_rank; "
+               "run_rank(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])")
