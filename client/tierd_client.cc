@@ -303,7 +303,8 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
   if (!options_.client_group.empty()) {
     // Never another way in: a session elsewhere would belong to another group.
     const std::string path = ClientGroupSocketPathFor(options_.socket_path, options_.client_group);
-    absl::StatusOr<std::unique_ptr<SessionTransport>> socket = ConnectSessionSocket(path);
+    absl::StatusOr<std::unique_ptr<SessionTransport>> socket =
+        ConnectSessionSocket(path, options_.session_busy_poll);
     if (!socket.ok()) {
       return absl::Status(
           socket.status().code(),
@@ -315,7 +316,8 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
                                  ? SessionSocketPathFor(options_.socket_path)
                                  : options_.session_socket_path;
     // Nothing there (an older daemon, or one started without it): the gRPC stream serves.
-    if (auto socket = ConnectSessionSocket(path); socket.ok()) transport = *std::move(socket);
+    if (auto socket = ConnectSessionSocket(path, options_.session_busy_poll); socket.ok())
+      transport = *std::move(socket);
   }
   if (transport == nullptr) {
     absl::StatusOr<std::unique_ptr<SessionTransport>> grpc = StartGrpcSession(*stub_);

@@ -57,6 +57,10 @@ struct ClientOptions {
   std::string client_group;
   // Deadline of each unary call; sessions have none.
   absl::Duration call_timeout = absl::Seconds(30);
+  // On the session socket, a thread waiting for an answer polls for it without sleeping for up to
+  // this long first (FrameReader in wire/session_socket.h): an answer that comes within it costs
+  // no wake-up. Zero: it sleeps at once.
+  absl::Duration session_busy_poll = absl::ZeroDuration();
   // The CUDA ordinal this process knows the daemon's GPU by; unset: the daemon's own. Set it where
   // this process sees GPUs numbered otherwise, e.g. in a container given only that GPU (0).
   std::optional<int> cuda_ordinal;

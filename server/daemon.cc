@@ -31,6 +31,9 @@
 namespace tierd {
 namespace {
 
+// A session's thread polls no longer than this: past it a sleep's wake-up costs little beside it.
+constexpr absl::Duration kMaxSessionBusyPoll = absl::Milliseconds(10);
+
 absl::Status ValidateOptions(const DaemonOptions& options) {
   if (options.state_dir.empty()) return absl::InvalidArgumentError("--state-dir is empty");
   if (options.host_cache_bytes == 0) {
@@ -47,6 +50,10 @@ absl::Status ValidateOptions(const DaemonOptions& options) {
   }
   if (options.session_max_requests == 0) {
     return absl::InvalidArgumentError("--session-max-requests must be greater than 0");
+  }
+  if (options.session_busy_poll > kMaxSessionBusyPoll) {
+    return absl::InvalidArgumentError(absl::StrCat("--session-busy-poll-us must be at most ",
+                                                   absl::ToInt64Microseconds(kMaxSessionBusyPoll)));
   }
   if (options.max_sessions == 0) {
     return absl::InvalidArgumentError("--max-sessions must be greater than 0");
@@ -92,6 +99,7 @@ SessionOptions SessionOptionsFor(const Device& device, const DaemonOptions& opti
   SessionOptions session;
   session.limits = options.session_limits;
   session.max_requests_in_flight = options.session_max_requests;
+  session.busy_poll = options.session_busy_poll;
   session.device = device.Describe();
   session.backend = device.backend();
   session.device_ordinal = device.ordinal();

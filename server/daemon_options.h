@@ -43,6 +43,8 @@ struct DaemonOptions {
       2ull << 30;               // --gpu-slab-bytes: the pool is allocated in slabs this big
   ClientLimits session_limits;  // --session-max-leases, --session-max-staging-bytes
   uint32_t session_max_requests = 1024;  // --session-max-requests: unanswered, per session
+  // --session-busy-poll-us: how long a session socket's thread polls before it sleeps.
+  absl::Duration session_busy_poll = absl::ZeroDuration();
   uint32_t max_sessions = 1024;          // --max-sessions: open at once
   // --max-events: interprocess events the daemon may create, below the device's per-process limit
   // (docs/DESIGN.md, "Interprocess events").

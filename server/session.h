@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "gpu/gpu_tier.h"
 #include "server/host_lender.h"
 #include "server/response_counters.h"
@@ -45,6 +46,9 @@ struct SessionOptions {
   // (FetchRequest.host_lease); null where sessions may not have them (a client group's, or a
   // daemon without peers): they are refused with PERMISSION_DENIED. Must outlive the sessions.
   HostLender* host_lender = nullptr;
+  // On the session socket, how long a session's thread polls for the next request without
+  // sleeping before it blocks (FrameReader in wire/session_socket.h).
+  absl::Duration busy_poll = absl::ZeroDuration();
 };
 
 // Checks an object key from a request: non-empty, at most `max_key_bytes`, "NAMESPACE/NAME".

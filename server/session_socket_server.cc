@@ -211,7 +211,7 @@ void SessionSocketServer::Serve(const std::shared_ptr<Connection>& connection) {
     std::string payload;
     v1::SessionRequest request;
     bool clean_end = false;
-    FrameReader frames(fd);
+    FrameReader frames(fd, options_.busy_poll);
     while (true) {
       absl::Status status = frames.Next(payload, kFrameTimeout);
       if (!status.ok()) {

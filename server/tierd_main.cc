@@ -47,6 +47,9 @@ ABSL_FLAG(tierd::ByteSize, gpu_slab_bytes, tierd::ByteSize{2ull << 30},
 ABSL_FLAG(uint32_t, session_max_leases, 4096, "Leases one session may hold at once");
 ABSL_FLAG(uint32_t, session_max_requests, 1024,
           "Requests one session may have sent and not had answered; one more is refused");
+ABSL_FLAG(uint32_t, session_busy_poll_us, 0,
+          "Microseconds a session's thread polls the session socket for the next request before "
+          "it sleeps; at most 10000");
 ABSL_FLAG(uint32_t, max_sessions, 1024, "Sessions open at once; one more is refused");
 ABSL_FLAG(uint32_t, max_events, 2048,
           "Interprocess events the daemon may create (copies in flight, sessions' done events); "
@@ -170,6 +173,7 @@ int Run() {
   options.gpu_slab_bytes = absl::GetFlag(FLAGS_gpu_slab_bytes).bytes;
   options.session_limits.max_leases = absl::GetFlag(FLAGS_session_max_leases);
   options.session_max_requests = absl::GetFlag(FLAGS_session_max_requests);
+  options.session_busy_poll = absl::Microseconds(absl::GetFlag(FLAGS_session_busy_poll_us));
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.max_events = absl::GetFlag(FLAGS_max_events);
   options.session_done_events = absl::GetFlag(FLAGS_session_done_events);

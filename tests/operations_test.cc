@@ -163,6 +163,15 @@ TEST_F(OperationsTest, BadConfigFilesAreRefusedNamingFileLineAndKey) {
   ASSERT_THAT(refused, IsOk());
   EXPECT_EQ(refused->exit_code, 2);
   EXPECT_THAT(refused->output, HasSubstr("gpu-pool-bytes must be greater than 0"));
+  const std::string long_poll = WriteFile("long-poll.conf", "session-busy-poll-us = 10001\n");
+  auto polling = RunProgram({"/bin/sh", "-c",
+                             absl::StrCat(SiblingBinary("tierd"), " --config=", long_poll,
+                                          " --device=host --socket=", socket_path(),
+                                          " --state-dir=", dir_.path(), "/state 2>&1")},
+                            kTimeout);
+  ASSERT_THAT(polling, IsOk());
+  EXPECT_EQ(polling->exit_code, 2);
+  EXPECT_THAT(polling->output, HasSubstr("session-busy-poll-us must be at most 10000"));
 }
 
 // ---- systemd ------------------------------------------------------------------------------------

@@ -168,7 +168,7 @@ class SessionProtocolTest : public ::testing::Test {
       const std::string& path,
       std::function<std::unique_ptr<SessionTransport>(std::unique_ptr<SessionTransport>)> wrap =
           nullptr) {
-    auto transport = ConnectSessionSocket(path);
+    auto transport = ConnectSessionSocket(path, client_busy_poll_);
     EXPECT_THAT(transport, IsOk());
     if (!transport.ok()) return nullptr;
     std::shared_ptr<SessionCore> core =
@@ -208,6 +208,7 @@ class SessionProtocolTest : public ::testing::Test {
   std::unique_ptr<HostCache> host_cache_;
   std::unique_ptr<GpuTier> tier_;
   SessionOptions options_;
+  absl::Duration client_busy_poll_ = absl::ZeroDuration();  // OpenSessionCore's
   UnreadAnswerBudget budget_{64 << 20};
   std::unique_ptr<SessionSocketServer> server_;
 };
@@ -427,6 +428,55 @@ TEST_F(SessionProtocolTest, CallsFromManyThreadsAtOnceEachGetTheirOwnAnswer) {
   EXPECT_EQ(callbacks.load(), kRounds / 4);
   core.reset();
   EXPECT_TRUE(NothingHeldSoon());
+}
+
+TEST_F(SessionProtocolTest, BusyPollingOnBothEndsAnswersEveryCallAndEndsAsBefore) {
+  options_.busy_poll = absl::Microseconds(500);
+  client_busy_poll_ = absl::Microseconds(500);
+  const std::string path = StartServer();
+  ASSERT_NE(server_, nullptr);
+  std::shared_ptr<SessionCore> core = OpenSessionCore(path);
+  ASSERT_NE(core, nullptr);
+  auto stream = device_->CreateStream(StreamPriority::kNormal);
+  ASSERT_THAT(stream, IsOk());
+  // Calls back to back (each answer within the poll) and after pauses longer than it.
+  for (int i = 0; i < 60; ++i) {
+    if (i % 20 == 19) absl::SleepFor(absl::Milliseconds(5));
+    const std::string key = absl::StrCat("m/blocks.", i % 4);
+    absl::StatusOr<v1::SessionResponse> fetched = core->Call(FetchRequestFor(0, key));
+    ASSERT_THAT(fetched, IsOk());
+    const v1::Lease& lease = fetched->lease();
+    ASSERT_EQ(lease.key(), key);
+    absl::StatusOr<Slab*> slab = core->slab(lease.slab_id());
+    ASSERT_THAT(slab, IsOk());
+    if (lease.has_ready_event_id()) {
+      absl::StatusOr<Event*> ready = core->event(lease.ready_event_id());
+      ASSERT_THAT(ready, IsOk());
+      ASSERT_THAT(device_->SynchronizeEvent(**ready), IsOk());
+    }
+    ASSERT_EQ(lease.length(), BlockBytes(i % 4).size());
+    EXPECT_EQ(std::memcmp(static_cast<const char*>((*slab)->data()) + lease.offset(),
+                          BlockBytes(i % 4).data(), BlockBytes(i % 4).size()),
+              0);
+    core->ReleaseLease(lease.lease_id(), **stream);
+  }
+  EXPECT_TRUE(StatsSoon([](const GpuTierStats& stats) { return stats.leases == 0; }));
+  // A half-close still delivers the answer in flight, and the session ends.
+  Answers answers;
+  ASSERT_THAT(core->Send(FetchRequestFor(0, "m/blocks.2"),
+                         [&answers](const v1::SessionResponse& answer) { answers.Add(answer); }),
+              IsOk());
+  core.reset();
+  const std::vector<uint64_t> order = answers.order();
+  ASSERT_EQ(order.size(), 1u);
+  EXPECT_EQ(answers.Await(order[0]).code(), 0);
+  EXPECT_TRUE(NothingHeldSoon());
+  // A daemon shut down while a session's thread polls or sleeps ends it.
+  std::shared_ptr<SessionCore> waiting = OpenSessionCore(path);
+  ASSERT_NE(waiting, nullptr);
+  server_->Shutdown(absl::Now());
+  EXPECT_TRUE(NothingHeldSoon());
+  EXPECT_TRUE(Soon([&] { return waiting->ended(); }));
 }
 
 // A transport that notes which thread read each answer.

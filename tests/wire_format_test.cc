@@ -11,6 +11,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "device/host_device.h"
 #include "gtest/gtest.h"
 #include "tests/test_support.h"
@@ -113,6 +115,33 @@ TEST(WireFormatTest, AFrameReaderGivesAStalledFrameItsDeadlineAndNoMore) {
   ASSERT_THAT(SendAll(over.fds[0], absl::string_view(length, 4)), IsOk());
   FrameReader over_reader(over.fds[1]);
   EXPECT_THAT(over_reader.Next(payload), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(WireFormatTest, ABusyPollingFrameReaderReadsWhatComesWithinItsPollAndAfter) {
+  SocketPair pair;
+  FrameReader reader(pair.fds[1], absl::Milliseconds(20));
+  std::string payload;
+  // Sent while it polls; after its poll, while it sleeps; a frame split across the two.
+  const std::string split = EncodeFrame(std::string("split"));
+  std::thread writer([&] {
+    absl::SleepFor(absl::Milliseconds(2));
+    EXPECT_THAT(SendAll(pair.fds[0], EncodeFrame(std::string("soon"))), IsOk());
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_THAT(SendAll(pair.fds[0], EncodeFrame(std::string("late"))), IsOk());
+    EXPECT_THAT(SendAll(pair.fds[0], split.substr(0, 3)), IsOk());
+    absl::SleepFor(absl::Milliseconds(60));
+    EXPECT_THAT(SendAll(pair.fds[0], split.substr(3)), IsOk());
+  });
+  const absl::Time start = absl::Now();
+  for (const char* expected : {"soon", "late", "split"}) {
+    ASSERT_THAT(reader.Next(payload), IsOk());
+    EXPECT_EQ(payload, expected);
+  }
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(160));
+  writer.join();
+  // The end of the stream, seen while polling, is the clean end.
+  ::shutdown(pair.fds[0], SHUT_WR);
+  EXPECT_THAT(reader.Next(payload), StatusIs(absl::StatusCode::kOutOfRange));
 }
 
 TEST(WireFormatTest, ACudaSlabHandleIsPrefixSizeThenIpcHandle) {

@@ -1,6 +1,7 @@
 #include "wire/session_socket.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -166,10 +167,29 @@ absl::Status FrameReader::Fill(size_t bytes, absl::Time deadline) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<size_t> FrameReader::PollFirstBytes() {
+  const absl::Time until = absl::Now() + busy_poll_;
+  while (true) {
+    const ssize_t read = ::recv(fd_, buffer_.data(), buffer_.size(), MSG_DONTWAIT);
+    if (read > 0) return static_cast<size_t>(read);
+    if (read == 0) return absl::OutOfRangeError("the session socket was closed");
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      return PosixError("reading the session socket", errno);
+    }
+    if (absl::Now() >= until) return 0;
+    ::sched_yield();
+  }
+}
+
 absl::Status FrameReader::Next(std::string& payload, absl::Duration rest_within) {
   if (buffered() == 0) {
-    // One blocking read for the first bytes, however long they take to come.
     begin_ = end_ = 0;
+    if (busy_poll_ > absl::ZeroDuration()) {
+      ASSIGN_OR_RETURN(end_, PollFirstBytes());
+    }
+  }
+  if (buffered() == 0) {
+    // One blocking read for the first bytes, however long they take to come.
     ssize_t read;
     do {
       read = ::read(fd_, buffer_.data(), buffer_.size());

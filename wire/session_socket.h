@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "google/protobuf/message_lite.h"
@@ -53,11 +54,17 @@ absl::Status ReadExactly(int fd, char* data, size_t bytes);
 // the buffer's size, so frames sent back to back (a release, then the next fetch) cost one read
 // instead of two each. The data path's readers, on both ends, use one per connection. Not
 // thread-safe; the fd must outlive it, and nobody else may read from it.
+//
+// With `busy_poll`, a reader that finds nothing buffered first polls the socket without blocking
+// for up to that long, yielding the CPU to any other runnable thread between tries, and only then
+// sleeps in read(): a frame that arrives meanwhile wakes no thread (on a virtual machine a
+// wake-up crosses the hypervisor), at the price of that much CPU when none comes.
 class FrameReader {
  public:
   static constexpr size_t kBufferBytes = 64 << 10;
 
-  explicit FrameReader(int fd) : fd_(fd), buffer_(kBufferBytes) {}
+  explicit FrameReader(int fd, absl::Duration busy_poll = absl::ZeroDuration())
+      : fd_(fd), busy_poll_(busy_poll), buffer_(kBufferBytes) {}
   FrameReader(const FrameReader&) = delete;
   FrameReader& operator=(const FrameReader&) = delete;
 
@@ -72,7 +79,12 @@ class FrameReader {
   // than `deadline`. UNAVAILABLE when the stream ends or breaks, DEADLINE_EXCEEDED after it.
   absl::Status Fill(size_t bytes, absl::Time deadline);
 
+  // Polls without blocking for up to busy_poll_ into the empty buffer: how many bytes came (0:
+  // none in time), or the end of the stream as Next reports it.
+  absl::StatusOr<size_t> PollFirstBytes();
+
   const int fd_;
+  const absl::Duration busy_poll_;
   std::vector<char> buffer_;
   size_t begin_ = 0;  // buffered bytes are [begin_, end_)
   size_t end_ = 0;

@@ -18,7 +18,8 @@ namespace {
 
 class SocketTransport final : public SessionTransport {
  public:
-  SocketTransport(int fd, std::string path) : fd_(fd), path_(std::move(path)), reader_(fd) {}
+  SocketTransport(int fd, std::string path, absl::Duration busy_poll)
+      : fd_(fd), path_(std::move(path)), reader_(fd, busy_poll) {}
   ~SocketTransport() override { ::close(fd_); }
 
   bool Write(const v1::SessionRequest& request) override {
@@ -90,14 +91,15 @@ class GrpcTransport final : public SessionTransport {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SessionTransport>> ConnectSessionSocket(const std::string& path) {
+absl::StatusOr<std::unique_ptr<SessionTransport>> ConnectSessionSocket(const std::string& path,
+                                                                       absl::Duration busy_poll) {
   sockaddr_un address{};
   if (path.empty() || path.size() >= sizeof(address.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("not a usable socket path: ", path));
   }
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
-  auto transport = std::make_unique<SocketTransport>(fd, path);
+  auto transport = std::make_unique<SocketTransport>(fd, path, busy_poll);
   address.sun_family = AF_UNIX;
   std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
   // Connecting and the greeting have a deadline (a Unix connect waits while the listener's backlog

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "tierd/v1/tierd.grpc.pb.h"
 
@@ -41,8 +42,10 @@ class SessionTransport {
 };
 
 // Connects to a daemon's session socket and exchanges the greeting. UNAVAILABLE when nothing (or
-// something else) listens at `path`.
-absl::StatusOr<std::unique_ptr<SessionTransport>> ConnectSessionSocket(const std::string& path);
+// something else) listens at `path`. Reads busy-poll for up to `busy_poll` before they sleep
+// (FrameReader).
+absl::StatusOr<std::unique_ptr<SessionTransport>> ConnectSessionSocket(
+    const std::string& path, absl::Duration busy_poll = absl::ZeroDuration());
 
 // Starts the gRPC Session stream. UNAVAILABLE when it cannot be started.
 absl::StatusOr<std::unique_ptr<SessionTransport>> StartGrpcSession(v1::Tierd::Stub& stub);
