@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -18,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/status_macros.h"
 
 namespace tierd::bench {
 
@@ -145,6 +147,115 @@ absl::StatusOr<double> ProcessCpuSeconds(int pid) {
     return absl::InternalError(path + " does not parse");
   }
   return static_cast<double>(user + system) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+namespace {
+
+SchedulingTotals Minus(const SchedulingTotals& a, const SchedulingTotals& b) {
+  return {a.on_cpu_s - b.on_cpu_s, a.waiting_s - b.waiting_s, a.timeslices - b.timeslices};
+}
+
+// Each thread's totals so far, by thread id. NOT_FOUND as ProcessScheduling.
+absl::StatusOr<std::map<int, SchedulingTotals>> ThreadScheduling(int pid) {
+  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+  std::error_code error;
+  std::filesystem::directory_iterator threads(tasks, error);
+  if (error) return absl::NotFoundError(absl::StrCat(tasks, ": ", error.message()));
+  std::map<int, SchedulingTotals> totals;
+  for (const std::filesystem::directory_entry& thread : threads) {
+    int id = 0;
+    if (!absl::SimpleAtoi(thread.path().filename().string(), &id)) continue;
+    // "on-CPU ns, waiting ns, timeslices" (Documentation/scheduler/sched-stats.rst).
+    std::ifstream in(thread.path() / "schedstat");
+    uint64_t on_cpu_ns = 0, waiting_ns = 0, timeslices = 0;
+    if (!(in >> on_cpu_ns >> waiting_ns >> timeslices)) continue;  // ended, or no schedstat
+    totals[id] = {static_cast<double>(on_cpu_ns) / 1e9, static_cast<double>(waiting_ns) / 1e9,
+                  timeslices};
+  }
+  if (totals.empty()) return absl::NotFoundError(absl::StrCat("no schedstat under ", tasks));
+  return totals;
+}
+
+}  // namespace
+
+absl::StatusOr<SchedulingTotals> ProcessScheduling(int pid) {
+  ASSIGN_OR_RETURN(const auto threads, ThreadScheduling(pid));
+  SchedulingTotals sum;
+  for (const auto& [id, totals] : threads) {
+    sum.on_cpu_s += totals.on_cpu_s;
+    sum.waiting_s += totals.waiting_s;
+    sum.timeslices += totals.timeslices;
+  }
+  return sum;
+}
+
+SchedulingSampler::SchedulingSampler(int pid, absl::Duration period) : pid_(pid) {
+  absl::StatusOr<std::map<int, SchedulingTotals>> threads = ThreadScheduling(pid);
+  if (!threads.ok()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    read_at_start_ = true;
+    for (const auto& [id, totals] : *threads) threads_[id] = {totals, totals};
+  }
+  sampler_ = std::thread([this, period] {
+    absl::MutexLock lock(&mu_);
+    while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
+      mu_.Unlock();
+      Sample();
+      mu_.Lock();
+    }
+  });
+}
+
+SchedulingSampler::~SchedulingSampler() { Stop(); }
+
+void SchedulingSampler::Sample() {
+  absl::StatusOr<std::map<int, SchedulingTotals>> threads = ThreadScheduling(pid_);
+  if (!threads.ok()) return;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, totals] : *threads) {
+    auto [it, inserted] = threads_.try_emplace(id, SchedulingTotals{}, totals);
+    if (!inserted) it->second.second = totals;
+  }
+}
+
+std::optional<SchedulingTotals> SchedulingSampler::Stop() {
+  if (sampler_.joinable()) {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    sampler_.join();
+    Sample();
+  }
+  absl::MutexLock lock(&mu_);
+  if (!read_at_start_) return std::nullopt;
+  SchedulingTotals sum;
+  for (const auto& [id, first_and_last] : threads_) {
+    const SchedulingTotals change = Minus(first_and_last.second, first_and_last.first);
+    sum.on_cpu_s += change.on_cpu_s;
+    sum.waiting_s += change.waiting_s;
+    sum.timeslices += change.timeslices;
+  }
+  return sum;
+}
+
+absl::StatusOr<MachineCpuTimes> ReadMachineCpuTimes() {
+  std::ifstream in("/proc/stat");
+  std::string label;
+  uint64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  if (!(in >> label >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal) ||
+      label != "cpu") {
+    return absl::NotFoundError("/proc/stat has no cpu line");
+  }
+  const double tick = 1.0 / static_cast<double>(::sysconf(_SC_CLK_TCK));
+  MachineCpuTimes times;
+  times.user = static_cast<double>(user + nice) * tick;
+  times.system = static_cast<double>(system) * tick;
+  times.idle = static_cast<double>(idle + iowait) * tick;
+  times.interrupts = static_cast<double>(irq + softirq) * tick;
+  times.steal = static_cast<double>(steal) * tick;
+  return times;
 }
 
 std::string DescribeWaitStatus(int status) {

@@ -5,9 +5,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace tierd::bench {
 
@@ -99,6 +102,53 @@ nlohmann::json LatencySummary(std::vector<double> us);
 // User + system CPU seconds process `pid` has used so far (/proc/PID/stat). NOT_FOUND when there
 // is no such process; INTERNAL when the file does not parse.
 absl::StatusOr<double> ProcessCpuSeconds(int pid);
+
+// How the scheduler has treated a process's threads so far, summed over /proc/PID/task/*/schedstat
+// (threads that have ended are not counted): time on a CPU, time runnable but waiting for one, and
+// how many times one was put on a CPU.
+struct SchedulingTotals {
+  double on_cpu_s = 0;
+  double waiting_s = 0;
+  uint64_t timeslices = 0;
+};
+// NOT_FOUND when there is no such process or the kernel keeps no schedstat.
+absl::StatusOr<SchedulingTotals> ProcessScheduling(int pid);
+
+// The same for a process whose threads may end before the span does (a daemon's session threads
+// end with their sessions): samples each thread every `period` from construction to Stop and adds
+// up each one's change up to its last sample.
+class SchedulingSampler {
+ public:
+  SchedulingSampler(int pid, absl::Duration period);
+  ~SchedulingSampler();
+  SchedulingSampler(const SchedulingSampler&) = delete;
+  SchedulingSampler& operator=(const SchedulingSampler&) = delete;
+
+  // The totals since construction; unset when the process could not be read at the start.
+  std::optional<SchedulingTotals> Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void Sample() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const int pid_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_at_start_ ABSL_GUARDED_BY(mu_) = false;
+  // Per thread id: its totals when first seen (zero for a thread started since) and when last.
+  std::map<int, std::pair<SchedulingTotals, SchedulingTotals>> threads_ ABSL_GUARDED_BY(mu_);
+  std::thread sampler_;
+};
+
+// The machine's CPU time so far by kind, in seconds over all CPUs (/proc/stat's "cpu" line).
+struct MachineCpuTimes {
+  double user = 0;  // with nice
+  double system = 0;
+  double idle = 0;        // with iowait
+  double interrupts = 0;  // irq and softirq
+  double steal = 0;       // taken by the hypervisor for others
+  double total() const { return user + system + idle + interrupts + steal; }
+};
+absl::StatusOr<MachineCpuTimes> ReadMachineCpuTimes();
 
 // How a child process ended, from its wait status: "exited 0", "killed by signal 9".
 std::string DescribeWaitStatus(int status);

@@ -14,7 +14,9 @@
 //   prefetch      --prefetches Session::Prefetch calls of --prefetch-batch other objects in turn
 // The parent adds the workers' samples up: per operation the count, rate and p50/p99/p999, the
 // fetches per second over all processes, the failures with their first messages, the daemon's
-// CPU time over the run (--daemon-pid) and the workers'. It prints a table and writes --json.
+// CPU time over the run (--daemon-pid) and the workers', how long their threads waited for a CPU
+// while runnable (schedstat) and the machine's CPU time by kind (steal included). It prints a
+// table and writes --json.
 // No wait has no deadline: a worker that fails, hangs or dies is reported, not waited for.
 // The model is registered from --model-dir (one object per tensor) when the daemon lacks it.
 #include <unistd.h>
@@ -59,6 +61,9 @@ ABSL_FLAG(int, prefetches, 1, "Per round: Session::Prefetch calls");
 ABSL_FLAG(int, prefetch_batch, 4, "Objects per prefetch, the model's others in turn");
 ABSL_FLAG(int, warmup, 100, "Untimed fetches per worker before the timed phase");
 ABSL_FLAG(int, daemon_pid, 0, "The daemon's pid, for its CPU time (0: not measured)");
+ABSL_FLAG(int64_t, busy_poll_us, 0,
+          "The workers' ClientOptions::session_busy_poll: microseconds a caller polls for its "
+          "answer before it sleeps");
 ABSL_FLAG(double, setup_timeout, 60, "Seconds the workers may take to connect and pin");
 ABSL_FLAG(double, grace, 30,
           "Seconds a worker may run past --duration (with --iterations: in all) before it gives "
@@ -91,6 +96,7 @@ LoadPlan MakePlan(tierd::Client& client) {
   plan.rounds = absl::GetFlag(FLAGS_iterations);
   plan.warmup_fetches = absl::GetFlag(FLAGS_warmup);
   plan.grace_s = absl::GetFlag(FLAGS_grace);
+  plan.busy_poll_us = absl::GetFlag(FLAGS_busy_poll_us);
   return plan;
 }
 
@@ -176,6 +182,11 @@ int Main(int argc, char** argv) {
   }
 
   const std::optional<double> cpu_before = DaemonCpuSeconds();
+  std::optional<SchedulingSampler> daemon_scheduling;
+  if (absl::GetFlag(FLAGS_daemon_pid) > 0) {
+    daemon_scheduling.emplace(absl::GetFlag(FLAGS_daemon_pid), absl::Milliseconds(100));
+  }
+  const absl::StatusOr<MachineCpuTimes> machine_before = ReadMachineCpuTimes();
   const absl::Time go = absl::Now();
   for (int worker : ready) {
     if (absl::Status sent = workers->Send(worker, "go"); !sent.ok()) {
@@ -195,6 +206,15 @@ int Main(int argc, char** argv) {
   run.wall_s = absl::ToDoubleSeconds(absl::Now() - go);
   const std::optional<double> cpu_after = DaemonCpuSeconds();
   if (cpu_before.has_value() && cpu_after.has_value()) run.daemon_cpu_s = *cpu_after - *cpu_before;
+  if (daemon_scheduling.has_value()) run.daemon_scheduling = daemon_scheduling->Stop();
+  const absl::StatusOr<MachineCpuTimes> machine_after = ReadMachineCpuTimes();
+  if (machine_before.ok() && machine_after.ok()) {
+    run.machine_cpu = MachineCpuTimes{machine_after->user - machine_before->user,
+                                      machine_after->system - machine_before->system,
+                                      machine_after->idle - machine_before->idle,
+                                      machine_after->interrupts - machine_before->interrupts,
+                                      machine_after->steal - machine_before->steal};
+  }
 
   const std::vector<WorkerExit> exits = workers->Reap(absl::Now() + absl::Seconds(30));
   for (int i = 0; i < clients; ++i) {

@@ -114,6 +114,38 @@ nlohmann::json SummarizeLoadRun(const LoadRun& run) {
   } else {
     summary["daemon_cpu_s"] = nullptr;
   }
+  const auto scheduling_json = [](const SchedulingTotals& totals) {
+    return nlohmann::json{
+        {"on_cpu_s", totals.on_cpu_s},
+        {"waiting_s", totals.waiting_s},
+        {"timeslices", totals.timeslices},
+        {"waiting_us_per_timeslice",
+         totals.timeslices > 0 ? totals.waiting_s * 1e6 / static_cast<double>(totals.timeslices)
+                               : 0.0}};
+  };
+  nlohmann::json scheduling = nlohmann::json::object();
+  if (run.daemon_scheduling.has_value()) {
+    scheduling["daemon"] = scheduling_json(*run.daemon_scheduling);
+  }
+  SchedulingTotals workers_scheduling;
+  bool workers_scheduled = false;
+  for (const WorkerReport& report : run.reports) {
+    if (!report.scheduling.has_value()) continue;
+    workers_scheduling.on_cpu_s += report.scheduling->on_cpu_s;
+    workers_scheduling.waiting_s += report.scheduling->waiting_s;
+    workers_scheduling.timeslices += report.scheduling->timeslices;
+    workers_scheduled = true;
+  }
+  if (workers_scheduled) scheduling["workers"] = scheduling_json(workers_scheduling);
+  if (run.machine_cpu.has_value() && run.machine_cpu->total() > 0) {
+    const MachineCpuTimes& cpu = *run.machine_cpu;
+    scheduling["machine"] = {{"user", cpu.user / cpu.total()},
+                             {"system", cpu.system / cpu.total()},
+                             {"idle", cpu.idle / cpu.total()},
+                             {"interrupts", cpu.interrupts / cpu.total()},
+                             {"steal", cpu.steal / cpu.total()}};
+  }
+  summary["scheduling"] = scheduling;
   return summary;
 }
 
@@ -135,6 +167,27 @@ std::string FormatLoadSummary(const nlohmann::json& summary) {
                           summary["daemon_cpu_us_per_fetch"].get<double>());
   }
   absl::StrAppendFormat(&text, "; workers' CPU %.2f s\n", summary["workers_cpu_s"].get<double>());
+  const nlohmann::json& scheduling = summary["scheduling"];
+  for (const char* who : {"daemon", "workers"}) {
+    if (!scheduling.contains(who)) continue;
+    const nlohmann::json& totals = scheduling[who];
+    absl::StrAppendFormat(&text,
+                          "  %s: %.2f s on a CPU, %.2f s waiting for one over %d timeslices "
+                          "(%.1f us each)\n",
+                          who, totals["on_cpu_s"].get<double>(), totals["waiting_s"].get<double>(),
+                          totals["timeslices"].get<uint64_t>(),
+                          totals["waiting_us_per_timeslice"].get<double>());
+  }
+  if (scheduling.contains("machine")) {
+    const nlohmann::json& machine = scheduling["machine"];
+    absl::StrAppendFormat(
+        &text,
+        "  machine: user %.0f%%, system %.0f%%, interrupts %.0f%%, steal %.1f%%, "
+        "idle %.0f%%\n",
+        100 * machine["user"].get<double>(), 100 * machine["system"].get<double>(),
+        100 * machine["interrupts"].get<double>(), 100 * machine["steal"].get<double>(),
+        100 * machine["idle"].get<double>());
+  }
   absl::StrAppendFormat(&text, "  %-13s %10s %10s %9s %9s %9s %9s %8s\n", "operation", "count",
                         "per s", "p50 us", "p99 us", "p999 us", "max us", "failed");
   for (const auto& [name, operation] : summary["operations"].items()) {

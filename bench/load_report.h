@@ -26,6 +26,10 @@ struct LoadRun {
   std::optional<double> daemon_cpu_s;
   // The workers' user + system CPU over their whole lives.
   double workers_cpu_s = 0;
+  // The scheduler's view of the daemon's threads over the same span as daemon_cpu_s, and the
+  // machine's CPU time by kind; unset where they cannot be read.
+  std::optional<SchedulingTotals> daemon_scheduling;
+  std::optional<MachineCpuTimes> machine_cpu;
 };
 
 // Distinct messages kept per failure kind in the summary.
@@ -34,7 +38,9 @@ inline constexpr size_t kFailureMessagesKept = 5;
 // {clients, workers_reporting, wall_s, timed_phase_s, fetches, fetches_per_s, operations: {NAME:
 // {count, per_s, failures, latency: {count, p50_us, ...}}}, failures: {NAME|"worker": {count,
 // first_messages}}, transports: {NAME: workers}, workers: [{worker, phase, rounds, fetches,
-// fetch_p50_us, fetch_p99_us}], daemon_cpu_s, daemon_cpu_us_per_fetch, workers_cpu_s}.
+// fetch_p50_us, fetch_p99_us}], daemon_cpu_s, daemon_cpu_us_per_fetch, workers_cpu_s,
+// scheduling: {daemon, workers: {on_cpu_s, waiting_s, timeslices, waiting_us_per_timeslice},
+// machine: {user, system, idle, interrupts, steal: shares of all CPUs' time}}}.
 // "fetches" adds up every operation whose name starts with "fetch".
 nlohmann::json SummarizeLoadRun(const LoadRun& run);
 

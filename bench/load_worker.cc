@@ -42,6 +42,8 @@ class Recorder {
     absl::MutexLock lock(&mu_);
     report_.start_s = MonotonicSeconds();
     report_.operations.clear();
+    absl::StatusOr<SchedulingTotals> scheduling = ProcessScheduling(::getpid());
+    if (scheduling.ok()) scheduling_at_start_ = *scheduling;
   }
   void EndRound() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
@@ -75,6 +77,13 @@ class Recorder {
     if (phase != "ready") {
       final_sent_ = true;
       report_.end_s = MonotonicSeconds();
+      absl::StatusOr<SchedulingTotals> scheduling = ProcessScheduling(::getpid());
+      if (scheduling.ok() && scheduling_at_start_.has_value()) {
+        report_.scheduling =
+            SchedulingTotals{scheduling->on_cpu_s - scheduling_at_start_->on_cpu_s,
+                             scheduling->waiting_s - scheduling_at_start_->waiting_s,
+                             scheduling->timeslices - scheduling_at_start_->timeslices};
+      }
     }
     return channel_.Send(EncodeReport(report_)).ok();
   }
@@ -84,6 +93,7 @@ class Recorder {
   absl::Mutex mu_;
   WorkerReport report_ ABSL_GUARDED_BY(mu_);
   bool final_sent_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<SchedulingTotals> scheduling_at_start_ ABSL_GUARDED_BY(mu_);
 };
 
 // Sends the report as "stuck" and ends the process when the timed phase runs past `deadline`
@@ -235,6 +245,7 @@ absl::Status Connect(int worker, const LoadPlan& plan, Connection& connection) {
   options.socket_path = plan.socket;
   options.client_name = absl::StrCat("load_bench-", worker);
   options.call_timeout = absl::Minutes(2);
+  options.session_busy_poll = absl::Microseconds(plan.busy_poll_us);
   absl::StatusOr<std::unique_ptr<tierd::Client>> client = tierd::Client::Connect(options);
   if (!client.ok()) return client.status();
   connection.client = *std::move(client);
@@ -332,7 +343,8 @@ nlohmann::json PlanToJson(const LoadPlan& plan) {
           {"duration_s", plan.duration_s},
           {"rounds", plan.rounds},
           {"warmup_fetches", plan.warmup_fetches},
-          {"grace_s", plan.grace_s}};
+          {"grace_s", plan.grace_s},
+          {"busy_poll_us", plan.busy_poll_us}};
 }
 
 LoadPlan PlanFromJson(const nlohmann::json& json) {
@@ -353,6 +365,7 @@ LoadPlan PlanFromJson(const nlohmann::json& json) {
   plan.rounds = json.value("rounds", plan.rounds);
   plan.warmup_fetches = json.value("warmup_fetches", plan.warmup_fetches);
   plan.grace_s = json.value("grace_s", plan.grace_s);
+  plan.busy_poll_us = json.value("busy_poll_us", plan.busy_poll_us);
   return plan;
 }
 
@@ -363,10 +376,15 @@ std::string EncodeReport(const WorkerReport& report) {
                         {"failures", record.failures},
                         {"first_errors", record.first_errors}};
   }
-  const nlohmann::json json = {{"worker", report.worker},   {"phase", report.phase},
-                               {"error", report.error},     {"transport", report.transport},
-                               {"start_s", report.start_s}, {"end_s", report.end_s},
-                               {"rounds", report.rounds},   {"operations", operations}};
+  nlohmann::json json = {{"worker", report.worker},   {"phase", report.phase},
+                         {"error", report.error},     {"transport", report.transport},
+                         {"start_s", report.start_s}, {"end_s", report.end_s},
+                         {"rounds", report.rounds},   {"operations", operations}};
+  if (report.scheduling.has_value()) {
+    json["scheduling"] = {{"on_cpu_s", report.scheduling->on_cpu_s},
+                          {"waiting_s", report.scheduling->waiting_s},
+                          {"timeslices", report.scheduling->timeslices}};
+  }
   const std::vector<uint8_t> bytes = nlohmann::json::to_msgpack(json);
   return std::string(bytes.begin(), bytes.end());
 }
@@ -390,6 +408,12 @@ absl::StatusOr<WorkerReport> DecodeReport(const std::string& bytes) {
       into.latency_ns = record.at("latency_ns").get<std::vector<uint64_t>>();
       into.failures = record.at("failures").get<uint64_t>();
       into.first_errors = record.at("first_errors").get<std::vector<std::string>>();
+    }
+    if (json.contains("scheduling")) {
+      const nlohmann::json& scheduling = json.at("scheduling");
+      report.scheduling = SchedulingTotals{scheduling.at("on_cpu_s").get<double>(),
+                                           scheduling.at("waiting_s").get<double>(),
+                                           scheduling.at("timeslices").get<uint64_t>()};
     }
     return report;
   } catch (const nlohmann::json::exception& error) {

@@ -13,9 +13,11 @@
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "bench/bench_support.h"
 #include "bench/worker_processes.h"
 
 namespace tierd::bench {
@@ -42,6 +44,8 @@ struct LoadPlan {
   int warmup_fetches = 100;
   // After "go": how long the timed phase may take past its duration before the worker gives up.
   double grace_s = 30;
+  // The workers' ClientOptions::session_busy_poll, in microseconds.
+  int64_t busy_poll_us = 0;
 };
 
 // The operations timed, in the order the mix runs them.
@@ -68,6 +72,9 @@ struct WorkerReport {
   double end_s = 0;
   int64_t rounds = 0;
   std::map<std::string, OperationRecord> operations;
+  // How the scheduler treated the worker's threads over the timed phase; unset where the kernel
+  // keeps no schedstat.
+  std::optional<SchedulingTotals> scheduling;
 };
 
 nlohmann::json PlanToJson(const LoadPlan& plan);

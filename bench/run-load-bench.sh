@@ -21,6 +21,8 @@
 #   DEVICE           cuda:0 or host (auto)
 #   TIERD_FLAGS      extra flags for the daemon; LOAD_FLAGS extra flags for load_bench
 #   TIERD_NICE       the daemon's niceness (e.g. -10, as deploy/systemd sets it), else inherited
+#   DAEMON_CPUS      CPUs the daemon may run on (taskset -c list, e.g. 0-3), else any
+#   CLIENT_CPUS      CPUs the client processes may run on, else any
 #   PYTHON           python3, to gather the results
 set -uo pipefail
 bundle=$(cd "${1:?usage: run-load-bench.sh BUNDLE_DIR OUT_DIR [WORK_DIR]}" && pwd)
@@ -58,7 +60,8 @@ python=${PYTHON:-python3}
   echo "gpu: ${gpu:-none}"
   echo "cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); kernel $(uname -r)"
   echo "memory: $(free -g | awk '/Mem:/ {print $2 " GiB"}')"
-  echo "daemon: --gpu-pool-bytes=$gpu_pool_bytes --host-cache-bytes=$host_cache_bytes ${TIERD_FLAGS:-}${TIERD_NICE:+ (nice $TIERD_NICE)}"
+  echo "daemon: --gpu-pool-bytes=$gpu_pool_bytes --host-cache-bytes=$host_cache_bytes ${TIERD_FLAGS:-}${TIERD_NICE:+ (nice $TIERD_NICE)}${DAEMON_CPUS:+ (CPUs $DAEMON_CPUS)}"
+  echo "clients: ${LOAD_FLAGS:-}${CLIENT_CPUS:+ (CPUs $CLIENT_CPUS)}"
   echo "model: $tensors; store bytes $store_bytes; hold $hold; $duration s per run"
 } | tee "$out/environment.txt"
 
@@ -72,7 +75,7 @@ fi
 
 socket=$work/tierd.sock
 rm -rf "$work/state" "$socket"
-${TIERD_NICE:+nice -n "$TIERD_NICE"} "$bundle/bin/tierd" --device="$DEVICE" --socket="$socket" --state-dir="$work/state" \
+${DAEMON_CPUS:+taskset -c "$DAEMON_CPUS"} ${TIERD_NICE:+nice -n "$TIERD_NICE"} "$bundle/bin/tierd" --device="$DEVICE" --socket="$socket" --state-dir="$work/state" \
   --host-cache-bytes="$host_cache_bytes" --gpu-pool-bytes="$gpu_pool_bytes" \
   ${TIERD_FLAGS:-} > "$out/tierd.log" 2>&1 &
 tierd_pid=$!
@@ -87,7 +90,7 @@ status=0
 jsons=()
 for n in $clients; do
   echo "## $n clients"
-  "$bundle/bin/load_bench" --socket="$socket" --model=load --model-dir="$model" --clients="$n" \
+  ${CLIENT_CPUS:+taskset -c "$CLIENT_CPUS"} "$bundle/bin/load_bench" --socket="$socket" --model=load --model-dir="$model" --clients="$n" \
     --duration="$duration" --hold="$hold" --store-bytes="$store_bytes" --daemon-pid="$tierd_pid" \
     --json="$out/load-$n.json" ${LOAD_FLAGS:-} || status=1
   [[ -s "$out/load-$n.json" ]] && jsons+=("$out/load-$n.json")

@@ -70,7 +70,7 @@ class LoadBenchProcessTest : public ::testing::Test {
 TEST_F(LoadBenchProcessTest, ReportsEveryCallOfEveryClient) {
   auto run = testing::RunProgramWithStderr(
       LoadBench({"--clients=3", "--iterations=4", "--fetches=10", "--hold=5", "--stores=2",
-                 "--prefetches=1", "--prefetch-batch=2"}),
+                 "--prefetches=1", "--prefetch-batch=2", "--busy-poll-us=100"}),
       kTimeout);
   ASSERT_THAT(run, IsOk());
   EXPECT_EQ(run->exit_code, 0) << run->output;
@@ -88,6 +88,18 @@ TEST_F(LoadBenchProcessTest, ReportsEveryCallOfEveryClient) {
   EXPECT_TRUE(result["failures"].empty()) << result["failures"].dump();
   EXPECT_EQ(result["transports"]["socket"], 3);
   EXPECT_TRUE(result["daemon_cpu_s"].is_number());
+  EXPECT_EQ(result["plan"]["busy_poll_us"], 100);
+  const nlohmann::json& scheduling = result["scheduling"];
+  EXPECT_GE(scheduling["machine"]["idle"].get<double>(), 0.0);
+  EXPECT_LE(scheduling["machine"]["idle"].get<double>(), 1.0);
+  if (std::filesystem::exists("/proc/self/schedstat")) {
+    // Both sides ran in the timed phase (the daemon's session threads have ended by now: they
+    // count up to their last sample).
+    EXPECT_GT(scheduling["workers"]["timeslices"].get<uint64_t>(), 0u) << scheduling.dump();
+    EXPECT_GT(scheduling["workers"]["on_cpu_s"].get<double>(), 0.0) << scheduling.dump();
+    EXPECT_GE(scheduling["daemon"]["on_cpu_s"].get<double>(), 0.0) << scheduling.dump();
+    EXPECT_GE(scheduling["daemon"]["waiting_s"].get<double>(), 0.0) << scheduling.dump();
+  }
   EXPECT_TRUE(result["daemon_answers_after"].get<bool>());
   EXPECT_THAT(run->output, HasSubstr("3 clients (3 reported; sessions: socket 3)"));
 }
