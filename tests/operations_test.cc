@@ -154,24 +154,24 @@ TEST_F(OperationsTest, BadConfigFilesAreRefusedNamingFileLineAndKey) {
   ASSERT_THAT(missing, IsOk());
   EXPECT_EQ(missing->exit_code, 2);
   // A value the daemon refuses when it validates its options names the key too.
-  const std::string zero = WriteFile("zero.conf", "gpu-pool-bytes = 0\n");
-  auto refused = RunProgram({"/bin/sh", "-c",
-                             absl::StrCat(SiblingBinary("tierd"), " --config=", zero,
-                                          " --device=host --socket=", socket_path(),
-                                          " --state-dir=", dir_.path(), "/state 2>&1")},
-                            kTimeout);
-  ASSERT_THAT(refused, IsOk());
-  EXPECT_EQ(refused->exit_code, 2);
-  EXPECT_THAT(refused->output, HasSubstr("gpu-pool-bytes must be greater than 0"));
-  const std::string long_poll = WriteFile("long-poll.conf", "session-busy-poll-us = 10001\n");
-  auto polling = RunProgram({"/bin/sh", "-c",
-                             absl::StrCat(SiblingBinary("tierd"), " --config=", long_poll,
-                                          " --device=host --socket=", socket_path(),
-                                          " --state-dir=", dir_.path(), "/state 2>&1")},
-                            kTimeout);
-  ASSERT_THAT(polling, IsOk());
-  EXPECT_EQ(polling->exit_code, 2);
-  EXPECT_THAT(polling->output, HasSubstr("session-busy-poll-us must be at most 10000"));
+  const struct {
+    const char* content;
+    const char* message;
+  } refused_values[] = {
+      {"gpu-pool-bytes = 0\n", "gpu-pool-bytes must be greater than 0"},
+      {"session-busy-poll-us = 10001\n", "session-busy-poll-us must be at most 10000"},
+  };
+  for (const auto& value : refused_values) {
+    const std::string config = WriteFile("refused.conf", value.content);
+    auto refused = RunProgram({"/bin/sh", "-c",
+                               absl::StrCat(SiblingBinary("tierd"), " --config=", config,
+                                            " --device=host --socket=", socket_path(),
+                                            " --state-dir=", dir_.path(), "/state 2>&1")},
+                              kTimeout);
+    ASSERT_THAT(refused, IsOk());
+    EXPECT_EQ(refused->exit_code, 2) << value.content;
+    EXPECT_THAT(refused->output, HasSubstr(value.message));
+  }
 }
 
 // ---- systemd ------------------------------------------------------------------------------------

@@ -198,6 +198,21 @@ class SessionProtocolTest : public ::testing::Test {
   // The bytes the model file holds for block `block`'s tensor.
   const std::string& BlockBytes(int block) const { return tensors_[block].data; }
 
+  // That `lease`, leased through `core`, holds block `block`'s bytes once its ready event is done.
+  void ExpectLeaseHoldsBlock(SessionCore& core, const v1::Lease& lease, int block) {
+    absl::StatusOr<Slab*> slab = core.slab(lease.slab_id());
+    ASSERT_THAT(slab, IsOk());
+    if (lease.has_ready_event_id()) {
+      absl::StatusOr<Event*> ready = core.event(lease.ready_event_id());
+      ASSERT_THAT(ready, IsOk());
+      ASSERT_THAT(device_->SynchronizeEvent(**ready), IsOk());
+    }
+    ASSERT_EQ(lease.length(), BlockBytes(block).size());
+    EXPECT_EQ(std::memcmp(static_cast<const char*>((*slab)->data()) + lease.offset(),
+                          BlockBytes(block).data(), BlockBytes(block).size()),
+              0);
+  }
+
   TempDir dir_;
   std::vector<testing::TensorSpec> tensors_;
   std::unique_ptr<HostDevice> device_;
@@ -330,17 +345,7 @@ TEST_F(SessionProtocolTest, AFetchThroughTheWireHoldsTheFilesBytes) {
   absl::StatusOr<v1::SessionResponse> fetched = core->Call(FetchRequestFor(0, "m/blocks.0"));
   ASSERT_THAT(fetched, IsOk());
   const v1::Lease& lease = fetched->lease();
-  absl::StatusOr<Slab*> slab = core->slab(lease.slab_id());
-  ASSERT_THAT(slab, IsOk());
-  if (lease.has_ready_event_id()) {
-    absl::StatusOr<Event*> ready = core->event(lease.ready_event_id());
-    ASSERT_THAT(ready, IsOk());
-    ASSERT_THAT(device_->SynchronizeEvent(**ready), IsOk());
-  }
-  ASSERT_EQ(lease.length(), BlockBytes(0).size());
-  EXPECT_EQ(std::memcmp(static_cast<const char*>((*slab)->data()) + lease.offset(),
-                        BlockBytes(0).data(), BlockBytes(0).size()),
-            0);
+  ASSERT_NO_FATAL_FAILURE(ExpectLeaseHoldsBlock(*core, lease, 0));
   auto stream = device_->CreateStream(StreamPriority::kNormal);
   ASSERT_THAT(stream, IsOk());
   core->ReleaseLease(lease.lease_id(), **stream);
@@ -447,17 +452,7 @@ TEST_F(SessionProtocolTest, BusyPollingOnBothEndsAnswersEveryCallAndEndsAsBefore
     ASSERT_THAT(fetched, IsOk());
     const v1::Lease& lease = fetched->lease();
     ASSERT_EQ(lease.key(), key);
-    absl::StatusOr<Slab*> slab = core->slab(lease.slab_id());
-    ASSERT_THAT(slab, IsOk());
-    if (lease.has_ready_event_id()) {
-      absl::StatusOr<Event*> ready = core->event(lease.ready_event_id());
-      ASSERT_THAT(ready, IsOk());
-      ASSERT_THAT(device_->SynchronizeEvent(**ready), IsOk());
-    }
-    ASSERT_EQ(lease.length(), BlockBytes(i % 4).size());
-    EXPECT_EQ(std::memcmp(static_cast<const char*>((*slab)->data()) + lease.offset(),
-                          BlockBytes(i % 4).data(), BlockBytes(i % 4).size()),
-              0);
+    ASSERT_NO_FATAL_FAILURE(ExpectLeaseHoldsBlock(*core, lease, i % 4));
     core->ReleaseLease(lease.lease_id(), **stream);
   }
   EXPECT_TRUE(StatsSoon([](const GpuTierStats& stats) { return stats.leases == 0; }));
