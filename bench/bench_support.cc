@@ -151,10 +151,6 @@ absl::StatusOr<double> ProcessCpuSeconds(int pid) {
 
 namespace {
 
-SchedulingTotals Minus(const SchedulingTotals& a, const SchedulingTotals& b) {
-  return {a.on_cpu_s - b.on_cpu_s, a.waiting_s - b.waiting_s, a.timeslices - b.timeslices};
-}
-
 // Each thread's totals so far, by thread id. NOT_FOUND as ProcessScheduling.
 absl::StatusOr<std::map<int, SchedulingTotals>> ThreadScheduling(int pid) {
   const std::string tasks = absl::StrCat("/proc/", pid, "/task");
@@ -232,7 +228,7 @@ std::optional<SchedulingTotals> SchedulingSampler::Stop() {
   if (!read_at_start_) return std::nullopt;
   SchedulingTotals sum;
   for (const auto& [id, first_and_last] : threads_) {
-    const SchedulingTotals change = Minus(first_and_last.second, first_and_last.first);
+    const SchedulingTotals change = first_and_last.second.Since(first_and_last.first);
     sum.on_cpu_s += change.on_cpu_s;
     sum.waiting_s += change.waiting_s;
     sum.timeslices += change.timeslices;

@@ -110,6 +110,11 @@ struct SchedulingTotals {
   double on_cpu_s = 0;
   double waiting_s = 0;
   uint64_t timeslices = 0;
+  // What was added since `earlier`, a reading of the same threads.
+  SchedulingTotals Since(const SchedulingTotals& earlier) const {
+    return {on_cpu_s - earlier.on_cpu_s, waiting_s - earlier.waiting_s,
+            timeslices - earlier.timeslices};
+  }
 };
 // NOT_FOUND when there is no such process or the kernel keeps no schedstat.
 absl::StatusOr<SchedulingTotals> ProcessScheduling(int pid);
@@ -147,6 +152,10 @@ struct MachineCpuTimes {
   double interrupts = 0;  // irq and softirq
   double steal = 0;       // taken by the hypervisor for others
   double total() const { return user + system + idle + interrupts + steal; }
+  MachineCpuTimes Since(const MachineCpuTimes& earlier) const {
+    return {user - earlier.user, system - earlier.system, idle - earlier.idle,
+            interrupts - earlier.interrupts, steal - earlier.steal};
+  }
 };
 absl::StatusOr<MachineCpuTimes> ReadMachineCpuTimes();
 

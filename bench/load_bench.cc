@@ -209,11 +209,7 @@ int Main(int argc, char** argv) {
   if (daemon_scheduling.has_value()) run.daemon_scheduling = daemon_scheduling->Stop();
   const absl::StatusOr<MachineCpuTimes> machine_after = ReadMachineCpuTimes();
   if (machine_before.ok() && machine_after.ok()) {
-    run.machine_cpu = MachineCpuTimes{machine_after->user - machine_before->user,
-                                      machine_after->system - machine_before->system,
-                                      machine_after->idle - machine_before->idle,
-                                      machine_after->interrupts - machine_before->interrupts,
-                                      machine_after->steal - machine_before->steal};
+    run.machine_cpu = machine_after->Since(*machine_before);
   }
 
   const std::vector<WorkerExit> exits = workers->Reap(absl::Now() + absl::Seconds(30));

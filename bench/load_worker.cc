@@ -79,10 +79,7 @@ class Recorder {
       report_.end_s = MonotonicSeconds();
       absl::StatusOr<SchedulingTotals> scheduling = ProcessScheduling(::getpid());
       if (scheduling.ok() && scheduling_at_start_.has_value()) {
-        report_.scheduling =
-            SchedulingTotals{scheduling->on_cpu_s - scheduling_at_start_->on_cpu_s,
-                             scheduling->waiting_s - scheduling_at_start_->waiting_s,
-                             scheduling->timeslices - scheduling_at_start_->timeslices};
+        report_.scheduling = scheduling->Since(*scheduling_at_start_);
       }
     }
     return channel_.Send(EncodeReport(report_)).ok();

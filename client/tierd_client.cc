@@ -316,8 +316,9 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
                                  ? SessionSocketPathFor(options_.socket_path)
                                  : options_.session_socket_path;
     // Nothing there (an older daemon, or one started without it): the gRPC stream serves.
-    if (auto socket = ConnectSessionSocket(path, options_.session_busy_poll); socket.ok())
+    if (auto socket = ConnectSessionSocket(path, options_.session_busy_poll); socket.ok()) {
       transport = *std::move(socket);
+    }
   }
   if (transport == nullptr) {
     absl::StatusOr<std::unique_ptr<SessionTransport>> grpc = StartGrpcSession(*stub_);
