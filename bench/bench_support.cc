@@ -177,11 +177,7 @@ absl::StatusOr<std::map<int, SchedulingTotals>> ThreadScheduling(int pid) {
 absl::StatusOr<SchedulingTotals> ProcessScheduling(int pid) {
   ASSIGN_OR_RETURN(const auto threads, ThreadScheduling(pid));
   SchedulingTotals sum;
-  for (const auto& [id, totals] : threads) {
-    sum.on_cpu_s += totals.on_cpu_s;
-    sum.waiting_s += totals.waiting_s;
-    sum.timeslices += totals.timeslices;
-  }
+  for (const auto& [id, totals] : threads) sum.Add(totals);
   return sum;
 }
 
@@ -228,10 +224,7 @@ std::optional<SchedulingTotals> SchedulingSampler::Stop() {
   if (!read_at_start_) return std::nullopt;
   SchedulingTotals sum;
   for (const auto& [id, first_and_last] : threads_) {
-    const SchedulingTotals change = first_and_last.second.Since(first_and_last.first);
-    sum.on_cpu_s += change.on_cpu_s;
-    sum.waiting_s += change.waiting_s;
-    sum.timeslices += change.timeslices;
+    sum.Add(first_and_last.second.Since(first_and_last.first));
   }
   return sum;
 }

@@ -115,6 +115,12 @@ struct SchedulingTotals {
     return {on_cpu_s - earlier.on_cpu_s, waiting_s - earlier.waiting_s,
             timeslices - earlier.timeslices};
   }
+  // Counts `other`'s threads in too.
+  void Add(const SchedulingTotals& other) {
+    on_cpu_s += other.on_cpu_s;
+    waiting_s += other.waiting_s;
+    timeslices += other.timeslices;
+  }
 };
 // NOT_FOUND when there is no such process or the kernel keeps no schedstat.
 absl::StatusOr<SchedulingTotals> ProcessScheduling(int pid);

@@ -131,9 +131,7 @@ nlohmann::json SummarizeLoadRun(const LoadRun& run) {
   bool workers_scheduled = false;
   for (const WorkerReport& report : run.reports) {
     if (!report.scheduling.has_value()) continue;
-    workers_scheduling.on_cpu_s += report.scheduling->on_cpu_s;
-    workers_scheduling.waiting_s += report.scheduling->waiting_s;
-    workers_scheduling.timeslices += report.scheduling->timeslices;
+    workers_scheduling.Add(*report.scheduling);
     workers_scheduled = true;
   }
   if (workers_scheduled) scheduling["workers"] = scheduling_json(workers_scheduling);
