@@ -18,9 +18,10 @@ import threading
 
 
 class LeaseViews:
-    """Thread-safe. `make(slab, offset, length, infos, *make_args)` gives (buffer, {name: tensor}, reusable) for
-    a range not seen lately, `reusable` false when a tensor is a copy rather than a view of the
-    buffer; at most `capacity` ranges are kept, the least recently leased dropped first."""
+    """Thread-safe. `make(slab, offset, length, infos, *make_args)` gives (buffer,
+    {name: tensor}, reusable) for a range not seen lately, `reusable` false when a tensor is a copy
+    rather than a view of the buffer; at most `capacity` ranges are kept, the least recently
+    leased dropped first."""
 
     def __init__(self, make, capacity=1024):
         self._make = make
