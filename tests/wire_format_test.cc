@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -17,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "tests/test_support.h"
 #include "tierd/v1/wire.pb.h"
+#include "wire/frame_decoder.h"
 #include "wire/session_socket.h"
 
 #ifdef TIERD_HAVE_CUDA
@@ -142,6 +144,81 @@ TEST(WireFormatTest, ABusyPollingFrameReaderReadsWhatComesWithinItsPollAndAfter)
   // The end of the stream, seen while polling, is the clean end.
   ::shutdown(pair.fds[0], SHUT_WR);
   EXPECT_THAT(reader.Next(payload), StatusIs(absl::StatusCode::kOutOfRange));
+}
+
+// Feeds `stream` to a decoder `step` bytes at a time; the frames it handed on.
+std::vector<std::string> DecodeInSteps(absl::string_view stream, size_t step) {
+  FrameDecoder decoder;
+  std::vector<std::string> frames;
+  while (!stream.empty()) {
+    const absl::string_view piece = stream.substr(0, step);
+    EXPECT_THAT(decoder.Feed(piece,
+                             [&](absl::string_view payload) {
+                               frames.emplace_back(payload);
+                               return true;
+                             }),
+                IsOk());
+    stream.remove_prefix(piece.size());
+  }
+  EXPECT_FALSE(decoder.mid_frame());
+  EXPECT_EQ(decoder.frames(), frames.size());
+  return frames;
+}
+
+TEST(WireFormatTest, AFrameDecoderTakesFramesHoweverTheirBytesAreCut) {
+  const std::string large(FrameReader::kBufferBytes * 2 + 5, 'L');
+  const std::vector<std::string> expected = {"release", "fetch", "", large, "after"};
+  std::string stream;
+  for (const std::string& payload : expected) stream += EncodeFrame(payload);
+  // All at once, a byte at a time, and in pieces that cut lengths and payloads anywhere.
+  for (const size_t step : {stream.size(), size_t{1}, size_t{3}, size_t{7}, size_t{4096}}) {
+    SCOPED_TRACE(step);
+    EXPECT_EQ(DecodeInSteps(stream, step), expected);
+  }
+}
+
+TEST(WireFormatTest, AFrameDecoderSaysWhenAFrameHasBegunAndStopsWhereItIsTold) {
+  FrameDecoder decoder;
+  const std::string first = EncodeFrame(std::string("first"));
+  const std::string second = EncodeFrame(std::string("second"));
+  int handed = 0;
+  const auto count = [&](absl::string_view) {
+    ++handed;
+    return true;
+  };
+  ASSERT_THAT(decoder.Feed(first.substr(0, 2), count), IsOk());  // half a length
+  EXPECT_TRUE(decoder.mid_frame());
+  ASSERT_THAT(decoder.Feed(first.substr(2), count), IsOk());
+  EXPECT_FALSE(decoder.mid_frame());
+  EXPECT_EQ(handed, 1);
+  // A handler that says stop gets no more frames from those bytes.
+  FrameDecoder stopping;
+  int taken = 0;
+  ASSERT_THAT(stopping.Feed(first + second,
+                            [&](absl::string_view) {
+                              ++taken;
+                              return false;
+                            }),
+              IsOk());
+  EXPECT_EQ(taken, 1);
+}
+
+TEST(WireFormatTest, AFrameDecoderRefusesALengthOverTheLimitBeforeItsPayload) {
+  const uint32_t over = SocketFormat().max_frame_bytes() + 1;
+  char length[4];
+  for (int i = 0; i < 4; ++i) length[i] = static_cast<char>(over >> (8 * i));
+  const auto never = [](absl::string_view) {
+    ADD_FAILURE() << "a frame was handed on";
+    return true;
+  };
+  FrameDecoder whole;
+  EXPECT_THAT(whole.Feed(absl::string_view(length, 4), never),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  // Its length cut in two: refused once the length is whole, holding nothing but the length.
+  FrameDecoder cut;
+  ASSERT_THAT(cut.Feed(absl::string_view(length, 1), never), IsOk());
+  EXPECT_THAT(cut.Feed(absl::string_view(length + 1, 3), never),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(WireFormatTest, ACudaSlabHandleIsPrefixSizeThenIpcHandle) {
