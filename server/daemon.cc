@@ -33,6 +33,7 @@ namespace {
 
 // A session's thread polls no longer than this: past it a sleep's wake-up costs little beside it.
 constexpr absl::Duration kMaxSessionBusyPoll = absl::Milliseconds(10);
+constexpr int kMaxSessionThreads = 64;
 
 absl::Status ValidateOptions(const DaemonOptions& options) {
   if (options.state_dir.empty()) return absl::InvalidArgumentError("--state-dir is empty");
@@ -50,6 +51,10 @@ absl::Status ValidateOptions(const DaemonOptions& options) {
   }
   if (options.session_max_requests == 0) {
     return absl::InvalidArgumentError("--session-max-requests must be greater than 0");
+  }
+  if (options.session_threads < 0 || options.session_threads > kMaxSessionThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--session-threads must be from 0 (the default) to ", kMaxSessionThreads));
   }
   if (options.session_busy_poll > kMaxSessionBusyPoll) {
     return absl::InvalidArgumentError(absl::StrCat("--session-busy-poll-us must be at most ",
@@ -99,7 +104,6 @@ SessionOptions SessionOptionsFor(const Device& device, const DaemonOptions& opti
   SessionOptions session;
   session.limits = options.session_limits;
   session.max_requests_in_flight = options.session_max_requests;
-  session.busy_poll = options.session_busy_poll;
   session.device = device.Describe();
   session.backend = device.backend();
   session.device_ordinal = device.ordinal();
@@ -179,8 +183,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& requ
     ASSIGN_OR_RETURN(
         daemon->session_server_,
         SessionSocketServer::Start(options.session_socket_path, group, *daemon->gpu_tier_, session,
-                                   daemon->unread_answers_));
-    TIERD_LOG(INFO) << "serving sessions on " << options.session_socket_path;
+                                   daemon->SessionSocketServing(), daemon->unread_answers_));
+    const SessionSocketOptions serving = daemon->SessionSocketServing();
+    TIERD_LOG(INFO) << "serving sessions on " << options.session_socket_path << " with "
+                    << serving.threads << " thread(s)"
+                    << (serving.busy_poll > absl::ZeroDuration()
+                            ? absl::StrCat(", polling ", absl::FormatDuration(serving.busy_poll),
+                                           " after serving")
+                            : "");
   }
   RETURN_IF_ERROR(daemon->StartClientGroupSockets(session));
   daemon->service_->Attach(daemon->storage_->catalog(), daemon->storage_->host_cache(),
@@ -356,12 +366,21 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   return absl::OkStatus();
 }
 
+SessionSocketOptions Daemon::SessionSocketServing() const {
+  SessionSocketOptions serving;
+  serving.threads =
+      options_.session_threads > 0 ? options_.session_threads : DefaultSessionThreads();
+  serving.busy_poll = options_.session_busy_poll;
+  return serving;
+}
+
 absl::Status Daemon::StartClientGroupSockets(SessionOptions session) {
   session.host_lender = nullptr;  // a group's clients are not the node's daemons
   for (ClientGroup& group : client_groups_) {
     const std::string path = ClientGroupSocketPathFor(options_.socket_path, group.options.name);
-    ASSIGN_OR_RETURN(group.sessions, SessionSocketServer::Start(path, group.gid, *group.tier,
-                                                                session, unread_answers_));
+    ASSIGN_OR_RETURN(group.sessions,
+                     SessionSocketServer::Start(path, group.gid, *group.tier, session,
+                                                SessionSocketServing(), unread_answers_));
     TIERD_LOG(INFO) << "client group " << group.options.name << ": sessions on " << path
                     << " (group " << group.options.unix_group << ", mode 0660)";
   }

@@ -81,6 +81,8 @@ class Daemon {
   // The default group's and every client group's GPU tier; adopts the durable objects.
   absl::Status StartGpuTiers(std::vector<DurableRecord> durable_objects);
   // The client groups' session sockets.
+  // How each session socket is served: --session-threads and --session-busy-poll-us.
+  SessionSocketOptions SessionSocketServing() const;
   absl::Status StartClientGroupSockets(SessionOptions session);
   std::vector<NamedGpuTier> ClientGroupTiers() const;
   absl::Status StartMetrics();

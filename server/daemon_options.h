@@ -43,7 +43,11 @@ struct DaemonOptions {
       2ull << 30;               // --gpu-slab-bytes: the pool is allocated in slabs this big
   ClientLimits session_limits;  // --session-max-leases, --session-max-staging-bytes
   uint32_t session_max_requests = 1024;  // --session-max-requests: unanswered, per session
-  // --session-busy-poll-us: how long a session socket's thread polls before it sleeps.
+  // --session-threads: threads serving the session socket's connections (each socket's: a client
+  // group's has as many); 0: DefaultSessionThreads() (server/session_socket_server.h).
+  int session_threads = 0;
+  // --session-busy-poll-us: how long a session socket's thread that has just served something
+  // polls for more before it sleeps.
   absl::Duration session_busy_poll = absl::ZeroDuration();
   uint32_t max_sessions = 1024;          // --max-sessions: open at once
   // --max-events: interprocess events the daemon may create, below the device's per-process limit

@@ -46,9 +46,6 @@ struct SessionOptions {
   // (FetchRequest.host_lease); null where sessions may not have them (a client group's, or a
   // daemon without peers): they are refused with PERMISSION_DENIED. Must outlive the sessions.
   HostLender* host_lender = nullptr;
-  // On the session socket, how long a session's thread polls for the next request without
-  // sleeping before it blocks (FrameReader in wire/session_socket.h).
-  absl::Duration busy_poll = absl::ZeroDuration();
 };
 
 // Checks an object key from a request: non-empty, at most `max_key_bytes`, "NAMESPACE/NAME".

@@ -47,9 +47,12 @@ ABSL_FLAG(tierd::ByteSize, gpu_slab_bytes, tierd::ByteSize{2ull << 30},
 ABSL_FLAG(uint32_t, session_max_leases, 4096, "Leases one session may hold at once");
 ABSL_FLAG(uint32_t, session_max_requests, 1024,
           "Requests one session may have sent and not had answered; one more is refused");
+ABSL_FLAG(int, session_threads, 0,
+          "Threads serving the session socket's connections, each any number of them; 0: a "
+          "quarter of the CPUs, from 1 to 4");
 ABSL_FLAG(uint32_t, session_busy_poll_us, 0,
-          "Microseconds a session's thread polls the session socket for the next request before "
-          "it sleeps; at most 10000");
+          "Microseconds a session socket's thread that has just served something polls for more "
+          "before it sleeps; at most 10000");
 ABSL_FLAG(uint32_t, max_sessions, 1024, "Sessions open at once; one more is refused");
 ABSL_FLAG(uint32_t, max_events, 2048,
           "Interprocess events the daemon may create (copies in flight, sessions' done events); "
@@ -173,6 +176,7 @@ int Run() {
   options.gpu_slab_bytes = absl::GetFlag(FLAGS_gpu_slab_bytes).bytes;
   options.session_limits.max_leases = absl::GetFlag(FLAGS_session_max_leases);
   options.session_max_requests = absl::GetFlag(FLAGS_session_max_requests);
+  options.session_threads = absl::GetFlag(FLAGS_session_threads);
   options.session_busy_poll = absl::Microseconds(absl::GetFlag(FLAGS_session_busy_poll_us));
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.max_events = absl::GetFlag(FLAGS_max_events);

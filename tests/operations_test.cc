@@ -160,6 +160,8 @@ TEST_F(OperationsTest, BadConfigFilesAreRefusedNamingFileLineAndKey) {
   } refused_values[] = {
       {"gpu-pool-bytes = 0\n", "gpu-pool-bytes must be greater than 0"},
       {"session-busy-poll-us = 10001\n", "session-busy-poll-us must be at most 10000"},
+      {"session-threads = 65\n", "session-threads must be from 0 (the default) to 64"},
+      {"session-threads = -1\n", "session-threads must be from 0 (the default) to 64"},
   };
   for (const auto& value : refused_values) {
     const std::string config = WriteFile("refused.conf", value.content);

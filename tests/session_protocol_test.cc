@@ -156,7 +156,8 @@ class SessionProtocolTest : public ::testing::Test {
   // Serves sessions on a session socket in this process; returns its path.
   std::string StartServer() {
     const std::string path = absl::StrCat(dir_.path(), "/gpu0.session.sock");
-    auto server = SessionSocketServer::Start(path, std::nullopt, *tier_, options_, budget_);
+    auto server =
+        SessionSocketServer::Start(path, std::nullopt, *tier_, options_, serving_, budget_);
     EXPECT_THAT(server, IsOk());
     if (server.ok()) server_ = *std::move(server);
     return path;
@@ -223,6 +224,7 @@ class SessionProtocolTest : public ::testing::Test {
   std::unique_ptr<HostCache> host_cache_;
   std::unique_ptr<GpuTier> tier_;
   SessionOptions options_;
+  SessionSocketOptions serving_;                            // StartServer's
   absl::Duration client_busy_poll_ = absl::ZeroDuration();  // OpenSessionCore's
   UnreadAnswerBudget budget_{64 << 20};
   std::unique_ptr<SessionSocketServer> server_;
@@ -436,7 +438,7 @@ TEST_F(SessionProtocolTest, CallsFromManyThreadsAtOnceEachGetTheirOwnAnswer) {
 }
 
 TEST_F(SessionProtocolTest, BusyPollingOnBothEndsAnswersEveryCallAndEndsAsBefore) {
-  options_.busy_poll = absl::Microseconds(500);
+  serving_.busy_poll = absl::Microseconds(500);
   client_busy_poll_ = absl::Microseconds(500);
   const std::string path = StartServer();
   ASSERT_NE(server_, nullptr);

@@ -14,6 +14,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -158,6 +159,65 @@ TEST_F(SessionSocketLimitsTest, AFrameLeftUnfinishedIsClosedAfterTheFrameTimeout
   v1::SessionResponse answer;
   ASSERT_TRUE(answer.ParseFromString(payload));
   EXPECT_EQ(answer.request_id(), 3u);
+}
+
+TEST_F(SessionSocketLimitsTest, OneThreadServesEverySessionWhileOthersStallOrDoNotRead) {
+  StartDaemon({"--session-threads=1"});
+  EXPECT_THAT(Log(), HasSubstr("with 1 thread(s)"));
+  // On the one thread: a connection that sent half its greeting, one that sent half a frame, and
+  // one that sends requests and does not read the answers, which are more than its socket holds.
+  const int half_greeting = ConnectUnix(session_socket_path());
+  fds_.push_back(half_greeting);
+  const absl::Time start = absl::Now();
+  ASSERT_THAT(SendAll(half_greeting, SessionSocketHello().substr(0, 3)), IsOk());
+  const int in_frame = OpenSession();
+  ASSERT_THAT(SendAll(in_frame, EncodeFrame(testing::PrefetchRequestFor(2, "m/x")).substr(0, 6)),
+              IsOk());
+  constexpr int kUnread = 2000;  // about 600 KB of answers
+  const int not_reading = OpenSession();
+  ASSERT_THAT(SendAll(not_reading, MalformedFetches(kUnread, 10)), IsOk());
+
+  // Meanwhile sessions side by side are answered, each in order.
+  constexpr int kSessions = 4;
+  constexpr int kCalls = 50;
+  std::vector<int> sessions;
+  for (int i = 0; i < kSessions; ++i) sessions.push_back(OpenSession());
+  std::vector<std::thread> callers;
+  for (const int fd : sessions) {
+    callers.emplace_back([fd] {
+      for (int call = 0; call < kCalls; ++call) {
+        const uint64_t id = 100 + call;
+        ASSERT_THAT(SendAll(fd, EncodeFrame(testing::PrefetchRequestFor(id, "m/nothing"))), IsOk());
+        std::string payload;
+        ASSERT_THAT(ReadFrame(fd, payload), IsOk());
+        v1::SessionResponse answer;
+        ASSERT_TRUE(answer.ParseFromString(payload));
+        EXPECT_EQ(answer.request_id(), id);
+      }
+    });
+  }
+  for (std::thread& caller : callers) caller.join();
+  EXPECT_LT(absl::Now() - start, SessionSocketServer::kGreetingTimeout)
+      << "the sessions waited for the stalled connections";
+  EXPECT_FALSE(ClosedByDaemon(half_greeting)) << "closed before the greeting timeout";
+
+  // The client that did not read gets every answer, in order, once it reads.
+  for (int i = 0; i < kUnread; ++i) {
+    std::string payload;
+    ASSERT_THAT(ReadFrame(not_reading, payload), IsOk());
+    v1::SessionResponse answer;
+    ASSERT_TRUE(answer.ParseFromString(payload));
+    ASSERT_EQ(answer.request_id(), 10u + i);
+    EXPECT_EQ(answer.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  }
+  // The stalled ones are closed once their time is up.
+  while (absl::Now() - start < SessionSocketServer::kFrameTimeout + absl::Seconds(10) &&
+         !(ClosedByDaemon(half_greeting) && ClosedByDaemon(in_frame))) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(ClosedByDaemon(half_greeting)) << "a greeting left unfinished was not cut off";
+  EXPECT_TRUE(ClosedByDaemon(in_frame)) << "a frame left unfinished was not cut off";
+  EXPECT_GE(absl::Now() - start, SessionSocketServer::kGreetingTimeout);
 }
 
 TEST_F(SessionSocketLimitsTest, ClientsThatDoNotReadAreCutOnceTheirAnswersPassTheDaemonsBudget) {
