@@ -263,16 +263,23 @@ void SessionSocketWorker::Loop() {
 }
 
 void SessionSocketWorker::OnEvents(const std::shared_ptr<Connection>& connection, uint32_t events) {
-  if ((events & EPOLLOUT) != 0) {
+  bool closed;
+  {
     absl::MutexLock lock(&connection->mu);
-    connection->FlushLocked();
+    if ((events & EPOLLOUT) != 0) connection->FlushLocked();
+    closed = connection->closed;
+  }
+  if (closed) {
+    // Cut, or every answer sent after a half-close: nothing more is read, let alone handled.
+    End(connection);
+    return;
   }
   if (!connection->half_closed && (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0 &&
       !ReadRequests(connection)) {
     End(connection);
     return;
   }
-  // A hang-up: the client closed its end altogether (or the connection broke, or was cut). What
+  // A hang-up: the client closed its end altogether (or the connection broke). What
   // it sent before was read above, down to the end of the stream; nobody reads the answers.
   if ((events & (EPOLLHUP | EPOLLERR)) != 0 && connection->half_closed) End(connection);
 }

@@ -46,9 +46,10 @@ class SessionSocketWorker {
     absl::Duration frame_timeout;
   };
 
-  // Starts the worker's thread. `on_connection_end` is called, on that thread and with no lock
-  // held, once for each connection after its session has ended and its socket is closed. `tier`
-  // and `unread_answers` must outlive the worker.
+  // Starts the worker's thread. `on_connection_end` is called with no lock held, once for each
+  // connection after its session has ended and its socket is closed: on the worker's thread, or
+  // on Add()'s for a connection added after Stop(). `tier` and `unread_answers` must outlive the
+  // worker.
   static absl::StatusOr<std::unique_ptr<SessionSocketWorker>> Start(
       GpuTier& tier, SessionOptions options, absl::Duration busy_poll, Limits limits,
       UnreadAnswerBudget& unread_answers, std::function<void()> on_connection_end);
