@@ -180,11 +180,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& requ
   // The default group's sessions only: the node's daemons ask each other on the main sockets.
   session.host_lender = daemon->host_lender_.get();
   if (!options.session_socket_path.empty()) {
+    const SessionSocketOptions serving = daemon->SessionSocketServing();
     ASSIGN_OR_RETURN(
         daemon->session_server_,
         SessionSocketServer::Start(options.session_socket_path, group, *daemon->gpu_tier_, session,
-                                   daemon->SessionSocketServing(), daemon->unread_answers_));
-    const SessionSocketOptions serving = daemon->SessionSocketServing();
+                                   serving, daemon->unread_answers_));
     TIERD_LOG(INFO) << "serving sessions on " << options.session_socket_path << " with "
                     << serving.threads << " thread(s)"
                     << (serving.busy_poll > absl::ZeroDuration()

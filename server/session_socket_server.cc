@@ -1,6 +1,5 @@
 #include "server/session_socket_server.h"
 
-#include <sched.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -12,17 +11,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/machine.h"
 #include "common/posix_error.h"
 #include "server/unix_socket.h"
 
 namespace tierd {
 
-int DefaultSessionThreads() {
-  cpu_set_t cpus;
-  int count = 1;
-  if (::sched_getaffinity(0, sizeof(cpus), &cpus) == 0) count = CPU_COUNT(&cpus);
-  return std::clamp(count / 4, 1, 4);
-}
+int DefaultSessionThreads() { return std::clamp(UsableCpus() / 4, 1, 4); }
 
 absl::StatusOr<std::unique_ptr<SessionSocketServer>> SessionSocketServer::Start(
     const std::string& path, std::optional<gid_t> group, GpuTier& tier, SessionOptions options,
