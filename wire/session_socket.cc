@@ -53,6 +53,17 @@ std::string EncodeFrame(const google::protobuf::MessageLite& message) {
   return frame;
 }
 
+absl::StatusOr<uint32_t> DecodeFrameLength(const char* header) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(header);
+  const uint32_t length =
+      bytes[0] | (bytes[1] << 8) | (bytes[2] << 16) | (static_cast<uint32_t>(bytes[3]) << 24);
+  if (length > MaxSessionFrameBytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a session message of ", length, " bytes; the limit is ", MaxSessionFrameBytes()));
+  }
+  return length;
+}
+
 absl::Status SendAll(int fd, absl::string_view data) {
   while (!data.empty()) {
     const ssize_t sent = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
@@ -121,12 +132,7 @@ template <typename ReadRest>
 absl::Status ReadFrameRest(unsigned char (&header)[4], size_t first, std::string& payload,
                            ReadRest read_rest) {
   RETURN_IF_ERROR(read_rest(reinterpret_cast<char*>(header) + first, 4 - first));
-  const uint32_t length =
-      header[0] | (header[1] << 8) | (header[2] << 16) | (static_cast<uint32_t>(header[3]) << 24);
-  if (length > MaxSessionFrameBytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a session message of ", length, " bytes; the limit is ", MaxSessionFrameBytes()));
-  }
+  ASSIGN_OR_RETURN(const uint32_t length, DecodeFrameLength(reinterpret_cast<char*>(header)));
   // Grown as the bytes arrive: a length alone does not get its memory.
   constexpr uint32_t kStep = 1u << 20;
   payload.clear();
@@ -201,13 +207,7 @@ absl::Status FrameReader::Next(std::string& payload, absl::Duration rest_within)
   const absl::Time deadline =
       rest_within == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + rest_within;
   RETURN_IF_ERROR(Fill(4, deadline));
-  const auto* header = reinterpret_cast<const unsigned char*>(buffer_.data() + begin_);
-  const uint32_t length =
-      header[0] | (header[1] << 8) | (header[2] << 16) | (static_cast<uint32_t>(header[3]) << 24);
-  if (length > MaxSessionFrameBytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a session message of ", length, " bytes; the limit is ", MaxSessionFrameBytes()));
-  }
+  ASSIGN_OR_RETURN(const uint32_t length, DecodeFrameLength(buffer_.data() + begin_));
   begin_ += 4;
   if (length <= buffer_.size()) {
     RETURN_IF_ERROR(Fill(length, deadline));

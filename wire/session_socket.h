@@ -37,6 +37,10 @@ std::string EncodeFrame(absl::string_view payload);
 // `message` serialized with its length in front, in one buffer (the data path's encoding).
 std::string EncodeFrame(const google::protobuf::MessageLite& message);
 
+// The payload length a frame begins with, from its first 4 bytes at `header`. INVALID_ARGUMENT
+// for a length over MaxSessionFrameBytes().
+absl::StatusOr<uint32_t> DecodeFrameLength(const char* header);
+
 // Sends all of `data` (blocking), without SIGPIPE. Errors: UNAVAILABLE when the peer is gone,
 // other POSIX errors as Status.
 absl::Status SendAll(int fd, absl::string_view data);
