@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -24,16 +25,45 @@ constexpr uint64_t kCopyChunkBytes = uint64_t{64} << 20;
 
 constexpr char kStdio[] = "-";
 
-// A file written as PATH.tmp and renamed to PATH on Commit; dropped without Commit, the temporary
-// file is removed. "-" stands for stdout, written directly.
+// Where `get` writes. A regular file (or a path where nothing is yet) is written as a temporary
+// file beside it and renamed over it on Commit, so it appears only whole; dropped without Commit,
+// the temporary is removed. Anything else that exists already — a character device such as
+// /dev/null, a FIFO, a terminal — is written in place: renaming a file over it would replace the
+// device node itself (as root, /dev/null for the whole machine). "-" stands for stdout.
 class OutputFile {
  public:
   static absl::StatusOr<std::unique_ptr<OutputFile>> Open(const std::string& path) {
-    if (path == kStdio) return std::unique_ptr<OutputFile>(new OutputFile(path, "", -1));
-    std::string temp_path = absl::StrCat(path, ".tmp");
-    const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0) return PosixError(absl::StrCat("creating ", temp_path), errno);
-    return std::unique_ptr<OutputFile>(new OutputFile(path, std::move(temp_path), fd));
+    if (path == kStdio) return std::unique_ptr<OutputFile>(new OutputFile("stdout", "", "", -1));
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode)) {
+        return absl::FailedPreconditionError(absl::StrCat(path, " is a directory"));
+      }
+      if (!S_ISREG(st.st_mode)) {
+        // Not truncated, not replaced: a device or a FIFO takes the bytes as they come.
+        const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
+        if (fd < 0) return PosixError(absl::StrCat("opening ", path), errno);
+        return std::unique_ptr<OutputFile>(new OutputFile(path, "", "", fd));
+      }
+    } else if (errno != ENOENT) {
+      return PosixError(absl::StrCat("stat ", path), errno);
+    }
+    // Renamed over the file a link names, not over the link.
+    std::string target = path;
+    if (char* resolved = ::realpath(path.c_str(), nullptr); resolved != nullptr) {
+      target = resolved;
+      std::free(resolved);
+    }
+    // A name of its own (never a file of the user's that happens to be called PATH.tmp).
+    std::string temp_path = absl::StrCat(target, ".tierctl-XXXXXX");
+    const int fd = ::mkostemp(temp_path.data(), O_CLOEXEC);
+    if (fd < 0) return PosixError(absl::StrCat("creating a temporary file beside ", path), errno);
+    // mkostemp makes it 0600; the file gets the mode a plain create would give it.
+    const mode_t umask = ::umask(0);
+    ::umask(umask);
+    ::fchmod(fd, 0666 & ~umask);
+    return std::unique_ptr<OutputFile>(
+        new OutputFile(path, std::move(target), std::move(temp_path), fd));
   }
 
   ~OutputFile() {
@@ -43,28 +73,33 @@ class OutputFile {
   OutputFile& operator=(const OutputFile&) = delete;
 
   absl::Status Write(const void* data, size_t bytes) {
-    return WriteAll(temp_path_.empty() ? STDOUT_FILENO : fd_.get(),
+    return WriteAll(fd_.get() < 0 ? STDOUT_FILENO : fd_.get(),
                     absl::string_view(static_cast<const char*>(data), bytes),
-                    temp_path_.empty() ? "stdout" : temp_path_);
+                    temp_path_.empty() ? path_ : temp_path_);
   }
 
   absl::Status Commit() {
-    if (temp_path_.empty()) return absl::OkStatus();
-    RETURN_IF_ERROR(fd_.Close(temp_path_));
-    if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
-      return PosixError(absl::StrCat("renaming ", temp_path_, " to ", path_), errno);
+    if (fd_.get() < 0) return absl::OkStatus();  // stdout
+    RETURN_IF_ERROR(fd_.Close(temp_path_.empty() ? path_ : temp_path_));
+    if (temp_path_.empty()) return absl::OkStatus();  // written in place
+    if (::rename(temp_path_.c_str(), target_.c_str()) != 0) {
+      return PosixError(absl::StrCat("renaming ", temp_path_, " to ", target_), errno);
     }
     committed_ = true;
     return absl::OkStatus();
   }
 
  private:
-  OutputFile(std::string path, std::string temp_path, int fd)
-      : path_(std::move(path)), temp_path_(std::move(temp_path)), fd_(fd) {}
+  OutputFile(std::string path, std::string target, std::string temp_path, int fd)
+      : path_(std::move(path)),
+        target_(std::move(target)),
+        temp_path_(std::move(temp_path)),
+        fd_(fd) {}
 
-  const std::string path_;
-  const std::string temp_path_;  // empty for stdout
-  ScopedFd fd_;                  // of temp_path_
+  const std::string path_;       // as the user gave it
+  const std::string target_;     // the regular file renamed over; empty when written in place
+  const std::string temp_path_;  // empty when written in place
+  ScopedFd fd_;                  // of temp_path_, or of path_ itself; -1 for stdout
   bool committed_ = false;
 };
 
@@ -143,8 +178,7 @@ absl::StatusOr<uint64_t> PutFileAsObject(Client& client, const std::string& key,
   Device& device = session->device();
   Stream& stream = session->default_stream();
   uint64_t size = 0;
-  ASSIGN_OR_RETURN(std::unique_ptr<PinnedHostBuffer> buffer,
-                   ReadInput(device, fd, name, &size));
+  ASSIGN_OR_RETURN(std::unique_ptr<PinnedHostBuffer> buffer, ReadInput(device, fd, name, &size));
 
   StoreRequest request;
   request.key = key;

@@ -18,8 +18,9 @@ struct PutOptions {
   bool durable = false;
 };
 
-// Fetches `key` and writes its bytes to `path` ("-": stdout). A file appears under its name only
-// once complete: it is written as PATH.tmp and renamed. Returns the object's size.
+// Fetches `key` and writes its bytes to `path` ("-": stdout). A regular file appears under its
+// name only once complete: it is written as a temporary beside it and renamed. A device or FIFO
+// that exists at `path` (/dev/null) is written in place, never replaced. Returns the object's size.
 // Errors: the daemon's (NOT_FOUND, DATA_LOSS, ...) or the file system's.
 absl::StatusOr<uint64_t> GetObjectToFile(Client& client, const std::string& key,
                                          const std::string& path);

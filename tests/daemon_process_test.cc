@@ -1,15 +1,21 @@
 // tierd and tierctl as separate processes on a real Unix socket.
+#include <fcntl.h>
 #include <google/protobuf/descriptor.pb.h>
 #include <grp.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <iterator>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -214,6 +220,78 @@ TEST_F(DaemonProcessTest, GetAndPutWithoutADaemonNameTheSocket) {
     EXPECT_THAT(result->output, HasSubstr("UNAVAILABLE: ")) << command[0];
     EXPECT_THAT(result->output, HasSubstr(socket_path())) << command[0] << ": " << result->output;
   }
+}
+
+// `get -o PATH` writes a regular file through a temporary renamed over it, but writes into a
+// device or a FIFO in place: renamed over, /dev/null would become a regular file for the whole
+// machine. A file of the user's called PATH.tmp is not touched either.
+TEST_F(DaemonProcessTest, GetWritesIntoADeviceOrAFifoWithoutReplacingIt) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  const std::string payload = absl::StrCat(dir_.path(), "/payload");
+  { std::ofstream(payload) << "twelve bytes"; }
+  ASSERT_EQ(Tierctl({"put", "kv/k", payload})->exit_code, 0);
+  auto contents = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  auto files_named = [&](const std::string& prefix) {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_.path())) {
+      const std::string name = entry.path().filename();
+      if (absl::StartsWith(name, prefix)) names.push_back(name);
+    }
+    return names;
+  };
+
+  // A character device, as /dev/null is (mknod needs CAP_MKNOD; the FIFO below needs nothing).
+  const std::string device = absl::StrCat(dir_.path(), "/null");
+  if (::mknod(device.c_str(), S_IFCHR | 0666, ::makedev(1, 3)) == 0) {
+    auto got = Tierctl({"get", "kv/k", "-o", device});
+    ASSERT_THAT(got, IsOk());
+    EXPECT_EQ(got->exit_code, 0) << got->output;
+    struct stat st {};
+    ASSERT_EQ(::stat(device.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISCHR(st.st_mode)) << "the device node was replaced";
+    EXPECT_EQ(st.st_rdev, ::makedev(1, 3));
+    EXPECT_THAT(files_named("null"), ::testing::ElementsAre("null"));
+  } else {
+    std::cerr << "mknod: " << std::strerror(errno) << "; only the FIFO is checked\n";
+  }
+
+  // Its read end is opened here first (without blocking), so that tierctl's open for writing
+  // finds a reader and the bytes wait in the pipe.
+  const std::string fifo = absl::StrCat(dir_.path(), "/fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const int read_end = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(read_end, 0);
+  auto got = Tierctl({"get", "kv/k", "-o", fifo});
+  ASSERT_THAT(got, IsOk());
+  EXPECT_EQ(got->exit_code, 0) << got->output;
+  char read_back[64] = {};
+  const ssize_t read = ::read(read_end, read_back, sizeof(read_back));
+  ::close(read_end);
+  EXPECT_EQ(std::string(read_back, std::max<ssize_t>(read, 0)), "twelve bytes");
+  struct stat st {};
+  ASSERT_EQ(::stat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode)) << "the FIFO was replaced";
+  EXPECT_THAT(files_named("fifo"), ::testing::ElementsAre("fifo"));
+
+  // A regular file: replaced whole, and a file that merely has the temporary's old name stays.
+  const std::string out = absl::StrCat(dir_.path(), "/out");
+  { std::ofstream(out + ".tmp") << "mine"; }
+  { std::ofstream(out) << "old contents, longer than the object"; }
+  got = Tierctl({"get", "kv/k", "-o", out});
+  ASSERT_THAT(got, IsOk());
+  EXPECT_EQ(got->exit_code, 0) << got->output;
+  EXPECT_EQ(contents(out), "twelve bytes");
+  EXPECT_EQ(contents(out + ".tmp"), "mine");
+  EXPECT_THAT(files_named("out"), ::testing::UnorderedElementsAre("out", "out.tmp"));
+
+  // A directory is refused, naming it.
+  got = Tierctl({"get", "kv/k", "-o", dir_.path()});
+  ASSERT_THAT(got, IsOk());
+  EXPECT_EQ(got->exit_code, 1);
 }
 
 TEST_F(DaemonProcessTest, SecondDaemonOnTheSameSocketIsRefused) {
