@@ -1,7 +1,8 @@
 #include "common/config_file.h"
 
+#include <fcntl.h>
+
 #include <cerrno>
-#include <fstream>
 #include <map>
 #include <utility>
 #include <vector>
@@ -13,12 +14,19 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/command_line.h"
+#include "common/fd_io.h"
 #include "common/posix_error.h"
+#include "common/status_macros.h"
 
 namespace tierd {
 namespace {
+
+// Far more than any real configuration; what a path like /dev/zero is cut off at.
+constexpr size_t kMaxConfigFileBytes = 1 << 20;
+constexpr size_t kMaxConfigLineBytes = 4096;
 
 struct Setting {
   int line = 0;
@@ -52,15 +60,29 @@ absl::StatusOr<std::string> ParseValue(absl::string_view text) {
 
 absl::Status ApplyConfigFile(const std::string& path, absl::string_view flags_file,
                              absl::string_view config_flag) {
-  std::ifstream in(path);
-  if (!in) return PosixError(absl::StrCat("opening --", config_flag, " file ", path), errno);
+  // Read whole, bounded: a path such as /dev/zero must not make the daemon grow without end.
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    return PosixError(absl::StrCat("opening --", config_flag, " file ", path), errno);
+  }
+  std::string contents(kMaxConfigFileBytes + 1, '\0');
+  ASSIGN_OR_RETURN(const size_t got, ReadUpTo(fd.get(), contents.data(), contents.size(), path));
+  if (got > kMaxConfigFileBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": a configuration file is at most ", kMaxConfigFileBytes, " bytes"));
+  }
+  contents.resize(got);
   std::vector<Setting> settings;
   std::map<std::string, int> first_line;  // flag name -> line
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
+  int number = 0;
+  for (absl::string_view line : absl::StrSplit(contents, '\n')) {
+    ++number;
     const auto error = [&](absl::string_view message) {
       return absl::InvalidArgumentError(absl::StrCat(path, ":", number, ": ", message));
     };
+    if (line.size() > kMaxConfigLineBytes) {
+      return error(absl::StrCat("the line is longer than ", kMaxConfigLineBytes, " bytes"));
+    }
     absl::string_view text = absl::StripAsciiWhitespace(line);
     if (text.empty() || text[0] == '#') continue;
     const size_t equals = text.find('=');
@@ -84,7 +106,6 @@ absl::Status ApplyConfigFile(const std::string& path, absl::string_view flags_fi
     }
     settings.push_back(std::move(setting));
   }
-  if (in.bad()) return PosixError(absl::StrCat("reading ", path), errno);
   // Every value is checked before any is set, so a bad file changes nothing.
   std::vector<FlagSetting> flag_settings;
   for (const Setting& setting : settings) {

@@ -24,8 +24,9 @@ namespace tierd {
 // Sets the flags named in the file at `path`. Only flags defined in the source file `flags_file`
 // (the program's own, by its __FILE__) may be set, and `config_flag` (the flag naming the file)
 // may not. Nothing is set unless the whole file is valid.
-// Errors: the file's open/read errors; INVALID_ARGUMENT "PATH:LINE: ..." naming the bad key for an
-// unknown or repeated key, a line that is not `KEY = VALUE`, or a value the flag does not take.
+// Errors: the file's open/read errors; INVALID_ARGUMENT for a file over 1 MiB (read no further:
+// --config=/dev/zero costs nothing), and "PATH:LINE: ..." naming the bad key for an unknown or
+// repeated key, a line over 4 KiB or that is not `KEY = VALUE`, or a value the flag does not take.
 absl::Status ApplyConfigFile(const std::string& path, absl::string_view flags_file,
                              absl::string_view config_flag);
 

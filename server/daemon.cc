@@ -1,5 +1,6 @@
 #include "server/daemon.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -20,12 +21,13 @@
 #include "common/log.h"
 #include "common/posix_error.h"
 #include "common/status_macros.h"
+#include "gpu/staging_pool.h"
 #include "grpc/health/v1/health.pb.h"
 #include "server/metrics_text.h"
 #include "server/resource_limits.h"
-#include "storage/reader_sizing.h"
 #include "server/stats.h"
 #include "server/unix_socket.h"
+#include "storage/reader_sizing.h"
 #include "wire/session_socket.h"
 
 namespace tierd {
@@ -35,6 +37,12 @@ namespace {
 constexpr absl::Duration kMaxSessionBusyPoll = absl::Milliseconds(10);
 constexpr int kMaxSessionThreads = 64;
 
+bool IsIpAddress(const std::string& text) {
+  in6_addr address;
+  return ::inet_pton(AF_INET, text.c_str(), &address) == 1 ||
+         ::inet_pton(AF_INET6, text.c_str(), &address) == 1;
+}
+
 absl::Status ValidateOptions(const DaemonOptions& options) {
   if (options.state_dir.empty()) return absl::InvalidArgumentError("--state-dir is empty");
   if (options.host_cache_bytes == 0) {
@@ -43,8 +51,11 @@ absl::Status ValidateOptions(const DaemonOptions& options) {
   if (options.gpu_pool_bytes == 0) {
     return absl::InvalidArgumentError("--gpu-pool-bytes must be greater than 0");
   }
-  if (options.gpu_slab_bytes == 0) {
-    return absl::InvalidArgumentError("--gpu-slab-bytes must be greater than 0");
+  if (options.gpu_slab_bytes == 0 || options.gpu_slab_bytes % kStagingAlignment != 0) {
+    // Not rounded in silence: the operator would get slabs of a size nobody asked for.
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu-slab-bytes must be a positive multiple of ", kStagingAlignment,
+                     " bytes, not ", options.gpu_slab_bytes));
   }
   if (options.session_limits.max_leases == 0) {
     return absl::InvalidArgumentError("--session-max-leases must be greater than 0");
@@ -71,6 +82,11 @@ absl::Status ValidateOptions(const DaemonOptions& options) {
   }
   if (options.session_limits.max_staging_bytes == 0) {
     return absl::InvalidArgumentError("--session-max-staging-bytes must be greater than 0");
+  }
+  if (options.metrics_port.has_value() && !IsIpAddress(options.metrics_address)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-address must be an IPv4 or IPv6 address, not \"",
+                     options.metrics_address, "\""));
   }
   if (!options.client_groups.empty() && options.session_socket_path.empty()) {
     return absl::InvalidArgumentError(
@@ -123,10 +139,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& requ
   if (options.reader.threads == 0) {
     // --reader-threads=auto: sized to the storage the models are confined to, else to the state
     // directory's (the best guess at where this node keeps its files).
-    const ReaderSizing sizing = SizeReaders(
-        options.model_roots.empty() ? std::vector<std::string>{options.state_dir}
-                                    : options.model_roots,
-        machine.cpu_cores);
+    const ReaderSizing sizing =
+        SizeReaders(options.model_roots.empty() ? std::vector<std::string>{options.state_dir}
+                                                : options.model_roots,
+                    machine.cpu_cores);
     options.reader.threads = sizing.threads;
     TIERD_LOG(INFO) << "disk reader threads (auto): " << sizing.why;
   }
@@ -290,9 +306,9 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   gpu.events = events_.get();
   gpu.done_events_per_client = options_.session_done_events;
   if (!options_.peer_sockets.empty()) {
-    PeerDaemonsOptions peers{options_.peer_sockets, options_.socket_path, options_.peer_copy,
-                             absl::StrCat("tierd peer (", device_->Describe(), ", ",
-                                          options_.socket_path, ")")};
+    PeerDaemonsOptions peers{
+        options_.peer_sockets, options_.socket_path, options_.peer_copy,
+        absl::StrCat("tierd peer (", device_->Describe(), ", ", options_.socket_path, ")")};
     peers.node_daemon = SharesHostTier(options_);
     ASSIGN_OR_RETURN(peers_, PeerDaemons::Create(*device_, std::move(peers)));
     TIERD_LOG(INFO) << "peers: " << absl::StrJoin(peers_->sockets(), ", ")
@@ -300,8 +316,8 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   }
   if (SharesHostTier(options_)) {
     // Every tier's model objects come through the node's host tier; stored objects stay local.
-    host_lender_ =
-        std::make_unique<HostLender>(storage_->catalog(), storage_->host_cache(), storage_->arena());
+    host_lender_ = std::make_unique<HostLender>(storage_->catalog(), storage_->host_cache(),
+                                                storage_->arena());
     local_host_ = std::make_unique<LocalHostSource>(storage_->host_cache(), storage_->arena());
     NodeHostTierOptions node;
     node.home_timeout = options_.node_home_timeout;

@@ -122,6 +122,13 @@ TEST_F(OperationsTest, ConfigFileSetsFlagsAndTheCommandLineWins) {
   EXPECT_THAT(daemon->Wait(kTimeout), IsOkAndHolds(0));
 }
 
+// The address space a daemon reading a configuration it must refuse gets, should it read on.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr uint64_t kConfigAddressSpace = 0;  // their shadow memory is terabytes of address space
+#else
+constexpr uint64_t kConfigAddressSpace = 1ull << 30;
+#endif
+
 TEST_F(OperationsTest, BadConfigFilesAreRefusedNamingFileLineAndKey) {
   struct Case {
     std::string content;
@@ -149,6 +156,30 @@ TEST_F(OperationsTest, BadConfigFilesAreRefusedNamingFileLineAndKey) {
     EXPECT_EQ(result->exit_code, 2) << bad.content;
     EXPECT_THAT(result->output, HasSubstr(bad.message)) << bad.content;
   }
+  // Files that never end, or lines that do not, are refused without reading them whole: a config
+  // of /dev/zero once grew the daemon until an address-space limit stopped it at 1 GB.
+  const std::string long_line =
+      WriteFile("long.conf", absl::StrCat("v = ", std::string(8192, '1'), "\n"));
+  const std::string big = WriteFile("big.conf", [] {
+    std::string lines;
+    while (lines.size() <= (1u << 20)) lines += "# a comment line of a very long file\n";
+    return lines;
+  }());
+  const struct {
+    std::string path;
+    const char* message;
+  } unbounded[] = {
+      {"/dev/zero", "a configuration file is at most 1048576 bytes"},
+      {big, "a configuration file is at most 1048576 bytes"},
+      {long_line, "long.conf:1: the line is longer than 4096 bytes"},
+  };
+  for (const auto& file : unbounded) {
+    auto result = testing::RunProgramWithStderr(TierdArgs({absl::StrCat("--config=", file.path)}),
+                                                kTimeout, kConfigAddressSpace);
+    ASSERT_THAT(result, IsOk());
+    EXPECT_EQ(result->exit_code, 2) << file.path << ": " << result->output;
+    EXPECT_THAT(result->output, HasSubstr(file.message)) << file.path;
+  }
   auto missing =
       RunProgram(TierdArgs({absl::StrCat("--config=", dir_.path(), "/absent.conf")}), kTimeout);
   ASSERT_THAT(missing, IsOk());
@@ -162,6 +193,10 @@ TEST_F(OperationsTest, BadConfigFilesAreRefusedNamingFileLineAndKey) {
       {"session-busy-poll-us = 10001\n", "session-busy-poll-us must be at most 10000"},
       {"session-threads = 65\n", "session-threads must be from 0 (the default) to 64"},
       {"session-threads = -1\n", "session-threads must be from 0 (the default) to 64"},
+      // Not rounded up to 4 KiB slabs in silence.
+      {"gpu-slab-bytes = 1000\n", "gpu-slab-bytes must be a positive multiple of 4096 bytes"},
+      {"metrics-port = 9400\nmetrics-address = not-an-ip\n",
+       "metrics-address must be an IPv4 or IPv6 address, not \"not-an-ip\""},
   };
   for (const auto& value : refused_values) {
     const std::string config = WriteFile("refused.conf", value.content);
