@@ -8,7 +8,8 @@
 # Arguments after VERSION go to python/tests/run.sh (`--device cuda:0 test_client` on a GPU
 # machine). A Python that is itself a virtual environment's lends the new one the base system's
 # packages, not its own: put its site-packages on PYTHONPATH then. TIERD_WHEEL_PYTHON picks the
-# Python (/usr/bin/python3).
+# Python (/usr/bin/python3). Then installs the assembled tree with the README's own command,
+# dependencies resolved against the system's packages.
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/common.sh"
 build=$(cd "${1:?usage: test-python-package.sh BUILD_DIR VERSION [tests...]}" && pwd)
@@ -38,5 +39,14 @@ assert os.path.exists(os.path.join(package, "libtierd_host_event.so")), "no help
 print(f"tierd {tierd.__version__} installed in a fresh environment")
 PY
 ) || fail "the installed package"
+# The README's own command, dependencies resolved against what Debian installed (its torch calls
+# itself 1.13.0a0): from a copy of the assembled tree, which pip builds in place.
+cp -r "$build/python" "$work/assembled"
+"$python" -m venv --system-site-packages "$work/readme-venv"
+"$work/readme-venv/bin/python" -m pip install --quiet --no-build-isolation --no-index \
+  "$work/assembled" || fail "pip install build/python --no-build-isolation --no-index (the README's command)"
+(cd / && "$work/readme-venv/bin/python" -c "import tierd, torch; assert tierd.__version__ == '$version'") \
+  || fail "the package installed by the README's command"
+echo "the README's pip install works offline with Debian's packages"
 TIERD_PYTHON=$work/venv/bin/python bash "$here/../../python/tests/run.sh" --root "$build" \
   --installed "${@:-test_client}"
