@@ -151,6 +151,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& requ
   std::optional<gid_t> group;
   if (!options.socket_group.empty()) {
     ASSIGN_OR_RETURN(group, LookupSocketGroup(options.socket_group));
+    RETURN_IF_ERROR(CheckMayGiveGroup(*group, options.socket_group, "--socket-group"));
   }
   std::vector<gid_t> client_group_ids;
   for (const ClientGroupOptions& client_group : options.client_groups) {
@@ -160,6 +161,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& requ
                                                      ": no Unix group '", client_group.unix_group,
                                                      "'"));
     }
+    RETURN_IF_ERROR(CheckMayGiveGroup(*gid, client_group.unix_group,
+                                      absl::StrCat("--client-groups: ", client_group.name)));
     client_group_ids.push_back(*gid);
     RETURN_IF_ERROR(
         PrepareSocketPath(ClientGroupSocketPathFor(options.socket_path, client_group.name)));

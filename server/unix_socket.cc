@@ -1,11 +1,13 @@
 #include "server/unix_socket.h"
 
 #include <grp.h>
+#include <pwd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -76,6 +78,28 @@ absl::StatusOr<gid_t> LookupSocketGroup(const std::string& name) {
         absl::StrCat("--socket-group: there is no group \"", name, "\""));
   }
   return found->gr_gid;
+}
+
+absl::Status CheckMayGiveGroup(gid_t gid, const std::string& name, const std::string& flag) {
+  if (::geteuid() == 0 || ::getegid() == gid) return absl::OkStatus();
+  const int count = ::getgroups(0, nullptr);
+  std::vector<gid_t> groups(count > 0 ? count : 0);
+  if (count > 0 && ::getgroups(count, groups.data()) == count &&
+      std::find(groups.begin(), groups.end(), gid) != groups.end()) {
+    return absl::OkStatus();
+  }
+  std::string user = absl::StrCat("uid ", ::geteuid());
+  struct passwd entry;
+  struct passwd* found = nullptr;
+  std::vector<char> buffer(16384);
+  if (::getpwuid_r(::geteuid(), &entry, buffer.data(), buffer.size(), &found) == 0 &&
+      found != nullptr) {
+    user = found->pw_name;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, ": tierd runs as ", user, ", which is not a member of Unix group '", name,
+                   "', so it cannot give the group its socket; add it (usermod -aG ", name, " ",
+                   user, ") and start tierd again"));
 }
 
 absl::Status SetSocketAccess(const std::string& path, std::optional<gid_t> group) {

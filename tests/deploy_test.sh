@@ -15,6 +15,10 @@
 #      both answer `tierctl health` and tierd-health, SIGTERM stops both and tierd-node exits 0
 #      within 20 s; SIGKILL of one daemon makes tierd-node stop the other and exit non-zero;
 #   e. tierd starts with deploy/tierd.conf and with the ConfigMap's tierd.conf as --config;
+#   g. (as root) the run directory, with the mode the unit and the DaemonSet give /run/tierd, lets a
+#      member of only a client group's Unix group connect to that group's socket and not to the
+#      main ones; a tierd whose user is not a member of a client group's Unix group exits 2 saying
+#      so;
 #   f. (--build-dir) the tarball unpacks into a tierd/ folder whose binaries load every non-system
 #      library from its own lib/ (RPATH $ORIGIN/../lib), and its tierd serves from there.
 # Prints each check; exits 0 when all pass, 1 when any fails, 2 on bad usage. Needs systemd-analyze
@@ -439,6 +443,57 @@ check "tierd starts with --config=deploy/tierd.conf" config_accepted "$repo/depl
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ConfigMap"]
 sys.stdout.write(docs[0]["data"]["tierd.conf"])' "$repo/deploy/k8s/tierd-daemonset.yaml" >"$tmp/configmap.conf" || true
 check "tierd starts with --config= the ConfigMap's tierd.conf" config_accepted "$tmp/configmap.conf"
+
+# ---- g: who reaches which socket in the run directory ----------------------------------------------
+section "g. the run directory's mode and the sockets' groups"
+# Groups every Debian system has: "sys" stands for the daemon's group (tierd), "users" for a client
+# group's Unix group; a member is uid 65534 with "users" alone.
+unit_mode=$(sed -n 's/^RuntimeDirectoryMode=//p' "$repo/deploy/systemd/tierd@.service")
+k8s_mode=$(sed -n 's|.*chmod \(0[0-7]*\) /run/tierd.*|\1|p' "$repo/deploy/k8s/tierd-daemonset.yaml")
+check "the DaemonSet gives /run/tierd the unit's mode ($unit_mode; it gives ${k8s_mode:-none})" \
+  test -n "$unit_mode" -a "$unit_mode" = "$k8s_mode"
+if ((EUID != 0)) || ! command -v setpriv >/dev/null || ! getent group sys users >/dev/null; then
+  echo "$prog: skipped: needs root, setpriv and the groups sys and users"
+else
+  chmod 0711 "$tmp"  # a path the member may pass through
+  run_dir=$tmp/run-tierd
+  mkdir -p "$run_dir"
+  chgrp sys "$run_dir"
+  chmod "$unit_mode" "$run_dir"
+  "$tierd" --device=host --socket="$run_dir/gpu0.sock" --socket-group=sys --state-dir="$tmp/g-state" \
+    --host-cache-bytes=64MiB --gpu-pool-bytes=16MiB --client-groups=team:users:4MiB \
+    >"$tmp/g.log" 2>&1 &
+  g_pid=$!
+  for _ in $(seq 150); do
+    "$tierctl" --socket="$run_dir/gpu0.sock" health >/dev/null 2>&1 && break
+    kill -0 "$g_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  member_connects() {  # SOCKET: a process of uid 65534 in group users alone connects to it
+    setpriv --reuid=65534 --regid="$(getent group users | cut -d: -f3)" --clear-groups \
+      /usr/bin/python3 -c 'import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])' "$1" 2>/dev/null
+  }
+  check "a member of the client group's Unix group connects to its socket" \
+    member_connects "$run_dir/gpu0.team.session.sock"
+  check "but not to the main gRPC socket" eval '! member_connects "$run_dir/gpu0.sock"'
+  check "nor to the main session socket" eval '! member_connects "$run_dir/gpu0.session.sock"'
+  kill -TERM "$g_pid"
+  wait "$g_pid" || true
+
+  # tierd as a user that is not in the client group's Unix group: a usage error that says so.
+  g_dir=$tmp/g-nobody
+  mkdir -p "$g_dir"
+  chown 65534:65534 "$g_dir"
+  status=0
+  timeout 30 setpriv --reuid=65534 --regid=65534 --clear-groups "$tierd" --device=host \
+    --socket="$g_dir/gpu0.sock" --state-dir="$g_dir/state" --host-cache-bytes=64MiB \
+    --gpu-pool-bytes=16MiB --client-groups=team:users:4MiB >"$tmp/g-nobody.log" 2>&1 || status=$?
+  check "tierd whose user is not in a client group's Unix group exits 2 (status $status)" test "$status" -eq 2
+  check "and says which group, and how to mend it" grep -q "not a member of Unix group 'users'.*usermod -aG users" "$tmp/g-nobody.log"
+  show_log "$tmp/g-nobody.log"
+fi
 
 echo
 if ((failures > 0)); then
