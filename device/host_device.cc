@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "device/host_stream.h"
 #include "device/shared_event.h"
 #include "wire/wire_format.h"
@@ -123,7 +124,8 @@ absl::Status HostDevice::UnregisterHostMemory(void* data) {
 }
 
 absl::StatusOr<std::unique_ptr<Stream>> HostDevice::CreateStream(StreamPriority) {
-  return std::unique_ptr<Stream>(new HostStream());
+  ASSIGN_OR_RETURN(std::unique_ptr<HostStream> stream, HostStream::Create());
+  return std::unique_ptr<Stream>(std::move(stream));
 }
 
 absl::StatusOr<std::unique_ptr<Event>> HostDevice::CreateEvent() {

@@ -1,7 +1,9 @@
 #include "device/host_stream.h"
 
+#include <system_error>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/log.h"
 
 namespace tierd {
@@ -12,7 +14,18 @@ constexpr absl::Duration kWaitSlice = absl::Milliseconds(100);
 
 }  // namespace
 
-HostStream::HostStream() : worker_([this] { Run(); }) {}
+absl::StatusOr<std::unique_ptr<HostStream>> HostStream::Create() {
+  std::unique_ptr<HostStream> stream(new HostStream());
+  try {
+    stream->worker_ = std::thread([raw = stream.get()] { raw->Run(); });
+  } catch (const std::system_error& error) {
+    // The one place a thread's failure to start is an answer rather than the process's end: a
+    // stream is made per session, and sessions come from clients.
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start the thread of a host stream: ", error.what()));
+  }
+  return stream;
+}
 
 HostStream::~HostStream() {
   {
@@ -20,7 +33,7 @@ HostStream::~HostStream() {
     stopping_ = true;
   }
   abandon_waits_.store(true);
-  worker_.join();
+  if (worker_.joinable()) worker_.join();
 }
 
 void HostStream::Enqueue(absl::AnyInvocable<void() &&> task) {

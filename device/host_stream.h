@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "device/device.h"
 #include "device/shared_event.h"
@@ -19,7 +20,10 @@ namespace tierd {
 
 class HostStream final : public Stream {
  public:
-  HostStream();
+  // Starts the stream's thread. RESOURCE_EXHAUSTED when the system will not start one more (a
+  // pids or tasks limit, RLIMIT_NPROC, or no address space for its stack): the caller refuses what
+  // needed the stream, and the process goes on.
+  static absl::StatusOr<std::unique_ptr<HostStream>> Create();
   // Runs the work already enqueued, then joins. A wait on an event that will never complete (its
   // recording process died) is abandoned, so destruction cannot hang.
   ~HostStream() override;
@@ -34,6 +38,7 @@ class HostStream final : public Stream {
   bool Idle() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  HostStream() = default;
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Mutex mu_;

@@ -1,15 +1,19 @@
 // Bounds on sessions whose clients misbehave, on daemon processes: a session-socket frame begun
 // must be finished within SessionSocketServer::kFrameTimeout, while a connection idle between
 // frames may stay; answers clients do not read are bounded across the daemon
-// (--max-unread-answer-bytes), on the session socket and the gRPC Session stream.
+// (--max-unread-answer-bytes), on the session socket and the gRPC Session stream; a session whose
+// thread the system will not start is refused, the daemon going on.
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -83,19 +87,17 @@ class SessionSocketLimitsTest : public ::testing::Test {
     if (HasFailure()) std::fprintf(stderr, "tierd's log:\n%s", Log().c_str());
   }
 
-  // Starts tierd with `flags` besides the usual ones, its log going to log_path().
-  void StartDaemon(const std::vector<std::string>& flags = {}) {
-    std::vector<std::string> argv = {"/bin/sh",
-                                     "-c",
-                                     absl::StrCat("exec \"$0\" \"$@\" 2>", log_path()),
-                                     SiblingBinary("tierd"),
-                                     "--device=host",
-                                     absl::StrCat("--socket=", socket_path()),
-                                     absl::StrCat("--state-dir=", dir_.path(), "/state"),
-                                     "--host-cache-bytes=16MiB",
-                                     "--gpu-pool-bytes=2MiB",
-                                     "--gpu-slab-bytes=1MiB",
-                                     "--shutdown-grace-ms=1000"};
+  // Starts tierd with `flags` besides the usual ones, its log going to log_path(); run by `runner`
+  // (e.g. setpriv and its flags) when it is not empty.
+  void StartDaemon(const std::vector<std::string>& flags = {},
+                   const std::vector<std::string>& runner = {}) {
+    std::vector<std::string> argv = {"/bin/sh", "-c",
+                                     absl::StrCat("exec \"$0\" \"$@\" 2>", log_path())};
+    argv.insert(argv.end(), runner.begin(), runner.end());
+    argv.insert(argv.end(),
+                {SiblingBinary("tierd"), "--device=host", absl::StrCat("--socket=", socket_path()),
+                 absl::StrCat("--state-dir=", dir_.path(), "/state"), "--host-cache-bytes=16MiB",
+                 "--gpu-pool-bytes=2MiB", "--gpu-slab-bytes=1MiB", "--shutdown-grace-ms=1000"});
     argv.insert(argv.end(), flags.begin(), flags.end());
     auto daemon = testing::StartServingDaemon(argv, socket_path(), kTimeout);
     ASSERT_THAT(daemon, IsOk());
@@ -316,6 +318,87 @@ TEST_F(SessionSocketLimitsTest, AGrpcSessionWhoseClientDoesNotReadIsCancelledPas
   // The daemon serves on.
   auto stats = (*client)->GetStats();
   ASSERT_THAT(stats, IsOk());
+}
+
+}  // namespace
+}  // namespace tierd
+
+namespace tierd {
+namespace {
+
+// Tasks (threads) of user `uid` on the machine now, from /proc.
+int TasksOfUser(uid_t uid) {
+  int tasks = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream status(entry.path() / "status");
+    std::string line;
+    bool ours = false;
+    while (std::getline(status, line)) {
+      unsigned real = 0;
+      if (std::sscanf(line.c_str(), "Uid: %u", &real) == 1) ours = real == uid;
+      int threads = 0;
+      if (ours && std::sscanf(line.c_str(), "Threads: %d", &threads) == 1) tasks += threads;
+    }
+  }
+  return tasks;
+}
+
+// A session needs a thread on the host backend (its drain stream). When the system will not start
+// one more (RLIMIT_NPROC here; a pids cgroup or TasksMax= alike), that session's open is
+// RESOURCE_EXHAUSTED and the daemon serves on: it once died of the std::system_error.
+TEST_F(SessionSocketLimitsTest, ASessionWhoseThreadCannotStartIsRefusedAndTheDaemonGoesOn) {
+  constexpr uid_t kNobody = 65534;
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "needs root: the daemon runs as another user, whose RLIMIT_NPROC binds it";
+  }
+  ASSERT_EQ(::chmod(dir_.path().c_str(), 0777), 0);
+  StartDaemon({}, {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"});
+  ASSERT_NE(daemon_, nullptr);
+  // A few threads more than the user has now: sessions soon run out of them. Set by a process of
+  // the daemon's user, as it may without privileges: the soft limit only, so it can be lifted
+  // again.
+  auto limit_threads = [&](const std::string& soft) {
+    return testing::RunProgram(
+        {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/prlimit",
+         "--pid", std::to_string(daemon_->pid()), absl::StrCat("--nproc=", soft, ":")},
+        kTimeout);
+  };
+  auto limited = limit_threads(std::to_string(TasksOfUser(kNobody) + 4));
+  ASSERT_THAT(limited, IsOk());
+  ASSERT_EQ(limited->exit_code, 0);
+  v1::SessionResponse refused;
+  int opened = 0;
+  for (int attempt = 0; attempt < 64 && refused.code() == 0; ++attempt) {
+    const int fd = ConnectUnix(session_socket_path());
+    fds_.push_back(fd);
+    ASSERT_THAT(SendAll(fd, absl::StrCat(SessionSocketHello(),
+                                         EncodeFrame(testing::OpenRequest(1, "thread-hungry")))),
+                IsOk());
+    std::string greeting(SessionSocketHello().size(), '\0');
+    ASSERT_THAT(ReadExactly(fd, greeting.data(), greeting.size()), IsOk());
+    std::string payload;
+    ASSERT_THAT(ReadFrame(fd, payload), IsOk()) << "the daemon died at session " << attempt;
+    ASSERT_TRUE(refused.ParseFromString(payload));
+    if (refused.code() == 0) ++opened;
+  }
+  EXPECT_EQ(refused.code(), static_cast<int>(absl::StatusCode::kResourceExhausted))
+      << refused.message();
+  EXPECT_THAT(refused.message(), HasSubstr("cannot start the thread"));
+  EXPECT_LE(opened, 4);
+
+  // The limit lifted, the daemon serves new sessions and gRPC calls as before.
+  rlimit inherited{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NPROC, &inherited), 0);  // the daemon's hard limit too
+  auto lifted = limit_threads(
+      inherited.rlim_max == RLIM_INFINITY ? "unlimited" : std::to_string(inherited.rlim_max));
+  ASSERT_THAT(lifted, IsOk());
+  ASSERT_EQ(lifted->exit_code, 0);
+  OpenSession();
+  ClientOptions options;
+  options.socket_path = socket_path();
+  auto client = Client::Connect(options);
+  ASSERT_THAT(client, IsOk());
+  EXPECT_THAT((*client)->GetStats(), IsOk());
 }
 
 }  // namespace
