@@ -37,6 +37,7 @@ GpuTier::GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& 
                  std::unique_ptr<Stream> demand_stream, std::unique_ptr<Stream> prefetch_stream,
                  std::unique_ptr<Stream> store_stream, std::unique_ptr<Stream> handoff_stream)
     : device_(device),
+      catalog_(catalog),
       host_cache_(host_cache),
       options_(options),
       local_host_source_(host_cache, arena),
@@ -254,6 +255,19 @@ void GpuTier::LeaseDrained(const GpuClient::Lease& lease, bool forced) {
 
 // ---- Leases -------------------------------------------------------------------------------------
 
+StagingObject* GpuTier::ListedServable(const std::string& key) {
+  StagingObject* object = residency_.FindListed(key);
+  if (object == nullptr || object->model != nullptr || object->copying ||
+      !catalog_.InModelNamespace(key)) {
+    return object;
+  }
+  // A stored object under a key that names a model's weights now (stored before the model was
+  // registered): never served for them. Holders keep their bytes until they release them.
+  stored_.Remove(key);
+  residency_.Remove(object);
+  return nullptr;
+}
+
 void GpuTier::Fetch(ClientId client_id, const std::string& key, ReadPriority priority,
                     absl::Time deadline, LeaseCallback done, FetchOptions options) {
   DeferredCalls deferred;
@@ -262,7 +276,7 @@ void GpuTier::Fetch(ClientId client_id, const std::string& key, ReadPriority pri
   GpuClient* client = clients_.Find(client_id);
   if (client == nullptr) return fail(ClientGone());
   if (absl::Status quota = client->CheckLeaseQuota(); !quota.ok()) return fail(quota);
-  StagingObject* object = residency_.FindListed(key);
+  StagingObject* object = ListedServable(key);
   if (object != nullptr && object->state == StagingObject::State::kResident) {
     ++stats_.hits;
     residency_.Touch(object);
@@ -310,7 +324,7 @@ absl::StatusOr<bool> GpuTier::Prefetch(const std::string& key, absl::Time deadli
   }
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
-  if (StagingObject* object = residency_.FindListed(key); object != nullptr) {
+  if (StagingObject* object = ListedServable(key); object != nullptr) {
     residency_.Touch(object);
     return false;
   }
@@ -327,7 +341,7 @@ void GpuTier::Pin(ClientId client_id, const std::string& key, StatusCallback don
   };
   GpuClient* client = clients_.Find(client_id);
   if (client == nullptr) return answer(ClientGone());
-  StagingObject* object = residency_.FindListed(key);
+  StagingObject* object = ListedServable(key);
   if (absl::Status same = client->CheckPinnedVersion(key, object); !same.ok()) {
     return answer(same);
   }
@@ -369,6 +383,10 @@ absl::StatusOr<EvictResult> GpuTier::Evict(const std::string& key_or_prefix, Evi
 }
 
 void GpuTier::ForgetModel(const std::string& model) { eviction_.ForgetModel(model); }
+
+size_t GpuTier::ForgetStoredUnder(const std::string& model) {
+  return eviction_.ForgetStoredUnder(model);
+}
 
 // ---- Stores -------------------------------------------------------------------------------------
 

@@ -158,6 +158,11 @@ class GpuTier {
   // Unlists every object of `model` (after DropModel) here and in the host cache: they are freed
   // once nobody holds them.
   void ForgetModel(const std::string& model) ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets this tier's stored objects under `model`/ (a model registered just now under a name
+  // that clients had stored objects in): from the GPU, the host cache and the durable store; a
+  // holder keeps its bytes until it lets go. Keys in a model's namespace name its weights only
+  // (a stored object found there is never served for them). Returns how many were forgotten.
+  size_t ForgetStoredUnder(const std::string& model) ABSL_LOCKS_EXCLUDED(mu_);
 
   bool IsOnGpu(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
   const std::string& stored_key_prefix() const { return options_.stored_key_prefix; }
@@ -180,6 +185,9 @@ class GpuTier {
           std::unique_ptr<Stream> demand_stream, std::unique_ptr<Stream> prefetch_stream,
           std::unique_ptr<Stream> store_stream, std::unique_ptr<Stream> handoff_stream);
 
+  // residency_.FindListed(key), unless that is a stored object in a registered model's namespace,
+  // which is forgotten instead (nullptr).
+  StagingObject* ListedServable(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands a released lease's buffer back once `done_event` (and the lease's own event, for a copy
   // through the host) completes.
   void DrainLeaseLocked(GpuClient& client, const GpuClient::Lease& lease,
@@ -191,6 +199,7 @@ class GpuTier {
   void ForceClose(ClientId client) ABSL_LOCKS_EXCLUDED(mu_);
 
   Device& device_;
+  const Catalog& catalog_;
   HostCache& host_cache_;
   const GpuTierOptions options_;
   // The host cache as a HostSource, used when options_.host_source is null.

@@ -358,10 +358,9 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   uint64_t durable_bytes = 0;
   size_t unclaimed = 0;
   for (DurableRecord& record : durable_objects) {
-    RETURN_IF_ERROR(storage_->host_cache().AdoptDurable(record));
-    durable_bytes += record.size;
-    GpuTier* owner = gpu_tier_.get();
+    // The key within its group: a group's objects carry its prefix in the durable store.
     absl::string_view key = record.key;
+    GpuTier* owner = gpu_tier_.get();
     if (absl::StartsWith(key, "@")) {
       owner = nullptr;
       for (ClientGroup& group : client_groups_) {
@@ -369,6 +368,16 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
         if (owner != nullptr) break;
       }
     }
+    if (owner != nullptr && storage_->catalog().InModelNamespace(key)) {
+      // Stored before its namespace became a registered model's (the registration's purge did
+      // not reach it): never adopted, never served as the model's weights.
+      TIERD_LOG(WARNING) << "durable object " << record.key
+                         << " is under a registered model's name; removing it";
+      (void)storage_->durable()->RemoveAndWait(record.key);
+      continue;
+    }
+    RETURN_IF_ERROR(storage_->host_cache().AdoptDurable(record));
+    durable_bytes += record.size;
     if (owner == nullptr) {
       ++unclaimed;
       continue;

@@ -29,9 +29,14 @@ class RefusedSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
 // registration.
 class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
+  // `registered` runs once the model is registered, before the answer.
   RegisterReactor(Catalog& catalog, TimerThread& admin, v1::RegisterModelRequest request,
+                  std::function<void(const std::string& name)> registered,
                   std::function<grpc::Status(const absl::Status&)> answer)
-      : catalog_(catalog), request_(std::move(request)), answer_(std::move(answer)) {
+      : catalog_(catalog),
+        request_(std::move(request)),
+        registered_(std::move(registered)),
+        answer_(std::move(answer)) {
     admin.RunAfter(absl::ZeroDuration(), [this] { Run(); });
   }
 
@@ -74,6 +79,7 @@ class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     TIERD_LOG(INFO) << "registered model " << summary->name << ": " << summary->objects
                     << " objects, " << summary->tensors << " tensors in " << summary->files
                     << " file(s)";
+    registered_(summary->name);
     v1::RegisterModelProgress last;
     last.set_files_done(summary->files);
     last.set_files_total(summary->files);
@@ -120,6 +126,7 @@ class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
 
   Catalog& catalog_;
   const v1::RegisterModelRequest request_;
+  const std::function<void(const std::string& name)> registered_;
   const std::function<grpc::Status(const absl::Status&)> answer_;
   absl::Mutex mu_;
   grpc::ByteBuffer message_;  // the message being written
@@ -185,8 +192,23 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TierdService::RegisterModel(
   }
   absl::StatusOr<Tiers*> tiers = Serving();
   if (!tiers.ok()) return new Refused(Answer(tiers.status()));
-  return new RegisterReactor((*tiers)->catalog, admin_, std::move(request),
-                             [this](const absl::Status& status) { return Answer(status); });
+  return new RegisterReactor(
+      (*tiers)->catalog, admin_, std::move(request),
+      [tiers = *tiers](const std::string& name) {
+        // The model's namespace names its weights from now on: stored objects clients put there
+        // before are forgotten by every group's tier, never served as its weights.
+        size_t forgotten = tiers->gpu_tier.ForgetStoredUnder(name);
+        for (const NamedGpuTier& group : tiers->client_groups) {
+          forgotten += group.tier->ForgetStoredUnder(name);
+        }
+        if (forgotten > 0) {
+          TIERD_LOG(WARNING) << "model " << name << " registered over " << forgotten
+                             << " stored object(s) under " << name
+                             << "/: they are forgotten (keys in a model's namespace name its "
+                                "weights only)";
+        }
+      },
+      [this](const absl::Status& status) { return Answer(status); });
 }
 
 grpc::ServerUnaryReactor* TierdService::ListModels(grpc::CallbackServerContext* /*context*/,
@@ -302,9 +324,9 @@ void TierdService::HandleEvict(UnaryCall<v1::EvictRequest, v1::EvictResponse>& c
 void TierdService::HandleGetStats(UnaryCall<v1::GetStatsRequest, v1::Stats>& call) {
   absl::StatusOr<Tiers*> tiers = Serving(/*during_shutdown=*/true);
   if (!tiers.ok()) return call.Answer(tiers.status());
-  *call.response() = CollectStats((*tiers)->catalog, (*tiers)->host_cache, (*tiers)->gpu_tier,
-                                  (*tiers)->client_groups, (*tiers)->session_options.device,
-                                  (*tiers)->node);
+  *call.response() =
+      CollectStats((*tiers)->catalog, (*tiers)->host_cache, (*tiers)->gpu_tier,
+                   (*tiers)->client_groups, (*tiers)->session_options.device, (*tiers)->node);
   call.Answer(absl::OkStatus());
 }
 

@@ -253,6 +253,14 @@ absl::StatusOr<std::shared_ptr<const ModelInfo>> Catalog::GetModel(const std::st
   return it->second->info;
 }
 
+bool Catalog::InModelNamespace(absl::string_view key) const {
+  const size_t slash = key.find('/');
+  if (slash == absl::string_view::npos) return false;
+  const std::string name(key.substr(0, slash));
+  absl::MutexLock lock(&mu_);
+  return models_.count(name) > 0;
+}
+
 absl::StatusOr<ObjectRef> Catalog::Lookup(absl::string_view key) const {
   ASSIGN_OR_RETURN(const auto split, SplitObjectKey(key));
   std::shared_ptr<const ModelInfo> info;

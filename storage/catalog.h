@@ -77,6 +77,10 @@ class Catalog {
   absl::StatusOr<std::shared_ptr<const ModelInfo>> GetModel(const std::string& name) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Whether `key`'s namespace (the part before its first '/') is a registered model's name: such a
+  // key names model weights only, never a stored object, whether or not the model has that object.
+  bool InModelNamespace(absl::string_view key) const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Errors: INVALID_ARGUMENT for a malformed key, NOT_FOUND for an unknown model or object,
   // FAILED_PRECONDITION when the model's files changed since registration (drop and register it
   // again).

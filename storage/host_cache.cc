@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/byte_size.h"
-#include "common/machine.h"
 #include "common/deferred_calls.h"
 #include "common/log.h"
+#include "common/machine.h"
 #include "device/pinned_host_buffer.h"
 #include "storage/detail/host_cache_record.h"
 #include "storage/object_checksum.h"
@@ -57,9 +57,7 @@ void HostObject::Reset() {
   entry_ = nullptr;
 }
 
-int DefaultChecksumThreads() {
-  return std::clamp(UsableCpus() / 2, 1, 8);
-}
+int DefaultChecksumThreads() { return std::clamp(UsableCpus() / 2, 1, 8); }
 
 HostCache::HostCache(Catalog& catalog, DiskReader& reader, HostArena& arena, SpillWriter* spill,
                      const HostCacheOptions& options)
@@ -167,16 +165,7 @@ void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time 
   auto fail = [&](const absl::Status& status) {
     DeferAnswer(deferred.calls(), std::move(done), status);
   };
-  Entry* entry = table_.Find(key);
-  if (entry != nullptr) {
-    if (entry->kind == Kind::kWeight) {
-      // Bytes of a model that was dropped, registered again or changed on disk are never served.
-      if (!catalog_.IsCurrent(entry->source->model)) {
-        RemoveLocked(entry);
-        entry = nullptr;
-      }
-    }
-  }
+  Entry* entry = FindServableLocked(key);
   if (entry == nullptr) {
     absl::StatusOr<ObjectRef> object = catalog_.Lookup(key);
     if (!object.ok()) return fail(object.status());
@@ -230,10 +219,29 @@ void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time 
       deferred.calls());
 }
 
+HostCache::Entry* HostCache::FindServableLocked(const std::string& key) {
+  Entry* entry = table_.Find(key);
+  if (entry == nullptr) return nullptr;
+  if (entry->kind == Kind::kWeight && !catalog_.IsCurrent(entry->source->model)) {
+    // Bytes of a model that was dropped, registered again or changed on disk are never served.
+    RemoveLocked(entry);
+    return nullptr;
+  }
+  if (entry->kind == Kind::kStored && catalog_.InModelNamespace(key)) {
+    // A stored object under a model's name (stored before the model was registered) is never
+    // served as that model's weights: it goes, and the key is read from the model's files.
+    TIERD_LOG_EVERY_N_SEC(WARNING, 10)
+        << "dropping stored object " << key << ": its namespace is a registered model's";
+    RemoveLocked(entry);
+    return nullptr;
+  }
+  return entry;
+}
+
 absl::Status HostCache::Prefetch(const std::string& key, absl::Time deadline) {
   {
     absl::MutexLock lock(&mu_);
-    if (table_.Find(key) == nullptr) {
+    if (FindServableLocked(key) == nullptr) {
       absl::StatusOr<ObjectRef> object = catalog_.Lookup(key);
       if (!object.ok()) return object.status();
     }

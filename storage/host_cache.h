@@ -19,9 +19,9 @@
 // waits for them (no busy loop: it is retried when memory is freed).
 //
 // Callbacks run on the caller's thread when the answer is immediate; otherwise on a checksum,
-// reader or spill thread, or on the thread whose release, unpin, evict or delete made the room a waiting request
-// needed. They must not block, and must not take locks their caller may hold while releasing a
-// HostObject. Thread-safe.
+// reader or spill thread, or on the thread whose release, unpin, evict or delete made the room a
+// waiting request needed. They must not block, and must not take locks their caller may hold while
+// releasing a HostObject. Thread-safe.
 #ifndef TIERD_STORAGE_HOST_CACHE_H_
 #define TIERD_STORAGE_HOST_CACHE_H_
 
@@ -36,8 +36,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/deferred_calls.h"
-#include "common/worker_pool.h"
 #include "common/residency.h"
+#include "common/worker_pool.h"
 #include "storage/catalog.h"
 #include "storage/disk_reader.h"
 #include "storage/durable_store.h"
@@ -108,7 +108,9 @@ class HostCache : private HostCacheTable::Owner {
 
   // Brings `key` into the host cache and calls `done` with a reference to it: at once when it is
   // resident, otherwise after reading it (weights from their files, stored objects from their
-  // spill file) with `priority` and `deadline`. Errors: INVALID_ARGUMENT (malformed key),
+  // spill file) with `priority` and `deadline`. A key in a registered model's namespace is that
+  // model's object only: a stored object found under it (stored before the model was registered)
+  // is removed, never served. Errors: INVALID_ARGUMENT (malformed key),
   // NOT_FOUND, FAILED_PRECONDITION (model files changed), RESOURCE_EXHAUSTED (no room can be
   // made), DATA_LOSS (checksum mismatch, truncated file), CANCELLED (its prefetch was cancelled),
   // UNAVAILABLE (shutting down), and the errors of reading the files (PERMISSION_DENIED, ...).
@@ -127,7 +129,8 @@ class HostCache : private HostCacheTable::Owner {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Publishes a filled reservation under its key, replacing an older version (which lives on
   // until its references are gone). `reservation` stays a valid reference to the new object.
-  // FAILED_PRECONDITION when it is not an uncommitted reservation.
+  // FAILED_PRECONDITION when it is not an uncommitted reservation, or when its key's namespace has
+  // become a registered model's meanwhile (keys there name weights only: see Fetch).
   absl::Status CommitStore(HostObject& reservation) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Records that `object` (a committed stored object) has the durable copy `record`: from now on it
@@ -203,6 +206,9 @@ class HostCache : private HostCacheTable::Owner {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unlists `entry` (its pins belong to the key and go) and frees it once nothing uses it.
   void RemoveLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The entry of `key` that may be served, or nullptr: a weight of a registration that is no
+  // longer current, or a stored object in a registered model's namespace, is removed instead.
+  Entry* FindServableLocked(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the reads that bring `entry` into its memory go.
   std::vector<ReadTarget> TargetsLocked(const Entry* entry) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

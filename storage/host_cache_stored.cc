@@ -61,6 +61,11 @@ absl::Status HostCache::CommitStore(HostObject& reservation) {
     return absl::FailedPreconditionError(
         absl::StrCat(entry->key(), ": committing a buffer that is not an open reservation"));
   }
+  if (catalog_.InModelNamespace(entry->key())) {
+    // Registered while the object was being written: the key is the model's now.
+    return absl::FailedPreconditionError(absl::StrCat(
+        entry->key(), ": its namespace became a registered model while it was stored"));
+  }
   entry->state = State::kResident;
   if (Entry* old = table_.Find(entry->key()); old != nullptr) {
     entry->pins = std::exchange(old->pins, 0);  // pins belong to the key

@@ -277,6 +277,55 @@ TEST_F(ClientGroupsTest, DurableObjectsComeBackToTheirGroupOnly) {
   EXPECT_THAT(FetchBytes(*main, "kv/d"), StatusIs(absl::StatusCode::kNotFound));
 }
 
+// A client stores objects under a name before a model of that name is registered: from then on
+// the keys name the model's weights only, for every group and for the daemons that borrow from
+// this one. Planted bytes (even 100 of them for a tensor of 64 KiB) are never served as weights,
+// and what was planted is gone from every tier, the durable store included.
+TEST_F(ClientGroupsTest, ObjectsStoredUnderAModelsNameBeforeItsRegistrationAreNeverItsWeights) {
+  const std::string model = absl::StrCat(dir_.path(), "/model");
+  StoreRequest durable;
+  durable.durable = true;
+  {
+    std::unique_ptr<Session> main = Open("");
+    std::unique_ptr<Session> tenant = Open("tenant");
+    ASSERT_TRUE(main && tenant);
+    ASSERT_THAT(StoreBytes(*main, "later/blocks.0", std::string(100, 'p')), IsOk());
+    ASSERT_THAT(StoreBytes(*main, "later/blocks.1", std::string(100, 'q'), durable), IsOk());
+    ASSERT_THAT(StoreBytes(*tenant, "later/blocks.0", std::string(64 << 10, 't'), durable), IsOk());
+    ASSERT_THAT(StoreBytes(*tenant, "later/other", std::string(100, 'o')), IsOk());
+    // A session holding a lease of the plant across the registration keeps its bytes.
+    auto held = main->Fetch("later/blocks.0");
+    ASSERT_THAT(held, IsOk());
+    ASSERT_THAT(Connect("")->RegisterModel("later", model, v1::GROUPING_BLOCK), IsOk());
+    EXPECT_EQ(testing::LeaseBytes(*main, *held), std::string(100, 'p'));
+  }
+  auto weights_everywhere = [&] {
+    for (const char* group : {"", "tenant", "other"}) {
+      std::unique_ptr<Session> session = Open(group);
+      ASSERT_NE(session, nullptr);
+      EXPECT_THAT(FetchBytes(*session, "later/blocks.0"), IsOkAndHolds(tensors_[0].data)) << group;
+      EXPECT_THAT(FetchBytes(*session, "later/blocks.1"), IsOkAndHolds(tensors_[1].data)) << group;
+      // Keys the model does not have are no stored objects either.
+      EXPECT_THAT(FetchBytes(*session, "later/other"), StatusIs(absl::StatusCode::kNotFound))
+          << group;
+    }
+  };
+  weights_everywhere();
+  auto stats = Connect("")->GetStats();
+  ASSERT_THAT(stats, IsOk());
+  EXPECT_EQ(stats->durable_objects(), 0u) << "the planted durable objects are still on disk";
+  // Nor do they come back with a restart.
+  StopDaemon();
+  StartDaemon(GroupsFlag());
+  ASSERT_NE(daemon_, nullptr);
+  weights_everywhere();
+  // And nothing can be stored there now.
+  std::unique_ptr<Session> main = Open("");
+  ASSERT_NE(main, nullptr);
+  EXPECT_THAT(StoreBytes(*main, "later/blocks.0", "x"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 TEST_F(ClientGroupsTest, AClientOfAGroupTheDaemonLacksGetsNoSessionAtAll) {
   ClientOptions options;
   options.socket_path = socket_path();

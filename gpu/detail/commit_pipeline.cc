@@ -242,6 +242,11 @@ void CommitPipeline::FinishCopyOut(uint64_t commit_id, StagingObject* object) {
     key = stored_.HostKey(commit.reservation.key, /*stored=*/true);
     if (policy.durable) tensors = *commit.reservation.tensors;
   }
+  if (catalog_.InModelNamespace(object->key())) {
+    // Registered while the copy ran: neither published nor made durable (FinishCommit says why).
+    host.reset();
+    return FinishCommit(commit_id, object, absl::OkStatus());
+  }
   if (policy.durable) {
     // Durable first, then published: a failed write leaves the previous version everywhere.
     const uint8_t* data = host->data();
@@ -273,11 +278,20 @@ void CommitPipeline::FinishCopyOut(uint64_t commit_id, StagingObject* object) {
   }
 }
 
-void CommitPipeline::FinishCommit(uint64_t commit_id, StagingObject* object,
-                                  const absl::Status& status) {
+void CommitPipeline::FinishCommit(uint64_t commit_id, StagingObject* object, absl::Status status) {
   const RunningCallbacks::Scope running(callbacks_);
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
+  if (status.ok() && catalog_.InModelNamespace(object->key())) {
+    // The model was registered while the object was on its way: the key names its weights now,
+    // and what this commit put in the host tier and on disk goes again.
+    status = absl::FailedPreconditionError(absl::StrCat(
+        object->key(), ": its namespace became a registered model while it was stored"));
+    deferred.calls().push_back([this, host_key = stored_.HostKey(object->key(), true)] {
+      (void)host_cache_.Delete(host_key);
+      if (durable_store_ != nullptr) durable_store_->Remove(host_key, [](absl::Status) {});
+    });
+  }
   residency_.CopyFinished();
   object->copying = false;
   auto it = commits_.find(commit_id);

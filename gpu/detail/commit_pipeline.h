@@ -101,7 +101,7 @@ class CommitPipeline {
   // The copy to the host tier is done: makes the object durable when asked, then publishes it.
   void FinishCopyOut(uint64_t commit_id, StagingObject* object) ABSL_LOCKS_EXCLUDED(mu_);
   // Ends a commit whose copy is done: `status` says whether the object was published.
-  void FinishCommit(uint64_t commit_id, StagingObject* object, const absl::Status& status)
+  void FinishCommit(uint64_t commit_id, StagingObject* object, absl::Status status)
       ABSL_LOCKS_EXCLUDED(mu_);
   void FailCommit(uint64_t commit_id, absl::Status status, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 
 namespace tierd {
@@ -108,6 +109,45 @@ void ExplicitEviction::ForgetModel(const std::string& model) {
   }
   // The host cache's copies go too; one still in use is freed when its holder lets go.
   for (const std::string& key : host_cache_.Keys(prefix)) (void)host_cache_.Evict(key);
+}
+
+size_t ExplicitEviction::ForgetStoredUnder(const std::string& model) {
+  const std::string prefix = absl::StrCat(model, "/");
+  std::set<std::string> keys;
+  {
+    absl::MutexLock lock(&mu_);
+    for (StagingObject* object : residency_.Matching(prefix, /*prefix=*/true)) {
+      // A commit's copy in flight is refused when it finishes (CommitPipeline).
+      if (object->model != nullptr || object->copying) continue;
+      // Holders keep their bytes until they release them; nobody gets them again.
+      keys.insert(object->key());
+      residency_.Remove(object);
+    }
+  }
+  for (std::string& key : stored_.KeysUnder(prefix)) keys.insert(std::move(key));
+  std::set<std::string> listed;  // host keys of the tier's own listed stored objects
+  for (const std::string& key : keys) {
+    stored_.Remove(key);
+    listed.insert(stored_.HostKey(key, /*stored=*/true));
+  }
+  std::set<std::string> host_keys = listed;
+  // The default tier's stored objects share the host cache's key space with the weights.
+  if (stored_.prefix().empty()) {
+    for (std::string& key : host_cache_.Keys(prefix)) host_keys.insert(std::move(key));
+  }
+  size_t forgotten = 0;
+  for (const std::string& host_key : host_keys) {
+    if (durable_store_ != nullptr) {
+      // Off the disk too, so that a restart does not bring it back.
+      if (absl::Status removed = durable_store_->RemoveAndWait(host_key); !removed.ok()) {
+        TIERD_LOG(WARNING) << "removing the durable copy of " << host_key << ": " << removed;
+      }
+    }
+    // A weight under the prefix is no stored object: NOT_FOUND, and it stays.
+    const bool deleted = host_cache_.Delete(host_key).ok();
+    if (deleted || listed.count(host_key) > 0) ++forgotten;
+  }
+  return forgotten;
 }
 
 }  // namespace tierd

@@ -1,4 +1,5 @@
-// Evictions asked for by an operator or a client (GpuTier::Evict, GpuTier::ForgetModel) of a key
+// Evictions asked for by an operator or a client (GpuTier::Evict, GpuTier::ForgetModel,
+// GpuTier::ForgetStoredUnder) of a key
 // or of every key under a prefix, from the GPU tier, the host tier or both; and the deletion of
 // stored objects (EvictTier::kAll), from the durable store too. A client group's tier acts only on
 // its own stored objects and on model weights (StoredKeySpace::OwnHostKey).
@@ -44,6 +45,8 @@ class ExplicitEviction {
   absl::StatusOr<EvictResult> Evict(const std::string& key_or_prefix, EvictTier tier)
       ABSL_LOCKS_EXCLUDED(mu_);
   void ForgetModel(const std::string& model) ABSL_LOCKS_EXCLUDED(mu_);
+  // As GpuTier::ForgetStoredUnder.
+  size_t ForgetStoredUnder(const std::string& model) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   absl::Mutex& mu_;

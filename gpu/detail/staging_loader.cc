@@ -31,7 +31,10 @@ absl::StatusOr<StagingObject*> StagingLoader::StartLoad(const std::string& key,
                                                         Deferred& deferred) {
   mu_.AssertHeld();
   StagingObjectRecord record;
-  if (std::optional<StoredKeySpace::Meta> stored = stored_.Find(key)) {
+  // A key in a model's namespace names its weights only (never a stored object planted there).
+  std::optional<StoredKeySpace::Meta> stored;
+  if (!catalog_.InModelNamespace(key)) stored = stored_.Find(key);
+  if (stored.has_value()) {
     record.size = stored->size;
     record.tensors = stored->tensors;
   } else {
