@@ -335,8 +335,7 @@ std::string FormatObjects(const std::vector<v1::ObjectInfo>& objects) {
   }
   return absl::StrCat(table.ToString(), objects.size(), " objects, ", FormatByteSize(total_bytes),
                       "; ", on_gpu, " on the GPU, ", in_host, " in this daemon's host memory",
-                      homed ? " (HOME: the node's daemon that keeps it in host memory)" : "",
-                      "\n");
+                      homed ? " (HOME: the node's daemon that keeps it in host memory)" : "", "\n");
 }
 
 std::string FormatStats(const v1::Stats& stats) {
@@ -367,6 +366,9 @@ std::string FormatStats(const v1::Stats& stats) {
                     FigureLines(group.gpu())};
     section.lines.push_back({"sessions", absl::StrCat(group.sessions(), " (", group.leases(),
                                                       " leases, ", group.pins(), " pins)")});
+    section.lines.push_back(
+        {"events", absl::StrCat(group.events_in_use(), " in use of ", group.events(), " (at most ",
+                                group.events_max(), ")")});
     sections.push_back(std::move(section));
   }
   return FormatSections(sections);

@@ -1,11 +1,19 @@
-// The daemon's interprocess events, numbered so clients can open each handle once and refer to it
-// by id. A process may create only so many interprocess events (docs/DESIGN.md, "Interprocess
-// events"), so the pool is bounded below that (--max-events) and shared by every GPU tier of the
-// daemon. Nothing holds an event per lease: a slot is acquired for a GPU copy whose readers must
-// wait for it, for a session (its done events, which the client records and names in releases and
-// commits) or for a copy through the host handoff buffer, and released when nobody can wait on it
-// any more; only then is it handed out again. Events are created in batches, the first at start,
-// so that creating one is rarely on a request's path.
+// One GPU tier's interprocess events, numbered so that its clients open each handle once and refer
+// to it by id. A process may create only so many interprocess events (docs/DESIGN.md,
+// "Interprocess events"), so the pool is bounded below that: the daemon splits --max-events
+// between its tiers (the default client group's and each client group's). Nothing holds an event
+// per lease: a slot is acquired for a GPU copy whose readers must wait for it, for a session (its
+// done events, which the client records and names in releases and commits) or for a copy through
+// the host handoff buffer, and released when nobody can wait on it any more; only then is it handed
+// out again. Events are created in batches, the first at start, so that creating one is rarely on
+// a request's path.
+//
+// A handle once sent cannot be taken back: a client may keep it and record the event whenever it
+// likes. So the pool's events never leave it (each client group's tier has a pool of its own,
+// whose handles go to that group's sessions only), and an event keeps the use it was first
+// acquired for: one that clients record (a done event) is never handed out as one that only the
+// daemon records and clients wait on (a ready event), where a stale record would let readers in
+// before the bytes land.
 //
 // Thread-safe. Event pointers stay valid for the pool's life.
 #ifndef TIERD_GPU_EVENT_POOL_H_
@@ -50,12 +58,19 @@ inline constexpr Figure<EventPoolStats> kEventPoolFigures[] = {
 static_assert(std::size(kEventPoolFigures) * sizeof(uint64_t) == sizeof(EventPoolStats),
               "every member of EventPoolStats has its line in kEventPoolFigures");
 
+// Who records an event: what it is acquired for, and all it is ever acquired for again.
+enum class EventUse {
+  kDaemonRecords,  // ready events: the daemon records them after a copy, clients wait on them
+  kClientRecords,  // done events: a session's client records them after its last use of a buffer
+};
+
 class EventPool {
  public:
   // The flag that sizes the pool, named in its RESOURCE_EXHAUSTED answers.
   static constexpr const char* kSizeFlag = "--max-events";
 
-  // At most `max_events` events, created `batch` at a time.
+  // At most `max_events` events (of them, at most three quarters for kClientRecords), created
+  // `batch` at a time.
   EventPool(Device& device, uint32_t max_events, uint32_t batch = 64);
   EventPool(const EventPool&) = delete;
   EventPool& operator=(const EventPool&) = delete;
@@ -64,9 +79,10 @@ class EventPool {
   // one cannot be created.
   absl::Status Prefill() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // A free slot's id. RESOURCE_EXHAUSTED, naming the pool's size and its flag, when all
-  // max_events are in use (counted as a shortfall); the device's errors when creating more fails.
-  absl::StatusOr<uint32_t> Acquire() ABSL_LOCKS_EXCLUDED(mu_);
+  // A free slot's id for `use`: one released after the same use, or a new one. RESOURCE_EXHAUSTED,
+  // naming the pool's size and its flag, when all max_events exist and none of them is free for
+  // `use` (counted as a shortfall); the device's errors when creating more fails.
+  absl::StatusOr<uint32_t> Acquire(EventUse use) ABSL_LOCKS_EXCLUDED(mu_);
   // REQUIRES: `id` was acquired and not released since, and no record of it can still be waited
   // on by anyone who would be misled by a new owner's records.
   void Release(uint32_t id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -78,15 +94,24 @@ class EventPool {
   uint32_t max_events() const { return max_events_; }
 
  private:
-  // Creates up to `batch_` more events; the device's error when none could be.
-  absl::Status GrowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How many more events for `use` may be created: done events (kClientRecords) take at most
+  // three quarters of the pool, so that copies always have events to come.
+  uint32_t RoomLocked(EventUse use) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Creates up to `batch_` more events, free for `use`; the device's error when none could be.
+  absl::Status GrowLocked(EventUse use) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<uint32_t>& FreeLocked(EventUse use) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return use == EventUse::kClientRecords ? free_for_clients_ : free_for_daemon_;
+  }
 
   Device& device_;
   const uint32_t max_events_;
   const uint32_t batch_;
   mutable absl::Mutex mu_;
   std::deque<std::unique_ptr<Event>> events_ ABSL_GUARDED_BY(mu_);  // by id; a deque never moves
-  std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
+  std::vector<EventUse> use_ ABSL_GUARDED_BY(mu_);                  // by id, from its creation
+  std::vector<uint32_t> free_for_daemon_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> free_for_clients_ ABSL_GUARDED_BY(mu_);
+  uint32_t created_for_clients_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t shortfalls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

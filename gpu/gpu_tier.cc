@@ -43,10 +43,7 @@ GpuTier::GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& 
       local_host_source_(host_cache, arena),
       host_source_(options.host_source != nullptr ? *options.host_source : local_host_source_),
       pool_(std::move(pool)),
-      own_events_(options.events == nullptr
-                      ? std::make_unique<EventPool>(device, options.max_events)
-                      : nullptr),
-      events_(options.events != nullptr ? *options.events : *own_events_),
+      events_(device, options.max_events),
       handoff_buffer_(std::make_unique<HostHandoffBuffer>(device, options.handoff_buffer_bytes)),
       demand_stream_(std::move(demand_stream)),
       prefetch_stream_(std::move(prefetch_stream)),
@@ -126,7 +123,7 @@ GpuTier::~GpuTier() {
 absl::StatusOr<ClientId> GpuTier::OpenClient(const ClientLimits& limits) {
   std::vector<uint32_t> done_events;
   for (uint32_t i = 0; i < options_.done_events_per_client; ++i) {
-    absl::StatusOr<uint32_t> event = events_.Acquire();
+    absl::StatusOr<uint32_t> event = events_.Acquire(EventUse::kClientRecords);
     if (!event.ok()) break;  // counted as a shortfall; the client waits on its CPU instead
     done_events.push_back(*event);
   }

@@ -205,9 +205,9 @@ class GpuTier {
   // The host cache as a HostSource, used when options_.host_source is null.
   LocalHostSource local_host_source_;
   HostSource& host_source_;
-  std::unique_ptr<StagingPool> pool_;      // left to the process's exit after abandoned waits
-  std::unique_ptr<EventPool> own_events_;  // when options.events is null
-  EventPool& events_;
+  std::unique_ptr<StagingPool> pool_;  // left to the process's exit after abandoned waits
+  // This tier's own: its handles go to its sessions only (a client group's never to another's).
+  EventPool events_;
   std::unique_ptr<HostHandoffBuffer> handoff_buffer_;
   const std::unique_ptr<Stream> demand_stream_;    // H2D, high priority
   const std::unique_ptr<Stream> prefetch_stream_;  // H2D

@@ -25,9 +25,8 @@ namespace tierd {
 struct GpuTierOptions {
   uint64_t pool_bytes = 0;
   uint64_t slab_bytes = 2ull << 30;
-  // The daemon's interprocess events, shared by its tiers; must outlive the tier. Null: the tier
-  // has a pool of its own of max_events.
-  EventPool* events = nullptr;
+  // The tier's interprocess events (a pool of its own: its sessions are handed their handles, and
+  // no other tier's); the daemon gives each tier a share of --max-events.
   uint32_t max_events = 2048;
   // Done events each client (session) is given when it opens (fewer when the pool is short): it
   // records one after its last use of a lease, or its last write into a reservation, and names it

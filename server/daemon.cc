@@ -36,6 +36,13 @@ namespace {
 // A session's thread polls no longer than this: past it a sleep's wake-up costs little beside it.
 constexpr absl::Duration kMaxSessionBusyPoll = absl::Milliseconds(10);
 constexpr int kMaxSessionThreads = 64;
+// The fewest events a tier is given: a session's done events and a copy's ready event.
+constexpr uint32_t kMinEventsPerTier = 8;
+
+// Each GPU tier's share of --max-events: the default group's tier and each client group's.
+uint32_t EventShare(const DaemonOptions& options) {
+  return options.max_events / static_cast<uint32_t>(1 + options.client_groups.size());
+}
 
 bool IsIpAddress(const std::string& text) {
   in6_addr address;
@@ -74,8 +81,11 @@ absl::Status ValidateOptions(const DaemonOptions& options) {
   if (options.max_sessions == 0) {
     return absl::InvalidArgumentError("--max-sessions must be greater than 0");
   }
-  if (options.max_events == 0) {
-    return absl::InvalidArgumentError("--max-events must be greater than 0");
+  if (EventShare(options) < kMinEventsPerTier) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-events must be at least ", kMinEventsPerTier,
+        " per GPU tier: ", kMinEventsPerTier * (1 + options.client_groups.size()),
+        " for the default group and ", options.client_groups.size(), " client group(s)"));
   }
   if (options.max_unread_answer_bytes == 0) {
     return absl::InvalidArgumentError("--max-unread-answer-bytes must be greater than 0");
@@ -305,8 +315,9 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   gpu.durable_store = storage_->durable();
   gpu.max_clients = options_.max_sessions;
   gpu.handoff_buffer_bytes = options_.peer_host_buffer_bytes;
-  events_ = std::make_unique<EventPool>(*device_, options_.max_events);
-  gpu.events = events_.get();
+  // Each tier (the default group's, and each client group's) has events of its own, and an equal
+  // share of --max-events: a handle sent to one group's session never names another's event.
+  gpu.max_events = EventShare(options_);
   gpu.done_events_per_client = options_.session_done_events;
   if (!options_.peer_sockets.empty()) {
     PeerDaemonsOptions peers{
@@ -478,7 +489,6 @@ Daemon::~Daemon() {
     group.tier.reset();
   }
   gpu_tier_.reset();
-  events_.reset();  // the tiers' events: they go back to the device, which must outlive them
   step("peer sessions");
   node_host_tier_.reset();
   local_host_.reset();

@@ -115,7 +115,6 @@ class Daemon {
   std::unique_ptr<PeerDaemons> peers_;  // --peers; null without
   std::unique_ptr<LocalHostSource> local_host_;
   std::unique_ptr<NodeHostTier> node_host_tier_;
-  std::unique_ptr<EventPool> events_;   // shared by every GPU tier
   std::unique_ptr<GpuTier> gpu_tier_;
   // --client-groups, in the order given.
   struct ClientGroup {

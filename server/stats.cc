@@ -62,21 +62,26 @@ v1::Stats CollectStats(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tie
   stats.set_device(device);
   stats.set_version(std::string(Version()));
   GpuTierStats gpu = gpu_tier.stats();
+  EventPoolStats events = gpu_tier.event_stats();
   if (!client_groups.empty()) {
     v1::ClientGroupStats* group = stats.add_client_groups();
     group->set_name("default");
     Report(kGpuTierFigures, gpu, *group);
+    Report(kEventPoolFigures, events, *group);
     for (const NamedGpuTier& named : client_groups) {
       const GpuTierStats own = named.tier->stats();
+      const EventPoolStats own_events = named.tier->event_stats();
       group = stats.add_client_groups();
       group->set_name(named.name);
       Report(kGpuTierFigures, own, *group);
+      Report(kEventPoolFigures, own_events, *group);
       AddFigures(kGpuTierFigures, own, gpu);
+      AddFigures(kEventPoolFigures, own_events, events);
     }
   }
   Report(kGpuTierFigures, gpu, stats);
-  // The tiers share one pool of events.
-  Report(kEventPoolFigures, gpu_tier.event_stats(), stats);
+  // Each tier has events of its own: the daemon's figures are their sums.
+  Report(kEventPoolFigures, events, stats);
   Report(kHostCacheFigures, host_cache.stats(), stats);
   if (const DurableStore* durable = gpu_tier.durable_store(); durable != nullptr) {
     Report(kDurableStoreFigures, durable->stats(), stats);

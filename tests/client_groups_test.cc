@@ -9,14 +9,17 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/tierd_client.h"
+#include "device/device_factory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_test_support.h"
@@ -69,13 +72,14 @@ class ClientGroupsTest : public ::testing::Test {
                         ":2MiB");
   }
   std::vector<std::string> TierdArgs(const std::vector<std::string>& extra) const {
-    std::vector<std::string> args = {SiblingBinary("tierd"),
-                                     "--device=host",
-                                     absl::StrCat("--socket=", socket_path()),
-                                     absl::StrCat("--state-dir=", dir_.path(), "/state"),
-                                     "--host-cache-bytes=32MiB",
-                                     "--gpu-pool-bytes=4MiB",
-                                     "--gpu-slab-bytes=2MiB"};
+    std::vector<std::string> args = {
+        SiblingBinary("tierd"),
+        absl::StrCat("--device=", testing::DeviceUnderTest().ToString()),
+        absl::StrCat("--socket=", socket_path()),
+        absl::StrCat("--state-dir=", dir_.path(), "/state"),
+        "--host-cache-bytes=32MiB",
+        "--gpu-pool-bytes=4MiB",
+        "--gpu-slab-bytes=2MiB"};
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
   }
@@ -110,10 +114,11 @@ class ClientGroupsTest : public ::testing::Test {
     return session.ok() ? *std::move(session) : nullptr;
   }
 
-  // The slab handles a session on the session socket at `path` is handed when it fetches `key`:
-  // the raw protocol, to see exactly what crosses the socket.
-  std::set<std::string> SlabHandlesHandedOut(const std::string& path, const std::string& key) {
-    std::set<std::string> slabs;
+  // The handles of `kind` a session on the session socket at `path` is handed when it opens and
+  // fetches `key`: the raw protocol, to see exactly what crosses the socket.
+  std::set<std::string> HandlesHandedOut(const std::string& path, const std::string& key,
+                                         v1::Handle::Kind kind) {
+    std::set<std::string> handles;
     const int fd = testing::ConnectUnix(path);
     v1::SessionRequest open;
     open.set_request_id(1);
@@ -134,11 +139,14 @@ class ClientGroupsTest : public ::testing::Test {
       EXPECT_TRUE(response.ParseFromString(payload));
       EXPECT_EQ(response.code(), 0) << response.message();
       for (const v1::Handle& handle : response.new_handles()) {
-        if (handle.kind() == v1::Handle::SLAB) slabs.insert(handle.handle());
+        if (handle.kind() == kind) handles.insert(handle.handle());
       }
     }
     ::close(fd);  // ends the session, releasing its lease
-    return slabs;
+    return handles;
+  }
+  std::set<std::string> SlabHandlesHandedOut(const std::string& path, const std::string& key) {
+    return HandlesHandedOut(path, key, v1::Handle::SLAB);
   }
 
   TempDir dir_;
@@ -192,6 +200,76 @@ TEST_F(ClientGroupsTest, EachGroupHasItsOwnSocketSlabsAndGpuCopies) {
   ASSERT_FALSE(default_slabs.empty());
   ASSERT_FALSE(tenant_slabs.empty());
   for (const std::string& slab : tenant_slabs) EXPECT_EQ(default_slabs.count(slab), 0u);
+}
+
+// Interprocess events are a group's own too. A client may keep the handles of its closed sessions
+// and record those events whenever it likes: were they another group's ready events now, that
+// group's readers would pass their wait before the copy landed. Here a client of group "other"
+// records every event handle its sessions were ever handed, in a loop, while the tenant fetches
+// objects that each need a copy: the tenant reads the right bytes every time, and no handle the
+// tenant is handed was ever another group's.
+TEST_F(ClientGroupsTest, AGroupsEventsAreNeverHandedToAnotherGroup) {
+  // Blocks of 512 KiB: the groups' pools (4 MiB, 2 MiB) hold a few, so fetches in turn copy.
+  const std::string big = absl::StrCat(dir_.path(), "/big");
+  ASSERT_EQ(::mkdir(big.c_str(), 0755), 0);
+  std::vector<testing::TensorSpec> blocks;
+  for (int block = 0; block < 12; ++block) {
+    blocks.push_back(testing::RandomTensor(absl::StrCat("blocks.", block, ".w"), "F32", {128, 1024},
+                                           70 + block));
+  }
+  ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(big, "/model.safetensors"), blocks), IsOk());
+  ASSERT_THAT(Connect("")->RegisterModel("big", big, v1::GROUPING_BLOCK), IsOk());
+  const std::string other_path = ClientGroupSocketPathFor(socket_path(), "other");
+  const std::string tenant_path = ClientGroupSocketPathFor(socket_path(), "tenant");
+
+  // The other group's sessions come and go, each fetching (a copy, with a ready event).
+  std::set<std::string> others;
+  for (int i = 0; i < 12; ++i) {
+    for (const std::string& handle :
+         HandlesHandedOut(other_path, absl::StrCat("big/blocks.", i), v1::Handle::EVENT)) {
+      others.insert(handle);
+    }
+  }
+  ASSERT_GE(others.size(), 5u);  // done events and ready events
+
+  // ... and one of its clients records all of them, over and over.
+  auto device = CreateDevice(testing::DeviceUnderTest());
+  ASSERT_THAT(device, IsOk());
+  std::vector<std::unique_ptr<Event>> stolen;
+  for (const std::string& handle : others) {
+    auto event = (*device)->OpenEvent(handle);
+    ASSERT_THAT(event, IsOk());
+    stolen.push_back(*std::move(event));
+  }
+  auto stream = (*device)->CreateStream(StreamPriority::kNormal);
+  ASSERT_THAT(stream, IsOk());
+  std::atomic<bool> stop{false};
+  std::thread recorder([&] {
+    while (!stop.load()) {
+      for (const auto& event : stolen) (void)(*device)->RecordEvent(*event, **stream);
+      (void)(*device)->SynchronizeStream(**stream);
+    }
+  });
+
+  std::unique_ptr<Session> tenant = Open("tenant");
+  ASSERT_NE(tenant, nullptr);
+  int wrong = 0;
+  for (int i = 0; i < 60; ++i) {
+    const int block = i % 12;
+    absl::StatusOr<std::string> bytes = FetchBytes(*tenant, absl::StrCat("big/blocks.", block));
+    ASSERT_THAT(bytes, IsOk());
+    if (*bytes != blocks[block].data) ++wrong;
+  }
+  stop = true;
+  recorder.join();
+  EXPECT_EQ(wrong, 0) << "fetches whose bytes were read before their copy landed";
+  // What crosses the tenant's socket names none of the other group's events.
+  for (int i = 0; i < 4; ++i) {
+    for (const std::string& handle :
+         HandlesHandedOut(tenant_path, absl::StrCat("big/blocks.", i), v1::Handle::EVENT)) {
+      EXPECT_EQ(others.count(handle), 0u) << "the tenant was handed another group's event";
+    }
+  }
 }
 
 TEST_F(ClientGroupsTest, StoredObjectsAreSeenOnlyByTheGroupThatStoredThem) {

@@ -63,7 +63,7 @@ class CommitPipelineTest : public ::testing::Test {
     auto client_stream = device.CreateStream(StreamPriority::kNormal);
     ASSERT_THAT(client_stream, IsOk());
     client_stream_ = *std::move(client_stream);
-    absl::StatusOr<uint32_t> done_event = events_->Acquire();
+    absl::StatusOr<uint32_t> done_event = events_->Acquire(EventUse::kClientRecords);
     ASSERT_THAT(done_event, IsOk());
     done_event_ = *done_event;
     absl::StatusOr<ClientId> client = clients_->Open({}, {done_event_});

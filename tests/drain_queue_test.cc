@@ -126,7 +126,7 @@ class DrainQueueTest : public ::testing::Test {
 };
 
 TEST_F(DrainQueueTest, CompletesOnlyOnceTheClientsEventHasCompleted) {
-  absl::StatusOr<uint32_t> event = events_->Acquire();
+  absl::StatusOr<uint32_t> event = events_->Acquire(EventUse::kClientRecords);
   ASSERT_THAT(event, IsOk());
   RecordHeldBack(*event);
   std::optional<bool> forced;
@@ -137,7 +137,7 @@ TEST_F(DrainQueueTest, CompletesOnlyOnceTheClientsEventHasCompleted) {
     EXPECT_TRUE(drains_->pending());
   }
   // Still held by the drain: not handed out.
-  EXPECT_THAT(events_->Acquire(), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(events_->Acquire(EventUse::kClientRecords), StatusIs(absl::StatusCode::kResourceExhausted));
 
   LetTheClientGo();
   ASSERT_TRUE(AwaitDrained(forced));
@@ -148,13 +148,13 @@ TEST_F(DrainQueueTest, CompletesOnlyOnceTheClientsEventHasCompleted) {
     EXPECT_EQ(drains_->abandoned_waits(), 0u);
     EXPECT_TRUE(clients_->FindAny(client_)->drains.empty());
   }
-  absl::StatusOr<uint32_t> again = events_->Acquire();
+  absl::StatusOr<uint32_t> again = events_->Acquire(EventUse::kClientRecords);
   ASSERT_THAT(again, IsOk());
   EXPECT_EQ(*again, *event);
 }
 
 TEST_F(DrainQueueTest, CompletesAtOnceWhenTheEventHasCompletedAlready) {
-  absl::StatusOr<uint32_t> event = events_->Acquire();
+  absl::StatusOr<uint32_t> event = events_->Acquire(EventUse::kClientRecords);
   ASSERT_THAT(event, IsOk());
   ASSERT_THAT(device_->RecordEvent(events_->event(*event), *client_stream_), IsOk());
   ASSERT_THAT(device_->SynchronizeStream(*client_stream_), IsOk());
@@ -162,11 +162,11 @@ TEST_F(DrainQueueTest, CompletesAtOnceWhenTheEventHasCompletedAlready) {
   StartDrain(*event, forced);
   ASSERT_TRUE(AwaitDrained(forced));
   EXPECT_FALSE(*forced);
-  EXPECT_THAT(events_->Acquire(), IsOk());
+  EXPECT_THAT(events_->Acquire(EventUse::kClientRecords), IsOk());
 }
 
 TEST_F(DrainQueueTest, ADrainWithNothingToWaitForCompletesBeforeStartReturns) {
-  absl::StatusOr<uint32_t> owned = events_->Acquire();
+  absl::StatusOr<uint32_t> owned = events_->Acquire(EventUse::kClientRecords);
   ASSERT_THAT(owned, IsOk());
   std::optional<bool> forced;
   {
@@ -183,11 +183,11 @@ TEST_F(DrainQueueTest, ADrainWithNothingToWaitForCompletesBeforeStartReturns) {
     EXPECT_FALSE(drains_->pending());
     EXPECT_TRUE(client.drains.empty());
   }
-  EXPECT_THAT(events_->Acquire(), IsOk());  // the owned event went back to the pool
+  EXPECT_THAT(events_->Acquire(EventUse::kClientRecords), IsOk());  // the owned event went back to the pool
 }
 
 TEST_F(DrainQueueTest, AForcedDrainRetiresItsEventAndCountsAnAbandonedWait) {
-  absl::StatusOr<uint32_t> event = events_->Acquire();
+  absl::StatusOr<uint32_t> event = events_->Acquire(EventUse::kClientRecords);
   ASSERT_THAT(event, IsOk());
   RecordHeldBack(*event);
   std::optional<bool> forced;
@@ -207,7 +207,7 @@ TEST_F(DrainQueueTest, AForcedDrainRetiresItsEventAndCountsAnAbandonedWait) {
     EXPECT_TRUE(client.drains.empty());
   }
   // The event may still have a record that never completes: it is not handed out again.
-  EXPECT_THAT(events_->Acquire(), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(events_->Acquire(EventUse::kClientRecords), StatusIs(absl::StatusCode::kResourceExhausted));
 
   // When the event does complete later, the drain is gone already: nothing runs twice.
   forced.reset();
@@ -220,7 +220,7 @@ TEST_F(DrainQueueTest, AForcedDrainRetiresItsEventAndCountsAnAbandonedWait) {
 }
 
 TEST_F(DrainQueueTest, ACompletedDrainServesARequestWaitingForStagingRoom) {
-  absl::StatusOr<uint32_t> event = events_->Acquire();
+  absl::StatusOr<uint32_t> event = events_->Acquire(EventUse::kClientRecords);
   ASSERT_THAT(event, IsOk());
   // The pool is full, with nothing listed to evict.
   std::optional<StagingAllocation> first = pool_->Allocate(kSlotBytes);

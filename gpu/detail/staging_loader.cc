@@ -124,7 +124,7 @@ void StagingLoader::CopyIn(StagingObject* object, HostBytes host, Deferred& defe
   // The host reference goes after the lock: releasing it can run host-cache callbacks that take it.
   deferred.push_back([shared_host]() mutable { shared_host.reset(); });
   // Without a free event the copy still goes ahead, and its readers are answered once it is done.
-  if (absl::StatusOr<uint32_t> ready = events_.Acquire(); ready.ok()) object->ready_event = *ready;
+  if (absl::StatusOr<uint32_t> ready = events_.Acquire(EventUse::kDaemonRecords); ready.ok()) object->ready_event = *ready;
   Stream& stream = object->demand ? demand_stream_ : prefetch_stream_;
   absl::Status status = copier_.CopyChunked(stream, pool_.data(object->memory->range()),
                                             shared_host->data(), object->size,
@@ -229,7 +229,7 @@ absl::StatusOr<LeaseGrant> StagingLoader::Grant(GpuClient& client, StagingObject
   if (through_host) {
     // The lease's own event: the bytes are where the reader looks once the tier's record of it,
     // after the copy into the handoff buffer, completes.
-    ASSIGN_OR_RETURN(const uint32_t host_ready, events_.Acquire());
+    ASSIGN_OR_RETURN(const uint32_t host_ready, events_.Acquire(EventUse::kDaemonRecords));
     absl::StatusOr<uint64_t> offset = handoff_.CopyOut(*object, host_ready);
     if (!offset.ok()) {
       events_.Release(host_ready);
