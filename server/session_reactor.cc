@@ -3,6 +3,7 @@
 #include <optional>
 #include <utility>
 
+#include "common/deferred_calls.h"
 #include "common/log.h"
 #include "server/proto_convert.h"
 #include "server/raw_call.h"
@@ -16,6 +17,10 @@ SessionReactor::SessionReactor(grpc::CallbackServerContext* context, GpuTier& ti
     absl::MutexLock lock(&outbox_->mu);
     outbox_->reactor = this;
   }
+  // Cut by another session's charge when this one holds the most unread answers.
+  outbox_->unread.OnCut([weak = std::weak_ptr<Outbox>(outbox_)] {
+    if (std::shared_ptr<Outbox> outbox = weak.lock()) Cut(outbox);
+  });
   protocol_ = std::make_shared<SessionProtocol>(
       tier, options,
       [outbox = outbox_](v1::SessionResponse response) { Send(outbox, std::move(response)); });
@@ -32,13 +37,14 @@ void SessionReactor::Outbox::DropQueueLocked() {
 
 void SessionReactor::Send(const std::shared_ptr<Outbox>& outbox, v1::SessionResponse response) {
   SessionReactor* reactor = nullptr;
-  grpc::CallbackServerContext* cut = nullptr;
+  bool cut_this = false;
   {
+    DeferredCalls cuts;  // of other sessions, holding more, after this one's lock
     absl::MutexLock lock(&outbox->mu);
     if (outbox->reactor == nullptr || outbox->finish_called || outbox->write_failed) return;
     if (outbox->writing) {
       const uint64_t bytes = response.ByteSizeLong();
-      absl::Status charged = outbox->unread.Charge(bytes);
+      absl::Status charged = outbox->unread.Charge(bytes, cuts.calls());
       if (charged.ok()) {
         outbox->queue.push_back({std::move(response), bytes});
         return;
@@ -47,29 +53,36 @@ void SessionReactor::Send(const std::shared_ptr<Outbox>& outbox, v1::SessionResp
       // many.
       TIERD_LOG_EVERY_N_SEC(WARNING, 10)
           << "session stream: " << charged.message() << "; cancelling it";
-      outbox->write_failed = true;
-      outbox->DropQueueLocked();
-      outbox->cancelling = true;
-      cut = outbox->context;
+      cut_this = true;
     } else {
       // While `writing` is set Finish is not called, so the reactor stays alive past the unlock.
       outbox->writing = true;
       reactor = outbox->reactor;
     }
   }
-  if (cut != nullptr) {
-    // Only cancelling brings back the write the client does not take. gRPC runs OnCancel, which
-    // closes the session, on its executor, never inside TryCancel: this may be called under the
-    // protocol's lock.
-    cut->TryCancel();
-    {
-      absl::MutexLock lock(&outbox->mu);
-      outbox->cancelling = false;
-    }
-    MaybeFinish(outbox);
-    return;
-  }
+  if (cut_this) return Cut(outbox);
   reactor->StartWriting(response);
+}
+
+void SessionReactor::Cut(const std::shared_ptr<Outbox>& outbox) {
+  grpc::CallbackServerContext* context;
+  {
+    absl::MutexLock lock(&outbox->mu);
+    if (outbox->reactor == nullptr || outbox->finish_called || outbox->write_failed) return;
+    outbox->write_failed = true;
+    outbox->DropQueueLocked();
+    outbox->cancelling = true;
+    context = outbox->context;
+  }
+  // Only cancelling brings back the write the client does not take. gRPC runs OnCancel, which
+  // closes the session, on its executor, never inside TryCancel: this may be called under the
+  // protocol's lock.
+  context->TryCancel();
+  {
+    absl::MutexLock lock(&outbox->mu);
+    outbox->cancelling = false;
+  }
+  MaybeFinish(outbox);
 }
 
 void SessionReactor::StartWriting(const v1::SessionResponse& response) {

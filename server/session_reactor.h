@@ -65,6 +65,9 @@ class SessionReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
   };
 
   static void Send(const std::shared_ptr<Outbox>& outbox, v1::SessionResponse response);
+  // Cuts the stream: its queue is dropped, nothing more is written, and it is cancelled (the
+  // session then closes). For a client that does not read; any thread, no lock held.
+  static void Cut(const std::shared_ptr<Outbox>& outbox) ABSL_LOCKS_EXCLUDED(outbox->mu);
   // Serializes `response` into in_flight_ and starts writing it.
   void StartWriting(const v1::SessionResponse& response);
   // Reads are over (`why` is OK for a half-close): the session closes once every request in

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "absl/strings/escaping.h"
+#include "common/deferred_calls.h"
 #include "common/log.h"
 #include "common/posix_error.h"
 #include "server/parse_failure.h"
@@ -216,6 +217,13 @@ void SessionSocketWorker::Open(int fd) {
   }
   connection->deadline = absl::Now() + limits_.greeting_timeout;
   next_deadline_ = std::min(next_deadline_, connection->deadline);
+  // Cut by another connection's charge when this one holds the most unread answers.
+  connection->unread.OnCut([weak = std::weak_ptr<Connection>(connection)] {
+    if (std::shared_ptr<Connection> live = weak.lock()) {
+      absl::MutexLock lock(&live->mu);
+      live->ShutDownLocked();
+    }
+  });
   open_.emplace(connection.get(), std::move(connection));
 }
 
@@ -419,6 +427,7 @@ absl::Time SessionSocketWorker::EndOverdue(absl::Time now) {
 
 void SessionSocketWorker::Enqueue(const std::shared_ptr<Connection>& connection,
                                   std::string frame) {
+  DeferredCalls cuts;  // of other connections, holding more, after this one's lock
   absl::MutexLock lock(&connection->mu);
   if (connection->closed) return;
   if (connection->queue.empty()) {
@@ -432,7 +441,7 @@ void SessionSocketWorker::Enqueue(const std::shared_ptr<Connection>& connection,
     }
     if (sent > 0) frame.erase(0, static_cast<size_t>(sent));
   }
-  if (absl::Status charged = connection->unread.Charge(frame.size()); !charged.ok()) {
+  if (absl::Status charged = connection->unread.Charge(frame.size(), cuts.calls()); !charged.ok()) {
     // Cutting is what keeps a client from holding the daemon's memory; the log line is for the
     // operator, and a client may cause many: at most one per 10 s.
     TIERD_LOG_EVERY_N_SEC(WARNING, 10)

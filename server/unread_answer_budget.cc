@@ -2,38 +2,90 @@
 
 #include <malloc.h>
 
-
 #include "absl/strings/str_cat.h"
 #include "common/byte_size.h"
+#include "common/log.h"
 #include "common/machine.h"
 
 namespace tierd {
 
-absl::Status UnreadAnswerBudget::Account::Charge(uint64_t bytes) {
+uint64_t UnreadAnswerBudget::charged() const {
+  absl::MutexLock lock(&mu_);
+  return charged_;
+}
+
+UnreadAnswerBudget::Account* UnreadAnswerBudget::LargestLocked(const Account* except) const {
+  Account* largest = nullptr;
+  for (Account* account : accounts_) {
+    if (account == except || account->cut_) continue;
+    if (largest == nullptr || account->bytes_ > largest->bytes_) largest = account;
+  }
+  return largest;
+}
+
+UnreadAnswerBudget::Account::Account(UnreadAnswerBudget& budget) : budget_(budget) {
+  absl::MutexLock lock(&budget_.mu_);
+  budget_.accounts_.insert(this);
+}
+
+UnreadAnswerBudget::Account::~Account() {
+  absl::MutexLock lock(&budget_.mu_);
+  if (!cut_) budget_.charged_ -= bytes_;
+  budget_.accounts_.erase(this);
+}
+
+void UnreadAnswerBudget::Account::OnCut(absl::AnyInvocable<void() &&> cut) {
+  absl::MutexLock lock(&budget_.mu_);
+  on_cut_ = std::move(cut);
+}
+
+absl::Status UnreadAnswerBudget::Account::Charge(uint64_t bytes, DeferredCalls::Calls& cuts) {
+  absl::MutexLock lock(&budget_.mu_);
+  if (cut_) {
+    return absl::ResourceExhaustedError(
+        "the client held the most unread answers when the daemon's budget was spent");
+  }
   if (bytes_ + bytes > budget_.per_connection_limit()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the client has not read ", FormatByteSize(bytes_ + bytes),
                      " of answers, more than one connection may queue (",
                      FormatByteSize(budget_.per_connection_limit()), ")"));
   }
-  uint64_t charged = budget_.charged_.load(std::memory_order_relaxed);
-  do {
-    if (charged + bytes > budget_.budget_) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("the client has not read ", FormatByteSize(bytes_ + bytes),
-                       " of answers, and the daemon's clients ", FormatByteSize(charged + bytes),
-                       ", past --max-unread-answer-bytes (", FormatByteSize(budget_.budget_), ")"));
+  while (budget_.charged_ + bytes > budget_.budget_) {
+    Account* largest = budget_.LargestLocked(this);
+    if (largest == nullptr || largest->bytes_ <= bytes_ + bytes) {
+      // This connection would hold the most: it is the one cut.
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the client has not read ", FormatByteSize(bytes_ + bytes),
+          " of answers, and the daemon's clients ", FormatByteSize(budget_.charged_ + bytes),
+          ", past --max-unread-answer-bytes (", FormatByteSize(budget_.budget_),
+          "); it holds the most"));
     }
-  } while (
-      !budget_.charged_.compare_exchange_weak(charged, charged + bytes, std::memory_order_relaxed));
+    // Another holds more: it goes, however its client got there, and this one is served.
+    TIERD_LOG_EVERY_N_SEC(WARNING, 10)
+        << "a client has not read " << FormatByteSize(largest->bytes_)
+        << " of answers, the most of any, and the daemon's clients are past "
+           "--max-unread-answer-bytes ("
+        << FormatByteSize(budget_.budget_) << "): cutting its session";
+    budget_.charged_ -= largest->bytes_;
+    largest->cut_ = true;
+    if (largest->on_cut_) cuts.push_back(std::move(largest->on_cut_));
+  }
+  budget_.charged_ += bytes;
   bytes_ += bytes;
   return absl::OkStatus();
 }
 
 void UnreadAnswerBudget::Account::Release(uint64_t bytes) {
+  absl::MutexLock lock(&budget_.mu_);
   bytes = std::min(bytes, bytes_);
   bytes_ -= bytes;
-  budget_.charged_.fetch_sub(bytes, std::memory_order_relaxed);
+  if (!cut_) budget_.charged_ -= bytes;
+}
+
+uint64_t UnreadAnswerBudget::Account::bytes() const {
+  absl::MutexLock lock(&budget_.mu_);
+  return bytes_;
 }
 
 void ReturnMemoryAfterDropping(uint64_t bytes) {

@@ -2,18 +2,27 @@
 // session-socket connection and gRPC Session stream queues the answers its client has not taken
 // yet; without a common bound, a few hundred clients that never read could hold the daemon's
 // memory (each may queue up to kMaxPerConnection). Every connection charges its queued bytes to
-// one UnreadAnswerBudget (--max-unread-answer-bytes) through an Account; a charge that would take
-// the connection past per_connection_limit() or the daemon past the budget is refused, and the
-// transport then cuts that connection: it drops the queue (releasing its charge) and ends the
-// session.
+// one UnreadAnswerBudget (--max-unread-answer-bytes) through an Account.
+//
+// Who is cut when the budget is spent: the connection that holds the most. A charge that would
+// take one connection past per_connection_limit() is refused, and its transport cuts it (drops
+// its queue, releasing its charge, and ends the session). A charge that would take the daemon past
+// the budget cuts the largest holder instead — unless that is the charging connection itself — so
+// that a client that reads its answers, of whatever client group, is never cut because another
+// hoards: the largest holder's charge is taken off the budget at once, and its transport is told
+// to cut it (Account::OnCut). The scan over the accounts happens only when the budget is spent.
 #ifndef TIERD_SERVER_UNREAD_ANSWER_BUDGET_H_
 #define TIERD_SERVER_UNREAD_ANSWER_BUDGET_H_
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
+#include <set>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/deferred_calls.h"
 
 namespace tierd {
 
@@ -24,41 +33,59 @@ class UnreadAnswerBudget {
 
   // REQUIRES: budget_bytes > 0.
   explicit UnreadAnswerBudget(uint64_t budget_bytes) : budget_(budget_bytes) {}
+  // REQUIRES: every Account is gone.
+  ~UnreadAnswerBudget() = default;
   UnreadAnswerBudget(const UnreadAnswerBudget&) = delete;
   UnreadAnswerBudget& operator=(const UnreadAnswerBudget&) = delete;
 
   uint64_t budget() const { return budget_; }
   // kMaxPerConnection, but never more than the budget.
   uint64_t per_connection_limit() const { return std::min(kMaxPerConnection, budget_); }
-  // Bytes charged now, over every connection. Thread-safe.
-  uint64_t charged() const { return charged_.load(std::memory_order_relaxed); }
+  // Bytes charged now, over every connection not being cut. Thread-safe.
+  uint64_t charged() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // One connection's share of the budget. Not thread-safe: its owner's lock guards it. Releases
-  // what it holds when destroyed.
+  // One connection's share of the budget. Thread-safe (the budget's lock guards every account: a
+  // charge on one connection may cut another). Releases what it holds when destroyed.
   class Account {
    public:
-    explicit Account(UnreadAnswerBudget& budget) : budget_(budget) {}
-    ~Account() { Release(bytes_); }
+    explicit Account(UnreadAnswerBudget& budget);
+    ~Account();
     Account(const Account&) = delete;
     Account& operator=(const Account&) = delete;
 
-    // Charges `bytes` more to this connection. RESOURCE_EXHAUSTED, charging nothing, when the
-    // connection would pass per_connection_limit() or the daemon its budget; the message says
-    // which, for the log line of the cut.
-    absl::Status Charge(uint64_t bytes);
+    // How the connection is cut when another connection's charge needs room and this one holds
+    // the most: the call is handed to that charge's caller, to make with its own locks released.
+    // It may come after this account is gone, so it must hold the connection weakly.
+    void OnCut(absl::AnyInvocable<void() &&> cut) ABSL_LOCKS_EXCLUDED(budget_.mu_);
+
+    // Charges `bytes` more to this connection. OK — having perhaps cut larger holders, whose cuts
+    // are appended to `cuts` — or RESOURCE_EXHAUSTED, charging nothing, when this connection
+    // would pass per_connection_limit(), would hold the most with the daemon past its budget, or
+    // is being cut already. The message says which, for the log line of the cut.
+    absl::Status Charge(uint64_t bytes, DeferredCalls::Calls& cuts)
+        ABSL_LOCKS_EXCLUDED(budget_.mu_);
     // Gives back `bytes` of what was charged (answers sent, or dropped).
-    void Release(uint64_t bytes);
+    void Release(uint64_t bytes) ABSL_LOCKS_EXCLUDED(budget_.mu_);
     // What this connection has charged and not released.
-    uint64_t bytes() const { return bytes_; }
+    uint64_t bytes() const ABSL_LOCKS_EXCLUDED(budget_.mu_);
 
    private:
+    friend class UnreadAnswerBudget;
     UnreadAnswerBudget& budget_;
-    uint64_t bytes_ = 0;
+    uint64_t bytes_ ABSL_GUARDED_BY(budget_.mu_) = 0;
+    // Cut to make room for others: its bytes no longer count, and it may charge no more.
+    bool cut_ ABSL_GUARDED_BY(budget_.mu_) = false;
+    absl::AnyInvocable<void() &&> on_cut_ ABSL_GUARDED_BY(budget_.mu_);
   };
 
  private:
+  // The account, other than `except`, that holds the most and is not being cut; null for none.
+  Account* LargestLocked(const Account* except) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const uint64_t budget_;
-  std::atomic<uint64_t> charged_{0};
+  mutable absl::Mutex mu_;
+  uint64_t charged_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<Account*> accounts_ ABSL_GUARDED_BY(mu_);
 };
 
 // After a transport dropped `bytes` of queued answers: when that is a lot (16 MiB or more), gives

@@ -3,6 +3,7 @@
 // frames may stay; answers clients do not read are bounded across the daemon
 // (--max-unread-answer-bytes), on the session socket and the gRPC Session stream; a session whose
 // thread the system will not start is refused, the daemon going on.
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -283,6 +284,39 @@ TEST_F(SessionSocketLimitsTest, ClientsThatDoNotReadAreCutOnceTheirAnswersPassTh
   absl::SleepFor(absl::Milliseconds(200));
   EXPECT_FALSE(HungUpByDaemon(another)) << "the budget was not given back";
   for (int i = 0; i < kFetchesEach; ++i) ASSERT_THAT(ReadFrame(another, payload), IsOk()) << i;
+}
+
+// One client hoards unread answers; a client of another group, which reads its answers in the end,
+// needs a little room meanwhile: the hoarder is cut, the other is served in full. (The budget once
+// cut whichever connection happened to charge past it: a client holding 64 MiB was never cut, and
+// another group's client was, with 144 KiB queued.)
+TEST_F(SessionSocketLimitsTest, TheClientHoldingTheMostUnreadAnswersIsCutNotAnotherGroups) {
+  const struct group* group = ::getgrgid(::getgid());
+  ASSERT_NE(group, nullptr);
+  StartDaemon({"--max-unread-answer-bytes=1MiB",
+               absl::StrCat("--client-groups=tenant:", group->gr_name, ":2MiB")});
+  // About 900 KiB of answers, most of them queued in the daemon: under what one connection may
+  // queue (the budget, 1 MiB), most of the budget.
+  const int hoarder = OpenSession();
+  ASSERT_THAT(SendAll(hoarder, MalformedFetches(3000, 2)), IsOk());
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(HungUpByDaemon(hoarder));
+  // The tenant's client asks for about 450 KiB before it reads: the two pass the budget.
+  const int tenant = testing::OpenSessionSocketSession(
+      ClientGroupSocketPathFor(socket_path(), "tenant"), "session_socket_limits_test");
+  fds_.push_back(tenant);
+  constexpr int kTenantFetches = 1500;
+  ASSERT_THAT(SendAll(tenant, MalformedFetches(kTenantFetches, 2)), IsOk());
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (!HungUpByDaemon(hoarder) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_TRUE(HungUpByDaemon(hoarder)) << "the client holding the most was not cut";
+  std::string payload;
+  for (int i = 0; i < kTenantFetches; ++i) {
+    ASSERT_THAT(ReadFrame(tenant, payload), IsOk())
+        << "the tenant's client was cut at answer " << i;
+  }
+  EXPECT_FALSE(HungUpByDaemon(tenant));
+  EXPECT_THAT(Log(), HasSubstr("the most of any"));
 }
 
 TEST_F(SessionSocketLimitsTest, AGrpcSessionWhoseClientDoesNotReadIsCancelledPastTheBudget) {
