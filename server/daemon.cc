@@ -493,6 +493,9 @@ Daemon::~Daemon() {
   node_host_tier_.reset();
   local_host_.reset();
   peers_.reset();
+  // What the lender lets go must not be read into again while a peer may still copy from it:
+  // the host cache serves nothing more first.
+  if (host_lender_ != nullptr) storage_->host_cache().StopServing();
   host_lender_.reset();
   step("host cache");
   if (storage_ != nullptr) storage_->StopIo();

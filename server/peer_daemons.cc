@@ -30,6 +30,11 @@ struct PeerDaemons::Peer {
   std::vector<std::shared_ptr<SessionCore>> retired ABSL_GUARDED_BY(mu);
   // Its host arena could not be mapped here: its sessions do not ask for it, nothing is borrowed.
   bool arena_unusable ABSL_GUARDED_BY(mu) = false;
+  // Host leases given back after the session that was lent them ended (its home holds their
+  // objects for this process until told): given back on the next session, if its home is the same
+  // process (its arena's name), else dropped with the home that restarted.
+  std::vector<uint64_t> orphaned_leases ABSL_GUARDED_BY(mu);
+  std::string orphans_arena ABSL_GUARDED_BY(mu);
   // The last session opened, for RegisteredArenaBytes; taken after mu, never held for long.
   absl::Mutex arena_mu ABSL_ACQUIRED_AFTER(mu);
   std::shared_ptr<SessionCore> arena_session ABSL_GUARDED_BY(arena_mu);
@@ -46,13 +51,16 @@ struct PeerDaemons::Search {
 
 namespace {
 
-// Gives a lease back without waiting for the answer (a failure is only logged).
-void ReleaseQuietly(SessionCore& core, uint64_t lease_id) {
+// Gives a lease back without waiting for the answer (a failure is only logged by the session's
+// reader); an error when it could not be sent (the session has ended).
+absl::Status SendRelease(SessionCore& core, uint64_t lease_id) {
   v1::SessionRequest request;
   request.mutable_release()->set_lease_id(lease_id);
   request.mutable_release()->set_quiet(true);
-  (void)core.SendQuiet(std::move(request));
+  return core.SendQuiet(std::move(request));
 }
+
+void ReleaseQuietly(SessionCore& core, uint64_t lease_id) { (void)SendRelease(core, lease_id); }
 
 // The PeerCopy of a lease the peer answered with, whose handles `core` has opened.
 absl::StatusOr<PeerCopy> CopyOfLease(const std::shared_ptr<SessionCore>& core,
@@ -275,8 +283,13 @@ absl::StatusOr<HomeLease> HomeLeaseOf(const std::shared_ptr<SessionCore>& core,
   home.size = lease.length();
   home.checksum = lease.checksum();
   home.arena = arena;
-  home.release = [core, lease_id = lease.lease_id()] { ReleaseQuietly(*core, lease_id); };
   return home;
+}
+
+// The name of the host arena `core`'s home sent; empty when it sent none.
+std::string ArenaName(SessionCore& core) {
+  absl::StatusOr<detail::PeerArena*> arena = core.host_arena(HostLender::kArenaHandleId);
+  return arena.ok() ? (*arena)->name() : std::string();
 }
 
 }  // namespace
@@ -299,8 +312,8 @@ void PeerDaemons::BorrowHost(const std::string& socket, const std::string& key,
         absl::StrCat("peer ", socket, ": its host arena cannot be mapped here")));
   }
   if (!core.ok()) {
-    return std::move(done)(absl::UnavailableError(
-        absl::StrCat("peer ", socket, ": ", core.status().message())));
+    return std::move(done)(
+        absl::UnavailableError(absl::StrCat("peer ", socket, ": ", core.status().message())));
   }
   v1::SessionRequest request;
   request.mutable_fetch()->set_key(key);
@@ -312,26 +325,32 @@ void PeerDaemons::BorrowHost(const std::string& socket, const std::string& key,
       std::make_shared<absl::AnyInvocable<void(absl::StatusOr<HomeLease>) &&>>(std::move(done));
   auto claimed = std::make_shared<std::atomic<bool>>(false);
   std::weak_ptr<SessionCore> weak = *core;
-  absl::Status sent = (*core)->Send(
-      std::move(request),
-      [this, peer, weak, claimed, shared_done](const v1::SessionResponse& answer) {
-        if (claimed->exchange(true)) return;
-        std::shared_ptr<SessionCore> session = weak.lock();
-        absl::Status status = StatusOf(answer);
-        if (!status.ok() || !answer.has_lease() || session == nullptr) {
-          if (absl::IsUnavailable(status) && session != nullptr) Forget(*peer, session);
-          if (status.ok()) status = absl::UnavailableError("the session ended");
-          return std::move (*shared_done)(absl::Status(
-              status.code(), absl::StrCat("peer ", peer->socket, ": ", status.message())));
-        }
-        absl::StatusOr<HomeLease> lease = HomeLeaseOf(session, peer->socket, answer.lease());
-        if (!lease.ok()) ReleaseQuietly(*session, answer.lease().lease_id());
-        std::move (*shared_done)(std::move(lease));
-      });
+  absl::Status sent = (*core)->Send(std::move(request), [this, peer, weak, claimed, shared_done](
+                                                            const v1::SessionResponse& answer) {
+    if (claimed->exchange(true)) return;
+    std::shared_ptr<SessionCore> session = weak.lock();
+    absl::Status status = StatusOf(answer);
+    if (!status.ok() || !answer.has_lease() || session == nullptr) {
+      if (absl::IsUnavailable(status) && session != nullptr) Forget(*peer, session);
+      if (status.ok()) status = absl::UnavailableError("the session ended");
+      return std::move(*shared_done)(
+          absl::Status(status.code(), absl::StrCat("peer ", peer->socket, ": ", status.message())));
+    }
+    absl::StatusOr<HomeLease> lease = HomeLeaseOf(session, peer->socket, answer.lease());
+    if (!lease.ok()) {
+      ReleaseQuietly(*session, answer.lease().lease_id());
+    } else {
+      lease->release = [this, peer, session, arena = ArenaName(*session),
+                        lease_id = answer.lease().lease_id()]() mutable {
+        GiveBackHostLease(*peer, std::move(session), arena, lease_id);
+      };
+    }
+    std::move (*shared_done)(std::move(lease));
+  });
   if (!sent.ok() && !claimed->exchange(true)) {
     Forget(*peer, *core);
-    std::move (*shared_done)(absl::UnavailableError(
-        absl::StrCat("peer ", socket, ": ", sent.message())));
+    std::move (*shared_done)(
+        absl::UnavailableError(absl::StrCat("peer ", socket, ": ", sent.message())));
   }
 }
 
@@ -364,8 +383,8 @@ void PeerDaemons::PrefetchHost(const std::string& socket, const std::string& key
   if (peer == nullptr) return;
   absl::StatusOr<std::shared_ptr<SessionCore>> core = SessionTo(*peer);
   if (!core.ok()) {
-    TIERD_LOG_EVERY_N_SEC(INFO, 10) << "peer " << socket << ": cannot prefetch " << key << ": "
-                                    << core.status();
+    TIERD_LOG_EVERY_N_SEC(INFO, 10)
+        << "peer " << socket << ": cannot prefetch " << key << ": " << core.status();
     return;
   }
   v1::SessionRequest request;
@@ -392,6 +411,13 @@ absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::SessionTo(Peer& peer) 
   ASSIGN_OR_RETURN(std::shared_ptr<SessionCore> core,
                    OpenSessionLocked(peer, node_daemon_ && !peer.arena_unusable));
   TIERD_VLOG(1) << "peer " << peer.socket << ": session open";
+  if (!peer.orphaned_leases.empty()) {
+    // Leases given back while no session was open: to this home only if it is the same process.
+    if (ArenaName(*core) == peer.orphans_arena) {
+      for (uint64_t lease_id : peer.orphaned_leases) (void)SendRelease(*core, lease_id);
+    }
+    peer.orphaned_leases.clear();
+  }
   peer.core = core;
   absl::MutexLock arena_lock(&peer.arena_mu);
   peer.arena_session = core;
@@ -399,7 +425,7 @@ absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::SessionTo(Peer& peer) 
 }
 
 absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::OpenSessionLocked(Peer& peer,
-                                                                           bool node_daemon) {
+                                                                            bool node_daemon) {
   peer.mu.AssertHeld();
   ASSIGN_OR_RETURN(std::unique_ptr<SessionTransport> transport,
                    ConnectSessionSocket(peer.session_socket));
@@ -431,6 +457,22 @@ absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::OpenSessionLocked(Peer
     (*arena)->RegisterAllInBackground();
   }
   return core;
+}
+
+void PeerDaemons::GiveBackHostLease(Peer& peer, std::shared_ptr<SessionCore> lent_on,
+                                    const std::string& arena, uint64_t lease_id) {
+  if (!lent_on->ended() && SendRelease(*lent_on, lease_id).ok()) return;
+  // The session it was lent on has ended, not this daemon: the home holds the object for this
+  // process until it is given back (or this process exits). On the next session, then.
+  absl::StatusOr<std::shared_ptr<SessionCore>> now = SessionTo(peer);
+  if (now.ok()) {
+    if (ArenaName(**now) != arena) return;  // the home restarted: it holds nothing for us
+    if (SendRelease(**now, lease_id).ok()) return;
+  }
+  absl::MutexLock lock(&peer.mu);
+  if (peer.orphans_arena != arena) peer.orphaned_leases.clear();
+  peer.orphans_arena = arena;
+  peer.orphaned_leases.push_back(lease_id);
 }
 
 void PeerDaemons::Forget(Peer& peer, const std::shared_ptr<SessionCore>& core) {

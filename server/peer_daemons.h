@@ -48,8 +48,9 @@ struct HomeLease {
   uint64_t checksum = 0;  // the home's record of it; 0: none
   // The home's arena as mapped here: where its registrations end. Valid until `release`.
   const detail::PeerArena* arena = nullptr;
-  // Gives the lease back. Must be called once, after every read of `data` has completed; may be
-  // called from any thread; does not block. Keeps the mapping alive until then.
+  // Gives the lease back. Must be called once, after every read of `data` has completed. Keeps
+  // the mapping alive until then. May block (when the session the lease came on has ended, it is
+  // given back on a new one, to the same home process): call it where a connect may wait.
   absl::AnyInvocable<void() &&> release;
 };
 
@@ -128,6 +129,11 @@ class PeerDaemons : public PeerSource {
   // it, from then on, when the arena cannot be mapped here). REQUIRES: peer.mu held.
   absl::StatusOr<std::shared_ptr<SessionCore>> OpenSessionLocked(Peer& peer, bool node_daemon);
   Peer* FindPeer(const std::string& socket) const;
+  // Gives back host lease `lease_id`, lent on session `lent_on` by the home whose arena is named
+  // `arena`: on that session while it lasts, else on the next one to the same home process (now,
+  // connecting if need be, or when one opens). Blocks as BorrowHost does.
+  void GiveBackHostLease(Peer& peer, std::shared_ptr<SessionCore> lent_on, const std::string& arena,
+                         uint64_t lease_id);
   // Drops `core` as `peer`'s session if it still is: the next fetch reconnects.
   void Forget(Peer& peer, const std::shared_ptr<SessionCore>& core);
 

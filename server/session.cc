@@ -69,14 +69,16 @@ absl::StatusOr<v1::EvictResponse> RunEvict(GpuTier& tier, const v1::EvictRequest
   return response;
 }
 
-SessionProtocol::SessionProtocol(GpuTier& tier, SessionOptions options, Send send)
+SessionProtocol::SessionProtocol(GpuTier& tier, SessionOptions options, Send send,
+                                 std::optional<pid_t> peer_pid)
     : tier_(tier),
       options_(std::move(options)),
       send_(std::move(send)),
-      host_leases_(options_.host_lender == nullptr
-                       ? nullptr
-                       : std::make_shared<HostLeases>(*options_.host_lender,
-                                                      options_.limits.max_leases)) {}
+      host_leases_(
+          options_.host_lender == nullptr || !peer_pid.has_value()
+              ? nullptr
+              : std::make_shared<HostLeases>(*options_.host_lender, options_.limits.max_leases,
+                                             options_.limits.max_staging_bytes, *peer_pid)) {}
 
 SessionProtocol::~SessionProtocol() = default;
 
@@ -198,9 +200,9 @@ void SessionProtocol::Handle(const v1::SessionRequest& request) {
         released = host_leases_->Release(release.lease_id());
       } else {
         released = tier_.Release(client, release.lease_id(),
-                                            release.has_done_event_id()
-                                                ? std::optional<uint32_t>(release.done_event_id())
-                                                : std::nullopt);
+                                 release.has_done_event_id()
+                                     ? std::optional<uint32_t>(release.done_event_id())
+                                     : std::nullopt);
       }
       if (released.ok() && request.release().quiet()) return EndQuietly();
       return Reply(id, released);
@@ -363,26 +365,33 @@ void SessionProtocol::Fetch(uint64_t request_id, ClientId client, const v1::Fetc
 }
 
 void SessionProtocol::LendHost(uint64_t request_id, const v1::FetchRequest& fetch) {
-  if (host_leases_ == nullptr) {
+  if (options_.host_lender == nullptr) {
     return Reply(request_id,
                  absl::PermissionDeniedError(
                      "fetch.host_lease: this daemon lends host memory only as part of a node "
                      "(--peers with --node-host-tier), to sessions of the default client group"));
   }
-  host_leases_->Lend(fetch.key(), fetch.source_fingerprint(), [self = shared_from_this(),
-                                                              request_id](
-                                                                 absl::StatusOr<HostLoan> loan) {
-    if (!loan.ok()) return self->Reply(request_id, loan.status());
-    v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
-    v1::Lease* lease = response.mutable_lease();
-    lease->set_lease_id(loan->lease_id);
-    lease->set_key(loan->key);
-    lease->set_length(loan->length);
-    lease->set_host_buffer_id(HostLender::kArenaHandleId);
-    lease->set_host_offset(loan->offset);
-    lease->set_checksum(loan->checksum);
-    self->SendWithHandles(std::move(response), std::nullopt, HostHandle::kArena, {});
-  });
+  if (host_leases_ == nullptr) {
+    // Where the borrower's process is not known, a lease its session left held could never be
+    // known unused.
+    return Reply(request_id, absl::FailedPreconditionError(
+                                 "fetch.host_lease: host leases are lent on the session socket "
+                                 "only, not on the gRPC Session stream"));
+  }
+  host_leases_->Lend(fetch.key(), fetch.source_fingerprint(),
+                     [self = shared_from_this(), request_id](absl::StatusOr<HostLoan> loan) {
+                       if (!loan.ok()) return self->Reply(request_id, loan.status());
+                       v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
+                       v1::Lease* lease = response.mutable_lease();
+                       lease->set_lease_id(loan->lease_id);
+                       lease->set_key(loan->key);
+                       lease->set_length(loan->length);
+                       lease->set_host_buffer_id(HostLender::kArenaHandleId);
+                       lease->set_host_offset(loan->offset);
+                       lease->set_checksum(loan->checksum);
+                       self->SendWithHandles(std::move(response), std::nullopt, HostHandle::kArena,
+                                             {});
+                     });
 }
 
 void SessionProtocol::Prefetch(uint64_t request_id, const v1::PrefetchRequest& prefetch) {

@@ -10,6 +10,8 @@
 #ifndef TIERD_SERVER_SESSION_H_
 #define TIERD_SERVER_SESSION_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -43,8 +45,9 @@ struct SessionOptions {
   // Where answers are counted by code; null: not counted. Must outlive the sessions.
   ResponseCounters* counters = nullptr;
   // Lends model objects in the daemon's host arena to the node's other daemons
-  // (FetchRequest.host_lease); null where sessions may not have them (a client group's, or a
-  // daemon without peers): they are refused with PERMISSION_DENIED. Must outlive the sessions.
+  // (FetchRequest.host_lease), on the session socket only; null where sessions may not have them
+  // (a client group's, or a daemon without peers): they are refused with PERMISSION_DENIED.
+  // Each session may hold limits.max_staging_bytes of them. Must outlive the sessions.
   HostLender* host_lender = nullptr;
 };
 
@@ -63,7 +66,10 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
  public:
   using Send = std::function<void(v1::SessionResponse)>;
 
-  SessionProtocol(GpuTier& tier, SessionOptions options, Send send);
+  // `peer_pid`: the client's process, where the transport knows it (the session socket's peer
+  // credentials); host leases are lent only then.
+  SessionProtocol(GpuTier& tier, SessionOptions options, Send send,
+                  std::optional<pid_t> peer_pid = std::nullopt);
   // REQUIRES: Close() was called.
   ~SessionProtocol();
   SessionProtocol(const SessionProtocol&) = delete;
@@ -114,9 +120,8 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
   enum class HostHandle { kNone, kHandoffBuffer, kArena };
   // Adds to `response` the handles it needs that the session has not been sent yet (`slab`, each
   // of `events`, and `host`) and sends it.
-  void SendWithHandles(v1::SessionResponse response, std::optional<uint32_t> slab,
-                       HostHandle host, const std::vector<uint32_t>& events)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  void SendWithHandles(v1::SessionResponse response, std::optional<uint32_t> slab, HostHandle host,
+                       const std::vector<uint32_t>& events) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckKey(const std::string& key, absl::string_view field) const {
     return tierd::CheckKey(key, options_.max_key_bytes, field);
   }

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -96,7 +97,8 @@ struct SessionSocketWorker::Connection {
   bool closed ABSL_GUARDED_BY(mu) = false;    // nothing more is sent
 
   // The worker's own.
-  std::string greeting;  // the greeting's bytes as they come
+  std::optional<pid_t> peer_pid;  // SO_PEERCRED
+  std::string greeting;           // the greeting's bytes as they come
   bool greeted = false;
   bool half_closed = false;
   absl::Time deadline = absl::InfiniteFuture();  // of the greeting, or of a frame begun
@@ -204,6 +206,12 @@ bool SessionSocketWorker::TakeAdded() {
 
 void SessionSocketWorker::Open(int fd) {
   auto connection = std::make_shared<Connection>(fd, epoll_fd_, unread_answers_);
+  // The client's process, as the kernel says it connected: what its host leases are held for.
+  ucred peer{};
+  socklen_t peer_size = sizeof(peer);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &peer_size) == 0 && peer.pid > 0) {
+    connection->peer_pid = peer.pid;
+  }
   epoll_event event{};
   event.events = EPOLLIN | EPOLLRDHUP;
   event.data.ptr = connection.get();
@@ -334,9 +342,11 @@ bool SessionSocketWorker::Take(const std::shared_ptr<Connection>& connection,
     connection->deadline = absl::InfiniteFuture();
     Enqueue(connection, std::string(hello));
     connection->protocol = std::make_shared<SessionProtocol>(
-        tier_, options_, [weak = std::weak_ptr<Connection>(connection)](v1::SessionResponse r) {
+        tier_, options_,
+        [weak = std::weak_ptr<Connection>(connection)](v1::SessionResponse r) {
           if (std::shared_ptr<Connection> live = weak.lock()) Enqueue(live, EncodeFrame(r));
-        });
+        },
+        connection->peer_pid);
   }
   if (bytes.empty()) return true;
   const size_t frames_before = connection->frames.frames();

@@ -165,6 +165,7 @@ void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time 
   auto fail = [&](const absl::Status& status) {
     DeferAnswer(deferred.calls(), std::move(done), status);
   };
+  if (!serving_) return fail(NotServing());
   Entry* entry = FindServableLocked(key);
   if (entry == nullptr) {
     absl::StatusOr<ObjectRef> object = catalog_.Lookup(key);
@@ -219,6 +220,17 @@ void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time 
       deferred.calls());
 }
 
+absl::Status HostCache::NotServing() {
+  return absl::UnavailableError("the host cache is shutting down");
+}
+
+void HostCache::StopServing() {
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  serving_ = false;
+  table_.FailWaiters(NotServing(), deferred.calls());
+}
+
 HostCache::Entry* HostCache::FindServableLocked(const std::string& key) {
   Entry* entry = table_.Find(key);
   if (entry == nullptr) return nullptr;
@@ -241,6 +253,7 @@ HostCache::Entry* HostCache::FindServableLocked(const std::string& key) {
 absl::Status HostCache::Prefetch(const std::string& key, absl::Time deadline) {
   {
     absl::MutexLock lock(&mu_);
+    if (!serving_) return NotServing();
     if (FindServableLocked(key) == nullptr) {
       absl::StatusOr<ObjectRef> object = catalog_.Lookup(key);
       if (!object.ok()) return object.status();

@@ -154,6 +154,12 @@ class HostCache : private HostCacheTable::Owner {
   // released. NOT_FOUND when there is none.
   absl::Status Delete(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // From now on nothing new is read or reserved: Fetch, Prefetch and ReserveStore answer
+  // UNAVAILABLE, and requests waiting for room are refused so; reads in flight complete. Memory
+  // freed after this is never written again, for the node's other daemons that may still copy
+  // from it (server/host_lender.h). Idempotent.
+  void StopServing() ABSL_LOCKS_EXCLUDED(mu_);
+
   bool IsResident(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
   // Keys starting with `prefix` that the cache knows: resident, loading or spilled.
   std::vector<std::string> Keys(absl::string_view prefix) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -209,6 +215,7 @@ class HostCache : private HostCacheTable::Owner {
   // The entry of `key` that may be served, or nullptr: a weight of a registration that is no
   // longer current, or a stored object in a registered model's namespace, is removed instead.
   Entry* FindServableLocked(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static absl::Status NotServing();
   // Where the reads that bring `entry` into its memory go.
   std::vector<ReadTarget> TargetsLocked(const Entry* entry) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -228,6 +235,7 @@ class HostCache : private HostCacheTable::Owner {
   uint64_t submits_pending_ ABSL_GUARDED_BY(mu_) = 0;  // threads inside StartReadLocked's window
   uint64_t allocations_pending_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_spill_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool serving_ ABSL_GUARDED_BY(mu_) = true;  // until StopServing
   HostCacheStats stats_ ABSL_GUARDED_BY(mu_);
   // Runs FinishRead for every read. Last: joined first, before anything its jobs use.
   WorkerPool checksums_;

@@ -25,6 +25,7 @@ void HostCache::ReserveStore(const std::string& key, uint64_t bytes, bool spilla
                 absl::InvalidArgumentError("a stored object needs a key and a size"));
     return;
   }
+  if (!serving_) return DeferAnswer(deferred.calls(), std::move(done), NotServing());
   Entry* entry = table_.Create(key);  // unlisted until committed
   entry->kind = Kind::kStored;
   entry->state = State::kAllocating;

@@ -19,6 +19,11 @@
 //       than one: with one FetchMany, which names one done event for all) and print "released"
 //       once the daemon has the releases; then wait for the reads and compare what they read with
 //       the expected tensors.
+//   api_peer host-lease SOCKET KEY
+//       as a node's daemon does, on SOCKET's session socket: take a host lease on KEY, print
+//       "held", wait for a line on stdin and exit holding it (its session ends with the process).
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,6 +38,8 @@
 #include "client/tierd_client.h"
 #include "device/pinned_host_buffer.h"
 #include "tests/storage_test_support.h"
+#include "wire/session_socket.h"
+#include "wire/wire_format.h"
 #ifdef TIERD_TEST_CUDA_KERNELS
 #include "device/cuda_device.h"
 #include "tests/slow_copy_kernel.h"
@@ -74,6 +81,46 @@ absl::Status CheckLease(tierd::Session& session, tierd::Lease& lease,
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "api_peer: %s\n", status.ToString().c_str());
   return 1;
+}
+
+int HoldHostLease(const std::string& socket, const std::string& key) {
+  const std::string path = tierd::SessionSocketPathFor(socket);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::snprintf(address.sun_path, sizeof(address.sun_path), "%s", path.c_str());
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    return Fail(absl::UnavailableError(absl::StrCat("connecting to ", path)));
+  }
+  tierd::v1::SessionRequest open;
+  open.set_request_id(1);
+  open.mutable_open()->set_client_name("api_peer host-lease");
+  open.mutable_open()->set_protocol(tierd::SessionProtocolVersion());
+  open.mutable_open()->set_node_daemon(true);
+  tierd::v1::SessionRequest fetch;
+  fetch.set_request_id(2);
+  fetch.mutable_fetch()->set_key(key);
+  fetch.mutable_fetch()->set_local_only(true);
+  fetch.mutable_fetch()->set_host_lease(true);
+  absl::Status status =
+      tierd::SendAll(fd, absl::StrCat(tierd::SessionSocketHello(), tierd::EncodeFrame(open),
+                                      tierd::EncodeFrame(fetch)));
+  std::string greeting(tierd::SessionSocketHello().size(), '\0');
+  if (status.ok()) status = tierd::ReadExactly(fd, greeting.data(), greeting.size());
+  for (int answer = 0; status.ok() && answer < 2; ++answer) {
+    std::string payload;
+    status = tierd::ReadFrame(fd, payload);
+    tierd::v1::SessionResponse response;
+    if (status.ok() && (!response.ParseFromString(payload) || response.code() != 0)) {
+      status = absl::InternalError(absl::StrCat("answer ", answer, ": ", response.message()));
+    }
+  }
+  if (!status.ok()) return Fail(status);
+  std::printf("held\n");
+  std::fflush(stdout);
+  char line[16];
+  if (std::fgets(line, sizeof(line), stdin) == nullptr) return 1;
+  return 0;  // exits holding the lease
 }
 
 int Verify(tierd::Client& client, const std::string& model, const std::string& expected_dir,
@@ -269,9 +316,11 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.size() < 3) {
     std::fprintf(stderr,
-                 "usage: api_peer verify|hold|hold-forever|hold-many|slow-read SOCKET ...\n");
+                 "usage: api_peer verify|hold|hold-forever|hold-many|slow-read|host-lease SOCKET "
+                 "...\n");
     return 2;
   }
+  if (args[0] == "host-lease" && args.size() == 3) return HoldHostLease(args[1], args[2]);
   tierd::ClientOptions options;
   options.socket_path = args[1];
   options.client_name = absl::StrCat("api_peer ", args[0], " pid ", ::getpid());

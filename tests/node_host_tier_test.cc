@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -16,12 +17,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/tierd_client.h"
+#include "common/status_macros.h"
+#include "device/shared_memory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_test_support.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 #include "wire/session_socket.h"
+#include "wire/wire_format.h"
 
 namespace tierd {
 namespace {
@@ -32,6 +36,7 @@ using ::tierd::testing::IsOkAndHolds;
 using ::tierd::testing::RandomTensor;
 using ::tierd::testing::SiblingBinary;
 using ::tierd::testing::StatusIs;
+using ::tierd::testing::StoreBytes;
 using ::tierd::testing::Subprocess;
 using ::tierd::testing::TempDir;
 using ::tierd::testing::TensorSpec;
@@ -54,8 +59,8 @@ class NodeHostTierTest : public ::testing::Test {
     tensors_.clear();
     model_bytes_ = 0;
     for (int i = 0; i < objects; ++i) {
-      tensors_.push_back(RandomTensor(absl::StrCat("w", i), "F32",
-                                      {rows * (1 + i % 4), 1024}, 100 + i));
+      tensors_.push_back(
+          RandomTensor(absl::StrCat("w", i), "F32", {rows * (1 + i % 4), 1024}, 100 + i));
       model_bytes_ += tensors_.back().data.size();
     }
     ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(model_dir_, "/model.safetensors"), tensors_),
@@ -71,7 +76,8 @@ class NodeHostTierTest : public ::testing::Test {
   std::string socket_path(int i) const { return absl::StrCat(dir_.path(), "/gpu", i, ".sock"); }
 
   // Every daemon names the whole node, itself included, as a shared configuration would.
-  void StartDaemons(const std::string& host_cache_bytes = "16MiB") {
+  void StartDaemons(const std::string& host_cache_bytes = "16MiB",
+                    const std::vector<std::string>& extra = {}) {
     for (int i = 0; i < kDaemons; ++i) {
       std::vector<std::string> argv = {
           SiblingBinary("tierd"),
@@ -85,16 +91,17 @@ class NodeHostTierTest : public ::testing::Test {
           "--shutdown-grace-ms=500",
           "--node-home-timeout-ms=2000",
           absl::StrCat("--peers=", socket_path(0), ",", socket_path(1), ",", socket_path(2))};
+      argv.insert(argv.end(), extra.begin(), extra.end());
       auto daemon = testing::StartServingDaemon(argv, socket_path(i), kTimeout);
       ASSERT_THAT(daemon, IsOk());
       daemons_[i] = *std::move(daemon);
     }
     for (int i = 0; i < kDaemons; ++i) {
       const auto other = other_model_dir_.find(i);
-      ASSERT_THAT(client(i).RegisterModel(
-                      "m", other == other_model_dir_.end() ? model_dir_ : other->second,
-                      v1::GROUPING_TENSOR),
-                  IsOk());
+      ASSERT_THAT(
+          client(i).RegisterModel("m", other == other_model_dir_.end() ? model_dir_ : other->second,
+                                  v1::GROUPING_TENSOR),
+          IsOk());
     }
   }
 
@@ -155,7 +162,8 @@ class NodeHostTierTest : public ::testing::Test {
   }
 
   // Fetches every object through daemon i's session `own` once, starting at object `first`, and
-  // evicts them from its GPU; returns how many answers were wrong or failed (each a test failure too).
+  // evicts them from its GPU; returns how many answers were wrong or failed (each a test failure
+  // too).
   int LoadRound(int i, Session& own, size_t first) {
     int wrong = 0;
     for (size_t t = 0; t < tensors_.size(); ++t) {
@@ -169,6 +177,68 @@ class NodeHostTierTest : public ::testing::Test {
     }
     (void)own.Evict("m/", v1::TIER_GPU);
     return wrong;
+  }
+
+  // The objects homed on daemon i, by their index in tensors_.
+  std::vector<size_t> HomedOn(int i) {
+    std::vector<size_t> homed;
+    auto listed = client(0).ListObjects("m");
+    EXPECT_THAT(listed, IsOk());
+    if (!listed.ok()) return homed;
+    for (const v1::ObjectInfo& object : *listed) {
+      if (object.home() == socket_path(i)) homed.push_back(std::stoul(object.key().substr(3)));
+    }
+    std::sort(homed.begin(), homed.end());
+    return homed;
+  }
+
+  // A session on daemon i's session socket that opens as a node's daemon does; `fd` its socket.
+  struct RawSession {
+    int fd = -1;
+    uint64_t next_id = 2;
+    std::string arena;  // the name of the home's host arena, sent with the open answer
+  };
+  RawSession OpenAsNodeDaemon(int i) {
+    RawSession raw{testing::ConnectUnix(SessionSocketPathFor(socket_path(i)))};
+    v1::SessionRequest open = testing::OpenRequest(1, "node_host_tier_test as a daemon");
+    open.mutable_open()->set_node_daemon(true);
+    EXPECT_THAT(SendAll(raw.fd, absl::StrCat(SessionSocketHello(), EncodeFrame(open))), IsOk());
+    std::string greeting(SessionSocketHello().size(), '\0');
+    EXPECT_THAT(ReadExactly(raw.fd, greeting.data(), greeting.size()), IsOk());
+    absl::StatusOr<v1::SessionResponse> opened = Answer(raw);
+    EXPECT_THAT(opened, IsOk());
+    if (opened.ok()) {
+      for (const v1::Handle& handle : opened->new_handles()) {
+        if (handle.kind() == v1::Handle::HOST_ARENA) raw.arena = handle.handle();
+      }
+    }
+    return raw;
+  }
+  absl::StatusOr<v1::SessionResponse> Answer(RawSession& raw) {
+    std::string payload;
+    RETURN_IF_ERROR(ReadFrame(raw.fd, payload));
+    v1::SessionResponse response;
+    if (!response.ParseFromString(payload))
+      return absl::InternalError("an answer that does not parse");
+    if (response.code() != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
+    }
+    return response;
+  }
+  // A host lease on `key`, as a node's daemon asks for one.
+  absl::StatusOr<v1::SessionResponse> LeaseHost(RawSession& raw, const std::string& key) {
+    v1::SessionRequest request = testing::FetchRequestFor(raw.next_id++, key);
+    request.mutable_fetch()->set_local_only(true);
+    request.mutable_fetch()->set_host_lease(true);
+    RETURN_IF_ERROR(SendAll(raw.fd, EncodeFrame(request)));
+    return Answer(raw);
+  }
+  absl::Status ReleaseHost(RawSession& raw, uint64_t lease_id) {
+    v1::SessionRequest request;
+    request.set_request_id(raw.next_id++);
+    request.mutable_release()->set_lease_id(lease_id);
+    RETURN_IF_ERROR(SendAll(raw.fd, EncodeFrame(request)));
+    return Answer(raw).status();
   }
 
   TempDir dir_;
@@ -431,13 +501,129 @@ TEST_F(NodeHostTierTest, ADaemonWithTheModelFromOtherFilesIsNeitherLentNorBorrow
   EXPECT_EQ(Stats(2).node_fallbacks(), tensors_.size() - homed_on_2);
 }
 
+// A home lends an object to a daemon whose session then breaks (the daemon lives on, and may still
+// be about to copy). The object stays put however long that takes and whatever the home reads
+// meanwhile — no timer lets it go — until that daemon's process gives the lease back on a later
+// session, or exits. (A 5 s timer let the range be read into again under a slow borrower.)
+TEST_F(NodeHostTierTest, ALeaseWhoseSessionEndedIsHeldUntilItsProcessReleasesItOrExits) {
+  WriteModel(32, 32);  // 128 to 512 KiB objects, 10 MiB: more than a 3 MiB host cache holds
+  StartDaemons("3MiB");
+  const std::vector<size_t> homed = HomedOn(0);
+  ASSERT_GE(homed.size(), 4u);
+  const TensorSpec& lent = tensors_[homed[0]];
+  RawSession borrower = OpenAsNodeDaemon(0);
+  auto lease = LeaseHost(borrower, "m/" + lent.name);
+  ASSERT_THAT(lease, IsOk());
+  auto arena = SharedMemory::OpenReadOnly(borrower.arena);
+  ASSERT_THAT(arena, IsOk());
+  auto lent_bytes = [&] {
+    return std::string(static_cast<const char*>((*arena)->data()) + lease->lease().host_offset(),
+                       lease->lease().length());
+  };
+  ASSERT_EQ(lent_bytes(), lent.data);
+  ::close(borrower.fd);  // the session breaks; this process goes on
+
+  // The home reads and evicts its other objects, round after round, for longer than 5 s.
+  const absl::Time until = absl::Now() + absl::Seconds(6);
+  while (absl::Now() < until) {
+    for (size_t t : homed) {
+      if (t == homed[0]) continue;
+      EXPECT_THAT(FetchBytes(session(0), "m/" + tensors_[t].name), IsOkAndHolds(tensors_[t].data));
+    }
+    (void)session(0).Evict("m/", v1::TIER_ALL);
+  }
+  EXPECT_GT(Stats(0).host().evictions(), 0u);
+  EXPECT_EQ(lent_bytes(), lent.data) << "the lent range was read into while it was lent";
+  EXPECT_EQ(Stats(0).node_host_leases(), 1u);
+
+  // Another process cannot give it back; this one can, on a later session.
+  RawSession later = OpenAsNodeDaemon(0);
+  EXPECT_THAT(ReleaseHost(later, lease->lease().lease_id()), IsOk());
+  ExpectHostLeasesDrain(0);
+  EXPECT_THAT(ReleaseHost(later, lease->lease().lease_id()), StatusIs(absl::StatusCode::kNotFound));
+  ::close(later.fd);
+
+  // A process that exits with a lease held: given back once the process is gone.
+  auto holder = Subprocess::Start(
+      {SiblingBinary("api_peer"), "host-lease", socket_path(0), "m/" + tensors_[homed[1]].name});
+  ASSERT_THAT(holder, IsOk());
+  EXPECT_THAT((*holder)->ReadLine(kTimeout), IsOkAndHolds("held"));
+  EXPECT_EQ(Stats(0).node_host_leases(), 1u);
+  ASSERT_THAT((*holder)->WriteToStdin("exit\n"), IsOk());
+  EXPECT_THAT((*holder)->Wait(kTimeout), IsOkAndHolds(0));
+  ExpectHostLeasesDrain(0);
+}
+
+// What borrowers may hold of a home's host cache is bounded: a session its staging quota in bytes,
+// all of them together half the cache (each object once). Past that a lease is refused, and the
+// home's own clients still find room to store.
+TEST_F(NodeHostTierTest, HostLeasesAreBoundedPerSessionAndForAllSessions) {
+  WriteModel(32, 32);
+  StartDaemons("4MiB", {"--session-max-staging-bytes=1536KiB"});
+  const std::vector<size_t> homed = HomedOn(0);
+  uint64_t homed_bytes = 0;
+  for (size_t t : homed) homed_bytes += tensors_[t].data.size();
+  ASSERT_GT(homed_bytes, 2u << 20) << "too little is homed on daemon 0 for this test";
+  auto lease_until_refused = [&](RawSession& raw, uint64_t& held, bool backwards) -> absl::Status {
+    for (size_t i = 0; i < homed.size(); ++i) {
+      const size_t t = homed[backwards ? homed.size() - 1 - i : i];
+      absl::StatusOr<v1::SessionResponse> lease = LeaseHost(raw, "m/" + tensors_[t].name);
+      if (!lease.ok()) return lease.status();
+      held += lease->lease().length();
+    }
+    return absl::OkStatus();
+  };
+  RawSession first = OpenAsNodeDaemon(0);
+  uint64_t first_held = 0;
+  const absl::Status quota = lease_until_refused(first, first_held, /*backwards=*/false);
+  EXPECT_THAT(quota, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(std::string(quota.message()), ::testing::HasSubstr("--session-max-staging-bytes"));
+  EXPECT_LE(first_held, 1536u << 10);
+  // Another session leases others, until the two hold half the cache.
+  RawSession second = OpenAsNodeDaemon(0);
+  uint64_t second_held = 0;
+  const absl::Status cap = lease_until_refused(second, second_held, /*backwards=*/true);
+  EXPECT_THAT(cap, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(std::string(cap.message()), ::testing::HasSubstr("half the host cache"));
+  EXPECT_LE(first_held + second_held, 2u << 20);
+  // An object the first session holds is lent again without counting twice.
+  RawSession third = OpenAsNodeDaemon(0);
+  EXPECT_THAT(LeaseHost(third, "m/" + tensors_[homed[0]].name), IsOk());
+  // The home's own clients still store and fetch.
+  const std::string activations = testing::PatternBytes(1 << 20, 5);
+  EXPECT_THAT(StoreBytes(session(0), "kv/x", activations), IsOk());
+  EXPECT_THAT(FetchBytes(session(0), "kv/x"), IsOkAndHolds(activations));
+  ::close(first.fd);
+  ::close(second.fd);
+  ::close(third.fd);
+  // On the gRPC stream, whose peer process is not known, none is lent at all.
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kTimeout));
+  auto stream = client(0).stub().Session(&context);
+  v1::SessionRequest open = testing::OpenRequest(1, "node_host_tier_test over gRPC");
+  open.mutable_open()->set_node_daemon(true);
+  v1::SessionRequest request = testing::FetchRequestFor(2, "m/" + tensors_[homed[0]].name);
+  request.mutable_fetch()->set_local_only(true);
+  request.mutable_fetch()->set_host_lease(true);
+  ASSERT_TRUE(stream->Write(open) && stream->Write(request));
+  v1::SessionResponse answer;
+  ASSERT_TRUE(stream->Read(&answer) && stream->Read(&answer));
+  EXPECT_EQ(answer.code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(answer.message(), ::testing::HasSubstr("session socket only"));
+  stream->WritesDone();
+  (void)stream->Finish();
+}
+
 TEST_F(NodeHostTierTest, HostLeasesNeedANode) {
   // A daemon without peers lends no host memory.
-  std::vector<std::string> argv = {
-      SiblingBinary("tierd"), absl::StrCat("--device=", testing::DeviceUnderTest().ToString()),
-      absl::StrCat("--socket=", socket_path(0)), absl::StrCat("--state-dir=", dir_.path(), "/s"),
-      "--host-cache-bytes=16MiB", "--gpu-pool-bytes=16MiB", "--gpu-slab-bytes=8MiB",
-      "--shutdown-grace-ms=500"};
+  std::vector<std::string> argv = {SiblingBinary("tierd"),
+                                   absl::StrCat("--device=", testing::DeviceUnderTest().ToString()),
+                                   absl::StrCat("--socket=", socket_path(0)),
+                                   absl::StrCat("--state-dir=", dir_.path(), "/s"),
+                                   "--host-cache-bytes=16MiB",
+                                   "--gpu-pool-bytes=16MiB",
+                                   "--gpu-slab-bytes=8MiB",
+                                   "--shutdown-grace-ms=500"};
   auto daemon = testing::StartServingDaemon(argv, socket_path(0), kTimeout);
   ASSERT_THAT(daemon, IsOk());
   daemons_[0] = *std::move(daemon);

@@ -17,8 +17,8 @@
 
 #include <cstdint>
 #include <memory>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -53,6 +53,8 @@ class PeerArena {
   // that touches it).
   absl::Status EnsureRegistered(uint64_t offset, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The shared memory object's name: it names the home daemon's process (/tierd.PID.arena).
+  const std::string& name() const { return memory_->name(); }
   // The arena's first byte in this process; never changes.
   const uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
@@ -98,7 +100,7 @@ class PeerArena {
   bool probing_ ABSL_GUARDED_BY(mu_) = false;  // a thread is settling the mode
   // Set when remapping the object read-write failed: the mapping may be gone.
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // the destructor tells the background thread
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;   // the destructor tells the background thread
   std::thread background_ ABSL_GUARDED_BY(mu_);  // RegisterAllInBackground's
 };
 
