@@ -116,6 +116,14 @@ absl::StatusOr<uint64_t> SharedMemoryFreeBytes() {
   return static_cast<uint64_t>(filesystem.f_bavail) * filesystem.f_frsize;
 }
 
+absl::StatusOr<uint64_t> SharedMemoryTotalBytes() {
+  struct statvfs filesystem {};
+  if (::statvfs(kShmDirectory, &filesystem) != 0) {
+    return PosixError(absl::StrCat("statvfs ", kShmDirectory), errno);
+  }
+  return static_cast<uint64_t>(filesystem.f_blocks) * filesystem.f_frsize;
+}
+
 std::string SharedMemoryPrefixForPid(int pid) { return absl::StrCat("/", kPrefix, pid, "."); }
 
 int RemoveStaleSharedMemory() {

@@ -61,6 +61,8 @@ class SharedMemory {
 // Bytes shared memory objects may still take: the free space of the filesystem behind them
 // (/dev/shm). Errors: statvfs's.
 absl::StatusOr<uint64_t> SharedMemoryFreeBytes();
+// The size of that filesystem. Errors: statvfs's.
+absl::StatusOr<uint64_t> SharedMemoryTotalBytes();
 
 // The name prefix of every shared memory object a process with this pid creates: "/tierd.<pid>.".
 std::string SharedMemoryPrefixForPid(int pid);

@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/posix_error.h"
 #include "common/status_macros.h"
+#include "device/shared_memory.h"
 #include "gpu/staging_pool.h"
 #include "grpc/health/v1/health.pb.h"
 #include "server/metrics_text.h"
@@ -144,6 +145,12 @@ std::string StartingSocketPath(const std::string& path) { return path + ".starti
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& requested) {
   RETURN_IF_ERROR(ValidateOptions(requested));
+  // A daemon that crashed (this one before its restart, most likely) left its shared memory in
+  // /dev/shm: gone before /dev/shm's free space is measured, or a restart would find too little.
+  if (int removed = RemoveStaleSharedMemory(); removed > 0) {
+    TIERD_LOG(INFO) << "removed " << removed
+                    << " shared memory object(s) left by tierd processes that no longer run";
+  }
   ASSIGN_OR_RETURN(const MachineResources machine, ReadMachineResources());
   DaemonOptions options = requested;
   if (options.reader.threads == 0) {

@@ -360,7 +360,8 @@ absl::Status PeerDaemons::Connect(const std::string& socket) {
   return SessionTo(*peer).status();
 }
 
-uint64_t PeerDaemons::RegisteredArenaBytes() const {
+uint64_t PeerDaemons::RegisteredArenaBytes() {
+  ReleaseEndedSessions();
   uint64_t bytes = 0;
   for (const auto& peer : peers_) {
     std::shared_ptr<SessionCore> core;
@@ -394,20 +395,43 @@ void PeerDaemons::PrefetchHost(const std::string& socket, const std::string& key
   if (absl::Status sent = (*core)->Send(std::move(request)); !sent.ok()) Forget(*peer, *core);
 }
 
-absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::SessionTo(Peer& peer) {
-  absl::MutexLock lock(&peer.mu);
-  if (peer.core != nullptr && !peer.core->ended()) return peer.core;
-  if (peer.core != nullptr) peer.retired.push_back(std::move(peer.core));
-  // Ended sessions nothing holds any more go now. Where this runs on the reader thread of one of
-  // them (a search asking its peer again), the answer's handler holds that one: it stays.
+void PeerDaemons::TakeEndedLocked(Peer& peer, std::vector<std::shared_ptr<SessionCore>>& unused) {
+  peer.mu.AssertHeld();
+  if (peer.core != nullptr && peer.core->ended()) peer.retired.push_back(std::move(peer.core));
+  {
+    absl::MutexLock arena_lock(&peer.arena_mu);
+    if (peer.arena_session != nullptr && peer.arena_session->ended()) peer.arena_session.reset();
+  }
+  // Ended sessions nothing holds any more go, and with them the mapping of their home's arena: a
+  // home that died must not stay mapped here (its /dev/shm space is freed only once nobody maps
+  // it). Where this runs on the reader thread of one of them (a search asking its peer again),
+  // the answer's handler holds that one: it stays.
   for (size_t i = 0; i < peer.retired.size();) {
     if (peer.retired[i].use_count() == 1) {
+      unused.push_back(std::move(peer.retired[i]));
       peer.retired[i] = std::move(peer.retired.back());
       peer.retired.pop_back();
     } else {
       ++i;
     }
   }
+}
+
+void PeerDaemons::ReleaseEndedSessions() {
+  for (const auto& peer : peers_) {
+    std::vector<std::shared_ptr<SessionCore>> unused;  // destroyed after the lock
+    // Not waiting for a connection to a peer that does not answer, which holds mu: next time.
+    if (!peer->mu.TryLock()) continue;
+    TakeEndedLocked(*peer, unused);
+    peer->mu.Unlock();
+  }
+}
+
+absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::SessionTo(Peer& peer) {
+  std::vector<std::shared_ptr<SessionCore>> unused;  // destroyed after the lock
+  absl::MutexLock lock(&peer.mu);
+  TakeEndedLocked(peer, unused);
+  if (peer.core != nullptr) return peer.core;
   ASSIGN_OR_RETURN(std::shared_ptr<SessionCore> core,
                    OpenSessionLocked(peer, node_daemon_ && !peer.arena_unusable));
   TIERD_VLOG(1) << "peer " << peer.socket << ": session open";

@@ -105,8 +105,12 @@ class PeerDaemons : public PeerSource {
   // sends one, is then registered here in the background. Blocks as BorrowHost does. NOT_FOUND
   // for a socket that is not a peer; the connection's errors.
   absl::Status Connect(const std::string& socket);
-  // Bytes of the peers' host arenas (those of the sessions open now) registered here.
-  uint64_t RegisteredArenaBytes() const;
+  // Bytes of the peers' host arenas (those of the sessions open now) registered here. Lets go of
+  // sessions that have ended and that nothing uses any more first (ReleaseEndedSessions).
+  uint64_t RegisteredArenaBytes();
+  // Lets go of the sessions to peers that have ended and that no copy uses any more, unmapping the
+  // host arenas of homes that are gone. Each fetch does it too; so do the stats, periodically.
+  void ReleaseEndedSessions();
   // Asks the peer at `socket` to bring `key` into its host cache (a host-only prefetch); a failure
   // is logged. Blocks as BorrowHost does.
   void PrefetchHost(const std::string& socket, const std::string& key);
@@ -134,6 +138,9 @@ class PeerDaemons : public PeerSource {
   // connecting if need be, or when one opens). Blocks as BorrowHost does.
   void GiveBackHostLease(Peer& peer, std::shared_ptr<SessionCore> lent_on, const std::string& arena,
                          uint64_t lease_id);
+  // Moves `peer`'s session to the retired ones if it has ended, and the retired sessions nothing
+  // uses any more to `unused`. REQUIRES: peer.mu held.
+  void TakeEndedLocked(Peer& peer, std::vector<std::shared_ptr<SessionCore>>& unused);
   // Drops `core` as `peer`'s session if it still is: the next fetch reconnects.
   void Forget(Peer& peer, const std::shared_ptr<SessionCore>& core);
 

@@ -55,6 +55,21 @@ Budget SharedMemoryFree(uint64_t free_bytes) {
                 absl::StrCat("the free space of /dev/shm (", FormatByteSize(free_bytes), ")"));
 }
 
+// A refusal of /dev/shm's space made UNAVAILABLE when everything asked of it, `asked`, fits in
+// its size: only what other processes hold now stands in the way, and that may come back (a
+// restart in a moment may succeed, where a usage error would never be retried).
+absl::Status TransientIfItFits(absl::Status refused, uint64_t asked,
+                               const MachineResources& machine) {
+  if (refused.ok() || machine.shared_memory_total_bytes == 0 ||
+      asked > machine.shared_memory_total_bytes) {
+    return refused;
+  }
+  return absl::UnavailableError(absl::StrCat(
+      refused.message(), "; /dev/shm holds ", FormatByteSize(machine.shared_memory_total_bytes),
+      ", the rest is held by other processes now (the peers of a daemon that died map its arena "
+      "until their copies from it are done): try again"));
+}
+
 std::string Sized(absl::string_view flag, uint64_t bytes) {
   return absl::StrCat(flag, "=", FormatByteSize(bytes));
 }
@@ -139,6 +154,7 @@ absl::StatusOr<MachineResources> ReadMachineResources() {
 
   ASSIGN_OR_RETURN(machine.memory_available_bytes, AvailableMemoryBytes());
   ASSIGN_OR_RETURN(machine.shared_memory_free_bytes, SharedMemoryFreeBytes());
+  ASSIGN_OR_RETURN(machine.shared_memory_total_bytes, SharedMemoryTotalBytes());
   return machine;
 }
 
@@ -147,14 +163,19 @@ absl::Status CheckDaemonLimits(const DaemonOptions& options, const MachineResour
   Budget memory = MemoryAvailable(machine);
   RETURN_IF_ERROR(TakeDaemonHostMemory(options, memory));
   Budget shared_memory = SharedMemoryFree(machine.shared_memory_free_bytes);
+  uint64_t asked = options.peer_host_buffer_bytes;
   if (SharesHostTier(options)) {
-    RETURN_IF_ERROR(shared_memory.Take(
-        absl::StrCat(Sized("--host-cache-bytes", options.host_cache_bytes),
-                     " (a shared host arena: --peers with --node-host-tier)"),
-        "--host-cache-bytes", options.host_cache_bytes));
+    asked += options.host_cache_bytes;
+    RETURN_IF_ERROR(TransientIfItFits(
+        shared_memory.Take(absl::StrCat(Sized("--host-cache-bytes", options.host_cache_bytes),
+                                        " (a shared host arena: --peers with --node-host-tier)"),
+                           "--host-cache-bytes", options.host_cache_bytes),
+        asked, machine));
   }
-  return shared_memory.Take(Sized("--peer-host-buffer-bytes", options.peer_host_buffer_bytes),
-                            "--peer-host-buffer-bytes", options.peer_host_buffer_bytes);
+  return TransientIfItFits(
+      shared_memory.Take(Sized("--peer-host-buffer-bytes", options.peer_host_buffer_bytes),
+                         "--peer-host-buffer-bytes", options.peer_host_buffer_bytes),
+      asked, machine);
 }
 
 absl::Status CheckStagingMemory(const DaemonOptions& options, const MachineResources& machine,

@@ -36,6 +36,8 @@ struct MachineResources {
   int cpu_cores = 0;                      // CPUs this process may run on
   uint64_t memory_available_bytes = 0;    // MemAvailable in /proc/meminfo
   uint64_t shared_memory_free_bytes = 0;  // free space of /dev/shm
+  // Its size: what is not free of it other processes hold now, and may let go of (0: unknown).
+  uint64_t shared_memory_total_bytes = 0;
 };
 
 // This machine's figures: the CPUs of this process's affinity mask, /proc/meminfo's MemAvailable
@@ -51,6 +53,10 @@ absl::StatusOr<MachineResources> ReadMachineResources();
 //   --host-cache-bytes, the disk reader's buffers (threads x queue depth x chunk) and
 //   --peer-host-buffer-bytes together within MemAvailable;
 //   --peer-host-buffer-bytes (shared memory on both backends) within the free space of /dev/shm.
+// Errors: INVALID_ARGUMENT (a usage error: what the flags ask for cannot be had), except where
+// they would fit in /dev/shm's size but not in what is free of it now: UNAVAILABLE, as the space
+// others hold may come back (a daemon that died is unmapped by its peers once their copies are
+// done).
 // REQUIRES: --reader-threads=auto has been sized (options.reader.threads is not 0).
 absl::Status CheckDaemonLimits(const DaemonOptions& options, const MachineResources& machine);
 

@@ -294,6 +294,45 @@ TEST_F(DaemonProcessTest, GetWritesIntoADeviceOrAFifoWithoutReplacingIt) {
   EXPECT_EQ(got->exit_code, 1);
 }
 
+// A daemon of a node (its host arena in /dev/shm) killed with SIGKILL leaves its arena there. Its
+// restart, in a /dev/shm that cannot hold two arenas, must remove the dead one before it measures
+// the free space: it once measured first and exited 2, which systemd never retries. Run in a
+// mount namespace of its own with a 64 MiB /dev/shm (root only).
+TEST_F(DaemonProcessTest, ADaemonKilledWithItsArenaInDevShmStartsAgainWhereOnlyOneFits) {
+  const std::string script = R"(
+set -u
+dir=$1 tierd=$2 tierctl=$3
+mount -t tmpfs -o size=64m tmpfs /dev/shm || exit 77
+start() {
+  "$tierd" --device=host --socket="$dir/gpu0.sock" --state-dir="$dir/state" \
+    --host-cache-bytes=40MiB --gpu-pool-bytes=4MiB --gpu-slab-bytes=4MiB \
+    --peer-host-buffer-bytes=4MiB --peers="$dir/gpu0.sock,$dir/gpu1.sock" 2>>"$dir/log" &
+  pid=$!
+  for _ in $(seq 300); do
+    "$tierctl" --socket="$dir/gpu0.sock" --timeout-ms=1000 health >/dev/null 2>&1 && return 0
+    if ! kill -0 $pid 2>/dev/null; then wait $pid; echo "exited with status $?"; return 1; fi
+    sleep 0.1
+  done
+  echo "not serving"
+  return 1
+}
+start && echo "first serving"
+kill -9 $pid
+wait $pid 2>/dev/null
+start && echo "second serving"
+kill -TERM $pid 2>/dev/null
+wait $pid 2>/dev/null
+)";
+  auto run = RunProgram({"/usr/bin/unshare", "-m", "/bin/sh", "-c", script, "sh", dir_.path(),
+                         SiblingBinary("tierd"), SiblingBinary("tierctl")},
+                        kTimeout);
+  ASSERT_THAT(run, IsOk());
+  if (run->exit_code == 77 || !absl::StrContains(run->output, "first serving")) {
+    GTEST_SKIP() << "needs a mount namespace of its own (root): " << run->output;
+  }
+  EXPECT_THAT(run->output, HasSubstr("second serving"));
+}
+
 TEST_F(DaemonProcessTest, SecondDaemonOnTheSameSocketIsRefused) {
   auto daemon = StartDaemon();
   ASSERT_NE(daemon, nullptr);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -78,23 +79,11 @@ class NodeHostTierTest : public ::testing::Test {
   // Every daemon names the whole node, itself included, as a shared configuration would.
   void StartDaemons(const std::string& host_cache_bytes = "16MiB",
                     const std::vector<std::string>& extra = {}) {
+    extra_flags_ = extra;
+    host_cache_bytes_ = host_cache_bytes;
     for (int i = 0; i < kDaemons; ++i) {
-      std::vector<std::string> argv = {
-          SiblingBinary("tierd"),
-          absl::StrCat("--device=", testing::DeviceUnderTest().ToString()),
-          absl::StrCat("--socket=", socket_path(i)),
-          absl::StrCat("--state-dir=", dir_.path(), "/state", i),
-          absl::StrCat("--host-cache-bytes=", host_cache_bytes),
-          "--gpu-pool-bytes=16MiB",
-          "--gpu-slab-bytes=8MiB",
-          "--reader-threads=2",
-          "--shutdown-grace-ms=500",
-          "--node-home-timeout-ms=2000",
-          absl::StrCat("--peers=", socket_path(0), ",", socket_path(1), ",", socket_path(2))};
-      argv.insert(argv.end(), extra.begin(), extra.end());
-      auto daemon = testing::StartServingDaemon(argv, socket_path(i), kTimeout);
-      ASSERT_THAT(daemon, IsOk());
-      daemons_[i] = *std::move(daemon);
+      StartDaemon(i);
+      if (HasFatalFailure()) return;
     }
     for (int i = 0; i < kDaemons; ++i) {
       const auto other = other_model_dir_.find(i);
@@ -103,6 +92,26 @@ class NodeHostTierTest : public ::testing::Test {
                                   v1::GROUPING_TENSOR),
           IsOk());
     }
+  }
+
+  // Daemon i, with the flags StartDaemons was given.
+  void StartDaemon(int i) {
+    std::vector<std::string> argv = {
+        SiblingBinary("tierd"),
+        absl::StrCat("--device=", testing::DeviceUnderTest().ToString()),
+        absl::StrCat("--socket=", socket_path(i)),
+        absl::StrCat("--state-dir=", dir_.path(), "/state", i),
+        absl::StrCat("--host-cache-bytes=", host_cache_bytes_),
+        "--gpu-pool-bytes=16MiB",
+        "--gpu-slab-bytes=8MiB",
+        "--reader-threads=2",
+        "--shutdown-grace-ms=500",
+        "--node-home-timeout-ms=2000",
+        absl::StrCat("--peers=", socket_path(0), ",", socket_path(1), ",", socket_path(2))};
+    argv.insert(argv.end(), extra_flags_.begin(), extra_flags_.end());
+    auto daemon = testing::StartServingDaemon(argv, socket_path(i), kTimeout);
+    ASSERT_THAT(daemon, IsOk());
+    daemons_[i] = *std::move(daemon);
   }
 
   void StopDaemon(int i) {
@@ -242,6 +251,8 @@ class NodeHostTierTest : public ::testing::Test {
   }
 
   TempDir dir_;
+  std::string host_cache_bytes_;
+  std::vector<std::string> extra_flags_;
   std::string model_dir_;
   std::vector<TensorSpec> tensors_;
   uint64_t model_bytes_ = 0;
@@ -417,6 +428,48 @@ TEST_F(NodeHostTierTest, AHomeKilledMidLoadLeavesTheOthersCorrect) {
     ExpectHostLeasesDrain(i);
     EXPECT_EQ(Stats(i).leases(), 0u);
   }
+}
+
+// A home killed with SIGKILL leaves its arena in /dev/shm, mapped by its peers, whose space comes
+// back only once nobody maps it. The peers let go of it once their sessions to it have ended and
+// no copy reads it (they once kept it mapped for ever, even after the home was back); the home
+// comes back, and lends again.
+TEST_F(NodeHostTierTest, AKilledHomesArenaIsUnmappedByItsPeersAndTheHomeComesBack) {
+  StartDaemons();
+  for (int i = 0; i < 2; ++i) FetchAllAndCheck(i);
+  const pid_t killed = daemons_[2]->pid();
+  const std::string arena = absl::StrCat("/tierd.", killed, ".arena");
+  auto maps_arena = [&](int i) {
+    std::ifstream maps(absl::StrCat("/proc/", daemons_[i]->pid(), "/maps"));
+    std::string line;
+    while (std::getline(maps, line)) {
+      if (line.find(arena) != std::string::npos) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(maps_arena(0) && maps_arena(1)) << "the peers never mapped " << arena;
+  daemons_[2]->Signal(SIGKILL);
+  EXPECT_THAT(daemons_[2]->Wait(kTimeout), IsOkAndHolds(128 + SIGKILL));
+  daemons_[2].reset();
+  clients_.erase(2);
+  for (int i = 0; i < 2; ++i) {
+    bool mapped = true;
+    for (const absl::Time deadline = absl::Now() + kTimeout; mapped && absl::Now() < deadline;) {
+      Stats(i);  // the stats let go of ended sessions, as the health monitor's sampling does
+      mapped = maps_arena(i);
+      if (mapped) absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_FALSE(mapped) << "daemon " << i << " still maps the dead home's arena " << arena;
+  }
+  // Back with the same flags (and its catalog): it removes what it left in /dev/shm and serves the
+  // node again.
+  StartDaemon(2);
+  for (int i = 0; i < kDaemons; ++i) {
+    sessions_.erase(i);
+    FetchAllAndCheck(i);
+  }
+  EXPECT_EQ(Stats(0).node_fallbacks() + Stats(1).node_fallbacks(), 0u)
+      << "the restarted home did not lend";
 }
 
 TEST_F(NodeHostTierTest, EvictionAtTheHomeNeverMovesBytesUnderACopy) {

@@ -154,6 +154,25 @@ TEST(ResourceLimitsTest, ThePeerHandoffBufferMustFitInDevShm) {
                           "(12 GiB)"));
 }
 
+// What would fit in /dev/shm were other processes not holding part of it (a daemon that died is
+// mapped by its peers until their copies from it are done) is refused as UNAVAILABLE, which a
+// restart may get past, not as a usage error, which systemd never retries.
+TEST(ResourceLimitsTest, DevShmHeldByOthersNowIsUnavailableNotAUsageError) {
+  DaemonOptions options = Defaults();
+  options.peer_sockets = {"/run/tierd/gpu0.sock", "/run/tierd/gpu1.sock"};  // a shared arena
+  options.node_host_tier = true;
+  MachineResources machine = SmallMachine();
+  machine.shared_memory_total_bytes = 16 * kGiB;
+  machine.shared_memory_free_bytes = 3 * kGiB;
+  const absl::Status held = CheckDaemonLimits(options, machine);
+  EXPECT_THAT(held, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(std::string(held.message()), ::testing::HasSubstr("try again"));
+  // More than /dev/shm holds at all: a usage error.
+  options.host_cache_bytes = 20 * kGiB;
+  machine.memory_available_bytes = 100 * kGiB;
+  EXPECT_THAT(CheckDaemonLimits(options, machine), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 TEST(ResourceLimitsTest, HostBackendPoolsMustFitInDevShmAndInMemory) {
   DaemonOptions options = Defaults();
   options.gpu_pool_bytes = 12 * kGiB;
