@@ -331,6 +331,7 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
         options_.peer_sockets, options_.socket_path, options_.peer_copy,
         absl::StrCat("tierd peer (", device_->Describe(), ", ", options_.socket_path, ")")};
     peers.node_daemon = SharesHostTier(options_);
+    peers.answer_timeout = options_.node_home_timeout;
     ASSIGN_OR_RETURN(peers_, PeerDaemons::Create(*device_, std::move(peers)));
     TIERD_LOG(INFO) << "peers: " << absl::StrJoin(peers_->sockets(), ", ")
                     << " (copies: " << PeerCopyPathName(options_.peer_copy) << ")";

@@ -6,8 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "common/worker_pool.h"
 #include "server/host_lender.h"
 #include "server/proto_convert.h"
 #include "wire/detail/peer_arena.h"
@@ -28,8 +30,17 @@ struct PeerDaemons::Peer {
   // Sessions that ended, kept until the PeerDaemons goes: a copy may still hold one (its opened
   // slab), and the last reference must not be dropped on the session's own reader thread.
   std::vector<std::shared_ptr<SessionCore>> retired ABSL_GUARDED_BY(mu);
-  // Its host arena could not be mapped here: its sessions do not ask for it, nothing is borrowed.
-  bool arena_unusable ABSL_GUARDED_BY(mu) = false;
+  // Its host arena could not be mapped here: until then its sessions do not ask for it and nothing
+  // is borrowed; then it is tried again (after a back-off that doubles each time it fails).
+  absl::Time arena_unusable_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  absl::Duration arena_backoff ABSL_GUARDED_BY(mu) = absl::ZeroDuration();
+  // It could not be reached (or answered nothing in time): not asked again until then, the
+  // back-off doubling with each failure in a row.
+  absl::Time unreachable_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  absl::Duration backoff ABSL_GUARDED_BY(mu) = absl::ZeroDuration();
+  std::string unreachable_why ABSL_GUARDED_BY(mu);
+  // Where the searches ask it: connecting may block, and must block no caller's thread.
+  std::unique_ptr<WorkerPool> worker;
   // Host leases given back after the session that was lent them ended (its home holds their
   // objects for this process until told): given back on the next session, if its home is the same
   // process (its arena's name), else dropped with the home that restarted.
@@ -50,6 +61,23 @@ struct PeerDaemons::Search {
 };
 
 namespace {
+
+// A peer that could not be reached is passed over for 1 s, then 2, 4 ... up to 30 s.
+constexpr absl::Duration kFirstBackoff = absl::Seconds(1);
+constexpr absl::Duration kMaxBackoff = absl::Seconds(30);
+// A peer's arena that could not be mapped is tried again after 10 s, then 20 ... up to 10 min.
+constexpr absl::Duration kFirstArenaBackoff = absl::Seconds(10);
+constexpr absl::Duration kMaxArenaBackoff = absl::Minutes(10);
+// An attempt to open a session that failed after this long is a peer that hangs, not one that is
+// not there.
+constexpr absl::Duration kSlowAttempt = absl::Milliseconds(500);
+// How long opening a session may wait for the peer's answer (connecting and the greeting have
+// their own bound, in ConnectSessionSocket).
+constexpr absl::Duration kOpenTimeout = absl::Seconds(5);
+
+absl::Duration NextBackoff(absl::Duration last, absl::Duration first, absl::Duration most) {
+  return last == absl::ZeroDuration() ? first : std::min(last * 2, most);
+}
 
 // Gives a lease back without waiting for the answer (a failure is only logged by the session's
 // reader); an error when it could not be sent (the session has ended).
@@ -138,7 +166,8 @@ PeerDaemons::PeerDaemons(Device& device, PeerDaemonsOptions options)
     : device_(std::shared_ptr<Device>(), &device),
       client_name_(std::move(options.client_name)),
       path_(options.path),
-      node_daemon_(options.node_daemon) {
+      node_daemon_(options.node_daemon),
+      answer_timeout_(options.answer_timeout) {
   for (std::string& socket : options.sockets) {
     if (socket == options.own_socket) continue;
     bool seen = false;
@@ -147,12 +176,17 @@ PeerDaemons::PeerDaemons(Device& device, PeerDaemonsOptions options)
     auto peer = std::make_unique<Peer>();
     peer->socket = socket;
     peer->session_socket = SessionSocketPathFor(socket);
+    peer->worker = std::make_unique<WorkerPool>(1);
     peers_.push_back(std::move(peer));
     sockets_.push_back(std::move(socket));
   }
 }
 
 PeerDaemons::~PeerDaemons() {
+  // The timer, then the workers, whose jobs use the sessions: no search is under way (the tiers
+  // are gone), but a timeout or a give-back may be.
+  timer_.reset();
+  for (auto& peer : peers_) peer->worker.reset();
   for (auto& peer : peers_) {
     std::shared_ptr<SessionCore> core;
     std::vector<std::shared_ptr<SessionCore>> retired;
@@ -177,43 +211,78 @@ void PeerDaemons::Fetch(const std::string& key, Callback done) {
 }
 
 void PeerDaemons::AskNext(std::shared_ptr<Search> search) {
-  while (search->next < peers_.size()) {
-    Peer& peer = *peers_[search->next++];
-    absl::StatusOr<std::shared_ptr<SessionCore>> core = SessionTo(peer);
-    if (!core.ok()) {
-      search->answers.push_back(absl::StrCat(peer.socket, ": ", core.status().message()));
-      continue;
-    }
-    bool through_host = path_ == PeerCopyPath::kThroughHost;
-    {
-      absl::MutexLock lock(&peer.mu);
-      through_host = through_host || peer.through_host;
-    }
-    v1::SessionRequest request;
-    request.mutable_fetch()->set_key(search->key);
-    request.mutable_fetch()->set_local_only(true);
-    request.mutable_fetch()->set_through_host(through_host);
-    // SessionCore::Send calls back when a failed write ends the session, but not when it had
-    // already ended; whichever comes first handles the answer.
-    auto claimed = std::make_shared<std::atomic<bool>>(false);
-    std::weak_ptr<SessionCore> weak = *core;
-    absl::Status sent = (*core)->Send(
-        std::move(request),
-        [this, search, &peer, weak, claimed, through_host](const v1::SessionResponse& answer) {
-          if (claimed->exchange(true)) return;
-          OnAnswer(search, peer, weak.lock(), through_host, answer);
-        });
-    if (!sent.ok() && !claimed->exchange(true)) {
-      Forget(peer, *core);
-      search->answers.push_back(absl::StrCat(peer.socket, ": ", sent.message()));
-      continue;
-    }
-    return;
+  if (search->next >= peers_.size()) {
+    std::string why =
+        search->answers.empty() ? "no peers are configured" : absl::StrJoin(search->answers, "; ");
+    return std::move(search->done)(
+        absl::NotFoundError(absl::StrCat(search->key, " is not here nor at a peer (", why, ")")));
   }
-  std::string why =
-      search->answers.empty() ? "no peers are configured" : absl::StrJoin(search->answers, "; ");
-  std::move(search->done)(
-      absl::NotFoundError(absl::StrCat(search->key, " is not here nor at a peer (", why, ")")));
+  Peer& peer = *peers_[search->next++];
+  // On the peer's own thread: a peer that does not answer a connect holds up that thread only,
+  // never the session thread that asked (which serves every other session of the daemon).
+  peer.worker->Post([this, &peer, search = std::move(search)]() mutable { Ask(peer, search); },
+                    WorkerPool::kUrgent);
+}
+
+void PeerDaemons::Ask(Peer& peer, std::shared_ptr<Search> search) {
+  absl::StatusOr<std::shared_ptr<SessionCore>> core = SessionTo(peer);
+  if (!core.ok()) {
+    search->answers.push_back(absl::StrCat(peer.socket, ": ", core.status().message()));
+    return AskNext(std::move(search));
+  }
+  bool through_host = path_ == PeerCopyPath::kThroughHost;
+  {
+    absl::MutexLock lock(&peer.mu);
+    through_host = through_host || peer.through_host;
+  }
+  v1::SessionRequest request;
+  request.mutable_fetch()->set_key(search->key);
+  request.mutable_fetch()->set_local_only(true);
+  request.mutable_fetch()->set_through_host(through_host);
+  // SessionCore::Send calls back when a failed write ends the session, but not when it had
+  // already ended; and the peer may answer nothing at all. Whichever comes first handles it.
+  auto claimed = std::make_shared<std::atomic<bool>>(false);
+  std::weak_ptr<SessionCore> weak = *core;
+  absl::Status sent = (*core)->Send(
+      std::move(request),
+      [this, search, &peer, weak, claimed, through_host](const v1::SessionResponse& answer) {
+        if (claimed->exchange(true)) {
+          // Answered after its time was up: what it lent goes back at once.
+          if (std::shared_ptr<SessionCore> late = weak.lock();
+              late != nullptr && answer.has_lease()) {
+            ReleaseQuietly(*late, answer.lease().lease_id());
+          }
+          return;
+        }
+        OnAnswer(search, peer, weak.lock(), through_host, answer);
+      });
+  if (!sent.ok()) {
+    if (claimed->exchange(true)) return;
+    Forget(peer, *core);
+    search->answers.push_back(absl::StrCat(peer.socket, ": ", sent.message()));
+    return AskNext(std::move(search));
+  }
+  timer_->RunAfter(answer_timeout_, [this, search, &peer, weak, claimed]() mutable {
+    if (claimed->exchange(true)) return;
+    const std::string why =
+        absl::StrCat("answered nothing within ", absl::FormatDuration(answer_timeout_));
+    if (std::shared_ptr<SessionCore> wedged = weak.lock()) {
+      Forget(peer, wedged);
+      Unreachable(peer, why);
+    }
+    search->answers.push_back(absl::StrCat(peer.socket, ": ", why));
+    AskNext(std::move(search));
+  });
+}
+
+void PeerDaemons::Unreachable(Peer& peer, const std::string& why) {
+  absl::MutexLock lock(&peer.mu);
+  peer.backoff = NextBackoff(peer.backoff, kFirstBackoff, kMaxBackoff);
+  peer.unreachable_until = absl::Now() + peer.backoff;
+  peer.unreachable_why = why;
+  TIERD_LOG_EVERY_N_SEC(WARNING, 10)
+      << "peer " << peer.socket << ": " << why << "; not asked again for "
+      << absl::FormatDuration(peer.backoff);
 }
 
 void PeerDaemons::OnAnswer(std::shared_ptr<Search> search, Peer& peer,
@@ -302,14 +371,24 @@ void PeerDaemons::BorrowHost(const std::string& socket, const std::string& key,
     return std::move(done)(absl::NotFoundError(absl::StrCat(socket, " is not a peer")));
   }
   absl::StatusOr<std::shared_ptr<SessionCore>> core = SessionTo(*peer);
-  bool arena_unusable = false;
-  {
-    absl::MutexLock lock(&peer->mu);
-    arena_unusable = peer->arena_unusable;
-  }
-  if (core.ok() && arena_unusable) {
-    return std::move(done)(absl::UnavailableError(
-        absl::StrCat("peer ", socket, ": its host arena cannot be mapped here")));
+  if (core.ok() && node_daemon_ && ArenaName(**core).empty()) {
+    // Opened without the arena, which could not be mapped here: once its back-off is over, a
+    // session that asks for it again.
+    bool retry = false;
+    {
+      absl::MutexLock lock(&peer->mu);
+      retry = absl::Now() >= peer->arena_unusable_until;
+    }
+    if (retry) {
+      Forget(*peer, *core);
+      core = SessionTo(*peer);
+    }
+    if (core.ok() && ArenaName(**core).empty()) {
+      return std::move(done)(
+          absl::UnavailableError(absl::StrCat("peer ", socket,
+                                              ": its host arena cannot be mapped here (tried again "
+                                              "later)")));
+    }
   }
   if (!core.ok()) {
     return std::move(done)(
@@ -432,8 +511,27 @@ absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::SessionTo(Peer& peer) 
   absl::MutexLock lock(&peer.mu);
   TakeEndedLocked(peer, unused);
   if (peer.core != nullptr) return peer.core;
-  ASSIGN_OR_RETURN(std::shared_ptr<SessionCore> core,
-                   OpenSessionLocked(peer, node_daemon_ && !peer.arena_unusable));
+  const absl::Time now = absl::Now();
+  if (now < peer.unreachable_until) {
+    return absl::UnavailableError(absl::StrCat(
+        peer.unreachable_why, "; asked again in ",
+        absl::FormatDuration(absl::Ceil(peer.unreachable_until - now, absl::Milliseconds(100)))));
+  }
+  absl::StatusOr<std::shared_ptr<SessionCore>> opened =
+      OpenSessionLocked(peer, node_daemon_ && now >= peer.arena_unusable_until);
+  if (!opened.ok()) {
+    // A peer that refuses at once (not started, or restarting) costs nothing to ask again; one
+    // that kept this thread waiting (a full backlog, a greeting or an open answered late or never:
+    // a peer that hangs) is passed over for a while.
+    if (absl::Now() - now >= kSlowAttempt) {
+      peer.backoff = NextBackoff(peer.backoff, kFirstBackoff, kMaxBackoff);
+      peer.unreachable_until = absl::Now() + peer.backoff;
+      peer.unreachable_why = std::string(opened.status().message());
+    }
+    return opened.status();
+  }
+  peer.backoff = absl::ZeroDuration();
+  std::shared_ptr<SessionCore> core = *std::move(opened);
   TIERD_VLOG(1) << "peer " << peer.socket << ": session open";
   if (!peer.orphaned_leases.empty()) {
     // Leases given back while no session was open: to this home only if it is the same process.
@@ -458,23 +556,42 @@ absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::OpenSessionLocked(Peer
   open.mutable_open()->set_client_name(client_name_);
   open.mutable_open()->set_protocol(SessionProtocolVersion());
   open.mutable_open()->set_node_daemon(node_daemon);
-  absl::StatusOr<v1::SessionResponse> opened = core->Call(std::move(open));
-  // A failed session is ended here, on this thread, not its reader's.
-  if (!opened.ok()) return opened.status();
-  if (opened->opened().backend() != device_->backend()) {
+  // Not waited for without end: a peer that accepted and greeted may still answer nothing.
+  auto answered = std::make_shared<absl::Notification>();
+  auto opened = std::make_shared<absl::StatusOr<v1::SessionResponse>>(
+      absl::UnavailableError("the session ended"));
+  RETURN_IF_ERROR(
+      core->Send(std::move(open), [answered, opened](const v1::SessionResponse& answer) {
+        *opened = answer;
+        if (absl::Status status = StatusOf(answer); !status.ok()) {
+          *opened = status;
+        }
+        answered->Notify();
+      }));
+  if (!answered->WaitForNotificationWithTimeout(kOpenTimeout)) {
+    // A failed session is ended here, on this thread, not its reader's.
+    return absl::DeadlineExceededError(
+        absl::StrCat("it answered no session's open within ", absl::FormatDuration(kOpenTimeout)));
+  }
+  if (!opened->ok()) return opened->status();
+  const v1::SessionResponse& answer = **opened;
+  if (answer.opened().backend() != device_->backend()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "runs the ", opened->opened().backend(), " backend, this daemon ", device_->backend()));
+        "runs the ", answer.opened().backend(), " backend, this daemon ", device_->backend()));
   }
   core->set_device(device_);
-  if (absl::Status handles = core->Opened(*opened); !handles.ok()) {
+  if (absl::Status handles = core->Opened(answer); !handles.ok()) {
     if (!node_daemon) return handles;
     // Most likely its host arena (another IPC namespace or user): the session works without it,
-    // and the objects homed there are read here.
+    // and the objects homed there are read here, until it is tried again.
+    peer.arena_backoff = NextBackoff(peer.arena_backoff, kFirstArenaBackoff, kMaxArenaBackoff);
+    peer.arena_unusable_until = absl::Now() + peer.arena_backoff;
     TIERD_LOG(WARNING) << "peer " << peer.socket << ": " << handles
-                       << "; its host arena is not used, the objects homed there are read here";
-    peer.arena_unusable = true;
+                       << "; its host arena is not used, the objects homed there are read here "
+                       << "(tried again in " << absl::FormatDuration(peer.arena_backoff) << ")";
     return OpenSessionLocked(peer, /*node_daemon=*/false);
   }
+  if (node_daemon) peer.arena_backoff = absl::ZeroDuration();
   // A peer that lends host memory sent its arena: registered ahead, in the background.
   if (absl::StatusOr<detail::PeerArena*> arena = core->host_arena(HostLender::kArenaHandleId);
       arena.ok()) {

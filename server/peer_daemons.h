@@ -14,8 +14,17 @@
 // (the GPUs have no peer access to each other); from then on, and for that fetch again, through
 // the host. The lease is released, quietly, when the tier says its copy has read the buffer.
 //
-// Thread-safe. Fetch blocks only to connect to a peer (a local socket and one round trip); the
-// callbacks run on whichever thread reads the peer's session (SessionCore).
+// Each peer is asked on a thread of its own: connecting (bounded: the connect and greeting within
+// 5 s, the session's open within 5 s more) and writing to a peer block that thread only, never the
+// caller's — which serves every other session of the daemon. A peer that keeps a connect waiting
+// and then fails, or answers a fetch nothing within answer_timeout, is passed over for a while
+// (1 s, doubling with each failure in a row up to 30 s; one that refuses at once is asked again
+// at once); one whose host arena cannot be mapped here is asked for it
+// again after 10 s (doubling up to 10 min).
+//
+// Thread-safe. Fetch never blocks; BorrowHost, Connect and PrefetchHost block while they connect.
+// The callbacks run on a peer's thread, the timer's, or whichever thread reads the peer's session
+// (SessionCore).
 #ifndef TIERD_SERVER_PEER_DAEMONS_H_
 #define TIERD_SERVER_PEER_DAEMONS_H_
 
@@ -28,6 +37,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/timer_thread.h"
 #include "device/device.h"
 #include "gpu/peer_source.h"
 #include "tierd/v1/tierd.pb.h"
@@ -76,6 +87,8 @@ struct PeerDaemonsOptions {
   // This daemon shares the node's host tier: its sessions ask the peers for their host arenas
   // (OpenSession.node_daemon), which are mapped and registered here ahead of any lease.
   bool node_daemon = false;
+  // How long a peer may take to answer a fetch before the search moves on (--node-home-timeout-ms).
+  absl::Duration answer_timeout = absl::Seconds(30);
 };
 
 class PeerDaemons : public PeerSource {
@@ -122,8 +135,14 @@ class PeerDaemons : public PeerSource {
   struct Search;
   PeerDaemons(Device& device, PeerDaemonsOptions options);
 
-  // Asks peer `search->next` and, when it does not have the key, the ones after it.
+  // Asks peer `search->next` (on that peer's thread) and, when it does not have the key, the ones
+  // after it; answers NOT_FOUND once every peer has been asked.
   void AskNext(std::shared_ptr<Search> search);
+  // Asks `peer` for the search's key, on `peer`'s thread. An answer that does not come within
+  // answer_timeout_ counts as none: the search moves on, and the peer is passed over a while.
+  void Ask(Peer& peer, std::shared_ptr<Search> search);
+  // `peer` failed to answer (`why`): passed over for a back-off that doubles each time.
+  void Unreachable(Peer& peer, const std::string& why);
   // Handles `peer`'s answer to a fetch `session` sent (null once the session is gone).
   void OnAnswer(std::shared_ptr<Search> search, Peer& peer, std::shared_ptr<SessionCore> session,
                 bool through_host, const v1::SessionResponse& answer);
@@ -150,6 +169,9 @@ class PeerDaemons : public PeerSource {
   const bool node_daemon_;
   std::vector<std::string> sockets_;
   std::vector<std::unique_ptr<Peer>> peers_;
+  const absl::Duration answer_timeout_;
+  // The searches' answer timeouts. Reset first by the destructor.
+  std::unique_ptr<TimerThread> timer_ = std::make_unique<TimerThread>();
 };
 
 }  // namespace tierd

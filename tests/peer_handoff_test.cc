@@ -6,6 +6,8 @@
 // the automatic fallback from one to the other when the lender's memory cannot be opened.
 #include <grp.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -82,6 +84,7 @@ class PeerHandoffTest : public ::testing::TestWithParam<const char*> {
         "--shutdown-grace-ms=500",
         absl::StrCat("--peers=", socket_path(0), ",", socket_path(1)),
         absl::StrCat("--peer-copy=", GetParam())};
+    argv.insert(argv.end(), extra_flags_.begin(), extra_flags_.end());
     auto daemon = testing::StartServingDaemon(argv, socket_path(i), kTimeout);
     ASSERT_THAT(daemon, IsOk());
     daemons_[i] = *std::move(daemon);
@@ -135,6 +138,7 @@ class PeerHandoffTest : public ::testing::TestWithParam<const char*> {
   }
 
   TempDir dir_;
+  std::vector<std::string> extra_flags_;  // for every daemon StartDaemon starts
   std::unique_ptr<Subprocess> daemons_[kDaemons];
   std::unique_ptr<Client> clients_[kDaemons];
   std::unique_ptr<Session> sessions_[kDaemons];
@@ -166,8 +170,7 @@ TEST_P(PeerHandoffTest, StoredThroughOneDaemonIsFetchedThroughTheOther) {
   // reader saw the copy's ready event.
   v1::Stats receiver = Stats(1);
   for (const absl::Time deadline = absl::Now() + absl::Seconds(5);
-       receiver.bytes_peer_to_gpu() < bytes.size() && absl::Now() < deadline;
-       receiver = Stats(1)) {
+       receiver.bytes_peer_to_gpu() < bytes.size() && absl::Now() < deadline; receiver = Stats(1)) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   EXPECT_EQ(receiver.peer_fetches(), 1u);
@@ -230,6 +233,96 @@ TEST_P(PeerHandoffTest, APeerThatRestartsIsReconnected) {
   ASSERT_NE(daemons_[0], nullptr);
   ASSERT_THAT(StoreBytes(session(0), "act/z", PatternBytes(4096, 5)), IsOk());
   EXPECT_THAT(FetchBytes(session(1), "act/z"), IsOkAndHolds(PatternBytes(4096, 5)));
+}
+
+// The node's other daemon hangs: it takes connections and answers nothing. A fetch of a key this
+// daemon lacks asks it on a thread of its own, within bounds; meanwhile every other session of
+// this daemon — all served by one session thread here — is answered at once; and the next fetch
+// that would ask the hung peer does not wait for it again. (The peer was once asked on the
+// session thread, which it then held for the greeting's timeout, and for ever when it answered
+// the greeting and then nothing.)
+TEST_P(PeerHandoffTest, AHungPeerHoldsUpNoOtherSession) {
+  if (through_host()) GTEST_SKIP() << "the copy path plays no part here";
+  sessions_[1].reset();
+  clients_[1].reset();
+  StopDaemon(1);
+  const int hung = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(hung, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  const std::string hung_path = SessionSocketPathFor(socket_path(1));
+  std::snprintf(address.sun_path, sizeof(address.sun_path), "%s", hung_path.c_str());
+  ASSERT_EQ(::bind(hung, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(::listen(hung, 64), 0);  // connections wait in the backlog, never accepted
+  sessions_[0].reset();
+  clients_[0].reset();
+  StopDaemon(0);
+  extra_flags_ = {"--session-threads=1", "--node-home-timeout-ms=2000"};
+  StartDaemon(0);
+  ASSERT_NE(daemons_[0], nullptr);
+  const std::string here = PatternBytes(4096, 6);
+  ASSERT_THAT(StoreBytes(session(0), "act/here", here), IsOk());
+  auto other = client(0).OpenSession();
+  ASSERT_THAT(other, IsOk());
+
+  absl::Status missing;
+  absl::Duration asked_for;
+  std::thread asker([&] {
+    const absl::Time start = absl::Now();
+    missing = (*other)->Fetch("act/elsewhere").status();
+    asked_for = absl::Now() - start;
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_THAT(FetchBytes(session(0), "act/here"), IsOkAndHolds(here));
+  }
+  const absl::Duration served_in = absl::Now() - start;
+  asker.join();
+  EXPECT_LT(served_in, absl::Seconds(2)) << "the other session waited for the hung peer";
+  EXPECT_THAT(missing, StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(std::string(missing.message()), HasSubstr(socket_path(1)));
+  EXPECT_LT(asked_for, absl::Seconds(15));
+  // Passed over now, for a while: the next such fetch does not wait for it.
+  const absl::Time again = absl::Now();
+  EXPECT_THAT((*other)->Fetch("act/elsewhere-too").status(), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_LT(absl::Now() - again, absl::Seconds(1));
+  other->reset();
+  ::close(hung);
+  ::unlink(hung_path.c_str());
+}
+
+// A peer that stops answering once its session is open (SIGSTOP): a fetch that asks it is given
+// up on after --node-home-timeout-ms, instead of waiting for ever; once the peer answers again,
+// after its back-off, it lends as before.
+TEST_P(PeerHandoffTest, APeerThatStopsAnsweringIsGivenUpOnWithinTheTimeout) {
+  if (through_host()) GTEST_SKIP() << "the copy path plays no part here";
+  sessions_[0].reset();
+  clients_[0].reset();
+  StopDaemon(0);
+  extra_flags_ = {"--node-home-timeout-ms=1500"};
+  StartDaemon(0);
+  ASSERT_NE(daemons_[0], nullptr);
+  const std::string bytes = PatternBytes(4096, 8);
+  ASSERT_THAT(StoreBytes(session(1), "act/there", bytes), IsOk());
+  EXPECT_THAT(FetchBytes(session(0), "act/there"), IsOkAndHolds(bytes));  // the session is open
+  ExpectLeasesDrain(1);
+  ASSERT_THAT(daemons_[1]->Stop(kTimeout), IsOk());
+  const absl::Time start = absl::Now();
+  absl::Status missing = session(0).Fetch("act/there-too").status();
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_THAT(missing, StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(std::string(missing.message()), HasSubstr("answered nothing within"));
+  EXPECT_GE(took, absl::Seconds(1));
+  EXPECT_LT(took, absl::Seconds(10));
+  daemons_[1]->Signal(SIGCONT);
+  absl::StatusOr<std::string> back;
+  for (const absl::Time deadline = absl::Now() + kTimeout; absl::Now() < deadline;) {
+    back = FetchBytes(session(0), "act/there");
+    if (back.ok()) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_THAT(back, IsOkAndHolds(bytes));
 }
 
 TEST_P(PeerHandoffTest, ConcurrentFetchesThroughThePeerAllGetTheirBytes) {
