@@ -3,6 +3,9 @@
 #include <malloc.h>
 
 #include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -29,12 +32,21 @@ struct Catalog::ModelEntry {
   std::map<std::string, uint64_t> checksums;  // object or shard name → checksum
   size_t shard_checksums = 0;                 // of them, shards'
   bool dirty = false;                         // checksums not yet persisted
+  // Shards derived so far (FindShard), so that a shard's layout is computed once, not at every
+  // lookup; the oldest go first past kMaxCachedShardExtents extents in all.
+  std::map<std::string, std::shared_ptr<const ObjectInfo>> shards;
+  std::deque<std::string> shard_order;
+  size_t shard_extents = 0;
 };
 
 namespace {
 
 // Far above any real model's file; only bounds what a damaged one can cost.
 constexpr uint64_t kMaxCatalogFileBytes = 1ull << 30;
+
+// Extents of the shards a model keeps derived (a shard of one extent per row of a wide tensor has
+// up to 262,144): about 32 MiB at most.
+constexpr size_t kMaxCachedShardExtents = 1 << 20;
 
 // Shards whose checksums a model keeps (the first read of a shard records one, later reads are
 // checked against it). Clients choose which shards exist; past this, a shard's reads go unchecked
@@ -264,6 +276,7 @@ bool Catalog::InModelNamespace(absl::string_view key) const {
 absl::StatusOr<ObjectRef> Catalog::Lookup(absl::string_view key) const {
   ASSIGN_OR_RETURN(const auto split, SplitObjectKey(key));
   std::shared_ptr<const ModelInfo> info;
+  std::shared_ptr<ModelEntry> entry;
   {
     absl::MutexLock lock(&mu_);
     auto it = models_.find(split.first);
@@ -271,13 +284,33 @@ absl::StatusOr<ObjectRef> Catalog::Lookup(absl::string_view key) const {
       return absl::NotFoundError(absl::StrCat("model ", Quote(split.first), " is not registered"));
     }
     if (!it->second->stale.empty()) return absl::FailedPreconditionError(it->second->stale);
-    info = it->second->info;
+    entry = it->second;
+    info = entry->info;
+    if (auto cached = entry->shards.find(split.second); cached != entry->shards.end()) {
+      std::shared_ptr<const ObjectInfo> shard = cached->second;
+      const ObjectInfo* object = shard.get();
+      return ObjectRef{std::move(info), object, std::string(key), std::move(shard)};
+    }
   }
   if (const ObjectInfo* object = FindObject(*info, split.second); object != nullptr) {
     return ObjectRef{std::move(info), object, std::string(key), nullptr};
   }
+  // Derived without the lock, and kept for the next lookup.
   ASSIGN_OR_RETURN(ObjectInfo shard_info, FindShard(*info, split.second));
   auto shard = std::make_shared<const ObjectInfo>(std::move(shard_info));
+  {
+    absl::MutexLock lock(&mu_);
+    if (entry->shards.emplace(split.second, shard).second) {
+      entry->shard_order.push_back(split.second);
+      entry->shard_extents += shard->extents.size();
+      while (entry->shard_extents > kMaxCachedShardExtents && entry->shard_order.size() > 1) {
+        auto oldest = entry->shards.find(entry->shard_order.front());
+        entry->shard_extents -= oldest->second->extents.size();
+        entry->shards.erase(oldest);
+        entry->shard_order.pop_front();
+      }
+    }
+  }
   const ObjectInfo* object = shard.get();
   return ObjectRef{std::move(info), object, std::string(key), std::move(shard)};
 }

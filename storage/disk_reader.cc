@@ -55,6 +55,28 @@ uint64_t AlignUp(uint64_t value) { return AlignDown(value + kAlignment - 1); }
 
 }  // namespace
 
+uint64_t DiskBytesToRead(std::vector<std::pair<uint64_t, uint64_t>> ranges) {
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t bytes = 0;
+  uint64_t begin = 0, end = 0;  // the span being joined
+  bool open = false;
+  for (const auto& [offset, length] : ranges) {
+    if (length == 0) continue;
+    const uint64_t first = AlignDown(offset);
+    const uint64_t last = AlignUp(offset + length);
+    if (open && first <= end + kMaxMergedGap) {
+      end = std::max(end, last);
+      continue;
+    }
+    if (open) bytes += end - begin;
+    begin = first;
+    end = last;
+    open = true;
+  }
+  if (open) bytes += end - begin;
+  return bytes;
+}
+
 struct DiskReader::File {
   std::string path;
   int direct_fd = -1;  // -1 when O_DIRECT could not be opened

@@ -32,6 +32,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -66,6 +67,11 @@ struct DiskReaderOptions {
   // read. Null: the POSIX file system.
   std::shared_ptr<FileSystem> file_system;
 };
+
+// What the reader reads from one file for these (offset, length) ranges, at most: each aligned to
+// 4 KiB blocks, and the gaps of up to 64 KiB between them read too (it joins such neighbours into
+// one read). What a request's layout costs the disk, before it is asked for.
+uint64_t DiskBytesToRead(std::vector<std::pair<uint64_t, uint64_t>> ranges);
 
 // Bytes [offset, offset + length) of the file at `path` go to `destination`.
 struct ReadTarget {

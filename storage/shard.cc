@@ -1,6 +1,7 @@
 #include "storage/shard.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "common/free_ranges.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
+#include "storage/disk_reader.h"
 #include "storage/object_layout.h"
 
 namespace tierd {
@@ -62,6 +64,12 @@ class ExtentMap {
  private:
   std::vector<Extent> by_object_;
 };
+
+// A shard may make the disk read at most this many times its own bytes, or its bytes and this
+// allowance, whichever is more: a tensor-parallel rank's rows of a row-major weight (TP of up to
+// 64) pass, a one-column slice of a wide tensor (which reads every row's blocks) does not.
+constexpr uint64_t kMaxShardReadAmplification = 64;
+constexpr uint64_t kShardReadAllowance = 16 << 20;
 
 // Separate file ranges a shard may take: one per row of the dimensions before `dim` of each split
 // tensor. A 128256 × 16384 embedding split along dimension 1 takes 128256; the bound keeps a
@@ -194,6 +202,23 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
       }
     }
     shard.extents.push_back(piece);
+  }
+  // What the disk reads for it, against what is asked: a narrow slice along a high dimension
+  // reads the blocks of every row, most of them other ranks' bytes.
+  std::map<size_t, std::vector<std::pair<uint64_t, uint64_t>>> by_file;
+  for (const Extent& extent : shard.extents) {
+    by_file[extent.file].emplace_back(extent.file_offset, extent.length);
+  }
+  uint64_t read = 0;
+  for (auto& [file, ranges] : by_file) read += DiskBytesToRead(std::move(ranges));
+  const uint64_t allowed =
+      std::max(kMaxShardReadAmplification * shard.size, shard.size + kShardReadAllowance);
+  if (read > allowed) {
+    return BadShard(object, spec,
+                    absl::StrCat("it would read ", read, " bytes from disk for ", shard.size,
+                                 " (more than ", kMaxShardReadAmplification,
+                                 " times as many); split along a lower dimension, or fetch the "
+                                 "whole object"));
   }
   return shard;
 }

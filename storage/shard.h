@@ -34,8 +34,10 @@ std::pair<uint64_t, uint64_t> ShardRows(uint64_t rows, uint32_t index, uint32_t 
 // name has no '@', OBJECT is not an object of the model, or what follows the '@' has neither ':'
 // nor '/'; INVALID_ARGUMENT when the spec is malformed, not written canonically (no leading
 // zeros: one shard has one key), or does not fit the object: count 0, index >= count, no tensor
-// with dimension DIM, a split tensor with fewer rows than count there, or more than 262,144
-// separate file ranges (one per row of the dimensions before DIM). An object of the model
+// with dimension DIM, a split tensor with fewer rows than count there, more than 262,144
+// separate file ranges (one per row of the dimensions before DIM), or a layout whose disk reads
+// (DiskBytesToRead) would be more than 64 times its bytes and more than its bytes and 16 MiB: a
+// narrow slice along a high dimension of a wide tensor reads every row's blocks. An object of the model
 // whose own name looks like a shard's is found by FindObject first: it is that object.
 absl::StatusOr<ObjectInfo> FindShard(const ModelInfo& model, absl::string_view object_name);
 

@@ -51,6 +51,25 @@ class ShardTest : public HostCacheTest {
   }
 };
 
+// A shard's layout is derived once per registration, not at every lookup: the tiers look a key
+// up each time it is fetched, some under their lock.
+TEST_F(ShardTest, AShardsLayoutIsDerivedOnceAndKeptForItsRegistration) {
+  Start(8);
+  Register({{testing::RandomTensor("w", "F32", {64, 32}, 9)}}, Grouping::kTensor);
+  absl::StatusOr<ObjectRef> first = catalog_->Lookup("m/w@1:1/4");
+  absl::StatusOr<ObjectRef> again = catalog_->Lookup("m/w@1:1/4");
+  ASSERT_THAT(first, IsOk());
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(first->object, again->object) << "derived again";
+  // A registration of its own: derived anew, from the new files.
+  ASSERT_THAT(catalog_->DropModel("m"), IsOk());
+  Register({{testing::RandomTensor("w", "F32", {64, 32}, 10)}}, Grouping::kTensor);
+  absl::StatusOr<ObjectRef> renewed = catalog_->Lookup("m/w@1:1/4");
+  ASSERT_THAT(renewed, IsOk());
+  EXPECT_NE(renewed->model, first->model);
+  EXPECT_NE(renewed->object, first->object);
+}
+
 TEST_F(ShardTest, ShardsAreTensorSplitForEveryDtypeDimAndCount) {
   Start(8);
   const std::vector<testing::TensorSpec> tensors = {
@@ -203,4 +222,45 @@ TEST_F(ShardTest, BadSpecsAreRefused) {
 
 }  // namespace
 }  // namespace host_cache_test
+}  // namespace tierd
+
+namespace tierd {
+namespace {
+
+// A [8192, 8192] bf16 weight (128 MiB) in one file, as the catalog would describe it.
+ModelInfo WideModel() {
+  ModelInfo model;
+  model.name = "m";
+  ObjectInfo object;
+  object.name = "w";
+  TensorPlacement tensor;
+  tensor.name = "w";
+  tensor.dtype = DType::kBF16;
+  tensor.shape = {8192, 8192};
+  tensor.size = 8192ull * 8192 * 2;
+  object.tensors = {tensor};
+  object.size = tensor.size;
+  object.extents = {Extent{0, 4096, tensor.size, 0}};
+  model.objects = {object};
+  return model;
+}
+
+// A narrow slice along a high dimension reads every row's blocks: one column of a 128 MiB
+// weight (16 KiB) would read all 128 MiB, once per rank. Such a shard is refused before anything
+// is read; a tensor-parallel rank's share, which reads at most a few times its bytes, is not.
+TEST(ShardLayoutTest, AShardThatWouldReadFarMoreThanItsBytesIsRefused) {
+  const ModelInfo model = WideModel();
+  absl::StatusOr<ObjectInfo> column = FindShard(model, "w@1:0/8192");
+  EXPECT_THAT(column, testing::StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(column.status().message()),
+              ::testing::HasSubstr("would read 134205440 bytes from disk for 16384"));
+  EXPECT_THAT(FindShard(model, "w@1:7/128"), testing::StatusIs(absl::StatusCode::kInvalidArgument));
+  // Rows: read exactly. Columns of a TP group of 8: the whole tensor for an eighth of it.
+  EXPECT_THAT(FindShard(model, "w@0:3/8"), testing::IsOk());
+  EXPECT_THAT(FindShard(model, "w@1:3/8"), testing::IsOk());
+  EXPECT_EQ(DiskBytesToRead({{4096, 100}, {4096 + 80000, 100}}), 8192u);   // too far apart
+  EXPECT_EQ(DiskBytesToRead({{4096, 100}, {4096 + 60000, 100}}), 61440u);  // read as one
+}
+
+}  // namespace
 }  // namespace tierd
