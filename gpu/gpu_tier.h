@@ -59,7 +59,7 @@
 #include "gpu/detail/drain_queue.h"
 #include "gpu/detail/explicit_eviction.h"
 #include "gpu/detail/handoff_copies.h"
-#include "gpu/detail/liveness.h"
+#include "common/liveness.h"
 #include "gpu/detail/peer_loader.h"
 #include "gpu/detail/running_callbacks.h"
 #include "gpu/detail/staging_loader.h"

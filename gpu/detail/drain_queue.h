@@ -28,7 +28,7 @@
 #include "common/timer_thread.h"
 #include "device/device.h"
 #include "gpu/detail/client_table.h"
-#include "gpu/detail/liveness.h"
+#include "common/liveness.h"
 #include "gpu/detail/staging_residency.h"
 #include "gpu/event_pool.h"
 

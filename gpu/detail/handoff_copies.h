@@ -16,7 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "device/device.h"
 #include "gpu/chunked_copier.h"
-#include "gpu/detail/liveness.h"
+#include "common/liveness.h"
 #include "gpu/detail/staging_object.h"
 #include "gpu/event_pool.h"
 #include "gpu/gpu_tier_stats.h"
