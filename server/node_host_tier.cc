@@ -30,7 +30,7 @@ struct NodeHostTier::Ask {
   std::string home;
   ReadPriority priority;
   absl::Time deadline;
-  absl::Time asked;  // when the request was queued for the home
+  absl::Time asked;                 // when the request was queued for the home
   ObjectRef object;                 // this daemon's registration of it
   uint64_t source_fingerprint = 0;  // ObjectSourceFingerprint of `object`
   Callback done;
@@ -42,11 +42,7 @@ struct NodeHostTier::Ask {
 
 NodeHostTier::NodeHostTier(const Catalog& catalog, LocalHostSource& local, PeerDaemons& peers,
                            NodeHomes homes, const NodeHostTierOptions& options)
-    : catalog_(catalog),
-      local_(local),
-      peers_(peers),
-      homes_(std::move(homes)),
-      options_(options) {
+    : catalog_(catalog), local_(local), peers_(peers), homes_(std::move(homes)), options_(options) {
   for (const std::string& member : homes_.members()) {
     if (member != homes_.self()) homes_state_[member].worker = std::make_unique<WorkerPool>(1);
   }
@@ -58,6 +54,9 @@ NodeHostTier::~NodeHostTier() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
+  // Answers from homes and timer calls may come later still (a home answers when it will; the
+  // peers' sessions outlive this): they find this gone, and do nothing.
+  alive_->MarkGone();
   // The peers' threads first, while the timer they may use lives; its connects left pending then
   // see stopping_ and do nothing.
   for (auto& [peer, home] : homes_state_) home.worker.reset();
@@ -69,7 +68,9 @@ void NodeHostTier::ConnectAhead(const std::string& peer) {
   homes_state_.at(peer).worker->Post([this, peer] {
     if (absl::Status connected = peers_.Connect(peer); !connected.ok()) {
       TIERD_VLOG(1) << "node peer " << peer << " not reached yet: " << connected;
-      timer_.RunAfter(absl::Seconds(1), [this, peer] { ConnectAhead(peer); });
+      timer_.RunAfter(absl::Seconds(1), [this, peer, alive = alive_] {
+        alive->RunIfAlive([&] { ConnectAhead(peer); });
+      });
     }
   });
 }
@@ -99,8 +100,7 @@ void NodeHostTier::Fetch(const std::string& key, ReadPriority priority, absl::Ti
     ask->Claim();
     return FallBack(std::move(ask), absl::UnavailableError(absl::StrCat(
                                         "it did not answer within ",
-                                        absl::FormatDuration(options_.home_timeout),
-                                        " lately")));
+                                        absl::FormatDuration(options_.home_timeout), " lately")));
   }
   ask->asked = absl::Now();
   WatchHome(ask, options_.home_timeout);
@@ -110,39 +110,46 @@ void NodeHostTier::Fetch(const std::string& key, ReadPriority priority, absl::Ti
         if (ask->answered) return;  // it timed out while queued here: nothing to ask for
         peers_.BorrowHost(
             ask->home, ask->key, ask->source_fingerprint,
-            [this, ask, &at](absl::StatusOr<HomeLease> lease) {
-              at.last_answer_ns.store(absl::ToUnixNanos(absl::Now()), std::memory_order_relaxed);
-              if (!lease.ok()) {
-                if (ask->Claim()) FallBack(ask, lease.status());
-                return;
-              }
-              if (!ask->Claim()) {  // timed out: the object is being read here already
-                GiveBack(at, std::move(lease->release));
-                return;
-              }
-              absl::StatusOr<HostBytes> bytes = Accept(ask, *std::move(lease));
-              if (!bytes.ok()) return FallBack(ask, bytes.status());
-              std::move(ask->done)(std::move(bytes));
+            [this, ask, &at, alive = alive_](absl::StatusOr<HomeLease> lease) {
+              // After this tier has stopped, the lease goes with the process (its home holds it
+              // for this process until it exits).
+              alive->RunIfAlive([&] {
+                at.last_answer_ns.store(absl::ToUnixNanos(absl::Now()), std::memory_order_relaxed);
+                if (!lease.ok()) {
+                  if (ask->Claim()) FallBack(ask, lease.status());
+                  return;
+                }
+                if (!ask->Claim()) {  // timed out: the object is being read here already
+                  GiveBack(at, std::move(lease->release));
+                  return;
+                }
+                absl::StatusOr<HostBytes> bytes = Accept(ask, *std::move(lease));
+                if (!bytes.ok()) return FallBack(ask, bytes.status());
+                std::move(ask->done)(std::move(bytes));
+              });
             });
       },
       priority == ReadPriority::kDemand ? WorkerPool::kUrgent : WorkerPool::kNormal);
 }
 
 void NodeHostTier::WatchHome(const std::shared_ptr<Ask>& ask, absl::Duration after) {
-  timer_.RunAfter(after, [this, ask] {
-    if (ask->answered) return;
-    // A home that answers other requests meanwhile is busy reading, not gone: the wait counts
-    // from its last answer.
-    const absl::Time last_answer = absl::FromUnixNanos(
-        homes_state_.at(ask->home).last_answer_ns.load(std::memory_order_relaxed));
-    const absl::Time quiet_since = std::max(ask->asked, last_answer);
-    const absl::Duration quiet = absl::Now() - quiet_since;
-    if (quiet < options_.home_timeout) return WatchHome(ask, options_.home_timeout - quiet);
-    if (!ask->Claim()) return;
-    Pause(ask->home);
-    FallBack(ask, absl::DeadlineExceededError(absl::StrCat(
-                      "it answered nothing for ", absl::FormatDuration(options_.home_timeout))));
-  });
+  timer_.RunAfter(after,
+                  [this, ask, alive = alive_] { alive->RunIfAlive([&] { CheckHome(ask); }); });
+}
+
+void NodeHostTier::CheckHome(const std::shared_ptr<Ask>& ask) {
+  if (ask->answered) return;
+  // A home that answers other requests meanwhile is busy reading, not gone: the wait counts from
+  // its last answer.
+  const absl::Time last_answer = absl::FromUnixNanos(
+      homes_state_.at(ask->home).last_answer_ns.load(std::memory_order_relaxed));
+  const absl::Time quiet_since = std::max(ask->asked, last_answer);
+  const absl::Duration quiet = absl::Now() - quiet_since;
+  if (quiet < options_.home_timeout) return WatchHome(ask, options_.home_timeout - quiet);
+  if (!ask->Claim()) return;
+  Pause(ask->home);
+  FallBack(ask, absl::DeadlineExceededError(absl::StrCat(
+                    "it answered nothing for ", absl::FormatDuration(options_.home_timeout))));
 }
 
 void NodeHostTier::GiveBack(Home& home, absl::AnyInvocable<void() &&> release) {
@@ -156,9 +163,9 @@ absl::StatusOr<HostBytes> NodeHostTier::Accept(const std::shared_ptr<Ask>& ask, 
   const uint64_t size = ask->object.object->size;
   const std::optional<uint64_t> checksum = catalog_.Checksum(ask->key);
   if (lease.size != size) {
-    mismatch = absl::FailedPreconditionError(
-        absl::StrCat("it lent ", lease.size, " bytes, this daemon's model has ", size,
-                     " (is it registered from other files?)"));
+    mismatch = absl::FailedPreconditionError(absl::StrCat("it lent ", lease.size,
+                                                          " bytes, this daemon's model has ", size,
+                                                          " (is it registered from other files?)"));
   } else if (checksum.has_value() && lease.checksum != 0 && *checksum != lease.checksum) {
     mismatch = absl::FailedPreconditionError(
         "its checksum of the object differs from this daemon's (is the model registered from "
@@ -182,8 +189,8 @@ absl::StatusOr<HostBytes> NodeHostTier::Accept(const std::shared_ptr<Ask>& ask, 
 
 void NodeHostTier::FallBack(std::shared_ptr<Ask> ask, const absl::Status& why) {
   fallbacks_.fetch_add(1, std::memory_order_relaxed);
-  TIERD_LOG_EVERY_N_SEC(WARNING, 10) << "reading " << ask->key << " here, not from its home "
-                                     << ask->home << ": " << why;
+  TIERD_LOG_EVERY_N_SEC(WARNING, 10)
+      << "reading " << ask->key << " here, not from its home " << ask->home << ": " << why;
   local_.Fetch(ask->key, ask->priority, ask->deadline, std::move(ask->done));
 }
 
@@ -194,7 +201,8 @@ absl::Status NodeHostTier::Prefetch(const std::string& key, absl::Time deadline)
     fallbacks_.fetch_add(1, std::memory_order_relaxed);
     return local_.Prefetch(key, deadline);
   }
-  homes_state_.at(*home).worker->Post([this, home = *home, key] { peers_.PrefetchHost(home, key); });
+  homes_state_.at(*home).worker->Post(
+      [this, home = *home, key] { peers_.PrefetchHost(home, key); });
   return absl::OkStatus();
 }
 

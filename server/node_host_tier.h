@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/figures.h"
+#include "common/liveness.h"
 #include "common/timer_thread.h"
 #include "common/worker_pool.h"
 #include "gpu/host_source.h"
@@ -51,11 +52,11 @@ struct NodeHostTierOptions {
 };
 
 struct NodeHostStats {
-  uint64_t daemons = 0;         // of the node, this one included
-  uint64_t objects_homed = 0;   // model objects in this daemon's host cache homed here
-  uint64_t host_fetches = 0;    // objects borrowed from their homes
+  uint64_t daemons = 0;        // of the node, this one included
+  uint64_t objects_homed = 0;  // model objects in this daemon's host cache homed here
+  uint64_t host_fetches = 0;   // objects borrowed from their homes
   uint64_t bytes_from_homes = 0;
-  uint64_t fallbacks = 0;       // objects read here although homed elsewhere
+  uint64_t fallbacks = 0;  // objects read here although homed elsewhere
   // This daemon as a home (HostLender): host leases lent to the peers, and held by them now.
   uint64_t leases_served = 0;
   uint64_t leases_held = 0;
@@ -80,8 +81,8 @@ static_assert(std::size(kNodeHostFigures) * sizeof(uint64_t) == sizeof(NodeHostS
 class NodeHostTier : public HostSource {
  public:
   // All must outlive this; `local` is this daemon's own host cache and arena.
-  NodeHostTier(const Catalog& catalog, LocalHostSource& local, PeerDaemons& peers,
-               NodeHomes homes, const NodeHostTierOptions& options);
+  NodeHostTier(const Catalog& catalog, LocalHostSource& local, PeerDaemons& peers, NodeHomes homes,
+               const NodeHostTierOptions& options);
   // REQUIRES: no fetch is in flight (the GPU tiers that use it are gone). Joins the peers'
   // threads.
   ~NodeHostTier() override;
@@ -109,8 +110,9 @@ class NodeHostTier : public HostSource {
   void FallBack(std::shared_ptr<Ask> ask, const absl::Status& why);
   struct Home;
   // Falls back for `ask` once its home has answered nothing (this or any other borrow) for
-  // home_timeout; checks again `after` from now.
+  // home_timeout; checks again `after` from now (CheckHome).
   void WatchHome(const std::shared_ptr<Ask>& ask, absl::Duration after);
+  void CheckHome(const std::shared_ptr<Ask>& ask);
   // Gives a lease back on the home's thread.
   void GiveBack(Home& home, absl::AnyInvocable<void() &&> release);
   // Connects to `peer` on its thread, and tries again a second later until it answers.
@@ -128,13 +130,15 @@ class NodeHostTier : public HostSource {
   std::atomic<uint64_t> bytes_from_homes_{0};
   std::atomic<uint64_t> fallbacks_{0};
 
+  // Answers from homes and timer calls run through it: they may come after this is gone.
+  const std::shared_ptr<Liveness> alive_ = std::make_shared<Liveness>();
   mutable absl::Mutex mu_;
   std::map<std::string, absl::Time> paused_until_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // set first by the destructor: no more connects
   TimerThread timer_;
   // Each peer (by socket), created with this.
   struct Home {
-    std::unique_ptr<WorkerPool> worker;  // one thread; the destructor joins them first
+    std::unique_ptr<WorkerPool> worker;      // one thread; the destructor joins them first
     std::atomic<int64_t> last_answer_ns{0};  // when it last answered a borrow (Unix ns)
   };
   std::map<std::string, Home> homes_state_;

@@ -41,6 +41,7 @@ class SilentTransport : public SessionTransport {
     absl::MutexLock lock(&mu_);
     closed_ = true;
   }
+  void Abort() override { CloseWrites(); }
   absl::Status Finish() override { return absl::OkStatus(); }
   const char* kind() const override { return "silent"; }
 

@@ -65,10 +65,16 @@ SessionCore::~SessionCore() {
     absl::MutexLock lock(&write_mu_);
     transport_->CloseWrites();
   }
+  bool ended;
   {
     absl::MutexLock lock(&mu_);
     closing_ = true;  // the reader thread reads the answers still on their way, then the end
+    ended = mu_.AwaitWithTimeout(absl::Condition(
+                                     +[](bool* ended) { return *ended; }, &ended_),
+                                 kCloseGrace);
   }
+  // A daemon that hangs never ends it: cut, so that the reader comes back.
+  if (!ended) transport_->Abort();
   reader_.join();
   transport_.reset();
 }
@@ -210,7 +216,8 @@ bool SessionCore::ended() {
 absl::StatusOr<SessionCore::Submitted> SessionCore::Submit(v1::SessionRequest& request,
                                                            std::shared_ptr<Pending> pending) {
   std::vector<Submitted> submitted;
-  RETURN_IF_ERROR(SubmitAll(absl::MakeSpan(&request, 1), absl::MakeConstSpan(&pending, 1), submitted));
+  RETURN_IF_ERROR(
+      SubmitAll(absl::MakeSpan(&request, 1), absl::MakeConstSpan(&pending, 1), submitted));
   return submitted.front();
 }
 
@@ -335,7 +342,8 @@ std::vector<absl::StatusOr<v1::SessionResponse>> SessionCore::CallMany(
       AwaitAnswerLocked(pending);
     }
     if (pending.response.ok()) {
-      if (absl::Status status = StatusOf(*pending.response); !status.ok()) pending.response = status;
+      if (absl::Status status = StatusOf(*pending.response); !status.ok())
+        pending.response = status;
     }
     answers.push_back(std::move(pending.response));
   }

@@ -51,6 +51,10 @@ class SessionCore {
  public:
   // How long the transport may go unread, while no caller reads it, before the reader thread does.
   static constexpr absl::Duration kIdleWatch = absl::Milliseconds(50);
+  // How long destroying the session waits for the daemon to end it (the answers still on their
+  // way, then the end of the stream) before it cuts the connection: a daemon that hangs must not
+  // hang its client.
+  static constexpr absl::Duration kCloseGrace = absl::Seconds(2);
 
   // Starts the reader thread on `transport`. The caller sends the session's `open` request first.
   static std::shared_ptr<SessionCore> Start(std::unique_ptr<SessionTransport> transport);

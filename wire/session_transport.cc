@@ -41,6 +41,7 @@ class SocketTransport final : public SessionTransport {
     writes_closed_ = true;
     ::shutdown(fd_, SHUT_WR);
   }
+  void Abort() override { ::shutdown(fd_, SHUT_RDWR); }
   absl::Status Finish() override {
     // A clean end of the stream after our own end of it is the session's normal end.
     if (writes_closed_ && absl::IsOutOfRange(read_status_)) return absl::OkStatus();
@@ -77,6 +78,7 @@ class GrpcTransport final : public SessionTransport {
   }
   bool Read(v1::SessionResponse& response) override { return stream_->Read(&response); }
   void CloseWrites() override { stream_->WritesDone(); }
+  void Abort() override { context_.TryCancel(); }
   absl::Status Finish() override {
     finished_ = true;
     const grpc::Status status = stream_->Finish();

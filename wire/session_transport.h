@@ -32,6 +32,9 @@ class SessionTransport {
   virtual bool Read(v1::SessionResponse& response) = 0;
   // Sends no more: the daemon ends the session, and Read returns false after the last answer.
   virtual void CloseWrites() = 0;
+  // Ends the session at once, both ways, for a daemon that does not answer: a Read waiting in it
+  // returns false. Any thread.
+  virtual void Abort() = 0;
   // Why the session is over: OK when it ended after CloseWrites; otherwise UNAVAILABLE (or the
   // daemon's own status), its message naming the socket where the transport knows it (gRPC's
   // "failed to connect to all addresses; ... unix:PATH: ..."). REQUIRES: Read has returned false;
