@@ -424,6 +424,16 @@ absl::Time SessionSocketWorker::EndOverdue(absl::Time now) {
     }
   }
   for (const std::shared_ptr<Connection>& connection : overdue) {
+    // What the client sent may be in the socket already, unread because this thread was held up
+    // (a stalled worker must not cut clients whose bytes arrived in time): read it first.
+    if (!ReadRequests(connection)) {
+      End(connection);
+      continue;
+    }
+    if (connection->deadline > now) {
+      next = std::min(next, connection->deadline);
+      continue;
+    }
     if (connection->greeted) {
       // A client may hold many connections this way: at most a line per 10 s.
       TIERD_LOG_EVERY_N_SEC(WARNING, 10)

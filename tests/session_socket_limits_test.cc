@@ -164,6 +164,27 @@ TEST_F(SessionSocketLimitsTest, AFrameLeftUnfinishedIsClosedAfterTheFrameTimeout
   EXPECT_EQ(answer.request_id(), 3u);
 }
 
+// The frame timeout is the client's, not the daemon's: a client whose frame arrived in time, while
+// the daemon was held up (here stopped, for longer than the timeout), is answered when the daemon
+// goes on, not cut because its deadline passed before the daemon read what was already there.
+TEST_F(SessionSocketLimitsTest, AFrameThatArrivedInTimeIsReadThoughTheDaemonWasHeldUp) {
+  StartDaemon();
+  const int fd = OpenSession();
+  const std::string frame = EncodeFrame(testing::PrefetchRequestFor(2, "m/nothing"));
+  ASSERT_THAT(SendAll(fd, frame.substr(0, 6)), IsOk());  // the frame has begun
+  absl::SleepFor(absl::Milliseconds(100));               // and the daemon has seen it begin
+  ASSERT_THAT(daemon_->Stop(kTimeout), IsOk());
+  ASSERT_THAT(SendAll(fd, frame.substr(6)), IsOk());  // the rest, in time, into the socket
+  absl::SleepFor(SessionSocketServer::kFrameTimeout + absl::Seconds(1));
+  daemon_->Signal(SIGCONT);
+  std::string payload;
+  ASSERT_THAT(ReadFrame(fd, payload), IsOk()) << "cut although its bytes had arrived in time";
+  v1::SessionResponse answer;
+  ASSERT_TRUE(answer.ParseFromString(payload));
+  EXPECT_EQ(answer.request_id(), 2u);
+  EXPECT_FALSE(ClosedByDaemon(fd));
+}
+
 TEST_F(SessionSocketLimitsTest, OneThreadServesEverySessionWhileOthersStallOrDoNotRead) {
   StartDaemon({"--session-threads=1"});
   EXPECT_THAT(Log(), HasSubstr("with 1 thread(s)"));
