@@ -77,6 +77,28 @@ class ShardKeyTest(DaemonTestCase):
         self.assertTrue(torch.equal(module.embed.weight.detach().cpu(),
                                     torch.tensor_split(embedding, 2, 0)[1]))
 
+    def test_a_rowwise_linears_bias_comes_whole(self):
+        # Row parallelism splits the weight's input dimension; the bias, added once after the
+        # all-reduce, is every rank's whole (it has no dimension 1 to split).
+        weight, bias = torch.randn(5, 8), torch.randn(5)
+        save_safetensors({"proj.weight": weight, "proj.bias": bias},
+                         os.path.join(self.model_dir("rowwise"), "model.safetensors"))
+        self.client.register_model("rowwise", self.model_dir("rowwise"), grouping="tensor")
+
+        class Row(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = torch.nn.Linear(4, 5, bias=True, device="meta")
+
+        module = Row()
+        keys = tensor_parallel.load_shards(module, self.client, "rowwise", {"proj": "rowwise"},
+                                           1, 2)
+        self.assertEqual(keys, {"proj.weight": "rowwise/proj.weight@1:1/2",
+                                "proj.bias": "rowwise/proj.bias"})
+        self.assertTrue(torch.equal(module.proj.weight.detach().cpu(),
+                                    torch.tensor_split(weight, 2, 1)[1]))
+        self.assertTrue(torch.equal(module.proj.bias.detach().cpu(), bias))
+
     def test_a_plan_names_each_parameters_dimension(self):
         plan = {"*.q_proj": "colwise", "*.o_proj": "rowwise", "*.norm.weight": None,
                 "embed.weight": 1}

@@ -66,7 +66,8 @@ def load_shards(module, client, model, plan, rank, world_size, prefix="", prefet
     the keys fetched, by parameter name (a tied parameter's first).
 
     A parameter `name` is tensor `prefix + name`: fetched as shard_key(..., dim, rank, world_size)
-    where `plan` splits it (split_dim) and world_size > 1, whole otherwise. A parameter on the meta
+    where `plan` splits it (split_dim), world_size > 1 and the parameter has dimension `dim`;
+    whole otherwise (a rowwise layer's 1-D bias, as row parallelism needs). A parameter on the meta
     device is replaced by one of the shard's shape, on the session's device, in the parameter's
     dtype; any other must already have the shard's shape (ValueError otherwise) and gets its bytes
     copied in (converted to its dtype). A parameter tied under several names (an embedding and
@@ -96,10 +97,11 @@ def _load(module, session, model, plan, rank, world_size, prefix, prefetch_depth
             names.setdefault(id(parameter), []).append(name)
             parameters.setdefault(id(parameter), parameter)
     keys = {}
-    for aliases in names.values():
+    for identity, aliases in names.items():
         key = f"{model}/{prefix}{aliases[0]}"
         dim = split_dim(plan, aliases[0])
-        split = dim is not None and world_size > 1
+        # A parameter without that dimension comes whole: a rowwise layer's 1-D bias.
+        split = dim is not None and world_size > 1 and dim < parameters[identity].dim()
         keys[aliases[0]] = shard_key(key, dim, rank, world_size) if split else key
     order = list(keys.values())
     if order:
