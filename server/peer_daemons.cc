@@ -65,8 +65,8 @@ namespace {
 // A peer that could not be reached is passed over for 1 s, then 2, 4 ... up to 30 s.
 constexpr absl::Duration kFirstBackoff = absl::Seconds(1);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(30);
-// A peer's arena that could not be mapped is tried again after 10 s, then 20 ... up to 10 min.
-constexpr absl::Duration kFirstArenaBackoff = absl::Seconds(10);
+// A peer's arena that could not be mapped is tried again after 2 s, then 4 ... up to 10 min.
+constexpr absl::Duration kFirstArenaBackoff = absl::Seconds(2);
 constexpr absl::Duration kMaxArenaBackoff = absl::Minutes(10);
 // An attempt to open a session that failed after this long is a peer that hangs, not one that is
 // not there.

@@ -20,7 +20,7 @@
 // and then fails, or answers a fetch nothing within answer_timeout, is passed over for a while
 // (1 s, doubling with each failure in a row up to 30 s; one that refuses at once is asked again
 // at once); one whose host arena cannot be mapped here is asked for it
-// again after 10 s (doubling up to 10 min).
+// again after 2 s (doubling up to 10 min).
 //
 // Thread-safe. Fetch never blocks; BorrowHost, Connect and PrefetchHost block while they connect.
 // The callbacks run on a peer's thread, the timer's, or whichever thread reads the peer's session

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -470,6 +471,40 @@ TEST_F(NodeHostTierTest, AKilledHomesArenaIsUnmappedByItsPeersAndTheHomeComesBac
   }
   EXPECT_EQ(Stats(0).node_fallbacks() + Stats(1).node_fallbacks(), 0u)
       << "the restarted home did not lend";
+}
+
+// A daemon that cannot map its home's arena (here it is out of sight when the daemon connects)
+// reads the home's objects itself meanwhile, and asks for the arena again later: once it can be
+// mapped the objects are borrowed again. (One failure once stopped borrowing from that home for
+// the process's life.)
+TEST_F(NodeHostTierTest, AHomesArenaThatCouldNotBeMappedIsTriedAgainLater) {
+  host_cache_bytes_ = "16MiB";
+  StartDaemon(0);
+  ASSERT_FALSE(HasFatalFailure());
+  const std::string arena = absl::StrCat("/dev/shm/tierd.", daemons_[0]->pid(), ".arena");
+  const std::string hidden = arena + ".hidden";
+  ASSERT_EQ(std::rename(arena.c_str(), hidden.c_str()), 0) << arena;
+  StartDaemon(1);
+  ASSERT_FALSE(HasFatalFailure());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_THAT(client(i).RegisterModel("m", model_dir_, v1::GROUPING_TENSOR), IsOk());
+  }
+  const std::vector<size_t> homed = HomedOn(0);
+  ASSERT_FALSE(homed.empty());
+  const TensorSpec& object = tensors_[homed[0]];
+  EXPECT_THAT(FetchBytes(session(1), "m/" + object.name), IsOkAndHolds(object.data));
+  EXPECT_EQ(Stats(1).node_host_fetches(), 0u);
+  EXPECT_GE(Stats(1).node_fallbacks(), 1u);
+
+  ASSERT_EQ(std::rename(hidden.c_str(), arena.c_str()), 0);
+  bool borrowed = false;
+  for (const absl::Time deadline = absl::Now() + kTimeout; !borrowed && absl::Now() < deadline;) {
+    absl::SleepFor(absl::Milliseconds(500));
+    (void)session(1).Evict("m/" + object.name, v1::TIER_ALL);  // read here: it must go first
+    EXPECT_THAT(FetchBytes(session(1), "m/" + object.name), IsOkAndHolds(object.data));
+    borrowed = Stats(1).node_host_fetches() > 0;
+  }
+  EXPECT_TRUE(borrowed) << "the home's arena was never asked for again";
 }
 
 TEST_F(NodeHostTierTest, EvictionAtTheHomeNeverMovesBytesUnderACopy) {
