@@ -209,7 +209,8 @@ class NodeHostTierTest : public ::testing::Test {
     std::string arena;  // the name of the home's host arena, sent with the open answer
   };
   RawSession OpenAsNodeDaemon(int i) {
-    RawSession raw{testing::ConnectUnix(SessionSocketPathFor(socket_path(i)))};
+    RawSession raw;
+    raw.fd = testing::ConnectUnix(SessionSocketPathFor(socket_path(i)));
     v1::SessionRequest open = testing::OpenRequest(1, "node_host_tier_test as a daemon");
     open.mutable_open()->set_node_daemon(true);
     EXPECT_THAT(SendAll(raw.fd, absl::StrCat(SessionSocketHello(), EncodeFrame(open))), IsOk());
