@@ -80,6 +80,7 @@ class HostLender {
   // Leases held by sessions and quarantined for the processes of ended ones.
   uint64_t leases_held() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t leases_quarantined() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The host cache's bytes the leases (asked for, held or quarantined) hold, each object once.
   uint64_t bytes_lent() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

@@ -225,6 +225,8 @@ NodeHostStats NodeHostTier::stats(const HostLender* lender) const {
   if (lender != nullptr) {
     stats.leases_served = lender->leases_served();
     stats.leases_held = lender->leases_held();
+    stats.leases_kept = lender->leases_quarantined();
+    stats.lent_bytes = lender->bytes_lent();
   }
   stats.daemons = homes_.members().size();
   stats.host_fetches = host_fetches_.load(std::memory_order_relaxed);

@@ -60,6 +60,8 @@ struct NodeHostStats {
   // This daemon as a home (HostLender): host leases lent to the peers, and held by them now.
   uint64_t leases_served = 0;
   uint64_t leases_held = 0;
+  uint64_t leases_kept = 0;  // of leases_held, kept for processes whose sessions ended
+  uint64_t lent_bytes = 0;   // of the host cache, each object once
   // Bytes of the peers' host arenas registered here (PeerDaemons::RegisteredArenaBytes).
   uint64_t peer_arena_bytes = 0;
 };
@@ -73,6 +75,8 @@ inline constexpr Figure<NodeHostStats> kNodeHostFigures[] = {
     {"node_fallbacks", &NodeHostStats::fallbacks},
     {"node_host_leases_served", &NodeHostStats::leases_served},
     {"node_host_leases", &NodeHostStats::leases_held},
+    {"node_host_leases_kept", &NodeHostStats::leases_kept},
+    {"node_host_lent_bytes", &NodeHostStats::lent_bytes},
     {"node_peer_arena_bytes", &NodeHostStats::peer_arena_bytes},
 };
 static_assert(std::size(kNodeHostFigures) * sizeof(uint64_t) == sizeof(NodeHostStats),

@@ -630,6 +630,8 @@ TEST_F(NodeHostTierTest, ALeaseWhoseSessionEndedIsHeldUntilItsProcessReleasesItO
   EXPECT_GT(Stats(0).host().evictions(), 0u);
   EXPECT_EQ(lent_bytes(), lent.data) << "the lent range was read into while it was lent";
   EXPECT_EQ(Stats(0).node_host_leases(), 1u);
+  EXPECT_EQ(Stats(0).node_host_leases_kept(), 1u);
+  EXPECT_EQ(Stats(0).node_host_lent_bytes(), lent.data.size());
 
   // Another process cannot give it back; this one can, on a later session.
   RawSession later = OpenAsNodeDaemon(0);
