@@ -16,11 +16,11 @@ SessionReactor::SessionReactor(grpc::CallbackServerContext* context, GpuTier& ti
   {
     absl::MutexLock lock(&outbox_->mu);
     outbox_->reactor = this;
+    // Cut by another session's charge when this one holds the most unread answers.
+    outbox_->unread.OnCut([weak = std::weak_ptr<Outbox>(outbox_)] {
+      if (std::shared_ptr<Outbox> outbox = weak.lock()) Cut(outbox);
+    });
   }
-  // Cut by another session's charge when this one holds the most unread answers.
-  outbox_->unread.OnCut([weak = std::weak_ptr<Outbox>(outbox_)] {
-    if (std::shared_ptr<Outbox> outbox = weak.lock()) Cut(outbox);
-  });
   protocol_ = std::make_shared<SessionProtocol>(
       tier, options,
       [outbox = outbox_](v1::SessionResponse response) { Send(outbox, std::move(response)); });

@@ -226,12 +226,15 @@ void SessionSocketWorker::Open(int fd) {
   connection->deadline = absl::Now() + limits_.greeting_timeout;
   next_deadline_ = std::min(next_deadline_, connection->deadline);
   // Cut by another connection's charge when this one holds the most unread answers.
-  connection->unread.OnCut([weak = std::weak_ptr<Connection>(connection)] {
-    if (std::shared_ptr<Connection> live = weak.lock()) {
-      absl::MutexLock lock(&live->mu);
-      live->ShutDownLocked();
-    }
-  });
+  {
+    absl::MutexLock lock(&connection->mu);
+    connection->unread.OnCut([weak = std::weak_ptr<Connection>(connection)] {
+      if (std::shared_ptr<Connection> live = weak.lock()) {
+        absl::MutexLock lock(&live->mu);
+        live->ShutDownLocked();
+      }
+    });
+  }
   open_.emplace(connection.get(), std::move(connection));
 }
 

@@ -14,78 +14,84 @@ uint64_t UnreadAnswerBudget::charged() const {
   return charged_;
 }
 
-UnreadAnswerBudget::Account* UnreadAnswerBudget::LargestLocked(const Account* except) const {
-  Account* largest = nullptr;
-  for (Account* account : accounts_) {
-    if (account == except || account->cut_) continue;
-    if (largest == nullptr || account->bytes_ > largest->bytes_) largest = account;
+UnreadAnswerBudget::Holder* UnreadAnswerBudget::LargestLocked(const Holder* except) {
+  Holder* largest = nullptr;
+  for (auto& [account, holder] : holders_) {
+    if (&holder == except || holder.cut) continue;
+    if (largest == nullptr || holder.bytes > largest->bytes) largest = &holder;
   }
   return largest;
 }
 
+absl::Status UnreadAnswerBudget::ChargeLocked(Holder& holder, uint64_t bytes,
+                                              DeferredCalls::Calls& cuts) {
+  if (holder.cut) {
+    return absl::ResourceExhaustedError(
+        "the client held the most unread answers when the daemon's budget was spent");
+  }
+  if (holder.bytes + bytes > per_connection_limit()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the client has not read ", FormatByteSize(holder.bytes + bytes),
+                     " of answers, more than one connection may queue (",
+                     FormatByteSize(per_connection_limit()), ")"));
+  }
+  while (charged_ + bytes > budget_) {
+    Holder* largest = LargestLocked(&holder);
+    if (largest == nullptr || largest->bytes <= holder.bytes + bytes) {
+      // This connection would hold the most: it is the one cut.
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the client has not read ", FormatByteSize(holder.bytes + bytes),
+          " of answers, and the daemon's clients ", FormatByteSize(charged_ + bytes),
+          ", past --max-unread-answer-bytes (", FormatByteSize(budget_), "); it holds the most"));
+    }
+    // Another holds more: it goes, however its client got there, and this one is served.
+    TIERD_LOG_EVERY_N_SEC(WARNING, 10)
+        << "a client has not read " << FormatByteSize(largest->bytes)
+        << " of answers, the most of any, and the daemon's clients are past "
+           "--max-unread-answer-bytes ("
+        << FormatByteSize(budget_) << "): cutting its session";
+    charged_ -= largest->bytes;
+    largest->cut = true;
+    if (largest->on_cut) cuts.push_back(std::move(largest->on_cut));
+  }
+  charged_ += bytes;
+  holder.bytes += bytes;
+  return absl::OkStatus();
+}
+
 UnreadAnswerBudget::Account::Account(UnreadAnswerBudget& budget) : budget_(budget) {
   absl::MutexLock lock(&budget_.mu_);
-  budget_.accounts_.insert(this);
+  budget_.holders_.emplace(this, Holder());
 }
 
 UnreadAnswerBudget::Account::~Account() {
   absl::MutexLock lock(&budget_.mu_);
-  if (!cut_) budget_.charged_ -= bytes_;
-  budget_.accounts_.erase(this);
+  auto it = budget_.holders_.find(this);
+  if (!it->second.cut) budget_.charged_ -= it->second.bytes;
+  budget_.holders_.erase(it);
 }
 
 void UnreadAnswerBudget::Account::OnCut(absl::AnyInvocable<void() &&> cut) {
   absl::MutexLock lock(&budget_.mu_);
-  on_cut_ = std::move(cut);
+  budget_.holders_.at(this).on_cut = std::move(cut);
 }
 
 absl::Status UnreadAnswerBudget::Account::Charge(uint64_t bytes, DeferredCalls::Calls& cuts) {
   absl::MutexLock lock(&budget_.mu_);
-  if (cut_) {
-    return absl::ResourceExhaustedError(
-        "the client held the most unread answers when the daemon's budget was spent");
-  }
-  if (bytes_ + bytes > budget_.per_connection_limit()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the client has not read ", FormatByteSize(bytes_ + bytes),
-                     " of answers, more than one connection may queue (",
-                     FormatByteSize(budget_.per_connection_limit()), ")"));
-  }
-  while (budget_.charged_ + bytes > budget_.budget_) {
-    Account* largest = budget_.LargestLocked(this);
-    if (largest == nullptr || largest->bytes_ <= bytes_ + bytes) {
-      // This connection would hold the most: it is the one cut.
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the client has not read ", FormatByteSize(bytes_ + bytes),
-          " of answers, and the daemon's clients ", FormatByteSize(budget_.charged_ + bytes),
-          ", past --max-unread-answer-bytes (", FormatByteSize(budget_.budget_),
-          "); it holds the most"));
-    }
-    // Another holds more: it goes, however its client got there, and this one is served.
-    TIERD_LOG_EVERY_N_SEC(WARNING, 10)
-        << "a client has not read " << FormatByteSize(largest->bytes_)
-        << " of answers, the most of any, and the daemon's clients are past "
-           "--max-unread-answer-bytes ("
-        << FormatByteSize(budget_.budget_) << "): cutting its session";
-    budget_.charged_ -= largest->bytes_;
-    largest->cut_ = true;
-    if (largest->on_cut_) cuts.push_back(std::move(largest->on_cut_));
-  }
-  budget_.charged_ += bytes;
-  bytes_ += bytes;
-  return absl::OkStatus();
+  return budget_.ChargeLocked(budget_.holders_.at(this), bytes, cuts);
 }
 
 void UnreadAnswerBudget::Account::Release(uint64_t bytes) {
   absl::MutexLock lock(&budget_.mu_);
-  bytes = std::min(bytes, bytes_);
-  bytes_ -= bytes;
-  if (!cut_) budget_.charged_ -= bytes;
+  Holder& holder = budget_.holders_.at(this);
+  bytes = std::min(bytes, holder.bytes);
+  holder.bytes -= bytes;
+  if (!holder.cut) budget_.charged_ -= bytes;
 }
 
 uint64_t UnreadAnswerBudget::Account::bytes() const {
   absl::MutexLock lock(&budget_.mu_);
-  return bytes_;
+  return budget_.holders_.at(this).bytes;
 }
 
 void ReturnMemoryAfterDropping(uint64_t bytes) {

@@ -16,7 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <set>
+#include <map>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
@@ -44,8 +44,9 @@ class UnreadAnswerBudget {
   // Bytes charged now, over every connection not being cut. Thread-safe.
   uint64_t charged() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // One connection's share of the budget. Thread-safe (the budget's lock guards every account: a
-  // charge on one connection may cut another). Releases what it holds when destroyed.
+  // One connection's share of the budget. Thread-safe (the budget's lock guards what every
+  // account holds: a charge on one connection may cut another). Releases what it holds when
+  // destroyed.
   class Account {
    public:
     explicit Account(UnreadAnswerBudget& budget);
@@ -56,36 +57,40 @@ class UnreadAnswerBudget {
     // How the connection is cut when another connection's charge needs room and this one holds
     // the most: the call is handed to that charge's caller, to make with its own locks released.
     // It may come after this account is gone, so it must hold the connection weakly.
-    void OnCut(absl::AnyInvocable<void() &&> cut) ABSL_LOCKS_EXCLUDED(budget_.mu_);
+    void OnCut(absl::AnyInvocable<void() &&> cut);
 
     // Charges `bytes` more to this connection. OK — having perhaps cut larger holders, whose cuts
     // are appended to `cuts` — or RESOURCE_EXHAUSTED, charging nothing, when this connection
     // would pass per_connection_limit(), would hold the most with the daemon past its budget, or
     // is being cut already. The message says which, for the log line of the cut.
-    absl::Status Charge(uint64_t bytes, DeferredCalls::Calls& cuts)
-        ABSL_LOCKS_EXCLUDED(budget_.mu_);
+    absl::Status Charge(uint64_t bytes, DeferredCalls::Calls& cuts);
     // Gives back `bytes` of what was charged (answers sent, or dropped).
-    void Release(uint64_t bytes) ABSL_LOCKS_EXCLUDED(budget_.mu_);
+    void Release(uint64_t bytes);
     // What this connection has charged and not released.
-    uint64_t bytes() const ABSL_LOCKS_EXCLUDED(budget_.mu_);
+    uint64_t bytes() const;
 
    private:
-    friend class UnreadAnswerBudget;
     UnreadAnswerBudget& budget_;
-    uint64_t bytes_ ABSL_GUARDED_BY(budget_.mu_) = 0;
-    // Cut to make room for others: its bytes no longer count, and it may charge no more.
-    bool cut_ ABSL_GUARDED_BY(budget_.mu_) = false;
-    absl::AnyInvocable<void() &&> on_cut_ ABSL_GUARDED_BY(budget_.mu_);
   };
 
  private:
-  // The account, other than `except`, that holds the most and is not being cut; null for none.
-  Account* LargestLocked(const Account* except) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What one account holds.
+  struct Holder {
+    uint64_t bytes = 0;
+    // Cut to make room for others: its bytes no longer count, and it may charge no more.
+    bool cut = false;
+    absl::AnyInvocable<void() &&> on_cut;
+  };
+
+  absl::Status ChargeLocked(Holder& holder, uint64_t bytes, DeferredCalls::Calls& cuts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The holder, other than `except`, that holds the most and is not being cut; null for none.
+  Holder* LargestLocked(const Holder* except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t budget_;
   mutable absl::Mutex mu_;
   uint64_t charged_ ABSL_GUARDED_BY(mu_) = 0;
-  std::set<Account*> accounts_ ABSL_GUARDED_BY(mu_);
+  std::map<const Account*, Holder> holders_ ABSL_GUARDED_BY(mu_);
 };
 
 // After a transport dropped `bytes` of queued answers: when that is a lot (16 MiB or more), gives
