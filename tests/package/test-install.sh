@@ -4,7 +4,8 @@
 # `cmake --install BUILD_DIR --prefix P` into a scratch prefix: the binaries report VERSION, only the
 # public headers are installed, and tests/package/consumer — a model server's smallest client — is
 # built against P once with find_package(tierd) and once with pkg-config, and both run against the
-# installed daemon, storing and fetching back 1 MiB.
+# installed daemon, storing and fetching back 1 MiB. The README's C++ example is compiled in the
+# find_package build too.
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/common.sh"
 build=$(cd "${1:?usage: test-install.sh BUILD_DIR VERSION}" && pwd)
@@ -24,8 +25,19 @@ libdir=$(dirname "$(find "$prefix" -name "libtierd_client.so" | head -n 1)")
   fail "no package files beside $libdir/libtierd_client.so"
 echo "installed into a scratch prefix: $(find "$prefix" -type f | wc -l) files"
 
-# find_package(tierd) → tierd::client.
+# The README's C++ example: the ```cpp block under "## Using tierd from C++".
+readme=$here/../../README.md
+awk '/^## Using tierd from C\+\+/ { section = 1; next }
+     /^## / { section = 0 }
+     section && /^```cpp$/ { code = 1; next }
+     code && /^```$/ { exit }
+     code { print }' "$readme" > "$work/readme_example.cc"
+grep -q 'tierd::Client::Connect' "$work/readme_example.cc" ||
+  fail "no C++ example under '## Using tierd from C++' in $readme"
+
+# find_package(tierd) → tierd::client, and the README's example.
 cmake -S "$here/consumer" -B "$work/with-cmake" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
+  -DREADME_EXAMPLE="$work/readme_example.cc" \
   > "$work/configure.log" || { cat "$work/configure.log"; fail "configuring the consumer"; }
 cmake --build "$work/with-cmake" > "$work/build.log" || { cat "$work/build.log"; fail "building it"; }
 # pkg-config --cflags --libs tierd-client.
