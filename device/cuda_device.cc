@@ -14,7 +14,7 @@
 #include "common/status_macros.h"
 #include "device/completion_thread.h"
 #include "device/detail/cuda_status.h"
-#include "wire/wire_format.h"
+#include "device/handle_format.h"
 
 namespace tierd {
 namespace {

@@ -11,9 +11,9 @@
 #include "absl/strings/str_format.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "device/handle_format.h"
 #include "device/host_stream.h"
 #include "device/shared_event.h"
-#include "wire/wire_format.h"
 
 namespace tierd {
 namespace {

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "device/handle_format.h"
 #include "device/host_device.h"
 #include "gpu/gpu_tier.h"
 #include "gtest/gtest.h"

@@ -1,22 +1,14 @@
-// The session wire's byte formats, as proto/tierd/v1/wire.proto defines them once: the session
-// socket's greeting and frame limit, and the bytes of each backend's slab and event handles
-// (Handle.handle). The device backends spell and read their handles only through here; the Python
-// client reads the same definitions from its generated tierd.v1.wire_pb2.
-//
-// This part of the wire depends on nothing but the generated messages, so that the device layer,
-// below the rest of the wire, can use it. The Parse functions check only a handle's layout; what
-// it names (a shared memory object, an event slot) the backend checks. They return
-// INVALID_ARGUMENT, saying which kind of handle `handle` is not.
+// The session wire's constants, as proto/tierd/v1/wire.proto defines them once: the session
+// socket's greeting and frame limit, and the session protocol's version. (The handles' bytes, a
+// fact about each device backend, are device/handle_format.h's.) The Python client reads the same
+// definitions from its generated tierd.v1.wire_pb2.
 //
 // Thread-safe: everything here is a pure function of its arguments.
 #ifndef TIERD_WIRE_WIRE_FORMAT_H_
 #define TIERD_WIRE_WIRE_FORMAT_H_
 
-#include <cstddef>
 #include <cstdint>
-#include <string>
 
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace tierd {
@@ -28,36 +20,6 @@ uint32_t MaxSessionFrameBytes();
 // The session protocol's version (SessionProtocol): what OpenSession.protocol and
 // SessionOpened.protocol must name.
 uint32_t SessionProtocolVersion();
-
-// The size of a CUDA IPC memory or event handle (CU_IPC_HANDLE_SIZE).
-size_t CudaIpcHandleBytes();
-
-// A CUDA slab handle: the slab's size and its IPC memory handle's bytes.
-struct CudaSlabHandle {
-  uint64_t size = 0;
-  absl::string_view ipc_handle;  // CudaIpcHandleBytes() bytes, within the parsed handle
-};
-// REQUIRES: ipc_handle.size() == CudaIpcHandleBytes().
-std::string EncodeCudaSlabHandle(uint64_t size, absl::string_view ipc_handle);
-absl::StatusOr<CudaSlabHandle> ParseCudaSlabHandle(absl::string_view handle);
-
-// A CUDA event handle carries the IPC event handle's bytes. REQUIRES: as EncodeCudaSlabHandle.
-std::string EncodeCudaEventHandle(absl::string_view ipc_handle);
-// The IPC event handle's bytes, within `handle`.
-absl::StatusOr<absl::string_view> ParseCudaEventHandle(absl::string_view handle);
-
-// A host slab handle names the slab's POSIX shared memory object.
-std::string EncodeHostSlabHandle(absl::string_view shared_memory_name);
-// The shared memory object's name, within `handle`; not checked further.
-absl::StatusOr<absl::string_view> ParseHostSlabHandle(absl::string_view handle);
-
-// A host event handle: the shared memory object holding a table of events, and the slot in it.
-struct HostEventHandle {
-  absl::string_view table_name;  // within the parsed handle; not checked further
-  size_t slot = 0;               // not checked against the table's size
-};
-std::string EncodeHostEventHandle(absl::string_view table_name, size_t slot);
-absl::StatusOr<HostEventHandle> ParseHostEventHandle(absl::string_view handle);
 
 }  // namespace tierd
 

@@ -1,7 +1,7 @@
 """The session wire's byte formats, read from their one definition (proto/tierd/v1/wire.proto,
 generated as tierd.v1.wire_pb2) rather than spelled here: the session socket's greeting and frame
 limit, and the layouts of the backends' slab and event handles. The daemon reads the same
-definition (wire/wire_format.h). The parse functions check only a handle's layout and raise
+definition (wire/wire_format.h, device/handle_format.h). The parse functions check only a handle's layout and raise
 TierdError(INVALID_ARGUMENT) saying which kind of handle it is not; what a handle names the backend
 checks."""
 
