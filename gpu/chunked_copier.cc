@@ -6,12 +6,6 @@
 
 namespace tierd {
 
-uint64_t HostArenaPieceBoundaries::BytesToPieceEnd(const uint8_t* host) const {
-  const uint64_t piece = arena_.piece_bytes();
-  const uint64_t arena_offset = static_cast<uint64_t>(host - arena_.base());
-  return piece - arena_offset % piece;
-}
-
 absl::Status ChunkedCopier::CopyInPieces(Stream& stream, uint8_t* dst, const uint8_t* src,
                                          uint64_t bytes) {
   for (uint64_t done = 0; done < bytes;) {

@@ -8,29 +8,9 @@
 
 #include "absl/status/status.h"
 #include "device/device.h"
-#include "storage/host_arena.h"
+#include "device/pinned_pieces.h"
 
 namespace tierd {
-
-// Where host memory's pinned registrations end. Thread-safe.
-class PinnedPieceBoundaries {
- public:
-  virtual ~PinnedPieceBoundaries() = default;
-  // How many bytes from `host` to the end of the pinned piece it lies in. REQUIRES: `host` lies
-  // in the memory this describes.
-  virtual uint64_t BytesToPieceEnd(const uint8_t* host) const = 0;
-};
-
-// The boundaries of a HostArena's pieces (HostArena::piece_bytes(), counted from its base).
-class HostArenaPieceBoundaries : public PinnedPieceBoundaries {
- public:
-  // `arena` must outlive this.
-  explicit HostArenaPieceBoundaries(const HostArena& arena) : arena_(arena) {}
-  uint64_t BytesToPieceEnd(const uint8_t* host) const override;
-
- private:
-  const HostArena& arena_;
-};
 
 // Stateless beyond its configuration; thread-safe as far as the device's CopyAsync is.
 class ChunkedCopier {

@@ -217,7 +217,6 @@ class GpuTier {
   // Drain callbacks run on client drain streams, which a forced close may leave waiting forever on
   // CUDA; they find the tier through this, and the tier clears it when it goes.
   const std::shared_ptr<Liveness> liveness_;
-  const HostArenaPieceBoundaries arena_pieces_;
   ChunkedCopier copier_;
   StoredKeySpace stored_;  // its own lock
 

@@ -40,7 +40,7 @@ void LocalHostSource::Fetch(const std::string& key, ReadPriority priority, absl:
   cache_.Fetch(key, priority, deadline,
                [this, done = std::move(done)](absl::StatusOr<HostObject> object) mutable {
                  if (!object.ok()) return std::move(done)(object.status());
-                 std::move(done)(HostBytes(*std::move(object), pieces_));
+                 std::move(done)(HostBytes(*std::move(object), arena_));
                });
 }
 

@@ -72,7 +72,7 @@ class HostSource {
 class LocalHostSource : public HostSource {
  public:
   // Both must outlive this.
-  LocalHostSource(HostCache& cache, const HostArena& arena) : cache_(cache), pieces_(arena) {}
+  LocalHostSource(HostCache& cache, const HostArena& arena) : cache_(cache), arena_(arena) {}
 
   void Fetch(const std::string& key, ReadPriority priority, absl::Time deadline,
              Callback done) override;
@@ -82,11 +82,11 @@ class LocalHostSource : public HostSource {
   bool IsResident(const std::string& key) const override { return cache_.IsResident(key); }
 
   HostCache& cache() const { return cache_; }
-  const PinnedPieceBoundaries& pieces() const { return pieces_; }
+  const PinnedPieceBoundaries& pieces() const { return arena_; }
 
  private:
   HostCache& cache_;
-  const HostArenaPieceBoundaries pieces_;
+  const HostArena& arena_;
 };
 
 }  // namespace tierd

@@ -4,24 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
-#include "wire/detail/peer_arena.h"
+#include "wire/peer_arena.h"
 
 namespace tierd {
-namespace {
-
-// Where a home's arena, as mapped here, ends its registrations.
-class PeerArenaPieces : public PinnedPieceBoundaries {
- public:
-  explicit PeerArenaPieces(const detail::PeerArena& arena) : arena_(arena) {}
-  uint64_t BytesToPieceEnd(const uint8_t* host) const override {
-    return arena_.BytesToPieceEnd(host);
-  }
-
- private:
-  const detail::PeerArena& arena_;
-};
-
-}  // namespace
 
 // One fetch of an object homed elsewhere: answered once, by the home's lease, its refusal or the
 // timeout, whichever comes first.
@@ -177,12 +162,11 @@ absl::StatusOr<HostBytes> NodeHostTier::Accept(const std::shared_ptr<Ask>& ask, 
   }
   host_fetches_.fetch_add(1, std::memory_order_relaxed);
   bytes_from_homes_.fetch_add(lease.size, std::memory_order_relaxed);
-  auto pieces = std::make_shared<PeerArenaPieces>(*lease.arena);
   // Given back on the home's thread: the copy's completion callback must not wait on a write to a
   // home that stopped reading.
   Home* home = &homes_state_.at(ask->home);
-  return HostBytes(lease.data, lease.size, *pieces,
-                   [this, pieces, home, release = std::move(lease.release)]() mutable {
+  return HostBytes(lease.data, lease.size, *lease.arena,
+                   [this, home, release = std::move(lease.release)]() mutable {
                      GiveBack(*home, std::move(release));
                    });
 }

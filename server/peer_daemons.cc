@@ -12,7 +12,7 @@
 #include "common/worker_pool.h"
 #include "server/host_lender.h"
 #include "server/proto_convert.h"
-#include "wire/detail/peer_arena.h"
+#include "wire/peer_arena.h"
 #include "wire/session_core.h"
 #include "wire/session_socket.h"
 #include "wire/session_transport.h"
@@ -337,7 +337,7 @@ namespace {
 // The HomeLease of a host lease `core`'s peer answered with.
 absl::StatusOr<HomeLease> HomeLeaseOf(const std::shared_ptr<SessionCore>& core,
                                       const std::string& peer, const v1::Lease& lease) {
-  ASSIGN_OR_RETURN(detail::PeerArena * arena, core->host_arena(lease.host_buffer_id()));
+  ASSIGN_OR_RETURN(PeerArena * arena, core->host_arena(lease.host_buffer_id()));
   const uint64_t offset = lease.host_offset();
   if (offset > arena->size() || lease.length() > arena->size() - offset) {
     return absl::InternalError(absl::StrCat(peer, " lent ", lease.key(), " at [", offset, ", +",
@@ -357,7 +357,7 @@ absl::StatusOr<HomeLease> HomeLeaseOf(const std::shared_ptr<SessionCore>& core,
 
 // The name of the host arena `core`'s home sent; empty when it sent none.
 std::string ArenaName(SessionCore& core) {
-  absl::StatusOr<detail::PeerArena*> arena = core.host_arena(HostLender::kArenaHandleId);
+  absl::StatusOr<PeerArena*> arena = core.host_arena(HostLender::kArenaHandleId);
   return arena.ok() ? (*arena)->name() : std::string();
 }
 
@@ -450,7 +450,7 @@ uint64_t PeerDaemons::RegisteredArenaBytes() {
       core = peer->arena_session;
     }
     if (core == nullptr) continue;
-    if (absl::StatusOr<detail::PeerArena*> arena = core->host_arena(HostLender::kArenaHandleId);
+    if (absl::StatusOr<PeerArena*> arena = core->host_arena(HostLender::kArenaHandleId);
         arena.ok()) {
       bytes += std::min((*arena)->registered_pieces() * (*arena)->piece_bytes(), (*arena)->size());
     }
@@ -593,7 +593,7 @@ absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::OpenSessionLocked(Peer
   }
   if (node_daemon) peer.arena_backoff = absl::ZeroDuration();
   // A peer that lends host memory sent its arena: registered ahead, in the background.
-  if (absl::StatusOr<detail::PeerArena*> arena = core->host_arena(HostLender::kArenaHandleId);
+  if (absl::StatusOr<PeerArena*> arena = core->host_arena(HostLender::kArenaHandleId);
       arena.ok()) {
     (*arena)->RegisterAllInBackground();
   }

@@ -45,10 +45,8 @@
 
 namespace tierd {
 
-class SessionCore;
-namespace detail {
 class PeerArena;
-}  // namespace detail
+class SessionCore;
 
 // A home daemon's model object, lent where it lies in the home's host arena (FetchRequest
 // .host_lease), mapped and registered here. The node's host tier (server/node_host_tier.h) copies
@@ -58,7 +56,7 @@ struct HomeLease {
   uint64_t size = 0;
   uint64_t checksum = 0;  // the home's record of it; 0: none
   // The home's arena as mapped here: where its registrations end. Valid until `release`.
-  const detail::PeerArena* arena = nullptr;
+  const PeerArena* arena = nullptr;
   // Gives the lease back. Must be called once, after every read of `data` has completed. Keeps
   // the mapping alive until then. May block (when the session the lease came on has ended, it is
   // given back on a new one, to the same home process): call it where a connect may wait.

@@ -82,6 +82,10 @@ HostArena::~HostArena() {
   region_.reset();
 }
 
+uint64_t HostArena::BytesToPieceEnd(const uint8_t* host) const {
+  return piece_bytes_ - static_cast<uint64_t>(host - base_) % piece_bytes_;
+}
+
 void HostArena::PiecePinned(uint64_t offset, uint64_t size) {
   {
     absl::MutexLock lock(&mu_);

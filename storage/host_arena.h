@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "common/free_ranges.h"
 #include "device/device.h"
+#include "device/pinned_pieces.h"
 #include "storage/detail/arena_pages.h"
 #include "storage/detail/arena_pinner.h"
 #include "storage/detail/arena_region.h"
@@ -95,7 +96,7 @@ class ArenaAllocation {
   uint64_t size_ = 0;
 };
 
-class HostArena : private PinObserver {
+class HostArena : public PinnedPieceBoundaries, private PinObserver {
  public:
   // Reserves the address range, pins the first piece before returning and the rest in the
   // background. Errors: INVALID_ARGUMENT for 0 bytes; RESOURCE_EXHAUSTED when the memory cannot be
@@ -108,7 +109,7 @@ class HostArena : private PinObserver {
   // Stops pinning (waiting for the registrations in progress), unregisters exactly the pieces that
   // were registered, and unmaps; a shared arena's name is unlinked (mappings other processes hold
   // stay valid until they unmap). REQUIRES: no copy or I/O uses the memory any more.
-  ~HostArena();
+  ~HostArena() override;
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
 
@@ -121,6 +122,9 @@ class HostArena : private PinObserver {
   uint8_t* base() const { return base_; }
   uint64_t capacity() const { return capacity_; }
   uint64_t piece_bytes() const { return piece_bytes_; }
+  // Bytes from `host` to the end of its piece (counted from base()). REQUIRES: `host` lies in the
+  // arena.
+  uint64_t BytesToPieceEnd(const uint8_t* host) const override;
   // The name other processes map a shared arena by (SharedMemory::OpenReadOnly); empty when the
   // arena is not shared.
   const std::string& shared_memory_name() const { return region_->shared_memory_name(); }

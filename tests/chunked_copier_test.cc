@@ -113,14 +113,5 @@ TEST_F(ChunkedCopierTest, PiecesOutsidePinnedMemoryFollowOnlyTheChunk) {
   EXPECT_EQ(testing::FirstPatternMismatch(dst.data(), 1000, 3), -1);
 }
 
-TEST_F(ChunkedCopierTest, HostArenaPiecesAreCountedFromItsBase) {
-  auto arena = HostArena::Create(*host_device_, {2 << 20, 1 << 20});
-  ASSERT_THAT(arena, IsOk());
-  const HostArenaPieceBoundaries pieces(**arena);
-  EXPECT_EQ(pieces.BytesToPieceEnd((*arena)->base()), 1u << 20);
-  EXPECT_EQ(pieces.BytesToPieceEnd((*arena)->base() + 10), (1u << 20) - 10);
-  EXPECT_EQ(pieces.BytesToPieceEnd((*arena)->base() + (1 << 20)), 1u << 20);
-}
-
 }  // namespace
 }  // namespace tierd

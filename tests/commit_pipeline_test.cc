@@ -53,8 +53,7 @@ class CommitPipelineTest : public ::testing::Test {
     auto store_stream = device.CreateStream(StreamPriority::kNormal);
     ASSERT_THAT(store_stream, IsOk());
     store_stream_ = *std::move(store_stream);
-    pieces_ = std::make_unique<HostArenaPieceBoundaries>(stack_->arena());
-    copier_ = std::make_unique<ChunkedCopier>(device, *pieces_, /*chunk_bytes=*/16 << 10);
+    copier_ = std::make_unique<ChunkedCopier>(device, stack_->arena(), /*chunk_bytes=*/16 << 10);
     stored_ = std::make_unique<StoredKeySpace>(stack_->catalog(), "");
     commits_ = std::make_unique<CommitPipeline>(
         CommitPipeline::Parts{mu_, device, stack_->catalog(), stack_->host_cache(),
@@ -165,7 +164,6 @@ class CommitPipelineTest : public ::testing::Test {
   std::unique_ptr<TimerThread> timer_;
   std::unique_ptr<DrainQueue> drains_;
   std::unique_ptr<Stream> store_stream_;
-  std::unique_ptr<HostArenaPieceBoundaries> pieces_;
   std::unique_ptr<ChunkedCopier> copier_;
   std::unique_ptr<StoredKeySpace> stored_;
   RunningCallbacks callbacks_{mu_};

@@ -123,6 +123,15 @@ TEST_F(HostArenaTest, AnEmptyAllocationTakesNothing) {
   EXPECT_EQ((*arena)->largest_free_block(), 4 * kMiB);
 }
 
+TEST_F(HostArenaTest, PiecesAreCountedFromItsBase) {
+  auto arena = HostArena::Create(*device_, {2 << 20, 1 << 20});
+  ASSERT_THAT(arena, IsOk());
+  const PinnedPieceBoundaries& pieces = **arena;
+  EXPECT_EQ(pieces.BytesToPieceEnd((*arena)->base()), 1u << 20);
+  EXPECT_EQ(pieces.BytesToPieceEnd((*arena)->base() + 10), (1u << 20) - 10);
+  EXPECT_EQ(pieces.BytesToPieceEnd((*arena)->base() + (1 << 20)), 1u << 20);
+}
+
 TEST_F(HostArenaTest, IsUsableBeforeTheBackgroundPinningFinishes) {
   SlowPinningDevice slow(*device_, absl::Milliseconds(100), /*fail_from_piece=*/1000);
   auto arena = HostArena::Create(slow, {8 * kMiB, 1 * kMiB});

@@ -16,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/registration_recording_device.h"
 #include "tests/test_support.h"
-#include "wire/detail/peer_arena.h"
+#include "wire/peer_arena.h"
 #include "wire/session_core.h"
 
 namespace tierd {
@@ -84,7 +84,7 @@ TEST_F(OpenedHostArenaTest, AHostArenaHandleIsOpenedAsAPeerArena) {
   detail::OpenedHandles handles;
   const v1::SessionResponse response = ResponseWithArena(3, home_->name());
   ASSERT_THAT(handles.Open(response, device_), IsOk());
-  absl::StatusOr<detail::PeerArena*> arena = handles.host_arena(3);
+  absl::StatusOr<PeerArena*> arena = handles.host_arena(3);
   ASSERT_THAT(arena, IsOk());
   EXPECT_EQ((*arena)->size(), 4 * kMiB);
   EXPECT_EQ((*arena)->piece_bytes(), kMiB);
@@ -118,7 +118,7 @@ TEST_F(OpenedHostArenaTest, SessionCoreHandsOutTheArenasItOpened) {
   std::shared_ptr<SessionCore> core = SessionCore::Start(std::make_unique<SilentTransport>());
   core->set_device(device_);
   ASSERT_THAT(core->OpenHandles(ResponseWithArena(9, home_->name())), IsOk());
-  absl::StatusOr<detail::PeerArena*> arena = core->host_arena(9);
+  absl::StatusOr<PeerArena*> arena = core->host_arena(9);
   ASSERT_THAT(arena, IsOk());
   EXPECT_EQ((*arena)->size(), home_->size());
   ASSERT_THAT((*arena)->EnsureRegistered(0, 4 * kMiB), IsOk());

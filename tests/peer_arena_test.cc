@@ -1,8 +1,7 @@
-// Another daemon's shared host arena as a peer sees it (wire/detail/peer_arena.h): mapped
-// read-only, registered piece by piece as ranges are wanted (each piece once, whoever wants it),
-// unregistered when it goes, and mapped read-write where the device cannot register read-only
-// memory.
-#include "wire/detail/peer_arena.h"
+// Another daemon's shared host arena as a peer sees it (wire/peer_arena.h): mapped read-only,
+// registered piece by piece as ranges are wanted (each piece once, whoever wants it), unregistered
+// when it goes, and mapped read-write where the device cannot register read-only memory.
+#include "wire/peer_arena.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -31,7 +30,7 @@
 #include "tests/registration_recording_device.h"
 #include "tests/test_support.h"
 
-namespace tierd::detail {
+namespace tierd {
 namespace {
 
 using ::tierd::testing::IsOk;
@@ -368,4 +367,4 @@ TEST_F(PeerArenaTest, BytesToPieceEndStopsAtThePieceOrTheArenasEnd) {
 }
 
 }  // namespace
-}  // namespace tierd::detail
+}  // namespace tierd

@@ -362,7 +362,7 @@ absl::StatusOr<const SharedMemory*> SessionCore::host_buffer(uint32_t id) {
   return handles_->host_buffer(id);
 }
 
-absl::StatusOr<detail::PeerArena*> SessionCore::host_arena(uint32_t id) {
+absl::StatusOr<PeerArena*> SessionCore::host_arena(uint32_t id) {
   return handles_->host_arena(id);
 }
 

@@ -39,9 +39,9 @@
 #include "wire/session_transport.h"
 
 namespace tierd {
+class PeerArena;
 namespace detail {
 class OpenedHandles;
-class PeerArena;
 }  // namespace detail
 
 // The status a session response carries (its code and message).
@@ -103,9 +103,9 @@ class SessionCore {
   // daemons asking each other for objects through the host are sent one.
   absl::StatusOr<const SharedMemory*> host_buffer(uint32_t id);
   // A home daemon's host arena (Handle.HOST_ARENA), mapped read-only and registered with
-  // device() as its pieces are used (wire/detail/peer_arena.h); only daemons asking each other
+  // device() as its pieces are used (wire/peer_arena.h); only daemons asking each other
   // for host leases are sent one.
-  absl::StatusOr<detail::PeerArena*> host_arena(uint32_t id);
+  absl::StatusOr<PeerArena*> host_arena(uint32_t id);
 
   // Releases a lease: records a done event on `stream` after the work enqueued there (DoneEvents),
   // then tells the daemon, without waiting for its answer. Once the session has ended it does

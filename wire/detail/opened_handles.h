@@ -17,7 +17,7 @@
 #include "device/device.h"
 #include "device/shared_memory.h"
 #include "tierd/v1/tierd.pb.h"
-#include "wire/detail/peer_arena.h"
+#include "wire/peer_arena.h"
 
 namespace tierd::detail {
 

@@ -1,4 +1,4 @@
-#include "wire/detail/peer_arena.h"
+#include "wire/peer_arena.h"
 
 #include <sys/mman.h>
 
@@ -10,7 +10,7 @@
 #include "common/status_macros.h"
 #include "device/pinned_host_buffer.h"
 
-namespace tierd::detail {
+namespace tierd {
 
 absl::StatusOr<std::unique_ptr<PeerArena>> PeerArena::Open(const std::string& name, uint64_t size,
                                                            uint64_t piece_bytes,
@@ -214,4 +214,4 @@ absl::Status PeerArena::ProbeAndRegister(uint8_t* data, uint64_t bytes) {
   return status;
 }
 
-}  // namespace tierd::detail
+}  // namespace tierd

@@ -5,15 +5,15 @@
 // it to its own GPU.
 //
 // A copy out of it must not span two pieces (the driver treats a copy across two registrations as
-// pageable): split copies at BytesToPieceEnd.
+// pageable): split copies at BytesToPieceEnd (PinnedPieceBoundaries).
 //
 // Where the device cannot register read-only memory (Device::RegisterReadOnlyHostMemory answers
 // UNIMPLEMENTED), the first registration maps the object read-write instead, at the same address,
 // and every piece is registered with RegisterHostMemory; this process still only reads it.
 //
 // Thread-safe.
-#ifndef TIERD_WIRE_DETAIL_PEER_ARENA_H_
-#define TIERD_WIRE_DETAIL_PEER_ARENA_H_
+#ifndef TIERD_WIRE_PEER_ARENA_H_
+#define TIERD_WIRE_PEER_ARENA_H_
 
 #include <cstdint>
 #include <memory>
@@ -26,11 +26,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "device/device.h"
+#include "device/pinned_pieces.h"
 #include "device/shared_memory.h"
 
-namespace tierd::detail {
+namespace tierd {
 
-class PeerArena {
+class PeerArena : public PinnedPieceBoundaries {
  public:
   // Maps the shared memory object `name` read-only; registers nothing yet. `size` is the arena's
   // bytes (the object must have at least that many) and `piece_bytes` the size of its pieces,
@@ -42,7 +43,7 @@ class PeerArena {
                                                          std::shared_ptr<Device> device);
   // Stops the background registration, unregisters every registered piece and unmaps. REQUIRES:
   // no copy reads the arena any more, and no other call is under way.
-  ~PeerArena();
+  ~PeerArena() override;
   PeerArena(const PeerArena&) = delete;
   PeerArena& operator=(const PeerArena&) = delete;
 
@@ -61,7 +62,7 @@ class PeerArena {
   uint64_t piece_bytes() const { return piece_bytes_; }
   // Bytes from `p` to the end of its piece (or of the arena). REQUIRES: data() <= p < data() +
   // size().
-  uint64_t BytesToPieceEnd(const uint8_t* p) const;
+  uint64_t BytesToPieceEnd(const uint8_t* p) const override;
   // Pieces registered now.
   uint64_t registered_pieces() const ABSL_LOCKS_EXCLUDED(mu_);
   // Starts a thread that registers every piece not registered yet, first to last, so that later
@@ -104,6 +105,6 @@ class PeerArena {
   std::thread background_ ABSL_GUARDED_BY(mu_);  // RegisterAllInBackground's
 };
 
-}  // namespace tierd::detail
+}  // namespace tierd
 
-#endif  // TIERD_WIRE_DETAIL_PEER_ARENA_H_
+#endif  // TIERD_WIRE_PEER_ARENA_H_
