@@ -12,7 +12,7 @@
 
 #include "device/host_device.h"
 #include "gpu/gpu_tier.h"
-#include "server/session.h"
+#include "server/session_protocol.h"
 #include "storage/storage_stack.h"
 
 namespace tierd::fuzzing {

@@ -50,7 +50,7 @@ struct GpuTierOptions {
   // Null: nowhere (NOT_FOUND). Must outlive the tier.
   PeerSource* peers = nullptr;
   // Where loads find objects' bytes in host memory: null for the daemon's own host cache; on a node
-  // of daemons, the node's host tier (server/node_host_tier.h). Must outlive the tier.
+  // of daemons, the node's host tier (server/node/node_host_tier.h). Must outlive the tier.
   HostSource* host_source = nullptr;
   // The pinned host memory objects are copied through for peers that cannot read this GPU's
   // memory (FetchOptions::through_host); allocated on first use.

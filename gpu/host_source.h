@@ -1,7 +1,7 @@
 // Where the GPU tier gets an object's bytes in pinned host memory: the daemon's own host cache, or
 // — on a node of several daemons (tierd --peers) — the host arena of the daemon that is the
-// object's home (server/node_host_tier.h). The tier copies from a HostBytes to staging and resets
-// it once the copy has completed; what it references stays put until then.
+// object's home (server/node/node_host_tier.h). The tier copies from a HostBytes to staging and
+// resets it once the copy has completed; what it references stays put until then.
 #ifndef TIERD_GPU_HOST_SOURCE_H_
 #define TIERD_GPU_HOST_SOURCE_H_
 

@@ -1,8 +1,8 @@
 // Where a GpuTier finds the stored objects it does not have: the daemons of the node's other GPUs
 // (tierd --peers). The tier asks a PeerSource for a key and gets a PeerCopy: the object's bytes
 // readable by the tier's own device, an event to wait on before reading them, and a release to
-// call once the reads are done. PeerDaemons (server/peer_daemons.h) is the implementation; tests
-// may supply their own.
+// call once the reads are done. PeerDaemons (server/node/peer_daemons.h) is the implementation;
+// tests may supply their own.
 #ifndef TIERD_GPU_PEER_SOURCE_H_
 #define TIERD_GPU_PEER_SOURCE_H_
 

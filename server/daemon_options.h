@@ -15,7 +15,7 @@
 #include "device/device_factory.h"
 #include "gpu/gpu_tier.h"
 #include "server/client_groups.h"
-#include "server/peer_daemons.h"
+#include "server/node/peer_daemons.h"
 #include "storage/catalog.h"
 #include "storage/disk_reader.h"
 #include "storage/file_system.h"
@@ -71,14 +71,14 @@ struct DaemonOptions {
   // sessions on ClientGroupSocketPathFor(socket_path, name). Needs the session socket.
   std::vector<ClientGroupOptions> client_groups;
   // --peers: the gRPC sockets of the node's other daemons, asked for stored objects not found here
-  // (server/peer_daemons.h); this daemon's own socket_path among them is skipped.
+  // (server/node/peer_daemons.h); this daemon's own socket_path among them is skipped.
   std::vector<std::string> peer_sockets;
   PeerCopyPath peer_copy = PeerCopyPath::kAuto;  // --peer-copy
   // --peer-host-buffer-bytes: pinned host memory for peers that copy through the host.
   uint64_t peer_host_buffer_bytes = 256ull << 20;
-  // --node-host-tier: with peers, the daemons share one host tier (server/node_host_tier.h): each
-  // model object is read and pinned by its home daemon only, and the host arena is shared memory
-  // the peers map.
+  // --node-host-tier: with peers, the daemons share one host tier (server/node/node_host_tier.h):
+  // each model object is read and pinned by its home daemon only, and the host arena is shared
+  // memory the peers map.
   bool node_host_tier = true;
   // --node-home-timeout-ms: how long a home may answer nothing before a fetch waiting for its
   // lease reads the object here.

@@ -16,7 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "server/session.h"
+#include "server/session_protocol.h"
 #include "server/unread_answer_budget.h"
 #include "tierd/v1/tierd.pb.h"
 

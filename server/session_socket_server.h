@@ -33,7 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gpu/gpu_tier.h"
-#include "server/session.h"
+#include "server/session_protocol.h"
 #include "server/session_socket_worker.h"
 #include "server/unread_answer_budget.h"
 

@@ -10,8 +10,8 @@
 #include "absl/strings/string_view.h"
 
 #include "gpu/gpu_tier.h"
-#include "server/host_lender.h"
-#include "server/node_host_tier.h"
+#include "server/node/host_lender.h"
+#include "server/node/node_host_tier.h"
 #include "storage/catalog.h"
 #include "storage/host_cache.h"
 #include "tierd/v1/tierd.pb.h"
@@ -24,7 +24,7 @@ struct NamedGpuTier {
   GpuTier* tier = nullptr;
 };
 
-// The node's host tier as this daemon takes part in it (server/node_host_tier.h); null parts
+// The node's host tier as this daemon takes part in it (server/node/node_host_tier.h); null parts
 // without one.
 struct NodeParts {
   const NodeHostTier* tier = nullptr;

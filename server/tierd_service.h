@@ -14,7 +14,7 @@
 #include "gpu/gpu_tier.h"
 #include "server/raw_call.h"
 #include "server/response_counters.h"
-#include "server/session.h"
+#include "server/session_protocol.h"
 #include "server/stats.h"
 #include "server/unread_answer_budget.h"
 #include "storage/catalog.h"
@@ -44,8 +44,8 @@ class TierdService final : public RawTierdService {
   // Serves calls on these tiers from now on: `gpu_tier` is the default client group's, the one
   // sessions and calls on this service use; `client_groups` are the other groups' tiers, which
   // stats include and dropped models are removed from. Session streams charge the answers their
-  // clients have not read to `unread_answers`. `node`: the node's host tier, for stats and homes. The references must outlive the service. Call
-  // once.
+  // clients have not read to `unread_answers`. `node`: the node's host tier, for stats and homes.
+  // The references must outlive the service. Call once.
   void Attach(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tier,
               std::vector<NamedGpuTier> client_groups, SessionOptions session_options,
               UnreadAnswerBudget& unread_answers, NodeParts node = {});

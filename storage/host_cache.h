@@ -157,7 +157,7 @@ class HostCache : private HostCacheTable::Owner {
   // From now on nothing new is read or reserved: Fetch, Prefetch and ReserveStore answer
   // UNAVAILABLE, and requests waiting for room are refused so; reads in flight complete. Memory
   // freed after this is never written again, for the node's other daemons that may still copy
-  // from it (server/host_lender.h). Idempotent.
+  // from it (server/node/host_lender.h). Idempotent.
   void StopServing() ABSL_LOCKS_EXCLUDED(mu_);
 
   bool IsResident(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);

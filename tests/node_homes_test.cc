@@ -1,4 +1,4 @@
-#include "server/node_homes.h"
+#include "server/node/node_homes.h"
 
 #include <map>
 #include <string>

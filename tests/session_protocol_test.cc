@@ -24,7 +24,7 @@
 #include "device/host_device.h"
 #include "gpu/gpu_tier.h"
 #include "gtest/gtest.h"
-#include "server/session.h"
+#include "server/session_protocol.h"
 #include "server/session_socket_server.h"
 #include "server/unread_answer_budget.h"
 #include "storage/catalog.h"

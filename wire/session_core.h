@@ -1,7 +1,7 @@
 // The request/answer core of a session, on the client's side of the wire: the transport, the
 // matching of responses to requests by id, and the handles the daemon sent, opened in this
 // process. The C++ client's Session is built on it, and so is a daemon asking its peers for
-// objects (server/peer_daemons.h).
+// objects (server/node/peer_daemons.h).
 //
 // One thread at a time reads the transport (holds the reader's role) and hands each answer to
 // whoever waits for it. A caller waiting for its answer takes the role when nobody holds it and

@@ -25,10 +25,10 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/synchronization/mutex.h"
 #include "common/deferred_calls.h"
+#include "common/liveness.h"
 #include "common/timer_thread.h"
 #include "device/device.h"
 #include "gpu/detail/client_table.h"
-#include "common/liveness.h"
 #include "gpu/detail/staging_residency.h"
 #include "gpu/event_pool.h"
 

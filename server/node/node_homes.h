@@ -3,8 +3,8 @@
 // (tierd --peers, which may or may not list the daemon itself) computes the same homes with no
 // coordination; homes spread evenly over the members; and a member added or removed moves only
 // the keys it gains or loses. Members are named by their gRPC socket paths. Immutable; thread-safe.
-#ifndef TIERD_SERVER_NODE_HOMES_H_
-#define TIERD_SERVER_NODE_HOMES_H_
+#ifndef TIERD_SERVER_NODE_NODE_HOMES_H_
+#define TIERD_SERVER_NODE_NODE_HOMES_H_
 
 #include <string>
 #include <vector>
@@ -31,4 +31,4 @@ class NodeHomes {
 
 }  // namespace tierd
 
-#endif  // TIERD_SERVER_NODE_HOMES_H_
+#endif  // TIERD_SERVER_NODE_NODE_HOMES_H_

@@ -1,4 +1,4 @@
-#include "server/node_host_tier.h"
+#include "server/node/node_host_tier.h"
 
 #include <utility>
 

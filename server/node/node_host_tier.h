@@ -19,8 +19,8 @@
 // From the start, each peer is connected to (again every second until it answers), so that its
 // host arena is mapped and registered here before the first load needs it.
 // Thread-safe.
-#ifndef TIERD_SERVER_NODE_HOST_TIER_H_
-#define TIERD_SERVER_NODE_HOST_TIER_H_
+#ifndef TIERD_SERVER_NODE_NODE_HOST_TIER_H_
+#define TIERD_SERVER_NODE_NODE_HOST_TIER_H_
 
 #include <atomic>
 #include <cstdint>
@@ -36,9 +36,9 @@
 #include "common/timer_thread.h"
 #include "common/worker_pool.h"
 #include "gpu/host_source.h"
-#include "server/host_lender.h"
-#include "server/node_homes.h"
-#include "server/peer_daemons.h"
+#include "server/node/host_lender.h"
+#include "server/node/node_homes.h"
+#include "server/node/peer_daemons.h"
 #include "storage/catalog.h"
 
 namespace tierd {
@@ -150,4 +150,4 @@ class NodeHostTier : public HostSource {
 
 }  // namespace tierd
 
-#endif  // TIERD_SERVER_NODE_HOST_TIER_H_
+#endif  // TIERD_SERVER_NODE_NODE_HOST_TIER_H_

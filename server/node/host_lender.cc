@@ -1,4 +1,4 @@
-#include "server/host_lender.h"
+#include "server/node/host_lender.h"
 
 #include <poll.h>
 #include <signal.h>

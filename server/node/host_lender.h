@@ -21,8 +21,8 @@
 // quarantined leases included, each object counted once however many hold it — at most half the
 // host cache, so that borrowers holding leases can never fill the cache the daemon's own clients
 // need. Thread-safe.
-#ifndef TIERD_SERVER_HOST_LENDER_H_
-#define TIERD_SERVER_HOST_LENDER_H_
+#ifndef TIERD_SERVER_NODE_HOST_LENDER_H_
+#define TIERD_SERVER_NODE_HOST_LENDER_H_
 
 #include <sys/types.h>
 
@@ -190,4 +190,4 @@ class HostLeases : public std::enable_shared_from_this<HostLeases> {
 
 }  // namespace tierd
 
-#endif  // TIERD_SERVER_HOST_LENDER_H_
+#endif  // TIERD_SERVER_NODE_HOST_LENDER_H_

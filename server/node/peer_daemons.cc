@@ -1,4 +1,4 @@
-#include "server/peer_daemons.h"
+#include "server/node/peer_daemons.h"
 
 #include <algorithm>
 #include <atomic>
@@ -10,7 +10,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/worker_pool.h"
-#include "server/host_lender.h"
+#include "server/node/host_lender.h"
 #include "server/proto_convert.h"
 #include "wire/peer_arena.h"
 #include "wire/session_core.h"

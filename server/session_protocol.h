@@ -7,8 +7,8 @@
 // `send`, which must be thread-safe and must not block.
 //
 // Thread-safe.
-#ifndef TIERD_SERVER_SESSION_H_
-#define TIERD_SERVER_SESSION_H_
+#ifndef TIERD_SERVER_SESSION_PROTOCOL_H_
+#define TIERD_SERVER_SESSION_PROTOCOL_H_
 
 #include <sys/types.h>
 
@@ -26,7 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "gpu/gpu_tier.h"
-#include "server/host_lender.h"
+#include "server/node/host_lender.h"
 #include "server/response_counters.h"
 #include "tierd/v1/tierd.pb.h"
 
@@ -149,4 +149,4 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
 
 }  // namespace tierd
 
-#endif  // TIERD_SERVER_SESSION_H_
+#endif  // TIERD_SERVER_SESSION_PROTOCOL_H_

@@ -25,8 +25,8 @@
 // Thread-safe. Fetch never blocks; BorrowHost, Connect and PrefetchHost block while they connect.
 // The callbacks run on a peer's thread, the timer's, or whichever thread reads the peer's session
 // (SessionCore).
-#ifndef TIERD_SERVER_PEER_DAEMONS_H_
-#define TIERD_SERVER_PEER_DAEMONS_H_
+#ifndef TIERD_SERVER_NODE_PEER_DAEMONS_H_
+#define TIERD_SERVER_NODE_PEER_DAEMONS_H_
 
 #include <memory>
 #include <string>
@@ -49,8 +49,8 @@ class PeerArena;
 class SessionCore;
 
 // A home daemon's model object, lent where it lies in the home's host arena (FetchRequest
-// .host_lease), mapped and registered here. The node's host tier (server/node_host_tier.h) copies
-// from it.
+// .host_lease), mapped and registered here. The node's host tier (server/node/node_host_tier.h)
+// copies from it.
 struct HomeLease {
   const uint8_t* data = nullptr;
   uint64_t size = 0;
@@ -174,4 +174,4 @@ class PeerDaemons : public PeerSource {
 
 }  // namespace tierd
 
-#endif  // TIERD_SERVER_PEER_DAEMONS_H_
+#endif  // TIERD_SERVER_NODE_PEER_DAEMONS_H_

@@ -1,4 +1,4 @@
-#include "server/session.h"
+#include "server/session_protocol.h"
 
 #include <utility>
 
