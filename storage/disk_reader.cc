@@ -1,7 +1,5 @@
 #include "storage/disk_reader.h"
 
-#include <liburing.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/posix_error.h"
+#include "storage/detail/uring.h"
 #include "storage/model_scan.h"
 
 namespace tierd {
@@ -148,46 +147,17 @@ absl::Status DeliverChunk(const DiskReader::Chunk& chunk, const uint8_t* bounce)
 
 }  // namespace
 
-// One reader thread: a ring (or plain pread) and its bounce buffers.
+// One reader thread: its I/O queue (a ring, or pread) and a bounce buffer per slot.
 class DiskReader::Worker {
  public:
   Worker(DiskReader* reader, bool use_uring) : reader_(reader), use_uring_(use_uring) {}
   ~Worker() {
     if (thread_.joinable()) thread_.join();
-    if (ring_ready_) io_uring_queue_exit(&ring_);
+    uring_.reset();
     std::free(bounce_);
   }
 
-  absl::Status Init() {
-    const uint64_t chunk = reader_->options_.chunk_bytes;
-    const int depth = use_uring_ ? reader_->options_.queue_depth : 1;
-    bounce_ = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, chunk * depth));
-    if (bounce_ == nullptr) return absl::ResourceExhaustedError("allocating read buffers");
-    slots_.resize(depth);
-    for (int i = depth - 1; i >= 0; --i) free_slots_.push_back(i);
-    if (!use_uring_) return absl::OkStatus();
-    // Completions are reaped by this thread alone, inside io_uring_submit_and_wait: let the kernel
-    // run their task work then, rather than interrupt the thread for each one (Linux 6.1+; older
-    // kernels refuse the flags and get a plain ring).
-    struct io_uring_params params = {};
-    params.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
-    int rc = io_uring_queue_init_params(depth, &ring_, &params);
-    if (rc == -EINVAL) rc = io_uring_queue_init(depth, &ring_, 0);
-    if (rc < 0) return PosixError("io_uring_queue_init", -rc);
-    ring_ready_ = true;
-    std::vector<struct iovec> buffers(depth);
-    for (int i = 0; i < depth; ++i) buffers[i] = {bounce_ + i * chunk, chunk};
-    if (int rc = io_uring_register_buffers(&ring_, buffers.data(), depth); rc < 0) {
-      TIERD_LOG_FIRST_N(WARNING, 1)
-          << "io_uring cannot register read buffers (" << std::strerror(-rc)
-          << "; raise the memlock limit): reading without fixed buffers";
-    } else {
-      fixed_buffers_ = true;
-    }
-    return absl::OkStatus();
-  }
-
-  // Starts the thread, which sets up its ring and buffers (a ring with deferred task work belongs
+  // Starts the thread, which sets up its queue and buffers (a ring with deferred task work belongs
   // to the thread that creates it) and then serves; returns how the setup went.
   absl::Status Start() {
     std::promise<absl::Status> setup;
@@ -196,7 +166,7 @@ class DiskReader::Worker {
       absl::Status status = Init();
       const bool serve = status.ok();
       setup.set_value(std::move(status));
-      if (serve) use_uring_ ? RunUring() : RunPread();
+      if (serve) Run();
     });
     return result.get();
   }
@@ -207,6 +177,27 @@ class DiskReader::Worker {
     File* file = nullptr;
     bool direct = false;
   };
+
+  absl::Status Init() {
+    const uint64_t chunk = reader_->options_.chunk_bytes;
+    // pread reads one chunk at a time: more slots would only hold more chunks back.
+    const int depth = use_uring_ ? reader_->options_.queue_depth : 1;
+    bounce_ = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, chunk * depth));
+    if (bounce_ == nullptr) return absl::ResourceExhaustedError("allocating read buffers");
+    slots_.resize(depth);
+    for (int i = depth - 1; i >= 0; --i) free_slots_.push_back(i);
+    if (!use_uring_) {
+      uring_ = Uring::Synchronous(depth);
+      return absl::OkStatus();
+    }
+    UringOptions options;
+    options.slots = depth;
+    for (int i = 0; i < depth; ++i) options.fixed_buffers.push_back({BounceOf(i), chunk});
+    absl::StatusOr<std::unique_ptr<Uring>> uring = Uring::Create(options);
+    if (!uring.ok()) return uring.status();
+    uring_ = *std::move(uring);
+    return absl::OkStatus();
+  }
 
   uint8_t* BounceOf(int slot) const { return bounce_ + slot * reader_->options_.chunk_bytes; }
   // Where the chunk in `slot` is read to: its direct destination, or the slot's bounce buffer.
@@ -227,7 +218,7 @@ class DiskReader::Worker {
       }
       if (absl::Status admitted = reader_->file_system_->BeforeRead((*file)->path);
           !admitted.ok()) {
-        // Failed as a read the kernel failed (HandleResult): the next request opens it again.
+        // Failed as a read the kernel failed (Finish): the next request opens it again.
         reader_->RetireFile(*file);
         reader_->FinishChunk(chunk, absl::UnavailableError(admitted.message()));
         continue;
@@ -237,30 +228,39 @@ class DiskReader::Worker {
     }
   }
 
-  // Decides what a read result means for `slot`: true when the chunk is finished (delivered or
-  // failed), false when the rest must be read (the slot's progress is updated).
-  bool HandleResult(int slot, ssize_t result) {
+  // Starts reading what is left of the chunk in `slot`.
+  void StartRead(int slot) {
+    const Slot& s = slots_[slot];
+    UringTransfer read;
+    read.fd = s.direct ? s.file->direct_fd : s.file->buffered_fd;
+    read.buffer = BufferOf(slot) + s.chunk.read;
+    read.length = s.chunk.length - s.chunk.read;
+    read.offset = s.chunk.aligned_offset + s.chunk.read;
+    read.block_bytes = s.direct ? kAlignment : 0;
+    uring_->Start(slot, read);
+  }
+
+  // Decides what the end of `slot`'s read means: true when the chunk is finished (delivered or
+  // failed), false when the rest must be read again.
+  bool Finish(int slot, int error) {
     Slot& s = slots_[slot];
-    if (result == -EINTR || result == -EAGAIN) return false;
-    if (result == -EINVAL && s.direct) {
+    const uint64_t transferred = uring_->transfer(slot).transferred;
+    reader_->NoteBytesRead(transferred, /*sparse=*/s.chunk.sparse);
+    s.chunk.read += transferred;
+    if (error == -EINVAL && s.direct) {
       // The filesystem took O_DIRECT at open but refuses it for reads (overlayfs, some FUSE).
       reader_->UseBuffered(s.file, EINVAL);
       s.direct = false;
       return false;
     }
-    if (result < 0) {
+    if (error < 0) {
       // A read the kernel failed (EIO from a failing disk, a stale handle): the next request
       // opens the file again, and the caller may retry.
       reader_->RetireFile(s.file);
       reader_->FinishChunk(s.chunk, absl::UnavailableError(absl::StrCat(
-                                        "reading ", s.file->path, ": ", std::strerror(-result))));
+                                        "reading ", s.file->path, ": ", std::strerror(-error))));
       return true;
     }
-    reader_->NoteBytesRead(static_cast<uint64_t>(result), /*sparse=*/s.chunk.sparse);
-    s.chunk.read += static_cast<uint64_t>(result);
-    // A read that stops short of a block boundary has reached the end of the file.
-    const bool end_of_file = result == 0 || (s.direct && result % kAlignment != 0);
-    if (s.chunk.read < s.chunk.length && !end_of_file) return false;
     const absl::Status delivered = DeliverChunk(s.chunk, BounceOf(slot));
     // A file that ended early may have been cut off or replaced: the next request opens it again.
     if (!delivered.ok()) reader_->RetireFile(s.file);
@@ -268,72 +268,28 @@ class DiskReader::Worker {
     return true;
   }
 
-  void PrepareRead(int slot) {
-    Slot& s = slots_[slot];
-    struct io_uring_sqe* sqe = io_uring_get_sqe(&ring_);  // never null: at most depth in flight
-    const int fd = s.direct ? s.file->direct_fd : s.file->buffered_fd;
-    uint8_t* buffer = BufferOf(slot) + s.chunk.read;
-    const unsigned length = static_cast<unsigned>(s.chunk.length - s.chunk.read);
-    const uint64_t offset = s.chunk.aligned_offset + s.chunk.read;
-    if (fixed_buffers_ && s.chunk.in_place == nullptr) {
-      io_uring_prep_read_fixed(sqe, fd, buffer, length, offset, slot);
-    } else {
-      io_uring_prep_read(sqe, fd, buffer, length, offset);
-    }
-    io_uring_sqe_set_data64(sqe, static_cast<uint64_t>(slot));
-  }
-
-  void RunUring() {
-    int in_flight = 0;
+  void Run() {
     for (;;) {
-      while (!free_slots_.empty()) {
+      while (uring_->CanStart() && !free_slots_.empty()) {
         const int slot = free_slots_.back();
-        if (!TakeChunk(/*wait=*/in_flight == 0, slot)) break;
+        if (!TakeChunk(/*wait=*/uring_->in_flight() == 0, slot)) break;
         free_slots_.pop_back();
-        PrepareRead(slot);
-        ++in_flight;
+        StartRead(slot);
       }
-      if (in_flight == 0) return;  // nothing in flight and nothing to take: stopping
-      int rc = io_uring_submit_and_wait(&ring_, 1);
-      if (rc < 0 && rc != -EINTR && rc != -EBUSY && rc != -EAGAIN) {
-        // Not expected from a healthy ring. Wait for a completion of what is in flight rather than
-        // retry the submit in a loop: a blocked wait burns no core.
-        TIERD_LOG_FIRST_N(ERROR, 5) << "io_uring_submit_and_wait: " << std::strerror(-rc);
-        struct io_uring_cqe* ignored;
-        io_uring_wait_cqe(&ring_, &ignored);
-      }
-      struct io_uring_cqe* cqe;
-      while (io_uring_peek_cqe(&ring_, &cqe) == 0) {
-        const int slot = static_cast<int>(io_uring_cqe_get_data64(cqe));
-        const int result = cqe->res;
-        io_uring_cqe_seen(&ring_, cqe);
-        if (HandleResult(slot, result)) {
+      if (uring_->in_flight() == 0) return;  // nothing in flight and nothing to take: stopping
+      uring_->Reap([this](int slot, int error) {
+        if (Finish(slot, error)) {
           free_slots_.push_back(slot);
-          --in_flight;
         } else {
-          PrepareRead(slot);
+          StartRead(slot);
         }
-      }
-    }
-  }
-
-  void RunPread() {
-    while (TakeChunk(/*wait=*/true, 0)) {
-      for (;;) {
-        Slot& s = slots_[0];
-        const int fd = s.direct ? s.file->direct_fd : s.file->buffered_fd;
-        const ssize_t n = ::pread(fd, BufferOf(0) + s.chunk.read, s.chunk.length - s.chunk.read,
-                                  static_cast<off_t>(s.chunk.aligned_offset + s.chunk.read));
-        if (HandleResult(0, n < 0 ? -errno : n)) break;
-      }
+      });
     }
   }
 
   DiskReader* const reader_;
   const bool use_uring_;
-  struct io_uring ring_;
-  bool ring_ready_ = false;
-  bool fixed_buffers_ = false;
+  std::unique_ptr<Uring> uring_;
   uint8_t* bounce_ = nullptr;
   std::vector<Slot> slots_;
   std::vector<int> free_slots_;

@@ -150,20 +150,13 @@ absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
   std::unique_ptr<DurableStore> store(new DurableStore(directory, file_system));
   recovered->clear();
   RETURN_IF_ERROR(store->Recover(recovered));
-  store->thread_ = std::thread([self = store.get()] { self->Run(); });
   return store;
 }
 
 DurableStore::DurableStore(std::string directory, std::shared_ptr<FileSystem> file_system)
     : directory_(std::move(directory)), file_system_(std::move(file_system)) {}
 
-DurableStore::~DurableStore() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  thread_.join();
-}
+DurableStore::~DurableStore() = default;
 
 absl::Status DurableStore::Recover(std::vector<DurableRecord>* recovered) {
   std::map<std::string, DurableRecord> newest;  // by key
@@ -230,7 +223,7 @@ void DurableStore::Persist(std::string key, const uint8_t* data, uint64_t size,
   job.persisted = std::move(done);
   absl::MutexLock lock(&mu_);
   ++persists_queued_[job.key];
-  jobs_.push_back(std::move(job));
+  Queue(std::move(job));
 }
 
 void DurableStore::Remove(std::string key, RemoveCallback done) {
@@ -242,7 +235,7 @@ void DurableStore::Remove(std::string key, RemoveCallback done) {
     absl::MutexLock lock(&mu_);
     // With nothing on disk and nothing queued that could write it later, there is nothing to do.
     if (on_disk_.count(job.key) > 0 || persists_queued_.count(job.key) > 0) {
-      jobs_.push_back(std::move(job));
+      Queue(std::move(job));
       return;
     }
   }
@@ -265,24 +258,15 @@ DurableStoreStats DurableStore::stats() const {
   return stats_;
 }
 
-void DurableStore::Run() {
-  for (;;) {
-    Job job;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]()
-                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !jobs_.empty(); };
-      mu_.Await(absl::Condition(&ready));
-      if (jobs_.empty()) return;
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
-    }
+void DurableStore::Queue(Job job) {
+  // Posted under mu_, so that jobs run in the order persists_queued_ and on_disk_ saw them.
+  worker_.Post([this, job = std::move(job)]() mutable {
     if (job.remove) {
       RunRemove(job);
     } else {
       RunPersist(job);
     }
-  }
+  });
 }
 
 void DurableStore::RunPersist(Job& job) {

@@ -23,12 +23,10 @@
 #define TIERD_STORAGE_DURABLE_STORE_H_
 
 #include <cstdint>
-#include <deque>
 #include <iterator>
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -36,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/figures.h"
+#include "common/worker_pool.h"
 #include "storage/file_system.h"
 #include "storage/model.h"
 
@@ -122,7 +121,8 @@ class DurableStore {
 
   DurableStore(std::string directory, std::shared_ptr<FileSystem> file_system);
   absl::Status Recover(std::vector<DurableRecord>* recovered);
-  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `job` on worker_, after the jobs queued before it.
+  void Queue(Job job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunPersist(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
   void RunRemove(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
   // Writes `job`'s version (the header with `metadata`, then the bytes from
@@ -134,13 +134,11 @@ class DurableStore {
   const std::string directory_;
   const std::shared_ptr<FileSystem> file_system_;
   mutable absl::Mutex mu_;
-  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, OnDisk> on_disk_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int> persists_queued_ ABSL_GUARDED_BY(mu_);
   uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
   DurableStoreStats stats_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
+  WorkerPool worker_{1};  // last: destroyed (its jobs finished) first
 };
 
 }  // namespace tierd

@@ -1,7 +1,8 @@
 // Writes host-cache objects to files under the spill directory, with io_uring, O_DIRECT where the
 // filesystem allows it (buffered otherwise), straight from the arena: arena allocations are
 // page-aligned and page-sized, which is what O_DIRECT asks for. pwrite where io_uring is
-// unavailable. Jobs run one at a time on the writer's thread, each with several writes in flight.
+// unavailable. Jobs run one at a time on the writer's thread, each with several writes in flight
+// (storage/detail/uring.h).
 //
 // Spill files are a cache, not a store: they are not fsynced and are removed when the daemon
 // starts.
@@ -11,18 +12,17 @@
 #define TIERD_STORAGE_SPILL_WRITER_H_
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <string>
-#include <thread>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/worker_pool.h"
 #include "storage/file_system.h"
 
 namespace tierd {
+
+class Uring;
 
 struct SpillJob {
   std::string path;
@@ -51,22 +51,20 @@ class SpillWriter {
 
   const std::string& directory() const { return directory_; }
   // REQUIRES: data stays valid and unchanged until done.
-  void Write(SpillJob job) ABSL_LOCKS_EXCLUDED(mu_);
+  void Write(SpillJob job);
   // Deletes a spill file this writer wrote, now that nothing reads it; a failure is logged (the
   // directory is emptied at the next start anyway).
   void Remove(const std::string& path);
 
  private:
   SpillWriter(std::string directory, std::shared_ptr<FileSystem> file_system);
-  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  // On worker_.
   absl::Status WriteFile(const SpillJob& job);
 
   const std::string directory_;
   const std::shared_ptr<FileSystem> file_system_;
-  absl::Mutex mu_;
-  std::deque<SpillJob> jobs_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  std::unique_ptr<Uring> uring_;  // worker_'s thread's alone, made at its first job
+  WorkerPool worker_{1};          // last: destroyed (its jobs finished) first
 };
 
 }  // namespace tierd
