@@ -56,17 +56,15 @@ GpuTier::GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& 
       clients_(mu_, device, options.max_clients),
       residency_(mu_, device, catalog, *pool_, events_, stats_, liveness_,
                  [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return drains_.pending(); }),
-      handoff_(mu_, device, *pool_, events_, *handoff_stream_, *handoff_buffer_, copier_, stats_,
-               liveness_),
+      parts_{mu_, device, catalog, *pool_, events_, copier_, residency_, callbacks_, stats_},
+      handoff_(parts_, *handoff_stream_, *handoff_buffer_, liveness_),
       drains_(mu_, device, events_, clients_, residency_, timer_, liveness_),
-      loader_({mu_, device, catalog, host_source_, *pool_, events_, *demand_stream_,
-               *prefetch_stream_, copier_, residency_, clients_, handoff_, stored_, callbacks_,
-               stats_}),
-      peer_loader_({mu_, device, options.peers, *pool_, events_, *handoff_stream_, copier_,
-                    residency_, loader_, callbacks_, stats_}),
-      commits_({mu_, device, catalog, host_cache, options.durable_store, *pool_, *store_stream_,
-                copier_, residency_, clients_, drains_, stored_, callbacks_, stats_}),
-      eviction_(mu_, catalog, host_cache, options.durable_store, residency_, stored_, stats_) {}
+      loader_(parts_,
+              {host_source_, *demand_stream_, *prefetch_stream_, clients_, handoff_, stored_}),
+      peer_loader_(parts_, {options.peers, *handoff_stream_, loader_}),
+      commits_(parts_,
+               {host_cache, options.durable_store, *store_stream_, clients_, drains_, stored_}),
+      eviction_(parts_, host_cache, options.durable_store, stored_) {}
 
 GpuTier::~GpuTier() {
   std::vector<ClientId> open;

@@ -65,6 +65,7 @@
 #include "gpu/detail/staging_loader.h"
 #include "gpu/detail/staging_residency.h"
 #include "gpu/detail/stored_key_space.h"
+#include "gpu/detail/tier_parts.h"
 #include "gpu/event_pool.h"
 #include "gpu/gpu_tier_stats.h"
 #include "gpu/gpu_tier_types.h"
@@ -226,6 +227,8 @@ class GpuTier {
   RunningCallbacks callbacks_;
   ClientTable clients_;
   StagingResidency residency_;
+  // What the parts below share (the lock and the parts above), handed to each.
+  const TierParts parts_;
   HandoffCopies handoff_;
   DrainQueue drains_;
   StagingLoader loader_;

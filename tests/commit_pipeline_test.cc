@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/gpu_parts_test_support.h"
 #include "tests/gpu_tier_test_support.h"
 #include "tests/test_support.h"
 
@@ -21,7 +22,8 @@ namespace {
 using ::tierd::testing::Answer;
 using ::tierd::testing::FillPattern;
 using ::tierd::testing::FirstPatternMismatch;
-using ::tierd::testing::GpuTestStack;
+using ::tierd::testing::GpuParts;
+using ::tierd::testing::GpuPartsOptions;
 using ::tierd::testing::IsOk;
 using ::tierd::testing::StatusIs;
 
@@ -35,37 +37,24 @@ constexpr absl::Duration kNotYet = absl::Milliseconds(100);
 class CommitPipelineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto stack = GpuTestStack::Create(/*blocks=*/1);
-    ASSERT_THAT(stack, IsOk());
-    stack_ = *std::move(stack);
-    Device& device = stack_->device();
-    auto pool = StagingPool::Create(device, kPoolBytes, kPoolBytes);
-    ASSERT_THAT(pool, IsOk());
-    pool_ = *std::move(pool);
-    events_ = std::make_unique<EventPool>(device, 16);
-    clients_ = std::make_unique<ClientTable>(mu_, device, /*max_clients=*/2);
-    residency_ = std::make_unique<StagingResidency>(
-        mu_, device, stack_->catalog(), *pool_, *events_, stats_, liveness_,
-        [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return drains_->pending(); });
-    timer_ = std::make_unique<TimerThread>();
-    drains_ = std::make_unique<DrainQueue>(mu_, device, *events_, *clients_, *residency_, *timer_,
-                                           liveness_);
-    auto store_stream = device.CreateStream(StreamPriority::kNormal);
-    ASSERT_THAT(store_stream, IsOk());
-    store_stream_ = *std::move(store_stream);
-    copier_ = std::make_unique<ChunkedCopier>(device, stack_->arena(), /*chunk_bytes=*/16 << 10);
-    stored_ = std::make_unique<StoredKeySpace>(stack_->catalog(), "");
+    GpuPartsOptions options;
+    options.pool_bytes = kPoolBytes;
+    options.slab_bytes = kPoolBytes;
+    auto parts = GpuParts::Create(options);
+    ASSERT_THAT(parts, IsOk());
+    parts_ = *std::move(parts);
+    store_stream_ = parts_->NewStream();
+    client_stream_ = parts_->NewStream();
+    ASSERT_NE(store_stream_, nullptr);
+    ASSERT_NE(client_stream_, nullptr);
     commits_ = std::make_unique<CommitPipeline>(
-        CommitPipeline::Parts{mu_, device, stack_->catalog(), stack_->host_cache(),
-                              /*durable_store=*/nullptr, *pool_, *store_stream_, *copier_,
-                              *residency_, *clients_, *drains_, *stored_, callbacks_, stats_});
-    auto client_stream = device.CreateStream(StreamPriority::kNormal);
-    ASSERT_THAT(client_stream, IsOk());
-    client_stream_ = *std::move(client_stream);
-    absl::StatusOr<uint32_t> done_event = events_->Acquire(EventUse::kClientRecords);
+        parts_->tier(), CommitPipeline::Own{parts_->host_cache(), /*durable_store=*/nullptr,
+                                            *store_stream_, parts_->clients(), parts_->drains(),
+                                            parts_->stored()});
+    absl::StatusOr<uint32_t> done_event = parts_->events().Acquire(EventUse::kClientRecords);
     ASSERT_THAT(done_event, IsOk());
     done_event_ = *done_event;
-    absl::StatusOr<ClientId> client = clients_->Open({}, {done_event_});
+    absl::StatusOr<ClientId> client = parts_->clients().Open({}, {done_event_});
     ASSERT_THAT(client, IsOk());
     client_ = *client;
   }
@@ -73,30 +62,16 @@ class CommitPipelineTest : public ::testing::Test {
   void TearDown() override {
     LetTheClientGo();
     if (client_stream_ != nullptr) {
-      EXPECT_THAT(stack_->device().SynchronizeStream(*client_stream_), IsOk());
+      EXPECT_THAT(parts_->device().SynchronizeStream(*client_stream_), IsOk());
     }
-    {
-      // As the tier does before its parts go: no commit or callback is left under way.
-      absl::MutexLock lock(&mu_);
-      EXPECT_TRUE(
-          mu_.AwaitWithTimeout(absl::Condition(
-                                   +[](CommitPipelineTest* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                                     return self->commits_->idle() && self->callbacks_.none() &&
-                                            !self->drains_->pending();
-                                   },
-                                   this),
-                               kBound));
+    // As the tier does before its parts go: no commit or callback is left under way.
+    if (commits_ != nullptr) {
+      EXPECT_TRUE(parts_->AwaitQuiet([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return commits_->idle();
+      }));
     }
-    timer_.reset();
-    liveness_->MarkGone();
-    std::unique_ptr<GpuClient> client;
-    {
-      absl::MutexLock lock(&mu_);
-      client = clients_->Erase(client_);
-    }
-    client.reset();  // its drain stream goes after the lock
     commits_.reset();
-    residency_.reset();  // its objects' ranges go back to the pool, which outlives it
+    parts_.reset();
   }
 
   absl::StatusOr<ReservationGrant> Reserve(const std::string& key, uint64_t length) {
@@ -108,8 +83,8 @@ class CommitPipelineTest : public ::testing::Test {
   // The client's write of `length` bytes of pattern `seed` into the reservation, on its stream,
   // then the record of its done event. With `held_back`, neither runs until LetTheClientGo.
   void Write(const ReservationGrant& grant, uint64_t seed, bool held_back) {
-    Device& device = stack_->device();
-    uint8_t* staging = pool_->data(grant.range);
+    Device& device = parts_->device();
+    uint8_t* staging = parts_->pool().data(grant.range);
     ASSERT_THAT(device.LaunchHostFunction(*client_stream_,
                                           [this, staging, length = grant.length, seed, held_back] {
                                             if (held_back)
@@ -117,7 +92,7 @@ class CommitPipelineTest : public ::testing::Test {
                                             FillPattern(staging, length, seed);
                                           }),
                 IsOk());
-    ASSERT_THAT(device.RecordEvent(events_->event(done_event_), *client_stream_), IsOk());
+    ASSERT_THAT(device.RecordEvent(parts_->events().event(done_event_), *client_stream_), IsOk());
   }
 
   void LetTheClientGo() {
@@ -127,7 +102,7 @@ class CommitPipelineTest : public ::testing::Test {
   // Whether the host tier holds `key` with `length` bytes of pattern `seed`.
   bool HostHolds(const std::string& key, uint64_t length, uint64_t seed) {
     Answer<absl::StatusOr<HostObject>> fetched;
-    stack_->host_cache().Fetch(key, ReadPriority::kDemand, absl::InfiniteFuture(),
+    parts_->host_cache().Fetch(key, ReadPriority::kDemand, absl::InfiniteFuture(),
                                fetched.Callback());
     absl::StatusOr<HostObject> object = fetched.Wait();
     EXPECT_THAT(object, IsOk());
@@ -146,29 +121,17 @@ class CommitPipelineTest : public ::testing::Test {
   // Waits (bounded) until the staging pool has `bytes` in use.
   bool AwaitPoolUse(uint64_t bytes) {
     const absl::Time deadline = absl::Now() + kBound;
-    while (pool_->used_bytes() != bytes) {
+    while (parts_->pool().used_bytes() != bytes) {
       if (absl::Now() > deadline) return false;
       absl::SleepFor(absl::Milliseconds(1));
     }
     return true;
   }
 
-  std::unique_ptr<GpuTestStack> stack_;
-  std::unique_ptr<StagingPool> pool_;
-  std::unique_ptr<EventPool> events_;
-  absl::Mutex mu_;
-  GpuTierStats stats_;
-  std::shared_ptr<Liveness> liveness_ = std::make_shared<Liveness>();
-  std::unique_ptr<ClientTable> clients_;
-  std::unique_ptr<StagingResidency> residency_;
-  std::unique_ptr<TimerThread> timer_;
-  std::unique_ptr<DrainQueue> drains_;
-  std::unique_ptr<Stream> store_stream_;
-  std::unique_ptr<ChunkedCopier> copier_;
-  std::unique_ptr<StoredKeySpace> stored_;
-  RunningCallbacks callbacks_{mu_};
+  std::unique_ptr<GpuParts> parts_;
+  Stream* store_stream_ = nullptr;
+  Stream* client_stream_ = nullptr;
   std::unique_ptr<CommitPipeline> commits_;
-  std::unique_ptr<Stream> client_stream_;
   absl::Notification go_;
   ClientId client_ = 0;
   uint32_t done_event_ = 0;  // the client's one done event
@@ -182,11 +145,11 @@ TEST_F(CommitPipelineTest, CopiesOutOnlyOnceTheClientsWrittenEventHasCompleted) 
   commits_->Commit(client_, grant->reservation_id, /*abort=*/false, done_event_,
                    committed.Callback());
   EXPECT_FALSE(committed.ready.WaitForNotificationWithTimeout(kNotYet));
-  EXPECT_FALSE(stored_->Contains("s/obj"));
-  EXPECT_FALSE(stack_->host_cache().IsResident("s/obj"));
+  EXPECT_FALSE(parts_->stored().Contains("s/obj"));
+  EXPECT_FALSE(parts_->host_cache().IsResident("s/obj"));
   {
-    absl::MutexLock lock(&mu_);
-    EXPECT_EQ(residency_->FindListed("s/obj"), nullptr);  // not published before the copy
+    absl::MutexLock lock(&parts_->mu);
+    EXPECT_EQ(parts_->residency().FindListed("s/obj"), nullptr);  // not published before the copy
     EXPECT_FALSE(commits_->idle());
   }
   LetTheClientGo();
@@ -199,34 +162,34 @@ TEST_F(CommitPipelineTest, ACommittedObjectIsPublishedAndThenInTheHostTier) {
   absl::StatusOr<ReservationGrant> grant = Reserve("s/obj", kObjectBytes);
   ASSERT_THAT(grant, IsOk());
   {
-    absl::MutexLock lock(&mu_);
-    EXPECT_EQ(stats_.reservations, 1u);
-    EXPECT_EQ(clients_->Find(client_)->staging_bytes, kObjectBytes);
+    absl::MutexLock lock(&parts_->mu);
+    EXPECT_EQ(parts_->stats.reservations, 1u);
+    EXPECT_EQ(parts_->clients().Find(client_)->staging_bytes, kObjectBytes);
   }
   Write(*grant, /*seed=*/11, /*held_back=*/false);
   ASSERT_THAT(CommitNow(*grant), IsOk());
-  ASSERT_TRUE(stored_->Find("s/obj").has_value());
-  EXPECT_EQ(stored_->Find("s/obj")->size, kObjectBytes);
-  EXPECT_TRUE(stack_->host_cache().IsResident("s/obj"));
+  ASSERT_TRUE(parts_->stored().Find("s/obj").has_value());
+  EXPECT_EQ(parts_->stored().Find("s/obj")->size, kObjectBytes);
+  EXPECT_TRUE(parts_->host_cache().IsResident("s/obj"));
   EXPECT_TRUE(HostHolds("s/obj", kObjectBytes, /*seed=*/11));
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&parts_->mu);
   // The staging copy stays listed and resident, with the bytes written.
-  StagingObject* object = residency_->FindListed("s/obj");
+  StagingObject* object = parts_->residency().FindListed("s/obj");
   ASSERT_NE(object, nullptr);
   EXPECT_EQ(object->state, StagingObject::State::kResident);
   EXPECT_FALSE(object->copying);
   ASSERT_TRUE(object->memory.has_value());
-  EXPECT_LT(FirstPatternMismatch(pool_->data(object->memory->range()), kObjectBytes, 11), 0);
-  EXPECT_EQ(stats_.reservations, 0u);
-  EXPECT_EQ(stats_.bytes_gpu_to_host, kObjectBytes);
-  EXPECT_EQ(clients_->Find(client_)->staging_bytes, 0u);
+  EXPECT_LT(FirstPatternMismatch(parts_->pool().data(object->memory->range()), kObjectBytes, 11), 0);
+  EXPECT_EQ(parts_->stats.reservations, 0u);
+  EXPECT_EQ(parts_->stats.bytes_gpu_to_host, kObjectBytes);
+  EXPECT_EQ(parts_->clients().Find(client_)->staging_bytes, 0u);
   EXPECT_TRUE(commits_->idle());
 }
 
 TEST_F(CommitPipelineTest, AnAbortedReservationFreesItsRangeOnceWritten) {
   absl::StatusOr<ReservationGrant> grant = Reserve("s/obj", kObjectBytes);
   ASSERT_THAT(grant, IsOk());
-  const uint64_t reserved = pool_->used_bytes();
+  const uint64_t reserved = parts_->pool().used_bytes();
   EXPECT_GE(reserved, kObjectBytes);
   Write(*grant, /*seed=*/3, /*held_back=*/true);
   Answer<absl::Status> aborted;
@@ -234,16 +197,16 @@ TEST_F(CommitPipelineTest, AnAbortedReservationFreesItsRangeOnceWritten) {
   EXPECT_THAT(aborted.Wait(), IsOk());
   // The client's stream may still write the range: it is kept until the written event completes.
   absl::SleepFor(kNotYet);
-  EXPECT_EQ(pool_->used_bytes(), reserved);
+  EXPECT_EQ(parts_->pool().used_bytes(), reserved);
   LetTheClientGo();
   EXPECT_TRUE(AwaitPoolUse(0));
-  EXPECT_FALSE(stored_->Contains("s/obj"));
-  EXPECT_FALSE(stack_->host_cache().IsResident("s/obj"));
+  EXPECT_FALSE(parts_->stored().Contains("s/obj"));
+  EXPECT_FALSE(parts_->host_cache().IsResident("s/obj"));
   {
-    absl::MutexLock lock(&mu_);
-    EXPECT_EQ(stats_.reservations, 0u);
-    EXPECT_EQ(clients_->Find(client_)->staging_bytes, 0u);
-    EXPECT_EQ(residency_->FindListed("s/obj"), nullptr);
+    absl::MutexLock lock(&parts_->mu);
+    EXPECT_EQ(parts_->stats.reservations, 0u);
+    EXPECT_EQ(parts_->clients().Find(client_)->staging_bytes, 0u);
+    EXPECT_EQ(parts_->residency().FindListed("s/obj"), nullptr);
   }
   // It is no longer open: committing it now is refused.
   EXPECT_THAT(CommitNow(*grant), StatusIs(absl::StatusCode::kFailedPrecondition));
@@ -254,25 +217,25 @@ TEST_F(CommitPipelineTest, ACommitTheHostTierRefusesLeavesThePreviousVersion) {
   ASSERT_THAT(first, IsOk());
   Write(*first, /*seed=*/21, /*held_back=*/false);
   ASSERT_THAT(CommitNow(*first), IsOk());
-  const uint64_t in_use = pool_->used_bytes();
+  const uint64_t in_use = parts_->pool().used_bytes();
 
   // Larger than the whole host arena: the host tier refuses it.
-  const uint64_t too_large = stack_->arena().capacity() + kObjectBytes;
+  const uint64_t too_large = parts_->stack().arena().capacity() + kObjectBytes;
   absl::StatusOr<ReservationGrant> second = Reserve("s/obj", too_large);
   ASSERT_THAT(second, IsOk());
   Write(*second, /*seed=*/22, /*held_back=*/false);
   EXPECT_THAT(CommitNow(*second), StatusIs(absl::StatusCode::kResourceExhausted));
 
-  ASSERT_TRUE(stored_->Find("s/obj").has_value());
-  EXPECT_EQ(stored_->Find("s/obj")->size, kObjectBytes);
+  ASSERT_TRUE(parts_->stored().Find("s/obj").has_value());
+  EXPECT_EQ(parts_->stored().Find("s/obj")->size, kObjectBytes);
   EXPECT_TRUE(HostHolds("s/obj", kObjectBytes, /*seed=*/21));
   // The refused reservation's range went back to the pool.
   EXPECT_TRUE(AwaitPoolUse(in_use));
-  absl::MutexLock lock(&mu_);
-  StagingObject* listed = residency_->FindListed("s/obj");
+  absl::MutexLock lock(&parts_->mu);
+  StagingObject* listed = parts_->residency().FindListed("s/obj");
   ASSERT_NE(listed, nullptr);
   EXPECT_EQ(listed->size, kObjectBytes);
-  EXPECT_EQ(stats_.reservations, 0u);
+  EXPECT_EQ(parts_->stats.reservations, 0u);
   EXPECT_TRUE(commits_->idle());
 }
 

@@ -13,11 +13,14 @@
 #include "device/host_device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/gpu_parts_test_support.h"
 #include "tests/test_support.h"
 
 namespace tierd {
 namespace {
 
+using ::tierd::testing::GpuParts;
+using ::tierd::testing::GpuPartsOptions;
 using ::tierd::testing::IsOk;
 using ::tierd::testing::StatusIs;
 
@@ -29,56 +32,36 @@ constexpr absl::Duration kNotYet = absl::Milliseconds(100);
 class DrainQueueTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto device = HostDevice::Create();
-    ASSERT_THAT(device, IsOk());
-    device_ = *std::move(device);
-    auto catalog = Catalog::Open(absl::StrCat(dir_.path(), "/state"));
-    ASSERT_THAT(catalog, IsOk());
-    catalog_ = *std::move(catalog);
-    auto pool = StagingPool::Create(*device_, 2 * kSlotBytes, kSlotBytes);
-    ASSERT_THAT(pool, IsOk());
-    pool_ = *std::move(pool);
+    GpuPartsOptions options;
+    options.pool_bytes = 2 * kSlotBytes;
+    options.slab_bytes = kSlotBytes;
     // One event at most: whether the drain's event is handed out again shows in Acquire.
-    events_ = std::make_unique<EventPool>(*device_, /*max_events=*/1, /*batch=*/1);
-    clients_ = std::make_unique<ClientTable>(mu_, *device_, /*max_clients=*/2);
-    residency_ = std::make_unique<StagingResidency>(
-        mu_, *device_, *catalog_, *pool_, *events_, stats_, liveness_,
-        [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return drains_->pending(); });
-    timer_ = std::make_unique<TimerThread>();
-    drains_ = std::make_unique<DrainQueue>(mu_, *device_, *events_, *clients_, *residency_, *timer_,
-                                           liveness_);
-    auto client_stream = device_->CreateStream(StreamPriority::kNormal);
-    ASSERT_THAT(client_stream, IsOk());
-    client_stream_ = *std::move(client_stream);
-    absl::StatusOr<ClientId> client = clients_->Open({}, {});
+    options.max_events = 1;
+    options.event_batch = 1;
+    auto parts = GpuParts::Create(options);
+    ASSERT_THAT(parts, IsOk());
+    parts_ = *std::move(parts);
+    client_stream_ = parts_->NewStream();
+    ASSERT_NE(client_stream_, nullptr);
+    absl::StatusOr<ClientId> client = parts_->OpenClient();
     ASSERT_THAT(client, IsOk());
     client_ = *client;
   }
 
   void TearDown() override {
     LetTheClientGo();
-    if (client_stream_ != nullptr) {
-      EXPECT_THAT(device_->SynchronizeStream(*client_stream_), IsOk());
-    }
-    // The timer's pending calls run before the rest goes; late completions find the queue gone.
-    timer_.reset();
-    liveness_->MarkGone();
-    std::unique_ptr<GpuClient> client;
-    {
-      absl::MutexLock lock(&mu_);
-      client = clients_->Erase(client_);
-    }
-    // Its drain stream goes after the lock, as the tier's do.
-    client.reset();
+    // The parts go as the tier's do: the timer's pending calls run first, late completions find
+    // the queue gone, the client's drain stream goes after the lock.
+    parts_.reset();
   }
 
   // Holds the client's stream back until LetTheClientGo (or a bound), then records `event` on it:
   // the event's newest record completes only when the test lets it.
   void RecordHeldBack(uint32_t event) {
-    ASSERT_THAT(device_->LaunchHostFunction(*client_stream_,
+    ASSERT_THAT(parts_->device().LaunchHostFunction(*client_stream_,
                                             [this] { go_.WaitForNotificationWithTimeout(kBound); }),
                 IsOk());
-    ASSERT_THAT(device_->RecordEvent(events_->event(event), *client_stream_), IsOk());
+    ASSERT_THAT(parts_->device().RecordEvent(parts_->events().event(event), *client_stream_), IsOk());
   }
 
   void LetTheClientGo() {
@@ -89,9 +72,9 @@ class DrainQueueTest : public ::testing::Test {
   // session owns its done events); `forced` is set when it completes.
   uint64_t StartDrain(uint32_t event, std::optional<bool>& forced) {
     DeferredCalls deferred;
-    absl::MutexLock lock(&mu_);
-    GpuClient& client = *clients_->FindAny(client_);
-    drains_->Start(
+    absl::MutexLock lock(&parts_->mu);
+    GpuClient& client = *parts_->clients().FindAny(client_);
+    parts_->drains().Start(
         client, {event}, {event},
         [&forced](bool was_forced, DrainQueue::Deferred&) { forced = was_forced; },
         deferred.calls());
@@ -101,93 +84,82 @@ class DrainQueueTest : public ::testing::Test {
 
   // Waits (bounded) until `forced` is set; returns whether it was.
   bool AwaitDrained(const std::optional<bool>& forced, absl::Duration bound = kBound) {
-    absl::MutexLock lock(&mu_);
-    return mu_.AwaitWithTimeout(
+    absl::MutexLock lock(&parts_->mu);
+    return parts_->mu.AwaitWithTimeout(
         absl::Condition(
             +[](const std::optional<bool>* forced) { return forced->has_value(); }, &forced),
         bound);
   }
 
-  testing::TempDir dir_;
-  std::unique_ptr<Device> device_;
-  std::unique_ptr<Catalog> catalog_;
-  std::unique_ptr<StagingPool> pool_;
-  std::unique_ptr<EventPool> events_;
-  absl::Mutex mu_;
-  GpuTierStats stats_;
-  std::shared_ptr<Liveness> liveness_ = std::make_shared<Liveness>();
-  std::unique_ptr<ClientTable> clients_;
-  std::unique_ptr<StagingResidency> residency_;
-  std::unique_ptr<TimerThread> timer_;
-  std::unique_ptr<DrainQueue> drains_;
-  std::unique_ptr<Stream> client_stream_;
+  std::unique_ptr<GpuParts> parts_;
+  Stream* client_stream_ = nullptr;
   absl::Notification go_;
   ClientId client_ = 0;
 };
 
 TEST_F(DrainQueueTest, CompletesOnlyOnceTheClientsEventHasCompleted) {
-  absl::StatusOr<uint32_t> event = events_->Acquire(EventUse::kClientRecords);
+  absl::StatusOr<uint32_t> event = parts_->events().Acquire(EventUse::kClientRecords);
   ASSERT_THAT(event, IsOk());
   RecordHeldBack(*event);
   std::optional<bool> forced;
   StartDrain(*event, forced);
   EXPECT_FALSE(AwaitDrained(forced, kNotYet));
   {
-    absl::MutexLock lock(&mu_);
-    EXPECT_TRUE(drains_->pending());
+    absl::MutexLock lock(&parts_->mu);
+    EXPECT_TRUE(parts_->drains().pending());
   }
   // Still held by the drain: not handed out.
-  EXPECT_THAT(events_->Acquire(EventUse::kClientRecords), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(parts_->events().Acquire(EventUse::kClientRecords), StatusIs(absl::StatusCode::kResourceExhausted));
 
   LetTheClientGo();
   ASSERT_TRUE(AwaitDrained(forced));
   EXPECT_FALSE(*forced);
   {
-    absl::MutexLock lock(&mu_);
-    EXPECT_FALSE(drains_->pending());
-    EXPECT_EQ(drains_->abandoned_waits(), 0u);
-    EXPECT_TRUE(clients_->FindAny(client_)->drains.empty());
+    absl::MutexLock lock(&parts_->mu);
+    EXPECT_FALSE(parts_->drains().pending());
+    EXPECT_EQ(parts_->drains().abandoned_waits(), 0u);
+    EXPECT_TRUE(parts_->clients().FindAny(client_)->drains.empty());
   }
-  absl::StatusOr<uint32_t> again = events_->Acquire(EventUse::kClientRecords);
+  absl::StatusOr<uint32_t> again = parts_->events().Acquire(EventUse::kClientRecords);
   ASSERT_THAT(again, IsOk());
   EXPECT_EQ(*again, *event);
 }
 
 TEST_F(DrainQueueTest, CompletesAtOnceWhenTheEventHasCompletedAlready) {
-  absl::StatusOr<uint32_t> event = events_->Acquire(EventUse::kClientRecords);
+  absl::StatusOr<uint32_t> event = parts_->events().Acquire(EventUse::kClientRecords);
   ASSERT_THAT(event, IsOk());
-  ASSERT_THAT(device_->RecordEvent(events_->event(*event), *client_stream_), IsOk());
-  ASSERT_THAT(device_->SynchronizeStream(*client_stream_), IsOk());
+  ASSERT_THAT(parts_->device().RecordEvent(parts_->events().event(*event), *client_stream_), IsOk());
+  ASSERT_THAT(parts_->device().SynchronizeStream(*client_stream_), IsOk());
   std::optional<bool> forced;
   StartDrain(*event, forced);
   ASSERT_TRUE(AwaitDrained(forced));
   EXPECT_FALSE(*forced);
-  EXPECT_THAT(events_->Acquire(EventUse::kClientRecords), IsOk());
+  EXPECT_THAT(parts_->events().Acquire(EventUse::kClientRecords), IsOk());
 }
 
 TEST_F(DrainQueueTest, ADrainWithNothingToWaitForCompletesBeforeStartReturns) {
-  absl::StatusOr<uint32_t> owned = events_->Acquire(EventUse::kClientRecords);
+  absl::StatusOr<uint32_t> owned = parts_->events().Acquire(EventUse::kClientRecords);
   ASSERT_THAT(owned, IsOk());
   std::optional<bool> forced;
   {
     DeferredCalls deferred;
-    absl::MutexLock lock(&mu_);
-    GpuClient& client = *clients_->FindAny(client_);
+    absl::MutexLock lock(&parts_->mu);
+    GpuClient& client = *parts_->clients().FindAny(client_);
     // A release that names no done event: nothing of the client reads the buffer any more.
-    drains_->Start(
+    parts_->drains().Start(
         client, {}, {*owned},
         [&forced](bool was_forced, DrainQueue::Deferred&) { forced = was_forced; },
         deferred.calls());
     ASSERT_TRUE(forced.has_value());
     EXPECT_FALSE(*forced);
-    EXPECT_FALSE(drains_->pending());
+    EXPECT_FALSE(parts_->drains().pending());
     EXPECT_TRUE(client.drains.empty());
   }
-  EXPECT_THAT(events_->Acquire(EventUse::kClientRecords), IsOk());  // the owned event went back to the pool
+  EXPECT_THAT(parts_->events().Acquire(EventUse::kClientRecords), IsOk());  // the owned event went back to the pool
 }
 
 TEST_F(DrainQueueTest, AForcedDrainRetiresItsEventAndCountsAnAbandonedWait) {
-  absl::StatusOr<uint32_t> event = events_->Acquire(EventUse::kClientRecords);
+  absl::StatusOr<uint32_t> event = parts_->events().Acquire(EventUse::kClientRecords);
   ASSERT_THAT(event, IsOk());
   RecordHeldBack(*event);
   std::optional<bool> forced;
@@ -196,44 +168,44 @@ TEST_F(DrainQueueTest, AForcedDrainRetiresItsEventAndCountsAnAbandonedWait) {
   {
     // The client's close grace ran out: the tier forces its drains, as GpuTier::ForceClose does.
     DeferredCalls deferred;
-    absl::MutexLock lock(&mu_);
-    GpuClient& client = *clients_->FindAny(client_);
+    absl::MutexLock lock(&parts_->mu);
+    GpuClient& client = *parts_->clients().FindAny(client_);
     client.closed = true;
-    drains_->Finish(drain, /*forced=*/true, deferred.calls());
+    parts_->drains().Finish(drain, /*forced=*/true, deferred.calls());
     ASSERT_TRUE(forced.has_value());
     EXPECT_TRUE(*forced);
-    EXPECT_FALSE(drains_->pending());
-    EXPECT_EQ(drains_->abandoned_waits(), 1u);
+    EXPECT_FALSE(parts_->drains().pending());
+    EXPECT_EQ(parts_->drains().abandoned_waits(), 1u);
     EXPECT_TRUE(client.drains.empty());
   }
   // The event may still have a record that never completes: it is not handed out again.
-  EXPECT_THAT(events_->Acquire(EventUse::kClientRecords), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(parts_->events().Acquire(EventUse::kClientRecords), StatusIs(absl::StatusCode::kResourceExhausted));
 
   // When the event does complete later, the drain is gone already: nothing runs twice.
   forced.reset();
   LetTheClientGo();
-  ASSERT_THAT(device_->SynchronizeStream(*client_stream_), IsOk());
+  ASSERT_THAT(parts_->device().SynchronizeStream(*client_stream_), IsOk());
   EXPECT_FALSE(AwaitDrained(forced, kNotYet));
-  absl::MutexLock lock(&mu_);
-  EXPECT_EQ(drains_->abandoned_waits(), 1u);
-  EXPECT_FALSE(drains_->pending());
+  absl::MutexLock lock(&parts_->mu);
+  EXPECT_EQ(parts_->drains().abandoned_waits(), 1u);
+  EXPECT_FALSE(parts_->drains().pending());
 }
 
 TEST_F(DrainQueueTest, ACompletedDrainServesARequestWaitingForStagingRoom) {
-  absl::StatusOr<uint32_t> event = events_->Acquire(EventUse::kClientRecords);
+  absl::StatusOr<uint32_t> event = parts_->events().Acquire(EventUse::kClientRecords);
   ASSERT_THAT(event, IsOk());
   // The pool is full, with nothing listed to evict.
-  std::optional<StagingAllocation> first = pool_->Allocate(kSlotBytes);
-  std::optional<StagingAllocation> second = pool_->Allocate(kSlotBytes);
+  std::optional<StagingAllocation> first = parts_->pool().Allocate(kSlotBytes);
+  std::optional<StagingAllocation> second = parts_->pool().Allocate(kSlotBytes);
   ASSERT_TRUE(first.has_value() && second.has_value());
   RecordHeldBack(*event);
   std::optional<bool> forced;
   {
-    absl::MutexLock lock(&mu_);
-    GpuClient& client = *clients_->FindAny(client_);
+    absl::MutexLock lock(&parts_->mu);
+    GpuClient& client = *parts_->clients().FindAny(client_);
     // The drain frees a range when it completes, as a released lease's drain does.
     DeferredCalls deferred;
-    drains_->Start(
+    parts_->drains().Start(
         client, {*event}, {*event},
         [&forced, &first](bool was_forced, DrainQueue::Deferred&) {
           first.reset();
@@ -245,9 +217,9 @@ TEST_F(DrainQueueTest, ACompletedDrainServesARequestWaitingForStagingRoom) {
   absl::Notification answered;
   {
     DeferredCalls deferred;
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&parts_->mu);
     // A drain is pending, so the request waits rather than being refused.
-    residency_->Allocate(
+    parts_->residency().Allocate(
         kSlotBytes,
         [&answer, &answered](absl::StatusOr<StagingAllocation> memory) {
           answer = std::move(memory);

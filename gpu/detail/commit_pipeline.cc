@@ -7,21 +7,21 @@
 
 namespace tierd {
 
-CommitPipeline::CommitPipeline(const Parts& parts)
-    : mu_(parts.tier_mu),
-      device_(parts.device),
-      catalog_(parts.catalog),
-      host_cache_(parts.host_cache),
-      durable_store_(parts.durable_store),
-      pool_(parts.pool),
-      store_stream_(parts.store_stream),
-      copier_(parts.copier),
-      residency_(parts.residency),
-      clients_(parts.clients),
-      drains_(parts.drains),
-      stored_(parts.stored),
-      callbacks_(parts.callbacks),
-      stats_(parts.stats) {}
+CommitPipeline::CommitPipeline(const TierParts& tier, const Own& own)
+    : mu_(tier.mu),
+      device_(tier.device),
+      catalog_(tier.catalog),
+      host_cache_(own.host_cache),
+      durable_store_(own.durable_store),
+      pool_(tier.pool),
+      store_stream_(own.store_stream),
+      copier_(tier.copier),
+      residency_(tier.residency),
+      clients_(own.clients),
+      drains_(own.drains),
+      stored_(own.stored),
+      callbacks_(tier.callbacks),
+      stats_(tier.stats) {}
 
 void CommitPipeline::Reserve(ClientId client_id, const std::string& key, uint64_t length,
                              std::vector<TensorPlacement> tensors, StorePolicy policy,

@@ -28,6 +28,7 @@
 #include "gpu/detail/running_callbacks.h"
 #include "gpu/detail/staging_residency.h"
 #include "gpu/detail/stored_key_space.h"
+#include "gpu/detail/tier_parts.h"
 #include "gpu/event_pool.h"
 #include "gpu/gpu_tier_stats.h"
 #include "gpu/gpu_tier_types.h"
@@ -42,24 +43,17 @@ class CommitPipeline {
  public:
   using Deferred = DeferredCalls::Calls;
 
-  // The parts and streams it uses; all must outlive it. `tier_mu` guards its state and `stats`.
-  struct Parts {
-    absl::Mutex& tier_mu;
-    Device& device;
-    const Catalog& catalog;
+  // What is its own beside the tier's shared parts; all must outlive it. The tier's lock guards
+  // its state.
+  struct Own {
     HostCache& host_cache;
     DurableStore* durable_store;  // null: durable reservations are refused
-    StagingPool& pool;
-    Stream& store_stream;  // D2H
-    ChunkedCopier& copier;
-    StagingResidency& residency;
+    Stream& store_stream;         // D2H
     ClientTable& clients;
     DrainQueue& drains;
     StoredKeySpace& stored;
-    RunningCallbacks& callbacks;
-    GpuTierStats& stats;
   };
-  explicit CommitPipeline(const Parts& parts);
+  CommitPipeline(const TierParts& tier, const Own& own);
   CommitPipeline(const CommitPipeline&) = delete;
   CommitPipeline& operator=(const CommitPipeline&) = delete;
 

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gpu/detail/staging_residency.h"
 #include "gpu/detail/stored_key_space.h"
+#include "gpu/detail/tier_parts.h"
 #include "gpu/gpu_tier_stats.h"
 #include "gpu/gpu_tier_types.h"
 #include "storage/catalog.h"
@@ -26,18 +27,17 @@ namespace tierd {
 
 class ExplicitEviction {
  public:
-  // All references must outlive this; `tier_mu` guards `residency` and `stats`. `durable_store`
-  // may be null.
-  ExplicitEviction(absl::Mutex& tier_mu, const Catalog& catalog, HostCache& host_cache,
-                   DurableStore* durable_store, StagingResidency& residency, StoredKeySpace& stored,
-                   GpuTierStats& stats)
-      : mu_(tier_mu),
-        catalog_(catalog),
+  // The tier's shared parts and the tiers below it; all must outlive this. `durable_store` may be
+  // null.
+  ExplicitEviction(const TierParts& tier, HostCache& host_cache, DurableStore* durable_store,
+                   StoredKeySpace& stored)
+      : mu_(tier.mu),
+        catalog_(tier.catalog),
         host_cache_(host_cache),
         durable_store_(durable_store),
-        residency_(residency),
+        residency_(tier.residency),
         stored_(stored),
-        stats_(stats) {}
+        stats_(tier.stats) {}
   ExplicitEviction(const ExplicitEviction&) = delete;
   ExplicitEviction& operator=(const ExplicitEviction&) = delete;
 

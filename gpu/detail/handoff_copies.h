@@ -18,6 +18,7 @@
 #include "device/device.h"
 #include "gpu/chunked_copier.h"
 #include "gpu/detail/staging_object.h"
+#include "gpu/detail/tier_parts.h"
 #include "gpu/event_pool.h"
 #include "gpu/gpu_tier_stats.h"
 #include "gpu/host_handoff_buffer.h"
@@ -27,18 +28,18 @@ namespace tierd {
 
 class HandoffCopies {
  public:
-  // All references must outlive this; `tier_mu` guards `stats`.
-  HandoffCopies(absl::Mutex& tier_mu, Device& device, StagingPool& pool, EventPool& events,
-                Stream& handoff_stream, HostHandoffBuffer& buffer, ChunkedCopier& copier,
-                GpuTierStats& stats, std::shared_ptr<Liveness> liveness)
-      : mu_(tier_mu),
-        device_(device),
-        pool_(pool),
-        events_(events),
+  // The tier's shared parts, the stream the copies run on and the buffer they copy into; all
+  // must outlive this. `liveness` is the tier's: marked gone before the parts go.
+  HandoffCopies(const TierParts& tier, Stream& handoff_stream, HostHandoffBuffer& buffer,
+                std::shared_ptr<Liveness> liveness)
+      : mu_(tier.mu),
+        device_(tier.device),
+        pool_(tier.pool),
+        events_(tier.events),
         stream_(handoff_stream),
         buffer_(buffer),
-        copier_(copier),
-        stats_(stats),
+        copier_(tier.copier),
+        stats_(tier.stats),
         liveness_(std::move(liveness)) {}
   HandoffCopies(const HandoffCopies&) = delete;
   HandoffCopies& operator=(const HandoffCopies&) = delete;

@@ -17,18 +17,18 @@ void ReleaseLater(std::shared_ptr<PeerCopy> copy, DeferredCalls::Calls& deferred
 
 }  // namespace
 
-PeerLoader::PeerLoader(const Parts& parts)
-    : mu_(parts.tier_mu),
-      device_(parts.device),
-      peers_(parts.peers),
-      pool_(parts.pool),
-      events_(parts.events),
-      stream_(parts.handoff_stream),
-      copier_(parts.copier),
-      residency_(parts.residency),
-      loader_(parts.loader),
-      callbacks_(parts.callbacks),
-      stats_(parts.stats) {}
+PeerLoader::PeerLoader(const TierParts& tier, const Own& own)
+    : mu_(tier.mu),
+      device_(tier.device),
+      peers_(own.peers),
+      pool_(tier.pool),
+      events_(tier.events),
+      stream_(own.handoff_stream),
+      copier_(tier.copier),
+      residency_(tier.residency),
+      loader_(own.loader),
+      callbacks_(tier.callbacks),
+      stats_(tier.stats) {}
 
 void PeerLoader::Start(GpuClient& client, const std::string& key, GpuLeaseCallback done,
                        Deferred& deferred) {

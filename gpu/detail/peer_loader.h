@@ -24,6 +24,7 @@
 #include "gpu/detail/running_callbacks.h"
 #include "gpu/detail/staging_loader.h"
 #include "gpu/detail/staging_residency.h"
+#include "gpu/detail/tier_parts.h"
 #include "gpu/event_pool.h"
 #include "gpu/gpu_tier_stats.h"
 #include "gpu/peer_source.h"
@@ -35,21 +36,14 @@ class PeerLoader {
  public:
   using Deferred = DeferredCalls::Calls;
 
-  // The parts and streams it uses; all must outlive it. `tier_mu` guards its state and `stats`.
-  struct Parts {
-    absl::Mutex& tier_mu;
-    Device& device;
-    PeerSource* peers;  // null: Start must not be called
-    StagingPool& pool;
-    EventPool& events;
+  // What is its own beside the tier's shared parts; all must outlive it. The tier's lock guards
+  // its state.
+  struct Own {
+    PeerSource* peers;       // null: Start must not be called
     Stream& handoff_stream;  // copies from peers' memory, which wait on the peers' events
-    ChunkedCopier& copier;
-    StagingResidency& residency;
     StagingLoader& loader;
-    RunningCallbacks& callbacks;
-    GpuTierStats& stats;
   };
-  explicit PeerLoader(const Parts& parts);
+  PeerLoader(const TierParts& tier, const Own& own);
   PeerLoader(const PeerLoader&) = delete;
   PeerLoader& operator=(const PeerLoader&) = delete;
 

@@ -9,22 +9,22 @@
 
 namespace tierd {
 
-StagingLoader::StagingLoader(const Parts& parts)
-    : mu_(parts.tier_mu),
-      device_(parts.device),
-      catalog_(parts.catalog),
-      host_source_(parts.host_source),
-      pool_(parts.pool),
-      events_(parts.events),
-      demand_stream_(parts.demand_stream),
-      prefetch_stream_(parts.prefetch_stream),
-      copier_(parts.copier),
-      residency_(parts.residency),
-      clients_(parts.clients),
-      handoff_(parts.handoff),
-      stored_(parts.stored),
-      callbacks_(parts.callbacks),
-      stats_(parts.stats) {}
+StagingLoader::StagingLoader(const TierParts& tier, const Own& own)
+    : mu_(tier.mu),
+      device_(tier.device),
+      catalog_(tier.catalog),
+      host_source_(own.host_source),
+      pool_(tier.pool),
+      events_(tier.events),
+      demand_stream_(own.demand_stream),
+      prefetch_stream_(own.prefetch_stream),
+      copier_(tier.copier),
+      residency_(tier.residency),
+      clients_(own.clients),
+      handoff_(own.handoff),
+      stored_(own.stored),
+      callbacks_(tier.callbacks),
+      stats_(tier.stats) {}
 
 absl::StatusOr<StagingObject*> StagingLoader::StartLoad(const std::string& key,
                                                         ReadPriority priority, absl::Time deadline,

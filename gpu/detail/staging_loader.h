@@ -29,6 +29,7 @@
 #include "gpu/detail/staging_object.h"
 #include "gpu/detail/staging_residency.h"
 #include "gpu/detail/stored_key_space.h"
+#include "gpu/detail/tier_parts.h"
 #include "gpu/event_pool.h"
 #include "gpu/gpu_tier_stats.h"
 #include "gpu/gpu_tier_types.h"
@@ -43,25 +44,17 @@ class StagingLoader {
  public:
   using Deferred = DeferredCalls::Calls;
 
-  // The parts and streams it uses; all must outlive it. `tier_mu` guards its state and `stats`.
-  struct Parts {
-    absl::Mutex& tier_mu;
-    Device& device;
-    const Catalog& catalog;
+  // What is its own beside the tier's shared parts; all must outlive it. The tier's lock guards
+  // its state.
+  struct Own {
     HostSource& host_source;
-    StagingPool& pool;
-    EventPool& events;
     Stream& demand_stream;    // H2D, high priority
     Stream& prefetch_stream;  // H2D
-    ChunkedCopier& copier;
-    StagingResidency& residency;
     ClientTable& clients;
     HandoffCopies& handoff;
     const StoredKeySpace& stored;
-    RunningCallbacks& callbacks;
-    GpuTierStats& stats;
   };
-  explicit StagingLoader(const Parts& parts);
+  StagingLoader(const TierParts& tier, const Own& own);
   StagingLoader(const StagingLoader&) = delete;
   StagingLoader& operator=(const StagingLoader&) = delete;
 

@@ -1,0 +1,92 @@
+#include "tests/gpu_parts_test_support.h"
+
+#include <utility>
+
+#include "gtest/gtest.h"
+
+namespace tierd::testing {
+
+absl::StatusOr<std::unique_ptr<GpuParts>> GpuParts::Create(const GpuPartsOptions& options) {
+  std::unique_ptr<GpuParts> parts(new GpuParts());
+  absl::StatusOr<std::unique_ptr<GpuTestStack>> stack = GpuTestStack::Create(options.blocks);
+  if (!stack.ok()) return stack.status();
+  parts->stack_ = *std::move(stack);
+  Device& device = parts->device();
+  absl::StatusOr<std::unique_ptr<StagingPool>> pool =
+      StagingPool::Create(device, options.pool_bytes, options.slab_bytes);
+  if (!pool.ok()) return pool.status();
+  parts->pool_ = *std::move(pool);
+  parts->events_ = std::make_unique<EventPool>(device, options.max_events, options.event_batch);
+  parts->copier_ =
+      std::make_unique<ChunkedCopier>(device, parts->stack_->arena(), options.copy_chunk_bytes);
+  parts->stored_ = std::make_unique<StoredKeySpace>(parts->catalog(), "");
+  parts->callbacks_ = std::make_unique<RunningCallbacks>(parts->mu);
+  parts->clients_ = std::make_unique<ClientTable>(parts->mu, device, options.max_clients);
+  GpuParts* self = parts.get();
+  std::function<bool()> drains_pending = options.drains_pending;
+  if (!drains_pending) {
+    drains_pending = [self]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return self->drains_->pending(); };
+  }
+  parts->residency_ = std::make_unique<StagingResidency>(
+      parts->mu, device, parts->catalog(), *parts->pool_, *parts->events_, parts->stats,
+      parts->liveness_, std::move(drains_pending));
+  parts->tier_ = std::make_unique<TierParts>(
+      TierParts{parts->mu, device, parts->catalog(), *parts->pool_, *parts->events_,
+                *parts->copier_, *parts->residency_, *parts->callbacks_, parts->stats});
+  parts->timer_ = std::make_unique<TimerThread>();
+  parts->drains_ =
+      std::make_unique<DrainQueue>(parts->mu, device, *parts->events_, *parts->clients_,
+                                   *parts->residency_, *parts->timer_, parts->liveness_);
+  return parts;
+}
+
+GpuParts::~GpuParts() {
+  if (drains_ == nullptr) return;  // Create failed part-way
+  EXPECT_TRUE(AwaitQuiet());
+  for (const auto& stream : streams_) {
+    EXPECT_TRUE(device().SynchronizeStream(*stream).ok());
+  }
+  // The timer's pending calls run before the rest goes; late completions find the parts gone.
+  timer_.reset();
+  liveness_->MarkGone();
+  std::vector<std::unique_ptr<GpuClient>> clients;
+  {
+    absl::MutexLock lock(&mu);
+    for (ClientId id : clients_->Ids()) clients.push_back(clients_->Erase(id));
+  }
+  clients.clear();  // their drain streams go after the lock, as the tier's do
+  drains_.reset();
+  residency_.reset();  // its objects' ranges go back to the pool, which outlives it
+}
+
+Stream* GpuParts::NewStream(StreamPriority priority) {
+  absl::StatusOr<std::unique_ptr<Stream>> stream = device().CreateStream(priority);
+  EXPECT_TRUE(stream.ok()) << stream.status();
+  if (!stream.ok()) return nullptr;
+  streams_.push_back(*std::move(stream));
+  return streams_.back().get();
+}
+
+absl::StatusOr<ClientId> GpuParts::OpenClient() { return clients_->Open({}, {}); }
+
+bool GpuParts::AwaitQuiet(std::function<bool()> quiet, absl::Duration bound) {
+  absl::MutexLock lock(&mu);
+  struct Check {
+    GpuParts* parts;
+    std::function<bool()>* quiet;
+  } check{this, &quiet};
+  return mu.AwaitWithTimeout(absl::Condition(
+                                 +[](Check* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                   return (*c->quiet)() && c->parts->callbacks_->none() &&
+                                          !c->parts->drains_->pending();
+                                 },
+                                 &check),
+                             bound);
+}
+
+GpuTierStats GpuParts::stats_copy() {
+  absl::MutexLock lock(&mu);
+  return stats;
+}
+
+}  // namespace tierd::testing
