@@ -1,7 +1,9 @@
 #include "tests/gpu_parts_test_support.h"
 
+#include <cstring>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace tierd::testing {
@@ -87,6 +89,87 @@ bool GpuParts::AwaitQuiet(std::function<bool()> quiet, absl::Duration bound) {
 GpuTierStats GpuParts::stats_copy() {
   absl::MutexLock lock(&mu);
   return stats;
+}
+
+GpuLoaders::GpuLoaders(GpuParts& parts, uint64_t handoff_buffer_bytes)
+    : parts_(parts),
+      buffer_(std::make_unique<HostHandoffBuffer>(parts.device(), handoff_buffer_bytes)),
+      host_source_(parts.host_cache(), parts.stack().arena()),
+      demand_stream_(parts.NewStream(StreamPriority::kHigh)),
+      prefetch_stream_(parts.NewStream()),
+      handoff_stream_(parts.NewStream()) {
+  handoff_ =
+      std::make_unique<HandoffCopies>(parts.tier(), *handoff_stream_, *buffer_, parts.liveness());
+  loader_ = std::make_unique<StagingLoader>(
+      parts.tier(), StagingLoader::Own{host_source_, *demand_stream_, *prefetch_stream_,
+                                       parts.clients(), *handoff_, parts.stored()});
+}
+
+GpuLoaders::~GpuLoaders() {
+  EXPECT_TRUE(parts_.AwaitQuiet([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return loader_->host_fetches_in_flight() == 0 && parts_.residency().copies_in_flight() == 0;
+  }));
+  EXPECT_TRUE(parts_.device().SynchronizeStream(*handoff_stream_).ok());
+  loader_.reset();
+  handoff_.reset();
+  buffer_.reset();
+}
+
+absl::StatusOr<LeaseGrant> GpuLoaders::Fetch(ClientId client_id, const std::string& key,
+                                             bool through_host) {
+  Answer<absl::StatusOr<LeaseGrant>> answer;
+  {
+    DeferredCalls deferred;
+    absl::MutexLock lock(&parts_.mu);
+    GpuClient* client = parts_.clients().Find(client_id);
+    if (client == nullptr) return absl::NotFoundError("no such client");
+    StagingObject* object = parts_.residency().FindListed(key);
+    if (object != nullptr && object->state == StagingObject::State::kResident) {
+      return loader_->Grant(*client, object, through_host);
+    }
+    if (object == nullptr) {
+      absl::StatusOr<StagingObject*> started =
+          loader_->StartLoad(key, ReadPriority::kDemand, absl::InfiniteFuture(), deferred.calls());
+      if (!started.ok()) return started.status();
+      object = *started;
+    }
+    ++client->pending_fetches;
+    object->waiters.push_back({client_id, answer.Callback(), nullptr, through_host});
+  }
+  return answer.Wait();
+}
+
+absl::Status GpuLoaders::Prefetch(const std::string& key) {
+  {
+    DeferredCalls deferred;
+    absl::MutexLock lock(&parts_.mu);
+    absl::StatusOr<StagingObject*> started =
+        loader_->StartLoad(key, ReadPriority::kPrefetch, absl::InfiniteFuture(), deferred.calls());
+    if (!started.ok()) return started.status();
+  }
+  if (!parts_.AwaitQuiet([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        const StagingObject* object = parts_.residency().FindListed(key);
+        return object == nullptr ||
+               (object->state == StagingObject::State::kResident && !object->copying);
+      })) {
+    return absl::DeadlineExceededError(absl::StrCat("prefetching ", key));
+  }
+  absl::MutexLock lock(&parts_.mu);
+  if (parts_.residency().FindListed(key) == nullptr) {
+    return absl::UnavailableError(absl::StrCat(key, " failed to load"));
+  }
+  return absl::OkStatus();
+}
+
+bool GpuLoaders::Holds(const LeaseGrant& grant, const std::string& expected) {
+  if (grant.ready_event) {
+    EXPECT_TRUE(parts_.device().SynchronizeEvent(parts_.events().event(*grant.ready_event)).ok());
+  }
+  const uint8_t* bytes = grant.host_offset
+                             ? buffer_->data() + *grant.host_offset
+                             : static_cast<const uint8_t*>(parts_.pool().data(grant.range));
+  return grant.length == expected.size() &&
+         std::memcmp(bytes, expected.data(), expected.size()) == 0;
 }
 
 }  // namespace tierd::testing

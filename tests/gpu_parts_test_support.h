@@ -26,12 +26,16 @@
 #include "gpu/chunked_copier.h"
 #include "gpu/detail/client_table.h"
 #include "gpu/detail/drain_queue.h"
+#include "gpu/detail/handoff_copies.h"
 #include "gpu/detail/running_callbacks.h"
+#include "gpu/detail/staging_loader.h"
 #include "gpu/detail/staging_residency.h"
 #include "gpu/detail/stored_key_space.h"
 #include "gpu/detail/tier_parts.h"
 #include "gpu/event_pool.h"
 #include "gpu/gpu_tier_stats.h"
+#include "gpu/host_handoff_buffer.h"
+#include "gpu/host_source.h"
 #include "gpu/staging_pool.h"
 #include "tests/gpu_tier_test_support.h"
 
@@ -107,6 +111,43 @@ class GpuParts {
   std::unique_ptr<TierParts> tier_;
   std::unique_ptr<TimerThread> timer_;
   std::unique_ptr<DrainQueue> drains_;
+};
+
+// The staging loader as GpuTier makes it — with its handoff copies, the host cache of `parts` as
+// its host source, and streams of its own — for the tests of the loaders alone.
+class GpuLoaders {
+ public:
+  // REQUIRES: `parts` outlives this.
+  explicit GpuLoaders(GpuParts& parts, uint64_t handoff_buffer_bytes = 1 << 20);
+  // Waits (bounded) until no host fetch or copy is in flight and the handoff stream has run.
+  ~GpuLoaders();
+  GpuLoaders(const GpuLoaders&) = delete;
+  GpuLoaders& operator=(const GpuLoaders&) = delete;
+
+  StagingLoader& loader() { return *loader_; }
+  HandoffCopies& handoff() { return *handoff_; }
+  HostHandoffBuffer& buffer() { return *buffer_; }
+  Stream& handoff_stream() { return *handoff_stream_; }
+
+  // Starts (or joins) the load of `key` for `client` as GpuTier::Fetch does for a miss, and waits
+  // for the answer.
+  absl::StatusOr<LeaseGrant> Fetch(ClientId client, const std::string& key,
+                                   bool through_host = false);
+  // Loads `key` into staging with no one waiting (a prefetch) and waits until it is resident.
+  absl::Status Prefetch(const std::string& key);
+  // Waits for `grant`'s ready event (if any); whether its bytes, in staging or in the handoff
+  // buffer (host_offset), are `expected`.
+  bool Holds(const LeaseGrant& grant, const std::string& expected);
+
+ private:
+  GpuParts& parts_;
+  std::unique_ptr<HostHandoffBuffer> buffer_;
+  LocalHostSource host_source_;
+  Stream* demand_stream_;
+  Stream* prefetch_stream_;
+  Stream* handoff_stream_;
+  std::unique_ptr<HandoffCopies> handoff_;
+  std::unique_ptr<StagingLoader> loader_;
 };
 
 }  // namespace tierd::testing

@@ -16,8 +16,8 @@ absl::StatusOr<std::unique_ptr<GpuTestStack>> GpuTestStack::Create(int blocks) {
   std::filesystem::create_directories(model_dir);
   std::vector<TensorSpec> tensors;
   for (int block = 0; block < blocks; ++block) {
-    tensors.push_back(RandomTensor(absl::StrCat("blocks.", block, ".w"), "F32", {kBlockBytes / 4},
-                                   BlockSeed(block)));
+    tensors.push_back({absl::StrCat("blocks.", block, ".w"), "F32", {kBlockBytes / 4},
+                       BlockBytes(block)});
   }
   RETURN_IF_ERROR(WriteSafetensors(absl::StrCat(model_dir, "/model.safetensors"), tensors));
   ASSIGN_OR_RETURN(stack->device_, HostDevice::Create());
@@ -54,6 +54,16 @@ absl::Status GpuTestStack::StartTier(const GpuTierOptions& options) {
 }
 
 std::string GpuTestStack::BlockKey(int block) { return absl::StrCat("m/blocks.", block); }
+
+std::string GpuTestStack::BlockBytes(int block) {
+  return RandomTensor(absl::StrCat("blocks.", block, ".w"), "F32", {kBlockBytes / 4},
+                      BlockSeed(block))
+      .data;
+}
+
+std::string GpuTestStack::model_file() const {
+  return absl::StrCat(dir_.path(), "/model/model.safetensors");
+}
 
 absl::StatusOr<LeaseGrant> FetchNow(GpuTier& tier, ClientId client, const std::string& key,
                                     FetchOptions options) {

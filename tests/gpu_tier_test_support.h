@@ -39,6 +39,10 @@ class GpuTestStack {
   absl::Status StartTier(const GpuTierOptions& options);
 
   static std::string BlockKey(int block);
+  // The bytes of block `block`, as the model file holds them.
+  static std::string BlockBytes(int block);
+  // The model's one file.
+  std::string model_file() const;
 
   Device& device() { return *device_; }
   Catalog& catalog() { return *catalog_; }
