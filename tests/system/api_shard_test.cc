@@ -1,7 +1,7 @@
 // Tensor-parallel shards through a real daemon process: a session fetches a shard key and gets
 // tensor_split's slice of each tensor with its shape; tierctl gets and prefetches with --shard;
 // bad specs are refused with INVALID_ARGUMENT at the edge.
-#include "tests/api_test_fixture.h"
+#include "tests/system/api_test_fixture.h"
 
 namespace tierd {
 namespace api_test {

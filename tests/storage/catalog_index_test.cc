@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/catalog_test_fixture.h"
+#include "tests/storage/catalog_test_fixture.h"
 
 namespace tierd {
 namespace catalog_test {

@@ -1,6 +1,6 @@
 // The tierd.v1 API end to end (api_test's second half): each failure's status, sessions driven with
 // raw protocol messages, models dropped and registered again, and tierctl.
-#include "tests/api_test_fixture.h"
+#include "tests/system/api_test_fixture.h"
 #include "wire/wire_format.h"
 
 namespace tierd {

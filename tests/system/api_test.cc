@@ -1,7 +1,7 @@
 // The tierd.v1 API end to end: a real daemon process on the backend under test (api_test_host,
 // api_test_cuda), clients in this process and in peer processes (api_peer), real files.
 // api_errors_test.cc has the rest of this binary's tests: failures and their statuses, and tierctl.
-#include "tests/api_test_fixture.h"
+#include "tests/system/api_test_fixture.h"
 
 namespace tierd {
 namespace api_test {

@@ -1,7 +1,7 @@
 // The fixture of operations_test: a state directory, the daemon's command line, tierctl, and a
 // daemon started and waited for until it serves.
-#ifndef TIERD_TESTS_OPERATIONS_TEST_FIXTURE_H_
-#define TIERD_TESTS_OPERATIONS_TEST_FIXTURE_H_
+#ifndef TIERD_TESTS_SYSTEM_OPERATIONS_TEST_FIXTURE_H_
+#define TIERD_TESTS_SYSTEM_OPERATIONS_TEST_FIXTURE_H_
 
 #include <fstream>
 #include <memory>
@@ -72,4 +72,4 @@ class OperationsTest : public ::testing::Test {
 
 }  // namespace tierd
 
-#endif  // TIERD_TESTS_OPERATIONS_TEST_FIXTURE_H_
+#endif  // TIERD_TESTS_SYSTEM_OPERATIONS_TEST_FIXTURE_H_

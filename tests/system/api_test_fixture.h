@@ -1,7 +1,7 @@
 // The fixture of api_test: a daemon process on the device under test with a model of kBlocks
 // blocks registered, a client, the expected bytes of every tensor, and peer processes (api_peer).
-#ifndef TIERD_TESTS_API_TEST_FIXTURE_H_
-#define TIERD_TESTS_API_TEST_FIXTURE_H_
+#ifndef TIERD_TESTS_SYSTEM_API_TEST_FIXTURE_H_
+#define TIERD_TESTS_SYSTEM_API_TEST_FIXTURE_H_
 
 #include <fcntl.h>
 #include <signal.h>
@@ -203,4 +203,4 @@ class ApiTest : public ::testing::Test {
 }  // namespace api_test
 }  // namespace tierd
 
-#endif  // TIERD_TESTS_API_TEST_FIXTURE_H_
+#endif  // TIERD_TESTS_SYSTEM_API_TEST_FIXTURE_H_

@@ -1,4 +1,4 @@
-#include "tests/slow_copy_kernel.h"
+#include "tests/system/slow_copy_kernel.h"
 
 #include <cuda_runtime_api.h>
 

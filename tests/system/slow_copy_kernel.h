@@ -1,8 +1,8 @@
 // A deliberately slow reader of device memory, for the release-event test: a kernel that waits
 // `delay_ns` (GPU time) before it copies `bytes` from `src` to `dst`, so a buffer released right
 // after the launch is still being read long after the release was sent.
-#ifndef TIERD_TESTS_SLOW_COPY_KERNEL_H_
-#define TIERD_TESTS_SLOW_COPY_KERNEL_H_
+#ifndef TIERD_TESTS_SYSTEM_SLOW_COPY_KERNEL_H_
+#define TIERD_TESTS_SYSTEM_SLOW_COPY_KERNEL_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -17,4 +17,4 @@ std::string LaunchSlowCopy(void* cuda_stream, void* dst, const void* src, size_t
 
 }  // namespace tierd::testing
 
-#endif  // TIERD_TESTS_SLOW_COPY_KERNEL_H_
+#endif  // TIERD_TESTS_SYSTEM_SLOW_COPY_KERNEL_H_

@@ -18,7 +18,7 @@
 #include "storage/model_roots.h"
 #include "storage/model_scan.h"
 #include "storage/object_checksum.h"
-#include "tests/catalog_test_fixture.h"
+#include "tests/storage/catalog_test_fixture.h"
 
 namespace tierd {
 namespace catalog_test {

@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "storage/object_layout.h"
-#include "tests/host_cache_test_fixture.h"
+#include "tests/storage/host_cache_test_fixture.h"
 
 namespace tierd {
 namespace host_cache_test {

@@ -14,7 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "tests/catalog_test_fixture.h"
+#include "tests/storage/catalog_test_fixture.h"
 
 namespace tierd {
 namespace catalog_test {

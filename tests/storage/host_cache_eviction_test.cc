@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "tests/host_cache_test_fixture.h"
+#include "tests/storage/host_cache_test_fixture.h"
 
 namespace tierd {
 namespace host_cache_test {

@@ -1,6 +1,6 @@
 // Session::FetchMany end to end: a step's releases and fetches in one write, against a real daemon
 // process, over the session socket and the gRPC stream.
-#include "tests/api_test_fixture.h"
+#include "tests/system/api_test_fixture.h"
 
 namespace tierd {
 namespace api_test {

@@ -29,7 +29,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_test_support.h"
-#include "tests/operations_test_fixture.h"
+#include "tests/system/operations_test_fixture.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 

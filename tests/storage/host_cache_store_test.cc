@@ -15,7 +15,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "storage/fault_injecting_file_system.h"
-#include "tests/host_cache_test_fixture.h"
+#include "tests/storage/host_cache_test_fixture.h"
 
 namespace tierd {
 namespace host_cache_test {

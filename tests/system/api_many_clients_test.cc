@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/api_test_fixture.h"
+#include "tests/system/api_test_fixture.h"
 
 namespace tierd {
 namespace api_test {

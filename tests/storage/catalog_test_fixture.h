@@ -1,7 +1,7 @@
 // The fixture of catalog_test: a catalog over a state directory and a model root, the helpers that
 // check a registered model's objects against the tensors written, and a small DiT-like model.
-#ifndef TIERD_TESTS_CATALOG_TEST_FIXTURE_H_
-#define TIERD_TESTS_CATALOG_TEST_FIXTURE_H_
+#ifndef TIERD_TESTS_STORAGE_CATALOG_TEST_FIXTURE_H_
+#define TIERD_TESTS_STORAGE_CATALOG_TEST_FIXTURE_H_
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -205,4 +205,4 @@ class CatalogTest : public ::testing::Test {
 }  // namespace catalog_test
 }  // namespace tierd
 
-#endif  // TIERD_TESTS_CATALOG_TEST_FIXTURE_H_
+#endif  // TIERD_TESTS_STORAGE_CATALOG_TEST_FIXTURE_H_

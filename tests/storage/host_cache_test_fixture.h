@@ -1,8 +1,8 @@
 // The fixture of host_cache_test: a storage stack on the host device (a real catalog, disk reader,
 // spill writer and arena) whose host cache the tests drive, a model of one-tensor blocks to
 // register, and the answers of Fetch and ReserveStore to wait on.
-#ifndef TIERD_TESTS_HOST_CACHE_TEST_FIXTURE_H_
-#define TIERD_TESTS_HOST_CACHE_TEST_FIXTURE_H_
+#ifndef TIERD_TESTS_STORAGE_HOST_CACHE_TEST_FIXTURE_H_
+#define TIERD_TESTS_STORAGE_HOST_CACHE_TEST_FIXTURE_H_
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -234,4 +234,4 @@ class HostCacheTest : public ::testing::Test {
 }  // namespace host_cache_test
 }  // namespace tierd
 
-#endif  // TIERD_TESTS_HOST_CACHE_TEST_FIXTURE_H_
+#endif  // TIERD_TESTS_STORAGE_HOST_CACHE_TEST_FIXTURE_H_

@@ -42,7 +42,7 @@
 #include "wire/wire_format.h"
 #ifdef TIERD_TEST_CUDA_KERNELS
 #include "device/cuda_device.h"
-#include "tests/slow_copy_kernel.h"
+#include "tests/system/slow_copy_kernel.h"
 #endif
 
 namespace {
