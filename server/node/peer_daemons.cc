@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/worker_pool.h"
+#include "server/node/detail/peer_daemons_state.h"
 #include "server/node/host_lender.h"
 #include "server/proto_convert.h"
 #include "wire/peer_arena.h"
@@ -19,46 +20,27 @@
 #include "wire/wire_format.h"
 
 namespace tierd {
+namespace peer_daemons_detail {
 
-struct PeerDaemons::Peer {
-  std::string socket;
-  std::string session_socket;
-  absl::Mutex mu;
-  std::shared_ptr<SessionCore> core ABSL_GUARDED_BY(mu);
-  // Its staging could not be opened here: it is asked to lend through the host (kAuto).
-  bool through_host ABSL_GUARDED_BY(mu) = false;
-  // Sessions that ended, kept until the PeerDaemons goes: a copy may still hold one (its opened
-  // slab), and the last reference must not be dropped on the session's own reader thread.
-  std::vector<std::shared_ptr<SessionCore>> retired ABSL_GUARDED_BY(mu);
-  // Its host arena could not be mapped here: until then its sessions do not ask for it and nothing
-  // is borrowed; then it is tried again (after a back-off that doubles each time it fails).
-  absl::Time arena_unusable_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
-  absl::Duration arena_backoff ABSL_GUARDED_BY(mu) = absl::ZeroDuration();
-  // It could not be reached (or answered nothing in time): not asked again until then, the
-  // back-off doubling with each failure in a row.
-  absl::Time unreachable_until ABSL_GUARDED_BY(mu) = absl::InfinitePast();
-  absl::Duration backoff ABSL_GUARDED_BY(mu) = absl::ZeroDuration();
-  std::string unreachable_why ABSL_GUARDED_BY(mu);
-  // Where the searches ask it: connecting may block, and must block no caller's thread.
-  std::unique_ptr<WorkerPool> worker;
-  // Host leases given back after the session that was lent them ended (its home holds their
-  // objects for this process until told): given back on the next session, if its home is the same
-  // process (its arena's name), else dropped with the home that restarted.
-  std::vector<uint64_t> orphaned_leases ABSL_GUARDED_BY(mu);
-  std::string orphans_arena ABSL_GUARDED_BY(mu);
-  // The last session opened, for RegisteredArenaBytes; taken after mu, never held for long.
-  absl::Mutex arena_mu ABSL_ACQUIRED_AFTER(mu);
-  std::shared_ptr<SessionCore> arena_session ABSL_GUARDED_BY(arena_mu);
-};
+absl::Status SendRelease(SessionCore& core, uint64_t lease_id) {
+  v1::SessionRequest request;
+  request.mutable_release()->set_lease_id(lease_id);
+  request.mutable_release()->set_quiet(true);
+  return core.SendQuiet(std::move(request));
+}
 
-// One Fetch going through the peers.
-struct PeerDaemons::Search {
-  std::string key;
-  Callback done;
-  size_t next = 0;                    // the peer to ask next
-  std::vector<std::string> answers;   // what the peers asked so far said
-  bool retried_through_host = false;  // a peer failed direct and was asked again
-};
+void ReleaseQuietly(SessionCore& core, uint64_t lease_id) { (void)SendRelease(core, lease_id); }
+
+std::string ArenaName(SessionCore& core) {
+  absl::StatusOr<PeerArena*> arena = core.host_arena(HostLender::kArenaHandleId);
+  return arena.ok() ? (*arena)->name() : std::string();
+}
+
+}  // namespace peer_daemons_detail
+
+using peer_daemons_detail::ArenaName;
+using peer_daemons_detail::ReleaseQuietly;
+using peer_daemons_detail::SendRelease;
 
 namespace {
 
@@ -81,14 +63,6 @@ absl::Duration NextBackoff(absl::Duration last, absl::Duration first, absl::Dura
 
 // Gives a lease back without waiting for the answer (a failure is only logged by the session's
 // reader); an error when it could not be sent (the session has ended).
-absl::Status SendRelease(SessionCore& core, uint64_t lease_id) {
-  v1::SessionRequest request;
-  request.mutable_release()->set_lease_id(lease_id);
-  request.mutable_release()->set_quiet(true);
-  return core.SendQuiet(std::move(request));
-}
-
-void ReleaseQuietly(SessionCore& core, uint64_t lease_id) { (void)SendRelease(core, lease_id); }
 
 // The PeerCopy of a lease the peer answered with, whose handles `core` has opened.
 absl::StatusOr<PeerCopy> CopyOfLease(const std::shared_ptr<SessionCore>& core,
@@ -332,148 +306,6 @@ PeerDaemons::Peer* PeerDaemons::FindPeer(const std::string& socket) const {
   return nullptr;
 }
 
-namespace {
-
-// The HomeLease of a host lease `core`'s peer answered with.
-absl::StatusOr<HomeLease> HomeLeaseOf(const std::shared_ptr<SessionCore>& core,
-                                      const std::string& peer, const v1::Lease& lease) {
-  ASSIGN_OR_RETURN(PeerArena * arena, core->host_arena(lease.host_buffer_id()));
-  const uint64_t offset = lease.host_offset();
-  if (offset > arena->size() || lease.length() > arena->size() - offset) {
-    return absl::InternalError(absl::StrCat(peer, " lent ", lease.key(), " at [", offset, ", +",
-                                            lease.length(), ") of an arena of ", arena->size(),
-                                            " bytes"));
-  }
-  // The whole arena is registered ahead, the lease's own pieces first where they are not yet.
-  arena->RegisterAllInBackground();
-  if (lease.length() > 0) RETURN_IF_ERROR(arena->EnsureRegistered(offset, lease.length()));
-  HomeLease home;
-  home.data = arena->data() + offset;
-  home.size = lease.length();
-  home.checksum = lease.checksum();
-  home.arena = arena;
-  return home;
-}
-
-// The name of the host arena `core`'s home sent; empty when it sent none.
-std::string ArenaName(SessionCore& core) {
-  absl::StatusOr<PeerArena*> arena = core.host_arena(HostLender::kArenaHandleId);
-  return arena.ok() ? (*arena)->name() : std::string();
-}
-
-}  // namespace
-
-void PeerDaemons::BorrowHost(const std::string& socket, const std::string& key,
-                             uint64_t source_fingerprint,
-                             absl::AnyInvocable<void(absl::StatusOr<HomeLease>) &&> done) {
-  Peer* peer = FindPeer(socket);
-  if (peer == nullptr) {
-    return std::move(done)(absl::NotFoundError(absl::StrCat(socket, " is not a peer")));
-  }
-  absl::StatusOr<std::shared_ptr<SessionCore>> core = SessionTo(*peer);
-  if (core.ok() && node_daemon_ && ArenaName(**core).empty()) {
-    // Opened without the arena, which could not be mapped here: once its back-off is over, a
-    // session that asks for it again.
-    bool retry = false;
-    {
-      absl::MutexLock lock(&peer->mu);
-      retry = absl::Now() >= peer->arena_unusable_until;
-    }
-    if (retry) {
-      Forget(*peer, *core);
-      core = SessionTo(*peer);
-    }
-    if (core.ok() && ArenaName(**core).empty()) {
-      return std::move(done)(
-          absl::UnavailableError(absl::StrCat("peer ", socket,
-                                              ": its host arena cannot be mapped here (tried again "
-                                              "later)")));
-    }
-  }
-  if (!core.ok()) {
-    return std::move(done)(
-        absl::UnavailableError(absl::StrCat("peer ", socket, ": ", core.status().message())));
-  }
-  v1::SessionRequest request;
-  request.mutable_fetch()->set_key(key);
-  request.mutable_fetch()->set_local_only(true);
-  request.mutable_fetch()->set_host_lease(true);
-  request.mutable_fetch()->set_source_fingerprint(source_fingerprint);
-  // As in AskNext: a failed write may or may not call back; whichever comes first answers.
-  auto shared_done =
-      std::make_shared<absl::AnyInvocable<void(absl::StatusOr<HomeLease>) &&>>(std::move(done));
-  auto claimed = std::make_shared<std::atomic<bool>>(false);
-  std::weak_ptr<SessionCore> weak = *core;
-  absl::Status sent = (*core)->Send(std::move(request), [this, peer, weak, claimed, shared_done](
-                                                            const v1::SessionResponse& answer) {
-    if (claimed->exchange(true)) return;
-    std::shared_ptr<SessionCore> session = weak.lock();
-    absl::Status status = StatusOf(answer);
-    if (!status.ok() || !answer.has_lease() || session == nullptr) {
-      if (absl::IsUnavailable(status) && session != nullptr) Forget(*peer, session);
-      if (status.ok()) status = absl::UnavailableError("the session ended");
-      return std::move(*shared_done)(
-          absl::Status(status.code(), absl::StrCat("peer ", peer->socket, ": ", status.message())));
-    }
-    absl::StatusOr<HomeLease> lease = HomeLeaseOf(session, peer->socket, answer.lease());
-    if (!lease.ok()) {
-      ReleaseQuietly(*session, answer.lease().lease_id());
-    } else {
-      lease->release = [this, peer, session, arena = ArenaName(*session),
-                        lease_id = answer.lease().lease_id()]() mutable {
-        GiveBackHostLease(*peer, std::move(session), arena, lease_id);
-      };
-    }
-    std::move (*shared_done)(std::move(lease));
-  });
-  if (!sent.ok() && !claimed->exchange(true)) {
-    Forget(*peer, *core);
-    std::move (*shared_done)(
-        absl::UnavailableError(absl::StrCat("peer ", socket, ": ", sent.message())));
-  }
-}
-
-absl::Status PeerDaemons::Connect(const std::string& socket) {
-  Peer* peer = FindPeer(socket);
-  if (peer == nullptr) return absl::NotFoundError(absl::StrCat(socket, " is not a peer"));
-  return SessionTo(*peer).status();
-}
-
-uint64_t PeerDaemons::RegisteredArenaBytes() {
-  ReleaseEndedSessions();
-  uint64_t bytes = 0;
-  for (const auto& peer : peers_) {
-    std::shared_ptr<SessionCore> core;
-    {
-      // Not peer->mu, which a connection to a peer that does not answer may hold for long.
-      absl::MutexLock lock(&peer->arena_mu);
-      core = peer->arena_session;
-    }
-    if (core == nullptr) continue;
-    if (absl::StatusOr<PeerArena*> arena = core->host_arena(HostLender::kArenaHandleId);
-        arena.ok()) {
-      bytes += std::min((*arena)->registered_pieces() * (*arena)->piece_bytes(), (*arena)->size());
-    }
-  }
-  return bytes;
-}
-
-void PeerDaemons::PrefetchHost(const std::string& socket, const std::string& key) {
-  Peer* peer = FindPeer(socket);
-  if (peer == nullptr) return;
-  absl::StatusOr<std::shared_ptr<SessionCore>> core = SessionTo(*peer);
-  if (!core.ok()) {
-    TIERD_LOG_EVERY_N_SEC(INFO, 10)
-        << "peer " << socket << ": cannot prefetch " << key << ": " << core.status();
-    return;
-  }
-  v1::SessionRequest request;
-  request.mutable_prefetch()->add_keys(key);
-  request.mutable_prefetch()->set_host_only(true);
-  // Without a callback, a failure is logged by the session's reader.
-  if (absl::Status sent = (*core)->Send(std::move(request)); !sent.ok()) Forget(*peer, *core);
-}
-
 void PeerDaemons::TakeEndedLocked(Peer& peer, std::vector<std::shared_ptr<SessionCore>>& unused) {
   peer.mu.AssertHeld();
   if (peer.core != nullptr && peer.core->ended()) peer.retired.push_back(std::move(peer.core));
@@ -598,22 +430,6 @@ absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::OpenSessionLocked(Peer
     (*arena)->RegisterAllInBackground();
   }
   return core;
-}
-
-void PeerDaemons::GiveBackHostLease(Peer& peer, std::shared_ptr<SessionCore> lent_on,
-                                    const std::string& arena, uint64_t lease_id) {
-  if (!lent_on->ended() && SendRelease(*lent_on, lease_id).ok()) return;
-  // The session it was lent on has ended, not this daemon: the home holds the object for this
-  // process until it is given back (or this process exits). On the next session, then.
-  absl::StatusOr<std::shared_ptr<SessionCore>> now = SessionTo(peer);
-  if (now.ok()) {
-    if (ArenaName(**now) != arena) return;  // the home restarted: it holds nothing for us
-    if (SendRelease(**now, lease_id).ok()) return;
-  }
-  absl::MutexLock lock(&peer.mu);
-  if (peer.orphans_arena != arena) peer.orphaned_leases.clear();
-  peer.orphans_arena = arena;
-  peer.orphaned_leases.push_back(lease_id);
 }
 
 void PeerDaemons::Forget(Peer& peer, const std::shared_ptr<SessionCore>& core) {
