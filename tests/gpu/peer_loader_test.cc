@@ -154,6 +154,10 @@ TEST_F(PeerLoaderTest, ALentObjectIsCopiedInLeasedAndGivenBackOnceCopied) {
   FillPattern(expected.data(), kObjectBytes, 31);
   EXPECT_TRUE(loaders_->Holds(*lease, expected));
   EXPECT_EQ(peer_.AwaitAllReleased(), 1);
+  // The copy is counted once it is done (a little after the peer's buffer is given back).
+  EXPECT_TRUE(parts_->AwaitQuiet([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return parts_->residency().copies_in_flight() == 0;
+  }));
   {
     absl::MutexLock lock(&parts_->mu);
     EXPECT_EQ(parts_->residency().FindListed("s/lent"), nullptr);  // nothing is kept

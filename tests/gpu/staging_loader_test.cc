@@ -49,6 +49,14 @@ class StagingLoaderTest : public ::testing::Test {
     parts_.reset();
   }
 
+  // Waits until the copies in flight are done and counted (a lease may come before its copy is).
+  GpuTierStats StatsOnceCopied() {
+    EXPECT_TRUE(parts_->AwaitQuiet([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return parts_->residency().copies_in_flight() == 0;
+    }));
+    return parts_->stats_copy();
+  }
+
   bool Listed(const std::string& key) {
     absl::MutexLock lock(&parts_->mu);
     return parts_->residency().FindListed(key) != nullptr;
@@ -71,7 +79,7 @@ TEST_F(StagingLoaderTest, ALoadCopiesTheHostBytesIntoStagingAndLeasesThem) {
   absl::StatusOr<LeaseGrant> again = loaders_->Fetch(client_, GpuTestStack::BlockKey(1));
   ASSERT_THAT(again, IsOk());
   EXPECT_EQ(again->range.offset, lease->range.offset);
-  const GpuTierStats stats = parts_->stats_copy();
+  const GpuTierStats stats = StatsOnceCopied();
   EXPECT_EQ(stats.bytes_host_to_gpu, kBlockBytes);
   EXPECT_EQ(stats.leases, 2u);
 }
@@ -99,7 +107,7 @@ TEST_F(StagingLoaderTest, EveryWaiterOfOneLoadIsAnsweredWithALease) {
   EXPECT_EQ(a->range.offset, b->range.offset);  // one object, leased to each
   EXPECT_TRUE(loaders_->Holds(*a, GpuTestStack::BlockBytes(0)));
   EXPECT_TRUE(loaders_->Holds(*b, GpuTestStack::BlockBytes(0)));
-  const GpuTierStats stats = parts_->stats_copy();
+  const GpuTierStats stats = StatsOnceCopied();
   EXPECT_EQ(stats.bytes_host_to_gpu, kBlockBytes);  // one copy for both
   EXPECT_EQ(stats.leases, 2u);
 }
@@ -112,7 +120,7 @@ TEST_F(StagingLoaderTest, ALeaseThroughTheHostLandsInTheHandoffBuffer) {
   ASSERT_TRUE(lease->host_offset.has_value());
   ASSERT_TRUE(lease->ready_event.has_value());  // the record after the copy out
   EXPECT_TRUE(loaders_->Holds(*lease, GpuTestStack::BlockBytes(2)));
-  EXPECT_EQ(parts_->stats_copy().bytes_gpu_to_host, kBlockBytes);
+  EXPECT_EQ(StatsOnceCopied().bytes_gpu_to_host, kBlockBytes);
 }
 
 TEST_F(StagingLoaderTest, AnUnknownKeyIsNotFoundAndListsNothing) {

@@ -193,9 +193,10 @@ TEST(UringRingTest, EagainAndShortTransfersAreIssuedAgainUntilTheTransferEnds) {
   // A read of 12 000 bytes that a writer feeds 1 000 at a time.
   const std::vector<uint8_t> data = Pattern(12000, 5);
   std::thread writer([&] {
-    for (size_t at = 0; at < data.size(); at += 1000) {
+    for (size_t at = 0; at < data.size();) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      ASSERT_EQ(::write(write_end.get(), &data[at], 1000), 1000);
+      const ssize_t n = ::write(write_end.get(), &data[at], 1000);  // EAGAIN while it is full
+      if (n > 0) at += static_cast<size_t>(n);
     }
   });
   std::vector<uint8_t> back(data.size());
@@ -203,7 +204,8 @@ TEST(UringRingTest, EagainAndShortTransfersAreIssuedAgainUntilTheTransferEnds) {
   writer.join();
   EXPECT_EQ(uring.transfer(0).transferred, data.size());
   EXPECT_EQ(back, data);
-  EXPECT_GE(uring.reissued(), 11u);  // at least once per piece after the first
+  // The pipe holds 4 KiB of the 12 000 bytes: at least three reads, however the writer is timed.
+  EXPECT_GE(uring.reissued(), 2u);
   const uint64_t after_read = uring.reissued();
 
   // A write of 64 KiB into a pipe of 4 KiB that a reader drains 4 KiB at a time.
