@@ -26,7 +26,6 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
-#include "absl/types/span.h"
 
 namespace tierd {
 
@@ -35,7 +34,7 @@ struct UringTransfer {
   Kind kind = Kind::kRead;
   int fd = -1;
   uint8_t* buffer = nullptr;  // what a write writes is only read
-  uint64_t length = 0;        // at most 2^31 - 4096 (one operation's most)
+  uint64_t length = 0;        // an operation moves at most 2^31 - 4096 bytes: the rest follows
   uint64_t offset = 0;
   // For reads through O_DIRECT: a read that stops short of a multiple of this has met the end of
   // the file. 0: only a read of 0 bytes has.
