@@ -1,12 +1,15 @@
 // The GPU tier's parts wired as GpuTier wires them — one lock, one TierParts handed to each — on
 // the host device over a GpuTestStack, with no facade: the fixture of the tests of one part alone
-// (staging_loader_test, peer_loader_test, handoff_copies_test, explicit_eviction_test,
-// commit_pipeline_test, drain_queue_test).
+// (the tests in tests/gpu/ but chunked_copier, client_table, stored_key_space and gpu_tier).
 //
-//   auto parts = GpuParts::Create({.pool_bytes = 1 << 20});
-//   StagingLoader loader((*parts)->tier(), {...its own...});
+//   GpuPartsOptions options;
+//   options.pool_bytes = 1 << 20;
+//   absl::StatusOr<std::unique_ptr<GpuParts>> parts = GpuParts::Create(options);
+//   ExplicitEviction eviction((*parts)->tier(), (*parts)->host_cache(), nullptr,
+//                             (*parts)->stored());
+//   GpuLoaders loaders(**parts);  // the staging loader and its handoff copies
 //   ...
-//   (*parts)->AwaitQuiet([&] { return loader.host_fetches_in_flight() == 0; });
+//   (*parts)->AwaitQuiet([&] { return ...the part is idle...; });
 //
 // Destroy the parts a test made before the GpuParts (their objects' ranges go back to the pool).
 #ifndef TIERD_TESTS_GPU_PARTS_TEST_SUPPORT_H_
