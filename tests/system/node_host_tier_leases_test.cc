@@ -23,10 +23,11 @@ using ::tierd::testing::TensorSpec;
 TEST_F(NodeHostTierTest, ALeaseWhoseSessionEndedIsHeldUntilItsProcessReleasesItOrExits) {
   WriteModel(32, 32);  // 128 to 512 KiB objects, 10 MiB: more than a 3 MiB host cache holds
   StartDaemons("3MiB");
-  const std::vector<size_t> homed = HomedOn(0);
+  const int home = MostHomed();
+  const std::vector<size_t> homed = HomedOn(home);
   ASSERT_GE(homed.size(), 4u);
   const TensorSpec& lent = tensors_[homed[0]];
-  RawSession borrower = OpenAsNodeDaemon(0);
+  RawSession borrower = OpenAsNodeDaemon(home);
   auto lease = LeaseHost(borrower, "m/" + lent.name);
   ASSERT_THAT(lease, IsOk());
   auto arena = SharedMemory::OpenReadOnly(borrower.arena);
@@ -43,32 +44,33 @@ TEST_F(NodeHostTierTest, ALeaseWhoseSessionEndedIsHeldUntilItsProcessReleasesItO
   while (absl::Now() < until) {
     for (size_t t : homed) {
       if (t == homed[0]) continue;
-      EXPECT_THAT(FetchBytes(session(0), "m/" + tensors_[t].name), IsOkAndHolds(tensors_[t].data));
+      EXPECT_THAT(FetchBytes(session(home), "m/" + tensors_[t].name),
+                  IsOkAndHolds(tensors_[t].data));
     }
-    (void)session(0).Evict("m/", v1::TIER_ALL);
+    (void)session(home).Evict("m/", v1::TIER_ALL);
   }
-  EXPECT_GT(Stats(0).host().evictions(), 0u);
+  EXPECT_GT(Stats(home).host().evictions(), 0u);
   EXPECT_EQ(lent_bytes(), lent.data) << "the lent range was read into while it was lent";
-  EXPECT_EQ(Stats(0).node_host_leases(), 1u);
-  EXPECT_EQ(Stats(0).node_host_leases_kept(), 1u);
-  EXPECT_EQ(Stats(0).node_host_lent_bytes(), lent.data.size());
+  EXPECT_EQ(Stats(home).node_host_leases(), 1u);
+  EXPECT_EQ(Stats(home).node_host_leases_kept(), 1u);
+  EXPECT_EQ(Stats(home).node_host_lent_bytes(), lent.data.size());
 
   // Another process cannot give it back; this one can, on a later session.
-  RawSession later = OpenAsNodeDaemon(0);
+  RawSession later = OpenAsNodeDaemon(home);
   EXPECT_THAT(ReleaseHost(later, lease->lease().lease_id()), IsOk());
-  ExpectHostLeasesDrain(0);
+  ExpectHostLeasesDrain(home);
   EXPECT_THAT(ReleaseHost(later, lease->lease().lease_id()), StatusIs(absl::StatusCode::kNotFound));
   ::close(later.fd);
 
   // A process that exits with a lease held: given back once the process is gone.
   auto holder = Subprocess::Start(
-      {SiblingBinary("api_peer"), "host-lease", socket_path(0), "m/" + tensors_[homed[1]].name});
+      {SiblingBinary("api_peer"), "host-lease", socket_path(home), "m/" + tensors_[homed[1]].name});
   ASSERT_THAT(holder, IsOk());
   EXPECT_THAT((*holder)->ReadLine(kTimeout), IsOkAndHolds("held"));
-  EXPECT_EQ(Stats(0).node_host_leases(), 1u);
+  EXPECT_EQ(Stats(home).node_host_leases(), 1u);
   ASSERT_THAT((*holder)->WriteToStdin("exit\n"), IsOk());
   EXPECT_THAT((*holder)->Wait(kTimeout), IsOkAndHolds(0));
-  ExpectHostLeasesDrain(0);
+  ExpectHostLeasesDrain(home);
 }
 
 // What borrowers may hold of a home's host cache is bounded: a session its staging quota in bytes,
@@ -77,10 +79,11 @@ TEST_F(NodeHostTierTest, ALeaseWhoseSessionEndedIsHeldUntilItsProcessReleasesItO
 TEST_F(NodeHostTierTest, HostLeasesAreBoundedPerSessionAndForAllSessions) {
   WriteModel(32, 32);
   StartDaemons("4MiB", {"--session-max-staging-bytes=1536KiB"});
-  const std::vector<size_t> homed = HomedOn(0);
+  const int home = MostHomed();
+  const std::vector<size_t> homed = HomedOn(home);
   uint64_t homed_bytes = 0;
   for (size_t t : homed) homed_bytes += tensors_[t].data.size();
-  ASSERT_GT(homed_bytes, 2u << 20) << "too little is homed on daemon 0 for this test";
+  ASSERT_GT(homed_bytes, 2u << 20) << "too little is homed on any daemon for this test";
   auto lease_until_refused = [&](RawSession& raw, uint64_t& held, bool backwards) -> absl::Status {
     for (size_t i = 0; i < homed.size(); ++i) {
       const size_t t = homed[backwards ? homed.size() - 1 - i : i];
@@ -90,33 +93,33 @@ TEST_F(NodeHostTierTest, HostLeasesAreBoundedPerSessionAndForAllSessions) {
     }
     return absl::OkStatus();
   };
-  RawSession first = OpenAsNodeDaemon(0);
+  RawSession first = OpenAsNodeDaemon(home);
   uint64_t first_held = 0;
   const absl::Status quota = lease_until_refused(first, first_held, /*backwards=*/false);
   EXPECT_THAT(quota, StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_THAT(std::string(quota.message()), ::testing::HasSubstr("--session-max-staging-bytes"));
   EXPECT_LE(first_held, 1536u << 10);
   // Another session leases others, until the two hold half the cache.
-  RawSession second = OpenAsNodeDaemon(0);
+  RawSession second = OpenAsNodeDaemon(home);
   uint64_t second_held = 0;
   const absl::Status cap = lease_until_refused(second, second_held, /*backwards=*/true);
   EXPECT_THAT(cap, StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_THAT(std::string(cap.message()), ::testing::HasSubstr("half the host cache"));
   EXPECT_LE(first_held + second_held, 2u << 20);
   // An object the first session holds is lent again without counting twice.
-  RawSession third = OpenAsNodeDaemon(0);
+  RawSession third = OpenAsNodeDaemon(home);
   EXPECT_THAT(LeaseHost(third, "m/" + tensors_[homed[0]].name), IsOk());
   // The home's own clients still store and fetch.
   const std::string activations = testing::PatternBytes(1 << 20, 5);
-  EXPECT_THAT(StoreBytes(session(0), "kv/x", activations), IsOk());
-  EXPECT_THAT(FetchBytes(session(0), "kv/x"), IsOkAndHolds(activations));
+  EXPECT_THAT(StoreBytes(session(home), "kv/x", activations), IsOk());
+  EXPECT_THAT(FetchBytes(session(home), "kv/x"), IsOkAndHolds(activations));
   ::close(first.fd);
   ::close(second.fd);
   ::close(third.fd);
   // On the gRPC stream, whose peer process is not known, none is lent at all.
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kTimeout));
-  auto stream = client(0).stub().Session(&context);
+  auto stream = client(home).stub().Session(&context);
   v1::SessionRequest open = testing::OpenRequest(1, "node_host_tier_test over gRPC");
   open.mutable_open()->set_node_daemon(true);
   v1::SessionRequest request = testing::FetchRequestFor(2, "m/" + tensors_[homed[0]].name);

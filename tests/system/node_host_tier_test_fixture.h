@@ -202,6 +202,23 @@ class NodeHostTierTest : public ::testing::Test {
     return homed;
   }
 
+  // The daemon that is home to the most bytes of model m. Homes follow the members' socket paths,
+  // which change from run to run, so a test that needs a home holding much picks it with this:
+  // the most homed holds at least a third of the model.
+  int MostHomed() {
+    int most = 0;
+    uint64_t most_bytes = 0;
+    for (int i = 0; i < kDaemons; ++i) {
+      uint64_t bytes = 0;
+      for (size_t t : HomedOn(i)) bytes += tensors_[t].data.size();
+      if (bytes > most_bytes) {
+        most = i;
+        most_bytes = bytes;
+      }
+    }
+    return most;
+  }
+
   // A session on daemon i's session socket that opens as a node's daemon does; `fd` its socket.
   struct RawSession {
     int fd = -1;
