@@ -15,6 +15,7 @@
 #include "common/quote.h"
 #include "common/status_macros.h"
 #include "storage/catalog_file.h"
+#include "storage/derived_tensors.h"
 #include "storage/json_file.h"
 #include "storage/model_scan.h"
 #include "storage/object_checksum.h"
@@ -67,6 +68,7 @@ ModelSummary Summarize(const ModelInfo& info) {
   summary.files = info.files.size();
   summary.objects = info.objects.size();
   summary.total_bytes = info.total_bytes;
+  summary.derived_tensors = info.derived_tensors;
   for (const ObjectInfo& object : info.objects) summary.tensors += object.tensors.size();
   return summary;
 }
@@ -157,7 +159,7 @@ Catalog::~Catalog() {
 absl::StatusOr<ModelSummary> Catalog::RegisterModel(
     const std::string& name, const std::string& directory, Grouping grouping,
     const GroupingRules& rules, const std::function<void(const RegistrationProgress&)>& progress,
-    bool verify) {
+    bool verify, const std::vector<DerivedTensorSpec>& derived) {
   RETURN_IF_ERROR(ValidateModelName(name));
   // What a registration builds and drops (the headers' tensors, the serialized file) can be
   // hundreds of megabytes for a model of many tensors: given back to the system once done.
@@ -179,8 +181,17 @@ absl::StatusOr<ModelSummary> Catalog::RegisterModel(
   ASSIGN_OR_RETURN(ScannedModel scanned,
                    ScanModelDirectory(directory, progress, roots_, max_tensors_per_model_));
 
+  RETURN_IF_ERROR(ApplyDerivedTensors(derived, scanned.tensors));
+  if (scanned.tensors.size() > max_tensors_per_model_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", Quote(name), " would have ", scanned.tensors.size(),
+                     " tensors with its derived ones; at most ", max_tensors_per_model_,
+                     " are allowed (tierd --max-tensors-per-model)"));
+  }
+
   auto info = std::make_shared<ModelInfo>();
   info->name = name;
+  info->derived_tensors = derived.size();
   info->directory = std::move(scanned.directory);
   info->grouping = grouping;
   info->files = std::move(scanned.files);

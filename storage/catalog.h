@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "storage/derived_tensors.h"
 #include "storage/file_system.h"
 #include "storage/model.h"
 #include "storage/model_roots.h"
@@ -61,12 +62,15 @@ class Catalog {
   // more tensors than the limit), DATA_LOSS (truncated file), NOT_FOUND (no directory or no
   // .safetensors in it), ALREADY_EXISTS (name taken), PERMISSION_DENIED (outside the roots, or a
   // link that appeared), UNAVAILABLE (a file changed while it was read: retry), FAILED_PRECONDITION
-  // (a file changed while it was verified), and I/O errors.
+  // (a file changed while it was verified), and I/O errors. `derived`: tensors made of the
+  // checkpoint's, which replace those they take bytes from (storage/derived_tensors.h; its
+  // INVALID_ARGUMENT errors), before the tensors are grouped.
   absl::StatusOr<ModelSummary> RegisterModel(
       const std::string& name, const std::string& directory, Grouping grouping,
       const GroupingRules& rules,
       const std::function<void(const RegistrationProgress&)>& progress = nullptr,
-      bool verify = false) ABSL_LOCKS_EXCLUDED(mu_);
+      bool verify = false, const std::vector<DerivedTensorSpec>& derived = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Forgets model `name` and deletes its persisted file. NOT_FOUND when unknown.
   absl::Status DropModel(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);

@@ -122,6 +122,7 @@ absl::StatusOr<std::string> SerializeModel(const ModelInfo& info,
                     {"name", info.name},
                     {"directory", info.directory},
                     {"grouping", GroupingName(info.grouping)},
+                    {"derived_tensors", info.derived_tensors},
                     {"files", files},
                     {"objects", objects},
                     {"checksums", sums}};
@@ -162,6 +163,11 @@ absl::StatusOr<LoadedModel> ParseModel(absl::string_view text, const std::string
   const std::optional<Grouping> parsed_grouping = ParseGrouping(grouping);
   if (!parsed_grouping.has_value()) return Corrupt(absl::StrCat("unknown grouping ", grouping));
   info.grouping = *parsed_grouping;
+  // Absent from files written before models could have derived tensors: none.
+  if (const Json* derived = JsonMember(&*doc, "derived_tensors");
+      derived != nullptr && !JsonUint(derived, &info.derived_tensors)) {
+    return Corrupt("bad derived_tensors");
+  }
   for (const Json& json_file : *files) {
     ModelFile& file = info.files.emplace_back();
     if (!JsonString(JsonMember(&json_file, "path"), &file.path) ||

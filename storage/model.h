@@ -88,6 +88,9 @@ struct ModelInfo {
   std::vector<ModelFile> files;
   std::vector<ObjectInfo> objects;  // sorted by name
   uint64_t total_bytes = 0;         // sum of object sizes
+  // How many of its tensors are derived from the checkpoint's (storage/derived_tensors.h): a
+  // model registered with a checkpoint conversion has them, one registered as stored has none.
+  size_t derived_tensors = 0;
 };
 
 struct ModelSummary {
@@ -97,6 +100,7 @@ struct ModelSummary {
   size_t files = 0;
   size_t objects = 0;
   size_t tensors = 0;
+  size_t derived_tensors = 0;
   uint64_t total_bytes = 0;
   // Non-empty when a file changed since registration: why its objects cannot be read.
   std::string stale;

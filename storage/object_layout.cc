@@ -104,12 +104,10 @@ ObjectInfo LayOutObject(std::string name, std::vector<SourceTensor> tensors) {
   object.name = std::move(name);
   if (tensors.empty()) return object;
 
-  bool contiguous = true;
-  for (size_t i = 1; i < tensors.size(); ++i) {
-    if (tensors[i].file != tensors[0].file || tensors[i].begin != tensors[i - 1].end) {
-      contiguous = false;
-      break;
-    }
+  bool contiguous = tensors[0].pieces.empty();
+  for (size_t i = 1; contiguous && i < tensors.size(); ++i) {
+    contiguous = tensors[i].pieces.empty() && tensors[i].file == tensors[0].file &&
+                 tensors[i].begin == tensors[i - 1].end;
   }
 
   if (contiguous) {
@@ -124,20 +122,36 @@ ObjectInfo LayOutObject(std::string name, std::vector<SourceTensor> tensors) {
   }
 
   uint64_t cursor = 0;
+  std::vector<Extent> extents;
   for (const SourceTensor& tensor : tensors) {
     const uint64_t offset = RoundUp(cursor, kGatheredTensorAlignment);
     object.tensors.push_back(PlacementOf(tensor, offset));
     cursor = offset + tensor.size();
-    if (tensor.size() == 0) continue;
+    if (tensor.pieces.empty()) {
+      if (tensor.size() > 0)
+        extents.push_back(Extent{tensor.file, tensor.begin, tensor.size(), offset});
+      continue;
+    }
+    for (const Extent& piece : tensor.pieces) {
+      extents.push_back(
+          Extent{piece.file, piece.file_offset, piece.length, offset + piece.object_offset});
+    }
+  }
+  // Extents in file order (ValidateObject's), each run of bytes that is contiguous both in the
+  // file and in the object one extent: one read.
+  std::sort(extents.begin(), extents.end(), [](const Extent& a, const Extent& b) {
+    return std::tie(a.file, a.file_offset) < std::tie(b.file, b.file_offset);
+  });
+  for (const Extent& extent : extents) {
     if (!object.extents.empty()) {
       Extent& last = object.extents.back();
-      if (last.file == tensor.file && last.file_offset + last.length == tensor.begin &&
-          last.object_offset + last.length == offset) {
-        last.length += tensor.size();
+      if (last.file == extent.file && last.file_offset + last.length == extent.file_offset &&
+          last.object_offset + last.length == extent.object_offset) {
+        last.length += extent.length;
         continue;
       }
     }
-    object.extents.push_back(Extent{tensor.file, tensor.begin, tensor.size(), offset});
+    object.extents.push_back(extent);
   }
   object.size = cursor;
   return object;
@@ -162,8 +176,8 @@ absl::Status CheckPlacement(const TensorPlacement& tensor, uint64_t object_size)
   const std::optional<uint64_t> bytes = TensorBytes(tensor.dtype, tensor.shape);
   if (!bytes) return absl::InvalidArgumentError("shape overflows 64 bits");
   if (*bytes != tensor.size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "size ", tensor.size, " does not match dtype and shape (", *bytes, " bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("size ", tensor.size, " does not match dtype and shape (", *bytes, " bytes)"));
   }
   uint64_t end = 0;
   if (!AddFits(tensor.offset, tensor.size, &end) || end > object_size) {

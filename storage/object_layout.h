@@ -33,8 +33,14 @@ struct SourceTensor {
   uint32_t file = 0;   // index into the model's files
   uint64_t begin = 0;  // absolute byte offset in that file
   uint64_t end = 0;    // one past the last byte
+  // A derived tensor gathered from several ranges (storage/derived_tensors.h): the ranges in the
+  // tensor's order, back to back, object_offset counted from the tensor's first byte. Empty for a
+  // tensor that is one file range; when not, file, begin and end are the first piece's.
+  std::vector<Extent> pieces;
 
-  uint64_t size() const { return end - begin; }
+  uint64_t size() const {
+    return pieces.empty() ? end - begin : pieces.back().object_offset + pieces.back().length;
+  }
 };
 
 // Maps tensor names to object names for one grouping, with its rules compiled once.
@@ -63,7 +69,8 @@ class ObjectGrouper {
 absl::Status CheckPlacement(const TensorPlacement& tensor, uint64_t object_size);
 
 // Lays out one object from its tensors (any order): one file range when they are back to back in
-// one file, otherwise gathered at kGatheredTensorAlignment. See catalog.h for the result's shape.
+// one file (and none is gathered from pieces), otherwise gathered at kGatheredTensorAlignment. See
+// catalog.h for the result's shape.
 ObjectInfo LayOutObject(std::string name, std::vector<SourceTensor> tensors);
 
 // Groups `tensors` with `grouper` and lays out each object; the result is sorted by name.

@@ -1,0 +1,156 @@
+#include "storage/derived_tensors.h"
+
+#include <algorithm>
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/quote.h"
+
+namespace tierd {
+namespace {
+
+absl::Status Invalid(const DerivedTensorSpec& spec, absl::string_view problem) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("derived tensor ", Quote(spec.name), ": ", problem));
+}
+
+// One range of a spec, resolved to the file.
+struct Piece {
+  size_t spec = 0;
+  Extent extent;  // object_offset counted from the derived tensor's first byte
+};
+
+}  // namespace
+
+absl::Status ApplyDerivedTensors(const std::vector<DerivedTensorSpec>& specs,
+                                 std::vector<SourceTensor>& tensors) {
+  if (specs.empty()) return absl::OkStatus();
+  absl::flat_hash_map<absl::string_view, size_t> by_name;
+  by_name.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) by_name.emplace(tensors[i].name, i);
+
+  std::vector<Piece> pieces;
+  absl::flat_hash_set<size_t> consumed;
+  size_t ranges_in_all = 0;
+  for (size_t s = 0; s < specs.size(); ++s) {
+    const DerivedTensorSpec& spec = specs[s];
+    if (spec.name.empty()) return Invalid(spec, "it has no name");
+    const std::optional<uint64_t> bytes = TensorBytes(spec.dtype, spec.shape);
+    if (!bytes) return Invalid(spec, "its shape overflows 64 bits");
+    ranges_in_all += spec.ranges.size();
+    if (spec.ranges.size() > kMaxRangesPerDerivedTensor ||
+        ranges_in_all > kMaxDerivedRangesPerModel) {
+      return Invalid(spec, absl::StrCat("more ranges than a derived tensor (",
+                                        kMaxRangesPerDerivedTensor, ") or a model (",
+                                        kMaxDerivedRangesPerModel, ") may be gathered from"));
+    }
+    const size_t first_piece = pieces.size();
+    uint64_t cursor = 0;
+    for (const TensorRange& range : spec.ranges) {
+      auto source = by_name.find(range.tensor);
+      if (source == by_name.end()) {
+        return Invalid(spec,
+                       absl::StrCat(Quote(range.tensor), " is not a tensor of the checkpoint"));
+      }
+      const SourceTensor& tensor = tensors[source->second];
+      if (tensor.dtype != spec.dtype) {
+        return Invalid(spec, absl::StrCat("it is ", DTypeName(spec.dtype), " but ",
+                                          Quote(range.tensor), " is ", DTypeName(tensor.dtype),
+                                          ": a conversion that changes the dtype changes values"));
+      }
+      if (range.length == 0 || range.offset > tensor.size() ||
+          range.length > tensor.size() - range.offset) {
+        return Invalid(spec, absl::StrCat("bytes [", range.offset, ", +", range.length, ") of ",
+                                          Quote(range.tensor), " are empty or past its ",
+                                          tensor.size(), " bytes"));
+      }
+      if (cursor > *bytes || range.length > *bytes - cursor) break;  // reported below
+      Extent extent{tensor.file, tensor.begin + range.offset, range.length, cursor};
+      // Ranges back to back in the file and in the tensor are one.
+      if (pieces.size() > first_piece) {
+        Extent& last = pieces.back().extent;
+        if (last.file == extent.file && last.file_offset + last.length == extent.file_offset) {
+          last.length += extent.length;
+          cursor += range.length;
+          consumed.insert(source->second);
+          continue;
+        }
+      }
+      pieces.push_back(Piece{s, extent});
+      cursor += range.length;
+      consumed.insert(source->second);
+    }
+    uint64_t ranged = 0;
+    for (const TensorRange& range : spec.ranges) ranged += range.length;
+    if (ranged != *bytes) {
+      return Invalid(spec, absl::StrCat("its ranges hold ", ranged, " bytes; ",
+                                        DTypeName(spec.dtype), " of its shape is ", *bytes));
+    }
+  }
+
+  // No byte of the checkpoint goes to two places: the object layouts assume each file range is
+  // read into one place.
+  std::vector<const Piece*> in_file_order;
+  in_file_order.reserve(pieces.size());
+  for (const Piece& piece : pieces) in_file_order.push_back(&piece);
+  std::sort(in_file_order.begin(), in_file_order.end(), [](const Piece* a, const Piece* b) {
+    return std::tie(a->extent.file, a->extent.file_offset) <
+           std::tie(b->extent.file, b->extent.file_offset);
+  });
+  for (size_t i = 1; i < in_file_order.size(); ++i) {
+    const Extent& previous = in_file_order[i - 1]->extent;
+    const Extent& next = in_file_order[i]->extent;
+    if (previous.file == next.file && previous.file_offset + previous.length > next.file_offset) {
+      return Invalid(
+          specs[in_file_order[i]->spec],
+          absl::StrCat("its bytes overlap those of ", Quote(specs[in_file_order[i - 1]->spec].name),
+                       " (or its own): a checkpoint byte goes to one place"));
+    }
+  }
+
+  std::vector<SourceTensor> result;
+  result.reserve(tensors.size() - consumed.size() + specs.size());
+  absl::flat_hash_set<absl::string_view> names;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (consumed.contains(i)) continue;
+    names.insert(tensors[i].name);
+  }
+  for (const DerivedTensorSpec& spec : specs) {
+    if (!names.insert(spec.name).second) {
+      return Invalid(spec,
+                     "its name is taken by a tensor of the checkpoint or another derived "
+                     "tensor");
+    }
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!consumed.contains(i)) result.push_back(std::move(tensors[i]));
+  }
+  size_t next_piece = 0;
+  for (size_t s = 0; s < specs.size(); ++s) {
+    const DerivedTensorSpec& spec = specs[s];
+    SourceTensor derived{spec.name, spec.dtype, spec.shape, 0, 0, 0, {}};
+    for (; next_piece < pieces.size() && pieces[next_piece].spec == s; ++next_piece) {
+      derived.pieces.push_back(pieces[next_piece].extent);
+    }
+    if (derived.pieces.size() == 1) {  // one file range: a plain tensor under a new name
+      const Extent& only = derived.pieces.front();
+      derived.file = only.file;
+      derived.begin = only.file_offset;
+      derived.end = only.file_offset + only.length;
+      derived.pieces.clear();
+    } else if (!derived.pieces.empty()) {
+      derived.file = derived.pieces.front().file;
+      derived.begin = derived.pieces.front().file_offset;
+      derived.end = derived.begin + derived.pieces.front().length;
+    }
+    result.push_back(std::move(derived));
+  }
+  tensors = std::move(result);
+  return absl::OkStatus();
+}
+
+}  // namespace tierd
