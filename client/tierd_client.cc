@@ -383,14 +383,20 @@ absl::StatusOr<std::string> AbsoluteDirectory(const std::string& directory) {
 absl::StatusOr<v1::ModelSummary> Client::RegisterModel(
     const std::string& name, const std::string& directory, v1::Grouping grouping,
     const std::function<void(const v1::RegisterModelProgress&)>& progress, bool verify) {
-  absl::StatusOr<std::string> absolute = AbsoluteDirectory(directory);
-  if (!absolute.ok()) return absolute.status();
-  grpc::ClientContext context;
   v1::RegisterModelRequest request;
   request.set_name(name);
-  request.set_directory(*absolute);
+  request.set_directory(directory);
   request.set_grouping(grouping);
   request.set_verify(verify);
+  return RegisterModel(std::move(request), progress);
+}
+
+absl::StatusOr<v1::ModelSummary> Client::RegisterModel(
+    v1::RegisterModelRequest request,
+    const std::function<void(const v1::RegisterModelProgress&)>& progress) {
+  ASSIGN_OR_RETURN(std::string absolute, AbsoluteDirectory(request.directory()));
+  request.set_directory(std::move(absolute));
+  grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReader<v1::RegisterModelProgress>> reader =
       stub_->RegisterModel(&context, request);
   v1::RegisterModelProgress message;

@@ -85,8 +85,8 @@ class Lease {
   const std::vector<v1::TensorInfo>& tensors() const { return tensors_; }
 
   // Records one of the session's done events on `stream` (after the work that reads the buffer)
-  // and tells the daemon the buffer is free once that record completes. Does not wait for the daemon's reply;
-  // a failure is logged. REQUIRES: valid(); `stream` comes from Session::device().
+  // and tells the daemon the buffer is free once that record completes. Does not wait for the
+  // daemon's reply; a failure is logged. REQUIRES: valid(); `stream` comes from Session::device().
   void Release(Stream& stream);
   // Same, on the stream the lease was fetched on.
   void Release();
@@ -141,8 +141,8 @@ class Session {
   // answers together. The leases come in the order of `keys`, `stream` made to wait for each
   // one's bytes. When any fetch fails, the others' leases are released and the first failure is
   // returned, its message naming the key. Leases of another session are released the usual way.
-  absl::StatusOr<std::vector<Lease>> FetchMany(const std::vector<std::string>& keys,
-                                               Stream& stream, std::vector<Lease> release = {});
+  absl::StatusOr<std::vector<Lease>> FetchMany(const std::vector<std::string>& keys, Stream& stream,
+                                               std::vector<Lease> release = {});
 
   // Starts bringing `keys` to the GPU without holding them (the seeds' begin_fetch_step). Errors
   // known at once (unknown key) are returned.
@@ -199,6 +199,11 @@ class Client {
       const std::string& name, const std::string& directory, v1::Grouping grouping,
       const std::function<void(const v1::RegisterModelProgress&)>& progress = nullptr,
       bool verify = false);
+  // The same with every field of the request the caller's, `derived` tensors among them
+  // (docs/CLIENTS.md, "Checkpoint conversions"); its directory is made absolute as above.
+  absl::StatusOr<v1::ModelSummary> RegisterModel(
+      v1::RegisterModelRequest request,
+      const std::function<void(const v1::RegisterModelProgress&)>& progress = nullptr);
   absl::StatusOr<std::vector<v1::ModelSummary>> ListModels();
   absl::StatusOr<std::vector<v1::ObjectInfo>> ListObjects(const std::string& model);
   absl::Status DropModel(const std::string& name);

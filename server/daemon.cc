@@ -269,6 +269,10 @@ absl::Status Daemon::StartGrpcServer() {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::StrCat("unix:", starting), grpc::InsecureServerCredentials());
   builder.RegisterService(service_.get());
+  // A registration of a large mixture of experts names a range of a checkpoint tensor for every
+  // expert of every layer (RegisterModelRequest.derived): a few MiB. The client libraries accept
+  // answers as large.
+  builder.SetMaxReceiveMessageSize(64 << 20);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.socket_path));

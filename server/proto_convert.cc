@@ -63,6 +63,7 @@ absl::StatusOr<EvictTier> FromProto(v1::Tier tier) {
 }
 
 void ToProto(const ModelSummary& summary, v1::ModelSummary* out) {
+  out->set_derived_tensors(static_cast<uint32_t>(summary.derived_tensors));
   out->set_name(summary.name);
   out->set_directory(summary.directory);
   out->set_grouping(ToProto(summary.grouping));
@@ -122,6 +123,28 @@ absl::StatusOr<std::vector<TensorPlacement>> FromProto(
     placements.push_back(std::move(placement));
   }
   return placements;
+}
+
+absl::StatusOr<std::vector<DerivedTensorSpec>> FromProto(
+    const google::protobuf::RepeatedPtrField<v1::DerivedTensor>& derived) {
+  std::vector<DerivedTensorSpec> specs;
+  specs.reserve(derived.size());
+  for (const v1::DerivedTensor& tensor : derived) {
+    DerivedTensorSpec& spec = specs.emplace_back();
+    spec.name = tensor.name();
+    const std::optional<DType> dtype = ParseDType(tensor.dtype());
+    if (!dtype.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("derived tensor ", Quote(tensor.name()),
+                                                     ": unknown dtype ", Quote(tensor.dtype())));
+    }
+    spec.dtype = *dtype;
+    spec.shape.assign(tensor.shape().begin(), tensor.shape().end());
+    spec.ranges.reserve(tensor.ranges_size());
+    for (const v1::TensorRange& range : tensor.ranges()) {
+      spec.ranges.push_back(TensorRange{range.tensor(), range.offset(), range.length()});
+    }
+  }
+  return specs;
 }
 
 }  // namespace tierd

@@ -31,6 +31,10 @@ void ToProto(const EventInfo& event, v1::Handle* out);
 absl::StatusOr<std::vector<TensorPlacement>> FromProto(
     const google::protobuf::RepeatedPtrField<v1::TensorInfo>& tensors, uint64_t object_size,
     const char* field);
+// A registration's derived tensors (RegisterModelRequest.derived). INVALID_ARGUMENT for an unknown
+// dtype, naming the tensor; the rest is checked against the checkpoint (ApplyDerivedTensors).
+absl::StatusOr<std::vector<DerivedTensorSpec>> FromProto(
+    const google::protobuf::RepeatedPtrField<v1::DerivedTensor>& derived);
 
 }  // namespace tierd
 

@@ -52,6 +52,8 @@ class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     // Everything the client sent is checked before any of it reaches the log, and is quoted
     // there and in errors: a name or path may hold newlines, NULs or a megabyte.
     absl::StatusOr<ModelSummary> summary = Check();
+    absl::StatusOr<std::vector<DerivedTensorSpec>> derived = FromProto(request_.derived());
+    if (summary.ok() && !derived.ok()) summary = derived.status();
     if (summary.ok()) {
       const Grouping grouping = *FromProto(request_.grouping());
       TIERD_LOG(INFO) << "registering model " << request_.name() << " from "
@@ -68,7 +70,7 @@ class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
             message.set_bytes_to_verify(progress.bytes_to_verify);
             Write(message);
           },
-          request_.verify());
+          request_.verify(), *derived);
     }
     if (!summary.ok()) {
       TIERD_LOG(WARNING) << "registering " << Quote(request_.name())
