@@ -76,14 +76,16 @@ class Lease:
 
     `tensors` maps each tensor's name to a view of the buffer; `buffer` is all of the object's
     bytes as uint8. They are valid until release(): the daemon may then reuse the memory for
-    another object. A context manager releases on exit.
+    another object. `resident`: the bytes were in the daemon's GPU staging already when it
+    answered (no copy to wait for). A context manager releases on exit.
     """
 
-    def __init__(self, session, key, lease_id, buffer, tensors):
+    def __init__(self, session, key, lease_id, buffer, tensors, resident=False):
         self.key = key
         self.lease_id = lease_id
         self.buffer = buffer
         self.tensors = tensors
+        self.resident = resident
         self._session = session
         self._released = False
 
@@ -404,7 +406,8 @@ class Session(SessionCore):
         except BaseException:
             self._release(lease.lease_id, None, read=False)
             raise
-        return Lease(self, lease.key, lease.lease_id, buffer, tensors)
+        return Lease(self, lease.key, lease.lease_id, buffer, tensors,
+                     resident=not lease.HasField("ready_event_id"))
 
     def _release(self, lease_id, stream, read=True):
         """Records a done event on `stream` after the caller's reads (unless nothing of ours

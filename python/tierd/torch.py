@@ -27,7 +27,7 @@ _GROUPING_NAMES = {1: "tensor", 2: "block", 3: "phase"}
 
 
 def stream_weights(module, client, model, granularity="block", prefetch_depth=2,
-                   resident_blocks=0):
+                   resident_blocks=0, exclude=()):
     """Streams `module`'s weights from tierd model `model` (registered from the safetensors the
     module's state dict was saved to). `client` is a tierd.Client (a session is opened and owned)
     or a tierd.Session. granularity: "block" streams whole blocks; "phase" streams each phase
@@ -35,8 +35,11 @@ def stream_weights(module, client, model, granularity="block", prefetch_depth=2,
     parameters on the meta device (they then take no memory of their own). Tensors the model lacks:
     those tied to one it holds get its bytes; those with values (buffers computed when the module
     was built) are moved to the session's device; those on the meta device are refused by name
-    (build the module with accelerate.init_empty_weights(), which keeps buffers real). Returns a
-    StreamedWeights; close() undoes it."""
+    (build the module with accelerate.init_empty_weights(), which keeps buffers real).
+    `exclude`: names of parameters the caller gives values to (tierd.experts fetches a mixture's
+    experts itself): not streamed, and the model's objects holding only those are left out. With
+    grouping "tensor", a block's tensor objects are fetched together, in one round trip. Returns
+    a StreamedWeights; close() undoes it."""
     if granularity not in ("block", "phase"):
         raise ValueError(f'granularity must be "block" or "phase", not {granularity!r}')
     if prefetch_depth < 0 or resident_blocks < 0:
@@ -49,7 +52,7 @@ def stream_weights(module, client, model, granularity="block", prefetch_depth=2,
         raise TypeError("client must be a tierd.Client or a tierd.Session")
     try:
         return StreamedWeights(module, session, owned, model, granularity, prefetch_depth,
-                               resident_blocks)
+                               resident_blocks, frozenset(exclude))
     except BaseException:
         if owned:
             session.close()
@@ -73,7 +76,7 @@ class StreamedWeights:
     """The hooks stream_weights() installed, and the leases they hold."""
 
     def __init__(self, module, session, owns_session, model, granularity, prefetch_depth,
-                 resident_blocks):
+                 resident_blocks, exclude=frozenset()):
         self.session = session
         self.model = model
         self.prefetch_depth = prefetch_depth
@@ -82,16 +85,14 @@ class StreamedWeights:
         self._placeholders = {}
         self._hooks = []
         self.fetches = 0  # leases taken by hooks, for tests and reports
+        self._on_close = []  # what else ends with the streaming (tierd.experts' hooks)
         grouping = _model_grouping(session._client, model)
         if granularity == "phase" and grouping != "phase":
             raise ValueError(f'model {model} is registered with grouping "{grouping}"; '
                              f'register it with grouping "phase" to stream by phase')
-        if grouping == "tensor":
-            raise ValueError(f'model {model} is registered with grouping "tensor"; '
-                             f'register it with "block" or "phase" to stream it')
         _tie_weights(module)
         self.units, uncovered = _plan_units(module, session._client.list_objects(model), model,
-                                            granularity)
+                                            granularity, exclude)
         _place_uncovered(uncovered, model, self._device)
         blocks = [unit for unit in self.units if not unit.resident]
         for unit in blocks[:resident_blocks]:
@@ -127,6 +128,9 @@ class StreamedWeights:
     def close(self):
         """Removes the hooks and releases every lease (after the current stream's work). The
         streamed parameters are left empty."""
+        for close in self._on_close:
+            close()
+        self._on_close = []
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
@@ -254,8 +258,9 @@ def _repeated_children(module):
     return paths
 
 
-def _plan_units(module, objects, model, granularity):
-    """Groups the model's objects into units hooked on submodules, in the module's order."""
+def _plan_units(module, objects, model, granularity, exclude=frozenset()):
+    """Groups the model's objects into units hooked on submodules, in the module's order; objects
+    holding only `exclude`d tensors are left out."""
     owners = {}
     for path, submodule in module.named_modules():
         for attribute, _ in list(submodule._parameters.items()) + list(submodule._buffers.items()):
@@ -266,6 +271,11 @@ def _plan_units(module, objects, model, granularity):
     covered = set()
     for info in objects:
         names = [tensor.name for tensor in info.tensors]
+        if names and all(name in exclude for name in names):
+            continue
+        if any(name in exclude for name in names):
+            raise ValueError(f"{info.key} holds both excluded and streamed tensors: register the "
+                             f'model with grouping "tensor" to leave some of a block out')
         stored_tensors = {tensor.name: tensor for tensor in info.tensors}
         for name in names:
             if name not in owners:
@@ -296,7 +306,7 @@ def _plan_units(module, objects, model, granularity):
     uncovered = {}
     for name, (owner, attribute) in owners.items():
         tensor = getattr(owner, attribute)
-        if name in covered or tensor is None:
+        if name in covered or name in exclude or tensor is None:
             continue
         alias = by_identity.get(id(tensor))
         if alias is not None:
@@ -308,7 +318,7 @@ def _plan_units(module, objects, model, granularity):
         if unit.resident:
             continue
         missing = [name for name, _ in unit.submodule.named_parameters(prefix=unit.path)
-                   if name not in covered]
+                   if name not in covered and name not in exclude]
         if missing:
             raise ValueError(f"{unit.path} has parameters that {model} lacks: "
                              f"{', '.join(missing[:5])}")

@@ -22,6 +22,7 @@ import re
 
 import torch
 
+from . import conversions
 from ._session import Session
 from .client import Client
 from .dtypes import to_torch
@@ -39,29 +40,46 @@ except ImportError:
 _NAME_CHARACTERS = re.compile(r"[^A-Za-z0-9._-]")
 
 
-def from_pretrained(directory, client, name=None, prefetch_depth=2, resident_blocks=0, dtype=None):
+def from_pretrained(directory, client, name=None, prefetch_depth=2, resident_blocks=0, dtype=None,
+                    experts="stream", expert_prefetch=True):
     """A causal language model from the Hugging Face checkpoint in `directory` (config.json and
     safetensors, sharded or not), its weights streamed from tierd block by block.
 
-    `client`: a tierd.Client or tierd.Session. The daemon registers `directory` as model `name`
-    (default: the directory's name, made a valid model name) with block grouping, unless it has
-    that name already from the same directory (from another: ValueError). The model is built from
-    config.json with its parameters taking no memory (its buffers, which the checkpoint lacks, are
-    computed and put on the session's device), its generation_config.json loaded when there is
-    one, and its weights streamed (tierd.torch.stream_weights: `prefetch_depth` blocks ahead,
-    `resident_blocks` kept on the GPU). `dtype`: the checkpoint's (the bytes are served as
-    stored); another is refused. Returns the model, in eval mode; `model.tierd_weights` is the
-    StreamedWeights, whose close() ends the streaming (and the session, when one was opened)."""
+    `client`: a tierd.Client or tierd.Session. The model is built from config.json with its
+    parameters taking no memory (its buffers, which the checkpoint lacks, are computed and put on
+    the session's device) and its generation_config.json loaded when there is one. Its checkpoint
+    is read as transformers reads it: the renames and fused parameters of transformers' checkpoint
+    conversion mapping for the model (a mixture of experts' per-expert tensors stacked into
+    `experts.gate_up_proj` and `experts.down_proj`) are served by the daemon as derived tensors
+    (tierd.conversions; docs/CLIENTS.md), and a conversion that is not a move of bytes is refused
+    with ValueError. The daemon registers `directory` as model `name` with those conversions
+    (default: the directory's name made a valid model name, with "-tensors" added when experts
+    are fetched on demand), unless it has that name already from the same directory and
+    conversions (otherwise ValueError).
+
+    experts="stream": every block is streamed whole (tierd.torch.stream_weights: `prefetch_depth`
+    blocks ahead, `resident_blocks` kept on the GPU), experts included. experts="on_demand": a
+    mixture of experts' layers fetch only the experts their router chose, one round trip per
+    layer, the daemon's GPU pool caching them across tokens (tierd.experts; the model is
+    registered with tensor grouping); with `expert_prefetch`, each layer's experts chosen by the
+    previous token are fetched while the layer before computes. `dtype`: the checkpoint's (the
+    bytes are served as stored); another is refused. Returns the model, in eval mode;
+    `model.tierd_weights` is the StreamedWeights (and `model.tierd_experts` the OnDemandExperts),
+    whose close() ends the streaming (and the session, when one was opened)."""
     _require_transformers()
+    if experts not in ("stream", "on_demand"):
+        raise ValueError(f'experts must be "stream" or "on_demand", not {experts!r}')
     directory = os.path.abspath(directory)
     if not os.path.isfile(os.path.join(directory, "config.json")):
         raise FileNotFoundError(f"{directory} has no config.json: not a Hugging Face checkpoint")
     daemon = client._client if isinstance(client, Session) else client
     if not isinstance(daemon, Client):
         raise TypeError("client must be a tierd.Client or a tierd.Session")
-    name = name or model_name_for(directory)
-    register_checkpoint(daemon, name, directory)
-    stored = checkpoint_dtype(daemon.list_objects(name))
+    on_demand = experts == "on_demand"
+    grouping = "tensor" if on_demand else "block"
+    name = name or model_name_for(directory) + ("-tensors" if on_demand else "")
+    checkpoint = conversions.read_checkpoint_index(directory)
+    stored = _stored_dtype(checkpoint)
     if dtype is None:
         dtype = stored
     elif dtype != stored:
@@ -73,10 +91,57 @@ def from_pretrained(directory, client, name=None, prefetch_depth=2, resident_blo
     model.eval()
     if os.path.isfile(os.path.join(directory, "generation_config.json")):
         model.generation_config = transformers.GenerationConfig.from_pretrained(directory)
+    derived = checkpoint_conversions(model, checkpoint)
+    register_checkpoint(daemon, name, directory, derived=derived, grouping=grouping)
+    expert_modules = {}
+    if on_demand:
+        from . import experts as _experts
+
+        expert_modules = _experts.find_expert_modules(model)
+        if not expert_modules:
+            raise ValueError(f"{type(model).__name__} has no mixture-of-experts layers of a "
+                             f"structure tierd knows (fused experts.gate_up_proj and down_proj): "
+                             f'load it with experts="stream"')
+    excluded = {f"{path}.{parameter}" for path, module in expert_modules.items()
+                for parameter in _experts.expert_parameters(module)} if on_demand else set()
     model.tierd_weights = stream_weights(model, client, name, granularity="block",
                                          prefetch_depth=prefetch_depth,
-                                         resident_blocks=resident_blocks)
+                                         resident_blocks=resident_blocks, exclude=excluded)
+    if on_demand:
+        model.tierd_experts = _experts.OnDemandExperts(
+            model.tierd_weights.session, name, expert_modules, prefetch=expert_prefetch,
+            weights=model.tierd_weights)
     return model
+
+
+def checkpoint_conversions(model, checkpoint):
+    """The derived tensors (tierd_pb2.DerivedTensor) that make `checkpoint`'s tensors ({name:
+    (dtype, shape)}, tierd.conversions.read_checkpoint_index) `model`'s parameters, following the
+    installed transformers' conversion mapping for the model; none with a transformers that has
+    no conversion mapping (before 5)."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+    except ImportError:
+        return []
+    transforms = get_model_conversion_mapping(model)
+    return conversions.derived_tensors(checkpoint, transforms or [],
+                                       model_keys=model.state_dict().keys(),
+                                       base_model_prefix=getattr(model, "base_model_prefix", ""))
+
+
+def _stored_dtype(checkpoint):
+    """The torch dtype most of the checkpoint's floating-point bytes are stored in."""
+    stored = collections.Counter()
+    for dtype_name, shape in checkpoint.values():
+        dtype = to_torch(dtype_name)
+        if dtype.is_floating_point:
+            count = 1
+            for dim in shape:
+                count *= dim
+            stored[dtype] += count * torch.empty((), dtype=dtype).element_size()
+    if not stored:
+        raise ValueError("the checkpoint holds no floating-point tensors")
+    return stored.most_common(1)[0][0]
 
 
 def model_name_for(directory):
@@ -129,20 +194,31 @@ def parameters_on_meta():
         torch.nn.Module.register_parameter = register
 
 
-def register_checkpoint(client, name, directory):
-    """Registers `directory` as model `name` with block grouping, unless the daemon has that
-    already; ValueError when it has `name` from another directory or with another grouping."""
+def register_checkpoint(client, name, directory, derived=(), grouping="block"):
+    """Registers `directory` as model `name` with `grouping` and the `derived` tensors, unless the
+    daemon has that already; ValueError when it has `name` from another directory, with another
+    grouping or with other derived tensors."""
     known = {model.name: model for model in client.list_models()}
     if name not in known:
-        client.register_model(name, directory, grouping="block")
+        client.register_model(name, directory, grouping=grouping, derived=derived)
         return
     if os.path.normpath(known[name].directory) != os.path.normpath(directory):
         raise ValueError(f"the daemon has model {name!r} from {known[name].directory}, not "
                          f"{directory}: pass another name=")
-    if known[name].grouping not in (tierd_pb2.GROUPING_BLOCK, tierd_pb2.GROUPING_UNSPECIFIED):
+    wanted = _GROUPINGS[grouping]
+    if known[name].grouping not in wanted:
         raise ValueError(f"the daemon has model {name!r} registered with "
-                         f"{tierd_pb2.Grouping.Name(known[name].grouping)}; streaming needs "
-                         f"block grouping: drop it or pass another name=")
+                         f"{tierd_pb2.Grouping.Name(known[name].grouping)}; this use needs "
+                         f"{grouping} grouping: drop it or pass another name=")
+    if known[name].derived_tensors != len(derived):
+        raise ValueError(f"the daemon has model {name!r} registered with "
+                         f"{known[name].derived_tensors} derived tensors, but transformers' "
+                         f"conversion mapping makes {len(derived)} of its checkpoint: drop it or "
+                         f"pass another name=")
+
+
+_GROUPINGS = {"block": (tierd_pb2.GROUPING_BLOCK, tierd_pb2.GROUPING_UNSPECIFIED),
+              "tensor": (tierd_pb2.GROUPING_TENSOR,)}
 
 
 def _dtype_argument(dtype):
