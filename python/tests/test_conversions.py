@@ -282,6 +282,23 @@ class ServedConversionTest(DaemonTestCase):
         self.assertEqual(shapes["model.layers.0.mlp.experts.gate_up_proj"], [3, 0, 16])
         self.assertEqual(shapes["model.layers.0.mlp.experts.down_proj"], [3, 16, 0])
 
+    def test_a_registration_of_many_ranges_passes_grpcs_default_message_limit(self):
+        # 60,000 ranges under a 100-character name: about 7 MB, past gRPC's default 4 MiB.
+        name = "model.layers.0." + "x" * 79 + ".weight"
+        values = torch.arange(60000, dtype=torch.float32)
+        directory = self.model_dir("many")
+        save_safetensors({name: values}, os.path.join(directory, "model.safetensors"))
+        reversed_elements = tierd.v1.tierd_pb2.DerivedTensor(
+            name="reversed", dtype="F32", shape=[60000],
+            ranges=[tierd.v1.tierd_pb2.TensorRange(tensor=name, offset=4 * i, length=4)
+                    for i in reversed(range(60000))])
+        self.assertGreater(reversed_elements.ByteSize(), 4 << 20)
+        self.client.register_model("many", directory, grouping="tensor",
+                                   derived=[reversed_elements])
+        with self.client.session() as session:
+            self.assertTrue(torch.equal(self.fetch(session, "many/reversed", "reversed"),
+                                        values.flip(0)))
+
     def test_the_daemon_refuses_a_derived_tensor_that_reads_a_byte_twice(self):
         directory, _ = self.write_moe("twice", layers=1, experts=2, naming=self.qwen_names)
         derived = conversions.derived_tensors(conversions.read_checkpoint_index(directory),
