@@ -111,6 +111,120 @@ class TransformersStreamTest(DaemonTestCase):
                             "the streaming sessions' leases released")
 
 
+# Small configurations of the architectures from_pretrained is checked on: (config class, its
+# arguments). The dense eight, then the mixtures of experts, whose checkpoints store one tensor per
+# expert (gpt-oss: fused already) and which transformers 5 loads through its conversion mapping.
+_BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+             pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_EXPERTS = dict(num_experts_per_tok=2)
+ARCHITECTURES = {
+    "llama": ("LlamaConfig", _BASE),
+    "qwen2": ("Qwen2Config", _BASE),
+    "qwen3": ("Qwen3Config", dict(_BASE, head_dim=16)),
+    "mistral": ("MistralConfig", _BASE),
+    "gemma2": ("Gemma2Config", dict(_BASE, head_dim=16)),
+    "phi3": ("Phi3Config", _BASE),
+    "gpt2": ("GPT2Config", dict(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                bos_token_id=1, eos_token_id=2)),
+    "opt": ("OPTConfig", dict(vocab_size=256, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
+                              num_attention_heads=4, max_position_embeddings=64,
+                              word_embed_proj_dim=64, pad_token_id=0, bos_token_id=1,
+                              eos_token_id=2)),
+    "mixtral": ("MixtralConfig", dict(_BASE, **_EXPERTS, num_local_experts=8)),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(_BASE, **_EXPERTS, num_experts=8, moe_intermediate_size=32,
+                                         shared_expert_intermediate_size=64)),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(_BASE, **_EXPERTS, head_dim=16, num_experts=8,
+                                         moe_intermediate_size=32)),
+    "deepseek_v3": ("DeepseekV3Config", dict(
+        _BASE, **dict(_EXPERTS, num_key_value_heads=4), moe_intermediate_size=32, n_routed_experts=8,
+        n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1, q_lora_rank=32,
+        kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)),
+    "olmoe": ("OlmoeConfig", dict(_BASE, **_EXPERTS, num_experts=8)),
+    "gpt_oss": ("GptOssConfig", dict(_BASE, **_EXPERTS, intermediate_size=32, head_dim=16,
+                                     num_local_experts=8, sliding_window=16)),
+}
+MIXTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "olmoe", "gpt_oss")
+
+
+@unittest.skipIf(transformers is None, "transformers is not installed")
+class ArchitectureMatrixTest(DaemonTestCase):
+    """from_pretrained against transformers' own from_pretrained of the same directory, saved by
+    save_pretrained in shards: equal logits and greedy tokens, both ways of serving experts for
+    the mixtures. An architecture transformers cannot build or save is skipped with its error.
+    With TIERD_MATRIX_JSON set, each result is appended to that file as a JSON line."""
+
+    daemon_flags = dict(gpu_pool="8MiB", gpu_slab="4MiB")
+
+    def record(self, **result):
+        path = os.environ.get("TIERD_MATRIX_JSON")
+        if path:
+            import json
+            with open(path, "a", encoding="utf-8") as file:
+                file.write(json.dumps(dict(result, transformers=transformers.__version__)) + "\n")
+
+    def check_architecture(self, architecture):
+        config_class, arguments = ARCHITECTURES[architecture]
+        directory = self.model_dir(architecture)
+        try:
+            config = getattr(transformers, config_class)(**arguments)
+            torch.manual_seed(0)
+            built = transformers.AutoModelForCausalLM.from_config(config).eval()
+            built.save_pretrained(directory, safe_serialization=True, max_shard_size="200KB")
+        except Exception as error:  # what transformers itself cannot do is listed, not failed
+            self.record(architecture=architecture, result="not built or saved",
+                        error=f"{type(error).__name__}: {error}")
+            self.skipTest(f"transformers {transformers.__version__} cannot build or save "
+                          f"{architecture}: {type(error).__name__}: {error}")
+        device = torch_device()
+        reference = transformers.AutoModelForCausalLM.from_pretrained(directory).to(device).eval()
+        ids = torch.randint(3, config.vocab_size, (2, 10),
+                            generator=torch.Generator().manual_seed(5)).to(device)
+        with torch.no_grad():
+            expected_logits = reference(ids).logits
+            expected_tokens = reference.generate(ids, max_new_tokens=5, do_sample=False)
+        modes = ("stream", "on_demand") if architecture in MIXTURES else ("stream",)
+        for mode in modes:
+            with self.subTest(mode=mode):
+                try:
+                    model = tierd.transformers.from_pretrained(directory, self.client,
+                                                               prefetch_depth=1, experts=mode)
+                except ValueError as error:
+                    self.record(architecture=architecture, experts=mode, result="refused",
+                                error=str(error))
+                    raise
+                with torch.no_grad():
+                    logits = model(ids).logits
+                    tokens = model.generate(ids, max_new_tokens=5, do_sample=False)
+                synchronize()
+                experts = getattr(model, "tierd_experts", None)
+                model.tierd_weights.close()
+                exact = torch.equal(logits, expected_logits) and torch.equal(tokens, expected_tokens)
+                self.record(architecture=architecture, experts=mode,
+                            result="exact" if exact else "differs",
+                            max_logit_difference=float((logits - expected_logits).abs().max()),
+                            derived_tensors=next(m.derived_tensors
+                                                 for m in self.client.list_models()
+                                                 if m.directory == directory and
+                                                 m.grouping == (tierd.v1.tierd_pb2.GROUPING_TENSOR
+                                                                if mode == "on_demand" else
+                                                                tierd.v1.tierd_pb2.GROUPING_BLOCK)),
+                            experts_fetched=experts.fetched if experts else None)
+                self.assertTrue(torch.equal(logits, expected_logits),
+                                f"{architecture} ({mode}): max difference "
+                                f"{(logits - expected_logits).abs().max()}")
+                self.assertTrue(torch.equal(tokens, expected_tokens), f"{architecture} ({mode})")
+                if mode == "on_demand":
+                    self.assertGreater(experts.fetched, 0)
+        self.wait_for_stats(lambda stats: stats.leases == 0 and stats.sessions == 0,
+                            "every lease released")
+
+
+for _architecture in ARCHITECTURES:
+    setattr(ArchitectureMatrixTest, f"test_{_architecture}",
+            lambda self, architecture=_architecture: self.check_architecture(architecture))
+
+
 class FromPretrainedLogicTest(DaemonTestCase):
     """What from_pretrained decides before transformers builds anything: runs without it."""
 
