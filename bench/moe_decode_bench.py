@@ -145,11 +145,11 @@ def main():
     log(f"resident: {args.new_tokens / seconds:.1f} tok/s")
 
     daemon = Daemon(args.tierd, args.work_dir, pool_bytes=args.gpu_pool_bytes,
-                    slab_bytes=256 << 20, host_cache_bytes=int(2.2 * model_bytes))
+                    slab_bytes=1 << 30, host_cache_bytes=int(2.2 * model_bytes))
     try:
         with tierd.Client(daemon.socket) as client:
             runs = {
-                "stream": dict(tokens=args.stream_tokens, experts="stream", prefetch_depth=2),
+                "stream": dict(tokens=args.stream_tokens, experts="stream", prefetch_depth=1),
                 "on_demand": dict(tokens=args.new_tokens, experts="on_demand",
                                   resident_blocks=args.layers, expert_prefetch=True),
                 "on_demand_no_prefetch": dict(tokens=args.new_tokens, experts="on_demand",
