@@ -165,6 +165,53 @@ class BytesTest(unittest.TestCase):
                          [f"mlp.experts.{e}.down_proj.weight" for e in range(12)])
 
 
+def transformers_rename_source_key(key, renamings, converters, prefix=None, meta_state_dict=None):
+    """transformers.core_model_loading.rename_source_key's steps: every renaming, then the first
+    converter that matches, then the base model prefix added or stripped."""
+    for renaming in renamings:
+        key, _ = renaming.rename_source_key(key)
+    pattern = None
+    for converter in converters:
+        key, pattern = converter.rename_source_key(key)
+        if pattern is not None:
+            break
+    if prefix and meta_state_dict is not None:
+        if key.startswith(prefix + ".") and key[len(prefix) + 1:] in meta_state_dict:
+            key = key[len(prefix) + 1:]
+        elif f"{prefix}.{key}" in meta_state_dict:
+            key = f"{prefix}.{key}"
+    return key, pattern
+
+
+class RenameTest(unittest.TestCase):
+    """transformers' own rename_source_key, where given, decides each key's name and converter."""
+
+    CHECKPOINT = {
+        "layers.0.block_sparse_moe.gate.weight": ("BF16", (4, 8)),
+        "layers.0.block_sparse_moe.experts.0.w1.weight": ("BF16", (6, 8)),
+        "layers.0.block_sparse_moe.experts.0.w3.weight": ("BF16", (6, 8)),
+        "layers.0.block_sparse_moe.experts.0.w2.weight": ("BF16", (8, 6)),
+        "layers.0.block_sparse_moe.experts.1.w1.weight": ("BF16", (6, 8)),
+        "layers.0.block_sparse_moe.experts.1.w3.weight": ("BF16", (6, 8)),
+        "layers.0.block_sparse_moe.experts.1.w2.weight": ("BF16", (8, 6)),
+    }
+    # The model's keys carry the base model's prefix the checkpoint's lack (a base model's
+    # checkpoint loaded into a ForCausalLM).
+    MODEL_KEYS = ["model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.gate_up_proj",
+                  "model.layers.0.mlp.experts.down_proj"]
+
+    def test_transformers_renaming_and_the_same_steps_here_agree(self):
+        theirs = conversions.derived_tensors(self.CHECKPOINT, MIXTRAL, self.MODEL_KEYS, "model",
+                                             rename_source_key=transformers_rename_source_key)
+        ours = conversions.derived_tensors(self.CHECKPOINT, MIXTRAL, self.MODEL_KEYS, "model")
+        self.assertEqual(theirs, ours)
+        self.assertEqual(sorted(m.name for m in theirs), sorted(self.MODEL_KEYS))
+        fused = next(m for m in theirs if m.name.endswith("gate_up_proj"))
+        self.assertEqual(list(fused.shape), [2, 12, 8])
+        self.assertEqual([r.tensor.split(".")[-2:] for r in fused.ranges],
+                         [["w1", "weight"], ["w3", "weight"]] * 2)
+
+
 class ServedConversionTest(DaemonTestCase):
     """Fused parameters served by a real daemon, compared with torch.stack / torch.cat."""
 

@@ -249,7 +249,8 @@ def _plain(pattern):
     return re.sub(r"\\(.)", r"\1", pattern).lstrip("^").rstrip("$")
 
 
-def derived_tensors(checkpoint, transforms, model_keys=None, base_model_prefix=""):
+def derived_tensors(checkpoint, transforms, model_keys=None, base_model_prefix="",
+                    rename_source_key=None):
     """The tierd_pb2.DerivedTensor messages that make the checkpoint's tensors the model's
     parameters, as transformers' loading converts them.
 
@@ -258,6 +259,10 @@ def derived_tensors(checkpoint, transforms, model_keys=None, base_model_prefix="
     WeightRenaming and WeightConverter objects, used through their rename_source_key(),
     source/target patterns and operations. `model_keys`: the model's state-dict keys, to add or
     strip `base_model_prefix` as transformers does (None: names are kept as renamed).
+    `rename_source_key`: transformers' own function of that name
+    (`transformers.core_model_loading.rename_source_key(key, renamings, converters, prefix,
+    meta_state_dict)`), which renames a key as its loading does; without it, the same steps are
+    taken here through each transform's rename_source_key().
 
     A checkpoint tensor no transform renames is served as stored and has no derived tensor. Each
     converter's sources are collected in natural order of their names (experts 0, 1, ..., 10).
@@ -282,18 +287,30 @@ def derived_tensors(checkpoint, transforms, model_keys=None, base_model_prefix="
             return prefix + name
         return name
 
-    renamed = {}  # checkpoint name -> parameter name, for those only renamed
-    converted = {}  # parameter name -> (converter, {source pattern: [checkpoint names]})
-    for name in sorted(checkpoint, key=natural_key):
+    state = dict.fromkeys(keys) if keys is not None else None
+
+    def rename(name):
+        if rename_source_key is not None:
+            key, pattern = rename_source_key(name, renamings, converters, base_model_prefix, state)
+            owner = next((c for c in converters if pattern in _patterns(
+                c, ("source_patterns", "source_keys"))), None) if pattern is not None else None
+            return key, pattern, owner
         key = name
         for renaming in renamings:
             key, _ = renaming.rename_source_key(key)
-        pattern = None
         for converter in converters:
             key, pattern = converter.rename_source_key(key)
             if pattern is not None:
-                break
-        key = with_prefix(key)
+                return with_prefix(key), pattern, converter
+        return with_prefix(key), None, None
+
+    renamed = {}  # checkpoint name -> parameter name, for those only renamed
+    converted = {}  # parameter name -> (converter, {source pattern: [checkpoint names]})
+    for name in sorted(checkpoint, key=natural_key):
+        key, pattern, converter = rename(name)
+        if pattern is not None and converter is None:
+            raise ValueError(f"{name}: transformers matched it to {pattern!r}, which no converter "
+                             f"of the mapping has")
         if pattern is None:
             if key != name:
                 renamed[name] = key

@@ -123,10 +123,15 @@ def checkpoint_conversions(model, checkpoint):
         from transformers.conversion_mapping import get_model_conversion_mapping
     except ImportError:
         return []
+    try:  # transformers' own renaming of a checkpoint key, where this version has it
+        from transformers.core_model_loading import rename_source_key
+    except ImportError:
+        rename_source_key = None
     transforms = get_model_conversion_mapping(model)
     return conversions.derived_tensors(checkpoint, transforms or [],
                                        model_keys=model.state_dict().keys(),
-                                       base_model_prefix=getattr(model, "base_model_prefix", ""))
+                                       base_model_prefix=getattr(model, "base_model_prefix", ""),
+                                       rename_source_key=rename_source_key)
 
 
 def _stored_dtype(checkpoint):
