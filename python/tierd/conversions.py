@@ -268,13 +268,15 @@ def derived_tensors(checkpoint, transforms, model_keys=None, base_model_prefix="
     converter's sources are collected in natural order of their names (experts 0, 1, ..., 10).
     ValueError names the parameter and the operation when a conversion does not only move bytes,
     or when the checkpoint's tensors do not fit it."""
-    renamings = [t for t in transforms if type(t).__name__ == "WeightRenaming"]
-    converters = [t for t in transforms if type(t).__name__ == "WeightConverter"]
-    unknown = [type(t).__name__ for t in transforms
-               if type(t).__name__ not in ("WeightRenaming", "WeightConverter")]
+    # A transform with operations converts (WeightConverter); one without only renames.
+    converters = [t for t in transforms if getattr(t, "operations", None)]
+    renamings = [t for t in transforms if not getattr(t, "operations", None)]
+    unknown = [type(t).__name__ for t in transforms if not callable(
+        getattr(t, "rename_source_key", None))]
     if unknown:
         raise ValueError(f"the conversion mapping holds {', '.join(sorted(set(unknown)))}, "
-                         f"which tierd does not know")
+                         f"which has no rename_source_key(): this transformers' mapping is not "
+                         f"one tierd can read")
     keys = set(model_keys) if model_keys is not None else None
     prefix = f"{base_model_prefix}." if base_model_prefix else ""
 
@@ -291,7 +293,8 @@ def derived_tensors(checkpoint, transforms, model_keys=None, base_model_prefix="
 
     def rename(name):
         if rename_source_key is not None:
-            key, pattern = rename_source_key(name, renamings, converters, base_model_prefix, state)
+            key, pattern = rename_source_key(name, renamings, converters, base_model_prefix,
+                                             state)[:2]
             owner = next((c for c in converters if pattern in _patterns(
                 c, ("source_patterns", "source_keys"))), None) if pattern is not None else None
             return key, pattern, owner
