@@ -16,7 +16,9 @@ found in the GPU pool (the expert cache's hit rate), the prefetch's used and was
 the bytes moved per token over what the chosen experts not found in the pool weigh (goal <= 1.2).
 Goal: on demand >= 3x the tokens/s of whole-block streaming.
 
-Before each timed run the same tokens are decoded once untimed (the daemon's host cache then holds
+Each is run greedy and sampled (temperature 1, seeded alike: equal logits give equal tokens); with
+random weights greedy decoding soon repeats itself, and so do its experts, while sampling chooses
+varied tokens and experts. Before each timed run the same tokens are decoded once untimed (the daemon's host cache then holds
 what the run reads, as on a serving node), and the GPU pool is emptied of the model's objects, so
 the run's pool hits are its own.
 
@@ -58,28 +60,32 @@ def build_checkpoint(args, directory):
     return model.eval()
 
 
-def generate(model, ids, tokens):
+def generate(model, ids, tokens, sampled=False):
+    """`tokens` new tokens, greedy or sampled (temperature 1 from the whole vocabulary, the
+    generator seeded the same way each time: equal logits give equal tokens); (tokens, seconds)."""
+    if sampled:
+        torch.manual_seed(7)
     with torch.no_grad():
         out, seconds = timed(lambda: model.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
-            min_new_tokens=tokens, do_sample=False))
+            min_new_tokens=tokens, do_sample=sampled, temperature=1.0, top_k=0, top_p=1.0))
     return out[:, ids.shape[1]:], seconds
 
 
-def run_tierd(client, checkpoint, ids, expected, tokens, expert_bytes, **options):
+def run_tierd(client, checkpoint, ids, expected, tokens, expert_bytes, sampled, **options):
     """Loads the checkpoint through tierd with `options`, decodes `tokens` once untimed, empties
     the GPU pool of the model's objects and decodes them again, timed."""
     model = tierd.transformers.from_pretrained(checkpoint, client, **options)
     name = model.tierd_weights.model
     try:
-        generate(model, ids, tokens)  # untimed: the host cache now holds what the run reads
+        generate(model, ids, tokens, sampled)  # untimed: the host cache holds what the run reads
         session = model.tierd_weights.session
         session.evict(f"{name}/", tier="gpu")
         experts = getattr(model, "tierd_experts", None)
         counters = (experts.fetched, experts.resident, experts.prefetched, experts.wasted) \
             if experts else None
         before = client.stats().bytes_host_to_gpu
-        out, seconds = generate(model, ids, tokens)
+        out, seconds = generate(model, ids, tokens, sampled)
         moved = client.stats().bytes_host_to_gpu - before
     finally:
         model.tierd_weights.close()
@@ -139,10 +145,16 @@ def main():
                "expert_bytes": expert_bytes, "gpu_pool_bytes": args.gpu_pool_bytes,
                "layers": args.layers, "experts": args.experts, "top_k": args.top_k}
 
-    generate(resident, ids, 2)  # untimed
-    expected, seconds = generate(resident, ids, args.new_tokens)
-    results["resident"] = {"tokens": args.new_tokens, "tokens_per_s": args.new_tokens / seconds}
-    log(f"resident: {args.new_tokens / seconds:.1f} tok/s")
+    expected = {}
+    for decoding in ("greedy", "sampled"):
+        sampled = decoding == "sampled"
+        generate(resident, ids, args.new_tokens, sampled)  # untimed, as the tierd runs
+        expected[decoding], seconds = generate(resident, ids, args.new_tokens, sampled)
+        results.setdefault(decoding, {})["resident"] = {
+            "tokens": args.new_tokens, "tokens_per_s": args.new_tokens / seconds,
+            "distinct_tokens": len(set(expected[decoding][0].tolist()))}
+        log(f"resident, {decoding}: {args.new_tokens / seconds:.1f} tok/s, "
+            f"{results[decoding]['resident']['distinct_tokens']} distinct tokens")
 
     daemon = Daemon(args.tierd, args.work_dir, pool_bytes=args.gpu_pool_bytes,
                     slab_bytes=1 << 30, host_cache_bytes=int(2.2 * model_bytes))
@@ -155,20 +167,24 @@ def main():
                 "on_demand_no_prefetch": dict(tokens=args.new_tokens, experts="on_demand",
                                               resident_blocks=args.layers, expert_prefetch=False),
             }
-            for mode, options in runs.items():
-                tokens = options.pop("tokens")
-                figures = run_tierd(client, checkpoint, ids, expected, tokens, expert_bytes,
-                                    **options)
-                results[mode] = figures
-                log(f"{mode}: " + ", ".join(f"{key} {value:.3g}" if isinstance(value, float)
-                                            else f"{key} {value}"
-                                            for key, value in figures.items()))
+            for decoding in ("greedy", "sampled"):
+                for mode, options in runs.items():
+                    options = dict(options)
+                    tokens = options.pop("tokens")
+                    figures = run_tierd(client, checkpoint, ids, expected[decoding], tokens,
+                                        expert_bytes, decoding == "sampled", **options)
+                    results[decoding][mode] = figures
+                    log(f"{decoding}, {mode}: " + ", ".join(
+                        f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}"
+                        for key, value in figures.items()))
+                figures = results[decoding]
+                figures["on_demand_over_stream"] = (figures["on_demand"]["tokens_per_s"] /
+                                                    figures["stream"]["tokens_per_s"])
+                log(f"{decoding}: on demand / whole-block streaming: "
+                    f"{figures['on_demand_over_stream']:.2f}x (goal >= 3)")
     finally:
         daemon.stop()
-    results["on_demand_over_stream"] = (results["on_demand"]["tokens_per_s"] /
-                                        results["stream"]["tokens_per_s"])
     results["goal_on_demand_over_stream_at_least"] = 3.0
-    log(f"on demand / whole-block streaming: {results['on_demand_over_stream']:.2f}x (goal >= 3)")
 
     try:
         import accelerate
@@ -177,10 +193,10 @@ def main():
     else:
         offloaded = accelerate.cpu_offload(resident.to("cpu"), execution_device="cuda:0")
         out, seconds = generate(offloaded, ids, args.accelerate_tokens)
-        results["accelerate_cpu_offload"] = {
+        results["greedy"]["accelerate_cpu_offload"] = {
             "tokens": args.accelerate_tokens, "tokens_per_s": args.accelerate_tokens / seconds,
-            "same_tokens_as_resident": bool(torch.equal(out.cpu(),
-                                                        expected[:, :args.accelerate_tokens].cpu()))}
+            "same_tokens_as_resident": bool(torch.equal(
+                out.cpu(), expected["greedy"][:, :args.accelerate_tokens].cpu()))}
         log(f"accelerate.cpu_offload: {args.accelerate_tokens / seconds:.2f} tok/s")
     if args.json:
         with open(args.json, "w") as out:

@@ -64,8 +64,8 @@ class _Layer:
 class OnDemandExperts:
     """Hooks on `modules` ({path: experts module}, find_expert_modules) that fetch through `session`
     only the experts each call routes to, from model `model` registered with tensor grouping.
-    Counters (for reports and tests): `fetched` experts fetched, `resident` of them already in
-    the daemon's GPU pool, `prefetched` fetches sent ahead that were used and `wasted` ones that
+    Counters (for reports and tests): `fetched` experts fetched, `resident` of them found whole in
+    the daemon's GPU pool (every parameter's slice), `prefetched` fetches sent ahead that were used and `wasted` ones that
     were not. close() removes the hooks (and is called by the StreamedWeights' close(), given as
     `weights`)."""
 
@@ -159,13 +159,15 @@ class OnDemandExperts:
         leases = []
         try:
             for expert in chosen:
+                resident = True
                 for (attribute, _, scratch), fetch in zip(layer.parameters, fetches[expert]):
                     lease = fetch.result(stream)
                     leases.append(lease)
-                    self.resident += lease.resident
+                    resident = resident and lease.resident
                     (view,) = lease.tensors.values()
                     scratch[expert].copy_(view[0], non_blocking=True)
                 self.fetched += 1
+                self.resident += resident
         finally:
             # Released after the copies (their done events follow them on the stream); the daemon
             # keeps the experts cached. Fetches not taken (an error above) are given up.
