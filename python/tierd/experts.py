@@ -16,7 +16,9 @@ parameters view. The module's own forward then runs unchanged (its results are t
 reading only the rows of the experts it chose. The leases are released once copied: the daemon
 keeps the experts in its GPU pool, least recently used evicted first, so a hot expert is a hit
 that moves nothing over PCIe. With `prefetch`, while one layer runs, the next one's experts the
-previous token chose there are already being fetched (decoding tokens often reuse experts).
+previous token chose there are already being fetched; measured on the H200 it cost more than it
+saved (the pool already held most experts, and the wrong guesses are copies too), so it is off by
+default.
 
 The buffers hold one layer's experts: the model's layers run one after another on one stream."""
 
@@ -69,7 +71,7 @@ class OnDemandExperts:
     were not. close() removes the hooks (and is called by the StreamedWeights' close(), given as
     `weights`)."""
 
-    def __init__(self, session, model, modules, prefetch=True, weights=None):
+    def __init__(self, session, model, modules, prefetch=False, weights=None):
         self.session = session
         self.model = model
         self.prefetch = prefetch

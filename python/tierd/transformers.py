@@ -41,7 +41,7 @@ _NAME_CHARACTERS = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def from_pretrained(directory, client, name=None, prefetch_depth=2, resident_blocks=0, dtype=None,
-                    experts="stream", expert_prefetch=True):
+                    experts="stream", expert_prefetch=False):
     """A causal language model from the Hugging Face checkpoint in `directory` (config.json and
     safetensors, sharded or not), its weights streamed from tierd block by block.
 
@@ -62,7 +62,8 @@ def from_pretrained(directory, client, name=None, prefetch_depth=2, resident_blo
     mixture of experts' layers fetch only the experts their router chose, one round trip per
     layer, the daemon's GPU pool caching them across tokens (tierd.experts; the model is
     registered with tensor grouping); with `expert_prefetch`, each layer's experts chosen by the
-    previous token are fetched while the layer before computes. `dtype`: the checkpoint's (the
+    previous token are fetched while the layer before computes (off by default: measured, the
+    guesses cost more than they saved — docs/BENCHMARKS.md). `dtype`: the checkpoint's (the
     bytes are served as stored); another is refused. Returns the model, in eval mode;
     `model.tierd_weights` is the StreamedWeights (and `model.tierd_experts` the OnDemandExperts),
     whose close() ends the streaming (and the session, when one was opened)."""
