@@ -68,7 +68,10 @@ absl::Status ApplyDerivedTensors(const std::vector<DerivedTensorSpec>& specs,
                                           Quote(range.tensor), " are empty or past its ",
                                           tensor.size(), " bytes"));
       }
-      if (cursor > *bytes || range.length > *bytes - cursor) break;  // reported below
+      if (range.length > *bytes - cursor) {
+        return Invalid(spec, absl::StrCat("its ranges hold more than the ", *bytes, " bytes ",
+                                          DTypeName(spec.dtype), " of its shape takes"));
+      }
       Extent extent{tensor.file, tensor.begin + range.offset, range.length, cursor};
       // Ranges back to back in the file and in the tensor are one.
       if (pieces.size() > first_piece) {
@@ -84,11 +87,9 @@ absl::Status ApplyDerivedTensors(const std::vector<DerivedTensorSpec>& specs,
       cursor += range.length;
       consumed.insert(source->second);
     }
-    uint64_t ranged = 0;
-    for (const TensorRange& range : spec.ranges) ranged += range.length;
-    if (ranged != *bytes) {
-      return Invalid(spec, absl::StrCat("its ranges hold ", ranged, " bytes; ",
-                                        DTypeName(spec.dtype), " of its shape is ", *bytes));
+    if (cursor != *bytes) {
+      return Invalid(spec, absl::StrCat("its ranges hold ", cursor, " bytes; ",
+                                        DTypeName(spec.dtype), " of its shape takes ", *bytes));
     }
   }
 

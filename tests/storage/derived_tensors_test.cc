@@ -252,6 +252,12 @@ TEST_F(DerivedTensorsTest, AMalformedSpecIsRefusedByNameAndRegistersNothing) {
       {"empty range", Spec("x", {0}, {TensorRange{gate, 0, 0}}), "are empty"},
       {"too few bytes", Spec("x", {2 * kIntermediate * kHidden}, {Whole(gate, kProjectionBytes)}),
        "its ranges hold"},
+      // Ranges past the shape whose lengths add up, modulo 2^64, to the shape's bytes.
+      {"lengths that wrap around",
+       Spec("x", {kIntermediate * kHidden},
+            {Whole(gate, kProjectionBytes), TensorRange{up, 0, 8},
+             TensorRange{Expert(0, "down_proj"), 0, ~uint64_t{0} - 7}}),
+       "hold more than"},
       {"a byte twice",
        Spec("x", {2 * kIntermediate * kHidden},
             {Whole(gate, kProjectionBytes), Whole(gate, kProjectionBytes)}),
