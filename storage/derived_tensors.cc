@@ -18,6 +18,9 @@ absl::Status Invalid(const DerivedTensorSpec& spec, absl::string_view problem) {
       absl::StrCat("derived tensor ", Quote(spec.name), ": ", problem));
 }
 
+constexpr size_t kMaxDerivedNameBytes = 4096;
+constexpr size_t kMaxDerivedRank = 64;
+
 // One range of a spec, resolved to the file.
 struct Piece {
   size_t spec = 0;
@@ -39,6 +42,15 @@ absl::Status ApplyDerivedTensors(const std::vector<DerivedTensorSpec>& specs,
   for (size_t s = 0; s < specs.size(); ++s) {
     const DerivedTensorSpec& spec = specs[s];
     if (spec.name.empty()) return Invalid(spec, "it has no name");
+    // The bounds a checkpoint's own tensors are held to (storage/safetensors_header.cc).
+    if (spec.name.size() > kMaxDerivedNameBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a derived tensor's name is longer than ", kMaxDerivedNameBytes, " bytes"));
+    }
+    if (spec.shape.size() > kMaxDerivedRank) {
+      return Invalid(spec,
+                     absl::StrCat("its shape has more than ", kMaxDerivedRank, " dimensions"));
+    }
     const std::optional<uint64_t> bytes = TensorBytes(spec.dtype, spec.shape);
     if (!bytes) return Invalid(spec, "its shape overflows 64 bits");
     ranges_in_all += spec.ranges.size();
@@ -61,6 +73,10 @@ absl::Status ApplyDerivedTensors(const std::vector<DerivedTensorSpec>& specs,
         return Invalid(spec, absl::StrCat("it is ", DTypeName(spec.dtype), " but ",
                                           Quote(range.tensor), " is ", DTypeName(tensor.dtype),
                                           ": a conversion that changes the dtype changes values"));
+      }
+      if (range.length == 0 && range.offset == 0 && tensor.size() == 0) {
+        consumed.insert(source->second);  // a zero-size tensor taken: nothing to read
+        continue;
       }
       if (range.length == 0 || range.offset > tensor.size() ||
           range.length > tensor.size() - range.offset) {

@@ -9,7 +9,9 @@
 //
 // A derived tensor replaces the checkpoint tensors its ranges come from: they are no longer
 // tensors of the model. Its ranges are laid out back to back, in order, with no padding; the
-// tensor is then grouped into objects like any other, by its name.
+// tensor is then grouped into objects like any other, by its name. A zero-size checkpoint tensor a
+// conversion takes is named by a range of no bytes (offset 0, length 0), which replaces it and
+// adds nothing.
 //
 // Pure computation over the scanned tensors: no I/O, no locking. Thread-compatible.
 #ifndef TIERD_STORAGE_DERIVED_TENSORS_H_
@@ -51,8 +53,10 @@ inline constexpr size_t kMaxDerivedRangesPerModel = 16 * kMaxRangesPerDerivedTen
 // Replaces in `tensors` (a scanned model's) every tensor a spec takes bytes from by the specs'
 // tensors. A derived tensor gathered from one range is a SourceTensor of that range (a rename);
 // from several, its `pieces` say where each lands. INVALID_ARGUMENT, naming the derived tensor,
-// when a name is empty or already taken (by a tensor the specs leave in place, or another spec),
-// a range is empty, names no tensor of the checkpoint or passes its end, the ranges are not all
+// when a name is empty, longer than a checkpoint's may be (4096 bytes) or already taken (by a
+// tensor the specs leave in place, or another spec), the shape has more than 64 dimensions, a
+// range is empty (but for a zero-size tensor's), names no tensor of the checkpoint or passes its
+// end, the ranges are not all
 // of the spec's dtype, their bytes do not add up to dtype × shape, two ranges (of any specs)
 // overlap, or there are more ranges than the bounds above. On error `tensors` is unchanged.
 absl::Status ApplyDerivedTensors(const std::vector<DerivedTensorSpec>& specs,

@@ -38,14 +38,18 @@ const char* DTypeName(DType dtype) { return EntryOf(dtype).name; }
 size_t DTypeSize(DType dtype) { return EntryOf(dtype).size; }
 
 std::optional<uint64_t> TensorBytes(DType dtype, absl::Span<const uint64_t> shape) {
-  for (const uint64_t dim : shape) {
-    if (dim == 0) return 0;
-  }
+  // The non-zero dimensions' product is checked even when a dimension is 0: strides are products
+  // of dimensions, and must fit whatever the tensor's size.
   uint64_t bytes = DTypeSize(dtype);
+  bool empty = false;
   for (const uint64_t dim : shape) {
-    if (__builtin_mul_overflow(bytes, dim, &bytes)) return std::nullopt;
+    if (dim == 0) {
+      empty = true;
+    } else if (__builtin_mul_overflow(bytes, dim, &bytes)) {
+      return std::nullopt;
+    }
   }
-  return bytes;
+  return empty ? 0 : bytes;
 }
 
 }  // namespace tierd

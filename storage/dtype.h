@@ -36,8 +36,8 @@ std::optional<DType> ParseDType(absl::string_view name);
 const char* DTypeName(DType dtype);
 // Bytes per element.
 size_t DTypeSize(DType dtype);
-// Bytes a tensor of `dtype` and `shape` takes (0 when a dimension is 0); nullopt when that does not
-// fit in 64 bits.
+// Bytes a tensor of `dtype` and `shape` takes (0 when a dimension is 0); nullopt when the product
+// of its non-zero dimensions and the element size does not fit in 64 bits.
 std::optional<uint64_t> TensorBytes(DType dtype, absl::Span<const uint64_t> shape);
 
 }  // namespace tierd

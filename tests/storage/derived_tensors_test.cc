@@ -78,6 +78,8 @@ class DerivedTensorsTest : public HostCacheTest {
                                            {experts, kHidden}, seed++));
     second.push_back(testing::RandomTensor("model.layers.0.self_attn.q_proj.weight", "F32",
                                            {kHidden, kHidden}, seed++));
+    second.push_back(
+        testing::RandomTensor("model.layers.0.old_empty.weight", "F32", {0, kHidden}, seed++));
     for (const auto& tensor : first) data_[tensor.name] = tensor.data;
     for (const auto& tensor : second) data_[tensor.name] = tensor.data;
     ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(model_dir_, "/model-1.safetensors"), first),
@@ -101,7 +103,8 @@ class DerivedTensorsTest : public HostCacheTest {
             Spec("model.layers.0.mlp.experts.down_proj", {experts, kHidden, kIntermediate}, down),
             Spec("model.layers.0.mlp.gate.weight", {experts, kHidden},
                  {Whole("model.layers.0.block_sparse_moe.gate.weight", experts * kHidden * kF32)}),
-            Spec("model.layers.0.mlp.experts.empty", {0, kHidden}, {})};
+            Spec("model.layers.0.mlp.experts.empty", {0, kHidden},
+                 {TensorRange{"model.layers.0.old_empty.weight", 0, 0}})};
   }
 
   // torch.cat of the checkpoint tensors' bytes in this order: what a derived tensor must hold.
@@ -173,10 +176,12 @@ TEST_F(DerivedTensorsTest, AFusedParameterHoldsTheStackedAndConcatenatedExperts)
               StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(catalog_->Lookup("m/model.layers.0.block_sparse_moe.gate.weight"),
               StatusIs(absl::StatusCode::kNotFound));
-  // A zero-size derived tensor is an empty object.
+  // A zero-size derived tensor is an empty object, and the zero-size tensor it names is replaced.
   absl::StatusOr<ObjectRef> empty = catalog_->Lookup("m/model.layers.0.mlp.experts.empty");
   ASSERT_THAT(empty, IsOk());
   EXPECT_EQ(empty->object->size, 0u);
+  EXPECT_THAT(catalog_->Lookup("m/model.layers.0.old_empty.weight"),
+              StatusIs(absl::StatusCode::kNotFound));
   std::vector<ModelSummary> models = catalog_->ListModels();
   ASSERT_EQ(models.size(), 1u);
   EXPECT_EQ(models[0].derived_tensors, 4u);
@@ -270,6 +275,13 @@ TEST_F(DerivedTensorsTest, AMalformedSpecIsRefusedByNameAndRegistersNothing) {
        "name is taken"},
       {"no name", Spec("", {kIntermediate * kHidden}, {Whole(gate, kProjectionBytes)}),
        "has no name"},
+      {"a name longer than a checkpoint's",
+       Spec(std::string(4097, 'n'), {kIntermediate * kHidden}, {Whole(gate, kProjectionBytes)}),
+       "longer than 4096"},
+      {"more dimensions than a checkpoint's",
+       Spec("x", std::vector<uint64_t>(65, 1), {TensorRange{gate, 0, 4}}), "more than 64"},
+      {"dimensions whose product overflows beside a zero",
+       Spec("x", {(uint64_t{1} << 63) + 1, 2, 4, 0}, {}), "overflows"},
   };
   for (const Case& c : cases) {
     absl::Status status = Register("m", Grouping::kTensor, {c.spec});
