@@ -140,6 +140,15 @@ class BytesTest(unittest.TestCase):
                 self.assertTrue(torch.equal(_materialize(piece, sources), reference),
                                 f"{context} chunk({chunks}, {dim})")
 
+    def test_a_chunk_of_an_empty_dimension_makes_as_many_empty_tensors_as_torch(self):
+        source = _elements((3, 0, 1), 0)
+        pieces = conversions._split(conversions._Bytes.of("t", (3, 0, 1), 8),
+                                    conversions._chunk_sizes(0, 3), 1)
+        expected = torch.chunk(source, 3, dim=1)
+        self.assertEqual(len(pieces), len(expected))
+        for piece, reference in zip(pieces, expected):
+            self.assertEqual(piece.shape, tuple(reference.shape))
+
     def test_a_conversion_that_changes_layout_is_refused_by_parameter_and_operation(self):
         checkpoint = {"layers.0.w.weight": ("BF16", (4, 8))}
         transpose = [WeightConverter("w.weight", "w_t.weight", [Transpose(0, 1)])]
@@ -328,6 +337,8 @@ class ServedConversionTest(DaemonTestCase):
                   for t in info.tensors}
         self.assertEqual(shapes["model.layers.0.mlp.experts.gate_up_proj"], [3, 0, 16])
         self.assertEqual(shapes["model.layers.0.mlp.experts.down_proj"], [3, 16, 0])
+        # The zero-size per-expert tensors are replaced too: only the fused ones remain.
+        self.assertFalse([name for name in shapes if ".experts.0." in name], sorted(shapes))
 
     def test_a_registration_of_many_ranges_passes_grpcs_default_message_limit(self):
         # 60,000 ranges under a 100-character name: about 7 MB, past gRPC's default 4 MiB.

@@ -184,13 +184,16 @@ def _split(tensor, sizes, dim):
 
 
 def _chunk_sizes(length, chunks):
-    """torch.chunk's sizes: chunks of ceil(length / chunks), the last smaller, maybe fewer."""
+    """torch.chunk's sizes: chunks of ceil(length / chunks), the last smaller, maybe fewer; of a
+    dimension of length 0, `chunks` empty ones."""
+    if length == 0:
+        return [0] * max(chunks, 1)
     size = -(-length // chunks) if chunks else length
     sizes = []
     while length > 0:
         sizes.append(min(size, length))
         length -= sizes[-1]
-    return sizes or [0]
+    return sizes
 
 
 def _only(tensors, operation):
@@ -324,7 +327,8 @@ def derived_tensors(checkpoint, transforms, model_keys=None, base_model_prefix="
     messages = []
     for name, key in renamed.items():
         dtype, shape = checkpoint[name]
-        messages.append(_message(key, dtype, _Bytes.of(name, shape, _itemsize(dtype))))
+        messages.append(_message(key, dtype, _Bytes.of(name, shape, _itemsize(dtype)),
+                                 _empty([name], checkpoint)))
     for key, (converter, sources) in converted.items():
         source_patterns = _patterns(converter, ("source_patterns", "source_keys"))
         target_patterns = [_plain(p) for p in _patterns(converter, ("target_patterns", "target_keys"))]
@@ -355,9 +359,18 @@ def derived_tensors(checkpoint, transforms, model_keys=None, base_model_prefix="
             value = {targets[0]: next(iter(value.values()))}
         if set(value) != set(targets):
             raise ValueError(f"{key}: its conversion made {sorted(value)}, not {targets}")
+        # Zero-size sources hold no bytes to range over: the first target names them, so that the
+        # daemon replaces them too.
+        empty = _empty([n for names in sources.values() for n in names], checkpoint)
         for target, tensors in value.items():
-            messages.append(_message(target, dtype, _only(tensors, "the last operation")))
+            messages.append(_message(target, dtype, _only(tensors, "the last operation"), empty))
+            empty = []
     return messages
+
+
+def _empty(names, checkpoint):
+    """Those of `names` that are zero-size tensors of the checkpoint."""
+    return [name for name in names if 0 in checkpoint[name][1]]
 
 
 def _itemsize(dtype):
@@ -367,8 +380,10 @@ def _itemsize(dtype):
     return size
 
 
-def _message(name, dtype, tensor):
-    ranges = tensor.ranges()
+def _message(name, dtype, tensor, empty_sources=()):
+    """The DerivedTensor `name` of `tensor`'s ranges, and a range of no bytes for each of
+    `empty_sources` (zero-size tensors it replaces)."""
+    ranges = tensor.ranges() + [(source, 0, 0) for source in empty_sources]
     if len(ranges) > MAX_RANGES_PER_TENSOR:
         raise ValueError(f"{name} would be gathered from {len(ranges)} ranges of the checkpoint; "
                          f"tierd gathers at most {MAX_RANGES_PER_TENSOR}")

@@ -137,29 +137,30 @@ class OnDemandExperts:
         pending = layer.pending or {}
         layer.pending = None
         fetches = {}
-        missing = []
-        for expert in chosen:
-            if expert in pending:
-                fetches[expert] = pending.pop(expert)
-                self.prefetched += 1
-            else:
-                missing.append(expert)
-        for expert, sent in pending.items():  # sent ahead for experts not chosen this time
-            self.wasted += 1
-            for fetch in sent:
-                fetch.cancel()
-        keys = [self._key(layer, attribute, expert)
-                for expert in missing for attribute, _, _ in layer.parameters]
-        sent_now = self.session.fetch_many_async(keys) if keys else []
-        per_expert = len(layer.parameters)
-        for position, expert in enumerate(missing):
-            fetches[expert] = sent_now[position * per_expert:(position + 1) * per_expert]
-        if self.prefetch and len(self._layers) > 0:
-            self._send_ahead(self._layers[(layer.index + 1) % len(self._layers)])
-        layer.last_chosen = chosen
-        stream = None  # the current stream: the copies and the module's forward run on it
         leases = []
+        stream = None  # the current stream: the copies and the module's forward run on it
         try:
+            missing = []
+            for expert in chosen:
+                if expert in pending:
+                    fetches[expert] = pending.pop(expert)
+                    self.prefetched += 1
+                else:
+                    missing.append(expert)
+            for sent in pending.values():  # sent ahead for experts not chosen this time
+                self.wasted += 1
+                for fetch in sent:
+                    fetch.cancel()
+            pending = {}
+            keys = [self._key(layer, attribute, expert)
+                    for expert in missing for attribute, _, _ in layer.parameters]
+            sent_now = self.session.fetch_many_async(keys) if keys else []
+            per_expert = len(layer.parameters)
+            for position, expert in enumerate(missing):
+                fetches[expert] = sent_now[position * per_expert:(position + 1) * per_expert]
+            if self.prefetch and len(self._layers) > 0:
+                self._send_ahead(self._layers[(layer.index + 1) % len(self._layers)])
+            layer.last_chosen = chosen
             for expert in chosen:
                 resident = True
                 for (attribute, _, scratch), fetch in zip(layer.parameters, fetches[expert]):
@@ -172,9 +173,10 @@ class OnDemandExperts:
                 self.resident += resident
         finally:
             # Released after the copies (their done events follow them on the stream); the daemon
-            # keeps the experts cached. Fetches not taken (an error above) are given up.
+            # keeps the experts cached. Fetches not taken (an error above) are given up, and so
+            # are guesses an error left unexamined.
             self.session.release_many(leases, stream)
-            for sent in fetches.values():
+            for sent in list(fetches.values()) + list(pending.values()):
                 for fetch in sent:
                     if not fetch._taken:
                         fetch.cancel()
