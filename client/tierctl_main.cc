@@ -45,7 +45,8 @@ ABSL_FLAG(bool, durable, false,
 ABSL_FLAG(std::string, tier, "", "evict: the tier to drop from: gpu (default), host or all");
 ABSL_FLAG(std::string, shard, "",
           "get, prefetch: a tensor-parallel shard of each object, DIM:INDEX/COUNT (part INDEX of "
-          "COUNT along dimension DIM, as torch.tensor_split gives it)");
+          "COUNT along dimension DIM, as torch.tensor_split gives it), or "
+          "DIM:INDEX/COUNT:SEGMENT,... for a fused tensor (each segment split alike)");
 
 namespace {
 
@@ -60,9 +61,9 @@ constexpr char kUsage[] =
     "                             --verify: hash every object now, so first reads are checked\n"
     "  ls [NAME]                  list the models, or the objects of model NAME\n"
     "  stats                      print the daemon's tiers and counters\n"
-    "  prefetch KEY... [--shard=DIM:INDEX/COUNT]\n"
+    "  prefetch KEY... [--shard=DIM:INDEX/COUNT[:SEGMENT,...]]\n"
     "                             start bringing objects (or a shard of each) to the GPU\n"
-    "  get KEY -o FILE [--shard=DIM:INDEX/COUNT]\n"
+    "  get KEY -o FILE [--shard=DIM:INDEX/COUNT[:SEGMENT,...]]\n"
     "                             write an object's bytes (or a shard's) to FILE (- for stdout)\n"
     "  put KEY FILE [--no-spill] [--durable]\n"
     "                             store the bytes of FILE (- for stdin) as object KEY; --durable:\n"

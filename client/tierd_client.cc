@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/health.h"
 #include "common/status_macros.h"
 #include "device/device_factory.h"
@@ -358,8 +359,11 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession() {
   return session;
 }
 
-std::string ShardKey(const std::string& key, uint32_t dim, uint32_t index, uint32_t count) {
-  return absl::StrCat(key, "@", dim, ":", index, "/", count);
+std::string ShardKey(const std::string& key, uint32_t dim, uint32_t index, uint32_t count,
+                     const std::vector<uint32_t>& segments) {
+  std::string shard = absl::StrCat(key, "@", dim, ":", index, "/", count);
+  if (!segments.empty()) absl::StrAppend(&shard, ":", absl::StrJoin(segments, ","));
+  return shard;
 }
 
 namespace {

@@ -39,8 +39,11 @@ struct SessionCommits;
 // The key of a tensor-parallel shard of object `key`: part `index` of `count` of each of its
 // tensors along dimension `dim`, as torch.tensor_split gives it ("MODEL/OBJECT@DIM:INDEX/COUNT").
 // Fetch and prefetch it like any object: the daemon reads only its bytes from the files, and
-// tensors without that dimension come whole. See docs/SHARDS.md.
-std::string ShardKey(const std::string& key, uint32_t dim, uint32_t index, uint32_t count);
+// tensors without that dimension come whole. With `segments` (two or more: the sizes along `dim`
+// of the segments a fused tensor stacks, such as q, k and v), each segment is split and the shard
+// holds the rank's slice of each, together ("...@DIM:INDEX/COUNT:S1,S2,..."). See docs/SHARDS.md.
+std::string ShardKey(const std::string& key, uint32_t dim, uint32_t index, uint32_t count,
+                     const std::vector<uint32_t>& segments = {});
 
 struct ClientOptions {
   std::string socket_path = "/run/tierd/gpu0.sock";

@@ -9,6 +9,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/free_ranges.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
@@ -76,32 +78,62 @@ constexpr uint64_t kShardReadAllowance = 16 << 20;
 // client's spec from costing the daemon gigabytes (a conv weight split along its last dimension).
 constexpr uint64_t kMaxShardRanges = 1 << 18;
 
+// A fused tensor may be split as at most this many segments (q, k and v are three).
+constexpr size_t kMaxShardSegments = 64;
+
 struct ShardSpec {
   uint32_t dim = 0;
   uint32_t index = 0;
   uint32_t count = 1;
+  // Sizes along `dim` of the segments a fused tensor stacks there, each split on its own; empty:
+  // the tensor is one segment.
+  std::vector<uint32_t> segments;
 };
 
-// "DIM:INDEX/COUNT" (decimal, at most 9 digits each) → ShardSpec; INVALID_ARGUMENT otherwise.
+// "DIM:INDEX/COUNT" or "DIM:INDEX/COUNT:S1,S2,..." (decimal, at most 9 digits each) → ShardSpec;
+// INVALID_ARGUMENT otherwise.
 absl::StatusOr<ShardSpec> ParseShardSpec(absl::string_view text) {
   const size_t colon = text.find(':');
   const size_t slash = text.find('/');
   std::optional<uint32_t> dim, index, count;
+  ShardSpec spec;
+  bool segments_ok = true;
   if (colon != absl::string_view::npos && slash != absl::string_view::npos && colon < slash) {
+    const size_t second = text.find(':', slash);
     dim = ParseSmallNumber(text.substr(0, colon));
     index = ParseSmallNumber(text.substr(colon + 1, slash - colon - 1));
-    count = ParseSmallNumber(text.substr(slash + 1));
+    count = ParseSmallNumber(text.substr(slash + 1, second == absl::string_view::npos
+                                                        ? absl::string_view::npos
+                                                        : second - slash - 1));
+    if (second != absl::string_view::npos) {
+      for (absl::string_view segment : absl::StrSplit(text.substr(second + 1), ',')) {
+        const std::optional<uint32_t> size = ParseSmallNumber(segment);
+        if (!size || spec.segments.size() == kMaxShardSegments) {
+          segments_ok = false;
+          break;
+        }
+        spec.segments.push_back(*size);
+      }
+    }
   }
-  if (!dim || !index || !count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shard ", Quote(text), " is not DIM:INDEX/COUNT (e.g. 0:1/4)"));
+  if (!dim || !index || !count || !segments_ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard ", Quote(text),
+        " is not DIM:INDEX/COUNT (e.g. 0:1/4) or DIM:INDEX/COUNT:SEGMENT,... (e.g. 0:1/4:4096,"
+        "1024,1024 for q, k and v stacked along dimension 0; at most ",
+        kMaxShardSegments, " segments)"));
   }
-  return ShardSpec{*dim, *index, *count};
+  spec.dim = *dim;
+  spec.index = *index;
+  spec.count = *count;
+  return spec;
 }
 
-// "DIM:INDEX/COUNT", the one way a spec is written in a key.
+// "DIM:INDEX/COUNT[:S1,S2,...]", the one way a spec is written in a key.
 std::string FormatShardSpec(const ShardSpec& spec) {
-  return absl::StrCat(spec.dim, ":", spec.index, "/", spec.count);
+  std::string text = absl::StrCat(spec.dim, ":", spec.index, "/", spec.count);
+  if (!spec.segments.empty()) absl::StrAppend(&text, ":", absl::StrJoin(spec.segments, ","));
+  return text;
 }
 
 // An object name split at its last '@': ("OBJECT", "DIM:INDEX/COUNT"), or nullopt with no '@'.
@@ -123,6 +155,9 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
                                        std::string name) {
   if (spec.count == 0) return BadShard(object, spec, "the count must be at least 1");
   if (spec.index >= spec.count) return BadShard(object, spec, "the index must be below the count");
+  if (spec.segments.size() == 1) {
+    return BadShard(object, spec, "one segment is the whole tensor: write the shard without it");
+  }
   const bool any_split =
       std::any_of(object.tensors.begin(), object.tensors.end(),
                   [&](const TensorPlacement& tensor) { return tensor.shape.size() > spec.dim; });
@@ -137,7 +172,7 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
     if (tensor.shape.size() <= spec.dim) continue;
     uint64_t outer = 1;
     for (size_t d = 0; d < spec.dim; ++d) outer *= tensor.shape[d];
-    ranges += outer;
+    ranges += outer * std::max<uint64_t>(spec.segments.size(), 1);
   }
   if (ranges > kMaxShardRanges) {
     return BadShard(object, spec,
@@ -153,32 +188,59 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
   for (const TensorPlacement& tensor : object.tensors) {
     TensorPlacement out{tensor.name, tensor.dtype, tensor.shape, 0, 0};
     out.offset = RoundUp(cursor, kGatheredTensorAlignment);
-    // Each piece: object bytes [begin, begin + length) of the source tensor.
-    uint64_t outer = 1;   // rows of the dimensions before `dim`: one piece each
-    uint64_t stride = 0;  // bytes between pieces
-    uint64_t first = 0;   // bytes into a stride where the piece starts
-    uint64_t length = tensor.size;
+    // Each outer row's pieces: per segment, object bytes [first, first + length) of the row's
+    // stride, landing `landing` bytes into the shard's row.
+    struct Piece {
+      uint64_t first = 0;
+      uint64_t length = 0;
+      uint64_t landing = 0;
+    };
+    std::vector<Piece> row_pieces = {Piece{0, tensor.size, 0}};
+    uint64_t outer = 1;             // rows of the dimensions before `dim`: one set of pieces each
+    uint64_t stride = 0;            // bytes between them
+    uint64_t length = tensor.size;  // bytes of the shard's row
     if (tensor.shape.size() > spec.dim) {
       const uint64_t rows = tensor.shape[spec.dim];
-      if (rows < spec.count) {
-        return BadShard(object, spec,
-                        absl::StrCat("tensor ", Quote(tensor.name), " has ", rows,
-                                     " rows in dimension ", spec.dim, ", fewer than the count"));
+      std::vector<uint64_t> segments(spec.segments.begin(), spec.segments.end());
+      if (segments.empty()) segments.push_back(rows);
+      uint64_t segment_rows = 0;
+      for (uint64_t segment : segments) segment_rows += segment;
+      if (segment_rows != rows) {
+        return BadShard(
+            object, spec,
+            absl::StrCat("tensor ", Quote(tensor.name), " has ", rows, " rows in dimension ",
+                         spec.dim, "; its segments add up to ", segment_rows));
       }
       uint64_t inner = DTypeSize(tensor.dtype);  // bytes of one row along `dim`
       for (size_t d = spec.dim + 1; d < tensor.shape.size(); ++d) inner *= tensor.shape[d];
       for (size_t d = 0; d < spec.dim; ++d) outer *= tensor.shape[d];
-      const auto [first_row, row_count] = ShardRows(rows, spec.index, spec.count);
-      out.shape[spec.dim] = row_count;
+      row_pieces.clear();
+      uint64_t segment_start = 0;
+      uint64_t shard_rows = 0;
+      for (uint64_t segment : segments) {
+        if (segment < spec.count) {
+          return BadShard(
+              object, spec,
+              absl::StrCat("tensor ", Quote(tensor.name), " has ", segment, " rows in dimension ",
+                           spec.dim, spec.segments.empty() ? "" : " in a segment",
+                           ", fewer than the count"));
+        }
+        const auto [first_row, row_count] = ShardRows(segment, spec.index, spec.count);
+        row_pieces.push_back(
+            Piece{(segment_start + first_row) * inner, row_count * inner, shard_rows * inner});
+        segment_start += segment;
+        shard_rows += row_count;
+      }
+      out.shape[spec.dim] = shard_rows;
       stride = rows * inner;
-      first = first_row * inner;
-      length = row_count * inner;
+      length = shard_rows * inner;
     }
     out.size = outer * length;
-    if (length > 0) {
-      for (uint64_t o = 0; o < outer; ++o) {
-        if (!extents.Map(tensor.offset + o * stride + first, length, out.offset + o * length,
-                         pieces)) {
+    for (uint64_t o = 0; o < outer; ++o) {
+      for (const Piece& piece : row_pieces) {
+        if (piece.length == 0) continue;
+        if (!extents.Map(tensor.offset + o * stride + piece.first, piece.length,
+                         out.offset + o * length + piece.landing, pieces)) {
           return absl::InternalError(absl::StrCat("object ", Quote(object.name), ": tensor ",
                                                   Quote(tensor.name), " is outside its extents"));
         }

@@ -12,6 +12,12 @@
 // Uneven splits follow tensor_split: of n rows in count parts, the first n % count parts have one
 // row more.
 //
+// A fused tensor — several segments stacked along `dim`, such as q, k and v along dimension 0, or
+// gate and up — is named "MODEL/OBJECT@DIM:INDEX/COUNT:S1,S2,...", S the segments' sizes along
+// `dim` (2 to 64 of them, adding up to the tensor's size there): each segment is split as above,
+// and the shard holds the rank's slice of each, in order (torch.cat of tensor_split of each
+// segment), as the rank's module expects its fused parameter.
+//
 // Pure computation: no I/O, no locking. Thread-compatible.
 #ifndef TIERD_STORAGE_SHARD_H_
 #define TIERD_STORAGE_SHARD_H_
@@ -30,15 +36,16 @@ namespace tierd {
 // REQUIRES: index < parts.
 std::pair<uint64_t, uint64_t> ShardRows(uint64_t rows, uint32_t index, uint32_t parts);
 
-// The shard of `model` that `object_name` ("OBJECT@DIM:INDEX/COUNT") names. NOT_FOUND when the
-// name has no '@', OBJECT is not an object of the model, or what follows the '@' has neither ':'
-// nor '/'; INVALID_ARGUMENT when the spec is malformed, not written canonically (no leading
-// zeros: one shard has one key), or does not fit the object: count 0, index >= count, no tensor
-// with dimension DIM, a split tensor with fewer rows than count there, more than 262,144
-// separate file ranges (one per row of the dimensions before DIM), or a layout whose disk reads
+// The shard of `model` that `object_name` ("OBJECT@DIM:INDEX/COUNT[:S1,S2,...]") names. NOT_FOUND
+// when the name has no '@', OBJECT is not an object of the model, or what follows the '@' has
+// neither ':' nor '/'; INVALID_ARGUMENT when the spec is malformed, not written canonically (no
+// leading zeros, no single segment: one shard has one key), or does not fit the object: count 0,
+// index >= count, no tensor with dimension DIM, a split tensor (or segment) with fewer rows than
+// count there, segments that do not add up to a split tensor's size, more than 262,144 separate
+// file ranges (one per row of the dimensions before DIM), or a layout whose disk reads
 // (DiskBytesToRead) would be more than 64 times its bytes and more than its bytes and 16 MiB: a
-// narrow slice along a high dimension of a wide tensor reads every row's blocks. An object of the model
-// whose own name looks like a shard's is found by FindObject first: it is that object.
+// narrow slice along a high dimension of a wide tensor reads every row's blocks. An object of the
+// model whose own name looks like a shard's is found by FindObject first: it is that object.
 absl::StatusOr<ObjectInfo> FindShard(const ModelInfo& model, absl::string_view object_name);
 
 // True when `object_name` is OBJECT@SPEC with OBJECT an object of `model` and SPEC written

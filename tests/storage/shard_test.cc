@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "storage/object_layout.h"
 #include "tests/storage/host_cache_test_fixture.h"
 
@@ -104,6 +105,83 @@ TEST_F(ShardTest, ShardsAreTensorSplitForEveryDtypeDimAndCount) {
   EXPECT_GT(checked, 100);
   // A shard's checksum is recorded at its first read, as an object's.
   EXPECT_TRUE(catalog_->Checksum("m/proj.weight@1:1/2").has_value());
+}
+
+// Columns [first, first + count) (dim 1) or rows (dim 0) of a 2-D tensor, as a tensor of its own.
+testing::TensorSpec Slice2D(const testing::TensorSpec& tensor, size_t dim, uint64_t first,
+                            uint64_t count) {
+  const uint64_t element = tensor.data.size() / (tensor.shape[0] * tensor.shape[1]);
+  testing::TensorSpec slice{tensor.name, tensor.dtype, tensor.shape, ""};
+  slice.shape[dim] = count;
+  for (uint64_t r = 0; r < slice.shape[0]; ++r) {
+    for (uint64_t c = 0; c < slice.shape[1]; ++c) {
+      const uint64_t row = dim == 0 ? first + r : r;
+      const uint64_t column = dim == 1 ? first + c : c;
+      slice.data += tensor.data.substr((row * tensor.shape[1] + column) * element, element);
+    }
+  }
+  return slice;
+}
+
+// torch.cat along `dim` of 2-D tensors' bytes.
+std::string Cat2D(const std::vector<testing::TensorSpec>& parts, size_t dim) {
+  std::string out;
+  if (dim == 0) {
+    for (const testing::TensorSpec& part : parts) out += part.data;
+    return out;
+  }
+  for (uint64_t r = 0; r < parts.at(0).shape[0]; ++r) {
+    for (const testing::TensorSpec& part : parts) {
+      const uint64_t row_bytes = part.data.size() / part.shape[0];
+      out += part.data.substr(r * row_bytes, row_bytes);
+    }
+  }
+  return out;
+}
+
+// A fused tensor (q, k and v stacked along one dimension) split segment by segment: each rank gets
+// its slice of every segment, together, as torch.cat of tensor_split of each segment.
+TEST_F(ShardTest, AFusedTensorIsSplitSegmentBySegment) {
+  Start(8);
+  const testing::TensorSpec qkv = testing::RandomTensor("qkv.weight", "BF16", {20, 6}, 1);
+  const testing::TensorSpec bias = testing::RandomTensor("qkv.bias", "F32", {20, 1}, 2);
+  const testing::TensorSpec columns = testing::RandomTensor("fused_in.weight", "F16", {3, 10}, 3);
+  Register({{qkv, bias, columns}}, Grouping::kTensor);
+  const struct {
+    const testing::TensorSpec* tensor;
+    size_t dim;
+    std::vector<uint64_t> segments;
+  } cases[] = {{&qkv, 0, {12, 4, 4}}, {&bias, 0, {12, 4, 4}}, {&columns, 1, {6, 4}}};
+  for (const auto& c : cases) {
+    for (uint64_t count : {1u, 2u, 3u, 4u}) {
+      for (uint64_t index = 0; index < count; ++index) {
+        std::vector<testing::TensorSpec> parts;
+        uint64_t start = 0;
+        for (uint64_t segment : c.segments) {
+          const testing::TensorSpec piece = Slice2D(*c.tensor, c.dim, start, segment);
+          testing::TensorSpec split = piece;
+          split.data = testing::TensorSplit(piece, c.dim, index, count);
+          split.shape[c.dim] = ShardRows(segment, index, count).second;
+          parts.push_back(split);
+          start += segment;
+        }
+        const std::string key = absl::StrCat("m/", c.tensor->name, "@", c.dim, ":", index, "/",
+                                             count, ":", absl::StrJoin(c.segments, ","));
+        EXPECT_EQ(FetchBytes(key), Cat2D(parts, c.dim)) << key;
+        absl::StatusOr<ObjectRef> ref = catalog_->Lookup(key);
+        ASSERT_THAT(ref, IsOk());
+        uint64_t rows = 0;
+        for (const testing::TensorSpec& part : parts) rows += part.shape[c.dim];
+        EXPECT_EQ(ref->object->tensors.at(0).shape[c.dim], rows) << key;
+      }
+    }
+  }
+  for (const std::string& bad : std::vector<std::string>{
+           "m/qkv.weight@0:0/2:12,4", "m/qkv.weight@0:0/2:20", "m/qkv.weight@0:0/8:12,4,4",
+           "m/qkv.weight@0:0/2:12,4,04", "m/qkv.weight@0:0/2:12,,8", "m/qkv.weight@0:0/2:",
+           "m/qkv.weight@0:0/2:" + absl::StrJoin(std::vector<std::string>(65, "1"), ",")}) {
+    EXPECT_THAT(catalog_->Lookup(bad), StatusIs(absl::StatusCode::kInvalidArgument)) << bad;
+  }
 }
 
 // An object of several tensors in two files: each tensor with the dimension is split, the others
