@@ -3,7 +3,7 @@
 on a machine with several GPUs (the tests run the ranks on one GPU's daemon).
 
 Starts one tierd per GPU (cuda:0 .. cuda:N-1, peers of each other, so the node's host tier reads
-each shard once), saves the Llama-architecture layer of python/tests/tp_llama_layer.py as
+each shard once), saves the Llama-architecture layer of python/tests/tp_layers.py as
 safetensors, registers it with every daemon, and runs N rank processes: rank r loads its shards
 from daemon r with tierd.tensor_parallel.load_shards and computes the layer's forward, the partial
 results all-reduced over gloo. Rank 0's output must equal the whole layer's forward on the CPU.
@@ -26,7 +26,7 @@ import torch
 
 import tierd
 from dit_model import save_safetensors
-from tp_llama_layer import PREFIX, RANK_SOURCE, example_input, reference_layer
+from tp_layers import PREFIX, RANK_SOURCE, example_input, reference_layer
 
 def start_daemon(args, rank, sockets):
     directory = os.path.join(args.work_dir, f"daemon-{rank}")

@@ -1,6 +1,7 @@
 """Tensor-parallel shards against a real daemon: shard keys give torch.tensor_split's slices for
 every dtype, dimension and count; bad specs are refused; two rank processes load their halves of a
-Llama layer with load_shards and their all-reduced forward equals the whole layer's."""
+Llama layer, and of a Phi-3-style layer (fused qkv and gate_up split segment by segment, row-parallel
+biases whole), with load_shards and their all-reduced forward equals the whole layer's."""
 
 import json
 import os
@@ -11,7 +12,7 @@ import tierd
 from dit_model import save_safetensors
 from tierd import tensor_parallel
 from tierd_testing import DaemonTestCase, TIMEOUT, run_python, torch_device
-from tp_llama_layer import PLAN, PREFIX, RANK_SOURCE, example_input, reference_layer
+from tp_layers import PLAN, PREFIX, RANK_SOURCE, example_input, reference_layer
 
 _TENSORS = {
     "f32": torch.randn(7, 6),
@@ -99,6 +100,21 @@ class ShardKeyTest(DaemonTestCase):
                                     torch.tensor_split(weight, 2, 1)[1]))
         self.assertTrue(torch.equal(module.proj.bias.detach().cpu(), bias))
 
+    def test_a_plan_names_a_fused_parameters_segments(self):
+        plan = {"*.qkv_proj": ("colwise", (64, 32, 32)), "*.o_proj": ("rowwise", None),
+                "*.gate_up_proj": (0, [96, 96])}
+        self.assertEqual(tensor_parallel.split_spec(plan, "l.qkv_proj.weight"), (0, [64, 32, 32]))
+        self.assertEqual(tensor_parallel.split_spec(plan, "l.gate_up_proj.bias"), (0, [96, 96]))
+        self.assertEqual(tensor_parallel.split_spec(plan, "l.o_proj.weight"), (1, None))
+        self.assertEqual(tensor_parallel.split_spec(plan, "l.norm.weight"), (None, None))
+        self.assertEqual(tensor_parallel.shard_key("m/x", 0, 1, 2, (64, 32, 32)),
+                         "m/x@0:1/2:64,32,32")
+        for bad in ((64,), (64, -1), ("a", 2)):
+            with self.assertRaises(ValueError):
+                tensor_parallel.shard_key("m/x", 0, 1, 2, bad)
+            with self.assertRaises(ValueError):
+                tensor_parallel.split_spec({"*": ("colwise", bad)}, "x.weight")
+
     def test_a_plan_names_each_parameters_dimension(self):
         plan = {"*.q_proj": "colwise", "*.o_proj": "rowwise", "*.norm.weight": None,
                 "embed.weight": 1}
@@ -142,6 +158,45 @@ class TwoRanksTest(DaemonTestCase):
             self.assertEqual(key, f"llama/{PREFIX}input_layernorm.weight")
             self.assertEqual(shape, [64])
         # The node read each byte once: the ranks' shards add up to the layer, norms read once.
+        layer_bytes = sum(t.numel() * t.element_size() for t in state.values())
+        self.assertEqual(self.client.stats().bytes_disk_to_host, layer_bytes)
+
+    def test_two_ranks_of_a_layer_with_fused_projections_and_biases(self):
+        # Phi-3's layout: q, k and v in one qkv_proj, gate and up in one gate_up_proj, each split
+        # segment by segment; the row-parallel o and down come with biases, whole on each rank.
+        reference = reference_layer(kind="phi3")
+        state = {PREFIX + name: tensor for name, tensor in reference.state_dict().items()}
+        save_safetensors(state, os.path.join(self.model_dir("phi3"), "model.safetensors"))
+        self.client.register_model("phi3", self.model_dir("phi3"), grouping="tensor")
+        out = os.path.join(self.directory, "y.pt")
+        rendezvous = os.path.join(self.directory, "rendezvous")
+        ranks = [run_python(RANK_SOURCE, self.daemon.socket, str(rank), "2", rendezvous, out,
+                            "phi3") for rank in range(2)]
+        reports = []
+        for rank in ranks:
+            stdout, stderr = rank.communicate(timeout=TIMEOUT)
+            self.assertEqual(rank.returncode, 0, stderr)
+            reports.append(json.loads(stdout.strip().splitlines()[-1])["parameters"])
+        with torch.no_grad():
+            expected = reference(example_input())
+        torch.testing.assert_close(torch.load(out), expected, rtol=1e-5, atol=1e-5)
+        for rank, report in enumerate(reports):
+            for name, key, shape in (
+                    ("self_attn.qkv_proj.weight", f"@0:{rank}/2:64,32,32", [64, 64]),
+                    ("self_attn.qkv_proj.bias", f"@0:{rank}/2:64,32,32", [64]),
+                    ("mlp.gate_up_proj.weight", f"@0:{rank}/2:96,96", [96, 64]),
+                    ("self_attn.o_proj.weight", f"@1:{rank}/2", [64, 32]),
+                    ("self_attn.o_proj.bias", "", [64]),
+                    ("mlp.down_proj.bias", "", [64])):
+                self.assertEqual(report[name], [f"phi3/{PREFIX}{name}{key}", shape], name)
+        # Each rank's fused q|k|v rows are its slices of q, k and v, together.
+        whole = state[PREFIX + "self_attn.qkv_proj.weight"]
+        q, k, v = whole.split([64, 32, 32])
+        with self.client.session() as session:
+            with session.fetch(f"phi3/{PREFIX}self_attn.qkv_proj.weight@0:1/2:64,32,32") as lease:
+                rows = lease.tensors[PREFIX + "self_attn.qkv_proj.weight"].cpu()
+        self.assertTrue(torch.equal(rows, torch.cat([q[32:], k[16:], v[16:]])))
+        # Each byte read once for the node: the ranks' slices add up to the layer.
         layer_bytes = sum(t.numel() * t.element_size() for t in state.values())
         self.assertEqual(self.client.stats().bytes_disk_to_host, layer_bytes)
 

@@ -3,7 +3,8 @@ straight from the model's unconverted safetensors files.
 
 A shard key names part `index` of `count` of every tensor of an object along dimension `dim`, as
 torch.tensor_split gives it: "MODEL/OBJECT@DIM:INDEX/COUNT". Tensors without that dimension come
-whole. Fetch it like any key: only the disk blocks holding it are read, it is cached as an
+whole. A fused tensor (q, k and v stacked along dimension 0; gate and up) is split segment by
+segment: "MODEL/OBJECT@DIM:INDEX/COUNT:S1,S2,..." holds the rank's slice of each segment, in order. Fetch it like any key: only the disk blocks holding it are read, it is cached as an
 object of its own, and two ranks (or two daemons of a node) asking for the same shard share it.
 
     key = tierd.tensor_parallel.shard_key("llama/model.layers.0.mlp.up_proj.weight", 0, rank, 2)
@@ -17,6 +18,9 @@ along which dimension:
             "*.down_proj": "rowwise"}
     tierd.tensor_parallel.load_shards(layer, client, "llama", plan, rank, world_size,
                                       prefix="model.layers.0.")
+
+A fused parameter's plan entry names its segments: {"*.qkv_proj": ("colwise", (q, k, v)),
+"*.gate_up_proj": ("colwise", (intermediate, intermediate))}, sizes along the split dimension.
 """
 
 import fnmatch
@@ -31,33 +35,59 @@ from .client import Client
 _STYLES = {"colwise": 0, "rowwise": 1, "replicate": None}
 
 
-def shard_key(key, dim, index, count):
-    """The key of part `index` of `count` of each tensor of object `key` along dimension `dim`."""
+def shard_key(key, dim, index, count, segments=None):
+    """The key of part `index` of `count` of each tensor of object `key` along dimension `dim`;
+    with `segments` (the sizes along `dim` of the segments a fused tensor stacks, two or more),
+    of each segment, the rank's slices together."""
     for what, value in (("dim", dim), ("index", index), ("count", count)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if not _is_count(value):
             raise ValueError(f"{what} must be a non-negative int, not {value!r}")
     if index >= count:
         raise ValueError(f"index {index} must be below count {count}")
-    return f"{key}@{dim}:{index}/{count}"
+    if segments is None:
+        return f"{key}@{dim}:{index}/{count}"
+    segments = list(segments)
+    if len(segments) < 2 or not all(_is_count(size) for size in segments):
+        raise ValueError(f"segments must be two or more non-negative ints, not {segments!r}")
+    return f"{key}@{dim}:{index}/{count}:{','.join(str(size) for size in segments)}"
+
+
+def _is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def split_dim(plan, name):
-    """The dimension `plan` splits parameter `name` along, or None when it comes whole.
+    """The dimension `plan` splits parameter `name` along, or None when it comes whole (split_spec's
+    first half)."""
+    return split_spec(plan, name)[0]
 
-    `plan` maps fnmatch patterns to a dimension (an int), "colwise" (0), "rowwise" (1) or
-    "replicate"/None (whole). A pattern matches the parameter's name ("layers.0.q_proj.weight") or
-    its module's ("layers.0.q_proj"); the first pattern in the plan's order that matches wins.
-    Parameters that no pattern matches come whole."""
+
+def split_spec(plan, name):
+    """(dimension, segments) of parameter `name` under `plan`: the dimension it splits along (None:
+    whole) and, for a fused parameter, its segments' sizes along it (else None).
+
+    `plan` maps fnmatch patterns to a dimension (an int), "colwise" (0), "rowwise" (1),
+    "replicate"/None (whole), or a pair of one of those and a fused parameter's segment sizes. A
+    pattern matches the parameter's name ("layers.0.q_proj.weight") or its module's
+    ("layers.0.q_proj"); the first pattern in the plan's order that matches wins. Parameters that
+    no pattern matches come whole."""
     module = name.rsplit(".", 1)[0] if "." in name else ""
-    for pattern, style in plan.items():
+    for pattern, entry in plan.items():
         if fnmatch.fnmatchcase(name, pattern) or (module and fnmatch.fnmatchcase(module, pattern)):
+            style, segments = entry if isinstance(entry, (tuple, list)) else (entry, None)
+            if segments is not None:
+                segments = list(segments)
+                if len(segments) < 2 or not all(_is_count(size) for size in segments):
+                    raise ValueError(f"plan entry {pattern!r}: segments must be two or more "
+                                     f"non-negative ints, not {segments!r}")
             if style is None or isinstance(style, int) and not isinstance(style, bool):
-                return style
+                return style, segments if style is not None else None
             if style not in _STYLES:
                 raise ValueError(f"plan entry {pattern!r}: {style!r} is not an int, None, "
                                  f"or one of {sorted(_STYLES)}")
-            return _STYLES[style]
-    return None
+            dim = _STYLES[style]
+            return dim, segments if dim is not None else None
+    return None, None
 
 
 def load_shards(module, client, model, plan, rank, world_size, prefix="", prefetch_depth=4):
@@ -66,7 +96,8 @@ def load_shards(module, client, model, plan, rank, world_size, prefix="", prefet
     the keys fetched, by parameter name (a tied parameter's first).
 
     A parameter `name` is tensor `prefix + name`: fetched as shard_key(..., dim, rank, world_size)
-    where `plan` splits it (split_dim), world_size > 1 and the parameter has dimension `dim`;
+    where `plan` splits it (split_spec; with its segments for a fused parameter: the rank's slice
+    of each, together, as its module expects), world_size > 1 and the parameter has dimension `dim`;
     whole otherwise (a rowwise layer's 1-D bias, as row parallelism needs). A parameter on the meta
     device is replaced by one of the shard's shape, on the session's device, in the parameter's
     dtype; any other must already have the shard's shape (ValueError otherwise) and gets its bytes
@@ -99,10 +130,10 @@ def _load(module, session, model, plan, rank, world_size, prefix, prefetch_depth
     keys = {}
     for identity, aliases in names.items():
         key = f"{model}/{prefix}{aliases[0]}"
-        dim = split_dim(plan, aliases[0])
+        dim, segments = split_spec(plan, aliases[0])
         # A parameter without that dimension comes whole: a rowwise layer's 1-D bias.
         split = dim is not None and world_size > 1 and dim < parameters[identity].dim()
-        keys[aliases[0]] = shard_key(key, dim, rank, world_size) if split else key
+        keys[aliases[0]] = shard_key(key, dim, rank, world_size, segments) if split else key
     order = list(keys.values())
     if order:
         session.prefetch(order[:prefetch_depth])
