@@ -128,24 +128,30 @@ class ShardKeyTest(DaemonTestCase):
 
 
 class TwoRanksTest(DaemonTestCase):
-    def test_two_ranks_halves_compute_the_whole_layers_forward(self):
-        reference = reference_layer()
+    def run_two_ranks(self, kind):
+        """Saves the `kind` layer of tp_layers as model `kind`, runs two rank processes on it and
+        checks rank 0's all-reduced output against the whole layer's. Returns (the layer's
+        state as saved, each rank's {parameter: [key, shape]})."""
+        reference = reference_layer(kind=kind)
         state = {PREFIX + name: tensor for name, tensor in reference.state_dict().items()}
-        save_safetensors(state, os.path.join(self.model_dir("llama"), "model.safetensors"))
-        self.client.register_model("llama", self.model_dir("llama"), grouping="tensor")
+        save_safetensors(state, os.path.join(self.model_dir(kind), "model.safetensors"))
+        self.client.register_model(kind, self.model_dir(kind), grouping="tensor")
         out = os.path.join(self.directory, "y.pt")
         rendezvous = os.path.join(self.directory, "rendezvous")
-        ranks = [run_python(RANK_SOURCE, self.daemon.socket, str(rank), "2", rendezvous, out)
-                 for rank in range(2)]
+        ranks = [run_python(RANK_SOURCE, self.daemon.socket, str(rank), "2", rendezvous, out,
+                            kind) for rank in range(2)]
         reports = []
         for rank in ranks:
             stdout, stderr = rank.communicate(timeout=TIMEOUT)
             self.assertEqual(rank.returncode, 0, stderr)
             reports.append(json.loads(stdout.strip().splitlines()[-1])["parameters"])
-
         with torch.no_grad():
             expected = reference(example_input())
         torch.testing.assert_close(torch.load(out), expected, rtol=1e-5, atol=1e-5)
+        return state, reports
+
+    def test_two_ranks_halves_compute_the_whole_layers_forward(self):
+        state, reports = self.run_two_ranks("llama")
         # Each rank held half of each projection and the whole of each norm.
         for rank, report in enumerate(reports):
             key, shape = report["self_attn.q_proj.weight"]
@@ -164,22 +170,7 @@ class TwoRanksTest(DaemonTestCase):
     def test_two_ranks_of_a_layer_with_fused_projections_and_biases(self):
         # Phi-3's layout: q, k and v in one qkv_proj, gate and up in one gate_up_proj, each split
         # segment by segment; the row-parallel o and down come with biases, whole on each rank.
-        reference = reference_layer(kind="phi3")
-        state = {PREFIX + name: tensor for name, tensor in reference.state_dict().items()}
-        save_safetensors(state, os.path.join(self.model_dir("phi3"), "model.safetensors"))
-        self.client.register_model("phi3", self.model_dir("phi3"), grouping="tensor")
-        out = os.path.join(self.directory, "y.pt")
-        rendezvous = os.path.join(self.directory, "rendezvous")
-        ranks = [run_python(RANK_SOURCE, self.daemon.socket, str(rank), "2", rendezvous, out,
-                            "phi3") for rank in range(2)]
-        reports = []
-        for rank in ranks:
-            stdout, stderr = rank.communicate(timeout=TIMEOUT)
-            self.assertEqual(rank.returncode, 0, stderr)
-            reports.append(json.loads(stdout.strip().splitlines()[-1])["parameters"])
-        with torch.no_grad():
-            expected = reference(example_input())
-        torch.testing.assert_close(torch.load(out), expected, rtol=1e-5, atol=1e-5)
+        state, reports = self.run_two_ranks("phi3")
         for rank, report in enumerate(reports):
             for name, key, shape in (
                     ("self_attn.qkv_proj.weight", f"@0:{rank}/2:64,32,32", [64, 64]),
