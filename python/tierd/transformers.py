@@ -109,9 +109,13 @@ def from_pretrained(directory, client, name=None, prefetch_depth=2, resident_blo
                                          prefetch_depth=prefetch_depth,
                                          resident_blocks=resident_blocks, exclude=excluded)
     if on_demand:
-        model.tierd_experts = _experts.OnDemandExperts(
-            model.tierd_weights.session, name, expert_modules, prefetch=expert_prefetch,
-            weights=model.tierd_weights)
+        try:
+            model.tierd_experts = _experts.OnDemandExperts(
+                model.tierd_weights.session, name, expert_modules, prefetch=expert_prefetch,
+                weights=model.tierd_weights)
+        except BaseException:
+            model.tierd_weights.close()
+            raise
     return model
 
 
