@@ -17,6 +17,7 @@ This is the only module of the package that imports transformers."""
 
 import collections
 import contextlib
+import math
 import os
 import re
 
@@ -25,7 +26,7 @@ import torch
 from . import conversions
 from ._session import Session
 from .client import Client
-from .dtypes import to_torch
+from .dtypes import ELEMENT_BYTES, to_torch
 from .kv_cache import LayeredKVStore
 from .torch import stream_weights
 from .v1 import tierd_pb2
@@ -140,18 +141,11 @@ def checkpoint_conversions(model, checkpoint):
 
 
 def _stored_dtype(checkpoint):
-    """The torch dtype most of the checkpoint's floating-point bytes are stored in."""
-    stored = collections.Counter()
-    for dtype_name, shape in checkpoint.values():
-        dtype = to_torch(dtype_name)
-        if dtype.is_floating_point:
-            count = 1
-            for dim in shape:
-                count *= dim
-            stored[dtype] += count * torch.empty((), dtype=dtype).element_size()
-    if not stored:
-        raise ValueError("the checkpoint holds no floating-point tensors")
-    return stored.most_common(1)[0][0]
+    """The torch dtype most of the checkpoint's floating-point bytes are stored in ({name: (dtype,
+    shape)})."""
+    return _most_floating_point_bytes(
+        (dtype, math.prod(shape) * ELEMENT_BYTES[to_torch(dtype)])
+        for dtype, shape in checkpoint.values())
 
 
 def model_name_for(directory):
@@ -166,12 +160,17 @@ def model_name_for(directory):
 
 def checkpoint_dtype(objects):
     """The dtype most of the model's floating-point bytes are stored in (ObjectInfo list)."""
+    return _most_floating_point_bytes(
+        (tensor.dtype, tensor.size) for info in objects for tensor in info.tensors)
+
+
+def _most_floating_point_bytes(tensors):
+    """The torch dtype of most bytes among (safetensors dtype, bytes) of floating-point tensors."""
     stored = collections.Counter()
-    for info in objects:
-        for tensor in info.tensors:
-            dtype = to_torch(tensor.dtype)
-            if dtype.is_floating_point:
-                stored[dtype] += tensor.size
+    for name, size in tensors:
+        dtype = to_torch(name)
+        if dtype.is_floating_point:
+            stored[dtype] += size
     if not stored:
         raise ValueError("the checkpoint holds no floating-point tensors")
     return stored.most_common(1)[0][0]
