@@ -67,9 +67,9 @@ class OnDemandExperts:
     """Hooks on `modules` ({path: experts module}, find_expert_modules) that fetch through `session`
     only the experts each call routes to, from model `model` registered with tensor grouping.
     Counters (for reports and tests): `fetched` experts fetched, `resident` of them found whole in
-    the daemon's GPU pool (every parameter's slice), `prefetched` fetches sent ahead that were used and `wasted` ones that
-    were not. close() removes the hooks (and is called by the StreamedWeights' close(), given as
-    `weights`)."""
+    the daemon's GPU pool (every parameter's slice), `prefetched` fetches sent ahead that were used
+    and `wasted` ones that were not. close() removes the hooks (and is called by the
+    StreamedWeights' close(), given as `weights`)."""
 
     def __init__(self, session, model, modules, prefetch=False, weights=None):
         self.session = session
@@ -178,8 +178,7 @@ class OnDemandExperts:
             self.session.release_many(leases, stream)
             for sent in list(fetches.values()) + list(pending.values()):
                 for fetch in sent:
-                    if not fetch._taken:
-                        fetch.cancel()
+                    fetch.cancel()  # a no-op for one already taken
 
     def _send_ahead(self, layer):
         if layer.pending is not None or not layer.last_chosen:
