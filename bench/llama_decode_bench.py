@@ -51,14 +51,20 @@ def build_checkpoint(args, directory):
     return model.eval()
 
 
-def generate(model, ids, tokens, runs=1):
+def generate(model, ids, tokens, runs=1, sampled=False):
     """`tokens` greedy tokens after `ids`, timed, the fastest of `runs` (after one untimed run
-    when `runs` > 1); returns (tokens, seconds)."""
+    when `runs` > 1); returns (tokens, seconds). `sampled`: sampled instead (temperature 1 from the
+    whole vocabulary, the generator seeded alike each time: equal logits give equal tokens)."""
+    decoding = (dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if sampled
+                else dict(do_sample=False))
+
     def once():
+        if sampled:
+            torch.manual_seed(7)
         with torch.no_grad():
             out, seconds = timed(lambda: model.generate(
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
-                min_new_tokens=tokens, do_sample=False))
+                min_new_tokens=tokens, **decoding))
         return out[:, ids.shape[1]:], seconds
     if runs > 1:
         once()

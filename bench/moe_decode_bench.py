@@ -18,11 +18,11 @@ Goal: on demand >= 3x the tokens/s of whole-block streaming.
 
 Each is run greedy and sampled (temperature 1, seeded alike: equal logits give equal tokens); with
 random weights greedy decoding soon repeats itself, and so do its experts, while sampling chooses
-varied tokens and experts. Before each timed run the same tokens are decoded once untimed (the daemon's host cache then holds
-what the run reads, as on a serving node), and the GPU pool is emptied of the model's objects, so
-the run's pool hits are its own.
+varied tokens and experts. Before each timed run the same tokens are decoded once untimed (the
+daemon's host cache then holds what the run reads, as on a serving node), and the GPU pool is
+emptied of the model's objects, so the run's pool hits are its own.
 
-    bench/moe_decode_bench.py --tierd BUNDLE/bin/tierd --work-dir /tmp/moe --json out.json
+    bench/moe_decode_bench.py --tierd BUNDLE/bin/tierd --work-dir WORK --json out.json
 """
 
 import argparse
@@ -40,7 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import tierd  # noqa: E402
 import tierd.transformers  # noqa: E402
-from kv_cache_bench import log, timed  # noqa: E402
+from kv_cache_bench import log  # noqa: E402
+from llama_decode_bench import generate  # noqa: E402
 from stream_weights_bench import Daemon  # noqa: E402
 
 
@@ -60,32 +61,21 @@ def build_checkpoint(args, directory):
     return model.eval()
 
 
-def generate(model, ids, tokens, sampled=False):
-    """`tokens` new tokens, greedy or sampled (temperature 1 from the whole vocabulary, the
-    generator seeded the same way each time: equal logits give equal tokens); (tokens, seconds)."""
-    if sampled:
-        torch.manual_seed(7)
-    with torch.no_grad():
-        out, seconds = timed(lambda: model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
-            min_new_tokens=tokens, do_sample=sampled, temperature=1.0, top_k=0, top_p=1.0))
-    return out[:, ids.shape[1]:], seconds
-
-
 def run_tierd(client, checkpoint, ids, expected, tokens, expert_bytes, sampled, **options):
     """Loads the checkpoint through tierd with `options`, decodes `tokens` once untimed, empties
     the GPU pool of the model's objects and decodes them again, timed."""
     model = tierd.transformers.from_pretrained(checkpoint, client, **options)
     name = model.tierd_weights.model
     try:
-        generate(model, ids, tokens, sampled)  # untimed: the host cache holds what the run reads
+        # Untimed: the host cache then holds what the timed run reads.
+        generate(model, ids, tokens, sampled=sampled)
         session = model.tierd_weights.session
         session.evict(f"{name}/", tier="gpu")
         experts = getattr(model, "tierd_experts", None)
         counters = (experts.fetched, experts.resident, experts.prefetched, experts.wasted) \
             if experts else None
         before = client.stats().bytes_host_to_gpu
-        out, seconds = generate(model, ids, tokens, sampled)
+        out, seconds = generate(model, ids, tokens, sampled=sampled)
         moved = client.stats().bytes_host_to_gpu - before
     finally:
         model.tierd_weights.close()
@@ -148,8 +138,8 @@ def main():
     expected = {}
     for decoding in ("greedy", "sampled"):
         sampled = decoding == "sampled"
-        generate(resident, ids, args.new_tokens, sampled)  # untimed, as the tierd runs
-        expected[decoding], seconds = generate(resident, ids, args.new_tokens, sampled)
+        generate(resident, ids, args.new_tokens, sampled=sampled)  # untimed, as the tierd runs
+        expected[decoding], seconds = generate(resident, ids, args.new_tokens, sampled=sampled)
         results.setdefault(decoding, {})["resident"] = {
             "tokens": args.new_tokens, "tokens_per_s": args.new_tokens / seconds,
             "distinct_tokens": len(set(expected[decoding][0].tolist()))}
