@@ -297,14 +297,16 @@ class ServedConversionTest(DaemonTestCase):
                     self.assertTrue(torch.equal(
                         self.fetch(session, f"{model}/{fused}.down_proj{shard}", f"{fused}.down_proj"),
                         downs[e].unsqueeze(0)))
-        return derived
+
+    # How Qwen-MoE checkpoints name an expert's gate, up and down projections.
+    QWEN_EXPERT_NAMES = ("model.layers.{layer}.mlp.experts.{e}.gate_proj.weight",
+                         "model.layers.{layer}.mlp.experts.{e}.up_proj.weight",
+                         "model.layers.{layer}.mlp.experts.{e}.down_proj.weight")
 
     def test_qwen_moe_experts_are_served_fused_and_one_by_one(self):
         directory, tensors = self.write_moe("qwen", layers=2, experts=6, naming=self.qwen_names)
         self.check("qwen", directory, tensors, QWEN2_MOE, 2, 6,
-                   "model.layers.{layer}.mlp.experts.{e}.gate_proj.weight",
-                   "model.layers.{layer}.mlp.experts.{e}.up_proj.weight",
-                   "model.layers.{layer}.mlp.experts.{e}.down_proj.weight")
+                   *self.QWEN_EXPERT_NAMES)
         with self.client.session() as session:
             q = "model.layers.1.self_attn.q_proj.weight"
             self.assertTrue(torch.equal(self.fetch(session, f"qwen/{q}", q), tensors[q]))
@@ -325,9 +327,7 @@ class ServedConversionTest(DaemonTestCase):
     def test_a_single_expert_and_a_zero_size_expert_tensor(self):
         directory, tensors = self.write_moe("one", layers=1, experts=1, naming=self.qwen_names)
         self.check("one", directory, tensors, QWEN2_MOE, 1, 1,
-                   "model.layers.{layer}.mlp.experts.{e}.gate_proj.weight",
-                   "model.layers.{layer}.mlp.experts.{e}.up_proj.weight",
-                   "model.layers.{layer}.mlp.experts.{e}.down_proj.weight")
+                   *self.QWEN_EXPERT_NAMES)
         directory, tensors = self.write_moe("empty", layers=1, experts=3, naming=self.qwen_names,
                                             intermediate=0)
         derived = conversions.derived_tensors(conversions.read_checkpoint_index(directory),
