@@ -144,8 +144,8 @@ def _cat(tensors, dim):
     first = tensors[0]
     dim = _dim(dim, len(first.shape))
     for other in tensors[1:]:
-        if (len(other.shape) != len(first.shape) or
-                other.shape[:dim] != first.shape[:dim] or other.shape[dim + 1:] != first.shape[dim + 1:]):
+        if (len(other.shape) != len(first.shape) or other.shape[:dim] != first.shape[:dim]
+                or other.shape[dim + 1:] != first.shape[dim + 1:]):
             raise ValueError(f"cannot concatenate shapes {[list(t.shape) for t in tensors]}")
     parts = [tensor.at_depth(dim) for tensor in tensors]
     shape = list(first.shape)
@@ -331,7 +331,8 @@ def derived_tensors(checkpoint, transforms, model_keys=None, base_model_prefix="
                                  _empty([name], checkpoint)))
     for key, (converter, sources) in converted.items():
         source_patterns = _patterns(converter, ("source_patterns", "source_keys"))
-        target_patterns = [_plain(p) for p in _patterns(converter, ("target_patterns", "target_keys"))]
+        target_patterns = [_plain(pattern) for pattern in
+                           _patterns(converter, ("target_patterns", "target_keys"))]
         order = {pattern: index for index, pattern in enumerate(source_patterns)}
         dtypes = {checkpoint[n][0] for names in sources.values() for n in names}
         if len(dtypes) != 1:

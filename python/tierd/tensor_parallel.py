@@ -4,8 +4,9 @@ straight from the model's unconverted safetensors files.
 A shard key names part `index` of `count` of every tensor of an object along dimension `dim`, as
 torch.tensor_split gives it: "MODEL/OBJECT@DIM:INDEX/COUNT". Tensors without that dimension come
 whole. A fused tensor (q, k and v stacked along dimension 0; gate and up) is split segment by
-segment: "MODEL/OBJECT@DIM:INDEX/COUNT:S1,S2,..." holds the rank's slice of each segment, in order. Fetch it like any key: only the disk blocks holding it are read, it is cached as an
-object of its own, and two ranks (or two daemons of a node) asking for the same shard share it.
+segment: "MODEL/OBJECT@DIM:INDEX/COUNT:S1,S2,..." holds the rank's slice of each segment, in order.
+Fetch it like any key: only the disk blocks holding it are read, it is cached as an object of its
+own, and two ranks (or two daemons of a node) asking for the same shard share it.
 
     key = tierd.tensor_parallel.shard_key("llama/model.layers.0.mlp.up_proj.weight", 0, rank, 2)
 
