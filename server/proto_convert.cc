@@ -63,7 +63,6 @@ absl::StatusOr<EvictTier> FromProto(v1::Tier tier) {
 }
 
 void ToProto(const ModelSummary& summary, v1::ModelSummary* out) {
-  out->set_derived_tensors(static_cast<uint32_t>(summary.derived_tensors));
   out->set_name(summary.name);
   out->set_directory(summary.directory);
   out->set_grouping(ToProto(summary.grouping));
@@ -72,6 +71,7 @@ void ToProto(const ModelSummary& summary, v1::ModelSummary* out) {
   out->set_tensors(summary.tensors);
   out->set_total_bytes(summary.total_bytes);
   out->set_stale(summary.stale);
+  out->set_derived_tensors(static_cast<uint32_t>(summary.derived_tensors));
 }
 
 void ToProto(const StagingSlabInfo& slab, v1::Handle* out) {

@@ -80,7 +80,11 @@ class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     }
     TIERD_LOG(INFO) << "registered model " << summary->name << ": " << summary->objects
                     << " objects, " << summary->tensors << " tensors in " << summary->files
-                    << " file(s)";
+                    << " file(s)"
+                    << (summary->derived_tensors > 0
+                            ? absl::StrCat(", ", summary->derived_tensors,
+                                           " of the tensors derived from the checkpoint's")
+                            : "");
     registered_(summary->name);
     v1::RegisterModelProgress last;
     last.set_files_done(summary->files);
