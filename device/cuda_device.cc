@@ -190,11 +190,13 @@ void RunHostFunction(void* arg) {
 
 class CudaDevice final : public Device {
  public:
-  CudaDevice(int ordinal, std::string description, int lowest_priority, int highest_priority)
+  CudaDevice(int ordinal, std::string description, int lowest_priority, int highest_priority,
+             size_t max_pitch)
       : ordinal_(ordinal),
         description_(std::move(description)),
         lowest_priority_(lowest_priority),
-        highest_priority_(highest_priority) {}
+        highest_priority_(highest_priority),
+        max_pitch_(max_pitch) {}
 
   std::string Describe() const override { return description_; }
   const char* backend() const override { return "cuda"; }
@@ -289,6 +291,33 @@ class CudaDevice final : public Device {
     RETURN_IF_ERROR(Activate());
     return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, Native(stream)),
                       "cudaMemcpyAsync");
+  }
+
+  absl::Status CopyAsync2D(Stream& stream, void* dst, size_t dst_pitch, const void* src,
+                           size_t src_pitch, size_t width, size_t rows) override {
+    if (width == 0 || rows == 0) return absl::OkStatus();
+    if (dst == nullptr || src == nullptr) {
+      return absl::InvalidArgumentError("copy with a null pointer");
+    }
+    if (rows == 1) return CopyAsync(stream, dst, src, width);
+    if (dst_pitch < width || src_pitch < width) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "2-D copy of rows of ", width, " bytes with pitches ", dst_pitch, " and ", src_pitch));
+    }
+    RETURN_IF_ERROR(Activate());
+    if (dst_pitch <= max_pitch_ && src_pitch <= max_pitch_) {
+      return CudaStatus(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
+                                          cudaMemcpyDefault, Native(stream)),
+                        "cudaMemcpy2DAsync");
+    }
+    // Rows further apart than a 2-D copy may step: one copy each.
+    for (size_t r = 0; r < rows; ++r) {
+      RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(static_cast<uint8_t*>(dst) + r * dst_pitch,
+                                                 static_cast<const uint8_t*>(src) + r * src_pitch,
+                                                 width, cudaMemcpyDefault, Native(stream)),
+                                 "cudaMemcpyAsync"));
+    }
+    return absl::OkStatus();
   }
 
   absl::Status RecordEvent(Event& event, Stream& stream) override {
@@ -405,6 +434,7 @@ class CudaDevice final : public Device {
   const std::string description_;
   const int lowest_priority_;
   const int highest_priority_;
+  const size_t max_pitch_;  // the most a 2-D copy's pitch may be (cudaDeviceProp::memPitch)
   CompletionThread completions_;
 };
 
@@ -442,8 +472,9 @@ absl::StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal) {
   int highest = 0;
   RETURN_IF_ERROR(CudaStatus(cudaDeviceGetStreamPriorityRange(&lowest, &highest),
                              "cudaDeviceGetStreamPriorityRange"));
-  return std::unique_ptr<Device>(new CudaDevice(
-      ordinal, absl::StrCat("cuda:", ordinal, " (", properties.name, ")"), lowest, highest));
+  return std::unique_ptr<Device>(
+      new CudaDevice(ordinal, absl::StrCat("cuda:", ordinal, " (", properties.name, ")"), lowest,
+                     highest, properties.memPitch));
 }
 
 }  // namespace tierd

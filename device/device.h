@@ -146,6 +146,12 @@ class Device {
   // is enqueued; the bytes move when the stream reaches it.
   // REQUIRES: both ranges stay valid until the copy completes.
   virtual absl::Status CopyAsync(Stream& stream, void* dst, const void* src, size_t bytes) = 0;
+  // Enqueues `rows` copies of `width` bytes on `stream`, row r from src + r * src_pitch to
+  // dst + r * dst_pitch (cudaMemcpy2DAsync), as CopyAsync does one. Errors: INVALID_ARGUMENT for a
+  // null pointer, or a pitch narrower than `width` when rows > 1.
+  // REQUIRES: both ranges stay valid until the copy completes.
+  virtual absl::Status CopyAsync2D(Stream& stream, void* dst, size_t dst_pitch, const void* src,
+                                   size_t src_pitch, size_t width, size_t rows) = 0;
 
   // Marks the current end of `stream`'s work in `event`, replacing any earlier record.
   virtual absl::Status RecordEvent(Event& event, Stream& stream) = 0;

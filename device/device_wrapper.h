@@ -40,6 +40,10 @@ class DeviceWrapper : public Device {
   absl::Status CopyAsync(Stream& stream, void* dst, const void* src, size_t bytes) override {
     return target_.CopyAsync(stream, dst, src, bytes);
   }
+  absl::Status CopyAsync2D(Stream& stream, void* dst, size_t dst_pitch, const void* src,
+                           size_t src_pitch, size_t width, size_t rows) override {
+    return target_.CopyAsync2D(stream, dst, dst_pitch, src, src_pitch, width, rows);
+  }
   absl::Status RecordEvent(Event& event, Stream& stream) override {
     return target_.RecordEvent(event, stream);
   }

@@ -163,6 +163,24 @@ absl::Status HostDevice::CopyAsync(Stream& stream, void* dst, const void* src, s
   return absl::OkStatus();
 }
 
+absl::Status HostDevice::CopyAsync2D(Stream& stream, void* dst, size_t dst_pitch, const void* src,
+                                     size_t src_pitch, size_t width, size_t rows) {
+  if (width == 0 || rows == 0) return absl::OkStatus();
+  if (dst == nullptr || src == nullptr) {
+    return absl::InvalidArgumentError("copy with a null pointer");
+  }
+  if (rows > 1 && (dst_pitch < width || src_pitch < width)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "2-D copy of rows of ", width, " bytes with pitches ", dst_pitch, " and ", src_pitch));
+  }
+  AsHost(stream).Enqueue([dst, dst_pitch, src, src_pitch, width, rows] {
+    auto* to = static_cast<uint8_t*>(dst);
+    const auto* from = static_cast<const uint8_t*>(src);
+    for (size_t r = 0; r < rows; ++r) std::memcpy(to + r * dst_pitch, from + r * src_pitch, width);
+  });
+  return absl::OkStatus();
+}
+
 absl::Status HostDevice::RecordEvent(Event& event, Stream& stream) {
   HostEvent& host_event = AsHost(event);
   const uint64_t n = host_event.state()->BeginRecord();

@@ -44,6 +44,8 @@ class HostDevice final : public Device {
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream(StreamPriority priority) override;
   absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CopyAsync(Stream& stream, void* dst, const void* src, size_t bytes) override;
+  absl::Status CopyAsync2D(Stream& stream, void* dst, size_t dst_pitch, const void* src,
+                           size_t src_pitch, size_t width, size_t rows) override;
   absl::Status RecordEvent(Event& event, Stream& stream) override;
   absl::Status WaitEvent(Stream& stream, Event& event) override;
   absl::StatusOr<bool> QueryEvent(Event& event) override;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "device/pinned_host_buffer.h"
@@ -88,6 +89,43 @@ TEST_F(DeviceTest, CopiesHostToDeviceToDeviceToHostPreserveEveryByte) {
   ASSERT_THAT(device_->CopyAsync(*stream_, result->data(), second->data(), kBytes), IsOk());
   ASSERT_THAT(device_->SynchronizeStream(*stream_), IsOk());
   EXPECT_EQ(FirstPatternMismatch(result->data(), kBytes, 1), -1);
+}
+
+TEST_F(DeviceTest, TwoDimensionalCopiesTakeEachRowFromItsPitch) {
+  // Columns [300, 300 + 1001) of 3001 rows of 4099 bytes, host → device packed, then back out
+  // into every other 1001 bytes of the result.
+  constexpr size_t kPitch = 4099, kRows = 3001, kWidth = 1001, kFirst = 300;
+  auto source = NewPinned(kPitch * kRows, 6);
+  auto result = NewPinned(2 * kWidth * kRows, 7);
+  auto slab = NewZeroedSlab(kWidth * kRows);
+  const auto* from = static_cast<const uint8_t*>(source->data());
+  const auto* out = static_cast<const uint8_t*>(result->data());
+  ASSERT_THAT(
+      device_->CopyAsync2D(*stream_, slab->data(), kWidth, from + kFirst, kPitch, kWidth, kRows),
+      IsOk());
+  ASSERT_THAT(device_->CopyAsync2D(*stream_, result->data(), 2 * kWidth, slab->data(), kWidth,
+                                   kWidth, kRows),
+              IsOk());
+  ASSERT_THAT(device_->SynchronizeStream(*stream_), IsOk());
+  std::vector<uint8_t> untouched(2 * kWidth * kRows);
+  FillPattern(untouched.data(), untouched.size(), 7);
+  for (size_t row = 0; row < kRows; ++row) {
+    ASSERT_EQ(std::memcmp(out + row * 2 * kWidth, from + row * kPitch + kFirst, kWidth), 0)
+        << "row " << row;
+    ASSERT_EQ(std::memcmp(out + row * 2 * kWidth + kWidth,
+                          untouched.data() + row * 2 * kWidth + kWidth, kWidth),
+              0)
+        << "the gap after row " << row << " was written";
+  }
+  // One row is a plain copy, whatever the pitches say; a pitch narrower than a row is refused.
+  ASSERT_THAT(device_->CopyAsync2D(*stream_, slab->data(), 0, source->data(), 0, kWidth, 1),
+              IsOk());
+  ASSERT_THAT(device_->SynchronizeStream(*stream_), IsOk());
+  EXPECT_THAT(
+      device_->CopyAsync2D(*stream_, slab->data(), kWidth, source->data(), kWidth - 1, kWidth, 2),
+      StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(device_->CopyAsync2D(*stream_, nullptr, kWidth, source->data(), kWidth, kWidth, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST_F(DeviceTest, EventCompletesOnlyAfterEarlierWorkOnItsStream) {
