@@ -62,11 +62,27 @@ struct Extent {
   uint64_t object_offset = 0;
 };
 
+// Rows of bytes copied from one object into another: for r in [0, rows), bytes
+// [src_offset + r * src_pitch, + width) land at [dst_offset + r * dst_pitch, + width).
+struct StridedRange {
+  uint64_t src_offset = 0;
+  uint64_t src_pitch = 0;
+  uint64_t dst_offset = 0;
+  uint64_t dst_pitch = 0;
+  uint64_t width = 0;
+  uint64_t rows = 1;
+};
+
 struct ObjectInfo {
   std::string name;  // within the model
   uint64_t size = 0;
   std::vector<TensorPlacement> tensors;  // in object order
   std::vector<Extent> extents;           // sorted by (file, file_offset); adjacent ones merged
+  // A shard (storage/shard.h) is cut from another object of its model: `base` names it and
+  // `from_base` says which of its bytes land where in the shard (together, every byte of the
+  // shard's tensors). Both empty for any other object.
+  std::string base;
+  std::vector<StridedRange> from_base;
 };
 
 // A model file as registration found it. Every open of it must find the same file (CheckModelFile

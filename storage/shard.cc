@@ -73,6 +73,10 @@ class ExtentMap {
 constexpr uint64_t kMaxShardReadAmplification = 64;
 constexpr uint64_t kShardReadAllowance = 16 << 20;
 
+uint64_t MaxShardRead(uint64_t shard_bytes) {
+  return std::max(kMaxShardReadAmplification * shard_bytes, shard_bytes + kShardReadAllowance);
+}
+
 // Separate file ranges a shard may take: one per row of the dimensions before `dim` of each split
 // tensor. A 128256 × 16384 embedding split along dimension 1 takes 128256; the bound keeps a
 // client's spec from costing the daemon gigabytes (a conv weight split along its last dimension).
@@ -183,6 +187,7 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
   const ExtentMap extents(object.extents);
   ObjectInfo shard;
   shard.name = std::move(name);
+  shard.base = object.name;
   std::vector<Extent> pieces;
   uint64_t cursor = 0;
   for (const TensorPlacement& tensor : object.tensors) {
@@ -236,6 +241,12 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
       length = shard_rows * inner;
     }
     out.size = outer * length;
+    for (const Piece& piece : row_pieces) {
+      if (piece.length == 0) continue;
+      shard.from_base.push_back(StridedRange{tensor.offset + piece.first, stride,
+                                             out.offset + piece.landing, length, piece.length,
+                                             outer});
+    }
     for (uint64_t o = 0; o < outer; ++o) {
       for (const Piece& piece : row_pieces) {
         if (piece.length == 0) continue;
@@ -273,9 +284,7 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
   }
   uint64_t read = 0;
   for (auto& [file, ranges] : by_file) read += DiskBytesToRead(std::move(ranges));
-  const uint64_t allowed =
-      std::max(kMaxShardReadAmplification * shard.size, shard.size + kShardReadAllowance);
-  if (read > allowed) {
+  if (read > MaxShardRead(shard.size)) {
     return BadShard(object, spec,
                     absl::StrCat("it would read ", read, " bytes from disk for ", shard.size,
                                  " (more than ", kMaxShardReadAmplification,
@@ -320,6 +329,15 @@ std::pair<uint64_t, uint64_t> ShardRows(uint64_t rows, uint32_t index, uint32_t 
 absl::StatusOr<ObjectInfo> FindShard(const ModelInfo& model, absl::string_view object_name) {
   ASSIGN_OR_RETURN(const auto parsed, ParseShardName(model, object_name));
   return ShardObject(*parsed.first, parsed.second, std::string(object_name));
+}
+
+bool CutShardFromObject(const ObjectInfo& shard, uint64_t object_size, bool object_in_host_memory) {
+  if (shard.base.empty()) return false;
+  if (object_in_host_memory) return true;
+  const bool strided = std::any_of(
+      shard.from_base.begin(), shard.from_base.end(),
+      [](const StridedRange& range) { return range.rows > 1 && range.width < range.src_pitch; });
+  return strided && object_size <= MaxShardRead(shard.size);
 }
 
 bool IsShardName(const ModelInfo& model, absl::string_view object_name) {

@@ -18,6 +18,10 @@
 // and the shard holds the rank's slice of each, in order (torch.cat of tensor_split of each
 // segment), as the rank's module expects its fused parameter.
 //
+// A shard also says how it is cut from its object's bytes (ObjectInfo::base and from_base): the
+// GPU tier copies it straight out of the whole object in host memory when that serves the node
+// better than reading the shard's own ranges (CutShardFromObject).
+//
 // Pure computation: no I/O, no locking. Thread-compatible.
 #ifndef TIERD_STORAGE_SHARD_H_
 #define TIERD_STORAGE_SHARD_H_
@@ -47,6 +51,14 @@ std::pair<uint64_t, uint64_t> ShardRows(uint64_t rows, uint32_t index, uint32_t 
 // narrow slice along a high dimension of a wide tensor reads every row's blocks. An object of the
 // model whose own name looks like a shard's is found by FindObject first: it is that object.
 absl::StatusOr<ObjectInfo> FindShard(const ModelInfo& model, absl::string_view object_name);
+
+// Whether to copy `shard` out of its whole object's bytes in host memory (`object_size` bytes;
+// `object_in_host_memory` when they are there already) rather than read the shard's own file
+// ranges. Always when the object is in host memory already. Otherwise when the shard is strided
+// (rows narrower than their pitch: read alone, it reads the blocks its neighbouring ranks' shards
+// read too, once per rank, where the object read once serves them all), and reading the whole
+// object reads no more per byte of the shard than FindShard lets a shard's own reads.
+bool CutShardFromObject(const ObjectInfo& shard, uint64_t object_size, bool object_in_host_memory);
 
 // True when `object_name` is OBJECT@SPEC with OBJECT an object of `model` and SPEC written
 // canonically; whether the spec fits the object is not checked.

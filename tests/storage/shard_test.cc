@@ -50,6 +50,30 @@ class ShardTest : public HostCacheTest {
     const TensorPlacement& placement = ref->object->tensors.at(tensor);
     return FetchBytes(key).substr(placement.offset, placement.size);
   }
+
+  // Checks that shard `key` cut out of its whole object's bytes (ObjectInfo::from_base, as the GPU
+  // tier copies it) has every tensor's bytes of the shard read as itself.
+  void ExpectCutEqualsRead(const std::string& key) {
+    absl::StatusOr<ObjectRef> ref = catalog_->Lookup(key);
+    ASSERT_THAT(ref, IsOk()) << key;
+    const ObjectInfo& shard = *ref->object;
+    ASSERT_FALSE(shard.base.empty()) << key;
+    const std::string whole = FetchBytes(absl::StrCat(ref->model->name, "/", shard.base));
+    std::string cut(shard.size, '\0');
+    for (const StridedRange& range : shard.from_base) {
+      for (uint64_t row = 0; row < range.rows; ++row) {
+        ASSERT_LE(range.src_offset + row * range.src_pitch + range.width, whole.size()) << key;
+        ASSERT_LE(range.dst_offset + row * range.dst_pitch + range.width, cut.size()) << key;
+        cut.replace(range.dst_offset + row * range.dst_pitch, range.width,
+                    whole.substr(range.src_offset + row * range.src_pitch, range.width));
+      }
+    }
+    const std::string read = FetchBytes(key);
+    for (const TensorPlacement& tensor : shard.tensors) {
+      EXPECT_EQ(cut.substr(tensor.offset, tensor.size), read.substr(tensor.offset, tensor.size))
+          << key << " " << tensor.name;
+    }
+  }
 };
 
 // A shard's layout is derived once per registration, not at every lookup: the tiers look a key
@@ -92,6 +116,7 @@ TEST_F(ShardTest, ShardsAreTensorSplitForEveryDtypeDimAndCount) {
           const std::string key = absl::StrCat("m/", tensor.name, "@", dim, ":", index, "/", count);
           const std::string expected = testing::TensorSplit(tensor, dim, index, count);
           ASSERT_EQ(FetchBytes(key), expected) << key;
+          ExpectCutEqualsRead(key);
           absl::StatusOr<ObjectRef> ref = catalog_->Lookup(key);
           ASSERT_THAT(ref, IsOk());
           std::vector<uint64_t> shape = tensor.shape;
@@ -168,6 +193,7 @@ TEST_F(ShardTest, AFusedTensorIsSplitSegmentBySegment) {
         const std::string key = absl::StrCat("m/", c.tensor->name, "@", c.dim, ":", index, "/",
                                              count, ":", absl::StrJoin(c.segments, ","));
         EXPECT_EQ(FetchBytes(key), Cat2D(parts, c.dim)) << key;
+        ExpectCutEqualsRead(key);
         absl::StatusOr<ObjectRef> ref = catalog_->Lookup(key);
         ASSERT_THAT(ref, IsOk());
         uint64_t rows = 0;
@@ -208,7 +234,9 @@ TEST_F(ShardTest, AnObjectOfSeveralTensorsAcrossFilesSplitsThoseWithTheDimension
                                        : source.data;  // the 1-D norm stays whole
       EXPECT_EQ(TensorOfShard(key, t), expected) << key << " " << placement.name;
     }
+    ExpectCutEqualsRead(key);
   }
+  ExpectCutEqualsRead("m/layers.0@0:1/2");
   // Dim 0 splits the norm too: it has a dimension 0.
   absl::StatusOr<ObjectRef> rows = catalog_->Lookup("m/layers.0@0:1/2");
   ASSERT_THAT(rows, IsOk());
@@ -338,6 +366,33 @@ TEST(ShardLayoutTest, AShardThatWouldReadFarMoreThanItsBytesIsRefused) {
   EXPECT_THAT(FindShard(model, "w@1:3/8"), testing::IsOk());
   EXPECT_EQ(DiskBytesToRead({{4096, 100}, {4096 + 80000, 100}}), 8192u);   // too far apart
   EXPECT_EQ(DiskBytesToRead({{4096, 100}, {4096 + 60000, 100}}), 61440u);  // read as one
+}
+
+// Which shards the GPU tier cuts out of their whole object in host memory: any, when the object
+// is there already; otherwise a strided one (read alone, it reads blocks its neighbours' shards
+// read too) whose object is within the read bound; never a dim-0 shard whose rows are contiguous.
+TEST(ShardLayoutTest, StridedShardsAreCutFromTheirObjectAndContiguousOnesReadAlone) {
+  const ModelInfo model = WideModel();
+  const uint64_t whole = model.objects[0].size;
+  absl::StatusOr<ObjectInfo> rows = FindShard(model, "w@0:3/8");
+  absl::StatusOr<ObjectInfo> columns = FindShard(model, "w@1:3/8");
+  ASSERT_THAT(rows, testing::IsOk());
+  ASSERT_THAT(columns, testing::IsOk());
+  EXPECT_EQ(columns->base, "w");
+  ASSERT_EQ(columns->from_base.size(), 1u);
+  const StridedRange& range = columns->from_base[0];
+  EXPECT_EQ(range.rows, 8192u);
+  EXPECT_EQ(range.width, 1024u * 2);
+  EXPECT_EQ(range.src_pitch, 8192u * 2);
+  EXPECT_EQ(range.src_offset, 3u * 1024 * 2);
+  EXPECT_EQ(range.dst_pitch, 1024u * 2);
+  EXPECT_TRUE(CutShardFromObject(*columns, whole, /*object_in_host_memory=*/false));
+  EXPECT_FALSE(CutShardFromObject(*rows, whole, /*object_in_host_memory=*/false));
+  EXPECT_TRUE(CutShardFromObject(*rows, whole, /*object_in_host_memory=*/true));
+  // An object far larger than the shard (past the read bound) is not read whole for it.
+  EXPECT_FALSE(CutShardFromObject(*columns, 65 * columns->size + (16 << 20), false));
+  // An object that is no shard is never cut.
+  EXPECT_FALSE(CutShardFromObject(model.objects[0], whole, true));
 }
 
 }  // namespace
