@@ -249,6 +249,10 @@ void GpuTier::LeaseDrained(const GpuClient::Lease& lease, bool forced) {
 
 // ---- Leases -------------------------------------------------------------------------------------
 
+void GpuTier::DeriveShardLayout(const std::string& key) const {
+  if (key.find('@') != std::string::npos) (void)catalog_.Lookup(key);
+}
+
 StagingObject* GpuTier::ListedServable(const std::string& key) {
   StagingObject* object = residency_.FindListed(key);
   if (object == nullptr || object->model != nullptr || object->copying ||
@@ -264,6 +268,7 @@ StagingObject* GpuTier::ListedServable(const std::string& key) {
 
 void GpuTier::Fetch(ClientId client_id, const std::string& key, ReadPriority priority,
                     absl::Time deadline, LeaseCallback done, FetchOptions options) {
+  DeriveShardLayout(key);
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   auto fail = [&](absl::Status status) { DeferAnswer(deferred.calls(), std::move(done), status); };
@@ -316,6 +321,7 @@ absl::StatusOr<bool> GpuTier::Prefetch(const std::string& key, absl::Time deadli
     RETURN_IF_ERROR(host_source_.Prefetch(host_key, deadline));
     return !resident;
   }
+  DeriveShardLayout(key);
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   if (StagingObject* object = ListedServable(key); object != nullptr) {
@@ -328,6 +334,7 @@ absl::StatusOr<bool> GpuTier::Prefetch(const std::string& key, absl::Time deadli
 }
 
 void GpuTier::Pin(ClientId client_id, const std::string& key, StatusCallback done) {
+  DeriveShardLayout(key);
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   auto answer = [&](absl::Status status) {

@@ -189,6 +189,11 @@ class GpuTier {
   // residency_.FindListed(key), unless that is a stored object in a registered model's namespace,
   // which is forgotten instead (nullptr).
   StagingObject* ListedServable(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Has the catalog derive the layout of the shard `key` names, if it names one, before the lock
+  // is taken: a wide tensor's shard takes tens of milliseconds to derive, and the catalog keeps
+  // it, so the lookup made under the lock finds it ready (unless the catalog let it go since,
+  // past its bound on kept layouts).
+  void DeriveShardLayout(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
   // Hands a released lease's buffer back once `done_event` (and the lease's own event, for a copy
   // through the host) completes.
   void DrainLeaseLocked(GpuClient& client, const GpuClient::Lease& lease,

@@ -18,6 +18,7 @@ struct GpuTierStats {
   uint64_t evictions = 0;
   uint64_t bytes_host_to_gpu = 0;
   uint64_t bytes_gpu_to_host = 0;
+  uint64_t shards_cut = 0;    // shards copied out of their whole object's host bytes
   uint64_t peer_fetches = 0;  // fetches answered with a copy of a peer's object
   uint64_t bytes_peer_to_gpu = 0;
   uint64_t peer_fetches_through_host = 0;
@@ -41,6 +42,7 @@ inline constexpr Figure<GpuTierStats> kGpuTierFigures[] = {
     {"gpu.evictions", &GpuTierStats::evictions},
     {"bytes_host_to_gpu", &GpuTierStats::bytes_host_to_gpu},
     {"bytes_gpu_to_host", &GpuTierStats::bytes_gpu_to_host},
+    {"shards_cut", &GpuTierStats::shards_cut},
     {"peer_fetches", &GpuTierStats::peer_fetches},
     {"bytes_peer_to_gpu", &GpuTierStats::bytes_peer_to_gpu},
     {"peer_fetches_through_host", &GpuTierStats::peer_fetches_through_host},

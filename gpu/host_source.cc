@@ -5,10 +5,7 @@
 namespace tierd {
 
 HostBytes::HostBytes(HostObject object, const PinnedPieceBoundaries& pieces)
-    : object_(std::move(object)),
-      data_(object_.data()),
-      size_(object_.size()),
-      pieces_(&pieces) {}
+    : object_(std::move(object)), data_(object_.data()), size_(object_.size()), pieces_(&pieces) {}
 
 HostBytes::HostBytes(const uint8_t* data, uint64_t size, const PinnedPieceBoundaries& pieces,
                      absl::AnyInvocable<void() &&> release)

@@ -6,8 +6,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "storage/shard.h"
 
 namespace tierd {
+namespace {
+
+// The host key of the whole object `shard` is cut from.
+std::string WholeObjectKey(const ModelInfo& model, const ObjectInfo& shard) {
+  return absl::StrCat(model.name, "/", shard.base);
+}
+
+}  // namespace
 
 StagingLoader::StagingLoader(const TierParts& tier, const Own& own)
     : mu_(tier.mu),
@@ -41,12 +50,23 @@ absl::StatusOr<StagingObject*> StagingLoader::StartLoad(const std::string& key,
     ASSIGN_OR_RETURN(ObjectRef ref, catalog_.Lookup(key));
     record.size = ref.object->size;
     record.tensors = ref.tensors();
-    record.model = ref.model;
+    if (ref.shard != nullptr) {
+      // A shard is cut out of its whole object where that reads less for the node.
+      const ObjectInfo* whole = FindObject(*ref.model, ref.shard->base);
+      if (whole != nullptr &&
+          CutShardFromObject(*ref.shard, whole->size,
+                             host_source_.IsResident(WholeObjectKey(*ref.model, *ref.shard)))) {
+        record.cut = ref.shard;
+        record.cut_from_size = whole->size;
+      }
+    }
+    record.model = std::move(ref.model);
   }
   if (!FitsInSlab(record.size, pool_.largest_slab())) {
     return LargerThanSlab(key, record.size, pool_.largest_slab());
   }
   record.demand = priority == ReadPriority::kDemand;
+  record.deadline = deadline;
   // Made once the key is known to be loadable, so that a refusal leaves nothing in the table.
   StagingObject* object = residency_.Create(key);
   static_cast<StagingObjectRecord&>(*object) = std::move(record);
@@ -68,8 +88,10 @@ void StagingLoader::IssueHostFetch(StagingObject* object, ReadPriority priority,
                                    absl::Time deadline, Deferred& deferred) {
   ++object->host_fetches;
   ++host_fetches_in_flight_;
-  deferred.push_back([this, object, key = stored_.HostKey(object->key(), object->model == nullptr),
-                      priority, deadline] {
+  std::string key = object->cut != nullptr
+                        ? WholeObjectKey(*object->model, *object->cut)
+                        : stored_.HostKey(object->key(), object->model == nullptr);
+  deferred.push_back([this, object, key = std::move(key), priority, deadline] {
     host_source_.Fetch(key, priority, deadline, [this, object](absl::StatusOr<HostBytes> host) {
       OnHostObject(object, std::move(host));
     });
@@ -92,13 +114,24 @@ void StagingLoader::OnHostObject(StagingObject* object, absl::StatusOr<HostBytes
   }
   if (!host.ok()) {
     if (object->host_fetches > 0) return;  // the promoted fetch may still succeed
+    if (object->cut != nullptr && absl::IsResourceExhausted(host.status())) {
+      // The whole object does not fit the host tier now: the shard's own ranges may.
+      object->cut.reset();
+      return IssueHostFetch(object,
+                            object->demand ? ReadPriority::kDemand : ReadPriority::kPrefetch,
+                            object->deadline, deferred.calls());
+    }
     return FailLoad(object, host.status(), deferred.calls());
   }
-  if (host->size() != object->size) {
-    return FailLoad(object,
-                    absl::InternalError(absl::StrCat("host tier has ", host->size(), " bytes of ",
-                                                     object->key(), ", expected ", object->size)),
-                    deferred.calls());
+  const uint64_t expected = object->cut != nullptr ? object->cut_from_size : object->size;
+  if (host->size() != expected) {
+    return FailLoad(
+        object,
+        absl::InternalError(absl::StrCat(
+            "host tier has ", host->size(), " bytes of ",
+            object->cut != nullptr ? WholeObjectKey(*object->model, *object->cut) : object->key(),
+            ", expected ", expected)),
+        deferred.calls());
   }
   object->state = StagingObject::State::kAllocating;
   auto shared_host = std::make_shared<HostBytes>(*std::move(host));
@@ -124,15 +157,21 @@ void StagingLoader::CopyIn(StagingObject* object, HostBytes host, Deferred& defe
   // The host reference goes after the lock: releasing it can run host-cache callbacks that take it.
   deferred.push_back([shared_host]() mutable { shared_host.reset(); });
   // Without a free event the copy still goes ahead, and its readers are answered once it is done.
-  if (absl::StatusOr<uint32_t> ready = events_.Acquire(EventUse::kDaemonRecords); ready.ok()) object->ready_event = *ready;
+  if (absl::StatusOr<uint32_t> ready = events_.Acquire(EventUse::kDaemonRecords); ready.ok())
+    object->ready_event = *ready;
   Stream& stream = object->demand ? demand_stream_ : prefetch_stream_;
-  absl::Status status = copier_.CopyChunked(stream, pool_.data(object->memory->range()),
-                                            shared_host->data(), object->size,
-                                            /*host_is_dst=*/false, shared_host->pieces());
+  uint8_t* staging = pool_.data(object->memory->range());
+  absl::Status status =
+      object->cut != nullptr
+          ? copier_.CopyStrided(stream, staging, shared_host->data(), object->cut->from_base,
+                                shared_host->pieces())
+          : copier_.CopyChunked(stream, staging, shared_host->data(), object->size,
+                                /*host_is_dst=*/false, shared_host->pieces());
   if (status.ok() && object->ready_event) {
     status = device_.RecordEvent(events_.event(*object->ready_event), stream);
   }
   if (status.ok()) {
+    if (object->cut != nullptr) ++stats_.shards_cut;
     residency_.CopyStarted();
     object->copying = true;
     status = device_.NotifyWhenDone(stream, [this, object, shared_host]() mutable {

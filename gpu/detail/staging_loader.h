@@ -86,8 +86,7 @@ class StagingLoader {
  private:
   void IssueHostFetch(StagingObject* object, ReadPriority priority, absl::Time deadline,
                       Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnHostObject(StagingObject* object, absl::StatusOr<HostBytes> host)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  void OnHostObject(StagingObject* object, absl::StatusOr<HostBytes> host) ABSL_LOCKS_EXCLUDED(mu_);
   // Copies `host` into the object's staging range and answers its waiters.
   void CopyIn(StagingObject* object, HostBytes host, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "common/residency.h"
 #include "gpu/gpu_tier_types.h"
 #include "gpu/staging_pool.h"
@@ -41,6 +42,12 @@ struct StagingObjectRecord {
   uint64_t size = 0;
   Tensors tensors;
   std::shared_ptr<const ModelInfo> model;  // weights: the registration the bytes belong to
+  // A shard copied out of its whole object's host bytes (ObjectInfo::from_base), of
+  // `cut_from_size` bytes, rather than read as itself (storage/shard.h, CutShardFromObject); null
+  // otherwise.
+  std::shared_ptr<const ObjectInfo> cut;
+  uint64_t cut_from_size = 0;
+  absl::Time deadline = absl::InfiniteFuture();  // the load's first host fetch's
   State state = State::kFetchingHost;
   // Recorded after the copy into staging; held while that copy may run, and while a lease granted
   // then (which names it) is held: StagingResidency::DropReadyEventIfUnneeded gives it back.

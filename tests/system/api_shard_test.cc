@@ -45,6 +45,39 @@ TEST_F(ApiTest, ASessionFetchesATensorParallelShardOfEachTensor) {
               StatusIs(absl::StatusCode::kNotFound));
 }
 
+// One-column shards of a thousand-row tensor, each a slice of every row: read as itself, each
+// would read a block of every row (the whole 4 MB tensor, a thousand times its 4000 bytes). The
+// tensor is read once, and every shard is cut out of it in host memory on the way to the GPU.
+TEST_F(ApiTest, OneColumnShardsOfAThousandRowTensorReadItOnceInAll) {
+  const testing::TensorSpec wide = RandomTensor("w", "F32", {1000, 1024}, 77);
+  ::mkdir(model_dir("wide").c_str(), 0755);
+  ASSERT_THAT(
+      testing::WriteSafetensors(absl::StrCat(model_dir("wide"), "/model.safetensors"), {wide}),
+      IsOk());
+  ASSERT_THAT(client_->RegisterModel("wide", model_dir("wide"), v1::GROUPING_TENSOR), IsOk());
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  const v1::Stats before = Stats();
+  constexpr uint32_t kShards = 48;
+  for (uint32_t i = 0; i < kShards; ++i) {
+    const uint32_t index = i * 1024 / kShards + i % 7;
+    const std::string key = ShardKey("wide/w", 1, index, 1024);
+    auto lease = (*session)->Fetch(key);
+    ASSERT_THAT(lease, IsOk()) << key;
+    ASSERT_EQ(lease->tensors().size(), 1u);
+    EXPECT_EQ(Bytes(**session, *lease).substr(lease->tensors()[0].offset(), 4000),
+              testing::TensorSplit(wide, 1, index, 1024))
+        << key;
+    lease->Release();
+  }
+  const v1::Stats after = Stats();
+  const uint64_t read = after.disk_bytes_read() - before.disk_bytes_read();
+  EXPECT_GE(read, wide.data.size());
+  EXPECT_LE(read, wide.data.size() + 2 * 4096) << "read more than the tensor once";
+  EXPECT_EQ(after.shards_cut() - before.shards_cut(), kShards);
+  EXPECT_EQ(after.bytes_host_to_gpu() - before.bytes_host_to_gpu(), kShards * 4000);
+}
+
 TEST_F(ApiTest, TierctlGetsAndPrefetchesShards) {
   ASSERT_EQ(Tierctl({"load", "p", model_dir("model"), "--group=tensor"}).exit_code, 0);
   const std::string tensor = "blocks.3.ffn.up.weight";

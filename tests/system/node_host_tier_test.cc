@@ -74,9 +74,13 @@ TEST_F(NodeHostTierTest, EachObjectIsReadAndPinnedOnceForTheNode) {
   EXPECT_EQ(disk_again, model_bytes_);
 }
 
-// Tensor-parallel ranks, one per daemon, each fetching its shard of every tensor: each shard is
-// read from disk once for the node, by its home, whichever rank asks first; their shards add up to
-// the model. Every daemon then fetching every rank's shards reads nothing more.
+// Tensor-parallel ranks, one per daemon, each fetching its shard of every tensor (half split
+// along dimension 0, half along dimension 1): the node reads each byte of the checkpoint from
+// disk once, raw reads included, and holds it once in host memory. A dim-0 shard is its own
+// contiguous range, read by its home; a dim-1 shard (a slice of every 4 KiB row, 1.3 KiB here)
+// would read every row's block once per rank, so the whole tensor is read once, by its home,
+// and each rank's slice is cut from it on the way to the GPU. Every daemon then fetching every
+// rank's shards reads nothing more.
 TEST_F(NodeHostTierTest, EachShardIsReadOnceForTheNode) {
   StartDaemons();
   auto shard_key = [](const TensorSpec& tensor, int rank, size_t t) {
@@ -90,9 +94,26 @@ TEST_F(NodeHostTierTest, EachShardIsReadOnceForTheNode) {
     }
   };
   for (int rank = 0; rank < kDaemons; ++rank) check(rank, rank);
-  uint64_t disk = 0;
-  for (int i = 0; i < kDaemons; ++i) disk += Stats(i).bytes_disk_to_host();
+  uint64_t disk = 0, raw = 0, held = 0, held_objects = 0, cut = 0;
+  for (int i = 0; i < kDaemons; ++i) {
+    const v1::Stats stats = Stats(i);
+    disk += stats.bytes_disk_to_host();
+    raw += stats.disk_bytes_read();
+    held += stats.host().used_bytes();
+    held_objects += stats.host().objects();
+    cut += stats.shards_cut();
+  }
   EXPECT_EQ(disk, model_bytes_);
+  // What the disk read, whole blocks: each tensor's first and last block may hold a neighbour's
+  // bytes too.
+  EXPECT_GE(raw, model_bytes_);
+  EXPECT_LE(raw, model_bytes_ + tensors_.size() * 2 * 4096);
+  // Host memory holds the dim-1 tensors whole and the dim-0 shards, each allocation with at most
+  // a page before its bytes (where the read's aligned window starts).
+  EXPECT_EQ(held_objects, tensors_.size() / 2 * (1 + kDaemons));
+  EXPECT_GE(held, model_bytes_);
+  EXPECT_LE(held, model_bytes_ + held_objects * 4096);
+  EXPECT_EQ(cut, tensors_.size() / 2 * kDaemons) << "every dim-1 shard is cut from its tensor";
 
   for (int i = 0; i < kDaemons; ++i) {
     ASSERT_THAT(session(i).Evict("m/", v1::TIER_GPU), IsOk());

@@ -24,8 +24,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_test_support.h"
-#include "tests/system/operations_test_fixture.h"
 #include "tests/storage_test_support.h"
+#include "tests/system/operations_test_fixture.h"
 #include "tests/test_support.h"
 
 namespace tierd {
