@@ -15,7 +15,7 @@
 //             against plain copies of the same bytes from one shared pinned buffer;
 //   tp        (only when --phases names it) tensor parallelism, one rank per daemon: all fresh,
 //             each other's peers, every rank cold-loads its shard of every tensor at once, along
-//             dimension 0 and then 1 (docs/SHARDS.md).
+//             dimension 0 and then 1 (docs/SHARDS.md), then again warm from the host tier.
 // Prints progress on stderr and a table on stdout, and writes every figure to --json.
 #include <linux/magic.h>
 #include <sys/statfs.h>

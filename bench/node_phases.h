@@ -46,7 +46,9 @@ nlohmann::json RunWarmPhase(const NodePlan& plan, NodeClients& clients, NodeDaem
 // Tensor parallelism over the node's daemons, one rank each: all fresh, each other's --peers, and
 // every client cold-loads its rank's shard (along `dim`) of every tensor at the same moment. Per
 // rank its seconds against `alone_seconds` / ranks (goal: within 10%), and the node's bytes read
-// from disk against the model (goal: 1.0).
+// from disk against the model (goal: 1.0). Then warm ("warm" in the result): the checkpoint in
+// the node's host tier, evicted from the GPUs, every rank loading its shards at once, against
+// the GPUs times one GPU's copy rate measured in the same run (goal: 0.9).
 nlohmann::json RunTensorParallelPhase(const NodePlan& plan, NodeClients& clients, uint32_t dim,
                                       double alone_seconds);
 

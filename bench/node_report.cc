@@ -121,6 +121,17 @@ std::string FormatNodeReport(const nlohmann::json& result) {
           rank["seconds"].get<double>(), rank["gb_per_s"].get<double>(),
           rank["seconds_over_alone_per_rank"].get<double>());
     }
+    if (tp.contains("warm")) {
+      const nlohmann::json& warm = tp["warm"];
+      absl::StrAppendFormat(
+          &text,
+          "  warm (median of %d): all ranks %.2f GB/s, one GPU's copy %.2f GB/s, ratio to %d "
+          "GPU(s) x that %.3f (goal >= 0.90); read from disk meanwhile: %s\n",
+          warm["repeat"].get<int>(), warm["tierd_median_gb_per_s"].get<double>(),
+          warm["single_gpu_copy_median_gb_per_s"].get<double>(), warm["gpus"].get<int>(),
+          warm["ratio_to_gpus_times_single"].get<double>(),
+          Bytes(warm["disk_bytes_read_during_warm"]));
+    }
     if (tp.contains("throughput_over_dim0")) {
       absl::StrAppendFormat(&text, "  dim 1 / dim 0 node throughput %.3f (goal >= 0.8)\n",
                             tp["throughput_over_dim0"].get<double>());

@@ -113,8 +113,8 @@ TEST_F(NodeBenchProcessTest, ReportsEveryPhaseWithFiguresThatAddUp) {
   EXPECT_EQ(warm["disk_bytes_during_warm"], 0) << "the model was in host memory";
 }
 
-// One rank per daemon, each cold-loading its shards along dimension 0, then 1: the ranks' shards
-// add up to the model, read once for the node.
+// One rank per daemon, each cold-loading its shards along dimension 0, then 1, then again warm:
+// the ranks' shards add up to the model, read once for the node.
 TEST_F(NodeBenchProcessTest, TensorParallelPhasesSplitTheModelAndReadItOnce) {
   auto run = NodeBench("alone,tp");
   ASSERT_THAT(run, IsOk());
@@ -135,7 +135,15 @@ TEST_F(NodeBenchProcessTest, TensorParallelPhasesSplitTheModelAndReadItOnce) {
     EXPECT_EQ(tp["shard_bytes"], kModelBytes);
     EXPECT_EQ(tp["disk_bytes"], kModelBytes);
     EXPECT_GE(tp["disk_bytes_read"].get<uint64_t>(), kModelBytes);
+    // Raw reads too: each tensor once, its blocks rounded out (dim 1's slices are cut from it).
+    EXPECT_LE(tp["disk_bytes_read"].get<uint64_t>(),
+              kModelBytes + result["model"]["objects"].get<uint64_t>() * 2 * 4096);
     EXPECT_GT(tp["alone_seconds"].get<double>(), 0);
+    // Warm: from the node's host tier, nothing read again.
+    const nlohmann::json& warm = tp["warm"];
+    EXPECT_EQ(warm["tierd_gb_per_s"].size(), warm["repeat"].get<size_t>());
+    EXPECT_GT(warm["ratio_to_gpus_times_single"].get<double>(), 0);
+    EXPECT_EQ(warm["disk_bytes_read_during_warm"], 0) << "the checkpoint was in host memory";
   }
   EXPECT_GT(result["phases"]["tp_dim1"]["throughput_over_dim0"].get<double>(), 0);
 }
