@@ -308,6 +308,7 @@ absl::StatusOr<ObjectRef> Catalog::Lookup(absl::string_view key) const {
   }
   // Derived without the lock, and kept for the next lookup.
   ASSIGN_OR_RETURN(ObjectInfo shard_info, FindShard(*info, split.second));
+  shards_derived_.fetch_add(1, std::memory_order_relaxed);
   auto shard = std::make_shared<const ObjectInfo>(std::move(shard_info));
   {
     absl::MutexLock lock(&mu_);

@@ -16,6 +16,7 @@
 #ifndef TIERD_STORAGE_CATALOG_H_
 #define TIERD_STORAGE_CATALOG_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -101,6 +102,10 @@ class Catalog {
   void MarkStale(const std::shared_ptr<const ModelInfo>& model, const std::string& why)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // How many shard layouts Lookup has derived (storage/shard.h), over every model: each is derived
+  // once per registration while the catalog keeps it.
+  uint64_t shards_derived() const { return shards_derived_.load(std::memory_order_relaxed); }
+
   // The roots model files are opened beneath.
   const ModelRoots& roots() const { return roots_; }
 
@@ -130,6 +135,7 @@ class Catalog {
   // registration, so that a flush never brings back a dropped model's file and two registrations
   // of one name never both write it. Slow (fsync) work happens under it, never under mu_.
   absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  mutable std::atomic<uint64_t> shards_derived_{0};
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<ModelEntry>> models_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -10,17 +10,23 @@
 
 namespace tierd::testing {
 
-absl::StatusOr<std::unique_ptr<GpuTestStack>> GpuTestStack::Create(int blocks) {
+absl::StatusOr<std::unique_ptr<GpuTestStack>> GpuTestStack::Create(int blocks,
+                                                                   const WrapDevice& wrap) {
   std::unique_ptr<GpuTestStack> stack(new GpuTestStack);
   const std::string model_dir = absl::StrCat(stack->dir_.path(), "/model");
   std::filesystem::create_directories(model_dir);
   std::vector<TensorSpec> tensors;
   for (int block = 0; block < blocks; ++block) {
-    tensors.push_back({absl::StrCat("blocks.", block, ".w"), "F32", {kBlockBytes / 4},
-                       BlockBytes(block)});
+    tensors.push_back(
+        {absl::StrCat("blocks.", block, ".w"), "F32", {kBlockBytes / 4}, BlockBytes(block)});
   }
   RETURN_IF_ERROR(WriteSafetensors(absl::StrCat(model_dir, "/model.safetensors"), tensors));
-  ASSIGN_OR_RETURN(stack->device_, HostDevice::Create());
+  ASSIGN_OR_RETURN(stack->host_device_, HostDevice::Create());
+  if (wrap) {
+    stack->device_ = wrap(*stack->host_device_);
+  } else {
+    stack->device_ = std::move(stack->host_device_);
+  }
   ASSIGN_OR_RETURN(stack->catalog_, Catalog::Open(absl::StrCat(stack->dir_.path(), "/state")));
   RETURN_IF_ERROR(
       stack->catalog_
@@ -74,8 +80,7 @@ absl::StatusOr<LeaseGrant> FetchNow(GpuTier& tier, ClientId client, const std::s
 }
 
 bool LeaseHoldsBlock(Device& device, GpuTier& tier, const LeaseGrant& lease, int block) {
-  if (lease.ready_event &&
-      !device.SynchronizeEvent(tier.events().event(*lease.ready_event)).ok()) {
+  if (lease.ready_event && !device.SynchronizeEvent(tier.events().event(*lease.ready_event)).ok()) {
     return false;
   }
   const uint8_t* bytes = tier.pool().data(lease.range);

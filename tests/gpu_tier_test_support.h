@@ -5,6 +5,7 @@
 #define TIERD_TESTS_GPU_TIER_TEST_SUPPORT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -30,8 +31,13 @@ inline uint64_t BlockSeed(int block) { return 1000 + block; }
 
 class GpuTestStack {
  public:
-  // Model "m" with `blocks` blocks of kBlockBytes; the arena holds all of them.
-  static absl::StatusOr<std::unique_ptr<GpuTestStack>> Create(int blocks);
+  // Makes the device the stack uses out of the host device it creates (a test's wrapper).
+  using WrapDevice = std::function<std::unique_ptr<Device>(Device& host)>;
+
+  // Model "m" with `blocks` blocks of kBlockBytes; the arena holds all of them. The stack uses
+  // `wrap`'s device when given, else the host device.
+  static absl::StatusOr<std::unique_ptr<GpuTestStack>> Create(int blocks,
+                                                              const WrapDevice& wrap = nullptr);
   ~GpuTestStack();
 
   // A GPU tier with `options` (pool_bytes and slab_bytes set by the caller). REQUIRES: at most one
@@ -54,7 +60,8 @@ class GpuTestStack {
   GpuTestStack() = default;
 
   TempDir dir_;
-  std::unique_ptr<Device> device_;
+  std::unique_ptr<Device> host_device_;
+  std::unique_ptr<Device> device_;  // host_device_ itself, or the wrapper around it
   std::unique_ptr<Catalog> catalog_;
   std::unique_ptr<HostArena> arena_;
   std::unique_ptr<DiskReader> reader_;

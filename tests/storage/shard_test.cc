@@ -81,11 +81,13 @@ class ShardTest : public HostCacheTest {
 TEST_F(ShardTest, AShardsLayoutIsDerivedOnceAndKeptForItsRegistration) {
   Start(8);
   Register({{testing::RandomTensor("w", "F32", {64, 32}, 9)}}, Grouping::kTensor);
+  const uint64_t derived = catalog_->shards_derived();
   absl::StatusOr<ObjectRef> first = catalog_->Lookup("m/w@1:1/4");
   absl::StatusOr<ObjectRef> again = catalog_->Lookup("m/w@1:1/4");
   ASSERT_THAT(first, IsOk());
   ASSERT_THAT(again, IsOk());
   EXPECT_EQ(first->object, again->object) << "derived again";
+  EXPECT_EQ(catalog_->shards_derived(), derived + 1);
   // A registration of its own: derived anew, from the new files.
   ASSERT_THAT(catalog_->DropModel("m"), IsOk());
   Register({{testing::RandomTensor("w", "F32", {64, 32}, 10)}}, Grouping::kTensor);
