@@ -80,7 +80,7 @@ struct ObjectInfo {
   std::vector<Extent> extents;           // sorted by (file, file_offset); adjacent ones merged
   // A shard (storage/shard.h) is cut from another object of its model: `base` names it and
   // `from_base` says which of its bytes land where in the shard (together, every byte of the
-  // shard's tensors). Both empty for any other object.
+  // shard's tensors; not the alignment gaps between them). Both empty for any other object.
   std::string base;
   std::vector<StridedRange> from_base;
 };

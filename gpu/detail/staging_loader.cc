@@ -157,8 +157,9 @@ void StagingLoader::CopyIn(StagingObject* object, HostBytes host, Deferred& defe
   // The host reference goes after the lock: releasing it can run host-cache callbacks that take it.
   deferred.push_back([shared_host]() mutable { shared_host.reset(); });
   // Without a free event the copy still goes ahead, and its readers are answered once it is done.
-  if (absl::StatusOr<uint32_t> ready = events_.Acquire(EventUse::kDaemonRecords); ready.ok())
+  if (absl::StatusOr<uint32_t> ready = events_.Acquire(EventUse::kDaemonRecords); ready.ok()) {
     object->ready_event = *ready;
+  }
   Stream& stream = object->demand ? demand_stream_ : prefetch_stream_;
   uint8_t* staging = pool_.data(object->memory->range());
   absl::Status status =
