@@ -106,6 +106,23 @@ void Disconnect(NodeClients& clients, int count) {
   clients.Ask(FirstWorkers(count), {{"op", "disconnect"}});
 }
 
+// One POSIX shared-memory buffer of `bytes`, named `name` under this process's prefix, mapped (and
+// registered) by the clients of `workers`, which copy from it once, untimed: the first touch of
+// the buffers. `what` names the phase in a failure.
+std::unique_ptr<tierd::SharedMemory> MapReference(NodeClients& clients,
+                                                  const std::vector<int>& workers, uint64_t bytes,
+                                                  const std::string& name,
+                                                  const std::string& what) {
+  std::unique_ptr<tierd::SharedMemory> shared =
+      Check(tierd::SharedMemory::Create(
+                absl::StrCat(tierd::SharedMemoryPrefixForPid(::getpid()), name), bytes),
+            what + ": the shared reference buffer");
+  std::memset(shared->data(), 0x5a, bytes);
+  clients.Ask(workers, {{"op", "map_reference"}, {"shm", shared->name()}});
+  clients.Ask(workers, {{"op", "copy_reference"}});
+  return shared;
+}
+
 // The tensor-parallel load again, warm: the checkpoint in the node's host tier (read by the cold
 // load), evicted from the GPUs, every rank loading its shards at once, --repeat times. Against the
 // host → GPU copy rate of one GPU in the same run: rank 0's client alone copying the model's
@@ -124,14 +141,8 @@ nlohmann::json RunWarmTensorParallel(const NodePlan& plan, NodeClients& clients,
     return bytes;
   };
   const uint64_t disk_before = disk_read();
-  std::unique_ptr<tierd::SharedMemory> shared = Check(
-      tierd::SharedMemory::Create(
-          absl::StrCat(tierd::SharedMemoryPrefixForPid(::getpid()), "node-bench-tp-reference"),
-          model_bytes),
-      label + " warm: the shared reference buffer");
-  std::memset(shared->data(), 0x5a, model_bytes);
-  clients.Ask({0}, {{"op", "map_reference"}, {"shm", shared->name()}});
-  clients.Ask({0}, {{"op", "copy_reference"}});  // untimed: the first touch of the buffers
+  const std::unique_ptr<tierd::SharedMemory> shared =
+      MapReference(clients, {0}, model_bytes, "node-bench-tp-reference", label + " warm");
   std::vector<double> tierd_runs, single_runs;
   for (int run = 0; run < plan.repeat; ++run) {
     clients.Ask(all, {{"op", "evict_gpu"}});
@@ -282,14 +293,8 @@ nlohmann::json RunWarmPhase(const NodePlan& plan, NodeClients& clients, NodeDaem
   }
   // One buffer of the model's size, which every client process maps and registers.
   const uint64_t model_bytes = TotalBytes(RegisteredObjects(daemons.client(0), plan.model, ""));
-  std::unique_ptr<tierd::SharedMemory> shared =
-      Check(tierd::SharedMemory::Create(
-                absl::StrCat(tierd::SharedMemoryPrefixForPid(::getpid()), "node-bench-reference"),
-                model_bytes),
-            "warm: the shared reference buffer");
-  std::memset(shared->data(), 0x5a, model_bytes);
-  clients.Ask(all, {{"op", "map_reference"}, {"shm", shared->name()}});
-  clients.Ask(all, {{"op", "copy_reference"}});  // untimed: the first touch of the buffers
+  const std::unique_ptr<tierd::SharedMemory> shared =
+      MapReference(clients, all, model_bytes, "node-bench-reference", "warm");
 
   std::vector<double> tierd_runs, reference_runs;
   nlohmann::json per_daemon_runs = nlohmann::json::array();
