@@ -51,7 +51,9 @@ absl::StatusOr<StagingObject*> StagingLoader::StartLoad(const std::string& key,
     record.size = ref.object->size;
     record.tensors = ref.tensors();
     if (ref.shard != nullptr) {
-      // A shard is cut out of its whole object where that reads less for the node.
+      // A shard is cut out of its whole object where that reads less for the node. IsResident
+      // takes the host cache's lock under the tier's: the host cache makes no call holding its own
+      // (its callbacks run after it is released), so the two never wait on each other.
       const ObjectInfo* whole = FindObject(*ref.model, ref.shard->base);
       if (whole != nullptr &&
           CutShardFromObject(*ref.shard, whole->size,
