@@ -1,0 +1,81 @@
+// The CPU side of the exponent-codebook format (exponent_format.h): planning and encoding a weight
+// object, checking a compressed one, and decoding it. The host backend decodes with it, so every
+// path that serves compressed objects runs on a machine without a GPU; the CUDA decoder
+// (device/detail/exponent_decode.cu) produces the same bytes and checks the same things.
+//
+// Stateless; thread-safe.
+#ifndef TIERD_CODEC_EXPONENT_CODEC_H_
+#define TIERD_CODEC_EXPONENT_CODEC_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "codec/exponent_format.h"
+
+namespace tierd::codec {
+
+struct EncodingOptions {
+  // Objects smaller than this stay raw: the tables and a copy's fixed cost outweigh the bytes.
+  uint64_t min_bytes = 64 * 1024;
+  // An object whose compressed form would be larger than this fraction of it stays raw: the bytes
+  // saved would not pay for the decode (random bytes, int8 or fp8 weights, fp32 mantissas).
+  double max_ratio = 0.9;
+};
+
+// What encoding an object would give, found by one pass over it: the smaller of the bf16 and fp16
+// word layouts, each at its best code width.
+struct EncodingPlan {
+  bool compress = false;  // false: keep the object raw; `reason` says why
+  std::string reason;
+  WordLayout layout = WordLayout::kBf16;
+  uint32_t code_bits = 0;
+  uint64_t raw_bytes = 0;
+  uint64_t escapes = 0;
+  uint64_t encoded_bytes = 0;  // what Encode writes
+  uint8_t codebook[kCodebookBytes] = {};
+
+  double ratio() const {
+    return raw_bytes == 0 ? 1.0 : static_cast<double>(encoded_bytes) / raw_bytes;
+  }
+};
+
+EncodingPlan PlanEncoding(const uint8_t* raw, uint64_t size, const EncodingOptions& options = {});
+
+// Writes the compressed form of `raw` (`size` bytes) that `plan` describes into `dst`, which has
+// room for plan.encoded_bytes. Errors: FAILED_PRECONDITION when `plan` is not a plan to compress
+// these bytes (made for another size, or not to compress); DATA_LOSS when the bytes no longer
+// match the plan (they changed since it was made).
+absl::Status Encode(const uint8_t* raw, uint64_t size, const EncodingPlan& plan, uint8_t* dst);
+
+// Checks the header of the compressed object at `data` (`size` bytes: the whole object, or at
+// least its first CompressedPrefixBytes) and returns where everything is. Errors: DATA_LOSS naming
+// the first field that is wrong (magic, version, layout, code width, a size that disagrees).
+absl::StatusOr<CompressedLayout> ParseCompressedHeader(const uint8_t* data, uint64_t size);
+
+// ParseCompressedHeader, then checks the whole object: `size` is exactly its encoded size, every
+// code names an exponent the layout has, and the escape starts rise from 0 to the escape count by
+// at most a tile's words. A decoder still checks each tile it decodes (the bytes may change under
+// it); this tells a corrupted object from a good one before any of it is used.
+absl::StatusOr<CompressedLayout> ParseCompressed(const uint8_t* data, uint64_t size);
+
+// The bytes a GPU decoder needs before any tile's data: header, tables and escape stream.
+inline uint64_t CompressedPrefixBytes(const CompressedLayout& layout) { return layout.data_offset; }
+
+// Decodes tiles [first_tile, first_tile + tile_count) of the object at `src` (described by
+// `layout`, as ParseCompressedHeader returned it) into `dst`, the object's raw bytes; the tail byte
+// too when the range ends at the last tile. Checks each tile's escape range and checksum.
+// Errors: OUT_OF_RANGE for tiles past the end; DATA_LOSS naming the tile whose escapes or checksum
+// disagree (what was written of it is not the object's bytes).
+absl::Status DecodeTiles(const CompressedLayout& layout, const uint8_t* src, uint8_t* dst,
+                         uint64_t first_tile, uint64_t tile_count);
+
+// Decodes the whole object: DecodeTiles over every tile.
+inline absl::Status Decode(const CompressedLayout& layout, const uint8_t* src, uint8_t* dst) {
+  return DecodeTiles(layout, src, dst, 0, layout.tiles);
+}
+
+}  // namespace tierd::codec
+
+#endif  // TIERD_CODEC_EXPONENT_CODEC_H_
