@@ -22,11 +22,12 @@ uint32_t LoadU32(const uint8_t* p) {
 }
 void StoreU32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, sizeof(v)); }
 
-// Reads the little-endian packed field of word k (of a group's 8) at `bits` bits a word.
-uint32_t PackedField(const uint8_t* group, uint32_t bits, uint32_t k) {
+// The little-endian packed fields of a group's 8 words at `bits` bits a word: word k's at bits
+// [k * bits, k * bits + bits).
+uint64_t PackedGroup(const uint8_t* group, uint32_t bits) {
   uint64_t packed = 0;
   for (uint32_t i = 0; i < bits; ++i) packed |= uint64_t{group[i]} << (8 * i);
-  return static_cast<uint32_t>(packed >> (k * bits)) & ((1u << bits) - 1);
+  return packed;
 }
 void StorePacked(uint8_t* group, uint32_t bits, const uint32_t (&fields)[kGroupWords]) {
   uint64_t packed = 0;
@@ -251,8 +252,9 @@ absl::StatusOr<CompressedLayout> ParseCompressed(const uint8_t* data, uint64_t s
   return layout;
 }
 
-absl::Status DecodeTiles(const CompressedLayout& layout, const uint8_t* src, uint8_t* dst,
-                         uint64_t first_tile, uint64_t tile_count) {
+absl::Status DecodeTiles(const CompressedLayout& layout, const uint8_t* prefix,
+                         const uint8_t* tiles, uint8_t* dst, uint64_t first_tile,
+                         uint64_t tile_count) {
   if (first_tile > layout.tiles || tile_count > layout.tiles - first_tile) {
     return absl::OutOfRangeError(
         absl::StrCat("tiles [", first_tile, ", +", tile_count, ") of ", layout.tiles));
@@ -262,38 +264,47 @@ absl::Status DecodeTiles(const CompressedLayout& layout, const uint8_t* src, uin
   const uint32_t side_bits = SideBits(layout.layout);
   const uint32_t limit = ExponentLimit(layout.layout);
   for (uint64_t tile = first_tile; tile < first_tile + tile_count; ++tile) {
-    const uint64_t begin = LoadU32(src + layout.escape_starts_offset + 4 * tile);
-    const uint64_t end = LoadU32(src + layout.escape_starts_offset + 4 * (tile + 1));
+    const uint64_t begin = LoadU32(prefix + layout.escape_starts_offset + 4 * tile);
+    const uint64_t end = LoadU32(prefix + layout.escape_starts_offset + 4 * (tile + 1));
     if (end < begin || end - begin > kTileWords || end > layout.escapes) {
       return Corrupt(absl::StrCat("tile ", tile, "'s escapes [", begin, ", ", end, ")"));
     }
-    const uint8_t* data = src + layout.data_offset + tile * layout.tile_bytes;
+    const uint8_t* data = tiles + (tile - first_tile) * layout.tile_bytes;
     const uint8_t* rest = data + kTileThreads * bits;
     const uint8_t* side = rest + kTileWords;
     uint64_t next_escape = begin;
     uint64_t sum = 0;
     bool bad_escape = false;
+    const uint32_t code_mask = (1u << bits) - 1;
+    const uint32_t side_mask = (1u << side_bits) - 1;
     for (uint32_t group = 0; group < kTileThreads; ++group) {
       const uint64_t first_word = tile * kTileWords + group * kGroupWords;
-      uint16_t words[kGroupWords] = {};
+      const uint64_t codes = PackedGroup(data + group * bits, bits);
+      const uint64_t sides = side_bits == 0 ? 0 : PackedGroup(side + group * side_bits, side_bits);
+      uint16_t words[kGroupWords];
       for (uint32_t k = 0; k < kGroupWords; ++k) {
-        const uint32_t code = PackedField(data + group * bits, bits, k);
+        const uint32_t code = static_cast<uint32_t>(codes >> (k * bits)) & code_mask;
         uint32_t exponent = layout.codebook[code < escape_code ? code : 0];
         if (code == escape_code) {
-          if (next_escape >= end) {
+          if (next_escape < end) {
+            exponent = prefix[layout.escapes_offset + next_escape++];
+            bad_escape |= exponent >= limit;
+          } else {
             bad_escape = true;
-            continue;
           }
-          exponent = src[layout.escapes_offset + next_escape++];
-          if (exponent >= limit) bad_escape = true;
         }
-        const uint32_t side_field =
-            side_bits == 0 ? 0 : PackedField(side + group * side_bits, side_bits, k);
-        const uint16_t word =
-            JoinWord(layout.layout, exponent, rest[group * kGroupWords + k], side_field);
-        if (first_word + k < layout.words) {
-          words[k] = word;
-          std::memcpy(dst + 2 * (first_word + k), &word, 2);  // little-endian hosts only
+        const uint32_t side_field = static_cast<uint32_t>(sides >> (k * side_bits)) & side_mask;
+        words[k] = JoinWord(layout.layout, exponent, rest[group * kGroupWords + k], side_field);
+      }
+      if (first_word + kGroupWords <= layout.words) {
+        std::memcpy(dst + 2 * first_word, words, sizeof(words));  // little-endian hosts only
+      } else {
+        for (uint32_t k = 0; k < kGroupWords; ++k) {
+          if (first_word + k < layout.words) {
+            std::memcpy(dst + 2 * (first_word + k), &words[k], 2);
+          } else {
+            words[k] = 0;  // padding: not written, counted as zero
+          }
         }
       }
       sum +=
@@ -302,7 +313,7 @@ absl::Status DecodeTiles(const CompressedLayout& layout, const uint8_t* src, uin
     if (bad_escape || next_escape != end) {
       return Corrupt(absl::StrCat("tile ", tile, "'s codes disagree with its escapes"));
     }
-    if (FoldChecksum(sum) != LoadU32(src + layout.checksums_offset + 4 * tile)) {
+    if (FoldChecksum(sum) != LoadU32(prefix + layout.checksums_offset + 4 * tile)) {
       return Corrupt(absl::StrCat("tile ", tile, "'s checksum does not match its bytes"));
     }
   }

@@ -63,17 +63,25 @@ absl::StatusOr<CompressedLayout> ParseCompressed(const uint8_t* data, uint64_t s
 // The bytes a GPU decoder needs before any tile's data: header, tables and escape stream.
 inline uint64_t CompressedPrefixBytes(const CompressedLayout& layout) { return layout.data_offset; }
 
-// Decodes tiles [first_tile, first_tile + tile_count) of the object at `src` (described by
-// `layout`, as ParseCompressedHeader returned it) into `dst`, the object's raw bytes; the tail byte
-// too when the range ends at the last tile. Checks each tile's escape range and checksum.
-// Errors: OUT_OF_RANGE for tiles past the end; DATA_LOSS naming the tile whose escapes or checksum
-// disagree (what was written of it is not the object's bytes).
-absl::Status DecodeTiles(const CompressedLayout& layout, const uint8_t* src, uint8_t* dst,
-                         uint64_t first_tile, uint64_t tile_count);
+// Decodes tiles [first_tile, first_tile + tile_count) of an object described by `layout` (as
+// ParseCompressedHeader returned it) into `dst`, the object's raw bytes; the tail byte too when
+// the range ends at the last tile. `prefix` holds the object's first CompressedPrefixBytes (header,
+// tables, escapes); `tiles` the data of those tiles, first_tile's first — so a decoder can take an
+// object in pieces. Checks each tile's escape range and checksum. Errors: OUT_OF_RANGE for tiles
+// past the end; DATA_LOSS naming the tile whose escapes or checksum disagree (what was written of
+// it is not the object's bytes).
+absl::Status DecodeTiles(const CompressedLayout& layout, const uint8_t* prefix,
+                         const uint8_t* tiles, uint8_t* dst, uint64_t first_tile,
+                         uint64_t tile_count);
 
-// Decodes the whole object: DecodeTiles over every tile.
+// The data of tile `tile` of the whole compressed object at `src`.
+inline const uint8_t* TileData(const CompressedLayout& layout, const uint8_t* src, uint64_t tile) {
+  return src + layout.data_offset + tile * layout.tile_bytes;
+}
+
+// Decodes the whole object at `src`: DecodeTiles over every tile.
 inline absl::Status Decode(const CompressedLayout& layout, const uint8_t* src, uint8_t* dst) {
-  return DecodeTiles(layout, src, dst, 0, layout.tiles);
+  return DecodeTiles(layout, src, TileData(layout, src, 0), dst, 0, layout.tiles);
 }
 
 }  // namespace tierd::codec

@@ -13,7 +13,9 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "device/completion_thread.h"
+#include "device/decode_arguments.h"
 #include "device/detail/cuda_status.h"
+#include "device/detail/exponent_decode.h"
 #include "device/handle_format.h"
 
 namespace tierd {
@@ -236,7 +238,8 @@ class CudaDevice final : public Device {
   }
 
   absl::Status RegisterHostMemory(void* data, size_t bytes) override {
-    return HostRegister(data, bytes, cudaHostRegisterPortable);
+    // Mapped too, so a kernel can store to it (DecodeAsync's verdict).
+    return HostRegister(data, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
   }
 
   absl::Status RegisterReadOnlyHostMemory(const void* data, size_t bytes) override {
@@ -318,6 +321,20 @@ class CudaDevice final : public Device {
                                  "cudaMemcpyAsync"));
     }
     return absl::OkStatus();
+  }
+
+  absl::Status DecodeAsync(Stream& stream, const codec::CompressedLayout& layout,
+                           const void* prefix, const void* tiles, void* dst, uint64_t first_tile,
+                           uint64_t tile_count, uint32_t* verdict) override {
+    RETURN_IF_ERROR(
+        CheckDecodeArguments(layout, prefix, tiles, dst, first_tile, tile_count, verdict));
+    RETURN_IF_ERROR(Activate());
+    void* device_verdict = nullptr;
+    RETURN_IF_ERROR(CudaStatus(cudaHostGetDevicePointer(&device_verdict, verdict, 0),
+                               "cudaHostGetDevicePointer (the verdict)"));
+    return CudaStatus(LaunchExponentDecode(layout, prefix, tiles, dst, first_tile, tile_count,
+                                           static_cast<uint32_t*>(device_verdict), Native(stream)),
+                      "the exponent decoder's launch");
   }
 
   absl::Status RecordEvent(Event& event, Stream& stream) override {

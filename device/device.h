@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "codec/exponent_format.h"
 
 namespace tierd {
 
@@ -152,6 +153,21 @@ class Device {
   // REQUIRES: both ranges stay valid until the copy completes.
   virtual absl::Status CopyAsync2D(Stream& stream, void* dst, size_t dst_pitch, const void* src,
                                    size_t src_pitch, size_t width, size_t rows) = 0;
+
+  // Enqueues the decoding of tiles [first_tile, first_tile + tile_count) of a compressed object
+  // (codec/exponent_format.h) on `stream`, as CopyAsync enqueues a copy. `prefix` holds the
+  // object's first codec::CompressedPrefixBytes, `tiles` those tiles' data, first_tile's first, in
+  // memory the device reads (a slab on CUDA), each 16-byte aligned; `dst` is the object's raw
+  // bytes, in device memory; `layout` is what codec::ParseCompressedHeader returned for these
+  // bytes. The tail byte is written when the range ends at the last tile. When a tile's escapes or
+  // checksum disagree with its bytes the device stores a nonzero value at `*verdict` — host memory
+  // registered with this device — by the time the stream has passed the decode: the caller zeroes
+  // it before and reads it after (NotifyWhenDone); its tiles in `dst` then hold no particular
+  // bytes. Errors: INVALID_ARGUMENT for tiles past the end, a null or misaligned pointer. REQUIRES:
+  // every range stays valid until the decode completes.
+  virtual absl::Status DecodeAsync(Stream& stream, const codec::CompressedLayout& layout,
+                                   const void* prefix, const void* tiles, void* dst,
+                                   uint64_t first_tile, uint64_t tile_count, uint32_t* verdict) = 0;
 
   // Marks the current end of `stream`'s work in `event`, replacing any earlier record.
   virtual absl::Status RecordEvent(Event& event, Stream& stream) = 0;

@@ -44,6 +44,11 @@ class DeviceWrapper : public Device {
                            size_t src_pitch, size_t width, size_t rows) override {
     return target_.CopyAsync2D(stream, dst, dst_pitch, src, src_pitch, width, rows);
   }
+  absl::Status DecodeAsync(Stream& stream, const codec::CompressedLayout& layout,
+                           const void* prefix, const void* tiles, void* dst, uint64_t first_tile,
+                           uint64_t tile_count, uint32_t* verdict) override {
+    return target_.DecodeAsync(stream, layout, prefix, tiles, dst, first_tile, tile_count, verdict);
+  }
   absl::Status RecordEvent(Event& event, Stream& stream) override {
     return target_.RecordEvent(event, stream);
   }

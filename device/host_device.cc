@@ -9,8 +9,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "codec/exponent_codec.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "device/decode_arguments.h"
 #include "device/handle_format.h"
 #include "device/host_stream.h"
 #include "device/shared_event.h"
@@ -177,6 +179,20 @@ absl::Status HostDevice::CopyAsync2D(Stream& stream, void* dst, size_t dst_pitch
     auto* to = static_cast<uint8_t*>(dst);
     const auto* from = static_cast<const uint8_t*>(src);
     for (size_t r = 0; r < rows; ++r) std::memcpy(to + r * dst_pitch, from + r * src_pitch, width);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status HostDevice::DecodeAsync(Stream& stream, const codec::CompressedLayout& layout,
+                                     const void* prefix, const void* tiles, void* dst,
+                                     uint64_t first_tile, uint64_t tile_count, uint32_t* verdict) {
+  RETURN_IF_ERROR(
+      CheckDecodeArguments(layout, prefix, tiles, dst, first_tile, tile_count, verdict));
+  AsHost(stream).Enqueue([layout, prefix, tiles, dst, first_tile, tile_count, verdict] {
+    const absl::Status decoded = codec::DecodeTiles(
+        layout, static_cast<const uint8_t*>(prefix), static_cast<const uint8_t*>(tiles),
+        static_cast<uint8_t*>(dst), first_tile, tile_count);
+    if (!decoded.ok()) __atomic_store_n(verdict, 1u, __ATOMIC_RELEASE);
   });
   return absl::OkStatus();
 }

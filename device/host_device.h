@@ -46,6 +46,9 @@ class HostDevice final : public Device {
   absl::Status CopyAsync(Stream& stream, void* dst, const void* src, size_t bytes) override;
   absl::Status CopyAsync2D(Stream& stream, void* dst, size_t dst_pitch, const void* src,
                            size_t src_pitch, size_t width, size_t rows) override;
+  absl::Status DecodeAsync(Stream& stream, const codec::CompressedLayout& layout,
+                           const void* prefix, const void* tiles, void* dst, uint64_t first_tile,
+                           uint64_t tile_count, uint32_t* verdict) override;
   absl::Status RecordEvent(Event& event, Stream& stream) override;
   absl::Status WaitEvent(Stream& stream, Event& event) override;
   absl::StatusOr<bool> QueryEvent(Event& event) override;

@@ -122,10 +122,12 @@ TEST(ExponentCodecTest, DecodingTileRangesGivesTheWholeObject) {
   ASSERT_EQ(layout->tiles, 10u);
   std::vector<uint8_t> out(raw.size(), 0);
   for (const auto& [first, count] : {std::pair{0, 3}, {3, 1}, {4, 0}, {4, 6}}) {
-    ASSERT_TRUE(DecodeTiles(*layout, encoded.data(), out.data(), first, count).ok());
+    ASSERT_TRUE(DecodeTiles(*layout, encoded.data(), TileData(*layout, encoded.data(), first),
+                            out.data(), first, count)
+                    .ok());
   }
   EXPECT_EQ(out, raw);
-  EXPECT_EQ(DecodeTiles(*layout, encoded.data(), out.data(), 9, 2).code(),
+  EXPECT_EQ(DecodeTiles(*layout, encoded.data(), encoded.data(), out.data(), 9, 2).code(),
             absl::StatusCode::kOutOfRange);
 }
 
