@@ -37,6 +37,9 @@ ABSL_FLAG(std::string, group, "",
 ABSL_FLAG(bool, verify, false,
           "load: read every object now and record its checksum, so that even its first read from "
           "disk is checked (takes as long as reading the model once)");
+ABSL_FLAG(bool, keep_raw, false,
+          "load: keep the model's objects raw in host memory (no compression; "
+          "docs/COMPRESSION.md)");
 ABSL_FLAG(std::string, output, "", "get: the file to write, - for stdout (also -o FILE)");
 ABSL_FLAG(bool, no_spill, false, "put: the object must stay in host memory, never spill to disk");
 ABSL_FLAG(bool, durable, false,
@@ -56,9 +59,10 @@ constexpr char kUsage[] =
     "tierctl [--socket=PATH] [--timeout-ms=N] [--json] COMMAND [ARGS]\n"
     "commands:\n"
     "  health                     print the daemon's serving status; exit 0 only when SERVING\n"
-    "  load NAME DIR [--group=tensor|block|phase] [--verify]\n"
+    "  load NAME DIR [--group=tensor|block|phase] [--verify] [--keep-raw]\n"
     "                             register the .safetensors files in DIR as model NAME;\n"
-    "                             --verify: hash every object now, so first reads are checked\n"
+    "                             --verify: hash every object now, so first reads are checked;\n"
+    "                             --keep-raw: never hold its objects compressed\n"
     "  ls [NAME]                  list the models, or the objects of model NAME\n"
     "  stats                      print the daemon's tiers and counters\n"
     "  prefetch KEY... [--shard=DIM:INDEX/COUNT[:SEGMENT,...]]\n"
@@ -135,12 +139,16 @@ int Load(const Args& args) {
   const bool json = absl::GetFlag(FLAGS_json);
   std::optional<tierd::RegisterProgress> progress;
   if (!json) progress.emplace();
+  tierd::v1::RegisterModelRequest request;
+  request.set_name(args[0]);
+  request.set_directory(args[1]);
+  request.set_grouping(*grouping);
+  request.set_verify(absl::GetFlag(FLAGS_verify));
+  request.set_keep_raw(absl::GetFlag(FLAGS_keep_raw));
   absl::StatusOr<tierd::v1::ModelSummary> summary = (*client)->RegisterModel(
-      args[0], args[1], *grouping,
-      [&progress](const tierd::v1::RegisterModelProgress& update) {
+      std::move(request), [&progress](const tierd::v1::RegisterModelProgress& update) {
         if (progress) progress->Update(update);
-      },
-      absl::GetFlag(FLAGS_verify));
+      });
   // Clears the progress bar before anything else is printed.
   progress.reset();
   if (!summary.ok()) return Fail(summary.status());

@@ -2,14 +2,23 @@
 
 #include <utility>
 
+#include "common/log.h"
+
 namespace tierd {
 
 HostBytes::HostBytes(HostObject object, const PinnedPieceBoundaries& pieces)
-    : object_(std::move(object)), data_(object_.data()), size_(object_.size()), pieces_(&pieces) {}
+    : object_(std::move(object)), data_(object_.data()), size_(object_.size()), pieces_(&pieces) {
+  if (const codec::CompressedLayout* layout = object_.compressed()) compressed_ = *layout;
+}
 
 HostBytes::HostBytes(const uint8_t* data, uint64_t size, const PinnedPieceBoundaries& pieces,
-                     absl::AnyInvocable<void() &&> release)
-    : data_(data), size_(size), pieces_(&pieces), release_(std::move(release)) {}
+                     absl::AnyInvocable<void() &&> release,
+                     std::optional<codec::CompressedLayout> compressed)
+    : data_(data),
+      size_(size),
+      compressed_(std::move(compressed)),
+      pieces_(&pieces),
+      release_(std::move(release)) {}
 
 HostBytes& HostBytes::operator=(HostBytes&& other) noexcept {
   if (this != &other) {
@@ -17,6 +26,7 @@ HostBytes& HostBytes::operator=(HostBytes&& other) noexcept {
     object_ = std::move(other.object_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    compressed_ = std::exchange(other.compressed_, std::nullopt);
     pieces_ = std::exchange(other.pieces_, nullptr);
     release_ = std::move(other.release_);
     other.release_ = nullptr;
@@ -28,6 +38,7 @@ void HostBytes::Reset() {
   object_.Reset();
   data_ = nullptr;
   size_ = 0;
+  compressed_.reset();
   pieces_ = nullptr;
   if (release_) std::exchange(release_, nullptr)();
 }
@@ -39,6 +50,13 @@ void LocalHostSource::Fetch(const std::string& key, ReadPriority priority, absl:
                  if (!object.ok()) return std::move(done)(object.status());
                  std::move(done)(HostBytes(*std::move(object), arena_));
                });
+}
+
+void LocalHostSource::Distrust(const std::string& key) {
+  // Evicting a weight forgets it: the next fetch reads it from its files again.
+  if (absl::Status evicted = cache_.Evict(key); !evicted.ok()) {
+    TIERD_LOG(WARNING) << "could not drop the host copy of " << key << ": " << evicted;
+  }
 }
 
 }  // namespace tierd

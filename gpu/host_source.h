@@ -7,12 +7,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "codec/exponent_format.h"
 #include "gpu/chunked_copier.h"
 #include "storage/disk_reader.h"
 #include "storage/host_arena.h"
@@ -27,9 +29,11 @@ class HostBytes {
   // An object of this daemon's host cache, in memory registered as `pieces` says.
   HostBytes(HostObject object, const PinnedPieceBoundaries& pieces);
   // Bytes held by someone else: `release` runs once, from Reset, and gives them back. It must not
-  // block. `pieces` must outlive the bytes.
+  // block. `pieces` must outlive the bytes. With `compressed`, `data` holds the object's compressed
+  // form (compressed->encoded_bytes bytes) and `size` is the object's raw size.
   HostBytes(const uint8_t* data, uint64_t size, const PinnedPieceBoundaries& pieces,
-            absl::AnyInvocable<void() &&> release);
+            absl::AnyInvocable<void() &&> release,
+            std::optional<codec::CompressedLayout> compressed = std::nullopt);
   HostBytes(HostBytes&& other) noexcept { *this = std::move(other); }
   HostBytes& operator=(HostBytes&& other) noexcept;
   ~HostBytes() { Reset(); }
@@ -37,8 +41,15 @@ class HostBytes {
   HostBytes& operator=(const HostBytes&) = delete;
 
   bool valid() const { return data_ != nullptr || object_.valid(); }
+  // The object's bytes, or its compressed form when compressed() is set (see HostObject).
   const uint8_t* data() const { return data_; }
+  // The object's raw size.
   uint64_t size() const { return size_; }
+  const codec::CompressedLayout* compressed() const {
+    return compressed_ ? &*compressed_ : nullptr;
+  }
+  // The bytes at data().
+  uint64_t stored_size() const { return compressed_ ? compressed_->encoded_bytes : size_; }
   // Where the memory's registrations end: a copy must not span two.
   const PinnedPieceBoundaries& pieces() const { return *pieces_; }
   // Gives the bytes back; the handle is then empty.
@@ -48,6 +59,7 @@ class HostBytes {
   HostObject object_;
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
+  std::optional<codec::CompressedLayout> compressed_;
   const PinnedPieceBoundaries* pieces_ = nullptr;
   absl::AnyInvocable<void() &&> release_;
 };
@@ -66,6 +78,10 @@ class HostSource {
   virtual absl::Status Prefetch(const std::string& key, absl::Time deadline) = 0;
   // Whether `key` is known to be in the host memory Fetch would take it from.
   virtual bool IsResident(const std::string& key) const = 0;
+  // The bytes Fetch gave for `key` failed a check on their way to the GPU (a compressed form that
+  // does not decode to its checksums): they are dropped where this source can drop them, so that
+  // the next fetch reads them again.
+  virtual void Distrust(const std::string& key) = 0;
 };
 
 // The daemon's own host cache and arena. Thread-safe.
@@ -80,6 +96,7 @@ class LocalHostSource : public HostSource {
     return cache_.Prefetch(key, deadline);
   }
   bool IsResident(const std::string& key) const override { return cache_.IsResident(key); }
+  void Distrust(const std::string& key) override;
 
   HostCache& cache() const { return cache_; }
   const PinnedPieceBoundaries& pieces() const { return arena_; }

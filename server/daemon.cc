@@ -305,7 +305,9 @@ absl::Status Daemon::StartStorage() {
   // The node's other daemons map it to copy the objects homed here.
   storage.arena.shared = SharesHostTier(options_);
   storage.reader = options_.reader;
-  storage.host_cache = HostCacheOptions{options_.host_cache_policy};
+  storage.host_cache.policy = options_.host_cache_policy;
+  storage.host_cache.compress_weights = options_.compress_weights;
+  storage.host_cache.compress_threads = options_.compress_threads;
   storage.file_system = options_.file_system;
   std::vector<DurableRecord> durable_objects;
   ASSIGN_OR_RETURN(storage_, StorageStack::Create(*device_, storage, &durable_objects));

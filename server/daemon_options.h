@@ -59,6 +59,8 @@ struct DaemonOptions {
   uint64_t max_unread_answer_bytes = 1ull << 30;
   std::string spill_dir;  // --spill-dir: where stored objects spill; empty: <state-dir>/spill
   EvictionPolicy host_cache_policy = EvictionPolicy::kFifo;  // --host-cache-policy
+  bool compress_weights = true;                              // --compress-weights
+  int compress_threads = 1;                                  // --compress-threads
   uint64_t pin_piece_bytes = 1ull << 30;  // the host arena is pinned this much at a time
   // --pin-threads: threads pinning the host arena after its first piece; 0: DefaultPinThreads()
   // (storage/host_arena.h), half the CPUs from 1 to 8.

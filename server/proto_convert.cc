@@ -72,6 +72,7 @@ void ToProto(const ModelSummary& summary, v1::ModelSummary* out) {
   out->set_total_bytes(summary.total_bytes);
   out->set_stale(summary.stale);
   out->set_derived_tensors(static_cast<uint32_t>(summary.derived_tensors));
+  out->set_keep_raw(summary.keep_raw);
 }
 
 void ToProto(const StagingSlabInfo& slab, v1::Handle* out) {

@@ -389,6 +389,7 @@ void SessionProtocol::LendHost(uint64_t request_id, const v1::FetchRequest& fetc
                        lease->set_host_buffer_id(HostLender::kArenaHandleId);
                        lease->set_host_offset(loan->offset);
                        lease->set_checksum(loan->checksum);
+                       lease->set_encoded_length(loan->encoded_length);
                        self->SendWithHandles(std::move(response), std::nullopt, HostHandle::kArena,
                                              {});
                      });

@@ -71,6 +71,11 @@ ABSL_FLAG(std::string, spill_dir, "",
 ABSL_FLAG(int, pin_threads, 0,
           "Threads pinning the host cache after its first GiB; 0: half the CPUs, from 1 to 8");
 ABSL_FLAG(std::string, host_cache_policy, "fifo", "Host cache eviction: fifo or lru");
+ABSL_FLAG(
+    bool, compress_weights, true,
+    "Keep bf16/fp16 weights compressed (lossless) in the host cache once read, decoded on the "
+    "GPU (docs/COMPRESSION.md); objects that would not gain stay raw");
+ABSL_FLAG(int, compress_threads, 1, "Threads that compress weights in the host cache, 1 to 64");
 ABSL_FLAG(std::string, reader_threads, "auto",
           "Disk reader threads, one io_uring ring each: a number, or auto (sized to the storage "
           "under --model-roots, else --state-dir, and to the cores; logged)");
@@ -196,6 +201,13 @@ int Run() {
     return kExitBadUsage;
   }
   options.host_cache_policy = *policy;
+  options.compress_weights = absl::GetFlag(FLAGS_compress_weights);
+  options.compress_threads = absl::GetFlag(FLAGS_compress_threads);
+  if (options.compress_threads < 1 || options.compress_threads > 64) {
+    std::fprintf(stderr, "tierd: --compress-threads must be from 1 to 64, not %d\n",
+                 options.compress_threads);
+    return kExitBadUsage;
+  }
   const std::string reader_threads = absl::GetFlag(FLAGS_reader_threads);
   if (reader_threads == "auto") {
     options.reader.threads = 0;  // Daemon::Create sizes it

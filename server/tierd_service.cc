@@ -58,7 +58,8 @@ class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       const Grouping grouping = *FromProto(request_.grouping());
       TIERD_LOG(INFO) << "registering model " << request_.name() << " from "
                       << Quote(request_.directory()) << " (" << GroupingName(grouping)
-                      << (request_.verify() ? ", verifying every object" : "") << ")";
+                      << (request_.verify() ? ", verifying every object" : "")
+                      << (request_.keep_raw() ? ", kept raw in host memory" : "") << ")";
       summary = catalog_.RegisterModel(
           request_.name(), request_.directory(), grouping, GroupingRules::Defaults(),
           [this](const RegistrationProgress& progress) {
@@ -70,7 +71,7 @@ class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
             message.set_bytes_to_verify(progress.bytes_to_verify);
             Write(message);
           },
-          request_.verify(), *derived);
+          request_.verify(), *derived, request_.keep_raw());
     }
     if (!summary.ok()) {
       TIERD_LOG(WARNING) << "registering " << Quote(request_.name())

@@ -69,6 +69,7 @@ ModelSummary Summarize(const ModelInfo& info) {
   summary.objects = info.objects.size();
   summary.total_bytes = info.total_bytes;
   summary.derived_tensors = info.derived_tensors;
+  summary.keep_raw = info.keep_raw;
   for (const ObjectInfo& object : info.objects) summary.tensors += object.tensors.size();
   return summary;
 }
@@ -159,7 +160,7 @@ Catalog::~Catalog() {
 absl::StatusOr<ModelSummary> Catalog::RegisterModel(
     const std::string& name, const std::string& directory, Grouping grouping,
     const GroupingRules& rules, const std::function<void(const RegistrationProgress&)>& progress,
-    bool verify, const std::vector<DerivedTensorSpec>& derived) {
+    bool verify, const std::vector<DerivedTensorSpec>& derived, bool keep_raw) {
   RETURN_IF_ERROR(ValidateModelName(name));
   // What a registration builds and drops (the headers' tensors, the serialized file) can be
   // hundreds of megabytes for a model of many tensors: given back to the system once done.
@@ -192,6 +193,7 @@ absl::StatusOr<ModelSummary> Catalog::RegisterModel(
   auto info = std::make_shared<ModelInfo>();
   info->name = name;
   info->derived_tensors = derived.size();
+  info->keep_raw = keep_raw;
   info->directory = std::move(scanned.directory);
   info->grouping = grouping;
   info->files = std::move(scanned.files);

@@ -65,13 +65,14 @@ class Catalog {
   // link that appeared), UNAVAILABLE (a file changed while it was read: retry), FAILED_PRECONDITION
   // (a file changed while it was verified), and I/O errors. `derived`: tensors made of the
   // checkpoint's, which replace those they take bytes from (storage/derived_tensors.h; its
-  // INVALID_ARGUMENT errors), before the tensors are grouped.
+  // INVALID_ARGUMENT errors), before the tensors are grouped. `keep_raw`: its objects are never
+  // compressed in host memory (ModelInfo::keep_raw).
   absl::StatusOr<ModelSummary> RegisterModel(
       const std::string& name, const std::string& directory, Grouping grouping,
       const GroupingRules& rules,
       const std::function<void(const RegistrationProgress&)>& progress = nullptr,
-      bool verify = false, const std::vector<DerivedTensorSpec>& derived = {})
-      ABSL_LOCKS_EXCLUDED(mu_);
+      bool verify = false, const std::vector<DerivedTensorSpec>& derived = {},
+      bool keep_raw = false) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Forgets model `name` and deletes its persisted file. NOT_FOUND when unknown.
   absl::Status DropModel(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);

@@ -123,6 +123,7 @@ absl::StatusOr<std::string> SerializeModel(const ModelInfo& info,
                     {"directory", info.directory},
                     {"grouping", GroupingName(info.grouping)},
                     {"derived_tensors", info.derived_tensors},
+                    {"keep_raw", info.keep_raw},
                     {"files", files},
                     {"objects", objects},
                     {"checksums", sums}};
@@ -164,6 +165,10 @@ absl::StatusOr<LoadedModel> ParseModel(absl::string_view text, const std::string
   if (!parsed_grouping.has_value()) return Corrupt(absl::StrCat("unknown grouping ", grouping));
   info.grouping = *parsed_grouping;
   // Absent from files written before models could have derived tensors: none.
+  if (const Json* keep_raw = JsonMember(&*doc, "keep_raw"); keep_raw != nullptr) {
+    if (!keep_raw->is_boolean()) return Corrupt("bad keep_raw");
+    info.keep_raw = keep_raw->get<bool>();
+  }
   if (const Json* derived = JsonMember(&*doc, "derived_tensors");
       derived != nullptr && !JsonUint(derived, &info.derived_tensors)) {
     return Corrupt("bad derived_tensors");

@@ -50,6 +50,13 @@ HostObject& HostObject::operator=(HostObject&& other) noexcept {
 const std::string& HostObject::key() const { return entry_->key(); }
 uint8_t* HostObject::data() const { return cache_->arena_.data(*entry_->memory) + entry_->head; }
 uint64_t HostObject::size() const { return entry_->size; }
+// A referenced entry's form does not change: the compressor swaps only unreferenced ones.
+const codec::CompressedLayout* HostObject::compressed() const {
+  return entry_->compressed ? &*entry_->compressed : nullptr;
+}
+uint64_t HostObject::stored_size() const {
+  return entry_->compressed ? entry_->compressed->encoded_bytes : entry_->size;
+}
 
 void HostObject::Reset() {
   if (entry_ != nullptr) cache_->Release(entry_);
@@ -68,7 +75,8 @@ HostCache::HostCache(Catalog& catalog, DiskReader& reader, HostArena& arena, Spi
       options_(options),
       table_(*this, options.policy),
       checksums_(options.checksum_threads > 0 ? options.checksum_threads
-                                              : DefaultChecksumThreads()) {
+                                              : DefaultChecksumThreads()),
+      compressor_(std::max(options.compress_threads, 1)) {
   // Room that pinning adds serves allocations waiting for it.
   arena_.SetPinListener([this] {
     DeferredCalls deferred;
@@ -86,9 +94,10 @@ HostCache::~HostCache() {
     // Every pending allocation is either waiting in the table or about to be answered.
     // A read can finish, and its callback tell the owner all is done, before the thread that
     // submitted it is back from the reader: that thread still needs the cache.
+    compressing_ = false;  // queued compressions return at once; those running finish
     auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return reads_in_flight_ == 0 && submits_pending_ == 0 && spilling_bytes_ == 0 &&
-             allocations_pending_ == table_.waiting();
+             allocations_pending_ == table_.waiting() && compressions_in_flight_ == 0;
     };
     mu_.Await(absl::Condition(&settled));
     table_.FailWaiters(absl::UnavailableError("host cache shutting down"), deferred.calls());
@@ -401,6 +410,7 @@ void HostCache::FinishRead(Entry* entry, absl::Status status) {
   entry->state = State::kResident;
   entry->demand = false;
   table_.Enqueue(entry);
+  MaybeCompressLocked(entry);
   for (FetchCallback& done : entry->waiters) {
     DeferAnswer(deferred.calls(), std::move(done), RefLocked(entry));
   }
@@ -530,6 +540,11 @@ HostCacheStats HostCache::stats() const {
   stats.loading = reads_in_flight_;
   for (const auto& [key, entry] : table_.listed()) {
     if (entry->state == State::kResident) ++stats.objects;
+    if (entry->state == State::kResident && entry->compressed) {
+      ++stats.compressed_objects;
+      stats.compressed_bytes += entry->compressed->encoded_bytes;
+      stats.compressed_raw_bytes += entry->size;
+    }
     if (entry->kind == Kind::kStored) {
       ++stats.stored_objects;
       if (entry->state == State::kSpilled) ++stats.spilled_objects;

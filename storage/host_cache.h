@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "codec/exponent_codec.h"
 #include "common/deferred_calls.h"
 #include "common/residency.h"
 #include "common/worker_pool.h"
@@ -55,6 +56,14 @@ struct HostCacheOptions {
   // Threads that checksum objects as their reads complete, so that the reader threads go on
   // reading meanwhile. 0: DefaultChecksumThreads().
   int checksum_threads = 0;
+  // Keep weight objects compressed once resident (codec/exponent_codec.h): a background thread
+  // encodes each one after its read, off the read path, and swaps the compressed form in for the
+  // raw one once no reference holds the object; until then the raw form is served. Objects that
+  // would not gain stay raw, and so do models registered with compression off.
+  bool compress_weights = false;
+  // Threads that encode. Each holds one object's compressed form in ordinary memory meanwhile.
+  int compress_threads = 1;
+  codec::EncodingOptions encoding;
 };
 
 // Half the machine's cores, 1 to 8. xxHash3 over freshly read memory ran at 4–5 GB/s per thread on
@@ -78,8 +87,15 @@ class HostObject {
 
   bool valid() const { return entry_ != nullptr; }
   const std::string& key() const;
+  // The object's bytes: its raw bytes, or its compressed form when compressed() is set.
   uint8_t* data() const;
+  // The object's size (raw, also when it is held compressed).
   uint64_t size() const;
+  // The layout of the compressed form data() holds; nullptr when it holds the raw bytes. Fixed
+  // for the reference's life.
+  const codec::CompressedLayout* compressed() const;
+  // The bytes at data(): size(), or the compressed form's size.
+  uint64_t stored_size() const;
   void Reset();
 
  private:
@@ -221,6 +237,17 @@ class HostCache : private HostCacheTable::Owner {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogPrefetchFailure(const std::string& key, const absl::Status& status);
 
+  // ---- Compression (host_cache_compress.cc) ----
+  // Queues a weight that has just become resident for the compressor, when it may gain.
+  void MaybeCompressLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The compressor's job for `key`: plans and encodes the raw bytes without the lock, then swaps
+  // the compressed form in once nothing else references the object.
+  void Compress(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+  // Swaps `encoded` in for `entry`'s raw bytes. REQUIRES: the only reference is the caller's.
+  void SwapInCompressedLocked(Entry* entry, const std::vector<uint8_t>& encoded,
+                              const codec::CompressedLayout& layout, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   Catalog& catalog_;
   DiskReader& reader_;
   HostArena& arena_;
@@ -235,10 +262,14 @@ class HostCache : private HostCacheTable::Owner {
   uint64_t submits_pending_ ABSL_GUARDED_BY(mu_) = 0;  // threads inside StartReadLocked's window
   uint64_t allocations_pending_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_spill_id_ ABSL_GUARDED_BY(mu_) = 0;
-  bool serving_ ABSL_GUARDED_BY(mu_) = true;  // until StopServing
+  bool serving_ ABSL_GUARDED_BY(mu_) = true;      // until StopServing
+  bool compressing_ ABSL_GUARDED_BY(mu_) = true;  // until destruction: queued jobs then return
+  uint64_t compressions_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   HostCacheStats stats_ ABSL_GUARDED_BY(mu_);
-  // Runs FinishRead for every read. Last: joined first, before anything its jobs use.
+  // Runs FinishRead for every read. Joined before anything its jobs use.
   WorkerPool checksums_;
+  // Runs Compress. Last: joined first.
+  WorkerPool compressor_;
 };
 
 }  // namespace tierd

@@ -28,6 +28,13 @@ struct HostCacheStats {
   // Read from disk by the disk reader: bytes_from_disk and the reads' rounding to 4 KiB blocks
   // (a shard's rows narrower than a block read their neighbours' bytes too).
   uint64_t disk_bytes_read = 0;
+  // Weights held compressed (codec/): how many are resident so, the bytes they take, and the
+  // bytes they would take raw; and the objects the compressor has encoded or kept raw so far.
+  uint64_t compressed_objects = 0;
+  uint64_t compressed_bytes = 0;
+  uint64_t compressed_raw_bytes = 0;
+  uint64_t objects_encoded = 0;
+  uint64_t objects_kept_raw = 0;
 };
 
 // How each figure is reported (common/figures.h).
@@ -48,6 +55,11 @@ inline constexpr Figure<HostCacheStats> kHostCacheFigures[] = {
     {"bytes_host_to_disk", &HostCacheStats::bytes_to_spill},
     {"checksum_failures", &HostCacheStats::checksum_failures},
     {"disk_bytes_read", &HostCacheStats::disk_bytes_read},
+    {"host_compressed_objects", &HostCacheStats::compressed_objects},
+    {"host_compressed_bytes", &HostCacheStats::compressed_bytes},
+    {"host_compressed_raw_bytes", &HostCacheStats::compressed_raw_bytes},
+    {"objects_encoded", &HostCacheStats::objects_encoded},
+    {"objects_kept_raw", &HostCacheStats::objects_kept_raw},
 };
 static_assert(std::size(kHostCacheFigures) * sizeof(uint64_t) == sizeof(HostCacheStats),
               "every member of HostCacheStats has its line in kHostCacheFigures");

@@ -107,6 +107,9 @@ struct ModelInfo {
   // How many of its tensors are derived from the checkpoint's (storage/derived_tensors.h): a
   // model registered with a checkpoint conversion has them, one registered as stored has none.
   size_t derived_tensors = 0;
+  // Registered with compression off (RegisterModel's keep_raw): its objects stay raw in host
+  // memory whatever the daemon's --compress-weights says.
+  bool keep_raw = false;
 };
 
 struct ModelSummary {
@@ -118,6 +121,7 @@ struct ModelSummary {
   size_t tensors = 0;
   size_t derived_tensors = 0;
   uint64_t total_bytes = 0;
+  bool keep_raw = false;
   // Non-empty when a file changed since registration: why its objects cannot be read.
   std::string stale;
 };

@@ -10,8 +10,8 @@
 
 namespace tierd::testing {
 
-absl::StatusOr<std::unique_ptr<GpuTestStack>> GpuTestStack::Create(int blocks,
-                                                                   const WrapDevice& wrap) {
+absl::StatusOr<std::unique_ptr<GpuTestStack>> GpuTestStack::Create(
+    int blocks, const WrapDevice& wrap, const HostCacheOptions& host_cache) {
   std::unique_ptr<GpuTestStack> stack(new GpuTestStack);
   const std::string model_dir = absl::StrCat(stack->dir_.path(), "/model");
   std::filesystem::create_directories(model_dir);
@@ -40,8 +40,8 @@ absl::StatusOr<std::unique_ptr<GpuTestStack>> GpuTestStack::Create(int blocks,
   reader.direct = false;
   ASSIGN_OR_RETURN(stack->reader_, DiskReader::Create(reader));
   ASSIGN_OR_RETURN(stack->spill_, SpillWriter::Create(absl::StrCat(stack->dir_.path(), "/spill")));
-  stack->host_cache_ = std::make_unique<HostCache>(
-      *stack->catalog_, *stack->reader_, *stack->arena_, stack->spill_.get(), HostCacheOptions{});
+  stack->host_cache_ = std::make_unique<HostCache>(*stack->catalog_, *stack->reader_,
+                                                   *stack->arena_, stack->spill_.get(), host_cache);
   return stack;
 }
 

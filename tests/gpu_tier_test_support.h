@@ -35,9 +35,9 @@ class GpuTestStack {
   using WrapDevice = std::function<std::unique_ptr<Device>(Device& host)>;
 
   // Model "m" with `blocks` blocks of kBlockBytes; the arena holds all of them. The stack uses
-  // `wrap`'s device when given, else the host device.
-  static absl::StatusOr<std::unique_ptr<GpuTestStack>> Create(int blocks,
-                                                              const WrapDevice& wrap = nullptr);
+  // `wrap`'s device when given, else the host device, and a host cache with `host_cache`.
+  static absl::StatusOr<std::unique_ptr<GpuTestStack>> Create(
+      int blocks, const WrapDevice& wrap = nullptr, const HostCacheOptions& host_cache = {});
   ~GpuTestStack();
 
   // A GPU tier with `options` (pool_bytes and slab_bytes set by the caller). REQUIRES: at most one

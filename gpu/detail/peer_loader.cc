@@ -89,7 +89,8 @@ void PeerLoader::CopyFromPeer(StagingObject* object, std::shared_ptr<PeerCopy> c
                               Deferred& deferred) {
   const std::string what = absl::StrCat("copying ", object->key(), " from ", copy->peer);
   // Without a free event the copy still goes ahead, and its readers are answered once it is done.
-  if (absl::StatusOr<uint32_t> ready = events_.Acquire(EventUse::kDaemonRecords); ready.ok()) object->ready_event = *ready;
+  if (absl::StatusOr<uint32_t> ready = events_.Acquire(EventUse::kDaemonRecords); ready.ok())
+    object->ready_event = *ready;
   absl::Status status;
   if (copy->ready != nullptr) status = device_.WaitEvent(stream_, *copy->ready);
   auto* dst = static_cast<uint8_t*>(pool_.data(object->memory->range()));

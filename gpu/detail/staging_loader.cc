@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "storage/shard.h"
 
@@ -33,7 +34,8 @@ StagingLoader::StagingLoader(const TierParts& tier, const Own& own)
       handoff_(own.handoff),
       stored_(own.stored),
       callbacks_(tier.callbacks),
-      stats_(tier.stats) {}
+      stats_(tier.stats),
+      compressed_(tier.device, tier.copier) {}
 
 absl::StatusOr<StagingObject*> StagingLoader::StartLoad(const std::string& key,
                                                         ReadPriority priority, absl::Time deadline,
@@ -90,14 +92,16 @@ void StagingLoader::IssueHostFetch(StagingObject* object, ReadPriority priority,
                                    absl::Time deadline, Deferred& deferred) {
   ++object->host_fetches;
   ++host_fetches_in_flight_;
-  std::string key = object->cut != nullptr
-                        ? WholeObjectKey(*object->model, *object->cut)
-                        : stored_.HostKey(object->key(), object->model == nullptr);
-  deferred.push_back([this, object, key = std::move(key), priority, deadline] {
+  deferred.push_back([this, object, key = HostKeyOf(object), priority, deadline] {
     host_source_.Fetch(key, priority, deadline, [this, object](absl::StatusOr<HostBytes> host) {
       OnHostObject(object, std::move(host));
     });
   });
+}
+
+std::string StagingLoader::HostKeyOf(const StagingObject* object) const {
+  return object->cut != nullptr ? WholeObjectKey(*object->model, *object->cut)
+                                : stored_.HostKey(object->key(), object->model == nullptr);
 }
 
 void StagingLoader::OnHostObject(StagingObject* object, absl::StatusOr<HostBytes> host) {
@@ -124,6 +128,14 @@ void StagingLoader::OnHostObject(StagingObject* object, absl::StatusOr<HostBytes
                             object->deadline, deferred.calls());
     }
     return FailLoad(object, host.status(), deferred.calls());
+  }
+  if (object->cut != nullptr && host->compressed() != nullptr) {
+    // The whole object is held compressed: rows cannot be cut out of it on the way. The shard is
+    // read as itself (docs/COMPRESSION.md).
+    deferred.calls().push_back([unused = *std::move(host)]() mutable { unused.Reset(); });
+    object->cut.reset();
+    return IssueHostFetch(object, object->demand ? ReadPriority::kDemand : ReadPriority::kPrefetch,
+                          object->deadline, deferred.calls());
   }
   const uint64_t expected = object->cut != nullptr ? object->cut_from_size : object->size;
   if (host->size() != expected) {
@@ -158,11 +170,14 @@ void StagingLoader::CopyIn(StagingObject* object, HostBytes host, Deferred& defe
   auto shared_host = std::make_shared<HostBytes>(std::move(host));
   // The host reference goes after the lock: releasing it can run host-cache callbacks that take it.
   deferred.push_back([shared_host]() mutable { shared_host.reset(); });
+  Stream& stream = object->demand ? demand_stream_ : prefetch_stream_;
+  if (shared_host->compressed() != nullptr) {
+    return CopyInCompressed(object, std::move(shared_host), stream, deferred);
+  }
   // Without a free event the copy still goes ahead, and its readers are answered once it is done.
   if (absl::StatusOr<uint32_t> ready = events_.Acquire(EventUse::kDaemonRecords); ready.ok()) {
     object->ready_event = *ready;
   }
-  Stream& stream = object->demand ? demand_stream_ : prefetch_stream_;
   uint8_t* staging = pool_.data(object->memory->range());
   absl::Status status =
       object->cut != nullptr
@@ -186,16 +201,7 @@ void StagingLoader::CopyIn(StagingObject* object, HostBytes host, Deferred& defe
       object->copying = false;
     }
   }
-  if (!status.ok()) {
-    residency_.FreeAfterStream(stream, *std::move(object->memory), object->ready_event,
-                               absl::StrCat("copying ", object->key(), " to the GPU"), status);
-    object->memory.reset();
-    object->ready_event.reset();
-    return FailLoad(object,
-                    absl::Status(status.code(), absl::StrCat("copying ", object->key(),
-                                                             " to the GPU: ", status.message())),
-                    deferred);
-  }
+  if (!status.ok()) return FailCopyIn(object, stream, status, deferred);
   if (!object->ready_event) {
     object->state = StagingObject::State::kCopying;
     return;
@@ -203,6 +209,75 @@ void StagingLoader::CopyIn(StagingObject* object, HostBytes host, Deferred& defe
   object->state = StagingObject::State::kResident;
   if (object->listed()) residency_.Enqueue(object);
   AnswerWaiters(object, absl::OkStatus(), deferred);
+}
+
+void StagingLoader::FailCopyIn(StagingObject* object, Stream& stream, const absl::Status& status,
+                               Deferred& deferred) {
+  residency_.FreeAfterStream(stream, *std::move(object->memory), object->ready_event,
+                             absl::StrCat("copying ", object->key(), " to the GPU"), status);
+  object->memory.reset();
+  object->ready_event.reset();
+  FailLoad(object,
+           absl::Status(status.code(),
+                        absl::StrCat("copying ", object->key(), " to the GPU: ", status.message())),
+           deferred);
+}
+
+void StagingLoader::CopyInCompressed(StagingObject* object, std::shared_ptr<HostBytes> host,
+                                     Stream& stream, Deferred& deferred) {
+  // No ready event: the waiters are answered once the decode is known good (FinishDecodeIn).
+  absl::StatusOr<uint32_t> verdict =
+      compressed_.Enqueue(stream, *host, pool_.data(object->memory->range()));
+  absl::Status status = verdict.status();
+  if (status.ok()) {
+    residency_.CopyStarted();
+    object->copying = true;
+    status = device_.NotifyWhenDone(
+        stream, [this, object, host, verdict = *verdict, key = HostKeyOf(object),
+                 compressed_bytes = host->stored_size()]() mutable {
+          host->Reset();  // no lock is held here
+          FinishDecodeIn(object, verdict, key, compressed_bytes);
+        });
+    if (!status.ok()) {
+      // The decode may still write its verdict: the word is not given back.
+      residency_.CopyFinished();
+      object->copying = false;
+    }
+  }
+  if (!status.ok()) return FailCopyIn(object, stream, status, deferred);
+  object->state = StagingObject::State::kCopying;
+}
+
+void StagingLoader::FinishDecodeIn(StagingObject* object, uint32_t verdict,
+                                   const std::string& host_key, uint64_t compressed_bytes) {
+  const RunningCallbacks::Scope running(callbacks_);
+  const absl::Status checked = compressed_.TakeVerdict(verdict, host_key);
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  residency_.CopyFinished();
+  object->copying = false;
+  if (checked.ok()) {
+    stats_.bytes_host_to_gpu += object->size;
+    stats_.bytes_host_to_gpu_compressed += compressed_bytes;
+    ++stats_.objects_decoded;
+    if (object->state == StagingObject::State::kCopying) {
+      object->state = StagingObject::State::kResident;
+      if (object->listed()) residency_.Enqueue(object);
+      AnswerWaiters(object, absl::OkStatus(), deferred.calls());
+    }
+  } else {
+    ++stats_.decode_failures;
+    TIERD_LOG(ERROR) << checked << "; dropping the host copy";
+    // Whoever waits is told; the host copy goes, so that the next fetch reads the object again.
+    deferred.calls().push_back([this, host_key] { host_source_.Distrust(host_key); });
+    if (object->state == StagingObject::State::kCopying) {
+      // Unlisted, and freed now if nothing holds it.
+      FailLoad(object, checked, deferred.calls());
+      return residency_.RetryAllocations(deferred.calls());
+    }
+  }
+  residency_.FreeIfUnused(object);
+  residency_.RetryAllocations(deferred.calls());
 }
 
 void StagingLoader::FinishCopyIn(StagingObject* object, uint64_t GpuTierStats::*bytes_moved) {

@@ -5,7 +5,9 @@
 // high-priority path, when a demand fetch joins a prefetch), allocates staging (waiting for room
 // when copies or drains will free it), enqueues the copy in chunks on the demand or prefetch
 // stream, records the object's ready event and answers its waiters at once: they wait on that
-// event, not on the copy.
+// event, not on the copy. Host bytes held compressed are copied compressed and decoded on the GPU
+// (compressed_copies.h); their waiters are answered once the decode has been checked, so that
+// bytes that did not decode to their checksums are never leased.
 //
 // Internal to the GPU tier. Its state is guarded by the tier's lock (loads change the objects the
 // residency lists and the leases clients hold). Methods say REQUIRES: the tier's lock when it must
@@ -24,6 +26,7 @@
 #include "device/device.h"
 #include "gpu/chunked_copier.h"
 #include "gpu/detail/client_table.h"
+#include "gpu/detail/compressed_copies.h"
 #include "gpu/detail/handoff_copies.h"
 #include "gpu/detail/running_callbacks.h"
 #include "gpu/detail/staging_object.h"
@@ -90,6 +93,17 @@ class StagingLoader {
   // Copies `host` into the object's staging range and answers its waiters.
   void CopyIn(StagingObject* object, HostBytes host, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CopyIn of compressed host bytes: copied compressed, decoded into the object's range, readable
+  // once FinishDecodeIn has the decode's verdict.
+  void CopyInCompressed(StagingObject* object, std::shared_ptr<HostBytes> host, Stream& stream,
+                        Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishDecodeIn(StagingObject* object, uint32_t verdict, const std::string& host_key,
+                      uint64_t compressed_bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends a load whose copy could not be enqueued on `stream` (what was enqueued still runs).
+  void FailCopyIn(StagingObject* object, Stream& stream, const absl::Status& status,
+                  Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The host key the object's bytes come from.
+  std::string HostKeyOf(const StagingObject* object) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex& mu_;
   Device& device_;
@@ -106,6 +120,7 @@ class StagingLoader {
   const StoredKeySpace& stored_;
   RunningCallbacks& callbacks_;
   GpuTierStats& stats_ ABSL_GUARDED_BY(mu_);
+  CompressedCopies compressed_;
   uint64_t host_fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

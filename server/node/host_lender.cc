@@ -273,6 +273,7 @@ void HostLeases::Lend(const std::string& key, uint64_t source_fingerprint,
         made.key = object->key();
         made.offset = static_cast<uint64_t>(object->data() - lender_.arena_.base());
         made.length = object->size();
+        if (object->compressed() != nullptr) made.encoded_length = object->stored_size();
         made.checksum = lender_.catalog_.Checksum(made.key).value_or(0);
         leases_.emplace(made.lease_id, *std::move(object));
         lender_.Lent();

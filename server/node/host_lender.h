@@ -53,6 +53,8 @@ struct HostLoan {
   uint64_t offset = 0;  // in the arena
   uint64_t length = 0;
   uint64_t checksum = 0;  // as recorded by the catalog; 0 when none is
+  // The bytes at `offset` when the object is held compressed (its compressed form); 0: raw.
+  uint64_t encoded_length = 0;
 };
 
 class HostLender {

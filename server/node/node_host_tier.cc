@@ -165,10 +165,18 @@ absl::StatusOr<HostBytes> NodeHostTier::Accept(const std::shared_ptr<Ask>& ask, 
   // Given back on the home's thread: the copy's completion callback must not wait on a write to a
   // home that stopped reading.
   Home* home = &homes_state_.at(ask->home);
-  return HostBytes(lease.data, lease.size, *lease.arena,
-                   [this, home, release = std::move(lease.release)]() mutable {
-                     GiveBack(*home, std::move(release));
-                   });
+  return HostBytes(
+      lease.data, lease.size, *lease.arena,
+      [this, home, release = std::move(lease.release)]() mutable {
+        GiveBack(*home, std::move(release));
+      },
+      std::move(lease.compressed));
+}
+
+void NodeHostTier::Distrust(const std::string& key) {
+  if (homes_.IsHomedHere(key) || local_.IsResident(key)) return local_.Distrust(key);
+  TIERD_LOG_EVERY_N_SEC(WARNING, 10)
+      << key << " from its home " << homes_.HomeOf(key) << " failed its check on the way here";
 }
 
 void NodeHostTier::FallBack(std::shared_ptr<Ask> ask, const absl::Status& why) {

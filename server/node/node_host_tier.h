@@ -98,6 +98,9 @@ class NodeHostTier : public HostSource {
   absl::Status Prefetch(const std::string& key, absl::Time deadline) override;
   // Resident in this daemon's own host cache (what a home holds is not known here).
   bool IsResident(const std::string& key) const override { return local_.IsResident(key); }
+  // Drops this daemon's own copy; a home's copy is its home's to check (it is read the same way
+  // by every daemon of the node).
+  void Distrust(const std::string& key) override;
 
   const NodeHomes& homes() const { return homes_; }
   // With `lender`'s figures (this daemon as a home) when it is not null.

@@ -425,8 +425,7 @@ absl::StatusOr<std::shared_ptr<SessionCore>> PeerDaemons::OpenSessionLocked(Peer
   }
   if (node_daemon) peer.arena_backoff = absl::ZeroDuration();
   // A peer that lends host memory sent its arena: registered ahead, in the background.
-  if (absl::StatusOr<PeerArena*> arena = core->host_arena(HostLender::kArenaHandleId);
-      arena.ok()) {
+  if (absl::StatusOr<PeerArena*> arena = core->host_arena(HostLender::kArenaHandleId); arena.ok()) {
     (*arena)->RegisterAllInBackground();
   }
   return core;

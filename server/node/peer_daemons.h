@@ -29,6 +29,7 @@
 #define TIERD_SERVER_NODE_PEER_DAEMONS_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "codec/exponent_format.h"
 #include "common/timer_thread.h"
 #include "device/device.h"
 #include "gpu/peer_source.h"
@@ -55,6 +57,9 @@ struct HomeLease {
   const uint8_t* data = nullptr;
   uint64_t size = 0;
   uint64_t checksum = 0;  // the home's record of it; 0: none
+  // Set when `data` holds the object's compressed form (its header checked here), `size` still
+  // being the object's raw size.
+  std::optional<codec::CompressedLayout> compressed;
   // The home's arena as mapped here: where its registrations end. Valid until `release`.
   const PeerArena* arena = nullptr;
   // Gives the lease back. Must be called once, after every read of `data` has completed. Keeps

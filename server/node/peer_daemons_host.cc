@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "codec/exponent_codec.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "server/node/detail/peer_daemons_state.h"
@@ -28,17 +29,33 @@ absl::StatusOr<HomeLease> HomeLeaseOf(const std::shared_ptr<SessionCore>& core,
                                       const std::string& peer, const v1::Lease& lease) {
   ASSIGN_OR_RETURN(PeerArena * arena, core->host_arena(lease.host_buffer_id()));
   const uint64_t offset = lease.host_offset();
-  if (offset > arena->size() || lease.length() > arena->size() - offset) {
+  // What lies at the offset: the raw bytes, or the compressed form.
+  const uint64_t stored = lease.encoded_length() > 0 ? lease.encoded_length() : lease.length();
+  if (offset > arena->size() || stored > arena->size() - offset) {
     return absl::InternalError(absl::StrCat(peer, " lent ", lease.key(), " at [", offset, ", +",
-                                            lease.length(), ") of an arena of ", arena->size(),
-                                            " bytes"));
+                                            stored, ") of an arena of ", arena->size(), " bytes"));
   }
   // The whole arena is registered ahead, the lease's own pieces first where they are not yet.
   arena->RegisterAllInBackground();
-  if (lease.length() > 0) RETURN_IF_ERROR(arena->EnsureRegistered(offset, lease.length()));
+  if (stored > 0) RETURN_IF_ERROR(arena->EnsureRegistered(offset, stored));
   HomeLease home;
   home.data = arena->data() + offset;
   home.size = lease.length();
+  if (lease.encoded_length() > 0) {
+    // The header is read here, once; the tables and tiles are checked by the decoder as it goes.
+    absl::StatusOr<codec::CompressedLayout> layout =
+        codec::ParseCompressedHeader(home.data, stored);
+    if (!layout.ok()) {
+      return absl::DataLossError(
+          absl::StrCat(peer, " lent ", lease.key(), " compressed: ", layout.status().message()));
+    }
+    if (layout->raw_bytes != lease.length() || layout->encoded_bytes != stored) {
+      return absl::DataLossError(absl::StrCat(
+          peer, " lent ", lease.key(), " compressed, of ", layout->raw_bytes, " bytes in ",
+          layout->encoded_bytes, ", not ", lease.length(), " in ", stored));
+    }
+    home.compressed = *layout;
+  }
   home.checksum = lease.checksum();
   home.arena = arena;
   return home;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "codec/exponent_format.h"
 #include "storage/catalog.h"
 #include "storage/disk_reader.h"
 #include "storage/host_cache.h"
@@ -51,6 +52,10 @@ struct HostCacheRecord {
   int submits_pending = 0;  // reads being submitted (the lock is dropped): the entry must stay
   uint64_t load = 0;        // numbers the loads, so a late submit knows whether it is current
   bool demand = false;      // some waiter is a demand fetch
+  // Weights: the compressed form `memory` holds instead of the raw bytes, once the compressor
+  // has swapped it in (host_cache_compress.cc); and whether the compressor has had this load.
+  std::optional<codec::CompressedLayout> compressed;
+  bool compression_planned = false;
 
   bool MaySpillAgain() const { return absl::Now() - spill_failed_at >= kSpillRetryDelay; }
   // Work in flight uses the entry: it is neither evicted nor freed.
