@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 [[ $seconds =~ ^[0-9]+$ ]] || { echo "usage: tests/run-fuzzers.sh [SECONDS]" >&2; exit 2; }
 build="build-fuzz"
-fuzzers=(safetensors_header_fuzzer session_fuzzer session_request_fuzzer)
+fuzzers=(safetensors_header_fuzzer session_fuzzer session_request_fuzzer exponent_decoder_fuzzer)
 
 if [[ ! -f $build/CMakeCache.txt ]]; then
   # -O1 without debug info: quick to build on a small CI machine, and still fast to fuzz.

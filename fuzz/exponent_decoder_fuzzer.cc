@@ -1,0 +1,65 @@
+// Fuzzes the exponent-codebook decoder (codec/exponent_codec.h) with malformed compressed objects:
+// whatever the bytes, parsing and decoding must stay inside the input and the output (ASan checks)
+// and either refuse with DATA_LOSS or produce exactly the object's bytes. Half the inputs are a
+// real compressed object (of weights the first bytes seed) with a few bytes overwritten, so that
+// the fuzzer reaches the tiles past the header's checks.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "codec/exponent_codec.h"
+#include "codec/sample_weights.h"
+
+namespace {
+
+using tierd::codec::CompressedLayout;
+
+// Decodes `data` (parsed from its header only, as a GPU decode trusts its tables no further) into
+// a buffer of exactly the object's size; aborts on a decode that claims success for wrong bytes.
+void DecodeAll(const std::vector<uint8_t>& data, const std::vector<uint8_t>* original) {
+  absl::StatusOr<CompressedLayout> layout =
+      tierd::codec::ParseCompressedHeader(data.data(), data.size());
+  if (!layout.ok() || layout->encoded_bytes != data.size() || layout->raw_bytes > (64u << 20)) {
+    return;
+  }
+  std::vector<uint8_t> out(layout->raw_bytes);
+  const absl::Status decoded = tierd::codec::Decode(*layout, data.data(), out.data());
+  if (decoded.ok() && original != nullptr && out != *original) {
+    std::fprintf(stderr, "a corrupted object decoded without an error to other bytes\n");
+    std::abort();
+  }
+  (void)tierd::codec::ParseCompressed(data.data(), data.size());
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 4) return 0;
+  if ((data[0] & 1) == 0) {
+    DecodeAll(std::vector<uint8_t>(data + 1, data + size), nullptr);
+    return 0;
+  }
+  // A real object of 1..16 tiles of normal weights, then (offset, xor) pairs applied to it. A
+  // corruption may leave the bytes decoding right (a flipped bit in padding, a checksum collision
+  // is 2^-32): only a successful decode to other bytes is a failure.
+  const uint64_t words = (uint64_t{data[1]} % 16 + 1) * tierd::codec::kTileWords - data[2] % 7;
+  std::vector<uint16_t> values(words);
+  tierd::codec::FillNormalWeights(tierd::codec::WordLayout::kBf16, 0.02, data[3], values.data(),
+                                  words);
+  std::vector<uint8_t> raw(2 * words);
+  std::memcpy(raw.data(), values.data(), raw.size());
+  tierd::codec::EncodingOptions options;
+  options.min_bytes = 0;
+  const tierd::codec::EncodingPlan plan =
+      tierd::codec::PlanEncoding(raw.data(), raw.size(), options);
+  if (!plan.compress) return 0;
+  std::vector<uint8_t> encoded(plan.encoded_bytes);
+  if (!tierd::codec::Encode(raw.data(), raw.size(), plan, encoded.data()).ok()) std::abort();
+  for (size_t i = 4; i + 4 <= size; i += 4) {
+    const uint32_t offset = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16);
+    encoded[offset % encoded.size()] ^= data[i + 3];
+  }
+  DecodeAll(encoded, &raw);
+  return 0;
+}
