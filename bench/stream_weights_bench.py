@@ -5,7 +5,10 @@ same run on the same GPU:
 
   (a) resident    all weights on the GPU
   (b) tierd       tierd.torch.stream_weights, prefetch depth 2, from a daemon whose GPU pool holds
-                  4 blocks (the host cache holds the model)
+                  4 blocks (the host cache holds the model, compressed: docs/COMPRESSION.md)
+      tierd_unchecked  the same, answering fetches when decodes are enqueued
+                  (--check-decodes-before-serving=false)
+      tierd_raw   the same from a daemon with --compress-weights=false
   (c) two_slot    in-process: pinned host copies, two GPU slots, block i+1 copied on a side stream
                   while block i computes (the usual in-process offload)
   (d) sync        in-process: each block copied from pinned memory on the compute stream, then run
@@ -14,7 +17,9 @@ same run on the same GPU:
 for T=4096 and T=16384 tokens; then four processes streaming the model from one daemon whose pool
 holds it (one GPU copy of each block, shared) against one process doing the same.
 
-Each pass is one forward over the 16 blocks; passes run back to back as a denoising loop would and
+Weights are N(0, 0.02²) as transformers initialises linear layers (--init=normal; --init=torch
+keeps torch's default uniform init), norms' weights ones. Each pass is one forward over the 16
+blocks; passes run back to back as a denoising loop would and
 each is timed with CUDA events. Reported: the median pass after --warmup passes.
 
     bench/stream_weights_bench.py --tierd BUNDLE/bin/tierd --work-dir /tmp/swb --json out.json
@@ -244,6 +249,42 @@ class Daemon:
         self._log.close()
 
 
+def initialise(module, args):
+    """Gives the weights the values --init asks for (deterministic: seeded)."""
+    if args.init != "normal":
+        return
+    generator = torch.Generator(device=next(module.parameters()).device).manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in module.named_parameters():
+            if parameter.dim() >= 2:
+                parameter.normal_(0.0, 0.02, generator=generator)
+            elif "norm" in name and name.endswith("weight"):
+                parameter.fill_(1.0)
+            else:
+                parameter.zero_()
+
+
+def wait_for_compression(client, objects):
+    """Waits until the daemon's compressor has had every object; returns what it made."""
+    started = time.monotonic()
+    while True:
+        stats = client.stats()
+        if stats.objects_encoded + stats.objects_kept_raw >= objects:
+            break
+        if time.monotonic() - started > 600:
+            sys.exit(f"the compressor had {stats.objects_encoded + stats.objects_kept_raw} of "
+                     f"{objects} objects after 600 s")
+        time.sleep(0.2)
+    seconds = time.monotonic() - started
+    ratio = stats.host_compressed_bytes / max(stats.host_compressed_raw_bytes, 1)
+    log(f"compressed {stats.objects_encoded} objects ({stats.objects_kept_raw} kept raw) to "
+        f"{ratio:.3f} of their size in {seconds:.1f} s")
+    return {"objects_encoded": stats.objects_encoded, "objects_kept_raw": stats.objects_kept_raw,
+            "compressed_bytes": stats.host_compressed_bytes,
+            "raw_bytes": stats.host_compressed_raw_bytes, "ratio": ratio,
+            "host_used_bytes": stats.host.used_bytes, "seconds_after_warm": seconds}
+
+
 def warm_host_cache(client, keys):
     """Reads the model into the daemon's host cache and waits until it is all there."""
     client.prefetch(keys, host_only=True)
@@ -341,7 +382,11 @@ def main():
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--prefetch-depth", type=int, default=2)
-    parser.add_argument("--modes", default="resident,tierd,two_slot,sync,accelerate,processes")
+    parser.add_argument("--modes", default="resident,tierd,tierd_unchecked,tierd_raw,two_slot,"
+                                           "sync,accelerate,processes")
+    parser.add_argument("--init", choices=("normal", "torch"), default="normal",
+                        help="the weights' values: N(0, 0.02^2) as transformers initialises, or "
+                             "torch's default init")
     parser.add_argument("--profile", action="store_true",
                         help="profile one more pass of each measured run (GPU busy time and gaps)")
     parser.add_argument("--watchdog", type=float, default=1200,
@@ -363,6 +408,7 @@ def main():
     torch.manual_seed(0)
     with torch.device(device):
         module = Blocks(args.blocks, args.dim, args.ffn_dim, args.heads).to(torch.bfloat16).eval()
+    initialise(module, args)
     block_bytes = sum(p.numel() * p.element_size() for p in module.blocks[0].parameters())
     model_dir = os.path.join(args.work_dir, "model")
     os.makedirs(model_dir, exist_ok=True)
@@ -374,7 +420,8 @@ def main():
                "blocks": args.blocks, "dim": args.dim, "ffn_dim": args.ffn_dim,
                "heads": args.heads, "block_mib": block_bytes / 2**20,
                "context_tokens": CONTEXT_TOKENS, "passes": args.passes, "warmup": args.warmup,
-               "prefetch_depth": args.prefetch_depth, "command": " ".join(sys.argv),
+               "prefetch_depth": args.prefetch_depth, "init": args.init,
+               "command": " ".join(sys.argv),
                "sizes": {}}
     references = {}
     for tokens in args.tokens:
@@ -423,33 +470,46 @@ def main():
     del module
     torch.cuda.empty_cache()
 
-    if "tierd" in modes:
-        pool = 4 * (block_bytes + (1 << 20))
+    for mode, flags in (("tierd", ["--compress-weights", "--compress-threads=8"]),
+                        ("tierd_unchecked", ["--compress-weights", "--compress-threads=8",
+                                             "--check-decodes-before-serving=false"]),
+                        ("tierd_raw", ["--compress-weights=false"])):
+        if mode not in modes:
+            continue
+        # Whole MiB: the daemon takes slabs of whole pages.
+        pool = 4 * ((block_bytes >> 20) + 2) << 20
         daemon = Daemon(args.tierd, args.work_dir, pool_bytes=pool, slab_bytes=pool // 2,
-                        host_cache_bytes=args.blocks * block_bytes + (2 << 30))
+                        host_cache_bytes=args.blocks * block_bytes + (2 << 30), extra_flags=flags)
         try:
             client = tierd.Client(daemon.socket)
             if any(m.name == MODEL for m in client.list_models()):
                 client.drop_model(MODEL)  # from an earlier run: its file was written anew
             client.register_model(MODEL, model_dir, grouping="block")
-            log("warming the daemon's host cache")
-            warm_host_cache(client, [info.key for info in client.list_objects(MODEL)])
-            results["tierd_gpu_pool_bytes"] = pool
+            log(f"warming the daemon's host cache ({mode})")
+            keys = [info.key for info in client.list_objects(MODEL)]
+            warm_host_cache(client, keys)
+            if mode != "tierd_raw":
+                results[f"{mode}_host_compression"] = wait_for_compression(client, len(keys))
+            results[f"{mode}_gpu_pool_bytes"] = pool
             for tokens in args.tokens:
                 before = client.stats()
                 entry = results["sizes"][str(tokens)]
-                entry["tierd"] = run_streamed(args, daemon.socket, tokens, references[tokens])
+                entry[mode] = run_streamed(args, daemon.socket, tokens, references[tokens])
                 after = client.stats()
-                entry["tierd"]["bytes_host_to_gpu"] = (after.bytes_host_to_gpu -
-                                                       before.bytes_host_to_gpu)
-                log(f"T={tokens} (b) tierd: {entry['tierd']['median_ms']:.1f} ms, outputs equal: "
-                    f"{entry['tierd']['output_equal']}{describe_profile(entry['tierd'].get('profile'))}")
+                entry[mode]["bytes_host_to_gpu"] = (after.bytes_host_to_gpu -
+                                                    before.bytes_host_to_gpu)
+                entry[mode]["bytes_host_to_gpu_compressed"] = (
+                    after.bytes_host_to_gpu_compressed - before.bytes_host_to_gpu_compressed)
+                entry[mode]["decode_failures"] = after.decode_failures - before.decode_failures
+                log(f"T={tokens} (b) {mode}: {entry[mode]['median_ms']:.1f} ms, outputs equal: "
+                    f"{entry[mode]['output_equal']}"
+                    f"{describe_profile(entry[mode].get('profile'))}")
             client.close()
         finally:
             daemon.stop()
 
     if "processes" in modes:
-        pool = args.blocks * (block_bytes + (1 << 20)) + (1 << 30)
+        pool = (args.blocks * ((block_bytes >> 20) + 2) << 20) + (1 << 30)
         daemon = Daemon(args.tierd, args.work_dir, pool_bytes=pool, slab_bytes=4 << 30,
                         host_cache_bytes=args.blocks * block_bytes + (2 << 30))
         try:
@@ -479,6 +539,7 @@ def main():
         with torch.device(device):
             module = Blocks(args.blocks, args.dim, args.ffn_dim, args.heads).to(
                 torch.bfloat16).eval()
+        initialise(module, args)
         module = module.cpu()
         accelerate.cpu_offload(module, execution_device=device)
         quick = argparse.Namespace(**vars(args))
@@ -493,11 +554,14 @@ def main():
             log(f"T={tokens} (e) accelerate: {entry['median_ms']:.1f} ms")
 
     for tokens, entry in results["sizes"].items():
-        if "tierd" in entry:
-            entry["tierd_vs_resident"] = entry["tierd"]["median_ms"] / entry["resident"]["median_ms"]
+        for mode in ("tierd", "tierd_unchecked", "tierd_raw"):
+            if mode not in entry:
+                continue
+            entry[f"{mode}_vs_resident"] = (entry[mode]["median_ms"] /
+                                            entry["resident"]["median_ms"])
             if "two_slot" in entry:
-                entry["tierd_vs_two_slot"] = (entry["tierd"]["median_ms"] /
-                                              entry["two_slot"]["median_ms"])
+                entry[f"{mode}_vs_two_slot"] = (entry[mode]["median_ms"] /
+                                                entry["two_slot"]["median_ms"])
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:

@@ -94,6 +94,7 @@ EncodingPlan PlanEncoding(const uint8_t* raw, uint64_t size, const EncodingOptio
       uint64_t covered = 0;
       for (uint32_t k = 0; k < named; ++k) covered += counts[order[k]];
       const CompressedLayout layout = LayoutFor(word_layout, bits, size, words - covered);
+      if (layout.data_offset > kMaxPrefixBytes) continue;
       if (plan.code_bits != 0 && layout.encoded_bytes >= plan.encoded_bytes) continue;
       plan.layout = word_layout;
       plan.code_bits = bits;
@@ -102,6 +103,10 @@ EncodingPlan PlanEncoding(const uint8_t* raw, uint64_t size, const EncodingOptio
       std::memset(plan.codebook, 0, sizeof(plan.codebook));
       for (uint32_t k = 0; k < named; ++k) plan.codebook[k] = static_cast<uint8_t>(order[k]);
     }
+  }
+  if (plan.code_bits == 0) {
+    plan.reason = "its tables would pass the format's bound (an object larger than ~900 MiB)";
+    return plan;
   }
   if (plan.ratio() > options.max_ratio) {
     plan.reason = absl::StrFormat("compresses only to %.3f of its size", plan.ratio());
@@ -223,6 +228,10 @@ absl::StatusOr<CompressedLayout> ParseCompressedHeader(const uint8_t* data, uint
     if (header.codebook[k] >= ExponentLimit(layout.layout)) {
       return Corrupt(absl::StrCat("code ", k, " names exponent ", header.codebook[k]));
     }
+  }
+  if (layout.data_offset > kMaxPrefixBytes) {
+    return Corrupt(absl::StrCat("tables of ", layout.data_offset, " bytes, past the bound of ",
+                                kMaxPrefixBytes));
   }
   std::memcpy(layout.codebook, header.codebook, sizeof(layout.codebook));
   if (size < layout.data_offset && size != layout.encoded_bytes) {

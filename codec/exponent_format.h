@@ -45,6 +45,10 @@ inline constexpr uint32_t kTileWords = kGroupWords * kTileThreads;  // 2048 word
 inline constexpr uint32_t kMinCodeBits = 1;
 inline constexpr uint32_t kMaxCodeBits = 5;
 inline constexpr uint32_t kCodebookBytes = 32;
+// A compressed object's prefix (header, tables, escapes: CompressedPrefixBytes) is at most this:
+// a decoder keeps it in a bounded area while the tiles stream past (about 1.3% of a bf16 object,
+// so objects up to ~900 MiB compress; larger ones stay raw).
+inline constexpr uint64_t kMaxPrefixBytes = 12ull << 20;
 // A compressed object has fewer than 2^32 words (8 GiB): escape starts are 32-bit.
 inline constexpr uint64_t kMaxWords = (uint64_t{1} << 32) - kTileWords;
 

@@ -55,6 +55,12 @@ struct GpuTierOptions {
   // The pinned host memory objects are copied through for peers that cannot read this GPU's
   // memory (FetchOptions::through_host); allocated on first use.
   uint64_t handoff_buffer_bytes = 256ull << 20;
+  // Objects held compressed in host memory: true answers their fetches once the decode on the GPU
+  // is known to match its checksums (a decode that does not is DATA_LOSS, never leased); false
+  // answers them as soon as the decode is enqueued, with a ready event after it, as raw copies are
+  // answered, so that a client can queue its work ahead — a decode that then fails its check is
+  // counted and its object dropped, but leases already granted were given its bytes.
+  bool check_decodes_before_serving = true;
 };
 
 // How a stored object is kept (ReserveRequest's flags).

@@ -333,6 +333,7 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   // share of --max-events: a handle sent to one group's session never names another's event.
   gpu.max_events = EventShare(options_);
   gpu.done_events_per_client = options_.session_done_events;
+  gpu.check_decodes_before_serving = options_.check_decodes_before_serving;
   if (!options_.peer_sockets.empty()) {
     PeerDaemonsOptions peers{
         options_.peer_sockets, options_.socket_path, options_.peer_copy,

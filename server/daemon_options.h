@@ -49,7 +49,7 @@ struct DaemonOptions {
   // --session-busy-poll-us: how long a session socket's thread that has just served something
   // polls for more before it sleeps.
   absl::Duration session_busy_poll = absl::ZeroDuration();
-  uint32_t max_sessions = 1024;          // --max-sessions: open at once
+  uint32_t max_sessions = 1024;  // --max-sessions: open at once
   // --max-events: interprocess events the daemon may create, below the device's per-process limit
   // (docs/DESIGN.md, "Interprocess events").
   uint32_t max_events = 2048;
@@ -59,8 +59,9 @@ struct DaemonOptions {
   uint64_t max_unread_answer_bytes = 1ull << 30;
   std::string spill_dir;  // --spill-dir: where stored objects spill; empty: <state-dir>/spill
   EvictionPolicy host_cache_policy = EvictionPolicy::kFifo;  // --host-cache-policy
-  bool compress_weights = true;                              // --compress-weights
+  bool compress_weights = false;                             // --compress-weights
   int compress_threads = 1;                                  // --compress-threads
+  bool check_decodes_before_serving = true;                  // --check-decodes-before-serving
   uint64_t pin_piece_bytes = 1ull << 30;  // the host arena is pinned this much at a time
   // --pin-threads: threads pinning the host arena after its first piece; 0: DefaultPinThreads()
   // (storage/host_arena.h), half the CPUs from 1 to 8.

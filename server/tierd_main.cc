@@ -72,10 +72,14 @@ ABSL_FLAG(int, pin_threads, 0,
           "Threads pinning the host cache after its first GiB; 0: half the CPUs, from 1 to 8");
 ABSL_FLAG(std::string, host_cache_policy, "fifo", "Host cache eviction: fifo or lru");
 ABSL_FLAG(
-    bool, compress_weights, true,
+    bool, compress_weights, false,
     "Keep bf16/fp16 weights compressed (lossless) in the host cache once read, decoded on the "
     "GPU (docs/COMPRESSION.md); objects that would not gain stay raw");
 ABSL_FLAG(int, compress_threads, 1, "Threads that compress weights in the host cache, 1 to 64");
+ABSL_FLAG(bool, check_decodes_before_serving, true,
+          "Answer a fetch of a compressed object once its decode on the GPU matched its checksums "
+          "(true), or as soon as the decode is enqueued, as raw copies are (false: clients queue "
+          "work ahead, but a decode that fails its check has already been leased)");
 ABSL_FLAG(std::string, reader_threads, "auto",
           "Disk reader threads, one io_uring ring each: a number, or auto (sized to the storage "
           "under --model-roots, else --state-dir, and to the cores; logged)");
@@ -203,6 +207,7 @@ int Run() {
   options.host_cache_policy = *policy;
   options.compress_weights = absl::GetFlag(FLAGS_compress_weights);
   options.compress_threads = absl::GetFlag(FLAGS_compress_threads);
+  options.check_decodes_before_serving = absl::GetFlag(FLAGS_check_decodes_before_serving);
   if (options.compress_threads < 1 || options.compress_threads > 64) {
     std::fprintf(stderr, "tierd: --compress-threads must be from 1 to 64, not %d\n",
                  options.compress_threads);

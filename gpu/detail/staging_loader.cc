@@ -35,7 +35,8 @@ StagingLoader::StagingLoader(const TierParts& tier, const Own& own)
       stored_(own.stored),
       callbacks_(tier.callbacks),
       stats_(tier.stats),
-      compressed_(tier.device, tier.copier) {}
+      compressed_(tier.device, tier.copier),
+      check_decodes_before_serving_(own.check_decodes_before_serving) {}
 
 absl::StatusOr<StagingObject*> StagingLoader::StartLoad(const std::string& key,
                                                         ReadPriority priority, absl::Time deadline,
@@ -226,26 +227,47 @@ void StagingLoader::FailCopyIn(StagingObject* object, Stream& stream, const absl
 void StagingLoader::CopyInCompressed(StagingObject* object, std::shared_ptr<HostBytes> host,
                                      Stream& stream, Deferred& deferred) {
   // No ready event: the waiters are answered once the decode is known good (FinishDecodeIn).
-  absl::StatusOr<uint32_t> verdict =
+  absl::StatusOr<CompressedCopies::Enqueued> enqueued =
       compressed_.Enqueue(stream, *host, pool_.data(object->memory->range()));
-  absl::Status status = verdict.status();
+  absl::Status status = enqueued.status();
   if (status.ok()) {
     residency_.CopyStarted();
     object->copying = true;
     status = device_.NotifyWhenDone(
-        stream, [this, object, host, verdict = *verdict, key = HostKeyOf(object),
-                 compressed_bytes = host->stored_size()]() mutable {
+        *enqueued->done_on,
+        [this, object, host, verdict = enqueued->verdict, key = HostKeyOf(object),
+         compressed_bytes = host->stored_size()]() mutable {
           host->Reset();  // no lock is held here
           FinishDecodeIn(object, verdict, key, compressed_bytes);
         });
     if (!status.ok()) {
-      // The decode may still write its verdict: the word is not given back.
+      // The decode may still write its verdict: the word is not given back. The copy stream
+      // waits for the decode before the staging range is freed after it.
       residency_.CopyFinished();
       object->copying = false;
+      (void)compressed_.WaitForDecodes(stream);
     }
   }
   if (!status.ok()) return FailCopyIn(object, stream, status, deferred);
-  object->state = StagingObject::State::kCopying;
+  if (check_decodes_before_serving_) {
+    object->state = StagingObject::State::kCopying;
+    return;
+  }
+  // Served at once, as a raw copy is: the readers wait on a ready event after the decode.
+  if (absl::StatusOr<uint32_t> ready = events_.Acquire(EventUse::kDaemonRecords); ready.ok()) {
+    if (device_.RecordEvent(events_.event(*ready), *enqueued->done_on).ok()) {
+      object->ready_event = *ready;
+    } else {
+      events_.Release(*ready);
+    }
+  }
+  if (!object->ready_event) {
+    object->state = StagingObject::State::kCopying;  // answered once the decode is done
+    return;
+  }
+  object->state = StagingObject::State::kResident;
+  if (object->listed()) residency_.Enqueue(object);
+  AnswerWaiters(object, absl::OkStatus(), deferred);
 }
 
 void StagingLoader::FinishDecodeIn(StagingObject* object, uint32_t verdict,
@@ -275,7 +297,12 @@ void StagingLoader::FinishDecodeIn(StagingObject* object, uint32_t verdict,
       FailLoad(object, checked, deferred.calls());
       return residency_.RetryAllocations(deferred.calls());
     }
+    // Served before the check (check_decodes_before_serving off): no new lease gets it; those
+    // granted keep it until they are released.
+    if (object->listed()) residency_.Remove(object);
+    return residency_.RetryAllocations(deferred.calls());
   }
+  residency_.DropReadyEventIfUnneeded(object);
   residency_.FreeIfUnused(object);
   residency_.RetryAllocations(deferred.calls());
 }

@@ -56,6 +56,7 @@ class StagingLoader {
     ClientTable& clients;
     HandoffCopies& handoff;
     const StoredKeySpace& stored;
+    bool check_decodes_before_serving = true;  // GpuTierOptions::check_decodes_before_serving
   };
   StagingLoader(const TierParts& tier, const Own& own);
   StagingLoader(const StagingLoader&) = delete;
@@ -121,6 +122,7 @@ class StagingLoader {
   RunningCallbacks& callbacks_;
   GpuTierStats& stats_ ABSL_GUARDED_BY(mu_);
   CompressedCopies compressed_;
+  const bool check_decodes_before_serving_;
   uint64_t host_fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -52,6 +52,7 @@ class GpuTierCompressedTest : public ::testing::Test {
     options.slab_bytes = 1 << 20;
     options.copy_chunk_bytes = 64 << 10;
     options.close_grace = absl::Milliseconds(200);
+    options.check_decodes_before_serving = check_decodes_before_serving_;
     ASSERT_THAT(stack_->StartTier(options), IsOk());
     absl::StatusOr<ClientId> client = tier().OpenClient(ClientLimits{});
     ASSERT_THAT(client, IsOk());
@@ -107,6 +108,7 @@ class GpuTierCompressedTest : public ::testing::Test {
 
   GpuTier& tier() { return *stack_->tier; }
 
+  bool check_decodes_before_serving_ = true;
   testing::TempDir dir_;
   std::unique_ptr<GpuTestStack> stack_;
   ClientId client_ = 0;
@@ -185,6 +187,40 @@ TEST_F(GpuTierCompressedTest, ACorruptedCompressedFormIsDataLossThenReadAgain) {
   ASSERT_TRUE(testing::WaitForCopies(tier()));
   EXPECT_EQ(Fetch(Key(weight)).value_or(""), weight.data);
   EXPECT_EQ(stack_->host_cache().stats().bytes_from_disk, 2 * weight.data.size());
+}
+
+// Fetches answered when the decode is enqueued (check_decodes_before_serving off): the readers
+// wait on a ready event after the decode and find the object's bytes; a decode that fails its
+// check is still counted, and its object dropped from the GPU and the host cache.
+class GpuTierCompressedUncheckedTest : public GpuTierCompressedTest {
+ protected:
+  GpuTierCompressedUncheckedTest() { check_decodes_before_serving_ = false; }
+};
+
+TEST_F(GpuTierCompressedUncheckedTest, ReadersWaitOnTheDecodeAndAFailureIsStillCaught) {
+  const TensorSpec& weight = weights_[2];
+  ASSERT_EQ(Fetch(Key(weight)).value_or(""), weight.data);
+  ASSERT_TRUE(WaitForCompressor(1));
+  EvictGpu();
+  EXPECT_EQ(Fetch(Key(weight)).value_or(""), weight.data);  // waits on the ready event
+  ASSERT_TRUE(testing::WaitForCopies(tier()));
+  EXPECT_EQ(tier().stats().objects_decoded, 1u);
+  EvictGpu();
+  {
+    Answer<absl::StatusOr<HostObject>> held;
+    stack_->host_cache().Fetch(Key(weight), ReadPriority::kDemand, absl::InfiniteFuture(),
+                               held.Callback());
+    absl::StatusOr<HostObject> compressed = held.Wait();
+    ASSERT_THAT(compressed, IsOk());
+    ASSERT_NE(compressed->compressed(), nullptr);
+    compressed->data()[compressed->stored_size() - 1000] ^= 0x08;
+  }
+  // Served before the check: this lease has the wrong bytes, which the check then finds.
+  EXPECT_NE(Fetch(Key(weight)).value_or(""), weight.data);
+  ASSERT_TRUE(testing::WaitForCopies(tier()));
+  EXPECT_EQ(tier().stats().decode_failures, 1u);
+  EXPECT_FALSE(tier().IsOnGpu(Key(weight)));
+  EXPECT_EQ(Fetch(Key(weight)).value_or(""), weight.data);  // read from the file again
 }
 
 TEST_F(GpuTierCompressedTest, NothingIsCompressedWhenItIsOff) {

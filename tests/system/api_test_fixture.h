@@ -123,12 +123,11 @@ class ApiTest : public ::testing::Test {
     return {SiblingBinary("tierd"),
             absl::StrCat("--device=", testing::DeviceUnderTest().ToString()),
             absl::StrCat("--socket=", socket_path()),
-            absl::StrCat("--state-dir=", dir_.path(), "/state"),
-            "--host-cache-bytes=16MiB",
-            "--gpu-pool-bytes=2MiB",
-            "--gpu-slab-bytes=1MiB",
-            "--session-max-leases=3",
-            "--shutdown-grace-ms=2000"};
+            absl::StrCat("--state-dir=", dir_.path(), "/state"), "--host-cache-bytes=16MiB",
+            "--gpu-pool-bytes=2MiB", "--gpu-slab-bytes=1MiB", "--session-max-leases=3",
+            "--shutdown-grace-ms=2000",
+            // Off by default in the daemon; the tests serve weights through it.
+            "--compress-weights=true"};
   }
 
   std::unique_ptr<Subprocess> StartDaemon() {

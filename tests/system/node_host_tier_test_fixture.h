@@ -107,6 +107,7 @@ class NodeHostTierTest : public ::testing::Test {
         "--gpu-slab-bytes=8MiB",
         "--reader-threads=2",
         "--shutdown-grace-ms=500",
+        "--compress-weights=true",  // off by default in the daemon; the tests serve weights
         "--node-home-timeout-ms=2000",
         absl::StrCat("--peers=", socket_path(0), ",", socket_path(1), ",", socket_path(2))};
     argv.insert(argv.end(), extra_flags_.begin(), extra_flags_.end());

@@ -69,7 +69,6 @@ class OperationsTest : public ::testing::Test {
   testing::TempDir dir_;
 };
 
-
 }  // namespace tierd
 
 #endif  // TIERD_TESTS_SYSTEM_OPERATIONS_TEST_FIXTURE_H_
