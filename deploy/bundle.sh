@@ -59,7 +59,7 @@ fi
 if ((with_bench)); then
   binaries+=("$build_dir/bin/gpu_path_bench" "$build_dir/bin/disk_read_bench"
     "$build_dir/bin/arena_pin_bench" "$build_dir/bin/load_bench" "$build_dir/bin/event_limit_bench"
-    "$build_dir/bin/node_bench")
+    "$build_dir/bin/node_bench" "$build_dir/bin/codec_bench")
   mkdir -p "$out/bench"
   cp "$here/bench/run-gpu-path-bench.sh" "$here/bench/run-load-bench.sh" \
     "$here/bench/run-disk-read-bench.sh" "$here/bench/run-node-bench.sh" "$here/bench/safetensors_load.py" \
