@@ -106,6 +106,16 @@ class GpuTierCompressedTest : public ::testing::Test {
     ASSERT_THAT(tier().Evict("w/", EvictTier::kGpu), IsOk());
   }
 
+  // A bit flips in host memory, among the tiles of `key`'s compressed form.
+  void FlipABitOfTheCompressedForm(const std::string& key) {
+    Answer<absl::StatusOr<HostObject>> held;
+    stack_->host_cache().Fetch(key, ReadPriority::kDemand, absl::InfiniteFuture(), held.Callback());
+    absl::StatusOr<HostObject> compressed = held.Wait();
+    ASSERT_THAT(compressed, IsOk());
+    ASSERT_NE(compressed->compressed(), nullptr);
+    compressed->data()[compressed->stored_size() - 1000] ^= 0x08;
+  }
+
   GpuTier& tier() { return *stack_->tier; }
 
   bool check_decodes_before_serving_ = true;
@@ -137,6 +147,8 @@ TEST_F(GpuTierCompressedTest, WeightsAreHeldCompressedAndDecodedToTheirBytes) {
   for (const TensorSpec& weight : weights_) {
     EXPECT_EQ(Fetch(Key(weight)).value_or(""), weight.data) << weight.name;
   }
+  // A raw copy's bytes are counted once its completion has been seen, after its readers may be.
+  ASSERT_TRUE(testing::WaitForCopies(tier()));
   const GpuTierStats after = tier().stats();
   EXPECT_EQ(after.objects_decoded - before.objects_decoded, uint64_t{kWeights});
   EXPECT_EQ(after.bytes_host_to_gpu_compressed - before.bytes_host_to_gpu_compressed,
@@ -171,16 +183,7 @@ TEST_F(GpuTierCompressedTest, ACorruptedCompressedFormIsDataLossThenReadAgain) {
   ASSERT_EQ(Fetch(Key(weight)).value_or(""), weight.data);
   ASSERT_TRUE(WaitForCompressor(1));
   EvictGpu();
-  {
-    // A bit flips in host memory, in the middle of the compressed form's tiles.
-    Answer<absl::StatusOr<HostObject>> held;
-    stack_->host_cache().Fetch(Key(weight), ReadPriority::kDemand, absl::InfiniteFuture(),
-                               held.Callback());
-    absl::StatusOr<HostObject> compressed = held.Wait();
-    ASSERT_THAT(compressed, IsOk());
-    ASSERT_NE(compressed->compressed(), nullptr);
-    compressed->data()[compressed->stored_size() - 1000] ^= 0x08;
-  }
+  FlipABitOfTheCompressedForm(Key(weight));
   EXPECT_THAT(Fetch(Key(weight)), StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_EQ(tier().stats().decode_failures, 1u);
   // The corrupted copy was dropped: the next fetch reads the file again, and is right.
@@ -206,15 +209,7 @@ TEST_F(GpuTierCompressedUncheckedTest, ReadersWaitOnTheDecodeAndAFailureIsStillC
   ASSERT_TRUE(testing::WaitForCopies(tier()));
   EXPECT_EQ(tier().stats().objects_decoded, 1u);
   EvictGpu();
-  {
-    Answer<absl::StatusOr<HostObject>> held;
-    stack_->host_cache().Fetch(Key(weight), ReadPriority::kDemand, absl::InfiniteFuture(),
-                               held.Callback());
-    absl::StatusOr<HostObject> compressed = held.Wait();
-    ASSERT_THAT(compressed, IsOk());
-    ASSERT_NE(compressed->compressed(), nullptr);
-    compressed->data()[compressed->stored_size() - 1000] ^= 0x08;
-  }
+  FlipABitOfTheCompressedForm(Key(weight));
   // Served before the check: this lease has the wrong bytes, which the check then finds.
   EXPECT_NE(Fetch(Key(weight)).value_or(""), weight.data);
   ASSERT_TRUE(testing::WaitForCopies(tier()));
