@@ -72,8 +72,12 @@ void HostCache::Compress(const std::string& key) {
 
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
-  --compressions_in_flight_;
   Entry* entry = raw.entry_;
+  // Counted until the reference is gone: the cache is not destroyed under it.
+  struct Done {
+    uint64_t& in_flight;
+    ~Done() { --in_flight; }
+  } done{compressions_in_flight_};
   if (!plan.compress || !encoding.ok()) {
     ++stats_.objects_kept_raw;
     if (!encoding.ok()) {
@@ -87,7 +91,9 @@ void HostCache::Compress(const std::string& key) {
     return;
   }
   // The swap needs the raw bytes unreferenced: copies of them to a GPU finish in milliseconds.
-  auto alone = [entry]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return entry->refs == 1; };
+  // Destruction wakes it: the object is then left raw.
+  auto alone = [this, entry]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return entry->refs == 1 || !compressing_; };
   const bool swappable = mu_.AwaitWithTimeout(absl::Condition(&alone), kSwapWait) && compressing_ &&
                          entry->listed() && entry->state == State::kResident && !entry->compressed;
   --entry->refs;
