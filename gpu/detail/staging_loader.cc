@@ -298,8 +298,12 @@ void StagingLoader::FinishDecodeIn(StagingObject* object, uint32_t verdict,
       return residency_.RetryAllocations(deferred.calls());
     }
     // Served before the check (check_decodes_before_serving off): no new lease gets it; those
-    // granted keep it until they are released.
-    if (object->listed()) residency_.Remove(object);
+    // granted keep it until they are released. Either call frees it now if nothing holds it.
+    if (object->listed()) {
+      residency_.Remove(object);
+    } else {
+      residency_.FreeIfUnused(object);
+    }
     return residency_.RetryAllocations(deferred.calls());
   }
   residency_.DropReadyEventIfUnneeded(object);
