@@ -82,7 +82,7 @@ class CompressedCopies {
   absl::Status EnqueueLocked(Lane& lane, Stream& stream, const HostBytes& host, uint8_t* dst,
                              uint32_t* verdict) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WaitForDecodesLocked(Lane& lane, Stream& stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint32_t* VerdictWord(uint32_t verdict) const;
+  uint32_t* VerdictWord(uint32_t verdict) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Device& device_;
   ChunkedCopier& copier_;

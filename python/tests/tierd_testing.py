@@ -43,9 +43,10 @@ class Daemon:
         argv = [os.environ["TIERD_BIN"], f"--device={TEST_DEVICE}", f"--socket={self.socket}",
                 f"--state-dir={directory}/state", f"--host-cache-bytes={host_cache}",
                 f"--gpu-pool-bytes={gpu_pool}", f"--gpu-slab-bytes={gpu_slab}",
-                "--shutdown-grace-ms=2000",
-                # Off by default in the daemon; the tests serve weights through it.
-                "--compress-weights=true", *extra_flags]
+                "--shutdown-grace-ms=2000", *extra_flags]
+        if not any(flag.startswith("--compress-weights") for flag in extra_flags):
+            # Off by default in the daemon; the tests serve weights through it.
+            argv.append("--compress-weights=true")
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + TIMEOUT
