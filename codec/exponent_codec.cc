@@ -105,7 +105,8 @@ EncodingPlan PlanEncoding(const uint8_t* raw, uint64_t size, const EncodingOptio
     }
   }
   if (plan.code_bits == 0) {
-    plan.reason = "its tables would pass the format's bound (an object larger than ~900 MiB)";
+    plan.reason = absl::StrCat("its tables would pass the format's ", kMaxPrefixBytes >> 20,
+                               " MiB bound (too many escapes, or an object over ~900 MiB)");
     return plan;
   }
   if (plan.ratio() > options.max_ratio) {
