@@ -53,9 +53,9 @@ void LocalHostSource::Fetch(const std::string& key, ReadPriority priority, absl:
 }
 
 void LocalHostSource::Distrust(const std::string& key) {
-  // Evicting a weight forgets it: the next fetch reads it from its files again.
-  if (absl::Status evicted = cache_.Evict(key); !evicted.ok()) {
-    TIERD_LOG(WARNING) << "could not drop the host copy of " << key << ": " << evicted;
+  // Forgotten even while referenced: the next fetch reads it from its files again.
+  if (absl::Status discarded = cache_.Discard(key); !discarded.ok()) {
+    TIERD_LOG(WARNING) << "could not drop the host copy of " << key << ": " << discarded;
   }
 }
 

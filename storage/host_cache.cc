@@ -512,6 +512,21 @@ absl::Status HostCache::Evict(const std::string& key) {
   return absl::OkStatus();
 }
 
+absl::Status HostCache::Discard(const std::string& key) {
+  DeferredCalls deferred;
+  absl::MutexLock lock(&mu_);
+  Entry* entry = table_.Find(key);
+  if (entry == nullptr) return absl::NotFoundError(absl::StrCat(key, " is not cached"));
+  if (entry->kind != Kind::kWeight || entry->busy()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(key, " is a stored object or still being read, and is not discarded"));
+  }
+  ++stats_.evictions;
+  RemoveLocked(entry);
+  table_.RetryWaiters(deferred.calls());
+  return absl::OkStatus();
+}
+
 std::vector<std::string> HostCache::Keys(absl::string_view prefix) const {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> keys;

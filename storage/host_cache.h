@@ -166,6 +166,11 @@ class HostCache : private HostCacheTable::Owner {
   // spillable stored object is spilled first (asynchronously). FAILED_PRECONDITION for an object
   // that is referenced, pinned or busy, or a stored object that cannot spill (Delete it).
   absl::Status Evict(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets weight `key`, whose bytes were found wrong (a compressed form that does not decode to
+  // its checksums): the next fetch reads it from its files again, while references keep the old
+  // bytes until released; its pins go with it. NOT_FOUND when it is not cached;
+  // FAILED_PRECONDITION for a stored object or one still being read.
+  absl::Status Discard(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
   // Removes a stored object entirely (memory and spill file); references keep their bytes until
   // released. NOT_FOUND when there is none.
   absl::Status Delete(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);

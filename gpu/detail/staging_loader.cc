@@ -35,7 +35,7 @@ StagingLoader::StagingLoader(const TierParts& tier, const Own& own)
       stored_(own.stored),
       callbacks_(tier.callbacks),
       stats_(tier.stats),
-      compressed_(tier.device, tier.copier),
+      compressed_(tier.device, tier.copier, own.decode_scratch_bytes),
       check_decodes_before_serving_(own.check_decodes_before_serving) {}
 
 absl::StatusOr<StagingObject*> StagingLoader::StartLoad(const std::string& key,
@@ -274,6 +274,12 @@ void StagingLoader::FinishDecodeIn(StagingObject* object, uint32_t verdict,
                                    const std::string& host_key, uint64_t compressed_bytes) {
   const RunningCallbacks::Scope running(callbacks_);
   const absl::Status checked = compressed_.TakeVerdict(verdict, host_key);
+  if (!checked.ok()) {
+    TIERD_LOG(ERROR) << checked << "; dropping the host copy";
+    // Before the failure is seen (and the copy counted done): no fetch from now on gets the host
+    // copy, which the next one reads again. Not under the tier's lock.
+    host_source_.Distrust(host_key);
+  }
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   residency_.CopyFinished();
@@ -289,9 +295,7 @@ void StagingLoader::FinishDecodeIn(StagingObject* object, uint32_t verdict,
     }
   } else {
     ++stats_.decode_failures;
-    TIERD_LOG(ERROR) << checked << "; dropping the host copy";
-    // Whoever waits is told; the host copy goes, so that the next fetch reads the object again.
-    deferred.calls().push_back([this, host_key] { host_source_.Distrust(host_key); });
+    // Whoever waits is told.
     if (object->state == StagingObject::State::kCopying) {
       // Unlisted, and freed now if nothing holds it.
       FailLoad(object, checked, deferred.calls());

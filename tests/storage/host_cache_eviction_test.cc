@@ -54,6 +54,29 @@ TEST_F(HostCacheTest, ReferencedAndPinnedObjectsAreNeverEvicted) {
   EXPECT_THAT(cache_->Unpin("m/blocks.1"), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
+TEST_F(HostCacheTest, ADiscardedWeightIsReadAgainWhileItsReadersKeepTheOldBytes) {
+  Start(4);
+  RegisterModel(2);
+  auto held = FetchNow("m/blocks.0");
+  ASSERT_THAT(held, IsOk());
+  ASSERT_THAT(cache_->Pin("m/blocks.0"), IsOk());
+  // Referenced and pinned: Evict refuses, Discard does not.
+  EXPECT_THAT(cache_->Evict("m/blocks.0"), StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_THAT(cache_->Discard("m/blocks.0"), IsOk());
+  EXPECT_FALSE(cache_->IsResident("m/blocks.0"));
+  EXPECT_TRUE(HoldsBlock(*held, 0));
+  const uint64_t read_before = cache_->stats().bytes_from_disk;
+  auto again = FetchNow("m/blocks.0");
+  ASSERT_THAT(again, IsOk());
+  EXPECT_NE(again->data(), held->data());  // a copy of its own, read from the file
+  EXPECT_TRUE(HoldsBlock(*again, 0));
+  EXPECT_GT(cache_->stats().bytes_from_disk, read_before);
+  // The pins went with the discarded copy.
+  EXPECT_THAT(cache_->Unpin("m/blocks.0"), StatusIs(absl::StatusCode::kFailedPrecondition));
+  held->Reset();
+  EXPECT_THAT(cache_->Discard("m/blocks.9"), StatusIs(absl::StatusCode::kNotFound));
+}
+
 TEST_F(HostCacheTest, ObjectBeingReadIsNeverEvicted) {
   // Room for one 32 MiB object (and change); one reader thread in small chunks keeps it loading.
   Start(33, EvictionPolicy::kFifo, ReaderOptions(1, 1, 64 * 1024));

@@ -74,6 +74,8 @@ TEST_F(HostCacheTest, CacheFullOfUnspillableObjectsSaysResourceExhausted) {
   EXPECT_THAT(Store("act/c", kObjectBytes, 3, true),
               StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_THAT(cache_->Evict("act/a"), StatusIs(absl::StatusCode::kFailedPrecondition));
+  // Nothing could read it again: a stored object is never discarded.
+  EXPECT_THAT(cache_->Discard("act/a"), StatusIs(absl::StatusCode::kFailedPrecondition));
   ASSERT_THAT(cache_->Delete("act/a"), IsOk());
   EXPECT_THAT(Store("act/c", kObjectBytes, 3, true), IsOk());
   EXPECT_THAT(FetchNow("act/a"), StatusIs(absl::StatusCode::kNotFound));
