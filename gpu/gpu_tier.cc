@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/byte_size.h"
 #include "common/deferred_calls.h"
 #include "common/leak_on_purpose.h"
 #include "common/log.h"
@@ -18,6 +19,13 @@ absl::StatusOr<std::unique_ptr<GpuTier>> GpuTier::Create(Device& device, Catalog
                                                          const GpuTierOptions& options) {
   if (options.copy_chunk_bytes == 0) {
     return absl::InvalidArgumentError("the copy chunk size must be greater than 0");
+  }
+  if (options.decode_scratch_bytes < CompressedCopies::kMinScratchBytes ||
+      options.decode_scratch_bytes % (1 << 20) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the decode scratch area must be a whole number of MiB from ",
+                     FormatByteSize(CompressedCopies::kMinScratchBytes), ", not ",
+                     options.decode_scratch_bytes, " bytes"));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<StagingPool> pool,
                    StagingPool::Create(device, options.pool_bytes, options.slab_bytes));
@@ -61,7 +69,7 @@ GpuTier::GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& 
       drains_(mu_, device, events_, clients_, residency_, timer_, liveness_),
       loader_(parts_,
               {host_source_, *demand_stream_, *prefetch_stream_, clients_, handoff_, stored_,
-               options.check_decodes_before_serving}),
+               options.check_decodes_before_serving, options.decode_scratch_bytes}),
       peer_loader_(parts_, {options.peers, *handoff_stream_, loader_}),
       commits_(parts_,
                {host_cache, options.durable_store, *store_stream_, clients_, drains_, stored_}),

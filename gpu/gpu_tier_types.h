@@ -61,6 +61,10 @@ struct GpuTierOptions {
   // answered, so that a client can queue its work ahead — a decode that then fails its check is
   // counted and its object dropped, but leases already granted were given its bytes.
   bool check_decodes_before_serving = true;
+  // Device memory each copy stream decodes compressed objects through, allocated on first use:
+  // what its copies may run ahead of its decodes (gpu/detail/compressed_copies.h). At least
+  // CompressedCopies::kMinScratchBytes (56 MiB), a multiple of 1 MiB.
+  uint64_t decode_scratch_bytes = 1ull << 30;
 };
 
 // How a stored object is kept (ReserveRequest's flags).

@@ -61,6 +61,7 @@ struct DaemonOptions {
   EvictionPolicy host_cache_policy = EvictionPolicy::kFifo;  // --host-cache-policy
   bool compress_weights = false;                             // --compress-weights
   int compress_threads = 1;                                  // --compress-threads
+  uint64_t decode_scratch_bytes = 1ull << 30;                // --decode-scratch-mib
   bool check_decodes_before_serving = true;                  // --check-decodes-before-serving
   uint64_t pin_piece_bytes = 1ull << 30;  // the host arena is pinned this much at a time
   // --pin-threads: threads pinning the host arena after its first piece; 0: DefaultPinThreads()

@@ -80,6 +80,9 @@ ABSL_FLAG(bool, check_decodes_before_serving, true,
           "Answer a fetch of a compressed object once its decode on the GPU matched its checksums "
           "(true), or as soon as the decode is enqueued, as raw copies are (false: clients queue "
           "work ahead, but a decode that fails its check has already been leased)");
+ABSL_FLAG(int, decode_scratch_mib, 1024,
+          "Device memory (MiB) each copy stream decodes compressed objects through: how far its "
+          "copies may run ahead of its decodes; 56 to 16384");
 ABSL_FLAG(std::string, reader_threads, "auto",
           "Disk reader threads, one io_uring ring each: a number, or auto (sized to the storage "
           "under --model-roots, else --state-dir, and to the cores; logged)");
@@ -213,6 +216,13 @@ int Run() {
                  options.compress_threads);
     return kExitBadUsage;
   }
+  const int decode_scratch_mib = absl::GetFlag(FLAGS_decode_scratch_mib);
+  if (decode_scratch_mib < 56 || decode_scratch_mib > 16384) {
+    std::fprintf(stderr, "tierd: --decode-scratch-mib must be from 56 to 16384, not %d\n",
+                 decode_scratch_mib);
+    return kExitBadUsage;
+  }
+  options.decode_scratch_bytes = static_cast<uint64_t>(decode_scratch_mib) << 20;
   const std::string reader_threads = absl::GetFlag(FLAGS_reader_threads);
   if (reader_threads == "auto") {
     options.reader.threads = 0;  // Daemon::Create sizes it

@@ -8,24 +8,34 @@
 #include "common/status_macros.h"
 
 namespace tierd {
+namespace {
 
-absl::StatusOr<CompressedCopies::Lane*> CompressedCopies::LaneFor(const Stream& stream) {
+// Where ranges of the two rings start: tables are small (most under 1 MiB), pieces of tiles
+// mostly whole pieces.
+constexpr uint64_t kTablesGranule = 64 << 10;
+constexpr uint64_t kTilesGranule = 1 << 20;
+
+}  // namespace
+
+absl::StatusOr<CompressedCopies::Lane*> CompressedCopies::LaneFor(Stream& stream) {
   if (auto it = lanes_.find(&stream); it != lanes_.end()) return &it->second;
   Lane lane;
-  absl::StatusOr<std::unique_ptr<Slab>> scratch = device_.AllocateSlab(kScratchBytes);
+  absl::StatusOr<std::unique_ptr<Slab>> scratch = device_.AllocateSlab(scratch_bytes_);
   if (!scratch.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat("the decode scratch area (",
-                                                     FormatByteSize(kScratchBytes),
+                                                     FormatByteSize(scratch_bytes_),
                                                      "): ", scratch.status().message()));
   }
   lane.scratch = *std::move(scratch);
   // High priority: a decode's blocks go before a model's pending ones as SMs come free.
   ASSIGN_OR_RETURN(lane.decode, device_.CreateStream(StreamPriority::kHigh));
   ASSIGN_OR_RETURN(lane.landed, device_.CreateEvent());
-  for (int slot = 0; slot < 2; ++slot) {
-    ASSIGN_OR_RETURN(lane.tables_free[slot], device_.CreateEvent());
-    ASSIGN_OR_RETURN(lane.tiles_free[slot], device_.CreateEvent());
-  }
+  auto* scratch_base = static_cast<uint8_t*>(lane.scratch->data());
+  lane.tables = std::make_unique<ScratchRing>(device_, stream, *lane.decode, scratch_base,
+                                              kTablesRingBytes, kTablesGranule);
+  lane.tiles =
+      std::make_unique<ScratchRing>(device_, stream, *lane.decode, scratch_base + kTablesRingBytes,
+                                    scratch_bytes_ - kTablesRingBytes, kTilesGranule);
   return &lanes_.emplace(&stream, std::move(lane)).first->second;
 }
 
@@ -52,11 +62,11 @@ absl::StatusOr<CompressedCopies::Enqueued> CompressedCopies::Enqueue(Stream& str
                                                                      const HostBytes& host,
                                                                      uint8_t* dst) {
   const codec::CompressedLayout& layout = *host.compressed();
-  if (codec::CompressedPrefixBytes(layout) > kTablesSlotBytes) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the tables of a compressed object of ", FormatByteSize(layout.raw_bytes),
-                     " take ", FormatByteSize(codec::CompressedPrefixBytes(layout)),
-                     ", more than the ", FormatByteSize(kTablesSlotBytes), " a decode keeps"));
+  if (codec::CompressedPrefixBytes(layout) > codec::kMaxPrefixBytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the tables of a compressed object of ", FormatByteSize(layout.raw_bytes), " take ",
+        FormatByteSize(codec::CompressedPrefixBytes(layout)), ", more than the ",
+        FormatByteSize(codec::kMaxPrefixBytes), " a decode keeps"));
   }
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Lane * lane, LaneFor(stream));
@@ -86,35 +96,46 @@ absl::Status CompressedCopies::WaitForDecodesLocked(Lane& lane, Stream& stream) 
 absl::Status CompressedCopies::EnqueueLocked(Lane& lane, Stream& stream, const HostBytes& host,
                                              uint8_t* dst, uint32_t* verdict) {
   const codec::CompressedLayout& layout = *host.compressed();
-  auto* scratch = static_cast<uint8_t*>(lane.scratch->data());
-  const int tables_slot = lane.next_tables;
-  lane.next_tables ^= 1;
-  uint8_t* tables = scratch + tables_slot * kTablesSlotBytes;
-  RETURN_IF_ERROR(device_.WaitEvent(stream, *lane.tables_free[tables_slot]));
-  RETURN_IF_ERROR(copier_.CopyChunked(stream, tables, host.data(),
-                                      codec::CompressedPrefixBytes(layout), false, host.pieces()));
-  const uint64_t tiles_per_piece = kTilesSlotBytes / layout.tile_bytes;
+  const uint64_t prefix_bytes = codec::CompressedPrefixBytes(layout);
+  ASSIGN_OR_RETURN(uint8_t* const tables, lane.tables->Take(prefix_bytes));
+  absl::Status status =
+      copier_.CopyChunked(stream, tables, host.data(), prefix_bytes, false, host.pieces());
+  const uint64_t tiles_per_piece = piece_bytes_ / layout.tile_bytes;
   uint64_t first = 0;
-  do {
-    // A piece of tiles (none when the object is all tail) into the next tiles slot.
+  while (status.ok()) {
+    // A piece of tiles (none when the object is all tail), then its decode.
     const uint64_t count = std::min(tiles_per_piece, layout.tiles - first);
-    const int tiles_slot = lane.next_tiles;
-    lane.next_tiles ^= 1;
-    uint8_t* tiles = scratch + 2 * kTablesSlotBytes + tiles_slot * kTilesSlotBytes;
-    RETURN_IF_ERROR(device_.WaitEvent(stream, *lane.tiles_free[tiles_slot]));
-    if (count > 0) {
-      RETURN_IF_ERROR(copier_.CopyChunked(stream, tiles,
-                                          codec::TileData(layout, host.data(), first),
-                                          count * layout.tile_bytes, false, host.pieces()));
-    }
-    RETURN_IF_ERROR(device_.RecordEvent(*lane.landed, stream));
-    RETURN_IF_ERROR(device_.WaitEvent(*lane.decode, *lane.landed));
-    RETURN_IF_ERROR(
-        device_.DecodeAsync(*lane.decode, layout, tables, tiles, dst, first, count, verdict));
-    RETURN_IF_ERROR(device_.RecordEvent(*lane.tiles_free[tiles_slot], *lane.decode));
+    status = EnqueuePieceLocked(lane, stream, layout, host, tables, dst, first, count, verdict);
     first += count;
-  } while (first < layout.tiles);
-  return device_.RecordEvent(*lane.tables_free[tables_slot], *lane.decode);
+    if (first >= layout.tiles) break;
+  }
+  // The tables are read until the object's last decode; given back even after an error, so that
+  // the ring knows when they are free.
+  const absl::Status given_back = lane.tables->GiveBack();
+  return status.ok() ? given_back : status;
+}
+
+absl::Status CompressedCopies::EnqueuePieceLocked(Lane& lane, Stream& stream,
+                                                  const codec::CompressedLayout& layout,
+                                                  const HostBytes& host, const uint8_t* tables,
+                                                  uint8_t* dst, uint64_t first, uint64_t count,
+                                                  uint32_t* verdict) {
+  const uint8_t* tiles = tables;  // read from only when there are tiles
+  absl::Status status;
+  if (count > 0) {
+    ASSIGN_OR_RETURN(uint8_t* const piece, lane.tiles->Take(count * layout.tile_bytes));
+    status = copier_.CopyChunked(stream, piece, codec::TileData(layout, host.data(), first),
+                                 count * layout.tile_bytes, false, host.pieces());
+    tiles = piece;
+  }
+  if (status.ok()) status = device_.RecordEvent(*lane.landed, stream);
+  if (status.ok()) status = device_.WaitEvent(*lane.decode, *lane.landed);
+  if (status.ok()) {
+    status = device_.DecodeAsync(*lane.decode, layout, tables, tiles, dst, first, count, verdict);
+  }
+  if (count == 0) return status;
+  const absl::Status given_back = lane.tiles->GiveBack();
+  return status.ok() ? given_back : status;
 }
 
 absl::Status CompressedCopies::TakeVerdict(uint32_t verdict, const std::string& key) {

@@ -2,19 +2,20 @@
 // scratch area of device memory, and the device decodes them from there into the object's staging
 // range (Device::DecodeAsync).
 //
-// Each copy stream has a lane of its own, made on its first use: a scratch area with two slots
-// for objects' tables (codec::kMaxPrefixBytes each) and two for their tiles, and a decode stream
-// of high priority. The copy stream copies an object's tables, then its tiles piece by piece into
-// alternate slots; the decode stream decodes each piece once it has landed. The copy stream moves
-// on to the next piece, and the next object, while the last is decoded — never waiting for the
-// SMs, which a model's kernels may hold — and reuses a slot only once the decode that read it is
-// done. Each decode reports to a verdict word of its own, in registered host memory, read once
-// the decode stream has passed it.
+// Each copy stream has a lane of its own, made on its first use: a scratch area split into two
+// rings (scratch_ring.h), one for objects' tables and one for their tiles, and a decode stream of
+// high priority. The copy stream copies an object's tables, then its tiles piece by piece into the
+// tiles ring; the decode stream decodes each piece once it has landed. The copy stream runs ahead
+// of the decodes by as much as the rings hold — objects and pieces keep crossing the link while a
+// model's kernels hold the SMs that the decodes wait for — and waits only for a full ring. Each
+// decode reports to a verdict word of its own, in registered host memory, read once the decode
+// stream has passed it.
 //
 // Internal to the GPU tier. Thread-safe.
 #ifndef TIERD_GPU_DETAIL_COMPRESSED_COPIES_H_
 #define TIERD_GPU_DETAIL_COMPRESSED_COPIES_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -27,21 +28,30 @@
 #include "device/device.h"
 #include "device/pinned_host_buffer.h"
 #include "gpu/chunked_copier.h"
+#include "gpu/detail/scratch_ring.h"
 #include "gpu/host_source.h"
 
 namespace tierd {
 
 class CompressedCopies {
  public:
-  // A lane's scratch area: two slots for tables, two for tiles.
-  static constexpr uint64_t kTablesSlotBytes = codec::kMaxPrefixBytes;
-  static constexpr uint64_t kTilesSlotBytes = 20ull << 20;
-  static constexpr uint64_t kScratchBytes = 2 * kTablesSlotBytes + 2 * kTilesSlotBytes;
+  // A lane's tables ring holds two objects' tables at their largest; its tiles ring, the rest of
+  // the scratch area, takes pieces of up to half of it (at least kMinPieceBytes): an object whose
+  // tiles fit is decoded by one launch. Few launches matter: on a GPU shared with a model's
+  // process (without MPS) each one waits for the GPU to switch to the daemon's context.
+  static constexpr uint64_t kTablesRingBytes = 2 * codec::kMaxPrefixBytes;
+  static constexpr uint64_t kMinPieceBytes = 16ull << 20;
+  static constexpr uint64_t kMinScratchBytes = kTablesRingBytes + 2 * kMinPieceBytes;
   // Decodes that may be in flight at once (verdict words).
   static constexpr uint32_t kVerdicts = 1024;
 
-  // Both must outlive this.
-  CompressedCopies(Device& device, ChunkedCopier& copier) : device_(device), copier_(copier) {}
+  // Each lane's scratch area takes `scratch_bytes` (at least kMinScratchBytes, a multiple of
+  // 1 MiB) of device memory. The device and copier must outlive this.
+  CompressedCopies(Device& device, ChunkedCopier& copier, uint64_t scratch_bytes)
+      : device_(device),
+        copier_(copier),
+        scratch_bytes_(scratch_bytes),
+        piece_bytes_(std::max(kMinPieceBytes, (scratch_bytes - kTablesRingBytes) / 2)) {}
   CompressedCopies(const CompressedCopies&) = delete;
   CompressedCopies& operator=(const CompressedCopies&) = delete;
 
@@ -69,23 +79,28 @@ class CompressedCopies {
   struct Lane {
     std::unique_ptr<Slab> scratch;
     std::unique_ptr<Stream> decode;
-    std::unique_ptr<Event> landed;          // a piece's copy, for the decode stream to wait on
-    std::unique_ptr<Event> tables_free[2];  // the last decode that read each tables slot
-    std::unique_ptr<Event> tiles_free[2];   // the last decode that read each tiles slot
-    int next_tables = 0;
-    int next_tiles = 0;
+    std::unique_ptr<Event> landed;  // a piece's copy, for the decode stream to wait on
+    std::unique_ptr<ScratchRing> tables;
+    std::unique_ptr<ScratchRing> tiles;
   };
 
-  absl::StatusOr<Lane*> LaneFor(const Stream& stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Lane*> LaneFor(Stream& stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint32_t> AcquireVerdictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Enqueues the copies and decodes of one object on `lane`.
   absl::Status EnqueueLocked(Lane& lane, Stream& stream, const HostBytes& host, uint8_t* dst,
                              uint32_t* verdict) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Enqueues the copy of tiles [first, first + count) and their decode.
+  absl::Status EnqueuePieceLocked(Lane& lane, Stream& stream, const codec::CompressedLayout& layout,
+                                  const HostBytes& host, const uint8_t* tables, uint8_t* dst,
+                                  uint64_t first, uint64_t count, uint32_t* verdict)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WaitForDecodesLocked(Lane& lane, Stream& stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t* VerdictWord(uint32_t verdict) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Device& device_;
   ChunkedCopier& copier_;
+  const uint64_t scratch_bytes_;
+  const uint64_t piece_bytes_;  // the most tiles bytes one decode reads
   absl::Mutex mu_;
   std::map<const Stream*, Lane> lanes_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<PinnedHostBuffer> verdicts_ ABSL_GUARDED_BY(mu_);

@@ -57,6 +57,7 @@ class StagingLoader {
     HandoffCopies& handoff;
     const StoredKeySpace& stored;
     bool check_decodes_before_serving = true;  // GpuTierOptions::check_decodes_before_serving
+    uint64_t decode_scratch_bytes = 0;         // GpuTierOptions::decode_scratch_bytes
   };
   StagingLoader(const TierParts& tier, const Own& own);
   StagingLoader(const StagingLoader&) = delete;

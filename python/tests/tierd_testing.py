@@ -45,8 +45,9 @@ class Daemon:
                 f"--gpu-pool-bytes={gpu_pool}", f"--gpu-slab-bytes={gpu_slab}",
                 "--shutdown-grace-ms=2000", *extra_flags]
         if not any(flag.startswith("--compress-weights") for flag in extra_flags):
-            # Off by default in the daemon; the tests serve weights through it.
-            argv.append("--compress-weights=true")
+            # Off by default in the daemon; the tests serve weights through it, decoding objects
+            # of more than 20 MiB in pieces.
+            argv += ["--compress-weights=true", "--decode-scratch-mib=64"]
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + TIMEOUT

@@ -53,6 +53,8 @@ class GpuTierCompressedTest : public ::testing::Test {
     options.copy_chunk_bytes = 64 << 10;
     options.close_grace = absl::Milliseconds(200);
     options.check_decodes_before_serving = check_decodes_before_serving_;
+    // The least scratch: its rings wrap every few dozen objects.
+    options.decode_scratch_bytes = 56 << 20;
     ASSERT_THAT(stack_->StartTier(options), IsOk());
     absl::StatusOr<ClientId> client = tier().OpenClient(ClientLimits{});
     ASSERT_THAT(client, IsOk());
@@ -157,6 +159,23 @@ TEST_F(GpuTierCompressedTest, WeightsAreHeldCompressedAndDecodedToTheirBytes) {
   EXPECT_EQ(after.decode_failures, 0u);
   // Nothing was read from disk again.
   EXPECT_EQ(stack_->host_cache().stats().bytes_from_disk, raw_bytes);
+}
+
+TEST_F(GpuTierCompressedTest, ObjectsKeepTheirBytesAsTheScratchRingsWrapAround) {
+  for (const TensorSpec& weight : weights_) ASSERT_THAT(Fetch(Key(weight)), IsOk());
+  ASSERT_TRUE(WaitForCompressor(weights_.size()));
+  // 400 decodes: the tiles ring (a MiB a piece here) wraps a dozen times, the tables ring (64 KiB
+  // a table) once.
+  constexpr int kRounds = 100;
+  for (int round = 0; round < kRounds; ++round) {
+    EvictGpu();
+    for (const TensorSpec& weight : weights_) {
+      ASSERT_EQ(Fetch(Key(weight)).value_or(""), weight.data) << weight.name << " " << round;
+    }
+  }
+  ASSERT_TRUE(testing::WaitForCopies(tier()));
+  EXPECT_GE(tier().stats().objects_decoded, uint64_t{kRounds * kWeights});
+  EXPECT_EQ(tier().stats().decode_failures, 0u);
 }
 
 TEST_F(GpuTierCompressedTest, TheSwapWaitsForTheRawBytesReaders) {

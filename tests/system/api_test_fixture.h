@@ -127,7 +127,7 @@ class ApiTest : public ::testing::Test {
             "--gpu-pool-bytes=2MiB", "--gpu-slab-bytes=1MiB", "--session-max-leases=3",
             "--shutdown-grace-ms=2000",
             // Off by default in the daemon; the tests serve weights through it.
-            "--compress-weights=true"};
+            "--compress-weights=true", "--decode-scratch-mib=64"};
   }
 
   std::unique_ptr<Subprocess> StartDaemon() {

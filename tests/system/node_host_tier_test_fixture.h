@@ -108,6 +108,7 @@ class NodeHostTierTest : public ::testing::Test {
         "--reader-threads=2",
         "--shutdown-grace-ms=500",
         "--compress-weights=true",  // off by default in the daemon; the tests serve weights
+        "--decode-scratch-mib=64",  // objects of more than 20 MiB decode in pieces
         "--node-home-timeout-ms=2000",
         absl::StrCat("--peers=", socket_path(0), ",", socket_path(1), ",", socket_path(2))};
     argv.insert(argv.end(), extra_flags_.begin(), extra_flags_.end());

@@ -193,6 +193,8 @@ TEST_F(OperationsTest, BadConfigFilesAreRefusedNamingFileLineAndKey) {
       {"session-busy-poll-us = 10001\n", "session-busy-poll-us must be at most 10000"},
       {"session-threads = 65\n", "session-threads must be from 0 (the default) to 64"},
       {"session-threads = -1\n", "session-threads must be from 0 (the default) to 64"},
+      {"decode-scratch-mib = 55\n", "decode-scratch-mib must be from 56 to 16384, not 55"},
+      {"compress-threads = 0\n", "compress-threads must be from 1 to 64, not 0"},
       // Not rounded up to 4 KiB slabs in silence.
       {"gpu-slab-bytes = 1000\n", "gpu-slab-bytes must be a positive multiple of 4096 bytes"},
       {"metrics-port = 9400\nmetrics-address = not-an-ip\n",
