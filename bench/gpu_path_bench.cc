@@ -58,10 +58,15 @@ ABSL_FLAG(std::string, model, "bench", "Name to register the model under");
 ABSL_FLAG(std::string, model_dir, "", "Directory of the model's .safetensors files");
 ABSL_FLAG(std::string, tensors, "16MiBx64,64MiBx16,256MiBx4,700MiBx2",
           "make-model: tensor sizes, SIZExCOUNT,...");
+ABSL_FLAG(std::string, weights, "random",
+          "make-model: the tensors' values, random (U8 bytes) or normal (BF16 of N(0, 0.02^2))");
+ABSL_FLAG(bool, compressed, false,
+          "warm: wait for the daemon (run with --compress-weights) to compress the model first");
 ABSL_FLAG(int, files, 1, "make-model: files to spread the tensors over");
 ABSL_FLAG(int, repeat, 5, "Timed runs of each side");
 ABSL_FLAG(int, fetches, 20000, "latency: timed fetches");
-ABSL_FLAG(int, step_layers, 48, "latency: objects (layers) in a timed step, Fetch by Fetch and FetchMany");
+ABSL_FLAG(int, step_layers, 48,
+          "latency: objects (layers) in a timed step, Fetch by Fetch and FetchMany");
 ABSL_FLAG(tierd::ByteSize, store_bytes, tierd::ByteSize{256ull << 20}, "duplex: bytes per store");
 ABSL_FLAG(int, stores, 16, "duplex: stores per run");
 ABSL_FLAG(std::string, fio, "fio", "cold: fio binary for the O_DIRECT reference");
@@ -77,7 +82,8 @@ namespace {
 int MakeModel() {
   const std::string dir = absl::GetFlag(FLAGS_model_dir);
   if (dir.empty()) Die("--model-dir is required");
-  WriteModel(dir, ParseTensorList(absl::GetFlag(FLAGS_tensors)), absl::GetFlag(FLAGS_files));
+  WriteModel(dir, ParseTensorList(absl::GetFlag(FLAGS_tensors)), absl::GetFlag(FLAGS_files),
+             /*row_bytes=*/0, ParseWeightValues(absl::GetFlag(FLAGS_weights)));
   return 0;
 }
 

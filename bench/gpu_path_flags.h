@@ -12,6 +12,8 @@ ABSL_DECLARE_FLAG(std::string, socket);
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, model_dir);
 ABSL_DECLARE_FLAG(std::string, tensors);
+ABSL_DECLARE_FLAG(std::string, weights);
+ABSL_DECLARE_FLAG(bool, compressed);
 ABSL_DECLARE_FLAG(int, files);
 ABSL_DECLARE_FLAG(int, repeat);
 ABSL_DECLARE_FLAG(int, fetches);

@@ -11,12 +11,41 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "bench/gpu_path_flags.h"
 #include "bench/gpu_path_session.h"
 
 namespace tierd::bench {
 
 // ---- warm ---------------------------------------------------------------------------------------
+
+// --compressed: waits until the daemon's compressor has had every object of the model, so that
+// the timed fetches find them in their final form; returns the host cache's compression figures.
+nlohmann::json WaitForCompression(Bench& bench) {
+  const absl::Time deadline = absl::Now() + absl::Minutes(10);
+  while (true) {
+    const tierd::v1::Stats stats = Check(bench.client().GetStats(), "GetStats");
+    if (stats.objects_encoded() + stats.objects_kept_raw() >= bench.objects().size()) {
+      const double ratio = static_cast<double>(stats.host_compressed_bytes()) /
+                           std::max<uint64_t>(stats.host_compressed_raw_bytes(), 1);
+      Progress(absl::StrFormat("warm: %u objects compressed to %.3f of their size, %u kept raw",
+                               stats.objects_encoded(), ratio, stats.objects_kept_raw()));
+      return {{"objects_encoded", stats.objects_encoded()},
+              {"objects_kept_raw", stats.objects_kept_raw()},
+              {"host_compressed_bytes", stats.host_compressed_bytes()},
+              {"host_compressed_raw_bytes", stats.host_compressed_raw_bytes()},
+              {"ratio", ratio}};
+    }
+    if (absl::Now() > deadline) {
+      Die(absl::StrCat("--compressed: the daemon's compressor had ",
+                       stats.objects_encoded() + stats.objects_kept_raw(), " of ",
+                       bench.objects().size(),
+                       " objects after 10 minutes (is the daemon running "
+                       "with --compress-weights?)"));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+}
 
 nlohmann::json Warm(Bench& bench) {
   std::map<uint64_t, std::vector<Object>> classes;
@@ -27,6 +56,9 @@ nlohmann::json Warm(Bench& bench) {
   }
   Progress("warm: loading the model into the host cache");
   bench.FetchAll(bench.objects(), /*prefetch_first=*/true);
+  const nlohmann::json compression =
+      absl::GetFlag(FLAGS_compressed) ? WaitForCompression(bench) : nlohmann::json();
+  const tierd::v1::Stats before = Check(bench.client().GetStats(), "GetStats");
   Buffers buffers = AllocateBuffers(bench.device(), largest_class);
   std::unique_ptr<tierd::Stream> plain_stream =
       Check(bench.device().CreateStream(tierd::StreamPriority::kHigh), "stream");
@@ -94,6 +126,15 @@ nlohmann::json Warm(Bench& bench) {
                  {"plain_gb_per_s_all", total_bytes / 1e9 / seconds_plain},
                  {"ratio_one_by_one_all", seconds_plain / seconds_one_by_one},
                  {"ratio_with_prefetch_all", seconds_plain / seconds_with_prefetch}});
+  if (!compression.is_null()) {
+    // What crossed the link: the timed fetches' compressed bytes over the raw bytes they gave.
+    const tierd::v1::Stats after = Check(bench.client().GetStats(), "GetStats");
+    result["host_compression"] = compression;
+    result["timed_bytes_host_to_gpu"] = after.bytes_host_to_gpu() - before.bytes_host_to_gpu();
+    result["timed_bytes_host_to_gpu_compressed"] =
+        after.bytes_host_to_gpu_compressed() - before.bytes_host_to_gpu_compressed();
+    result["decode_failures"] = after.decode_failures() - before.decode_failures();
+  }
   return result;
 }
 

@@ -2,14 +2,17 @@
 """Greedy decoding with a Llama-architecture checkpoint (random weights, bf16, about 2.2 GB) whose
 weights stream from a daemon with a 1 GiB GPU pool: every decoding step brings the blocks the pool
 cannot keep from the daemon's host memory. The model comes from tierd.transformers.from_pretrained
-(each --prefetch-depth in turn). Compared in the same run, on the same GPU:
+(each --prefetch-depth in turn), first from a daemon keeping the weights raw, then from one
+keeping them compressed in host memory (--compress-weights: docs/COMPRESSION.md). Compared in the
+same run, on the same GPU:
 
   copy rate   torch's host -> GPU copy of a pinned buffer of one block's size
   resident    the same checkpoint all on the GPU (tokens/s, and the tokens, which must be equal)
   accelerate  accelerate.cpu_offload of the same weights (when accelerate is installed)
 
-Reported: tokens/s of each; for tierd, the bytes the daemon copied host -> GPU per second of
-decoding over the copy rate (goal >= 0.95: streaming runs at the copy engine's speed).
+Reported: tokens/s of each; for tierd, the bytes the daemon delivered host -> GPU per second of
+decoding over the copy rate (raw goal >= 0.95: streaming runs at the copy engine's speed), and the
+compressed daemon's tokens/s over the raw one's (goal >= 1.3) with the same tokens.
 
     bench/llama_decode_bench.py --tierd BUNDLE/bin/tierd --work-dir /tmp/ldb --json out.json
 """
@@ -31,7 +34,7 @@ sys.path.insert(0, HERE)
 import tierd  # noqa: E402
 import tierd.transformers  # noqa: E402
 from kv_cache_bench import log, timed  # noqa: E402
-from stream_weights_bench import Daemon  # noqa: E402
+from stream_weights_bench import Daemon, wait_for_compression  # noqa: E402
 
 MODEL = "llama"
 
@@ -81,7 +84,8 @@ def copy_rate(nbytes, repeat=10):
 
 
 def wait_in_host_cache(client):
-    """Reads the model into the daemon's host memory, so that decoding streams from there."""
+    """Reads the model into the daemon's host memory, so that decoding streams from there; returns
+    its keys."""
     keys = [info.key for info in client.list_objects(MODEL)]
     client.prefetch(keys, host_only=True)
     deadline = time.monotonic() + 300
@@ -89,6 +93,55 @@ def wait_in_host_cache(client):
         if time.monotonic() > deadline:
             sys.exit("the model did not reach the daemon's host cache in 300 s")
         time.sleep(0.2)
+    return keys
+
+
+def stream_from_daemon(args, mode, flags, checkpoint, ids, expected, copy_gb_per_s):
+    """Decodes through a daemon started with `flags`, each --prefetch-depth in turn; returns the
+    figures of each depth (and the host cache's compression)."""
+    model_bytes = sum(os.path.getsize(os.path.join(checkpoint, name))
+                      for name in os.listdir(checkpoint) if name.endswith(".safetensors"))
+    directory = os.path.join(args.work_dir, mode)
+    os.makedirs(directory, exist_ok=True)
+    daemon = Daemon(args.tierd, directory, pool_bytes=args.gpu_pool_bytes,
+                    slab_bytes=256 << 20, host_cache_bytes=2 * model_bytes, extra_flags=flags)
+    figures = {"flags": flags}
+    try:
+        with tierd.Client(daemon.socket) as client:
+            for depth in args.prefetch_depth:
+                streamed = tierd.transformers.from_pretrained(checkpoint, client, name=MODEL,
+                                                              prefetch_depth=depth)
+                if "host_compression" not in figures:
+                    keys = wait_in_host_cache(client)
+                    if "--compress-weights=false" not in flags:
+                        figures["host_compression"] = wait_for_compression(client, len(keys))
+                generate(streamed, ids, args.new_tokens)  # untimed
+                # Each timed run's bytes: the daemon's copies during it, over its decode time.
+                runs = []
+                for _ in range(args.runs):
+                    before = client.stats()
+                    tokens, seconds = generate(streamed, ids, args.new_tokens)
+                    after = client.stats()
+                    runs.append((seconds, after.bytes_host_to_gpu - before.bytes_host_to_gpu,
+                                 after.bytes_host_to_gpu_compressed -
+                                 before.bytes_host_to_gpu_compressed, tokens))
+                streamed.tierd_weights.close()
+                seconds, moved, compressed, tokens = min(runs, key=lambda run: run[0])
+                rate = moved / seconds / 1e9
+                figures[f"prefetch_depth_{depth}"] = {
+                    "tokens_per_s": args.new_tokens / seconds, "bytes_host_to_gpu": moved,
+                    "bytes_host_to_gpu_compressed": compressed,
+                    "streamed_gb_per_s": rate, "over_copy_rate": rate / copy_gb_per_s,
+                    "same_tokens_as_resident": bool(torch.equal(tokens, expected))}
+                crossed = compressed / max(moved, 1)
+                log(f"{mode}, prefetch depth {depth}: {args.new_tokens / seconds:.1f} tok/s, "
+                    f"{moved / args.new_tokens / 1e9:.2f} GB delivered a token at {rate:.1f} GB/s "
+                    f"= {rate / copy_gb_per_s:.3f} of the copy rate ({crossed:.3f} of it crossed "
+                    f"compressed); same tokens as resident: "
+                    f"{figures[f'prefetch_depth_{depth}']['same_tokens_as_resident']}")
+    finally:
+        daemon.stop()
+    return figures
 
 
 def main():
@@ -130,36 +183,17 @@ def main():
     results["copy_rate_gb_per_s"] = copy_rate(block_bytes)
     log(f"host -> GPU copy rate: {results['copy_rate_gb_per_s']:.1f} GB/s")
 
-    daemon = Daemon(args.tierd, args.work_dir, pool_bytes=args.gpu_pool_bytes,
-                    slab_bytes=256 << 20, host_cache_bytes=2 * model_bytes)
-    try:
-        with tierd.Client(daemon.socket) as client:
-            for depth in args.prefetch_depth:
-                streamed = tierd.transformers.from_pretrained(checkpoint, client, name=MODEL,
-                                                              prefetch_depth=depth)
-                wait_in_host_cache(client)
-                generate(streamed, ids, args.new_tokens)  # untimed
-                # Each timed run's bytes: the daemon's copies during it, over its decode time.
-                runs = []
-                for _ in range(args.runs):
-                    before = client.stats().bytes_host_to_gpu
-                    tokens, seconds = generate(streamed, ids, args.new_tokens)
-                    runs.append((seconds, client.stats().bytes_host_to_gpu - before, tokens))
-                streamed.tierd_weights.close()
-                seconds, moved, tokens = min(runs, key=lambda run: run[0])
-                rate = moved / seconds / 1e9
-                figures = results.setdefault("tierd", {})[f"prefetch_depth_{depth}"] = {
-                    "tokens_per_s": args.new_tokens / seconds, "bytes_host_to_gpu": moved,
-                    "streamed_gb_per_s": rate,
-                    "over_copy_rate": rate / results["copy_rate_gb_per_s"],
-                    "goal_over_copy_rate_at_least": 0.95,
-                    "same_tokens_as_resident": bool(torch.equal(tokens, expected))}
-                log(f"tierd, prefetch depth {depth}: {args.new_tokens / seconds:.1f} tok/s, "
-                    f"{moved / args.new_tokens / 1e9:.2f} GB streamed a token at {rate:.1f} GB/s "
-                    f"= {figures['over_copy_rate']:.3f} of the copy rate (goal >= 0.95); same "
-                    f"tokens as resident: {figures['same_tokens_as_resident']}")
-    finally:
-        daemon.stop()
+    for mode, flags in (("tierd", ["--compress-weights=false"]),
+                        ("tierd_compressed", ["--compress-weights", "--compress-threads=8"])):
+        results[mode] = stream_from_daemon(args, mode, flags, checkpoint, ids, expected,
+                                           results["copy_rate_gb_per_s"])
+    for depth in args.prefetch_depth:
+        key = f"prefetch_depth_{depth}"
+        ratio = (results["tierd_compressed"][key]["tokens_per_s"] /
+                 results["tierd"][key]["tokens_per_s"])
+        results["tierd_compressed"][key]["over_raw_tokens_per_s"] = ratio
+        results["tierd_compressed"][key]["goal_over_raw_at_least"] = 1.3
+        log(f"prefetch depth {depth}: compressed {ratio:.3f}x the raw daemon's tok/s (goal >= 1.3)")
 
     try:
         import accelerate

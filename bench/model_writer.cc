@@ -11,23 +11,47 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_support.h"
+#include "codec/sample_weights.h"
 #include "common/byte_size.h"
 
 namespace tierd::bench {
 namespace {
 
-// Writes one safetensors file of U8 tensors filled with pseudo-random bytes: [bytes / row_bytes,
-// row_bytes] where row_bytes divides the size, else 1-D.
+constexpr size_t kBlockWords = 1 << 20;  // 8 MiB written at a time
+
+// Fills `block` (kBlockWords) with the next words of `values`. Normal weights: one block of
+// N(0, 0.02²) bf16 values (made once: drawing them is slow), each value's sign flipped at random,
+// so that no two blocks are alike and each has the weights' statistics.
+void FillBlock(WeightValues values, std::vector<uint64_t>& block, uint64_t& seed) {
+  FillRandomWords(block, seed);
+  if (values == WeightValues::kRandomBytes) return;
+  static const std::vector<uint64_t>* const normal = [] {
+    auto* words = new std::vector<uint64_t>(kBlockWords);
+    codec::FillNormalWeights(codec::WordLayout::kBf16, 0.02, 1,
+                             reinterpret_cast<uint16_t*>(words->data()), kBlockWords * 4);
+    return words;
+  }();
+  for (size_t i = 0; i < kBlockWords; ++i) {
+    block[i] = (*normal)[i] ^ (block[i] & 0x8000800080008000ull);
+  }
+}
+
+// Writes one safetensors file of `values`: [bytes / row_bytes, row_bytes] (of bytes, or of bf16
+// words) where row_bytes divides the size, else 1-D.
 void WriteSafetensors(const std::string& path, const std::vector<TensorSpec>& tensors,
-                      uint64_t row_bytes, uint64_t& seed) {
+                      uint64_t row_bytes, WeightValues values, uint64_t& seed) {
+  const uint64_t word = values == WeightValues::kRandomBytes ? 1 : 2;
   nlohmann::json header = nlohmann::json::object();
   uint64_t offset = 0;
   for (const TensorSpec& tensor : tensors) {
     const bool rows = row_bytes > 0 && tensor.bytes % row_bytes == 0;
+    if (tensor.bytes % word != 0 || (rows && row_bytes % word != 0)) {
+      Die(absl::StrCat(tensor.name, ": ", tensor.bytes, " bytes are not whole bf16 words"));
+    }
     header[tensor.name] = {
-        {"dtype", "U8"},
-        {"shape", rows ? nlohmann::json::array({tensor.bytes / row_bytes, row_bytes})
-                       : nlohmann::json::array({tensor.bytes})},
+        {"dtype", word == 1 ? "U8" : "BF16"},
+        {"shape", rows ? nlohmann::json::array({tensor.bytes / row_bytes, row_bytes / word})
+                       : nlohmann::json::array({tensor.bytes / word})},
         {"data_offsets", {offset, offset + tensor.bytes}}};
     offset += tensor.bytes;
   }
@@ -37,9 +61,9 @@ void WriteSafetensors(const std::string& path, const std::vector<TensorSpec>& te
   const uint64_t length = text.size();
   out.write(reinterpret_cast<const char*>(&length), sizeof(length));
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  std::vector<uint64_t> block(1 << 20);  // 8 MiB
+  std::vector<uint64_t> block(kBlockWords);
   for (uint64_t written = 0; written < offset;) {
-    FillRandomWords(block, seed);
+    FillBlock(values, block, seed);
     const uint64_t n = std::min<uint64_t>(block.size() * 8, offset - written);
     out.write(reinterpret_cast<const char*>(block.data()), static_cast<std::streamsize>(n));
     written += n;
@@ -49,6 +73,12 @@ void WriteSafetensors(const std::string& path, const std::vector<TensorSpec>& te
 }
 
 }  // namespace
+
+WeightValues ParseWeightValues(const std::string& text) {
+  if (text == "random") return WeightValues::kRandomBytes;
+  if (text == "normal") return WeightValues::kNormalBf16;
+  Die(absl::StrCat("--weights must be random or normal, not \"", text, "\""));
+}
 
 std::vector<TensorSpec> ParseTensorList(const std::string& text) {
   std::vector<TensorSpec> tensors;
@@ -69,7 +99,7 @@ std::vector<TensorSpec> ParseTensorList(const std::string& text) {
 }
 
 void WriteModel(const std::string& dir, const std::vector<TensorSpec>& tensors, int files,
-                uint64_t row_bytes) {
+                uint64_t row_bytes, WeightValues values) {
   files = std::max(1, files);
   ::mkdir(dir.c_str(), 0755);
   std::vector<std::vector<TensorSpec>> per_file(files);
@@ -78,7 +108,7 @@ void WriteModel(const std::string& dir, const std::vector<TensorSpec>& tensors, 
   for (int f = 0; f < files; ++f) {
     const std::string path = absl::StrCat(dir, "/model-", f + 1, "-of-", files, ".safetensors");
     Progress(absl::StrCat("writing ", path));
-    WriteSafetensors(path, per_file[f], row_bytes, seed);
+    WriteSafetensors(path, per_file[f], row_bytes, values, seed);
   }
   ::sync();
 }

@@ -1,5 +1,6 @@
-// The models benchmarks write: safetensors files of U8 tensors filled with pseudo-random bytes, of
-// the sizes a `--tensors` list names ("16MiBx64,700MiBx2": 64 tensors of 16 MiB, 2 of 700 MiB).
+// The models benchmarks write: safetensors files of U8 tensors filled with pseudo-random bytes, or
+// of bf16 tensors with the statistics of a freshly initialised checkpoint, of the sizes a
+// `--tensors` list names ("16MiBx64,700MiBx2": 64 tensors of 16 MiB, 2 of 700 MiB).
 #ifndef TIERD_BENCH_MODEL_WRITER_H_
 #define TIERD_BENCH_MODEL_WRITER_H_
 
@@ -18,13 +19,21 @@ struct TensorSpec {
 // that names no tensor.
 std::vector<TensorSpec> ParseTensorList(const std::string& text);
 
+enum class WeightValues {
+  kRandomBytes,  // U8 tensors of pseudo-random bytes: nothing for a codec to gain
+  kNormalBf16,   // BF16 tensors of N(0, 0.02²), as transformers initialises linear layers
+};
+
+// Parses --weights: "random" or "normal". Dies on anything else.
+WeightValues ParseWeightValues(const std::string& text);
+
 // Writes `tensors` into `dir` (created when missing) as `files` safetensors files, the tensors
 // dealt round-robin over them, named model-I-of-N.safetensors. With `row_bytes`, a tensor whose
-// size it divides is 2-D, [size / row_bytes, row_bytes] (tensor-parallel shards split it along
-// either dimension); otherwise 1-D. The bytes depend only on the list and the file count. Dies on
-// a write error.
+// size it divides is 2-D, [size / row_bytes, row_bytes] of bytes (tensor-parallel shards split it
+// along either dimension); otherwise 1-D. The bytes depend only on the list, the file count and
+// `values`. Dies on a write error, or on a size that is not whole words of `values`.
 void WriteModel(const std::string& dir, const std::vector<TensorSpec>& tensors, int files,
-                uint64_t row_bytes = 0);
+                uint64_t row_bytes = 0, WeightValues values = WeightValues::kRandomBytes);
 
 }  // namespace tierd::bench
 

@@ -9,9 +9,12 @@
 # and the machine's description to OUT_DIR/environment.txt.
 #
 # Environment: REPEAT (runs per side, default 5), WARM_TENSORS / COLD_TENSORS (gpu_path_bench
-# --tensors lists), PYTHON (with torch and safetensors, default python3), TIERD_FLAGS (extra flags
-# for the daemon), BENCH_FLAGS (extra flags for gpu_path_bench), MODES (default "warm latency duplex cold"), DEVICE (default cuda:0; "host" makes a
-# dry run of the script on a machine without a GPU).
+# --tensors lists), WEIGHTS (the tensors' values: random, the default, or normal: bf16 with a
+# checkpoint's statistics), PYTHON (with torch and safetensors, default python3), TIERD_FLAGS
+# (extra flags for the daemon), BENCH_FLAGS (extra flags for gpu_path_bench), MODES (default
+# "warm latency duplex cold"), DEVICE (default cuda:0; "host" makes a dry run of the script on a
+# machine without a GPU). Compressed weights: WEIGHTS=normal TIERD_FLAGS="--compress-weights
+# --compress-threads=8" BENCH_FLAGS=--compressed.
 set -uo pipefail
 bundle=$(cd "${1:?usage: run-gpu-path-bench.sh BUNDLE_DIR OUT_DIR [WORK_DIR]}" && pwd)
 out=$(mkdir -p "${2:?OUT_DIR}" && cd "$2" && pwd)
@@ -21,6 +24,7 @@ warm_tensors=${WARM_TENSORS:-16MiBx64,64MiBx16,256MiBx4,700MiBx2}
 cold_tensors=${COLD_TENSORS:-64MiBx32,256MiBx8,512MiBx6}
 python=${PYTHON:-python3}
 modes=${MODES:-warm latency duplex cold}
+weights=${WEIGHTS:-random}
 bench=$bundle/bin/gpu_path_bench
 mkdir -p "$work"
 exec > >(tee "$out/bench.log") 2>&1
@@ -48,10 +52,11 @@ for model in warm cold; do
   files=1
   [[ $model == cold ]] && files=4
   stamp="$work/$model/.tensors"
-  if [[ "$(cat "$stamp" 2>/dev/null)" != "$tensors/$files" ]]; then
+  if [[ "$(cat "$stamp" 2>/dev/null)" != "$tensors/$files/$weights" ]]; then
     rm -rf "$work/$model"
-    "$bench" --mode=make-model --model-dir="$work/$model" --tensors="$tensors" --files=$files || exit 1
-    echo "$tensors/$files" > "$stamp"
+    "$bench" --mode=make-model --model-dir="$work/$model" --tensors="$tensors" --files=$files \
+      --weights="$weights" || exit 1
+    echo "$tensors/$files/$weights" > "$stamp"
   fi
 done
 

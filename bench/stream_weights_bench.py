@@ -8,6 +8,8 @@ same run on the same GPU:
                   4 blocks (the host cache holds the model, compressed: docs/COMPRESSION.md)
       tierd_unchecked  the same, answering fetches when decodes are enqueued
                   (--check-decodes-before-serving=false)
+      tierd_small_scratch  the same, decoding through 256 MiB of scratch a copy stream
+                  (--decode-scratch-mib; 1024 by default): objects decoded in pieces of 116 MiB
       tierd_raw   the same from a daemon with --compress-weights=false
   (c) two_slot    in-process: pinned host copies, two GPU slots, block i+1 copied on a side stream
                   while block i computes (the usual in-process offload)
@@ -473,6 +475,8 @@ def main():
     for mode, flags in (("tierd", ["--compress-weights", "--compress-threads=8"]),
                         ("tierd_unchecked", ["--compress-weights", "--compress-threads=8",
                                              "--check-decodes-before-serving=false"]),
+                        ("tierd_small_scratch", ["--compress-weights", "--compress-threads=8",
+                                                 "--decode-scratch-mib=256"]),
                         ("tierd_raw", ["--compress-weights=false"])):
         if mode not in modes:
             continue
@@ -554,7 +558,7 @@ def main():
             log(f"T={tokens} (e) accelerate: {entry['median_ms']:.1f} ms")
 
     for tokens, entry in results["sizes"].items():
-        for mode in ("tierd", "tierd_unchecked", "tierd_raw"):
+        for mode in ("tierd", "tierd_unchecked", "tierd_small_scratch", "tierd_raw"):
             if mode not in entry:
                 continue
             entry[f"{mode}_vs_resident"] = (entry[mode]["median_ms"] /
