@@ -317,25 +317,43 @@ std::string FormatObjects(const std::vector<v1::ObjectInfo>& objects) {
   // The HOME column only for a daemon of a node (its objects have homes).
   bool homed = false;
   for (const v1::ObjectInfo& object : objects) homed = homed || !object.home().empty();
-  std::vector<std::string> header = {"KEY", "SIZE", "TENSORS", "WHERE"};
+  std::vector<std::string> header = {"KEY", "SIZE", "TENSORS", "WHERE", "IN HOST MEMORY"};
   if (homed) header.push_back("HOME");
-  Table table(std::move(header), {false, true, true, false, false});
+  Table table(std::move(header), {false, true, true, false, true, false});
   uint64_t total_bytes = 0;
   size_t on_gpu = 0;
   size_t in_host = 0;
+  uint64_t host_bytes = 0;      // what the objects in host memory take there
+  uint64_t host_raw_bytes = 0;  // what they would take raw
   for (const v1::ObjectInfo& object : objects) {
     const char* where = object.on_gpu() ? "gpu" : object.in_host_cache() ? "host" : "disk";
+    // "-" when not there; a compressed object's bytes with their share of its size.
+    std::string held = "-";
+    if (object.host_bytes() > 0) {
+      held = FormatByteSize(object.host_bytes());
+      if (object.host_bytes() < object.size()) {
+        absl::StrAppend(&held, absl::StrFormat(" (%.2f)", static_cast<double>(object.host_bytes()) /
+                                                              static_cast<double>(object.size())));
+      }
+      host_bytes += object.host_bytes();
+      host_raw_bytes += object.size();
+    }
     std::vector<std::string> row = {EscapeForText(object.key()), FormatByteSize(object.size()),
-                                    absl::StrCat(object.tensors_size()), where};
+                                    absl::StrCat(object.tensors_size()), where, std::move(held)};
     if (homed) row.push_back(EscapeForText(object.home()));
     table.AddRow(std::move(row));
     total_bytes += object.size();
     on_gpu += object.on_gpu() ? 1 : 0;
     in_host += object.in_host_cache() ? 1 : 0;
   }
+  const std::string saved = host_bytes < host_raw_bytes
+                                ? absl::StrCat(", compressed to ", FormatByteSize(host_bytes),
+                                               " from ", FormatByteSize(host_raw_bytes))
+                                : "";
   return absl::StrCat(table.ToString(), objects.size(), " objects, ", FormatByteSize(total_bytes),
                       "; ", on_gpu, " on the GPU, ", in_host, " in this daemon's host memory",
-                      homed ? " (HOME: the node's daemon that keeps it in host memory)" : "", "\n");
+                      saved, homed ? " (HOME: the node's daemon that keeps it in host memory)" : "",
+                      "\n");
 }
 
 std::string FormatStats(const v1::Stats& stats) {

@@ -283,7 +283,8 @@ void TierdService::HandleListObjects(
     info->set_size(object.size);
     for (const TensorPlacement& tensor : object.tensors) ToProto(tensor, info->add_tensors());
     info->set_on_gpu((*tiers)->gpu_tier.IsOnGpu(info->key()));
-    info->set_in_host_cache((*tiers)->host_cache.IsResident(info->key()));
+    info->set_host_bytes((*tiers)->host_cache.ResidentBytes(info->key()));
+    info->set_in_host_cache(info->host_bytes() > 0);
     if (const NodeHostTier* node = (*tiers)->node.tier; node != nullptr) {
       info->set_home(node->homes().HomeOf(info->key()));
     }

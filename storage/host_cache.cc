@@ -544,6 +544,13 @@ bool HostCache::IsResident(const std::string& key) const {
   return entry != nullptr && entry->state == State::kResident;
 }
 
+uint64_t HostCache::ResidentBytes(const std::string& key) const {
+  absl::MutexLock lock(&mu_);
+  const Entry* entry = table_.Find(key);
+  if (entry == nullptr || entry->state != State::kResident) return 0;
+  return entry->compressed ? entry->compressed->encoded_bytes : entry->size;
+}
+
 HostCacheStats HostCache::stats() const {
   const uint64_t disk_bytes_read = reader_.stats().bytes_read;  // outside mu_: the reader's lock
   absl::MutexLock lock(&mu_);

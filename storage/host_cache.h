@@ -182,6 +182,8 @@ class HostCache : private HostCacheTable::Owner {
   void StopServing() ABSL_LOCKS_EXCLUDED(mu_);
 
   bool IsResident(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The bytes `key` takes in host memory while resident (HostObject::stored_size), else 0.
+  uint64_t ResidentBytes(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
   // Keys starting with `prefix` that the cache knows: resident, loading or spilled.
   std::vector<std::string> Keys(absl::string_view prefix) const ABSL_LOCKS_EXCLUDED(mu_);
   HostCacheStats stats() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -50,6 +50,11 @@ class CompressionTest(DaemonTestCase):
         self.assertEqual(stats.objects_encoded, BLOCKS)
         self.assertEqual(stats.objects_kept_raw, 1)  # the int8 block
         self.assertLess(stats.host_compressed_bytes, 0.75 * stats.host_compressed_raw_bytes)
+        # Each object says what it takes in host memory: the compressed form's bytes, or its size.
+        held = {info.key: info for info in self.client.list_objects("m")}
+        self.assertEqual(sum(held[f"m/blocks.{b}"].host_bytes for b in range(BLOCKS)),
+                         stats.host_compressed_bytes)
+        self.assertEqual(held[f"m/blocks.{BLOCKS}"].host_bytes, held[f"m/blocks.{BLOCKS}"].size)
         self.client.evict("m/", tier="gpu")
         self.fetch_all("m")
         stats = self.client.stats()

@@ -138,7 +138,8 @@ class Client:
         return list(self._unary("ListModels", tierd_pb2.ListModelsRequest()).models)
 
     def list_objects(self, model):
-        """The model's objects (ObjectInfo: key, size, tensors, on_gpu, in_host_cache)."""
+        """The model's objects (ObjectInfo: key, size, tensors, on_gpu, in_host_cache, home,
+        host_bytes: what it takes in host memory, its compressed form's when held compressed)."""
         return list(self._unary("ListObjects", tierd_pb2.ListObjectsRequest(model=model)).objects)
 
     def drop_model(self, name):

@@ -47,6 +47,24 @@ TEST(TierctlFormatTest, ObjectTablesShowEveryKeyWhole) {
   EXPECT_THAT(table, HasSubstr("2 objects"));
 
   EXPECT_THAT(table, ::testing::Not(HasSubstr("HOME")));
+  EXPECT_THAT(table, ::testing::Not(HasSubstr("compressed")));
+
+  // In host memory: one raw, one compressed to 0.70 of its size.
+  v1::ObjectInfo raw_held;
+  raw_held.set_key("m/blocks.1");
+  raw_held.set_size(1 << 20);
+  raw_held.set_in_host_cache(true);
+  raw_held.set_host_bytes(1 << 20);
+  v1::ObjectInfo compressed;
+  compressed.set_key("m/blocks.2");
+  compressed.set_size(10 << 20);
+  compressed.set_in_host_cache(true);
+  compressed.set_host_bytes(7 << 20);
+  const std::string held = FormatObjects({plain, raw_held, compressed});
+  EXPECT_THAT(held, HasSubstr("IN HOST MEMORY"));
+  EXPECT_THAT(held, HasSubstr("7 MiB (0.70)"));
+  EXPECT_THAT(held, ::testing::Not(HasSubstr("1 MiB (")));
+  EXPECT_THAT(held, HasSubstr("2 in this daemon's host memory, compressed to 8 MiB from 11 MiB"));
 
   // On a node, each object's home daemon.
   hidden.set_home("/run/tierd/gpu1.sock");
