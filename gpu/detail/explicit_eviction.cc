@@ -40,12 +40,13 @@ absl::StatusOr<EvictResult> ExplicitEviction::Evict(const std::string& key_or_pr
         evicted.insert(object->key());
         residency_.Remove(object);
       } else if (!prefix) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(key_or_prefix, " is ",
-                         object->refs > 0   ? absl::StrCat("leased (", object->refs, " lease(s))")
-                         : object->pins > 0 ? "pinned"
-                                            : "being copied",
-                         " on the GPU; it can be evicted once released"));
+        return absl::FailedPreconditionError(absl::StrCat(
+            key_or_prefix, " is ",
+            object->refs > 0   ? absl::StrCat("leased (", object->refs, " lease(s))")
+            : object->pins > 0 ? "pinned"
+                               : "being copied",
+            " on the GPU; it can be evicted once ",
+            object->refs > 0 || object->pins > 0 ? "released" : "its copy has completed"));
       } else {
         skipped.insert(object->key());
       }

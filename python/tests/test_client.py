@@ -183,7 +183,7 @@ class ClientTest(DaemonTestCase):
                     self.assertTrue(torch.equal(lease.tensors["blocks.0.b"].cpu(),
                                                 torch.arange(4, dtype=torch.float32) * scale),
                                     model)
-                session.evict(f"{model}/blocks.0")
+                self.evict_once_copied(session, f"{model}/blocks.0")
             self.assertEqual(len(places), 1, "the objects were not leased at one place")
 
     def test_activation_cache_offloads_and_brings_back(self):

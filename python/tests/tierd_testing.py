@@ -112,6 +112,18 @@ class DaemonTestCase(unittest.TestCase):
         os.makedirs(path, exist_ok=True)
         return path
 
+    def evict_once_copied(self, session, key):
+        """Evicts `key` from the GPU. Its lease released, its copy may still be in flight (the
+        daemon has not seen it complete yet): that is waited for."""
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            try:
+                return session.evict(key)
+            except tierd.TierdError as error:
+                if "being copied" not in error.message or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.01)
+
     def wait_for_stats(self, condition, what):
         """Polls GetStats until `condition(stats)` holds; fails the test naming `what` if it does
         not within the timeout."""
