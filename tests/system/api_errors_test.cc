@@ -124,7 +124,7 @@ TEST_F(ApiTest, EachFailureHasItsPreciseStatus) {
   }
   // DATA_LOSS: a byte changed on disk behind the daemon's back (same size and mtime).
   fourth->Release();
-  ASSERT_THAT(client_->Evict(Key(6), v1::TIER_ALL).status(), IsOk());
+  ASSERT_THAT(EvictOnceFree(Key(6), v1::TIER_ALL), IsOk());
   {
     auto lease = (*session)->Fetch(Key(6));  // the first read records the checksum
     ASSERT_THAT(lease, IsOk());
@@ -132,7 +132,7 @@ TEST_F(ApiTest, EachFailureHasItsPreciseStatus) {
   // Every lease is released by now; wait for the releases to drain and the copy to finish.
   ASSERT_TRUE(WaitForStats(
       [](const v1::Stats& s) { return s.leases() == 0 && s.copies_in_flight() == 0; }, kTimeout));
-  ASSERT_THAT(client_->Evict(Key(6), v1::TIER_ALL).status(), IsOk());
+  ASSERT_THAT(EvictOnceFree(Key(6), v1::TIER_ALL), IsOk());
   const std::string file = absl::StrCat(model_dir("model"), "/model.safetensors");
   struct stat before;
   ASSERT_EQ(::stat(file.c_str(), &before), 0);
