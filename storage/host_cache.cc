@@ -25,6 +25,11 @@ namespace {
 using Kind = HostCacheRecord::Kind;
 using State = HostCacheRecord::State;
 
+// What a resident record's memory holds: its compressed form, or its raw bytes.
+uint64_t StoredBytes(const HostCacheRecord& record) {
+  return record.compressed ? record.compressed->encoded_bytes : record.size;
+}
+
 bool LosesStoredObject(const absl::Status& status) {
   return status.code() == absl::StatusCode::kDataLoss ||
          status.code() == absl::StatusCode::kNotFound;
@@ -54,9 +59,7 @@ uint64_t HostObject::size() const { return entry_->size; }
 const codec::CompressedLayout* HostObject::compressed() const {
   return entry_->compressed ? &*entry_->compressed : nullptr;
 }
-uint64_t HostObject::stored_size() const {
-  return entry_->compressed ? entry_->compressed->encoded_bytes : entry_->size;
-}
+uint64_t HostObject::stored_size() const { return StoredBytes(*entry_); }
 
 void HostObject::Reset() {
   if (entry_ != nullptr) cache_->Release(entry_);
@@ -547,8 +550,7 @@ bool HostCache::IsResident(const std::string& key) const {
 uint64_t HostCache::ResidentBytes(const std::string& key) const {
   absl::MutexLock lock(&mu_);
   const Entry* entry = table_.Find(key);
-  if (entry == nullptr || entry->state != State::kResident) return 0;
-  return entry->compressed ? entry->compressed->encoded_bytes : entry->size;
+  return entry != nullptr && entry->state == State::kResident ? StoredBytes(*entry) : 0;
 }
 
 HostCacheStats HostCache::stats() const {
