@@ -104,6 +104,11 @@ class OnDemandExpertsTest(DaemonTestCase):
         self.client.register_model("moe", directory, grouping="tensor", derived=derived)
         self.reference = self.reference.to(torch_device())
 
+    def settled_stats(self):
+        """Stats once the daemon's copies are done: a copy's bytes are counted when it completes,
+        which can be after its reader, waiting on the copy's event, has the data."""
+        return self.wait_for_stats(lambda stats: stats.copies_in_flight == 0, "copies finished")
+
     def stream(self, prefetch):
         module = TinyMoE().eval().to("meta")
         experts = find_expert_modules(module)
@@ -121,13 +126,13 @@ class OnDemandExpertsTest(DaemonTestCase):
         hidden = hidden.to(torch_device())
         with torch.no_grad():
             expected = self.reference(hidden)
-            before = self.client.stats()
+            before = self.settled_stats()
             first = module(hidden)
             synchronize()
-            after_first = self.client.stats()
+            after_first = self.settled_stats()
             second = module(hidden)
             synchronize()
-            after_second = self.client.stats()
+            after_second = self.settled_stats()
         self.assertTrue(torch.equal(first, expected), f"{(first - expected).abs().max()}")
         self.assertTrue(torch.equal(second, expected))
         # One token, top 2 of 8 in each layer: two experts a layer, each two objects.

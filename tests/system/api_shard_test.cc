@@ -70,6 +70,8 @@ TEST_F(ApiTest, OneColumnShardsOfAThousandRowTensorReadItOnceInAll) {
         << key;
     lease->Release();
   }
+  // A copy's bytes are counted when it completes, which can be after its reader has the data.
+  ASSERT_TRUE(WaitForStats([](const v1::Stats& s) { return s.copies_in_flight() == 0; }, kTimeout));
   const v1::Stats after = Stats();
   const uint64_t read = after.disk_bytes_read() - before.disk_bytes_read();
   EXPECT_GE(read, wide.data.size());
