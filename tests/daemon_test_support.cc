@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/health.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
@@ -56,6 +57,19 @@ absl::StatusOr<std::string> FetchBytes(Session& session, const std::string& key)
   std::string bytes = LeaseBytes(session, lease);
   lease.Release();
   return bytes;
+}
+
+absl::StatusOr<v1::EvictResponse> EvictOnceFree(Session& session, const std::string& key,
+                                                v1::Tier tier) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (true) {
+    absl::StatusOr<v1::EvictResponse> evicted = session.Evict(key, tier);
+    if (evicted.status().code() != absl::StatusCode::kFailedPrecondition ||
+        absl::Now() > deadline) {
+      return evicted;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
 }
 
 std::string LeaseBytes(Session& session, const Lease& lease) {

@@ -31,6 +31,11 @@ int ConnectUnix(const std::string& path);
 // The bytes of `key` as a fetch through `session` hands them out; the lease is released.
 absl::StatusOr<std::string> FetchBytes(Session& session, const std::string& key);
 
+// Session::Evict, asked again while it is refused (FAILED_PRECONDITION) for a lease whose release
+// has not reached the daemon yet or a copy whose completion has not been seen, for up to 30 s.
+absl::StatusOr<v1::EvictResponse> EvictOnceFree(Session& session, const std::string& key,
+                                                v1::Tier tier);
+
 // The bytes `lease` holds, copied to the host through the session's stream (staging is device
 // memory on CUDA). A failed copy is a test failure.
 std::string LeaseBytes(Session& session, const Lease& lease);

@@ -147,7 +147,7 @@ TEST_F(ApiTest, StoredObjectComesBackAfterLeavingTheGpuAndTheHostTier) {
     EXPECT_EQ(lease->tensors()[0].name(), "kv");
   }
   EXPECT_GE(Stats().spilled_objects() + Stats().stored_objects(), 1u);
-  ASSERT_THAT(client_->Evict(key, v1::TIER_ALL), IsOk());
+  ASSERT_THAT(EvictOnceFree(key, v1::TIER_ALL), IsOk());
   EXPECT_THAT((*session)->Fetch(key), StatusIs(absl::StatusCode::kNotFound));
 }
 

@@ -195,11 +195,12 @@ class ApiTest : public ::testing::Test {
   // Evicts `key` from `tier`, again while it is refused as in use: the daemon's compressor
   // (--compress-weights) holds an object's host copy a moment after its read, and a copy to the
   // GPU holds it until the daemon has seen the copy complete. The last answer.
-  absl::Status EvictOnceFree(const std::string& key, v1::Tier tier) {
+  absl::StatusOr<v1::EvictResponse> EvictOnceFree(const std::string& key, v1::Tier tier) {
     const absl::Time deadline = absl::Now() + kTimeout;
     while (true) {
-      absl::Status evicted = client_->Evict(key, tier).status();
-      if (evicted.code() != absl::StatusCode::kFailedPrecondition || absl::Now() > deadline) {
+      absl::StatusOr<v1::EvictResponse> evicted = client_->Evict(key, tier);
+      if (evicted.status().code() != absl::StatusCode::kFailedPrecondition ||
+          absl::Now() > deadline) {
         return evicted;
       }
       absl::SleepFor(absl::Milliseconds(10));

@@ -32,6 +32,7 @@ namespace tierd {
 namespace {
 
 using ::testing::HasSubstr;
+using ::tierd::testing::EvictOnceFree;
 using ::tierd::testing::FetchBytes;
 using ::tierd::testing::IsOk;
 using ::tierd::testing::IsOkAndHolds;
@@ -298,19 +299,14 @@ TEST_F(ClientGroupsTest, StoredObjectsAreSeenOnlyByTheGroupThatStoredThem) {
   // Out of memory and back: the tenant's object comes back to the tenant only.
   for (v1::Tier tier : {v1::TIER_GPU, v1::TIER_HOST}) {
     // The last fetch's lease is released once its read is done; until then it stays.
-    absl::StatusOr<v1::EvictResponse> gone;
-    const absl::Time deadline = absl::Now() + kTimeout;
-    do {
-      gone = tenant->Evict("kv/x", tier);
-    } while (!gone.ok() && gone.status().code() == absl::StatusCode::kFailedPrecondition &&
-             absl::Now() < deadline);
+    absl::StatusOr<v1::EvictResponse> gone = EvictOnceFree(*tenant, "kv/x", tier);
     ASSERT_THAT(gone, IsOk()) << v1::Tier_Name(tier);
     EXPECT_EQ(gone->evicted(), 1u) << v1::Tier_Name(tier);
   }
   EXPECT_THAT(FetchBytes(*tenant, "kv/x"), IsOkAndHolds(tenants));
   EXPECT_THAT(FetchBytes(*other, "kv/x"), StatusIs(absl::StatusCode::kNotFound));
-  // The tenant deletes it.
-  ASSERT_THAT(tenant->Evict("kv/x", v1::TIER_ALL), IsOk());
+  // The tenant deletes it, once the fetch's copy has been seen done.
+  ASSERT_THAT(EvictOnceFree(*tenant, "kv/x", v1::TIER_ALL), IsOk());
   EXPECT_THAT(FetchBytes(*tenant, "kv/x"), StatusIs(absl::StatusCode::kNotFound));
 }
 
