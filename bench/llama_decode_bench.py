@@ -128,20 +128,23 @@ def stream_from_daemon(args, mode, flags, checkpoint, ids, expected, copy_gb_per
                     after = client.stats()
                     runs.append((seconds, after.bytes_host_to_gpu - before.bytes_host_to_gpu,
                                  after.bytes_host_to_gpu_compressed -
-                                 before.bytes_host_to_gpu_compressed, tokens))
+                                 before.bytes_host_to_gpu_compressed,
+                                 (after.decode_micros - before.decode_micros) / 1e6, tokens))
                 streamed.tierd_weights.close()
-                seconds, moved, compressed, tokens = min(runs, key=lambda run: run[0])
+                seconds, moved, compressed, decoding, tokens = min(runs, key=lambda run: run[0])
                 rate = moved / seconds / 1e9
                 figures[f"prefetch_depth_{depth}"] = {
                     "tokens_per_s": args.new_tokens / seconds, "bytes_host_to_gpu": moved,
                     "bytes_host_to_gpu_compressed": compressed,
+                    "decode_seconds": decoding, "decode_share_of_time": decoding / seconds,
                     "streamed_gb_per_s": rate, "over_copy_rate": rate / copy_gb_per_s,
                     "same_tokens_as_resident": bool(torch.equal(tokens, expected))}
                 crossed = compressed / max(moved, 1)
                 log(f"{mode}, prefetch depth {depth}: {args.new_tokens / seconds:.1f} tok/s, "
                     f"{moved / args.new_tokens / 1e9:.2f} GB delivered a token at {rate:.1f} GB/s "
                     f"= {rate / copy_gb_per_s:.3f} of the copy rate ({crossed:.3f} of it crossed "
-                    f"compressed); same tokens as resident: "
+                    f"compressed; the GPU decoding {decoding / seconds:.1%} of the time); "
+                    f"same tokens as resident: "
                     f"{figures[f'prefetch_depth_{depth}']['same_tokens_as_resident']}")
     finally:
         daemon.stop()

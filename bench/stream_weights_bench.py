@@ -505,6 +505,8 @@ def main():
                 entry[mode]["bytes_host_to_gpu_compressed"] = (
                     after.bytes_host_to_gpu_compressed - before.bytes_host_to_gpu_compressed)
                 entry[mode]["decode_failures"] = after.decode_failures - before.decode_failures
+                entry[mode]["decode_seconds_all_runs"] = (
+                    (after.decode_micros - before.decode_micros) / 1e6)
                 log(f"T={tokens} (b) {mode}: {entry[mode]['median_ms']:.1f} ms, outputs equal: "
                     f"{entry[mode]['output_equal']}"
                     f"{describe_profile(entry[mode].get('profile'))}")

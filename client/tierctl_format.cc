@@ -10,6 +10,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "common/byte_size.h"
 #include "google/protobuf/descriptor.h"
 
@@ -117,8 +118,14 @@ std::string FigureText(const Message& message, const FieldDescriptor& field) {
     }
     if (field.number() == v1::TierStats::kHitsFieldNumber) return Hits(value, tier.misses());
   }
-  return FigureOf(field).unit() == v1::FigureOptions::BYTES ? FormatByteSize(value)
-                                                            : absl::StrCat(value);
+  switch (FigureOf(field).unit()) {
+    case v1::FigureOptions::BYTES:
+      return FormatByteSize(value);
+    case v1::FigureOptions::MICROSECONDS:
+      return absl::FormatDuration(absl::Microseconds(value));
+    default:
+      return absl::StrCat(value);
+  }
 }
 
 // The lines of `message`'s figures that have a label (proto/tierd/v1/tierd.proto).

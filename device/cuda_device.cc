@@ -181,6 +181,23 @@ class CudaEvent final : public Event {
   std::string handle_;
 };
 
+// A local event that keeps timing.
+class CudaTimeMark final : public TimeMark {
+ public:
+  CudaTimeMark(int ordinal, cudaEvent_t event) : ordinal_(ordinal), event_(event) {}
+  ~CudaTimeMark() override {
+    cudaSetDevice(ordinal_);
+    if (absl::Status s = CudaStatus(cudaEventDestroy(event_), "cudaEventDestroy"); !s.ok()) {
+      TIERD_LOG(WARNING) << s;
+    }
+  }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  int ordinal_;
+  cudaEvent_t event_;
+};
+
 cudaStream_t Native(Stream& stream) { return static_cast<CudaStream&>(stream).get(); }
 cudaEvent_t Native(Event& event) { return static_cast<CudaEvent&>(event).get(); }
 
@@ -335,6 +352,34 @@ class CudaDevice final : public Device {
     return CudaStatus(LaunchExponentDecode(layout, prefix, tiles, dst, first_tile, tile_count,
                                            static_cast<uint32_t*>(device_verdict), Native(stream)),
                       "the exponent decoder's launch");
+  }
+
+  absl::StatusOr<std::unique_ptr<TimeMark>> CreateTimeMark() override {
+    RETURN_IF_ERROR(Activate());
+    cudaEvent_t event;
+    RETURN_IF_ERROR(
+        CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDefault), "cudaEventCreateWithFlags"));
+    return std::unique_ptr<TimeMark>(new CudaTimeMark(ordinal_, event));
+  }
+
+  absl::Status RecordTimeMark(TimeMark& mark, Stream& stream) override {
+    RETURN_IF_ERROR(Activate());
+    return CudaStatus(cudaEventRecord(static_cast<CudaTimeMark&>(mark).get(), Native(stream)),
+                      "cudaEventRecord");
+  }
+
+  absl::StatusOr<absl::Duration> TimeBetween(TimeMark& start, TimeMark& end) override {
+    RETURN_IF_ERROR(Activate());
+    float milliseconds = 0;
+    const cudaError_t error =
+        cudaEventElapsedTime(&milliseconds, static_cast<CudaTimeMark&>(start).get(),
+                             static_cast<CudaTimeMark&>(end).get());
+    if (error == cudaErrorNotReady || error == cudaErrorInvalidResourceHandle) {
+      (void)cudaGetLastError();
+      return absl::FailedPreconditionError("a time mark not yet reached by its stream");
+    }
+    RETURN_IF_ERROR(CudaStatus(error, "cudaEventElapsedTime"));
+    return absl::Microseconds(static_cast<double>(milliseconds) * 1000.0);
   }
 
   absl::Status RecordEvent(Event& event, Stream& stream) override {

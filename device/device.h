@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "codec/exponent_format.h"
 
 namespace tierd {
@@ -86,6 +87,18 @@ class Event {
 
  protected:
   Event() = default;
+};
+
+// A point in a stream's work whose time the device notes when it reaches it, for measuring how
+// long the work between two such points took on the device. Local to this process.
+class TimeMark {
+ public:
+  virtual ~TimeMark() = default;
+  TimeMark(const TimeMark&) = delete;
+  TimeMark& operator=(const TimeMark&) = delete;
+
+ protected:
+  TimeMark() = default;
 };
 
 enum class StreamPriority {
@@ -168,6 +181,15 @@ class Device {
   virtual absl::Status DecodeAsync(Stream& stream, const codec::CompressedLayout& layout,
                                    const void* prefix, const void* tiles, void* dst,
                                    uint64_t first_tile, uint64_t tile_count, uint32_t* verdict) = 0;
+
+  // A time mark, never recorded yet.
+  virtual absl::StatusOr<std::unique_ptr<TimeMark>> CreateTimeMark() = 0;
+  // Marks the current end of `stream`'s work in `mark`, replacing any earlier record.
+  // REQUIRES: `mark` outlives the stream's reaching it.
+  virtual absl::Status RecordTimeMark(TimeMark& mark, Stream& stream) = 0;
+  // The device's time from `start` to `end`, both recorded on one stream, `start` first.
+  // FAILED_PRECONDITION when either has not been recorded or not yet been reached.
+  virtual absl::StatusOr<absl::Duration> TimeBetween(TimeMark& start, TimeMark& end) = 0;
 
   // Marks the current end of `stream`'s work in `event`, replacing any earlier record.
   virtual absl::Status RecordEvent(Event& event, Stream& stream) = 0;

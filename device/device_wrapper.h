@@ -49,6 +49,15 @@ class DeviceWrapper : public Device {
                            uint64_t tile_count, uint32_t* verdict) override {
     return target_.DecodeAsync(stream, layout, prefix, tiles, dst, first_tile, tile_count, verdict);
   }
+  absl::StatusOr<std::unique_ptr<TimeMark>> CreateTimeMark() override {
+    return target_.CreateTimeMark();
+  }
+  absl::Status RecordTimeMark(TimeMark& mark, Stream& stream) override {
+    return target_.RecordTimeMark(mark, stream);
+  }
+  absl::StatusOr<absl::Duration> TimeBetween(TimeMark& start, TimeMark& end) override {
+    return target_.TimeBetween(start, end);
+  }
   absl::Status RecordEvent(Event& event, Stream& stream) override {
     return target_.RecordEvent(event, stream);
   }

@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <utility>
@@ -59,6 +62,22 @@ class HostEvent final : public Event {
   SharedEvent* state_;
   std::string handle_;
   absl::AnyInvocable<void() &&> on_destroy_;
+};
+
+// The stream's thread notes the time it reaches the mark; 0 until then.
+class HostTimeMark final : public TimeMark {
+ public:
+  // Forgets an earlier record: the mark is unreached until the stream gets to the new one.
+  void Begin() { reached_ns_.store(0, std::memory_order_release); }
+  void Reach() {
+    const auto now = std::chrono::steady_clock::now().time_since_epoch();
+    reached_ns_.store(std::max<int64_t>(1, std::chrono::nanoseconds(now).count()),
+                      std::memory_order_release);
+  }
+  int64_t reached_ns() const { return reached_ns_.load(std::memory_order_acquire); }
+
+ private:
+  std::atomic<int64_t> reached_ns_{0};
 };
 
 HostStream& AsHost(Stream& stream) { return static_cast<HostStream&>(stream); }
@@ -195,6 +214,26 @@ absl::Status HostDevice::DecodeAsync(Stream& stream, const codec::CompressedLayo
     if (!decoded.ok()) __atomic_store_n(verdict, 1u, __ATOMIC_RELEASE);
   });
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<TimeMark>> HostDevice::CreateTimeMark() {
+  return std::make_unique<HostTimeMark>();
+}
+
+absl::Status HostDevice::RecordTimeMark(TimeMark& mark, Stream& stream) {
+  auto& host_mark = static_cast<HostTimeMark&>(mark);
+  host_mark.Begin();
+  AsHost(stream).Enqueue([&host_mark] { host_mark.Reach(); });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Duration> HostDevice::TimeBetween(TimeMark& start, TimeMark& end) {
+  const int64_t from = static_cast<HostTimeMark&>(start).reached_ns();
+  const int64_t to = static_cast<HostTimeMark&>(end).reached_ns();
+  if (from == 0 || to == 0) {
+    return absl::FailedPreconditionError("a time mark not yet reached by its stream");
+  }
+  return absl::Nanoseconds(to - from);
 }
 
 absl::Status HostDevice::RecordEvent(Event& event, Stream& stream) {

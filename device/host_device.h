@@ -49,6 +49,9 @@ class HostDevice final : public Device {
   absl::Status DecodeAsync(Stream& stream, const codec::CompressedLayout& layout,
                            const void* prefix, const void* tiles, void* dst, uint64_t first_tile,
                            uint64_t tile_count, uint32_t* verdict) override;
+  absl::StatusOr<std::unique_ptr<TimeMark>> CreateTimeMark() override;
+  absl::Status RecordTimeMark(TimeMark& mark, Stream& stream) override;
+  absl::StatusOr<absl::Duration> TimeBetween(TimeMark& start, TimeMark& end) override;
   absl::Status RecordEvent(Event& event, Stream& stream) override;
   absl::Status WaitEvent(Stream& stream, Event& event) override;
   absl::StatusOr<bool> QueryEvent(Event& event) override;

@@ -18,12 +18,14 @@ struct GpuTierStats {
   uint64_t evictions = 0;
   uint64_t bytes_host_to_gpu = 0;
   uint64_t bytes_gpu_to_host = 0;
-  uint64_t shards_cut = 0;    // shards copied out of their whole object's host bytes
+  uint64_t shards_cut = 0;  // shards copied out of their whole object's host bytes
   // Objects copied to the GPU compressed and decoded there; the compressed bytes that crossed
-  // the link for them; decodes that found a tile not matching its checksum.
+  // the link for them; decodes that found a tile not matching its checksum; the device's time
+  // decoding them (CompressedCopies::Verdict), failed ones too.
   uint64_t objects_decoded = 0;
   uint64_t bytes_host_to_gpu_compressed = 0;
   uint64_t decode_failures = 0;
+  uint64_t decode_micros = 0;
   uint64_t peer_fetches = 0;  // fetches answered with a copy of a peer's object
   uint64_t bytes_peer_to_gpu = 0;
   uint64_t peer_fetches_through_host = 0;
@@ -51,6 +53,7 @@ inline constexpr Figure<GpuTierStats> kGpuTierFigures[] = {
     {"objects_decoded", &GpuTierStats::objects_decoded},
     {"bytes_host_to_gpu_compressed", &GpuTierStats::bytes_host_to_gpu_compressed},
     {"decode_failures", &GpuTierStats::decode_failures},
+    {"decode_micros", &GpuTierStats::decode_micros},
     {"peer_fetches", &GpuTierStats::peer_fetches},
     {"bytes_peer_to_gpu", &GpuTierStats::bytes_peer_to_gpu},
     {"peer_fetches_through_host", &GpuTierStats::peer_fetches_through_host},

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 
 namespace tierd {
@@ -51,6 +52,11 @@ std::string CodeName(int code) {
   return absl::StrReplaceAll(name, {{" ", "_"}});
 }
 
+// "12.000345" for 12000345: exact, whatever the count.
+std::string MicrosAsSeconds(uint64_t micros) {
+  return absl::StrFormat("%d.%06d", micros / 1000000, micros % 1000000);
+}
+
 const v1::FigureOptions& FigureOf(const google::protobuf::FieldDescriptor& field) {
   return field.options().GetExtension(v1::figure);
 }
@@ -90,7 +96,12 @@ void RenderFigures(const v1::Stats& stats, Writer& out) {
       continue;
     }
     StartMetric(FigureOf(field), out);
-    out.Sample(reflection.GetUInt64(stats, &field));
+    const uint64_t value = reflection.GetUInt64(stats, &field);
+    if (FigureOf(field).unit() == v1::FigureOptions::MICROSECONDS) {
+      out.Sample(MicrosAsSeconds(value));
+    } else {
+      out.Sample(value);
+    }
   }
 }
 

@@ -43,6 +43,7 @@ absl::StatusOr<uint32_t> CompressedCopies::AcquireVerdictLocked() {
   if (verdicts_ == nullptr) {
     ASSIGN_OR_RETURN(verdicts_, PinnedHostBuffer::Create(device_, kVerdicts * sizeof(uint32_t)));
     for (uint32_t i = kVerdicts; i > 0; --i) free_verdicts_.push_back(i - 1);
+    time_marks_.resize(kVerdicts);
   }
   if (free_verdicts_.empty()) {
     return absl::ResourceExhaustedError(
@@ -71,7 +72,7 @@ absl::StatusOr<CompressedCopies::Enqueued> CompressedCopies::Enqueue(Stream& str
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Lane * lane, LaneFor(stream));
   ASSIGN_OR_RETURN(const uint32_t verdict, AcquireVerdictLocked());
-  const absl::Status status = EnqueueLocked(*lane, stream, host, dst, VerdictWord(verdict));
+  const absl::Status status = EnqueueLocked(*lane, stream, host, dst, verdict);
   if (!status.ok()) {
     // What was enqueued runs on; `stream` waits for the decodes too, so that freeing `dst` after
     // it is safe. The verdict is not given back: a decode may still write it.
@@ -94,7 +95,7 @@ absl::Status CompressedCopies::WaitForDecodesLocked(Lane& lane, Stream& stream) 
 }
 
 absl::Status CompressedCopies::EnqueueLocked(Lane& lane, Stream& stream, const HostBytes& host,
-                                             uint8_t* dst, uint32_t* verdict) {
+                                             uint8_t* dst, uint32_t verdict) {
   const codec::CompressedLayout& layout = *host.compressed();
   const uint64_t prefix_bytes = codec::CompressedPrefixBytes(layout);
   ASSIGN_OR_RETURN(uint8_t* const tables, lane.tables->Take(prefix_bytes));
@@ -119,7 +120,7 @@ absl::Status CompressedCopies::EnqueuePieceLocked(Lane& lane, Stream& stream,
                                                   const codec::CompressedLayout& layout,
                                                   const HostBytes& host, const uint8_t* tables,
                                                   uint8_t* dst, uint64_t first, uint64_t count,
-                                                  uint32_t* verdict) {
+                                                  uint32_t verdict) {
   const uint8_t* tiles = tables;  // read from only when there are tiles
   absl::Status status;
   if (count > 0) {
@@ -130,26 +131,68 @@ absl::Status CompressedCopies::EnqueuePieceLocked(Lane& lane, Stream& stream,
   }
   if (status.ok()) status = device_.RecordEvent(*lane.landed, stream);
   if (status.ok()) status = device_.WaitEvent(*lane.decode, *lane.landed);
-  if (status.ok()) {
-    status = device_.DecodeAsync(*lane.decode, layout, tables, tiles, dst, first, count, verdict);
-  }
+  if (status.ok())
+    status = DecodeTimedLocked(lane, layout, tables, tiles, dst, first, count, verdict);
   if (count == 0) return status;
   const absl::Status given_back = lane.tiles->GiveBack();
   return status.ok() ? given_back : status;
 }
 
-absl::Status CompressedCopies::TakeVerdict(uint32_t verdict, const std::string& key) {
-  absl::MutexLock lock(&mu_);
-  const uint32_t word = __atomic_load_n(VerdictWord(verdict), __ATOMIC_ACQUIRE);
-  free_verdicts_.push_back(verdict);
-  if (word == 0) return absl::OkStatus();
-  return absl::DataLossError(absl::StrCat(
-      key, ": its compressed form in host memory does not decode to its checksums on the GPU"));
+absl::Status CompressedCopies::DecodeTimedLocked(Lane& lane, const codec::CompressedLayout& layout,
+                                                 const uint8_t* tables, const uint8_t* tiles,
+                                                 uint8_t* dst, uint64_t first, uint64_t count,
+                                                 uint32_t verdict) {
+  uint32_t* const word = VerdictWord(verdict);
+  absl::StatusOr<std::unique_ptr<TimeMark>> start = TakeTimeMarkLocked();
+  absl::StatusOr<std::unique_ptr<TimeMark>> end = TakeTimeMarkLocked();
+  if (!start.ok() || !end.ok()) {
+    if (start.ok()) free_time_marks_.push_back(*std::move(start));
+    if (end.ok()) free_time_marks_.push_back(*std::move(end));
+    return device_.DecodeAsync(*lane.decode, layout, tables, tiles, dst, first, count, word);
+  }
+  // The marks stay with the verdict once recorded, even after an error: a verdict given up on is
+  // never reused, so neither are marks its stream may still reach.
+  std::vector<std::unique_ptr<TimeMark>>& marks = time_marks_[verdict];
+  RETURN_IF_ERROR(device_.RecordTimeMark(**start, *lane.decode));
+  marks.push_back(*std::move(start));
+  RETURN_IF_ERROR(
+      device_.DecodeAsync(*lane.decode, layout, tables, tiles, dst, first, count, word));
+  RETURN_IF_ERROR(device_.RecordTimeMark(**end, *lane.decode));
+  marks.push_back(*std::move(end));
+  return absl::OkStatus();
 }
 
-void CompressedCopies::DropVerdict(uint32_t verdict) {
+absl::StatusOr<std::unique_ptr<TimeMark>> CompressedCopies::TakeTimeMarkLocked() {
+  if (free_time_marks_.empty()) return device_.CreateTimeMark();
+  std::unique_ptr<TimeMark> mark = std::move(free_time_marks_.back());
+  free_time_marks_.pop_back();
+  return mark;
+}
+
+absl::Duration CompressedCopies::TakeDecodeTimeLocked(uint32_t verdict) {
+  std::vector<std::unique_ptr<TimeMark>>& marks = time_marks_[verdict];
+  absl::Duration total;
+  for (size_t i = 0; i + 1 < marks.size(); i += 2) {
+    if (absl::StatusOr<absl::Duration> took = device_.TimeBetween(*marks[i], *marks[i + 1]);
+        took.ok()) {
+      total += *took;
+    }
+  }
+  for (std::unique_ptr<TimeMark>& mark : marks) free_time_marks_.push_back(std::move(mark));
+  marks.clear();
+  return total;
+}
+
+CompressedCopies::Verdict CompressedCopies::TakeVerdict(uint32_t verdict, const std::string& key) {
   absl::MutexLock lock(&mu_);
+  const uint32_t word = __atomic_load_n(VerdictWord(verdict), __ATOMIC_ACQUIRE);
+  Verdict outcome{absl::OkStatus(), TakeDecodeTimeLocked(verdict)};
   free_verdicts_.push_back(verdict);
+  if (word != 0) {
+    outcome.checked = absl::DataLossError(absl::StrCat(
+        key, ": its compressed form in host memory does not decode to its checksums on the GPU"));
+  }
+  return outcome;
 }
 
 }  // namespace tierd

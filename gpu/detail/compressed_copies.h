@@ -25,6 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "device/device.h"
 #include "device/pinned_host_buffer.h"
 #include "gpu/chunked_copier.h"
@@ -67,13 +68,18 @@ class CompressedCopies {
   // REQUIRES: `host` and `dst` stay valid until done_on has passed the decode.
   absl::StatusOr<Enqueued> Enqueue(Stream& stream, const HostBytes& host, uint8_t* dst)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // OK when every tile of the decode behind `verdict` matched its checksum; DATA_LOSS naming
-  // `key` otherwise. Frees the verdict. REQUIRES: the decode stream has passed the decode.
-  absl::Status TakeVerdict(uint32_t verdict, const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+  struct Verdict {
+    // OK when every tile of the decode matched its checksum; DATA_LOSS naming the object if not.
+    absl::Status checked;
+    // The device's time decoding the object: its decode launches, from when each could start
+    // (its tiles had landed) to its end. What could not be timed (no time mark) is left out.
+    absl::Duration decode_time;
+  };
+  // The outcome of the decode behind `verdict`, of the object `key`. Frees the verdict.
+  // REQUIRES: the decode stream has passed the decode.
+  Verdict TakeVerdict(uint32_t verdict, const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
   // Makes work enqueued on `stream` after this wait for the decodes enqueued so far from it.
   absl::Status WaitForDecodes(Stream& stream) ABSL_LOCKS_EXCLUDED(mu_);
-  // Frees a verdict whose outcome no longer matters. REQUIRES: its decode has completed.
-  void DropVerdict(uint32_t verdict) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Lane {
@@ -88,12 +94,21 @@ class CompressedCopies {
   absl::StatusOr<uint32_t> AcquireVerdictLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Enqueues the copies and decodes of one object on `lane`.
   absl::Status EnqueueLocked(Lane& lane, Stream& stream, const HostBytes& host, uint8_t* dst,
-                             uint32_t* verdict) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Enqueues the copy of tiles [first, first + count) and their decode.
+                             uint32_t verdict) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Enqueues the copy of tiles [first, first + count) and their decode, timed.
   absl::Status EnqueuePieceLocked(Lane& lane, Stream& stream, const codec::CompressedLayout& layout,
                                   const HostBytes& host, const uint8_t* tables, uint8_t* dst,
-                                  uint64_t first, uint64_t count, uint32_t* verdict)
+                                  uint64_t first, uint64_t count, uint32_t verdict)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Enqueues the decode of a piece on `lane`'s decode stream between two time marks kept with
+  // `verdict` (untimed when no mark can be made).
+  absl::Status DecodeTimedLocked(Lane& lane, const codec::CompressedLayout& layout,
+                                 const uint8_t* tables, const uint8_t* tiles, uint8_t* dst,
+                                 uint64_t first, uint64_t count, uint32_t verdict)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::unique_ptr<TimeMark>> TakeTimeMarkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives `verdict`'s time marks back, and returns the time between each pair.
+  absl::Duration TakeDecodeTimeLocked(uint32_t verdict) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WaitForDecodesLocked(Lane& lane, Stream& stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t* VerdictWord(uint32_t verdict) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -102,6 +117,10 @@ class CompressedCopies {
   const uint64_t scratch_bytes_;
   const uint64_t piece_bytes_;  // the most tiles bytes one decode reads
   absl::Mutex mu_;
+  // Each verdict's decode launches, a start and an end mark each, until its verdict is taken; and
+  // the marks free for reuse. Before lanes_: the streams that reach them go first.
+  std::vector<std::vector<std::unique_ptr<TimeMark>>> time_marks_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<TimeMark>> free_time_marks_ ABSL_GUARDED_BY(mu_);
   std::map<const Stream*, Lane> lanes_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<PinnedHostBuffer> verdicts_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> free_verdicts_ ABSL_GUARDED_BY(mu_);

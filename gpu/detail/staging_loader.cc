@@ -273,7 +273,8 @@ void StagingLoader::CopyInCompressed(StagingObject* object, std::shared_ptr<Host
 void StagingLoader::FinishDecodeIn(StagingObject* object, uint32_t verdict,
                                    const std::string& host_key, uint64_t compressed_bytes) {
   const RunningCallbacks::Scope running(callbacks_);
-  const absl::Status checked = compressed_.TakeVerdict(verdict, host_key);
+  const CompressedCopies::Verdict outcome = compressed_.TakeVerdict(verdict, host_key);
+  const absl::Status& checked = outcome.checked;
   if (!checked.ok()) {
     TIERD_LOG(ERROR) << checked << "; dropping the host copy";
     // Before the failure is seen (and the copy counted done): no fetch from now on gets the host
@@ -284,6 +285,7 @@ void StagingLoader::FinishDecodeIn(StagingObject* object, uint32_t verdict,
   absl::MutexLock lock(&mu_);
   residency_.CopyFinished();
   object->copying = false;
+  stats_.decode_micros += absl::ToInt64Microseconds(outcome.decode_time);
   if (checked.ok()) {
     stats_.bytes_host_to_gpu += object->size;
     stats_.bytes_host_to_gpu_compressed += compressed_bytes;

@@ -59,6 +59,7 @@ class CompressionTest(DaemonTestCase):
         self.fetch_all("m")
         stats = self.client.stats()
         self.assertEqual(stats.objects_decoded, BLOCKS)
+        self.assertGreater(stats.decode_micros, 0)
         self.assertEqual(stats.bytes_host_to_gpu_compressed, stats.host_compressed_bytes)
         self.assertEqual(stats.decode_failures, 0)
 

@@ -172,6 +172,28 @@ TEST_F(DeviceTest, NeverRecordedEventIsComplete) {
   EXPECT_THAT(device_->SynchronizeStream(*stream_), IsOk());
 }
 
+TEST_F(DeviceTest, TimeMarksMeasureTheWorkBetweenThemOnceReached) {
+  auto start = device_->CreateTimeMark();
+  auto end = device_->CreateTimeMark();
+  ASSERT_THAT(start, IsOk());
+  ASSERT_THAT(end, IsOk());
+  EXPECT_THAT(device_->TimeBetween(**start, **end),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  for (int round = 0; round < 2; ++round) {  // a mark recorded again measures its new record
+    ASSERT_THAT(device_->RecordTimeMark(**start, *stream_), IsOk());
+    Stall(*stream_, kStall);
+    ASSERT_THAT(device_->RecordTimeMark(**end, *stream_), IsOk());
+    // The stall is still running: the end has not been reached.
+    EXPECT_THAT(device_->TimeBetween(**start, **end),
+                StatusIs(absl::StatusCode::kFailedPrecondition));
+    ASSERT_THAT(device_->SynchronizeStream(*stream_), IsOk());
+    absl::StatusOr<absl::Duration> took = device_->TimeBetween(**start, **end);
+    ASSERT_THAT(took, IsOk());
+    EXPECT_GE(*took, kStall * 0.9);
+    EXPECT_LT(*took, absl::Seconds(30));
+  }
+}
+
 TEST_F(DeviceTest, NotifyWhenDoneRunsAfterEarlierWorkWithoutHoldingUpLaterWork) {
   auto source = NewPinned(kBytes, 7);
   auto result = NewPinned(kBytes, 8);

@@ -1,7 +1,9 @@
 // Weights kept compressed in the host cache and decoded in staging, in-process on the host device:
 // the compressor swaps the compressed form in after a read, fetches decode it to the file's bytes,
 // what does not gain stays raw, the swap waits for the raw bytes' readers, and a compressed form
-// that does not decode to its checksums is DATA_LOSS once and read again from the file after.
+// that does not decode to its checksums is DATA_LOSS once and read again from the file after, and
+// the decodes' device time is counted.
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -11,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "codec/sample_weights.h"
+#include "common/status_macros.h"
+#include "device/device_wrapper.h"
 #include "gpu/gpu_tier.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_tier_test_support.h"
@@ -44,7 +48,7 @@ class GpuTierCompressedTest : public ::testing::Test {
   void SetUp() override {
     HostCacheOptions host_cache;
     host_cache.compress_weights = true;
-    auto stack = GpuTestStack::Create(/*blocks=*/1, nullptr, host_cache);
+    auto stack = GpuTestStack::Create(/*blocks=*/1, wrap_, host_cache);
     ASSERT_THAT(stack, IsOk());
     stack_ = *std::move(stack);
     GpuTierOptions options;
@@ -121,6 +125,7 @@ class GpuTierCompressedTest : public ::testing::Test {
   GpuTier& tier() { return *stack_->tier; }
 
   bool check_decodes_before_serving_ = true;
+  GpuTestStack::WrapDevice wrap_;
   testing::TempDir dir_;
   std::unique_ptr<GpuTestStack> stack_;
   ClientId client_ = 0;
@@ -209,6 +214,56 @@ TEST_F(GpuTierCompressedTest, ACorruptedCompressedFormIsDataLossThenReadAgain) {
   ASSERT_TRUE(testing::WaitForCopies(tier()));
   EXPECT_EQ(Fetch(Key(weight)).value_or(""), weight.data);
   EXPECT_EQ(stack_->host_cache().stats().bytes_from_disk, 2 * weight.data.size());
+}
+
+// A device whose decodes each take at least kDecodeStall longer, on the decode's stream.
+class SlowDecodeDevice : public DeviceWrapper {
+ public:
+  static constexpr absl::Duration kDecodeStall = absl::Milliseconds(40);
+  using DeviceWrapper::DeviceWrapper;
+
+  absl::Status DecodeAsync(Stream& stream, const codec::CompressedLayout& layout,
+                           const void* prefix, const void* tiles, void* dst, uint64_t first_tile,
+                           uint64_t tile_count, uint32_t* verdict) override {
+    RETURN_IF_ERROR(LaunchHostFunction(stream, [] { absl::SleepFor(kDecodeStall); }));
+    ++decodes_;
+    return DeviceWrapper::DecodeAsync(stream, layout, prefix, tiles, dst, first_tile, tile_count,
+                                      verdict);
+  }
+  int decodes() const { return decodes_; }
+
+ private:
+  std::atomic<int> decodes_{0};
+};
+
+class GpuTierCompressedSlowDecodeTest : public GpuTierCompressedTest {
+ protected:
+  GpuTierCompressedSlowDecodeTest() {
+    wrap_ = [this](Device& host) {
+      auto device = std::make_unique<SlowDecodeDevice>(host);
+      device_ = device.get();
+      return device;
+    };
+  }
+  SlowDecodeDevice* device_ = nullptr;
+};
+
+TEST_F(GpuTierCompressedSlowDecodeTest, DecodeTimeIsTheDevicesTimeInTheDecodes) {
+  for (const TensorSpec& weight : weights_) ASSERT_THAT(Fetch(Key(weight)), IsOk());
+  ASSERT_TRUE(WaitForCompressor(weights_.size()));
+  EXPECT_EQ(tier().stats().decode_micros, 0u);  // nothing decoded yet: served raw
+  EvictGpu();
+  const absl::Time start = absl::Now();
+  for (const TensorSpec& weight : weights_) {
+    EXPECT_EQ(Fetch(Key(weight)).value_or(""), weight.data) << weight.name;
+  }
+  const absl::Duration fetching = absl::Now() - start;
+  ASSERT_TRUE(testing::WaitForCopies(tier()));
+  ASSERT_EQ(device_->decodes(), kWeights);  // one launch each
+  const absl::Duration decoding = absl::Microseconds(tier().stats().decode_micros);
+  EXPECT_GE(decoding, kWeights * SlowDecodeDevice::kDecodeStall);
+  // Only the decodes: the fetches, one after another, took all of it and their copies besides.
+  EXPECT_LE(decoding, fetching);
 }
 
 // Fetches answered when the decode is enqueued (check_decodes_before_serving off): the readers

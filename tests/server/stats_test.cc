@@ -1,17 +1,20 @@
 // The figure tables that fill GetStats, checked against the Stats message: every figure a tier
 // counts reaches a field, every field is filled, and the metrics endpoint and `tierctl stats` show
 // every figure the proto declares for them.
+#include "server/stats.h"
+
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "client/tierctl_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/metrics_text.h"
-#include "server/stats.h"
 
 namespace tierd {
 namespace {
@@ -95,13 +98,17 @@ TEST(StatsFiguresTest, TheMetricsEndpointExportsEveryFigureThatDeclaresAMetric) 
   const Descriptor& stats = *v1::Stats::descriptor();
   for (int i = 0; i < stats.field_count(); ++i) {
     const FieldDescriptor& field = *stats.field(i);
-    if (field.cpp_type() == FieldDescriptor::CPPTYPE_UINT64) {
-      expect_exported(field, absl::StrCat(" ", snapshot.stats.GetReflection()->GetUInt64(
-                                                   snapshot.stats, &field)));
+    if (field.cpp_type() != FieldDescriptor::CPPTYPE_UINT64) continue;
+    const uint64_t value = snapshot.stats.GetReflection()->GetUInt64(snapshot.stats, &field);
+    if (field.options().GetExtension(v1::figure).unit() == v1::FigureOptions::MICROSECONDS) {
+      // In seconds, every microsecond kept.
+      expect_exported(field, absl::StrFormat(" %d.%06d", value / 1000000, value % 1000000));
+    } else {
+      expect_exported(field, absl::StrCat(" ", value));
     }
   }
-  for (const auto& [tier, values] : {std::pair{"gpu", &snapshot.stats.gpu()},
-                                     std::pair{"host", &snapshot.stats.host()}}) {
+  for (const auto& [tier, values] :
+       {std::pair{"gpu", &snapshot.stats.gpu()}, std::pair{"host", &snapshot.stats.host()}}) {
     const Descriptor& tier_stats = *v1::TierStats::descriptor();
     for (int i = 0; i < tier_stats.field_count(); ++i) {
       const FieldDescriptor& field = *tier_stats.field(i);
@@ -122,9 +129,11 @@ TEST(StatsFiguresTest, TierctlShowsEveryFigureThatDeclaresALine) {
     if (field.cpp_type() != FieldDescriptor::CPPTYPE_UINT64 || figure.label().empty()) continue;
     EXPECT_THAT(text, HasSubstr(figure.section() + "\n")) << field.name();
     EXPECT_THAT(text, HasSubstr("  " + figure.label() + " ")) << field.name();
+    const uint64_t value = stats.GetReflection()->GetUInt64(stats, &field);
     if (figure.unit() == v1::FigureOptions::COUNT) {
-      EXPECT_THAT(text, HasSubstr(absl::StrCat(stats.GetReflection()->GetUInt64(stats, &field))))
-          << field.name();
+      EXPECT_THAT(text, HasSubstr(absl::StrCat(value))) << field.name();
+    } else if (figure.unit() == v1::FigureOptions::MICROSECONDS) {
+      EXPECT_THAT(text, HasSubstr(absl::FormatDuration(absl::Microseconds(value)))) << field.name();
     }
   }
   EXPECT_THAT(text, HasSubstr("GPU tier\n"));
