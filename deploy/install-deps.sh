@@ -5,7 +5,9 @@
 # the deployment files' test uses systemd (systemd-analyze verify) and python3-yaml; the package
 # tests (tests/package/) dpkg-dev and file (cpack's DEB generator and dpkg-shlibdeps), and
 # python3-venv, -pip, -setuptools and -wheel (the wheel, installed offline); the fuzzers clang 14
-# with its libFuzzer and sanitizer runtimes.
+# with its libFuzzer and sanitizer runtimes; the remote (S3) source libcurl, and its tests and
+# benchmark a real S3 endpoint, Ceph's RADOS Gateway (deploy/s3-gateway.sh), with awscli and
+# python3-boto3 as the benchmark's references.
 #
 # The CUDA backend additionally needs the CUDA Toolkit (nvcc under /usr/local/cuda), which is not in
 # Debian's archive; without it tierd builds with the host backend only.
@@ -20,6 +22,7 @@ packages=(
   dpkg-dev file python3-venv python3-pip python3-setuptools python3-wheel
   clang-14 libclang-rt-14-dev
   python3-torch python3-grpcio python3-protobuf python3-numpy
+  libcurl4-openssl-dev curl ceph-mon ceph-osd radosgw ceph-common awscli python3-boto3
 )
 
 missing=()
