@@ -5,6 +5,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/health.h"
@@ -370,8 +371,9 @@ namespace {
 
 // `directory` made absolute against this process's working directory: the daemon takes absolute
 // paths only. Only "." parts are dropped: dropping "x/.." (lexically_normal) would skip a symlink
-// x.
+// x. A location in object storage (s3://) goes as it is.
 absl::StatusOr<std::string> AbsoluteDirectory(const std::string& directory) {
+  if (absl::StartsWith(directory, "s3://")) return directory;
   std::error_code error;
   const std::filesystem::path absolute = std::filesystem::absolute(directory, error);
   if (error) return absl::InvalidArgumentError(absl::StrCat(directory, ": ", error.message()));

@@ -24,6 +24,8 @@
 #include "device/shared_memory.h"
 #include "gpu/staging_pool.h"
 #include "grpc/health/v1/health.pb.h"
+#include "remote/s3_credentials.h"
+#include "remote/s3_location.h"
 #include "server/metrics_text.h"
 #include "server/resource_limits.h"
 #include "server/stats.h"
@@ -33,6 +35,38 @@
 
 namespace tierd {
 namespace {
+
+// The S3 client's options for --s3-endpoint, its region and credentials resolved (and logged
+// without secrets); nullopt without an endpoint. Errors: the credentials' (NOT_FOUND,
+// PERMISSION_DENIED for a credentials file others may read, ...), INVALID_ARGUMENT for an
+// endpoint that is not a URL.
+absl::StatusOr<std::optional<S3ClientOptions>> RemoteSourceOptions(const DaemonOptions& options) {
+  if (options.s3_endpoint.empty()) return std::optional<S3ClientOptions>();
+  S3CredentialOptions where;
+  where.credentials_file = options.s3_credentials_file;
+  where.profile = options.s3_profile;
+  S3ClientOptions client;
+  client.endpoint.url = options.s3_endpoint;
+  client.endpoint.path_style = options.s3_path_style;
+  client.endpoint.region =
+      !options.s3_region.empty() ? options.s3_region : ResolveS3Region(where).value_or("us-east-1");
+  absl::StatusOr<std::string> url = S3EndpointUrl(client.endpoint);
+  if (!url.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--s3-endpoint: ", url.status().message()));
+  absl::StatusOr<S3Credentials> credentials = ResolveS3Credentials(where);
+  if (!credentials.ok()) {
+    return absl::Status(credentials.status().code(),
+                        absl::StrCat("--s3-endpoint ", *url, ": ", credentials.status().message()));
+  }
+  client.credentials = *std::move(credentials);
+  client.stall_timeout = options.s3_stall_timeout;
+  client.max_attempts = options.s3_attempts;
+  TIERD_LOG(INFO) << "remote models from " << *url << " (region " << client.endpoint.region << ", "
+                  << (client.endpoint.path_style ? "path" : "virtual-hosted")
+                  << "-style, credentials " << client.credentials.Describe() << ", "
+                  << options.remote_streams << " streams)";
+  return std::optional<S3ClientOptions>(std::move(client));
+}
 
 // A session's thread polls no longer than this: past it a sleep's wake-up costs little beside it.
 constexpr absl::Duration kMaxSessionBusyPoll = absl::Milliseconds(10);
@@ -156,9 +190,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& requ
   if (options.reader.threads == 0) {
     // --reader-threads=auto: sized to the storage the models are confined to, else to the state
     // directory's (the best guess at where this node keeps its files).
+    std::vector<std::string> local_roots;
+    for (const std::string& root : options.model_roots) {
+      if (!IsS3Path(root)) local_roots.push_back(root);
+    }
     const ReaderSizing sizing =
-        SizeReaders(options.model_roots.empty() ? std::vector<std::string>{options.state_dir}
-                                                : options.model_roots,
+        SizeReaders(local_roots.empty() ? std::vector<std::string>{options.state_dir} : local_roots,
                     machine.cpu_cores);
     options.reader.threads = sizing.threads;
     TIERD_LOG(INFO) << "disk reader threads (auto): " << sizing.why;
@@ -291,7 +328,8 @@ absl::Status Daemon::StartGrpcServer() {
 absl::Status Daemon::StartStorage() {
   ASSIGN_OR_RETURN(ModelRoots roots, ModelRoots::Create(options_.model_roots));
   if (roots.confined()) {
-    TIERD_LOG(INFO) << "models are registered only from " << absl::StrJoin(roots.roots(), ", ");
+    TIERD_LOG(INFO) << "models are registered only from "
+                    << absl::StrJoin(options_.model_roots, ", ");
   } else {
     TIERD_LOG(INFO) << "models may be registered from any directory (--model-roots confines them)";
   }
@@ -309,6 +347,9 @@ absl::Status Daemon::StartStorage() {
   storage.host_cache.compress_weights = options_.compress_weights;
   storage.host_cache.compress_threads = options_.compress_threads;
   storage.file_system = options_.file_system;
+  ASSIGN_OR_RETURN(storage.remote, RemoteSourceOptions(options_));
+  storage.remote_reader.streams = options_.remote_streams;
+  storage.remote_reader.part_bytes = options_.remote_part_bytes;
   std::vector<DurableRecord> durable_objects;
   ASSIGN_OR_RETURN(storage_, StorageStack::Create(*device_, storage, &durable_objects));
   TIERD_LOG(INFO) << "catalog: " << storage_->catalog().model_count() << " model(s) registered";

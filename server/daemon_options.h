@@ -87,8 +87,25 @@ struct DaemonOptions {
   // --node-home-timeout-ms: how long a home may answer nothing before a fetch waiting for its
   // lease reads the object here.
   absl::Duration node_home_timeout = absl::Seconds(30);
-  // --model-roots: directories models may be registered from; empty: anywhere.
+  // --model-roots: directories (and s3:// buckets or prefixes) models may be registered from;
+  // empty: anywhere.
   std::vector<std::string> model_roots;
+  // Models in object storage (docs/REMOTE.md). --s3-endpoint: the endpoint's URL; empty: models
+  // cannot be registered from s3:// URLs. --s3-region: empty: AWS_REGION, AWS_DEFAULT_REGION or
+  // the profile's, else us-east-1. --s3-addressing=virtual: BUCKET.HOST rather than HOST/BUCKET.
+  // --s3-credentials-file and --s3-profile: where the keys are (remote/s3_credentials.h).
+  std::string s3_endpoint;
+  std::string s3_region;
+  bool s3_path_style = true;
+  std::string s3_credentials_file;
+  std::string s3_profile;
+  // --remote-streams: ranged GETs in flight at once; --remote-part-mib: the most one asks for.
+  int remote_streams = 16;
+  uint64_t remote_part_bytes = 8ull << 20;
+  // --s3-stall-timeout-ms: a request moving under 1 KiB/s this long is retried; --s3-attempts:
+  // attempts without progress before a read fails UNAVAILABLE.
+  absl::Duration s3_stall_timeout = absl::Seconds(20);
+  int s3_attempts = 6;
   // Tensors one registered model may have (--max-tensors-per-model).
   size_t max_tensors_per_model = kDefaultMaxTensorsPerModel;
   // --metrics-address, --metrics-port: where Prometheus text is served; nullopt: nowhere; 0: a

@@ -102,6 +102,25 @@ ABSL_FLAG(std::string, client_groups, "",
 ABSL_FLAG(std::string, model_roots, "",
           "Comma-separated directories models may be registered from (symlinks resolved); empty: "
           "any directory");
+ABSL_FLAG(std::string, s3_endpoint, "",
+          "S3 endpoint models may be registered from as s3://BUCKET/PREFIX/ (e.g. "
+          "https://s3.us-east-1.amazonaws.com, http://127.0.0.1:7480); empty: none");
+ABSL_FLAG(std::string, s3_region, "",
+          "Region requests are signed for; empty: AWS_REGION, AWS_DEFAULT_REGION or the profile's "
+          "region, else us-east-1");
+ABSL_FLAG(std::string, s3_addressing, "path",
+          "path (ENDPOINT/BUCKET/KEY) or virtual (BUCKET.ENDPOINT/KEY)");
+ABSL_FLAG(std::string, s3_credentials_file, "",
+          "A credentials file (the AWS shared format) readable by tierd's user only; empty: the "
+          "environment, then ~/.aws/credentials and ~/.aws/config");
+ABSL_FLAG(std::string, s3_profile, "", "The credentials profile; empty: AWS_PROFILE, else default");
+ABSL_FLAG(int, remote_streams, 16, "Ranged GETs from the S3 endpoint in flight at once");
+ABSL_FLAG(int, remote_part_mib, 8, "The most one ranged GET asks for, in MiB");
+ABSL_FLAG(int, s3_stall_timeout_ms, 20000,
+          "A request to the S3 endpoint that moves under 1 KiB/s for this long is retried");
+ABSL_FLAG(int, s3_attempts, 6,
+          "Attempts of an S3 request without progress before it fails UNAVAILABLE (retries back "
+          "off exponentially, with jitter)");
 ABSL_FLAG(uint32_t, max_tensors_per_model, tierd::kDefaultMaxTensorsPerModel,
           "Tensors one registered model may have; a model with more is refused");
 ABSL_FLAG(
@@ -254,6 +273,33 @@ int Run() {
        absl::StrSplit(absl::GetFlag(FLAGS_model_roots), ',', absl::SkipWhitespace())) {
     options.model_roots.emplace_back(absl::StripAsciiWhitespace(root));
   }
+  options.s3_endpoint = absl::GetFlag(FLAGS_s3_endpoint);
+  options.s3_region = absl::GetFlag(FLAGS_s3_region);
+  const std::string addressing = absl::GetFlag(FLAGS_s3_addressing);
+  if (addressing != "path" && addressing != "virtual") {
+    std::fprintf(stderr, "tierd: --s3-addressing must be path or virtual, not '%s'\n",
+                 addressing.c_str());
+    return kExitBadUsage;
+  }
+  options.s3_path_style = addressing == "path";
+  options.s3_credentials_file = absl::GetFlag(FLAGS_s3_credentials_file);
+  options.s3_profile = absl::GetFlag(FLAGS_s3_profile);
+  options.remote_streams = absl::GetFlag(FLAGS_remote_streams);
+  const int part_mib = absl::GetFlag(FLAGS_remote_part_mib);
+  if (options.remote_streams < 1 || options.remote_streams > 1024 || part_mib < 1 ||
+      part_mib > 1024) {
+    std::fprintf(stderr, "tierd: --remote-streams and --remote-part-mib must be 1 to 1024\n");
+    return kExitBadUsage;
+  }
+  options.remote_part_bytes = static_cast<uint64_t>(part_mib) << 20;
+  const int stall_ms = absl::GetFlag(FLAGS_s3_stall_timeout_ms);
+  options.s3_attempts = absl::GetFlag(FLAGS_s3_attempts);
+  if (stall_ms < 1000 || options.s3_attempts < 1 || options.s3_attempts > 100) {
+    std::fprintf(stderr,
+                 "tierd: --s3-stall-timeout-ms must be at least 1000, --s3-attempts 1 to 100\n");
+    return kExitBadUsage;
+  }
+  options.s3_stall_timeout = absl::Milliseconds(stall_ms);
   options.max_tensors_per_model = absl::GetFlag(FLAGS_max_tensors_per_model);
   if (options.max_tensors_per_model == 0) {
     std::fprintf(stderr, "tierd: --max-tensors-per-model must be at least 1\n");

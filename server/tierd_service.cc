@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/quote.h"
+#include "remote/s3_location.h"
 #include "server/proto_convert.h"
 #include "server/session_reactor.h"
 #include "server/stats.h"
@@ -103,11 +104,13 @@ class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       return grouping.status();
     }
     const std::string& directory = request_.directory();
-    if (directory.empty() || directory.front() != '/') {
+    if (IsS3Path(directory)) {
+      // A model in object storage: the catalog checks the URL and the roots.
+    } else if (directory.empty() || directory.front() != '/') {
       // A relative path would be resolved against the daemon's working directory, not the
       // caller's; the client libraries send absolute ones.
-      return absl::InvalidArgumentError(
-          absl::StrCat("register.directory must be an absolute path, not ", Quote(directory)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "register.directory must be an absolute path or an s3:// URL, not ", Quote(directory)));
     }
     if (directory.size() >= PATH_MAX || directory.find('\0') != std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat("register.directory ", Quote(directory),

@@ -20,6 +20,7 @@
 #include "storage/model_scan.h"
 #include "storage/object_checksum.h"
 #include "storage/object_layout.h"
+#include "storage/remote_model_scan.h"
 #include "storage/shard.h"
 
 namespace tierd {
@@ -88,7 +89,8 @@ Catalog::Catalog(std::string directory, ModelRoots roots, size_t max_tensors_per
 absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& state_dir,
                                                        ModelRoots roots,
                                                        size_t max_tensors_per_model,
-                                                       std::shared_ptr<FileSystem> file_system) {
+                                                       std::shared_ptr<FileSystem> file_system,
+                                                       S3Client* remote) {
   if (state_dir.empty()) return absl::InvalidArgumentError("state directory is empty");
   const std::string dir = absl::StrCat(state_dir, "/catalog");
   file_system = FileSystemOrDefault(std::move(file_system));
@@ -96,6 +98,7 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& state_
   ASSIGN_OR_RETURN(const std::vector<std::string> names, file_system->ListDirectory(dir));
   std::unique_ptr<Catalog> catalog(
       new Catalog(dir, std::move(roots), max_tensors_per_model, file_system));
+  catalog->remote_ = remote;
   for (const std::string& file_name : names) {
     const std::string path = absl::StrCat(dir, "/", file_name);
     if (absl::EndsWith(file_name, ".json.tmp")) {
@@ -126,11 +129,14 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& state_
     // still have their recorded size and mtime (the check such a catalog relied on), and is
     // written again with them.
     for (ModelFile& file : loaded->info.files) {
-      if (RecordMissingIdentity(catalog->roots_, file)) entry->dirty = true;
+      if (!IsS3Path(file.path) && RecordMissingIdentity(catalog->roots_, file)) entry->dirty = true;
     }
     // Offsets recorded for a file that changed would read the wrong bytes without any error; the
-    // model stays listed so the operator sees it, but its objects cannot be read.
-    const std::string changed = DescribeChangedFile(loaded->info.files, catalog->roots_);
+    // model stays listed so the operator sees it, but its objects cannot be read. (A remote
+    // file's ETag is checked by every read of it instead.)
+    const std::string changed = IsS3Path(loaded->info.directory)
+                                    ? ""
+                                    : DescribeChangedFile(loaded->info.files, catalog->roots_);
     if (!changed.empty()) {
       entry->stale = absl::StrCat("model '", model, "' is stale: ", changed,
                                   "; drop and re-register the model");
@@ -178,9 +184,24 @@ absl::StatusOr<ModelSummary> Catalog::RegisterModel(
   // Checked before the slow part so a duplicate fails fast, and again before committing.
   if (taken()) return name_taken();
   // The path as given: ".." and relative paths are refused before they are normalized away.
-  if (roots_.confined()) RETURN_IF_ERROR(roots_.Check(directory));
-  ASSIGN_OR_RETURN(ScannedModel scanned,
-                   ScanModelDirectory(directory, progress, roots_, max_tensors_per_model_));
+  ScannedModel scanned;
+  if (IsS3Path(directory)) {
+    ASSIGN_OR_RETURN(const S3Url url, ParseS3Url(directory));
+    RETURN_IF_ERROR(roots_.CheckRemote(url));
+    if (remote_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot register ", directory, ": this daemon has no remote source (--s3-endpoint)"));
+    }
+    if (verify) {
+      return absl::InvalidArgumentError(
+          "verify reads local files; a remote model's objects are checksummed on their first read");
+    }
+    ASSIGN_OR_RETURN(scanned, ScanRemoteModel(url, *remote_, progress, max_tensors_per_model_));
+  } else {
+    if (roots_.confined()) RETURN_IF_ERROR(roots_.Check(directory));
+    ASSIGN_OR_RETURN(scanned,
+                     ScanModelDirectory(directory, progress, roots_, max_tensors_per_model_));
+  }
 
   RETURN_IF_ERROR(ApplyDerivedTensors(derived, scanned.tensors));
   if (scanned.tensors.size() > max_tensors_per_model_) {

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "remote/s3_client.h"
 #include "storage/derived_tensors.h"
 #include "storage/file_system.h"
 #include "storage/model.h"
@@ -44,11 +45,13 @@ class Catalog {
   // model in it. A model file that cannot be parsed is set aside (renamed *.corrupt) with a
   // logged error rather than failing the daemon; a model whose files changed (CheckModelFile) is
   // loaded stale. Models are registered from `roots` only, with at most `max_tensors_per_model`
-  // tensors each. Its files are written through `file_system` (null: the POSIX one).
+  // tensors each. Its files are written through `file_system` (null: the POSIX one). Models in
+  // object storage (s3:// directories) are registered through `remote` (null: refused); it must
+  // outlive the catalog.
   static absl::StatusOr<std::unique_ptr<Catalog>> Open(
       const std::string& state_dir, ModelRoots roots = ModelRoots(),
       size_t max_tensors_per_model = kDefaultMaxTensorsPerModel,
-      std::shared_ptr<FileSystem> file_system = nullptr);
+      std::shared_ptr<FileSystem> file_system = nullptr, S3Client* remote = nullptr);
   ~Catalog();  // flushes pending checksums
   Catalog(const Catalog&) = delete;
   Catalog& operator=(const Catalog&) = delete;
@@ -66,7 +69,10 @@ class Catalog {
   // (a file changed while it was verified), and I/O errors. `derived`: tensors made of the
   // checkpoint's, which replace those they take bytes from (storage/derived_tensors.h; its
   // INVALID_ARGUMENT errors), before the tensors are grouped. `keep_raw`: its objects are never
-  // compressed in host memory (ModelInfo::keep_raw).
+  // compressed in host memory (ModelInfo::keep_raw). A `directory` that is an s3:// URL is a
+  // model in object storage (storage/remote_model_scan.h): it must be under an s3:// root when
+  // the roots confine, `verify` is refused (its objects are checksummed on their first read), and
+  // the client's errors come back (PERMISSION_DENIED, UNAVAILABLE, ...).
   absl::StatusOr<ModelSummary> RegisterModel(
       const std::string& name, const std::string& directory, Grouping grouping,
       const GroupingRules& rules,
@@ -132,6 +138,7 @@ class Catalog {
   const std::shared_ptr<FileSystem> file_system_;
   const ModelRoots roots_;
   const size_t max_tensors_per_model_;
+  S3Client* remote_ = nullptr;  // for models in object storage; null: none
   // Held while a model's file is written or deleted, and across the check-and-insert of a
   // registration, so that a flush never brings back a dropped model's file and two registrations
   // of one name never both write it. Slow (fsync) work happens under it, never under mu_.

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "remote/s3_location.h"
 #include "storage/json_file.h"
 #include "storage/object_layout.h"
 #include "storage/shard.h"
@@ -91,11 +92,13 @@ absl::StatusOr<std::string> SerializeModel(const ModelInfo& info,
                                            const std::map<std::string, uint64_t>& checksums) {
   Json files = Json::array();
   for (const ModelFile& file : info.files) {
-    files.push_back({{"path", file.path},
-                     {"size", file.size},
-                     {"mtime_ns", file.mtime_ns},
-                     {"device", file.device},
-                     {"inode", file.inode}});
+    Json entry = {{"path", file.path},
+                  {"size", file.size},
+                  {"mtime_ns", file.mtime_ns},
+                  {"device", file.device},
+                  {"inode", file.inode}};
+    if (!file.etag.empty()) entry["etag"] = file.etag;
+    files.push_back(std::move(entry));
   }
   Json objects = Json::array();
   for (const ObjectInfo& object : info.objects) {
@@ -178,7 +181,13 @@ absl::StatusOr<LoadedModel> ParseModel(absl::string_view text, const std::string
     if (!JsonString(JsonMember(&json_file, "path"), &file.path) ||
         !JsonUint(JsonMember(&json_file, "size"), &file.size) ||
         !JsonInt(JsonMember(&json_file, "mtime_ns"), &file.mtime_ns) ||
-        !absl::StartsWith(file.path, "/")) {
+        !(absl::StartsWith(file.path, "/") || ParseS3Url(file.path).ok())) {
+      return Corrupt("bad file");
+    }
+    // A remote file's: without it reads of the file would go unchecked.
+    if (const Json* etag = JsonMember(&json_file, "etag");
+        (etag != nullptr && !JsonString(etag, &file.etag)) ||
+        (IsS3Path(file.path) && file.etag.empty())) {
       return Corrupt("bad file");
     }
     // Absent from files written before they were recorded: 0, filled in by Open.

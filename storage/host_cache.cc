@@ -16,6 +16,7 @@
 #include "common/machine.h"
 #include "device/pinned_host_buffer.h"
 #include "storage/detail/host_cache_record.h"
+#include "storage/detail/read_router.h"
 #include "storage/object_checksum.h"
 
 namespace tierd {
@@ -70,9 +71,9 @@ void HostObject::Reset() {
 int DefaultChecksumThreads() { return std::clamp(UsableCpus() / 2, 1, 8); }
 
 HostCache::HostCache(Catalog& catalog, DiskReader& reader, HostArena& arena, SpillWriter* spill,
-                     const HostCacheOptions& options)
+                     const HostCacheOptions& options, RemoteReader* remote)
     : catalog_(catalog),
-      reader_(reader),
+      reader_(std::make_unique<ReadRouter>(reader, remote)),
       arena_(arena),
       spill_(spill),
       options_(options),
@@ -129,7 +130,7 @@ void HostCache::Evict(Entry& victim) {
 
 void HostCache::Destroying(Entry& entry) {
   if (entry.spill_path.empty()) return;
-  reader_.ForgetFile(entry.spill_path);
+  reader_->disk().ForgetFile(entry.spill_path);
   if (!entry.durable_copy) spill_->Remove(entry.spill_path);
 }
 
@@ -205,7 +206,7 @@ void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time 
       entry->waiters.push_back(std::move(done));
       if (priority == ReadPriority::kDemand && !entry->demand) {
         entry->demand = true;
-        if (entry->read_id) reader_.Reprioritize(*entry->read_id, priority, deadline);
+        if (entry->read_id) reader_->Reprioritize(*entry->read_id, priority, deadline);
       }
       return;
     case State::kWriting:
@@ -283,7 +284,7 @@ void HostCache::LogPrefetchFailure(const std::string& key, const absl::Status& s
 }
 
 bool HostCache::CancelPrefetch(const std::string& key) {
-  DiskReader::RequestId id;
+  ReadRouter::RequestId id;
   {
     absl::MutexLock lock(&mu_);
     const Entry* entry = table_.Find(key);
@@ -292,7 +293,7 @@ bool HostCache::CancelPrefetch(const std::string& key) {
     id = *entry->read_id;
   }
   // Outside the lock: a successful cancel has FinishRead run (on the checksum pool).
-  return reader_.Cancel(id);
+  return reader_->Cancel(id);
 }
 
 void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
@@ -305,22 +306,22 @@ void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
   // Submitted outside the lock: the reader may answer at once, which re-enters FinishRead — and
   // the load may even fail and another start before the lock is back.
   mu_.Unlock();
-  const DiskReader::RequestId id =
-      reader_.Submit({std::move(targets), priority, deadline, [this, entry](absl::Status status) {
-                        // Finished on the checksum pool, off the reader thread, which goes on
-                        // reading; failures too, so that joining the pool waits for every
-                        // completion's answers. A demand read's goes before prefetches'.
-                        bool demand;
-                        {
-                          absl::MutexLock lock(&mu_);
-                          demand = entry->demand;
-                        }
-                        checksums_.Post(
-                            [this, entry, status = std::move(status)]() mutable {
-                              FinishRead(entry, std::move(status));
-                            },
-                            demand ? WorkerPool::kUrgent : WorkerPool::kNormal);
-                      }});
+  const ReadRouter::RequestId id =
+      reader_->Submit({std::move(targets), priority, deadline, [this, entry](absl::Status status) {
+                         // Finished on the checksum pool, off the reader thread, which goes on
+                         // reading; failures too, so that joining the pool waits for every
+                         // completion's answers. A demand read's goes before prefetches'.
+                         bool demand;
+                         {
+                           absl::MutexLock lock(&mu_);
+                           demand = entry->demand;
+                         }
+                         checksums_.Post(
+                             [this, entry, status = std::move(status)]() mutable {
+                               FinishRead(entry, std::move(status));
+                             },
+                             demand ? WorkerPool::kUrgent : WorkerPool::kNormal);
+                       }});
   mu_.Lock();
   --entry->submits_pending;
   --submits_pending_;
@@ -328,7 +329,7 @@ void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
     entry->read_id = id;
     // A demand fetch that came while the lock was dropped could not promote the read yet.
     if (entry->demand && priority != ReadPriority::kDemand) {
-      reader_.Reprioritize(id, ReadPriority::kDemand, deadline);
+      reader_->Reprioritize(id, ReadPriority::kDemand, deadline);
     }
   }
   table_.FreeIfUnused(entry);
@@ -554,10 +555,14 @@ uint64_t HostCache::ResidentBytes(const std::string& key) const {
 }
 
 HostCacheStats HostCache::stats() const {
-  const uint64_t disk_bytes_read = reader_.stats().bytes_read;  // outside mu_: the reader's lock
+  // Outside mu_: the readers' locks.
+  const uint64_t disk_bytes_read = reader_->disk().stats().bytes_read;
+  const uint64_t remote_bytes_read =
+      reader_->remote() != nullptr ? reader_->remote()->stats().bytes_read : 0;
   absl::MutexLock lock(&mu_);
   HostCacheStats stats = stats_;
   stats.disk_bytes_read = disk_bytes_read;
+  stats.remote_bytes_read = remote_bytes_read;
   stats.capacity_bytes = arena_.capacity();
   stats.pinned_bytes = arena_.pinned_bytes();
   stats.used_bytes = arena_.used_bytes();

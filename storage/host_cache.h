@@ -26,6 +26,7 @@
 #define TIERD_STORAGE_HOST_CACHE_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,6 +45,7 @@
 #include "storage/durable_store.h"
 #include "storage/host_arena.h"
 #include "storage/host_cache_stats.h"
+#include "storage/remote_reader.h"
 #include "storage/spill_writer.h"
 
 namespace tierd {
@@ -73,6 +75,7 @@ int DefaultChecksumThreads();
 
 class HostCache;
 struct HostCacheRecord;  // storage/detail/host_cache_record.h
+class ReadRouter;        // storage/detail/read_router.h
 using HostCacheTable = ResidencyTable<HostCacheRecord, ArenaAllocation>;
 
 // A reference to an object resident in the host cache: while it lives, the object stays resident
@@ -114,9 +117,10 @@ class HostCache : private HostCacheTable::Owner {
  public:
   using FetchCallback = absl::AnyInvocable<void(absl::StatusOr<HostObject>) &&>;
 
-  // `spill` may be null: then stored objects never spill. All must outlive the cache.
+  // `spill` may be null: then stored objects never spill; `remote` may be null: then models
+  // registered from object storage cannot be read. All must outlive the cache.
   HostCache(Catalog& catalog, DiskReader& reader, HostArena& arena, SpillWriter* spill,
-            const HostCacheOptions& options);
+            const HostCacheOptions& options, RemoteReader* remote = nullptr);
   // REQUIRES: no HostObject is alive. Waits for reads and spills in flight.
   ~HostCache() override;
   HostCache(const HostCache&) = delete;
@@ -256,7 +260,7 @@ class HostCache : private HostCacheTable::Owner {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Catalog& catalog_;
-  DiskReader& reader_;
+  const std::unique_ptr<ReadRouter> reader_;  // to the disk reader, or the remote one (s3://)
   HostArena& arena_;
   SpillWriter* const spill_;
   const HostCacheOptions options_;

@@ -28,6 +28,9 @@ struct HostCacheStats {
   // Read from disk by the disk reader: bytes_from_disk and the reads' rounding to 4 KiB blocks
   // (a shard's rows narrower than a block read their neighbours' bytes too).
   uint64_t disk_bytes_read = 0;
+  // Read from object storage by the remote reader (models registered from s3:// URLs); these
+  // bytes are counted in bytes_from_disk too, as the host tier's reads from below.
+  uint64_t remote_bytes_read = 0;
   // Weights held compressed (codec/): how many are resident so, the bytes they take, and the
   // bytes they would take raw; and the objects the compressor has encoded or kept raw so far.
   uint64_t compressed_objects = 0;
@@ -55,6 +58,7 @@ inline constexpr Figure<HostCacheStats> kHostCacheFigures[] = {
     {"bytes_host_to_disk", &HostCacheStats::bytes_to_spill},
     {"checksum_failures", &HostCacheStats::checksum_failures},
     {"disk_bytes_read", &HostCacheStats::disk_bytes_read},
+    {"remote_bytes_read", &HostCacheStats::remote_bytes_read},
     {"host_compressed_objects", &HostCacheStats::compressed_objects},
     {"host_compressed_bytes", &HostCacheStats::compressed_bytes},
     {"host_compressed_raw_bytes", &HostCacheStats::compressed_raw_bytes},

@@ -95,6 +95,9 @@ struct ModelFile {
   // records them.
   uint64_t device = 0;
   uint64_t inode = 0;
+  // A remote file's (an s3:// path): its ETag when registered, which every read must still find.
+  // Empty for local files.
+  std::string etag;
 };
 
 struct ModelInfo {

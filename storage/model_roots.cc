@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -121,6 +122,14 @@ absl::StatusOr<ScopedFd> OpenWithoutSymlinks(int dir_fd, absl::string_view relat
 absl::StatusOr<ModelRoots> ModelRoots::Create(const std::vector<std::string>& roots) {
   ModelRoots result;
   for (const std::string& root : roots) {
+    if (IsS3Path(root)) {
+      absl::StatusOr<S3Url> url = ParseS3Url(root);
+      if (!url.ok())
+        return absl::InvalidArgumentError(absl::StrCat("--model-roots: ", url.status().message()));
+      if (!url->key.empty() && url->key.back() != '/') url->key.push_back('/');
+      result.remote_roots_.push_back(*std::move(url));
+      continue;
+    }
     if (root.empty() || root.front() != '/') {
       return absl::InvalidArgumentError(
           absl::StrCat("--model-roots: ", Quote(root), " is not an absolute path"));
@@ -165,7 +174,27 @@ absl::StatusOr<std::string> ModelRoots::Resolve(const std::string& path) const {
   return resolved;
 }
 
+absl::Status ModelRoots::CheckRemote(const S3Url& url) const {
+  if (!confined()) return absl::OkStatus();
+  for (const S3Url& root : remote_roots_) {
+    if (url.bucket == root.bucket && absl::StartsWith(absl::StrCat(url.key, "/"), root.key)) {
+      return absl::OkStatus();
+    }
+  }
+  std::vector<std::string> allowed;
+  for (const S3Url& root : remote_roots_) allowed.push_back(root.ToString());
+  return absl::PermissionDeniedError(
+      absl::StrCat(url.ToString(), " is outside --model-roots",
+                   allowed.empty() ? " (no s3:// root is allowed)"
+                                   : absl::StrCat(" (", absl::StrJoin(allowed, ", "), ")")));
+}
+
 absl::Status ModelRoots::Check(const std::string& path) const {
+  if (IsS3Path(path)) {
+    absl::StatusOr<S3Url> url = ParseS3Url(path);
+    if (!url.ok()) return url.status();
+    return CheckRemote(*url);
+  }
   if (!confined()) {
     // Unconfined, a path need not exist yet to pass; only its form is checked.
     if (path.empty() || path.front() != '/') {

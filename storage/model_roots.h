@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/fd_io.h"
+#include "remote/s3_location.h"
 
 namespace tierd {
 
@@ -22,17 +23,22 @@ class ModelRoots {
  public:
   // No roots: models may come from anywhere (still absolute paths without "..").
   ModelRoots() = default;
-  // Each root must be an existing directory; they are resolved once, here.
-  // Errors: INVALID_ARGUMENT naming --model-roots for a relative path or one that is not a
-  // directory.
+  // Each root must be an existing directory, resolved once here, or an s3:// bucket or prefix
+  // (s3://BUCKET/PREFIX/) that remote models may be registered from. Errors: INVALID_ARGUMENT
+  // naming --model-roots for a relative path, one that is not a directory, or a bad s3:// URL.
   static absl::StatusOr<ModelRoots> Create(const std::vector<std::string>& roots);
 
-  bool confined() const { return !roots_.empty(); }
+  bool confined() const { return !roots_.empty() || !remote_roots_.empty(); }
   const std::vector<std::string>& roots() const { return roots_; }  // resolved
+  const std::vector<S3Url>& remote_roots() const { return remote_roots_; }
+
+  // OK when the remote location `url` may be read: anywhere when not confined, else under one of
+  // the s3:// roots (on a "/" boundary). PERMISSION_DENIED otherwise.
+  absl::Status CheckRemote(const S3Url& url) const;
 
   // OK when `path` may be read. INVALID_ARGUMENT for a relative path or one with a ".."
   // component; PERMISSION_DENIED when it resolves outside every root (naming where it resolves);
-  // NOT_FOUND and other errors of resolving it when confined.
+  // NOT_FOUND and other errors of resolving it when confined. An s3:// path: CheckRemote.
   absl::Status Check(const std::string& path) const;
   // Check, then the path with every symbolic link resolved: what registration records.
   absl::StatusOr<std::string> Resolve(const std::string& path) const;
@@ -50,6 +56,7 @@ class ModelRoots {
   std::string RootOf(const std::string& path) const;
 
   std::vector<std::string> roots_;
+  std::vector<S3Url> remote_roots_;  // keys empty or ending in "/"
 };
 
 // How OpenWithoutSymlinks resolves: kAuto uses openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)

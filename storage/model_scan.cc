@@ -58,38 +58,15 @@ absl::StatusOr<std::string> AbsoluteDirectory(const std::string& directory) {
   return normal;
 }
 
-// The index's weight_map: tensor name → file name, every file a bare name inside the directory.
-// Read from the file `path` resolves to, opened beneath its root without following links.
+// The index read from the file `path` resolves to, opened beneath its root without following
+// links.
 absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const std::string& path,
                                                              const ModelRoots& roots) {
   ASSIGN_OR_RETURN(const std::string resolved, roots.Resolve(path));
   ASSIGN_OR_RETURN(const ScopedFd fd, roots.OpenBeneath(resolved, O_RDONLY));
   ASSIGN_OR_RETURN(const std::string text,
                    ReadFileBounded(fd.get(), path, kMaxSafetensorsIndexBytes));
-  const std::optional<nlohmann::json> index = ParseBoundedJson(text);
-  if (!index.has_value()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
-  const nlohmann::json* weight_map = JsonMember(&*index, "weight_map");
-  if (!JsonIsObject(weight_map)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": no \"weight_map\" object"));
-  }
-  std::map<std::string, std::string> files;
-  for (auto it = weight_map->begin(); it != weight_map->end(); ++it) {
-    std::string file;
-    if (!JsonString(&it.value(), &file)) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", Quote(it.key()),
-                                                     " maps to something other than a file name"));
-    }
-    // The index is untrusted: a path would let it point registration at files outside the model.
-    if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
-        file.find('\0') != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", Quote(it.key()),
-                                                     " maps to ", Quote(file),
-                                                     ", which is not a bare file name"));
-    }
-    files.emplace(it.key(), std::move(file));
-  }
-  if (files.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": weight_map is empty"));
-  return files;
+  return ParseSafetensorsIndex(text, path);
 }
 
 // The regular files named *.safetensors in `dir`, sorted.
@@ -106,31 +83,6 @@ absl::StatusOr<std::vector<std::string>> ListSafetensorsFiles(const std::string&
     if (st.ok() && S_ISREG(st->st_mode)) files.push_back(name);
   }
   return files;
-}
-
-absl::Status CheckIndexAgainstFiles(const std::map<std::string, std::string>& weight_map,
-                                    const std::vector<std::string>& file_names,
-                                    const std::map<std::string, uint32_t>& tensor_file,
-                                    const std::string& index_path) {
-  for (const auto& [tensor, file] : weight_map) {
-    auto found = tensor_file.find(tensor);
-    if (found == tensor_file.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          index_path, ": tensor '", tensor, "' is listed in ", file, ", which does not hold it"));
-    }
-    if (file_names[found->second] != file) {
-      return absl::InvalidArgumentError(absl::StrCat(index_path, ": tensor '", tensor,
-                                                     "' is listed in ", file, " but is in ",
-                                                     file_names[found->second]));
-    }
-  }
-  for (const auto& [tensor, file] : tensor_file) {
-    if (weight_map.count(tensor) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor, "' in ", file_names[file],
-                                                     " is not in the weight_map of ", index_path));
-    }
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<ScannedModel> ScanModelDirectoryIn(
@@ -201,6 +153,59 @@ absl::StatusOr<ScannedModel> ScanModelDirectoryIn(
 }
 
 }  // namespace
+
+absl::StatusOr<std::map<std::string, std::string>> ParseSafetensorsIndex(absl::string_view text,
+                                                                         const std::string& path) {
+  const std::optional<nlohmann::json> index = ParseBoundedJson(text);
+  if (!index.has_value()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
+  const nlohmann::json* weight_map = JsonMember(&*index, "weight_map");
+  if (!JsonIsObject(weight_map)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no \"weight_map\" object"));
+  }
+  std::map<std::string, std::string> files;
+  for (auto it = weight_map->begin(); it != weight_map->end(); ++it) {
+    std::string file;
+    if (!JsonString(&it.value(), &file)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", Quote(it.key()),
+                                                     " maps to something other than a file name"));
+    }
+    // The index is untrusted: a path would let it point registration at files outside the model.
+    if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
+        file.find('\0') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", Quote(it.key()),
+                                                     " maps to ", Quote(file),
+                                                     ", which is not a bare file name"));
+    }
+    files.emplace(it.key(), std::move(file));
+  }
+  if (files.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": weight_map is empty"));
+  return files;
+}
+
+absl::Status CheckIndexAgainstFiles(const std::map<std::string, std::string>& weight_map,
+                                    const std::vector<std::string>& file_names,
+                                    const std::map<std::string, uint32_t>& tensor_file,
+                                    const std::string& index_path) {
+  for (const auto& [tensor, file] : weight_map) {
+    auto found = tensor_file.find(tensor);
+    if (found == tensor_file.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          index_path, ": tensor '", tensor, "' is listed in ", file, ", which does not hold it"));
+    }
+    if (file_names[found->second] != file) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path, ": tensor '", tensor,
+                                                     "' is listed in ", file, " but is in ",
+                                                     file_names[found->second]));
+    }
+  }
+  for (const auto& [tensor, file] : tensor_file) {
+    if (weight_map.count(tensor) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor, "' in ", file_names[file],
+                                                     " is not in the weight_map of ", index_path));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<ScannedModel> ScanModelDirectory(
     const std::string& directory, const std::function<void(const RegistrationProgress&)>& progress,

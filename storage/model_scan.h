@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,19 @@ absl::StatusOr<ScannedModel> ScanModelDirectory(
     const std::string& directory, const std::function<void(const RegistrationProgress&)>& progress,
     const ModelRoots& roots = ModelRoots(),
     size_t max_tensors = std::numeric_limits<size_t>::max());
+
+// The weight_map of a model.safetensors.index.json read from `path`: tensor name → file name,
+// every file a bare name inside the model's directory (the index is untrusted). INVALID_ARGUMENT
+// naming `path` for anything else.
+absl::StatusOr<std::map<std::string, std::string>> ParseSafetensorsIndex(absl::string_view text,
+                                                                         const std::string& path);
+
+// OK when every tensor of `weight_map` is in the file it names (`file_names[tensor_file[t]]`) and
+// every tensor the files hold is in it; INVALID_ARGUMENT naming the tensor and files otherwise.
+absl::Status CheckIndexAgainstFiles(const std::map<std::string, std::string>& weight_map,
+                                    const std::vector<std::string>& file_names,
+                                    const std::map<std::string, uint32_t>& tensor_file,
+                                    const std::string& index_path);
 
 // OK when the open file `fd` is still the file registration recorded as `file`: a regular file
 // with the same device, inode (when recorded), size and mtime. FAILED_PRECONDITION naming the file

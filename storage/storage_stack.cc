@@ -13,14 +13,21 @@ absl::StatusOr<std::unique_ptr<StorageStack>> StorageStack::Create(
   if (options.state_dir.empty()) return absl::InvalidArgumentError("state directory is empty");
   std::unique_ptr<StorageStack> stack(new StorageStack);
   stack->file_system_ = FileSystemOrDefault(options.file_system);
-  ASSIGN_OR_RETURN(stack->catalog_,
-                   Catalog::Open(options.state_dir, options.model_roots,
-                                 options.max_tensors_per_model, stack->file_system_));
+  if (options.remote) {
+    ASSIGN_OR_RETURN(stack->s3_, S3Client::Create(*options.remote));
+  }
+  ASSIGN_OR_RETURN(stack->catalog_, Catalog::Open(options.state_dir, options.model_roots,
+                                                  options.max_tensors_per_model,
+                                                  stack->file_system_, stack->s3_.get()));
   ASSIGN_OR_RETURN(stack->arena_, HostArena::Create(device, options.arena));
   DiskReaderOptions reader = options.reader;
   reader.model_roots = options.model_roots;  // model files are opened beneath them
   reader.file_system = stack->file_system_;
   ASSIGN_OR_RETURN(stack->reader_, DiskReader::Create(reader));
+  if (stack->s3_ != nullptr) {
+    ASSIGN_OR_RETURN(stack->remote_reader_,
+                     RemoteReader::Create(*stack->s3_, options.remote_reader));
+  }
   const std::string spill_dir =
       options.spill_dir.empty() ? absl::StrCat(options.state_dir, "/spill") : options.spill_dir;
   SpillWriterOptions spill;
@@ -36,8 +43,9 @@ absl::StatusOr<std::unique_ptr<StorageStack>> StorageStack::Create(
   } else if (recovered != nullptr) {
     recovered->clear();
   }
-  stack->host_cache_ = std::make_unique<HostCache>(
-      *stack->catalog_, *stack->reader_, *stack->arena_, stack->spill_.get(), options.host_cache);
+  stack->host_cache_ = std::make_unique<HostCache>(*stack->catalog_, *stack->reader_,
+                                                   *stack->arena_, stack->spill_.get(),
+                                                   options.host_cache, stack->remote_reader_.get());
   return stack;
 }
 
@@ -47,6 +55,7 @@ void StorageStack::StopIo() {
   host_cache_.reset();
   durable_.reset();
   spill_.reset();
+  remote_reader_.reset();
   reader_.reset();
 }
 

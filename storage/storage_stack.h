@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "storage/host_arena.h"
 #include "storage/host_cache.h"
 #include "storage/model_roots.h"
+#include "storage/remote_reader.h"
 #include "storage/spill_writer.h"
 
 namespace tierd {
@@ -39,6 +41,10 @@ struct StorageStackOptions {
   HostArenaOptions arena;
   // The reader's own settings; its model roots and file system are the stack's.
   DiskReaderOptions reader;
+  // Where models in object storage are read from (s3:// directories); none: such models are
+  // refused. With it, the remote reader's settings.
+  std::optional<S3ClientOptions> remote;
+  RemoteReaderOptions remote_reader;
   HostCacheOptions host_cache;
   // Every file of every tier goes through it. Null: the POSIX file system.
   std::shared_ptr<FileSystem> file_system;
@@ -64,14 +70,16 @@ class StorageStack {
   FileSystem& file_system() { return *file_system_; }
   // REQUIRES (these four): StopIo has not run.
   DiskReader& reader() { return *reader_; }
+  // Null without StorageStackOptions::remote.
+  RemoteReader* remote_reader() { return remote_reader_.get(); }
   SpillWriter& spill() { return *spill_; }
   HostCache& host_cache() { return *host_cache_; }
   // Null without a durable store.
   DurableStore* durable() { return durable_.get(); }
 
-  // Destroys the host cache, the durable store, the spill writer and the disk reader, in that
-  // order: their queued work finishes and their threads are joined. REQUIRES: nothing above the
-  // stack (a GPU tier) uses them any more. Idempotent.
+  // Destroys the host cache, the durable store, the spill writer and the remote and disk readers,
+  // in that order: their queued work finishes and their threads are joined. REQUIRES: nothing above
+  // the stack (a GPU tier) uses them any more. Idempotent.
   void StopIo();
   // Leaves the host arena to the process's exit instead of freeing it: unregistering pinned memory
   // waits for the device to go idle, which a dead client's queued work may keep it from ever doing.
@@ -83,9 +91,11 @@ class StorageStack {
 
   // Declared in dependency order: destroyed from the bottom up.
   std::shared_ptr<FileSystem> file_system_;
+  std::unique_ptr<S3Client> s3_;
   std::unique_ptr<Catalog> catalog_;
   std::unique_ptr<HostArena> arena_;
   std::unique_ptr<DiskReader> reader_;
+  std::unique_ptr<RemoteReader> remote_reader_;
   std::unique_ptr<SpillWriter> spill_;
   std::unique_ptr<DurableStore> durable_;
   std::unique_ptr<HostCache> host_cache_;

@@ -109,7 +109,8 @@ class Client:
     def register_model(self, name, directory, grouping="block", progress=None, verify=False,
                        derived=(), keep_raw=False):
         """Registers a directory of .safetensors files (absolute, or relative to this process's
-        working directory) as model `name`; `progress(files_done,
+        working directory; or an s3://BUCKET/PREFIX/ the daemon reads through its --s3-endpoint)
+        as model `name`; `progress(files_done,
         files_total, current_file)` is called as each file's header is read. With `verify`, the
         daemon reads every object now and records its checksum, so that even its first read is
         checked. `derived`: tierd_pb2.DerivedTensor messages, tensors gathered from ranges of the
@@ -117,7 +118,9 @@ class Client:
         conversions). With `keep_raw`, the daemon never holds the model's objects compressed in
         host memory (docs/COMPRESSION.md). Returns the ModelSummary."""
         # The daemon takes absolute paths: a relative one is this process's, not the daemon's.
-        directory = os.path.join(os.getcwd(), os.fspath(directory))
+        directory = os.fspath(directory)
+        if not directory.startswith("s3://"):
+            directory = os.path.join(os.getcwd(), directory)
         request = tierd_pb2.RegisterModelRequest(name=name, directory=directory,
                                                  grouping=_grouping(grouping), verify=verify,
                                                  derived=list(derived), keep_raw=keep_raw)

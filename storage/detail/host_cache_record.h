@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "codec/exponent_format.h"
 #include "storage/catalog.h"
+#include "storage/detail/read_router.h"
 #include "storage/disk_reader.h"
 #include "storage/host_cache.h"
 
@@ -48,7 +49,7 @@ struct HostCacheRecord {
   uint64_t checksum = 0;      // of a stored object, computed when it is spilled
   // Loading.
   std::vector<HostCache::FetchCallback> waiters;
-  std::optional<DiskReader::RequestId> read_id;
+  std::optional<ReadRouter::RequestId> read_id;
   int submits_pending = 0;  // reads being submitted (the lock is dropped): the entry must stay
   uint64_t load = 0;        // numbers the loads, so a late submit knows whether it is current
   bool demand = false;      // some waiter is a demand fetch

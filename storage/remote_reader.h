@@ -1,0 +1,118 @@
+// Reads byte ranges of remote model files (s3:// paths) into memory, as DiskReader reads local
+// ones: the same ReadRequest, priorities and deadlines, answered once per request.
+//
+// A target is cut into parts of at most part_bytes, and `streams` threads each run one ranged GET
+// at a time (S3Client::ReadRange: retried, resumed, checked against the file's recorded ETag), so
+// a request's parts cross the network in parallel and a demand read waits for at most one part per
+// stream before its own parts go. A request fails with its first part's error; its parts not yet
+// started are dropped. A slow or failing endpoint holds only these threads: local reads go on.
+//
+// Thread-safe.
+#ifndef TIERD_STORAGE_REMOTE_READER_H_
+#define TIERD_STORAGE_REMOTE_READER_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "remote/s3_client.h"
+#include "storage/disk_reader.h"
+
+namespace tierd {
+
+struct RemoteReaderOptions {
+  int streams = 16;                  // ranged GETs in flight at once
+  uint64_t part_bytes = 8ull << 20;  // the most one GET asks for
+};
+
+struct RemoteReaderStats {
+  uint64_t requests_completed = 0;
+  uint64_t requests_failed = 0;
+  uint64_t requests_cancelled = 0;
+  uint64_t bytes_read = 0;  // delivered to destinations
+  uint64_t parts_in_flight = 0;
+  uint64_t queued_requests = 0;
+};
+
+class RemoteReader {
+ public:
+  using RequestId = uint64_t;
+
+  // `client` must outlive the reader. INVALID_ARGUMENT for streams < 1 or part_bytes 0;
+  // RESOURCE_EXHAUSTED when its threads cannot start.
+  static absl::StatusOr<std::unique_ptr<RemoteReader>> Create(S3Client& client,
+                                                              const RemoteReaderOptions& options);
+  // Fails queued requests with UNAVAILABLE, cancels the GETs in flight (S3Client::Cancel: the
+  // client is done with), joins the threads.
+  ~RemoteReader();
+  RemoteReader(const RemoteReader&) = delete;
+  RemoteReader& operator=(const RemoteReader&) = delete;
+
+  // As DiskReader::Submit. Each target's path is an s3:// URL; a target with a model_file is read
+  // against that file's recorded ETag (a changed object fails FAILED_PRECONDITION). Errors, in
+  // `done`: INVALID_ARGUMENT for a path that is not one, and S3Client::ReadRange's.
+  // REQUIRES: each destination can take its target's length; destinations stay valid until done.
+  RequestId Submit(ReadRequest request) ABSL_LOCKS_EXCLUDED(mu_);
+  // As DiskReader::Cancel: true when none of the request's parts had started; its done(CANCELLED)
+  // has run then.
+  bool Cancel(RequestId id) ABSL_LOCKS_EXCLUDED(mu_);
+  // As DiskReader::Reprioritize: moves a request that still has parts to start.
+  bool Reprioritize(RequestId id, ReadPriority priority, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  RemoteReaderStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Part {
+    S3Url url;
+    std::string etag;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    uint8_t* destination = nullptr;
+  };
+  struct Request {
+    RequestId id = 0;
+    ReadPriority priority = ReadPriority::kPrefetch;
+    absl::Time deadline;
+    std::deque<Part> parts;  // not started
+    int in_flight = 0;
+    bool started = false;
+    absl::Status status;  // the first error
+    absl::AnyInvocable<void(absl::Status) &&> done;
+  };
+  // Scheduling order: demand first, then the earliest deadline, then first come.
+  using Order = std::tuple<int, absl::Time, RequestId>;
+
+  RemoteReader(S3Client& client, const RemoteReaderOptions& options);
+  static Order OrderOf(const Request& request) {
+    return {static_cast<int>(request.priority), request.deadline, request.id};
+  }
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends `request` when nothing of it is in flight or queued: returns its done, to be called
+  // outside the lock, or null.
+  absl::AnyInvocable<void(absl::Status) &&> FinishIfDoneLocked(Request& request,
+                                                               absl::Status* status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  S3Client& client_;
+  const RemoteReaderOptions options_;
+  mutable absl::Mutex mu_;
+  std::map<RequestId, Request> requests_ ABSL_GUARDED_BY(mu_);
+  std::set<Order> ready_ ABSL_GUARDED_BY(mu_);  // requests with parts to start
+  RequestId next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  RemoteReaderStats stats_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace tierd
+
+#endif  // TIERD_STORAGE_REMOTE_READER_H_

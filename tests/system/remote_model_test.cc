@@ -1,0 +1,283 @@
+// Models in object storage, end to end against a real S3 endpoint (Ceph's RADOS Gateway,
+// deploy/s3-gateway.sh): a daemon started with --s3-endpoint registers a model from
+// s3://BUCKET/PREFIX/ (one file, or shards with their index), serves every tensor byte for byte,
+// refuses an object changed since registration and locations outside --model-roots, answers
+// UNAVAILABLE while the gateway stalls and serves once it is back, and never prints its keys.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/tierd_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/daemon_test_support.h"
+#include "tests/s3_gateway.h"
+#include "tests/storage_test_support.h"
+#include "tests/test_support.h"
+
+namespace tierd {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::tierd::testing::FetchBytes;
+using ::tierd::testing::IsOk;
+using ::tierd::testing::IsOkAndHolds;
+using ::tierd::testing::RunProgram;
+using ::tierd::testing::S3Gateway;
+using ::tierd::testing::SiblingBinary;
+using ::tierd::testing::StatusIs;
+using ::tierd::testing::TensorSpec;
+
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+constexpr char kBucket[] = "models";
+
+class RemoteModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<std::unique_ptr<S3Gateway>> gateway = S3Gateway::Start();
+    ASSERT_THAT(gateway, IsOk());
+    gateway_ = gateway->release();
+    ASSERT_THAT(gateway_->CreateBucket(kBucket), IsOk());
+    ASSERT_THAT(gateway_->CreateBucket("elsewhere"), IsOk());
+  }
+  static void TearDownTestSuite() {
+    delete gateway_;
+    gateway_ = nullptr;
+  }
+
+  void SetUp() override {
+    ASSERT_NE(gateway_, nullptr);
+    credentials_file_ = absl::StrCat(dir_.path(), "/s3-credentials");
+    std::ofstream(credentials_file_)
+        << "[default]\naws_access_key_id = " << gateway_->credentials().access_key_id
+        << "\naws_secret_access_key = " << gateway_->credentials().secret_access_key << "\n";
+    ::chmod(credentials_file_.c_str(), 0600);
+  }
+  void TearDown() override { StopDaemon(); }
+
+  std::string socket_path() const { return absl::StrCat(dir_.path(), "/gpu0.sock"); }
+  std::string log_path() const { return absl::StrCat(dir_.path(), "/tierd.log"); }
+
+  // Starts the daemon with its log in log_path(); with `remote`, reading the gateway.
+  void StartDaemon(bool remote = true) {
+    std::vector<std::string> args = {
+        SiblingBinary("tierd"),
+        absl::StrCat("--device=", testing::DeviceUnderTest().ToString()),
+        absl::StrCat("--socket=", socket_path()),
+        absl::StrCat("--state-dir=", dir_.path(), "/state"),
+        "--host-cache-bytes=32MiB",
+        "--gpu-pool-bytes=8MiB",
+        "--gpu-slab-bytes=2MiB",
+        absl::StrCat("--model-roots=s3://", kBucket, "/")};
+    if (remote) {
+      args.insert(args.end(),
+                  {absl::StrCat("--s3-endpoint=", gateway_->endpoint().url),
+                   absl::StrCat("--s3-credentials-file=", credentials_file_), "--remote-streams=4",
+                   "--remote-part-mib=1", "--s3-stall-timeout-ms=1000", "--s3-attempts=2"});
+    }
+    // Through a shell that sends its log to a file the test reads (the program is $0, the rest
+    // "$@").
+    std::vector<std::string> wrapped = {"/bin/sh", "-c",
+                                        absl::StrCat("exec \"$0\" \"$@\" 2>>", log_path())};
+    wrapped.insert(wrapped.end(), args.begin(), args.end());
+    auto daemon = testing::StartServingDaemon(wrapped, socket_path(), kTimeout);
+    ASSERT_THAT(daemon, IsOk());
+    daemon_ = *std::move(daemon);
+    ClientOptions options;
+    options.socket_path = socket_path();
+    auto client = Client::Connect(options);
+    ASSERT_THAT(client, IsOk());
+    client_ = *std::move(client);
+  }
+  void StopDaemon() {
+    client_.reset();
+    if (daemon_ == nullptr) return;
+    daemon_->Signal(SIGTERM);
+    EXPECT_THAT(daemon_->Wait(kTimeout), IsOkAndHolds(0));
+    daemon_.reset();
+  }
+
+  // Uploads a safetensors file of `tensors` as s3://models/KEY.
+  void Upload(const std::string& key, const std::vector<TensorSpec>& tensors) {
+    const std::string local = absl::StrCat(dir_.path(), "/upload.safetensors");
+    ASSERT_THAT(testing::WriteSafetensors(local, tensors), IsOk());
+    ASSERT_THAT(gateway_->PutObject(kBucket, key, testing::ReadWholeFile(local)), IsOk());
+  }
+
+  testing::RunResult Tierctl(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {SiblingBinary("tierctl"),
+                                     absl::StrCat("--socket=", socket_path())};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto result = testing::RunProgramWithStderr(argv, kTimeout);
+    EXPECT_THAT(result, IsOk());
+    return result.ok() ? *result : testing::RunResult{};
+  }
+
+  void ExpectNoSecretIn(const std::string& text, const std::string& where) {
+    EXPECT_THAT(text, Not(HasSubstr(gateway_->credentials().secret_access_key))) << where;
+    EXPECT_THAT(text, Not(HasSubstr(gateway_->credentials().access_key_id))) << where;
+  }
+
+  static S3Gateway* gateway_;
+  testing::TempDir dir_;
+  std::string credentials_file_;
+  std::unique_ptr<testing::Subprocess> daemon_;
+  std::unique_ptr<Client> client_;
+};
+
+S3Gateway* RemoteModelTest::gateway_ = nullptr;
+
+TEST_F(RemoteModelTest, EveryTensorOfAModelInTheBucketIsServedByteForByte) {
+  const std::vector<TensorSpec> tensors = {
+      testing::RandomTensor("blocks.0.w", "F32", {300, 257}, 1),  // > 1 part: parts in parallel
+      testing::RandomTensor("blocks.0.b", "F32", {257}, 2),
+      testing::RandomTensor("blocks.1.w", "BF16", {3, 5, 7}, 3),
+      testing::RandomTensor("head", "U8", {4097}, 4)};
+  Upload("one/model.safetensors", tensors);
+  ASSERT_THAT(gateway_->PutObject(kBucket, "one/README.md", "not a model file"), IsOk());
+  StartDaemon();
+  const testing::RunResult loaded =
+      Tierctl({"load", "one", absl::StrCat("s3://", kBucket, "/one/"), "--group=tensor"});
+  ASSERT_EQ(loaded.exit_code, 0) << loaded.output;
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  uint64_t bytes = 0;
+  for (const TensorSpec& tensor : tensors) {
+    EXPECT_THAT(FetchBytes(**session, absl::StrCat("one/", tensor.name)), IsOkAndHolds(tensor.data))
+        << tensor.name;
+    bytes += tensor.data.size();
+  }
+  absl::StatusOr<v1::Stats> stats = client_->GetStats();
+  ASSERT_THAT(stats, IsOk());
+  EXPECT_GE(stats->remote_bytes_read(), bytes);
+  EXPECT_EQ(stats->disk_bytes_read(), 0u);
+  for (const std::vector<std::string>& command :
+       {std::vector<std::string>{"ls"}, {"ls", "one"}, {"stats"}}) {
+    const testing::RunResult shown = Tierctl(command);
+    EXPECT_EQ(shown.exit_code, 0) << shown.output;
+    ExpectNoSecretIn(shown.output, command[0]);
+  }
+  ExpectNoSecretIn(loaded.output, "tierctl load");
+  StopDaemon();
+  const std::string log = testing::ReadWholeFile(log_path());
+  EXPECT_THAT(log, HasSubstr("remote models from"));
+  ExpectNoSecretIn(log, "the daemon's log");
+}
+
+TEST_F(RemoteModelTest, ShardsWithTheirIndexAndARestartedDaemonReadingThemAgain) {
+  const std::vector<TensorSpec> first = {testing::RandomTensor("layers.0.w", "F32", {64, 64}, 5)};
+  const std::vector<TensorSpec> second = {testing::RandomTensor("layers.1.w", "F32", {64, 65}, 6)};
+  Upload("sharded/model-00001-of-00002.safetensors", first);
+  Upload("sharded/model-00002-of-00002.safetensors", second);
+  ASSERT_THAT(
+      gateway_->PutObject(kBucket, "sharded/model.safetensors.index.json",
+                          R"({"weight_map": {"layers.0.w": "model-00001-of-00002.safetensors",
+                                      "layers.1.w": "model-00002-of-00002.safetensors"}})"),
+      IsOk());
+  // Further down the prefix: not this model's.
+  Upload("sharded/old/model.safetensors", first);
+  StartDaemon();
+  absl::StatusOr<v1::ModelSummary> summary = client_->RegisterModel(
+      "sharded", absl::StrCat("s3://", kBucket, "/sharded"), v1::GROUPING_BLOCK);
+  ASSERT_THAT(summary, IsOk());
+  EXPECT_EQ(summary->files(), 2u);
+  for (int restart = 0; restart < 2; ++restart) {
+    auto session = client_->OpenSession();
+    ASSERT_THAT(session, IsOk());
+    auto lease = (*session)->Fetch("sharded/layers.1");
+    ASSERT_THAT(lease, IsOk()) << restart;
+    EXPECT_EQ(testing::LeaseBytes(**session, *lease), second[0].data) << restart;
+    lease->Release();
+    EXPECT_THAT(FetchBytes(**session, "sharded/layers.0"), IsOkAndHolds(first[0].data));
+    session->reset();
+    StopDaemon();
+    StartDaemon();  // the registration is kept; the bytes are read from the bucket again
+  }
+}
+
+TEST_F(RemoteModelTest, AnObjectChangedSinceRegistrationIsRefused) {
+  const std::vector<TensorSpec> tensors = {testing::RandomTensor("w", "F32", {1024}, 7)};
+  Upload("changing/model.safetensors", tensors);
+  StartDaemon();
+  ASSERT_THAT(client_->RegisterModel("changing", absl::StrCat("s3://", kBucket, "/changing/"),
+                                     v1::GROUPING_TENSOR),
+              IsOk());
+  // Same size and layout, other bytes: only the ETag tells.
+  Upload("changing/model.safetensors", {testing::RandomTensor("w", "F32", {1024}, 8)});
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  absl::StatusOr<std::string> fetched = FetchBytes(**session, "changing/w");
+  EXPECT_THAT(fetched, StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(fetched.status().message(), HasSubstr("changed"));
+}
+
+TEST_F(RemoteModelTest, LocationsOutsideTheRootsAndBrokenModelsAreRefusedSayingWhy) {
+  Upload("bad/model.safetensors", {testing::RandomTensor("w", "F32", {16}, 9)});
+  ASSERT_THAT(gateway_->PutObject("elsewhere", "m/model.safetensors", "x"), IsOk());
+  ASSERT_THAT(gateway_->PutObject(kBucket, "truncated/model.safetensors",
+                                  std::string("\x40\0\0\0\0\0\0\0{\"w\":", 12)),
+              IsOk());
+  StartDaemon();
+  EXPECT_THAT(client_->RegisterModel("x", "s3://elsewhere/m/", v1::GROUPING_TENSOR),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(
+      client_->RegisterModel("x", absl::StrCat("s3://", kBucket, "/none/"), v1::GROUPING_TENSOR),
+      StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(client_->RegisterModel("x", absl::StrCat("s3://", kBucket, "/truncated/"),
+                                     v1::GROUPING_TENSOR),
+              StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(client_->RegisterModel("x", "s3://Not_A_Bucket/m/", v1::GROUPING_TENSOR),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(client_->RegisterModel("x", absl::StrCat("s3://", kBucket, "/bad/"),
+                                     v1::GROUPING_TENSOR, nullptr, /*verify=*/true),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(client_->ListModels(), IsOk());
+}
+
+TEST_F(RemoteModelTest, AStalledGatewayIsUnavailableAndALaterFetchIsServed) {
+  const std::vector<TensorSpec> tensors = {testing::RandomTensor("w", "F32", {4096}, 10)};
+  Upload("stall/model.safetensors", tensors);
+  StartDaemon();
+  ASSERT_THAT(client_->RegisterModel("stall", absl::StrCat("s3://", kBucket, "/stall/"),
+                                     v1::GROUPING_TENSOR),
+              IsOk());
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  ASSERT_THAT(gateway_->Pause(), IsOk());
+  absl::StatusOr<std::string> stalled = FetchBytes(**session, "stall/w");
+  // Local work is not held up meanwhile: the daemon answers.
+  EXPECT_THAT(client_->GetStats(), IsOk());
+  ASSERT_THAT(gateway_->Resume(), IsOk());
+  EXPECT_THAT(stalled, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(FetchBytes(**session, "stall/w"), IsOkAndHolds(tensors[0].data));
+}
+
+TEST_F(RemoteModelTest, ADaemonWithoutAnEndpointOrCredentialsSaysSo) {
+  const std::string unreadable = absl::StrCat(dir_.path(), "/open-credentials");
+  std::ofstream(unreadable) << "[default]\naws_access_key_id = A\naws_secret_access_key = s\n";
+  ::chmod(unreadable.c_str(), 0644);
+  absl::StatusOr<testing::RunResult> refused = testing::RunProgramWithStderr(
+      {SiblingBinary("tierd"), absl::StrCat("--device=", testing::DeviceUnderTest().ToString()),
+       absl::StrCat("--socket=", socket_path()), absl::StrCat("--state-dir=", dir_.path(), "/s"),
+       "--host-cache-bytes=8MiB", "--gpu-pool-bytes=4MiB", "--gpu-slab-bytes=2MiB",
+       absl::StrCat("--s3-endpoint=", gateway_->endpoint().url),
+       absl::StrCat("--s3-credentials-file=", unreadable)},
+      kTimeout, 8ull << 30);
+  ASSERT_THAT(refused, IsOk());
+  EXPECT_NE(refused->exit_code, 0);
+  EXPECT_THAT(refused->output, HasSubstr("chmod 600"));
+  Upload("plain/model.safetensors", {testing::RandomTensor("w", "F32", {16}, 11)});
+  StartDaemon(/*remote=*/false);
+  EXPECT_THAT(
+      client_->RegisterModel("x", absl::StrCat("s3://", kBucket, "/plain/"), v1::GROUPING_TENSOR),
+      StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+}  // namespace
+}  // namespace tierd
