@@ -131,16 +131,7 @@ absl::StatusOr<ScannedModel> ScanModelDirectoryIn(
     if (before.st_size != after.st_size || MtimeNs(before) != MtimeNs(after)) {
       return absl::UnavailableError(absl::StrCat(path, " changed while it was being registered"));
     }
-    for (SafetensorsTensor& tensor : header->tensors) {
-      auto [it, inserted] = tensor_file.emplace(tensor.name, i);
-      if (!inserted) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor ", Quote(tensor.name),
-                                                       " is in both ", file_names[it->second],
-                                                       " and ", file_names[i]));
-      }
-      scanned.tensors.push_back(SourceTensor{std::move(tensor.name), tensor.dtype,
-                                             std::move(tensor.shape), i, tensor.begin, tensor.end});
-    }
+    RETURN_IF_ERROR(AddFileTensors(*std::move(header), i, file_names, tensor_file, scanned));
     scanned.files.push_back(ModelFile{resolved, static_cast<uint64_t>(after.st_size),
                                       MtimeNs(after), static_cast<uint64_t>(after.st_dev),
                                       static_cast<uint64_t>(after.st_ino)});
@@ -203,6 +194,23 @@ absl::Status CheckIndexAgainstFiles(const std::map<std::string, std::string>& we
       return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor, "' in ", file_names[file],
                                                      " is not in the weight_map of ", index_path));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AddFileTensors(SafetensorsHeader header, uint32_t file,
+                            const std::vector<std::string>& file_names,
+                            std::map<std::string, uint32_t>& tensor_file, ScannedModel& scanned) {
+  for (SafetensorsTensor& tensor : header.tensors) {
+    auto [it, inserted] = tensor_file.emplace(tensor.name, file);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", Quote(tensor.name), " is in both ",
+                                                     file_names[it->second], " and ",
+                                                     file_names[file]));
+    }
+    scanned.tensors.push_back(SourceTensor{std::move(tensor.name), tensor.dtype,
+                                           std::move(tensor.shape), file, tensor.begin,
+                                           tensor.end});
   }
   return absl::OkStatus();
 }

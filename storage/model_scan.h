@@ -20,6 +20,7 @@
 #include "storage/model.h"
 #include "storage/model_roots.h"
 #include "storage/object_layout.h"
+#include "storage/safetensors_header.h"
 
 namespace tierd {
 
@@ -60,6 +61,12 @@ absl::Status CheckIndexAgainstFiles(const std::map<std::string, std::string>& we
                                     const std::vector<std::string>& file_names,
                                     const std::map<std::string, uint32_t>& tensor_file,
                                     const std::string& index_path);
+
+// Adds `header`'s tensors, those of file `file_names[file]`, to `scanned` and records each in
+// `tensor_file`. INVALID_ARGUMENT naming both files for a tensor another file already holds.
+absl::Status AddFileTensors(SafetensorsHeader header, uint32_t file,
+                            const std::vector<std::string>& file_names,
+                            std::map<std::string, uint32_t>& tensor_file, ScannedModel& scanned);
 
 // OK when the open file `fd` is still the file registration recorded as `file`: a regular file
 // with the same device, inode (when recorded), size and mtime. FAILED_PRECONDITION naming the file

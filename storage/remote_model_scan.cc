@@ -115,16 +115,7 @@ absl::StatusOr<ScannedModel> ScanRemoteModel(
                        " tensors, the limit (--max-tensors-per-model)"));
     }
     if (!header.ok()) return header.status();
-    for (SafetensorsTensor& tensor : header->tensors) {
-      auto [it, inserted] = tensor_file.emplace(tensor.name, i);
-      if (!inserted) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor ", Quote(tensor.name),
-                                                       " is in both ", file_names[it->second],
-                                                       " and ", file_names[i]));
-      }
-      scanned.tensors.push_back(SourceTensor{std::move(tensor.name), tensor.dtype,
-                                             std::move(tensor.shape), i, tensor.begin, tensor.end});
-    }
+    RETURN_IF_ERROR(AddFileTensors(*std::move(header), i, file_names, tensor_file, scanned));
     ModelFile file;
     file.path = path;
     file.size = object.size;
