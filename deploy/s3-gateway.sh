@@ -6,16 +6,19 @@
 #
 #   s3-gateway.sh start DIR [--port PORT] [--memory-mib MIB]
 #   s3-gateway.sh stop DIR
+#   s3-gateway.sh restart-gateway DIR
 #
 # `start` makes DIR (which must not hold a running gateway), starts the cluster and the gateway,
 # creates an S3 user and writes DIR/s3.env (S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
 # AWS_REGION) for the caller to source. The OSD keeps objects in memory: about 1.5x the bytes stored,
 # up to --memory-mib (default 1024), past which writes hang rather than fail, so size it to the
 # data. `stop` stops every daemon started in DIR and removes DIR; it is safe to call twice.
+# `restart-gateway` starts the gateway's process again, on its port, once it has been killed (the
+# cluster, and so the objects, stay).
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 start DIR [--port PORT] [--memory-mib MIB] | stop DIR" >&2
+  echo "usage: $0 start DIR [--port PORT] [--memory-mib MIB] | stop DIR | restart-gateway DIR" >&2
   exit 2
 }
 
@@ -58,6 +61,27 @@ wait_for() {
   echo "s3-gateway: $what did not come up in $seconds s; logs in $dir/log" >&2
   tail -n 20 "$dir"/log/*.log >&2 || true
   return 1
+}
+
+# Starts the gateway's process on the cluster in $1, serving port $2, and waits until it answers.
+start_gateway() {
+  local dir=$1 port=$2
+  radosgw -c "$dir/ceph.conf" -n client.rgw.gw -f </dev/null >>"$dir/log/rgw.out" 2>&1 &
+  echo $! >"$dir/run/rgw.daemon-pid"
+  wait_for "the gateway" 60 curl -sf "http://127.0.0.1:$port/"
+}
+
+# Starts the gateway again after its process was stopped (a test's fault), on the same port.
+restart_gateway() {
+  local dir=$1 pid port
+  [[ -f $dir/s3.env ]] || { echo "s3-gateway: $dir holds no gateway" >&2; exit 1; }
+  pid=$(cat "$dir/run/rgw.daemon-pid")
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "s3-gateway: the gateway in $dir is still running (pid $pid)" >&2
+    exit 1
+  fi
+  port=$(sed -n 's|^S3_ENDPOINT=http://127.0.0.1:||p' "$dir/s3.env")
+  start_gateway "$dir" "$port"
 }
 
 start() {
@@ -152,9 +176,7 @@ EOF
   echo $! >"$dir/run/osd.daemon-pid"
   wait_for "the OSD" 60 bash -c "ceph -c '$dir/ceph.conf' osd dump 2>/dev/null | grep -q '^osd.0 up'"
 
-  radosgw -c "$dir/ceph.conf" -n client.rgw.gw -f </dev/null >>"$dir/log/rgw.out" 2>&1 &
-  echo $! >"$dir/run/rgw.daemon-pid"
-  wait_for "the gateway" 60 curl -sf "http://127.0.0.1:$port/"
+  start_gateway "$dir" "$port"
 
   local access_key secret_key
   access_key=$(head -c 10 /dev/urandom | od -An -tx1 | tr -d ' \n' | tr a-f A-F)
@@ -176,5 +198,6 @@ EOF
 case $1 in
   start) shift; start "$@" ;;
   stop) dir=$2; stop "$dir" ;;
+  restart-gateway) dir=$2; restart_gateway "$dir" ;;
   *) usage ;;
 esac

@@ -1,7 +1,13 @@
 #include "tests/s3_gateway.h"
 
+#include <arpa/inet.h>
 #include <curl/curl.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -12,6 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 namespace tierd::testing {
@@ -23,6 +31,28 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// Whether every thread of `pid` is in the stopped state ('T' in /proc/PID/task/TID/stat).
+absl::StatusOr<bool> AllThreadsStopped(pid_t pid) {
+  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+  DIR* dir = ::opendir(tasks.c_str());
+  if (dir == nullptr) return absl::NotFoundError(absl::StrCat("cannot list ", tasks));
+  bool all_stopped = true;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    absl::StatusOr<std::string> stat =
+        ReadWholeFile(absl::StrCat(tasks, "/", entry->d_name, "/stat"));
+    if (!stat.ok()) continue;  // the thread has exited
+    // "TID (comm) STATE ...": the state follows the last ')', as comm may hold one.
+    const size_t paren = stat->rfind(')');
+    if (paren == std::string::npos || paren + 2 >= stat->size() || (*stat)[paren + 2] != 'T') {
+      all_stopped = false;
+      break;
+    }
+  }
+  ::closedir(dir);
+  return all_stopped;
 }
 
 size_t Discard(char*, size_t size, size_t count, void*) { return size * count; }
@@ -153,7 +183,17 @@ absl::StatusOr<pid_t> S3Gateway::GatewayPid() const {
 absl::Status S3Gateway::Pause() {
   absl::StatusOr<pid_t> pid = GatewayPid();
   if (!pid.ok()) return pid.status();
-  return ::kill(*pid, SIGSTOP) == 0 ? absl::OkStatus() : absl::InternalError("SIGSTOP");
+  if (::kill(*pid, SIGSTOP) != 0) return absl::InternalError("SIGSTOP");
+  // kill() returns before the stop has reached every thread: until it has, a worker thread that
+  // is already running may still answer a request. Wait until each one shows as stopped.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    absl::StatusOr<bool> stopped = AllThreadsStopped(*pid);
+    if (!stopped.ok()) return stopped.status();
+    if (*stopped) return absl::OkStatus();
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return absl::DeadlineExceededError("the gateway's threads did not all stop within 10 s");
 }
 
 absl::Status S3Gateway::Resume() {
@@ -167,7 +207,115 @@ absl::Status S3Gateway::StopGateway() {
   if (!pid.ok()) return pid.status();
   ::kill(*pid, SIGCONT);
   if (::kill(*pid, SIGKILL) != 0) return absl::InternalError("SIGKILL");
+  // Gone once its pid answers no more (it is the script's child, not ours: nothing to reap).
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;) {
+    if (::kill(*pid, 0) != 0) return absl::OkStatus();
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::DeadlineExceededError("the gateway did not exit within 10 s of SIGKILL");
+}
+
+absl::Status S3Gateway::RestartGateway() {
+  absl::StatusOr<RunResult> started = RunProgramWithStderr(
+      {"/bin/bash", TIERD_S3_GATEWAY_SCRIPT, "restart-gateway", cluster_dir_}, absl::Seconds(90));
+  if (!started.ok()) return started.status();
+  if (started->exit_code != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("the S3 gateway did not restart:\n", started->output));
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CuttingProxy>> CuttingProxy::Start(const S3Endpoint& target,
+                                                                  int connections_to_cut,
+                                                                  uint64_t cut_after_bytes) {
+  std::unique_ptr<CuttingProxy> proxy(new CuttingProxy());
+  const size_t colon = target.url.rfind(':');
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(absl::StripSuffix(target.url.substr(colon + 1), "/"),
+                        &proxy->target_port_)) {
+    return absl::InvalidArgumentError(absl::StrCat("no port in ", target.url));
+  }
+  proxy->cut_after_bytes_ = cut_after_bytes;
+  proxy->connections_to_cut_ = connections_to_cut;
+  proxy->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (proxy->listen_fd_ < 0) return absl::InternalError("socket");
+  sockaddr_in address = {};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  if (::bind(proxy->listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      ::listen(proxy->listen_fd_, 64) != 0 ||
+      ::getsockname(proxy->listen_fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    return absl::InternalError("binding the proxy");
+  }
+  proxy->endpoint_ = target;
+  proxy->endpoint_.url = absl::StrCat("http://127.0.0.1:", ntohs(address.sin_port));
+  proxy->acceptor_ = std::thread([p = proxy.get()] { p->Accept(); });
+  return proxy;
+}
+
+CuttingProxy::~CuttingProxy() {
+  stopping_ = true;
+  if (acceptor_.joinable()) acceptor_.join();
+  std::vector<std::thread> pumps;
+  {
+    absl::MutexLock lock(&mu_);
+    pumps.swap(pumps_);
+  }
+  for (std::thread& pump : pumps) pump.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+}
+
+void CuttingProxy::Accept() {
+  while (!stopping_) {
+    pollfd ready = {listen_fd_, POLLIN, 0};
+    if (::poll(&ready, 1, 50) <= 0) continue;
+    const int client = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (client < 0) continue;
+    const int upstream = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address = {};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(static_cast<uint16_t>(target_port_));
+    if (upstream < 0 ||
+        ::connect(upstream, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+      ::close(client);
+      if (upstream >= 0) ::close(upstream);
+      continue;
+    }
+    const bool cut = connections_to_cut_.fetch_sub(1) > 0;
+    absl::MutexLock lock(&mu_);
+    pumps_.emplace_back([this, client, upstream, cut] { Pump(client, upstream, cut); });
+  }
+}
+
+void CuttingProxy::Pump(int client, int upstream, bool cut) {
+  uint64_t answered = 0;
+  char buffer[16384];
+  while (!stopping_) {
+    pollfd ready[2] = {{client, POLLIN, 0}, {upstream, POLLIN, 0}};
+    if (::poll(ready, 2, 50) <= 0) continue;
+    if (ready[0].revents != 0) {  // a request
+      const ssize_t n = ::read(client, buffer, sizeof(buffer));
+      if (n <= 0 || ::send(upstream, buffer, n, MSG_NOSIGNAL) != n) break;
+    }
+    if (ready[1].revents != 0) {  // an answer
+      size_t most = sizeof(buffer);
+      if (cut) most = std::min<uint64_t>(most, cut_after_bytes_ - answered);
+      const ssize_t n = ::read(upstream, buffer, most);
+      if (n <= 0 || ::send(client, buffer, n, MSG_NOSIGNAL) != n) break;
+      answered += n;
+      if (cut && answered >= cut_after_bytes_) {
+        ++connections_cut_;
+        break;
+      }
+    }
+  }
+  ::shutdown(client, SHUT_RDWR);
+  ::shutdown(upstream, SHUT_RDWR);
+  ::close(client);
+  ::close(upstream);
 }
 
 }  // namespace tierd::testing

@@ -1,16 +1,21 @@
 // A real S3 endpoint for a test: Ceph's RADOS Gateway on 127.0.0.1, started by
 // deploy/s3-gateway.sh in a directory of its own and stopped when this goes; and what a test does
-// to it besides reading (making buckets, uploading objects, pausing the gateway's process).
+// to it besides reading (making buckets, uploading objects, pausing the gateway's process), and a
+// proxy that cuts its answers short.
 #ifndef TIERD_TESTS_S3_GATEWAY_H_
 #define TIERD_TESTS_S3_GATEWAY_H_
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "remote/s3_client.h"
 #include "tests/test_support.h"
 
@@ -38,11 +43,14 @@ class S3Gateway {
                          absl::string_view bytes);
   absl::Status DeleteObject(const std::string& bucket, const std::string& key);
 
-  // SIGSTOP / SIGCONT to the gateway's process: requests stall, then go on.
+  // SIGSTOP / SIGCONT to the gateway's process: requests stall, then go on. Pause returns once
+  // every thread of the gateway has stopped.
   absl::Status Pause();
   absl::Status Resume();
-  // Stops the gateway's process only (the cluster stays); requests are refused from then on.
+  // Stops the gateway's process only (the cluster stays); requests are refused from then on,
+  // until RestartGateway starts it again on the same port, the objects as they were.
   absl::Status StopGateway();
+  absl::Status RestartGateway();
 
  private:
   S3Gateway() = default;
@@ -55,6 +63,40 @@ class S3Gateway {
   std::string env_file_;
   S3Endpoint endpoint_;
   S3Credentials credentials_;
+};
+
+// A TCP proxy on 127.0.0.1 in front of a gateway that cuts answers short: each of the first
+// `connections_to_cut` connections it accepts is closed, both ways, once `cut_after_bytes` bytes
+// of answer have gone through it; later connections pass whole. What a flaky network or a
+// restarted load balancer does to a download. One thread per connection; stopped when this goes.
+class CuttingProxy {
+ public:
+  static absl::StatusOr<std::unique_ptr<CuttingProxy>> Start(const S3Endpoint& target,
+                                                             int connections_to_cut,
+                                                             uint64_t cut_after_bytes);
+  ~CuttingProxy();
+  CuttingProxy(const CuttingProxy&) = delete;
+  CuttingProxy& operator=(const CuttingProxy&) = delete;
+
+  // The gateway's endpoint, through this proxy.
+  const S3Endpoint& endpoint() const { return endpoint_; }
+  int connections_cut() const { return connections_cut_.load(); }
+
+ private:
+  CuttingProxy() = default;
+  void Accept();
+  void Pump(int client, int upstream, bool cut);
+
+  S3Endpoint endpoint_;
+  int target_port_ = 0;
+  int listen_fd_ = -1;
+  uint64_t cut_after_bytes_ = 0;
+  std::atomic<int> connections_to_cut_{0};
+  std::atomic<int> connections_cut_{0};
+  std::atomic<bool> stopping_{false};
+  std::thread acceptor_;
+  absl::Mutex mu_;
+  std::vector<std::thread> pumps_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tierd::testing

@@ -1,7 +1,7 @@
 // The S3 client against a real gateway (Ceph's RADOS Gateway, deploy/s3-gateway.sh): sizes,
 // listings and byte ranges exact; missing objects, bad keys, changed objects and ranges past the
-// end refused as such; a stalled or stopped gateway retried, then UNAVAILABLE; a read in flight
-// cancelled.
+// end refused as such; a stalled or stopped gateway retried, then UNAVAILABLE; answers cut short
+// by a proxy resumed to the exact bytes; a read in flight cancelled.
 #include "remote/s3_client.h"
 
 #include <thread>
@@ -152,6 +152,31 @@ TEST_F(S3ClientTest, AStalledGatewayIsRetriedThenUnavailableAndWorksOnceItIsBack
   EXPECT_LT(waited, absl::Seconds(30));
   EXPECT_EQ(client_->stats().retries, 2u);
   EXPECT_EQ(Read("s/x.bin", 0, 65536).value_or(""), PatternBytes(65536, 5));
+}
+
+TEST_F(S3ClientTest, AnswersCutShortAreResumedToTheExactBytes) {
+  const std::string bytes = PatternBytes(3 << 20, 7);
+  ASSERT_THAT(gateway_->PutObject(kBucket, "t/x.bin", bytes), IsOk());
+  // Every connection is cut after 256 KiB of answer: each attempt gets further, none gets it all.
+  absl::StatusOr<std::unique_ptr<testing::CuttingProxy>> proxy =
+      testing::CuttingProxy::Start(gateway_->endpoint(), /*connections_to_cut=*/1000, 256 << 10);
+  ASSERT_THAT(proxy, IsOk());
+  S3ClientOptions options = gateway_->ClientOptions();
+  options.endpoint = (*proxy)->endpoint();
+  absl::StatusOr<std::unique_ptr<S3Client>> client = S3Client::Create(options);
+  ASSERT_THAT(client, IsOk());
+  std::string read(bytes.size(), '\0');
+  ASSERT_THAT((*client)->ReadRange({kBucket, "t/x.bin"}, 0, bytes.size(),
+                                   reinterpret_cast<uint8_t*>(read.data())),
+              IsOk());
+  EXPECT_TRUE(read == bytes);
+  EXPECT_GE((*proxy)->connections_cut(), 11);
+  EXPECT_GE((*client)->stats().retries, 11u);
+  std::string middle(1 << 20, '\0');
+  ASSERT_THAT((*client)->ReadRange({kBucket, "t/x.bin"}, 1000000, middle.size(),
+                                   reinterpret_cast<uint8_t*>(middle.data())),
+              IsOk());
+  EXPECT_TRUE(middle == bytes.substr(1000000, middle.size()));
 }
 
 TEST_F(S3ClientTest, CancelEndsAReadInFlightAtOnce) {
