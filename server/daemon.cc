@@ -350,6 +350,11 @@ absl::Status Daemon::StartStorage() {
   ASSIGN_OR_RETURN(storage.remote, RemoteSourceOptions(options_));
   storage.remote_reader.streams = options_.remote_streams;
   storage.remote_reader.part_bytes = options_.remote_part_bytes;
+  if (!options_.remote_cache_dir.empty()) {
+    RemoteCacheOptions& cache = storage.remote_cache.emplace();
+    cache.directory = options_.remote_cache_dir;
+    cache.budget_bytes = options_.remote_cache_bytes;
+  }
   std::vector<DurableRecord> durable_objects;
   ASSIGN_OR_RETURN(storage_, StorageStack::Create(*device_, storage, &durable_objects));
   TIERD_LOG(INFO) << "catalog: " << storage_->catalog().model_count() << " model(s) registered";

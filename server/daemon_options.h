@@ -102,6 +102,11 @@ struct DaemonOptions {
   // --remote-streams: ranged GETs in flight at once; --remote-part-mib: the most one asks for.
   int remote_streams = 16;
   uint64_t remote_part_bytes = 8ull << 20;
+  // --remote-cache-dir: a cache of remote models' bytes on local disk, which the node's daemons
+  // may share (storage/remote_cache.h); empty: none. --remote-cache-bytes: its budget; 0: 80% of
+  // the space its file system has free when the daemon starts (what it holds counted as free).
+  std::string remote_cache_dir;
+  uint64_t remote_cache_bytes = 0;
   // --s3-stall-timeout-ms: a request moving under 1 KiB/s this long is retried; --s3-attempts:
   // attempts without progress before a read fails UNAVAILABLE.
   absl::Duration s3_stall_timeout = absl::Seconds(20);

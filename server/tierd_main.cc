@@ -116,6 +116,14 @@ ABSL_FLAG(std::string, s3_credentials_file, "",
 ABSL_FLAG(std::string, s3_profile, "", "The credentials profile; empty: AWS_PROFILE, else default");
 ABSL_FLAG(int, remote_streams, 16, "Ranged GETs from the S3 endpoint in flight at once");
 ABSL_FLAG(int, remote_part_mib, 8, "The most one ranged GET asks for, in MiB");
+ABSL_FLAG(std::string, remote_cache_dir, "",
+          "A directory on local disk that keeps remote models' bytes, in chunks checked against "
+          "their ETag and checksum before use, so that a restarted daemon or another daemon of "
+          "the node sharing it does not fetch them again; owned by tierd's user, mode 0700; "
+          "empty: no cache");
+ABSL_FLAG(tierd::ByteSize, remote_cache_bytes, tierd::ByteSize{0},
+          "The most --remote-cache-dir may hold (least recently used chunks are removed past "
+          "it); 0: 80% of the space its file system has free at start");
 ABSL_FLAG(int, s3_stall_timeout_ms, 20000,
           "A request to the S3 endpoint that moves under 1 KiB/s for this long is retried");
 ABSL_FLAG(int, s3_attempts, 6,
@@ -292,6 +300,12 @@ int Run() {
     return kExitBadUsage;
   }
   options.remote_part_bytes = static_cast<uint64_t>(part_mib) << 20;
+  options.remote_cache_dir = absl::GetFlag(FLAGS_remote_cache_dir);
+  options.remote_cache_bytes = absl::GetFlag(FLAGS_remote_cache_bytes).bytes;
+  if (!options.remote_cache_dir.empty() && options.s3_endpoint.empty()) {
+    std::fprintf(stderr, "tierd: --remote-cache-dir caches models from --s3-endpoint; give both\n");
+    return kExitBadUsage;
+  }
   const int stall_ms = absl::GetFlag(FLAGS_s3_stall_timeout_ms);
   options.s3_attempts = absl::GetFlag(FLAGS_s3_attempts);
   if (stall_ms < 1000 || options.s3_attempts < 1 || options.s3_attempts > 100) {

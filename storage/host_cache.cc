@@ -557,12 +557,13 @@ uint64_t HostCache::ResidentBytes(const std::string& key) const {
 HostCacheStats HostCache::stats() const {
   // Outside mu_: the readers' locks.
   const uint64_t disk_bytes_read = reader_->disk().stats().bytes_read;
-  const uint64_t remote_bytes_read =
-      reader_->remote() != nullptr ? reader_->remote()->stats().bytes_read : 0;
+  const RemoteReaderStats remote =
+      reader_->remote() != nullptr ? reader_->remote()->stats() : RemoteReaderStats{};
   absl::MutexLock lock(&mu_);
   HostCacheStats stats = stats_;
   stats.disk_bytes_read = disk_bytes_read;
-  stats.remote_bytes_read = remote_bytes_read;
+  stats.remote_bytes_read = remote.bytes_fetched;
+  stats.remote_cache_bytes_read = remote.bytes_from_cache;
   stats.capacity_bytes = arena_.capacity();
   stats.pinned_bytes = arena_.pinned_bytes();
   stats.used_bytes = arena_.used_bytes();

@@ -28,9 +28,12 @@ struct HostCacheStats {
   // Read from disk by the disk reader: bytes_from_disk and the reads' rounding to 4 KiB blocks
   // (a shard's rows narrower than a block read their neighbours' bytes too).
   uint64_t disk_bytes_read = 0;
-  // Read from object storage by the remote reader (models registered from s3:// URLs); these
-  // bytes are counted in bytes_from_disk too, as the host tier's reads from below.
+  // Fetched from object storage by the remote reader (models registered from s3:// URLs): these
+  // bytes are counted in bytes_from_disk too, as the host tier's reads from below; with a remote
+  // cache, whole chunks, the bytes beside a read range included.
   uint64_t remote_bytes_read = 0;
+  // Of the remote models' bytes, those served from the local remote cache (--remote-cache-dir).
+  uint64_t remote_cache_bytes_read = 0;
   // Weights held compressed (codec/): how many are resident so, the bytes they take, and the
   // bytes they would take raw; and the objects the compressor has encoded or kept raw so far.
   uint64_t compressed_objects = 0;
@@ -59,6 +62,7 @@ inline constexpr Figure<HostCacheStats> kHostCacheFigures[] = {
     {"checksum_failures", &HostCacheStats::checksum_failures},
     {"disk_bytes_read", &HostCacheStats::disk_bytes_read},
     {"remote_bytes_read", &HostCacheStats::remote_bytes_read},
+    {"remote_cache_bytes_read", &HostCacheStats::remote_cache_bytes_read},
     {"host_compressed_objects", &HostCacheStats::compressed_objects},
     {"host_compressed_bytes", &HostCacheStats::compressed_bytes},
     {"host_compressed_raw_bytes", &HostCacheStats::compressed_raw_bytes},

@@ -5,15 +5,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 
 namespace tierd {
 
 absl::StatusOr<std::unique_ptr<RemoteReader>> RemoteReader::Create(
-    S3Client& client, const RemoteReaderOptions& options) {
+    S3Client& client, const RemoteReaderOptions& options, RemoteCache* cache) {
   if (options.streams < 1 || options.part_bytes == 0) {
     return absl::InvalidArgumentError("a remote reader needs at least one stream, and parts");
   }
-  std::unique_ptr<RemoteReader> reader(new RemoteReader(client, options));
+  std::unique_ptr<RemoteReader> reader(new RemoteReader(client, options, cache));
   try {
     for (int i = 0; i < options.streams; ++i)
       reader->threads_.emplace_back([r = reader.get()] { r->Run(); });
@@ -24,8 +25,8 @@ absl::StatusOr<std::unique_ptr<RemoteReader>> RemoteReader::Create(
   return reader;
 }
 
-RemoteReader::RemoteReader(S3Client& client, const RemoteReaderOptions& options)
-    : client_(client), options_(options) {}
+RemoteReader::RemoteReader(S3Client& client, const RemoteReaderOptions& options, RemoteCache* cache)
+    : client_(client), cache_(cache), options_(options) {}
 
 RemoteReader::~RemoteReader() {
   std::vector<absl::AnyInvocable<void(absl::Status) &&>> failed;
@@ -66,11 +67,17 @@ RemoteReader::RequestId RemoteReader::Submit(ReadRequest read) {
       invalid = url.status();
       break;
     }
-    const std::string etag = target.model_file != nullptr ? target.model_file->etag : "";
-    for (uint64_t done = 0; done < target.length; done += options_.part_bytes) {
-      request.parts.push_back(Part{*url, etag, target.offset + done,
-                                   std::min(options_.part_bytes, target.length - done),
-                                   target.destination + done});
+    const ModelFile* file = target.model_file;
+    const bool cached = cache_ != nullptr && file != nullptr;
+    for (uint64_t done = 0; done < target.length;) {
+      const uint64_t offset = target.offset + done;
+      // With the cache, up to the end of the chunk `offset` is in.
+      const uint64_t most =
+          cached ? cache_->chunk_bytes() - offset % cache_->chunk_bytes() : options_.part_bytes;
+      const uint64_t length = std::min(most, target.length - done);
+      request.parts.push_back(Part{*url, file != nullptr ? file->etag : "", cached ? file->size : 0,
+                                   offset, length, target.destination + done});
+      done += length;
     }
   }
   absl::MutexLock lock(&mu_);
@@ -137,6 +144,19 @@ absl::AnyInvocable<void(absl::Status) &&> RemoteReader::FinishIfDoneLocked(Reque
   return done;
 }
 
+absl::StatusOr<uint64_t> RemoteReader::ReadPart(const Part& part) {
+  if (cache_ == nullptr || part.file_size == 0) {
+    RETURN_IF_ERROR(
+        client_.ReadRange(part.url, part.offset, part.length, part.destination, part.etag));
+    return part.length;
+  }
+  const RemoteChunkKey file{part.url.ToString(), part.etag, part.file_size};
+  return cache_->Read(file, part.offset, part.length, part.destination,
+                      [&](uint64_t offset, uint64_t length, uint8_t* destination) {
+                        return client_.ReadRange(part.url, offset, length, destination, part.etag);
+                      });
+}
+
 void RemoteReader::Run() {
   absl::MutexLock lock(&mu_);
   while (true) {
@@ -155,8 +175,8 @@ void RemoteReader::Run() {
     ++stats_.parts_in_flight;
 
     mu_.Unlock();
-    const absl::Status status =
-        client_.ReadRange(part.url, part.offset, part.length, part.destination, part.etag);
+    const absl::StatusOr<uint64_t> fetched = ReadPart(part);
+    const absl::Status status = fetched.status();
     mu_.Lock();
 
     --stats_.parts_in_flight;
@@ -164,6 +184,8 @@ void RemoteReader::Run() {
     --same.in_flight;
     if (status.ok()) {
       stats_.bytes_read += part.length;
+      stats_.bytes_fetched += *fetched;
+      if (*fetched == 0) stats_.bytes_from_cache += part.length;
     } else if (same.status.ok()) {
       same.status = status;
       if (!same.parts.empty()) {

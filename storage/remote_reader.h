@@ -7,6 +7,10 @@
 // stream before its own parts go. A request fails with its first part's error; its parts not yet
 // started are dropped. A slow or failing endpoint holds only these threads: local reads go on.
 //
+// With a RemoteCache, parts are cut at the cache's chunk boundaries instead and each goes through
+// the cache: served from local disk when its chunk is there, else fetched as the whole chunk,
+// which is kept.
+//
 // Thread-safe.
 #ifndef TIERD_STORAGE_REMOTE_READER_H_
 #define TIERD_STORAGE_REMOTE_READER_H_
@@ -25,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "remote/s3_client.h"
 #include "storage/disk_reader.h"
+#include "storage/remote_cache.h"
 
 namespace tierd {
 
@@ -37,7 +42,9 @@ struct RemoteReaderStats {
   uint64_t requests_completed = 0;
   uint64_t requests_failed = 0;
   uint64_t requests_cancelled = 0;
-  uint64_t bytes_read = 0;  // delivered to destinations
+  uint64_t bytes_read = 0;        // delivered to destinations
+  uint64_t bytes_fetched = 0;     // from the store (whole chunks, with a cache)
+  uint64_t bytes_from_cache = 0;  // delivered from the cache
   uint64_t parts_in_flight = 0;
   uint64_t queued_requests = 0;
 };
@@ -46,10 +53,11 @@ class RemoteReader {
  public:
   using RequestId = uint64_t;
 
-  // `client` must outlive the reader. INVALID_ARGUMENT for streams < 1 or part_bytes 0;
-  // RESOURCE_EXHAUSTED when its threads cannot start.
+  // `client` and `cache` (which may be null) must outlive the reader. INVALID_ARGUMENT for
+  // streams < 1 or part_bytes 0; RESOURCE_EXHAUSTED when its threads cannot start.
   static absl::StatusOr<std::unique_ptr<RemoteReader>> Create(S3Client& client,
-                                                              const RemoteReaderOptions& options);
+                                                              const RemoteReaderOptions& options,
+                                                              RemoteCache* cache = nullptr);
   // Fails queued requests with UNAVAILABLE, cancels the GETs in flight (S3Client::Cancel: the
   // client is done with), joins the threads.
   ~RemoteReader();
@@ -74,6 +82,7 @@ class RemoteReader {
   struct Part {
     S3Url url;
     std::string etag;
+    uint64_t file_size = 0;  // when known (a registered file): the part may go through the cache
     uint64_t offset = 0;
     uint64_t length = 0;
     uint8_t* destination = nullptr;
@@ -91,7 +100,9 @@ class RemoteReader {
   // Scheduling order: demand first, then the earliest deadline, then first come.
   using Order = std::tuple<int, absl::Time, RequestId>;
 
-  RemoteReader(S3Client& client, const RemoteReaderOptions& options);
+  RemoteReader(S3Client& client, const RemoteReaderOptions& options, RemoteCache* cache);
+  // Reads a part, through the cache when there is one; returns the bytes fetched from the store.
+  absl::StatusOr<uint64_t> ReadPart(const Part& part);
   static Order OrderOf(const Request& request) {
     return {static_cast<int>(request.priority), request.deadline, request.id};
   }
@@ -103,6 +114,7 @@ class RemoteReader {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   S3Client& client_;
+  RemoteCache* const cache_;
   const RemoteReaderOptions options_;
   mutable absl::Mutex mu_;
   std::map<RequestId, Request> requests_ ABSL_GUARDED_BY(mu_);

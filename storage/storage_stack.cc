@@ -25,8 +25,12 @@ absl::StatusOr<std::unique_ptr<StorageStack>> StorageStack::Create(
   reader.file_system = stack->file_system_;
   ASSIGN_OR_RETURN(stack->reader_, DiskReader::Create(reader));
   if (stack->s3_ != nullptr) {
+    if (options.remote_cache) {
+      ASSIGN_OR_RETURN(stack->remote_cache_, RemoteCache::Open(*options.remote_cache));
+    }
     ASSIGN_OR_RETURN(stack->remote_reader_,
-                     RemoteReader::Create(*stack->s3_, options.remote_reader));
+                     RemoteReader::Create(*stack->s3_, options.remote_reader,
+                                          stack->remote_cache_.get()));
   }
   const std::string spill_dir =
       options.spill_dir.empty() ? absl::StrCat(options.state_dir, "/spill") : options.spill_dir;

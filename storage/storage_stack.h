@@ -22,6 +22,7 @@
 #include "storage/host_arena.h"
 #include "storage/host_cache.h"
 #include "storage/model_roots.h"
+#include "storage/remote_cache.h"
 #include "storage/remote_reader.h"
 #include "storage/spill_writer.h"
 
@@ -45,6 +46,9 @@ struct StorageStackOptions {
   // refused. With it, the remote reader's settings.
   std::optional<S3ClientOptions> remote;
   RemoteReaderOptions remote_reader;
+  // With `remote`: a cache of remote models' bytes on local disk under the remote reader; none:
+  // every read goes to the store.
+  std::optional<RemoteCacheOptions> remote_cache;
   HostCacheOptions host_cache;
   // Every file of every tier goes through it. Null: the POSIX file system.
   std::shared_ptr<FileSystem> file_system;
@@ -70,8 +74,9 @@ class StorageStack {
   FileSystem& file_system() { return *file_system_; }
   // REQUIRES (these four): StopIo has not run.
   DiskReader& reader() { return *reader_; }
-  // Null without StorageStackOptions::remote.
+  // Null without StorageStackOptions::remote; the cache, without remote_cache too.
   RemoteReader* remote_reader() { return remote_reader_.get(); }
+  RemoteCache* remote_cache() { return remote_cache_.get(); }
   SpillWriter& spill() { return *spill_; }
   HostCache& host_cache() { return *host_cache_; }
   // Null without a durable store.
@@ -93,6 +98,7 @@ class StorageStack {
   std::shared_ptr<FileSystem> file_system_;
   std::unique_ptr<S3Client> s3_;
   std::unique_ptr<Catalog> catalog_;
+  std::unique_ptr<RemoteCache> remote_cache_;
   std::unique_ptr<HostArena> arena_;
   std::unique_ptr<DiskReader> reader_;
   std::unique_ptr<RemoteReader> remote_reader_;

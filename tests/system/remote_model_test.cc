@@ -2,12 +2,15 @@
 // deploy/s3-gateway.sh): a daemon started with --s3-endpoint registers a model from
 // s3://BUCKET/PREFIX/ (one file, or shards with their index), serves every tensor byte for byte,
 // refuses an object changed since registration and locations outside --model-roots, answers
-// UNAVAILABLE while the gateway stalls and serves once it is back, and never prints its keys.
+// UNAVAILABLE while the gateway stalls and serves once it is back, and never prints its keys; a
+// restarted daemon and another sharing its --remote-cache-dir read nothing from the store again,
+// and the node's daemons with --peers fetch each object from the store once.
 #include <signal.h>
 #include <sys/stat.h>
 
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -59,18 +62,22 @@ class RemoteModelTest : public ::testing::Test {
         << "\naws_secret_access_key = " << gateway_->credentials().secret_access_key << "\n";
     ::chmod(credentials_file_.c_str(), 0600);
   }
-  void TearDown() override { StopDaemon(); }
+  void TearDown() override {
+    for (int i = kMaxDaemons - 1; i >= 0; --i) StopDaemon(i);
+  }
 
-  std::string socket_path() const { return absl::StrCat(dir_.path(), "/gpu0.sock"); }
+  std::string socket_path(int i = 0) const { return absl::StrCat(dir_.path(), "/gpu", i, ".sock"); }
   std::string log_path() const { return absl::StrCat(dir_.path(), "/tierd.log"); }
+  std::string cache_dir() const { return absl::StrCat(dir_.path(), "/remote-cache"); }
 
-  // Starts the daemon with its log in log_path(); with `remote`, reading the gateway.
-  void StartDaemon(bool remote = true) {
+  // Starts daemon `i` (its log appended to log_path()) with `extra` flags; with `remote`, reading
+  // the gateway.
+  void StartDaemon(bool remote = true, int i = 0, const std::vector<std::string>& extra = {}) {
     std::vector<std::string> args = {
         SiblingBinary("tierd"),
         absl::StrCat("--device=", testing::DeviceUnderTest().ToString()),
-        absl::StrCat("--socket=", socket_path()),
-        absl::StrCat("--state-dir=", dir_.path(), "/state"),
+        absl::StrCat("--socket=", socket_path(i)),
+        absl::StrCat("--state-dir=", dir_.path(), "/state", i),
         "--host-cache-bytes=32MiB",
         "--gpu-pool-bytes=8MiB",
         "--gpu-slab-bytes=2MiB",
@@ -81,26 +88,35 @@ class RemoteModelTest : public ::testing::Test {
                    absl::StrCat("--s3-credentials-file=", credentials_file_), "--remote-streams=4",
                    "--remote-part-mib=1", "--s3-stall-timeout-ms=1000", "--s3-attempts=2"});
     }
+    args.insert(args.end(), extra.begin(), extra.end());
     // Through a shell that sends its log to a file the test reads (the program is $0, the rest
     // "$@").
     std::vector<std::string> wrapped = {"/bin/sh", "-c",
                                         absl::StrCat("exec \"$0\" \"$@\" 2>>", log_path())};
     wrapped.insert(wrapped.end(), args.begin(), args.end());
-    auto daemon = testing::StartServingDaemon(wrapped, socket_path(), kTimeout);
+    auto daemon = testing::StartServingDaemon(wrapped, socket_path(i), kTimeout);
     ASSERT_THAT(daemon, IsOk());
-    daemon_ = *std::move(daemon);
+    daemons_[i] = *std::move(daemon);
     ClientOptions options;
-    options.socket_path = socket_path();
+    options.socket_path = socket_path(i);
     auto client = Client::Connect(options);
     ASSERT_THAT(client, IsOk());
-    client_ = *std::move(client);
+    clients_[i] = *std::move(client);
+    if (i == 0) client_ = clients_[0].get();
   }
-  void StopDaemon() {
-    client_.reset();
-    if (daemon_ == nullptr) return;
-    daemon_->Signal(SIGTERM);
-    EXPECT_THAT(daemon_->Wait(kTimeout), IsOkAndHolds(0));
-    daemon_.reset();
+  void StopDaemon(int i = 0) {
+    clients_[i].reset();
+    if (i == 0) client_ = nullptr;
+    if (daemons_[i] == nullptr) return;
+    daemons_[i]->Signal(SIGTERM);
+    EXPECT_THAT(daemons_[i]->Wait(kTimeout), IsOkAndHolds(0));
+    daemons_[i].reset();
+  }
+
+  v1::Stats Stats(int i) {
+    absl::StatusOr<v1::Stats> stats = clients_[i]->GetStats();
+    EXPECT_THAT(stats, IsOk());
+    return stats.ok() ? *stats : v1::Stats();
   }
 
   // Uploads a safetensors file of `tensors` as s3://models/KEY.
@@ -127,8 +143,10 @@ class RemoteModelTest : public ::testing::Test {
   static S3Gateway* gateway_;
   testing::TempDir dir_;
   std::string credentials_file_;
-  std::unique_ptr<testing::Subprocess> daemon_;
-  std::unique_ptr<Client> client_;
+  static constexpr int kMaxDaemons = 2;
+  std::unique_ptr<testing::Subprocess> daemons_[kMaxDaemons];
+  std::unique_ptr<Client> clients_[kMaxDaemons];
+  Client* client_ = nullptr;  // daemon 0's
 };
 
 S3Gateway* RemoteModelTest::gateway_ = nullptr;
@@ -256,6 +274,129 @@ TEST_F(RemoteModelTest, AStalledGatewayIsUnavailableAndALaterFetchIsServed) {
   ASSERT_THAT(gateway_->Resume(), IsOk());
   EXPECT_THAT(stalled, StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_THAT(FetchBytes(**session, "stall/w"), IsOkAndHolds(tensors[0].data));
+}
+
+// `count` tensors of about 1.5 MiB, named w0, w1, ...
+std::vector<TensorSpec> MiBTensors(int count, int seed) {
+  std::vector<TensorSpec> tensors;
+  for (int i = 0; i < count; ++i) {
+    tensors.push_back(
+        testing::RandomTensor(absl::StrCat("w", i), "F32", {static_cast<uint64_t>(384 + i), 1024}, seed + i));
+  }
+  return tensors;
+}
+
+uint64_t BytesOf(const std::vector<TensorSpec>& tensors) {
+  uint64_t bytes = 0;
+  for (const TensorSpec& tensor : tensors) bytes += tensor.data.size();
+  return bytes;
+}
+
+TEST_F(RemoteModelTest, ARestartedDaemonAndAnotherSharingItsCacheReadNothingFromTheStore) {
+  const std::vector<TensorSpec> tensors = MiBTensors(12, 20);  // 18 MiB: 3 chunks of the cache
+  Upload("cached/model.safetensors", tensors);
+  const uint64_t file_bytes =
+      testing::ReadWholeFile(absl::StrCat(dir_.path(), "/upload.safetensors")).size();
+  const std::vector<std::string> cached = {absl::StrCat("--remote-cache-dir=", cache_dir()),
+                                           "--remote-cache-bytes=256MiB"};
+  const auto fetch_all = [&](int daemon) {
+    auto session = clients_[daemon]->OpenSession();
+    ASSERT_THAT(session, IsOk());
+    for (const TensorSpec& tensor : tensors) {
+      EXPECT_THAT(FetchBytes(**session, absl::StrCat("cached/", tensor.name)),
+                  IsOkAndHolds(tensor.data))
+          << "daemon " << daemon << ", " << tensor.name;
+    }
+  };
+  StartDaemon(/*remote=*/true, 0, cached);
+  ASSERT_THAT(client_->RegisterModel("cached", absl::StrCat("s3://", kBucket, "/cached/"),
+                                     v1::GROUPING_TENSOR),
+              IsOk());
+  fetch_all(0);
+  // Each chunk of the file fetched once, its header's bytes too; objects sharing a chunk with one
+  // read before them are served from the cache already.
+  v1::Stats stats = Stats(0);
+  EXPECT_EQ(stats.remote_bytes_read(), file_bytes);
+  EXPECT_LT(stats.remote_cache_bytes_read(), BytesOf(tensors));
+
+  StopDaemon(0);
+  StartDaemon(/*remote=*/true, 0, cached);
+  fetch_all(0);
+  stats = Stats(0);
+  EXPECT_EQ(stats.remote_bytes_read(), 0u);
+  EXPECT_EQ(stats.remote_cache_bytes_read(), BytesOf(tensors));
+  const testing::RunResult shown = Tierctl({"stats"});
+  EXPECT_THAT(shown.output, HasSubstr("read from the remote cache"));
+
+  // Another daemon of the node, with a catalog of its own, over the same directory.
+  StartDaemon(/*remote=*/true, 1, cached);
+  ASSERT_THAT(clients_[1]->RegisterModel("cached", absl::StrCat("s3://", kBucket, "/cached/"),
+                                         v1::GROUPING_TENSOR),
+              IsOk());
+  fetch_all(1);
+  EXPECT_EQ(Stats(1).remote_bytes_read(), 0u);
+  EXPECT_EQ(Stats(1).remote_cache_bytes_read(), BytesOf(tensors));
+}
+
+TEST_F(RemoteModelTest, TheNodesDaemonsWithPeersFetchEachObjectFromTheStoreOnce) {
+  const std::vector<TensorSpec> tensors = MiBTensors(8, 40);
+  Upload("node/model.safetensors", tensors);
+  const std::vector<std::string> node = {
+      absl::StrCat("--peers=", socket_path(0), ",", socket_path(1))};
+  for (int i = 0; i < 2; ++i) {
+    StartDaemon(/*remote=*/true, i, node);
+    ASSERT_THAT(clients_[i]->RegisterModel("node", absl::StrCat("s3://", kBucket, "/node/"),
+                                           v1::GROUPING_TENSOR),
+                IsOk());
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto session = clients_[i]->OpenSession();
+    ASSERT_THAT(session, IsOk());
+    for (const TensorSpec& tensor : tensors) {
+      EXPECT_THAT(FetchBytes(**session, absl::StrCat("node/", tensor.name)),
+                  IsOkAndHolds(tensor.data))
+          << "daemon " << i << ", " << tensor.name;
+    }
+  }
+  // Each object by its home daemon only: the model once, whichever daemon was asked first.
+  EXPECT_EQ(Stats(0).remote_bytes_read() + Stats(1).remote_bytes_read(), BytesOf(tensors));
+  EXPECT_GT(Stats(0).remote_bytes_read(), 0u);
+  EXPECT_GT(Stats(1).remote_bytes_read(), 0u);
+}
+
+TEST_F(RemoteModelTest, AGatewayStoppedMidLoadIsUnavailableNothingWrongIsServedAndARetryLoads) {
+  const std::vector<TensorSpec> tensors = MiBTensors(8, 60);
+  Upload("stopped/model.safetensors", tensors);
+  StartDaemon();
+  ASSERT_THAT(client_->RegisterModel("stopped", absl::StrCat("s3://", kBucket, "/stopped/"),
+                                     v1::GROUPING_TENSOR),
+              IsOk());
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_THAT(FetchBytes(**session, absl::StrCat("stopped/", tensors[i].name)),
+                IsOkAndHolds(tensors[i].data));
+  }
+  // The rest of the load is under way, its GETs in flight, when the gateway's process dies.
+  ASSERT_THAT(gateway_->Pause(), IsOk());
+  std::vector<absl::StatusOr<std::string>> rest(4, absl::UnknownError("not fetched"));
+  std::thread loader([&] {
+    for (int i = 4; i < 8; ++i) {
+      rest[i - 4] = FetchBytes(**session, absl::StrCat("stopped/", tensors[i].name));
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_THAT(gateway_->StopGateway(), IsOk());
+  loader.join();
+  for (int i = 4; i < 8; ++i) {
+    EXPECT_THAT(rest[i - 4], StatusIs(absl::StatusCode::kUnavailable)) << tensors[i].name;
+  }
+  ASSERT_THAT(gateway_->RestartGateway(), IsOk());
+  for (const TensorSpec& tensor : tensors) {
+    EXPECT_THAT(FetchBytes(**session, absl::StrCat("stopped/", tensor.name)),
+                IsOkAndHolds(tensor.data))
+        << tensor.name;
+  }
 }
 
 TEST_F(RemoteModelTest, ADaemonWithoutAnEndpointOrCredentialsSaysSo) {
