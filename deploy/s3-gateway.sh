@@ -151,7 +151,7 @@ osd_op_num_shards = 1
 osd_op_num_threads_per_shard = 2
 ms_async_op_threads = 2
 [client.rgw.gw]
-rgw_frontends = beast endpoint=127.0.0.1:$port
+rgw_frontends = beast endpoint=127.0.0.1:$port tcp_nodelay=1
 rgw_data = $dir/rgw
 rgw_thread_pool_size = 32
 EOF

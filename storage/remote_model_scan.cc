@@ -1,11 +1,14 @@
 #include "storage/remote_model_scan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -26,6 +29,54 @@ absl::StatusOr<std::string> ReadStart(S3Client& client, const S3Url& url, uint64
   std::string bytes(length, '\0');
   RETURN_IF_ERROR(client.ReadRange(url, 0, length, reinterpret_cast<uint8_t*>(bytes.data()), etag));
   return bytes;
+}
+
+// The first bytes a scan reads of each file: the 8-byte length and, mostly, the header after it.
+constexpr uint64_t kFirstReadBytes = 256 << 10;
+// Files whose first bytes are read at once.
+constexpr size_t kParallelFileReads = 16;
+
+struct FileStart {
+  S3Url url;
+  uint64_t size = 0;
+  std::string etag;  // the listing's; when it had none, HEAD's
+  absl::StatusOr<std::string> bytes = absl::UnknownError("not read");  // [0, kFirstReadBytes)
+};
+
+// Fills in each file's ETag (when the listing gave none) and first bytes, up to
+// kParallelFileReads files at a time. The ETag holds for every later read of the file: an object
+// replaced meanwhile is refused.
+void ReadFileStarts(S3Client& client, std::vector<FileStart>& files) {
+  std::atomic<size_t> next{0};
+  const auto work = [&] {
+    for (size_t i = next++; i < files.size(); i = next++) {
+      FileStart& file = files[i];
+      if (file.etag.empty()) {  // some gateways list multipart uploads without one; HEAD has it
+        absl::StatusOr<S3ObjectHead> head = client.Head(file.url);
+        if (!head.ok()) {
+          file.bytes = head.status();
+          continue;
+        }
+        if (head->size != file.size) {
+          file.bytes = absl::FailedPreconditionError("its size changed");
+          continue;
+        }
+        file.etag = head->etag;
+      }
+      file.bytes = ReadStart(client, file.url, std::min(kFirstReadBytes, file.size), file.etag);
+    }
+  };
+  std::vector<std::thread> helpers;
+  const size_t threads = std::min(kParallelFileReads, files.size());
+  for (size_t i = 1; i < threads; ++i) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // fewer at once: this thread reads the rest
+    }
+  }
+  work();
+  for (std::thread& helper : helpers) helper.join();
 }
 
 absl::Status Changed(const std::string& path) {
@@ -82,33 +133,36 @@ absl::StatusOr<ScannedModel> ScanRemoteModel(
     }
   }
 
+  // Each file's ETag and first bytes, which hold the header of all but the largest: fetched for
+  // several files at once, as each costs a round trip or two to the endpoint.
+  std::vector<FileStart> starts(file_names.size());
+  for (size_t i = 0; i < file_names.size(); ++i) {
+    const S3ListedObject& object = here.at(file_names[i]);
+    starts[i].url = {prefix.bucket, object.key};
+    starts[i].size = object.size;
+    starts[i].etag = object.etag;
+  }
+  ReadFileStarts(client, starts);
+
   std::map<std::string, uint32_t> tensor_file;
   for (uint32_t i = 0; i < file_names.size(); ++i) {
-    const S3ListedObject& object = here.at(file_names[i]);
-    const S3Url url{prefix.bucket, object.key};
-    const std::string path = url.ToString();
-    // The ETag the listing gave holds for both reads: an object replaced meanwhile is refused.
-    std::string etag = object.etag;
-    if (etag.empty()) {  // some gateways list multipart uploads without one; HEAD has it
-      ASSIGN_OR_RETURN(const S3ObjectHead head, client.Head(url));
-      if (head.size != object.size) return Changed(path);
-      etag = head.etag;
-    }
-    absl::StatusOr<std::string> start =
-        ReadStart(client, url, std::min<uint64_t>(8, object.size), etag);
-    if (absl::IsFailedPrecondition(start.status())) return Changed(path);
-    if (!start.ok()) return start.status();
+    FileStart& file_start = starts[i];
+    const std::string path = file_start.url.ToString();
+    if (absl::IsFailedPrecondition(file_start.bytes.status())) return Changed(path);
+    if (!file_start.bytes.ok()) return file_start.bytes.status();
+    absl::StatusOr<std::string>& start = file_start.bytes;
     uint64_t header_length = 0;
-    if (start->size() == 8) std::memcpy(&header_length, start->data(), 8);
-    const uint64_t wanted =
-        std::min<uint64_t>(object.size, 8 + std::min(header_length, kMaxSafetensorsHeaderBytes));
-    if (wanted > start->size()) {
-      start = ReadStart(client, url, wanted, etag);
+    if (start->size() >= 8) std::memcpy(&header_length, start->data(), 8);
+    const uint64_t wanted = std::min<uint64_t>(
+        file_start.size, 8 + std::min(header_length, kMaxSafetensorsHeaderBytes));
+    if (wanted > start->size()) {  // a header larger than the first read
+      start = ReadStart(client, file_start.url, wanted, file_start.etag);
       if (absl::IsFailedPrecondition(start.status())) return Changed(path);
       if (!start.ok()) return start.status();
     }
     absl::StatusOr<SafetensorsHeader> header =
-        ParseSafetensorsHeader(path, *start, object.size, max_tensors - scanned.tensors.size());
+        ParseSafetensorsHeader(path, *start, file_start.size, max_tensors - scanned.tensors.size());
+    file_start.bytes = std::string();  // its memory back before the next file's parse
     if (IsTensorLimit(header.status())) {
       return absl::InvalidArgumentError(
           absl::StrCat("the model in ", Quote(scanned.directory), " has more than ", max_tensors,
@@ -118,8 +172,8 @@ absl::StatusOr<ScannedModel> ScanRemoteModel(
     RETURN_IF_ERROR(AddFileTensors(*std::move(header), i, file_names, tensor_file, scanned));
     ModelFile file;
     file.path = path;
-    file.size = object.size;
-    file.etag = etag;
+    file.size = file_start.size;
+    file.etag = file_start.etag;
     scanned.files.push_back(std::move(file));
     if (progress) progress(RegistrationProgress{i + 1u, file_names.size(), path});
   }

@@ -1,8 +1,8 @@
 // Reading a model in object storage for registration: the objects directly under an s3:// prefix
 // make up the model as a local directory's files do (exactly those model.safetensors.index.json
 // names, or else every .safetensors object), each object's size and ETag recorded, and its
-// safetensors header read with two ranged GETs (its length, then the header) — the tensors' bytes
-// are not read.
+// safetensors header read with one ranged GET of its first 256 KiB (a second for a larger header)
+// — the tensors' bytes beyond are not read. Up to 16 files are read at once.
 //
 // Stateless; thread-safe (the client is).
 #ifndef TIERD_STORAGE_REMOTE_MODEL_SCAN_H_

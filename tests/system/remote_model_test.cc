@@ -219,6 +219,35 @@ TEST_F(RemoteModelTest, ShardsWithTheirIndexAndARestartedDaemonReadingThemAgain)
   }
 }
 
+TEST_F(RemoteModelTest, AHeaderLargerThanTheFirstReadAndManyFilesAreRegisteredWhole) {
+  // 3000 tensors with long names: a header of about 400 KiB, past the scan's first 256 KiB read.
+  std::vector<TensorSpec> many;
+  for (int i = 0; i < 3000; ++i) {
+    many.push_back(testing::RandomTensor(
+        absl::StrCat("a.rather.long.module.path.of.a.deep.model.that.goes.on.and.on.layer", i,
+                     ".weight"),
+        "F32", {2}, 1000 + i));
+  }
+  Upload("wide/model-1.safetensors", many);
+  // And further files, read at once.
+  for (int f = 2; f <= 20; ++f) {
+    Upload(absl::StrCat("wide/model-", f, ".safetensors"),
+           {testing::RandomTensor(absl::StrCat("f", f), "F32", {16}, f)});
+  }
+  StartDaemon();
+  absl::StatusOr<v1::ModelSummary> summary =
+      client_->RegisterModel("wide", absl::StrCat("s3://", kBucket, "/wide/"), v1::GROUPING_TENSOR);
+  ASSERT_THAT(summary, IsOk());
+  EXPECT_EQ(summary->files(), 20u);
+  EXPECT_EQ(summary->tensors(), 3019u);
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  for (int i : {0, 2999}) {
+    EXPECT_THAT(FetchBytes(**session, absl::StrCat("wide/", many[i].name)),
+                IsOkAndHolds(many[i].data));
+  }
+}
+
 TEST_F(RemoteModelTest, AnObjectChangedSinceRegistrationIsRefused) {
   const std::vector<TensorSpec> tensors = {testing::RandomTensor("w", "F32", {1024}, 7)};
   Upload("changing/model.safetensors", tensors);
@@ -280,8 +309,8 @@ TEST_F(RemoteModelTest, AStalledGatewayIsUnavailableAndALaterFetchIsServed) {
 std::vector<TensorSpec> MiBTensors(int count, int seed) {
   std::vector<TensorSpec> tensors;
   for (int i = 0; i < count; ++i) {
-    tensors.push_back(
-        testing::RandomTensor(absl::StrCat("w", i), "F32", {static_cast<uint64_t>(384 + i), 1024}, seed + i));
+    tensors.push_back(testing::RandomTensor(absl::StrCat("w", i), "F32",
+                                            {static_cast<uint64_t>(384 + i), 1024}, seed + i));
   }
   return tensors;
 }
