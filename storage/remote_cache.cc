@@ -206,14 +206,24 @@ absl::StatusOr<uint64_t> RemoteCache::Read(const RemoteChunkKey& file, uint64_t 
                                                    " are not inside one cache chunk of it"));
   }
   const std::string path = ChunkPath(file, index);
-  std::unique_ptr<uint8_t[]> chunk(new uint8_t[chunk_length]);
+  // A range that is the whole chunk is read straight into its destination; any other goes
+  // through a buffer of this thread's, kept for its next read.
+  uint8_t* chunk = destination;
+  if (offset != chunk_offset || length != chunk_length) {
+    thread_local std::vector<uint8_t> buffer;
+    if (buffer.size() < chunk_length) buffer.resize(chunk_length);
+    chunk = buffer.data();
+  }
+  const auto copy_out = [&] {
+    if (chunk != destination) std::memcpy(destination, chunk + (offset - chunk_offset), length);
+  };
   const auto serve = [&] {
-    std::memcpy(destination, chunk.get() + (offset - chunk_offset), length);
+    copy_out();
     absl::MutexLock lock(&mu_);
     stats_.hit_bytes += length;
     return uint64_t{0};
   };
-  if (ReadChunk(path, file, chunk_offset, chunk_length, chunk.get(), /*report=*/false)) {
+  if (ReadChunk(path, file, chunk_offset, chunk_length, chunk, /*report=*/false)) {
     return serve();
   }
 
@@ -229,12 +239,12 @@ absl::StatusOr<uint64_t> RemoteCache::Read(const RemoteChunkKey& file, uint64_t 
       stats_.fetched_bytes += length;
       return length;
     }
-    if (ReadChunk(path, file, chunk_offset, chunk_length, chunk.get(), /*report=*/true)) {
+    if (ReadChunk(path, file, chunk_offset, chunk_length, chunk, /*report=*/true)) {
       return serve();
     }
-    RETURN_IF_ERROR(fetch(chunk_offset, chunk_length, chunk.get()));
-    std::memcpy(destination, chunk.get() + (offset - chunk_offset), length);
-    const bool kept = WriteChunk(path, file, chunk_offset, chunk.get(), chunk_length);
+    RETURN_IF_ERROR(fetch(chunk_offset, chunk_length, chunk));
+    copy_out();
+    const bool kept = WriteChunk(path, file, chunk_offset, chunk, chunk_length);
     absl::MutexLock hold(&mu_);
     stats_.fetched_bytes += chunk_length;
     if (kept) {

@@ -87,8 +87,9 @@ class RemoteCache {
   // Fills `destination` with `length` bytes of `file` from `offset`: from the chunk holding them
   // when it is cached and passes its checks, else by fetching that whole chunk with `fetch` and
   // keeping it (a chunk that cannot be written is still served). Returns the bytes fetched: 0 on
-  // a hit. Errors: `fetch`'s (nothing is kept then); INVALID_ARGUMENT for a range not inside one
-  // chunk of the file. REQUIRES: `destination` holds `length` bytes.
+  // a hit. A range other than a whole chunk goes through a chunk-sized buffer the calling thread
+  // keeps for its life. Errors: `fetch`'s (nothing is kept then); INVALID_ARGUMENT for a range not
+  // inside one chunk of the file. REQUIRES: `destination` holds `length` bytes.
   absl::StatusOr<uint64_t> Read(const RemoteChunkKey& file, uint64_t offset, uint64_t length,
                                 uint8_t* destination, Fetch fetch) ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -22,7 +22,7 @@ tsan_tests=(host_arena_test host_cache_test disk_reader_test daemon_health_test
             fault_injection_test metrics_test api_test_host client_groups_test_host
             peer_handoff_test_host half_close_test unread_answer_budget_test gpu_tier_test
             session_protocol_test session_core_test durable_store_test worker_pool_test peer_arena_test_host
-            node_host_tier_test_host log_line_test)
+            node_host_tier_test_host log_line_test remote_cache_test)
 
 status=0
 for mode in "${modes[@]}"; do
