@@ -350,6 +350,13 @@ absl::Status Daemon::StartStorage() {
   ASSIGN_OR_RETURN(storage.remote, RemoteSourceOptions(options_));
   storage.remote_reader.streams = options_.remote_streams;
   storage.remote_reader.part_bytes = options_.remote_part_bytes;
+  if (options_.remote_host_streams > 0) {
+    const std::string& socket = options_.socket_path;
+    const size_t slash = socket.rfind('/');
+    storage.remote_reader.host_streams_file = absl::StrCat(
+        slash == std::string::npos ? "." : socket.substr(0, slash), "/tierd-remote-streams.lock");
+    storage.remote_reader.host_streams = options_.remote_host_streams;
+  }
   if (!options_.remote_cache_dir.empty()) {
     RemoteCacheOptions& cache = storage.remote_cache.emplace();
     cache.directory = options_.remote_cache_dir;

@@ -102,6 +102,9 @@ struct DaemonOptions {
   // --remote-streams: ranged GETs in flight at once; --remote-part-mib: the most one asks for.
   int remote_streams = 16;
   uint64_t remote_part_bytes = 8ull << 20;
+  // --remote-host-streams: the most GETs in flight at once across the daemons of this user whose
+  // sockets share a directory (a lock file there, tierd-remote-streams.lock); 0: no such bound.
+  int remote_host_streams = 128;
   // --remote-cache-dir: a cache of remote models' bytes on local disk, which the node's daemons
   // may share (storage/remote_cache.h); empty: none. --remote-cache-bytes: its budget; 0: 80% of
   // the space its file system has free when the daemon starts (what it holds counted as free).

@@ -116,6 +116,10 @@ ABSL_FLAG(std::string, s3_credentials_file, "",
 ABSL_FLAG(std::string, s3_profile, "", "The credentials profile; empty: AWS_PROFILE, else default");
 ABSL_FLAG(int, remote_streams, 16, "Ranged GETs from the S3 endpoint in flight at once");
 ABSL_FLAG(int, remote_part_mib, 8, "The most one ranged GET asks for, in MiB");
+ABSL_FLAG(int, remote_host_streams, 128,
+          "Ranged GETs in flight at once across this node's daemons (those whose --socket is in "
+          "the same directory, which holds the lock file tierd-remote-streams.lock); 0: no bound "
+          "but each daemon's --remote-streams");
 ABSL_FLAG(std::string, remote_cache_dir, "",
           "A directory on local disk that keeps remote models' bytes, in chunks checked against "
           "their ETag and checksum before use, so that a restarted daemon or another daemon of "
@@ -300,6 +304,11 @@ int Run() {
     return kExitBadUsage;
   }
   options.remote_part_bytes = static_cast<uint64_t>(part_mib) << 20;
+  options.remote_host_streams = absl::GetFlag(FLAGS_remote_host_streams);
+  if (options.remote_host_streams < 0 || options.remote_host_streams > 65536) {
+    std::fprintf(stderr, "tierd: --remote-host-streams must be 0 to 65536\n");
+    return kExitBadUsage;
+  }
   options.remote_cache_dir = absl::GetFlag(FLAGS_remote_cache_dir);
   options.remote_cache_bytes = absl::GetFlag(FLAGS_remote_cache_bytes).bytes;
   if (!options.remote_cache_dir.empty() && options.s3_endpoint.empty()) {

@@ -1,6 +1,7 @@
 #include "storage/remote_reader.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,10 @@ absl::StatusOr<std::unique_ptr<RemoteReader>> RemoteReader::Create(
     return absl::InvalidArgumentError("a remote reader needs at least one stream, and parts");
   }
   std::unique_ptr<RemoteReader> reader(new RemoteReader(client, options, cache));
+  if (options.host_streams > 0) {
+    ASSIGN_OR_RETURN(reader->host_streams_,
+                     FileSemaphore::Open(options.host_streams_file, options.host_streams));
+  }
   try {
     for (int i = 0; i < options.streams; ++i)
       reader->threads_.emplace_back([r = reader.get()] { r->Run(); });
@@ -175,7 +180,18 @@ void RemoteReader::Run() {
     ++stats_.parts_in_flight;
 
     mu_.Unlock();
+    std::optional<FileSemaphore::Slot> host_slot;  // held while the part is read
+    if (host_streams_ != nullptr) {
+      absl::StatusOr<FileSemaphore::Slot> slot = host_streams_->Acquire();
+      if (slot.ok()) {
+        host_slot.emplace(*std::move(slot));
+      } else {
+        TIERD_LOG_EVERY_N_SEC(WARNING, 10)
+            << "remote reader: reading past the host's bound: " << slot.status();
+      }
+    }
     const absl::StatusOr<uint64_t> fetched = ReadPart(part);
+    host_slot.reset();
     const absl::Status status = fetched.status();
     mu_.Lock();
 

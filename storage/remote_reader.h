@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/file_semaphore.h"
 #include "remote/s3_client.h"
 #include "storage/disk_reader.h"
 #include "storage/remote_cache.h"
@@ -36,6 +38,11 @@ namespace tierd {
 struct RemoteReaderOptions {
   int streams = 16;                  // ranged GETs in flight at once
   uint64_t part_bytes = 8ull << 20;  // the most one GET asks for
+  // With host_streams > 0: the most GETs in flight at once across every reader (of every
+  // process of this user) that names the same file (common/file_semaphore.h): a node's daemons
+  // share one bound.
+  std::string host_streams_file;
+  int host_streams = 0;
 };
 
 struct RemoteReaderStats {
@@ -54,7 +61,8 @@ class RemoteReader {
   using RequestId = uint64_t;
 
   // `client` and `cache` (which may be null) must outlive the reader. INVALID_ARGUMENT for
-  // streams < 1 or part_bytes 0; RESOURCE_EXHAUSTED when its threads cannot start.
+  // streams < 1 or part_bytes 0; FileSemaphore::Open's errors for host_streams_file;
+  // RESOURCE_EXHAUSTED when its threads cannot start.
   static absl::StatusOr<std::unique_ptr<RemoteReader>> Create(S3Client& client,
                                                               const RemoteReaderOptions& options,
                                                               RemoteCache* cache = nullptr);
@@ -115,6 +123,7 @@ class RemoteReader {
 
   S3Client& client_;
   RemoteCache* const cache_;
+  std::unique_ptr<FileSemaphore> host_streams_;  // null: no bound beyond this reader's
   const RemoteReaderOptions options_;
   mutable absl::Mutex mu_;
   std::map<RequestId, Request> requests_ ABSL_GUARDED_BY(mu_);

@@ -370,8 +370,9 @@ TEST_F(RemoteModelTest, ARestartedDaemonAndAnotherSharingItsCacheReadNothingFrom
 TEST_F(RemoteModelTest, TheNodesDaemonsWithPeersFetchEachObjectFromTheStoreOnce) {
   const std::vector<TensorSpec> tensors = MiBTensors(8, 40);
   Upload("node/model.safetensors", tensors);
+  // One GET at a time for the two (their sockets share a directory, and so the lock file).
   const std::vector<std::string> node = {
-      absl::StrCat("--peers=", socket_path(0), ",", socket_path(1))};
+      absl::StrCat("--peers=", socket_path(0), ",", socket_path(1)), "--remote-host-streams=1"};
   for (int i = 0; i < 2; ++i) {
     StartDaemon(/*remote=*/true, i, node);
     ASSERT_THAT(clients_[i]->RegisterModel("node", absl::StrCat("s3://", kBucket, "/node/"),
