@@ -25,8 +25,6 @@
 namespace tierd {
 namespace {
 
-constexpr char kSafetensorsSuffix[] = ".safetensors";
-
 absl::StatusOr<struct stat> Stat(const std::string& path) {
   struct stat st {};
   if (stat(path.c_str(), &st) != 0) return PosixError(path, errno);
@@ -74,10 +72,7 @@ absl::StatusOr<std::vector<std::string>> ListSafetensorsFiles(const std::string&
   ASSIGN_OR_RETURN(const std::vector<std::string> names, ListDirectory(dir));
   std::vector<std::string> files;
   for (const std::string& name : names) {
-    if (name.size() <= sizeof(kSafetensorsSuffix) - 1 ||
-        !absl::EndsWith(name, kSafetensorsSuffix)) {
-      continue;
-    }
+    if (!IsSafetensorsFileName(name)) continue;
     // stat, not the dirent type: model snapshots (Hugging Face's cache) are symlinks to blobs.
     auto st = Stat(absl::StrCat(dir, "/", name));
     if (st.ok() && S_ISREG(st->st_mode)) files.push_back(name);
@@ -144,6 +139,11 @@ absl::StatusOr<ScannedModel> ScanModelDirectoryIn(
 }
 
 }  // namespace
+
+bool IsSafetensorsFileName(absl::string_view name) {
+  constexpr absl::string_view kSuffix = ".safetensors";
+  return name.size() > kSuffix.size() && absl::EndsWith(name, kSuffix);
+}
 
 absl::StatusOr<std::map<std::string, std::string>> ParseSafetensorsIndex(absl::string_view text,
                                                                          const std::string& path) {

@@ -25,6 +25,9 @@
 namespace tierd {
 
 inline constexpr char kSafetensorsIndexFileName[] = "model.safetensors.index.json";
+
+// Whether a model directory's (or prefix's) entry `name` is a weights file: "X.safetensors".
+bool IsSafetensorsFileName(absl::string_view name);
 // Real indexes are well under a megabyte; this only bounds what a broken one can cost.
 inline constexpr uint64_t kMaxSafetensorsIndexBytes = 64ull << 20;
 

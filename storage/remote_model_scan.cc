@@ -21,8 +21,6 @@
 namespace tierd {
 namespace {
 
-constexpr char kSafetensorsSuffix[] = ".safetensors";
-
 // Bytes [0, length) of `url`, of the version `etag`.
 absl::StatusOr<std::string> ReadStart(S3Client& client, const S3Url& url, uint64_t length,
                                       const std::string& etag) {
@@ -123,10 +121,7 @@ absl::StatusOr<ScannedModel> ScanRemoteModel(
     }
   } else {
     for (const auto& [name, object] : here) {
-      if (name.size() > sizeof(kSafetensorsSuffix) - 1 &&
-          absl::EndsWith(name, kSafetensorsSuffix)) {
-        file_names.push_back(name);
-      }
+      if (IsSafetensorsFileName(name)) file_names.push_back(name);
     }
     if (file_names.empty()) {
       return absl::NotFoundError(absl::StrCat("no .safetensors objects in ", scanned.directory));
