@@ -20,7 +20,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/byte_size.h"
 #include "common/fd_io.h"

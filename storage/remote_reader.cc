@@ -149,16 +149,30 @@ absl::AnyInvocable<void(absl::Status) &&> RemoteReader::FinishIfDoneLocked(Reque
   return done;
 }
 
+absl::Status RemoteReader::Fetch(const Part& part, uint64_t offset, uint64_t length,
+                                 uint8_t* destination) {
+  std::optional<FileSemaphore::Slot> host_slot;  // held while the GET runs
+  if (host_streams_ != nullptr) {
+    absl::StatusOr<FileSemaphore::Slot> slot = host_streams_->Acquire();
+    if (slot.ok()) {
+      host_slot.emplace(*std::move(slot));
+    } else {
+      TIERD_LOG_EVERY_N_SEC(WARNING, 10)
+          << "remote reader: reading past the host's bound: " << slot.status();
+    }
+  }
+  return client_.ReadRange(part.url, offset, length, destination, part.etag);
+}
+
 absl::StatusOr<uint64_t> RemoteReader::ReadPart(const Part& part) {
   if (cache_ == nullptr || part.file_size == 0) {
-    RETURN_IF_ERROR(
-        client_.ReadRange(part.url, part.offset, part.length, part.destination, part.etag));
+    RETURN_IF_ERROR(Fetch(part, part.offset, part.length, part.destination));
     return part.length;
   }
   const RemoteChunkKey file{part.url.ToString(), part.etag, part.file_size};
   return cache_->Read(file, part.offset, part.length, part.destination,
                       [&](uint64_t offset, uint64_t length, uint8_t* destination) {
-                        return client_.ReadRange(part.url, offset, length, destination, part.etag);
+                        return Fetch(part, offset, length, destination);
                       });
 }
 
@@ -180,18 +194,7 @@ void RemoteReader::Run() {
     ++stats_.parts_in_flight;
 
     mu_.Unlock();
-    std::optional<FileSemaphore::Slot> host_slot;  // held while the part is read
-    if (host_streams_ != nullptr) {
-      absl::StatusOr<FileSemaphore::Slot> slot = host_streams_->Acquire();
-      if (slot.ok()) {
-        host_slot.emplace(*std::move(slot));
-      } else {
-        TIERD_LOG_EVERY_N_SEC(WARNING, 10)
-            << "remote reader: reading past the host's bound: " << slot.status();
-      }
-    }
     const absl::StatusOr<uint64_t> fetched = ReadPart(part);
-    host_slot.reset();
     const absl::Status status = fetched.status();
     mu_.Lock();
 

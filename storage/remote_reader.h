@@ -111,6 +111,8 @@ class RemoteReader {
   RemoteReader(S3Client& client, const RemoteReaderOptions& options, RemoteCache* cache);
   // Reads a part, through the cache when there is one; returns the bytes fetched from the store.
   absl::StatusOr<uint64_t> ReadPart(const Part& part);
+  // One ranged GET of the part's file, holding a host stream (when bounded) while it runs.
+  absl::Status Fetch(const Part& part, uint64_t offset, uint64_t length, uint8_t* destination);
   static Order OrderOf(const Request& request) {
     return {static_cast<int>(request.priority), request.deadline, request.id};
   }
