@@ -228,7 +228,8 @@ absl::Status S3Gateway::RestartGateway() {
 
 absl::StatusOr<std::unique_ptr<CuttingProxy>> CuttingProxy::Start(const S3Endpoint& target,
                                                                   int connections_to_cut,
-                                                                  uint64_t cut_after_bytes) {
+                                                                  uint64_t cut_after_bytes,
+                                                                  int connections_to_throttle) {
   std::unique_ptr<CuttingProxy> proxy(new CuttingProxy());
   const size_t colon = target.url.rfind(':');
   if (colon == std::string::npos ||
@@ -238,6 +239,7 @@ absl::StatusOr<std::unique_ptr<CuttingProxy>> CuttingProxy::Start(const S3Endpoi
   }
   proxy->cut_after_bytes_ = cut_after_bytes;
   proxy->connections_to_cut_ = connections_to_cut;
+  proxy->connections_to_throttle_ = connections_to_throttle;
   proxy->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (proxy->listen_fd_ < 0) return absl::InternalError("socket");
   sockaddr_in address = {};
@@ -273,6 +275,11 @@ void CuttingProxy::Accept() {
     if (::poll(&ready, 1, 50) <= 0) continue;
     const int client = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (client < 0) continue;
+    if (connections_to_throttle_.fetch_sub(1) > 0) {
+      absl::MutexLock lock(&mu_);
+      pumps_.emplace_back([this, client] { Throttle(client); });
+      continue;
+    }
     const int upstream = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in address = {};
     address.sin_family = AF_INET;
@@ -288,6 +295,31 @@ void CuttingProxy::Accept() {
     absl::MutexLock lock(&mu_);
     pumps_.emplace_back([this, client, upstream, cut] { Pump(client, upstream, cut); });
   }
+}
+
+void CuttingProxy::Throttle(int client) {
+  // The request's head, up to its blank line (a GET has no body), then S3's throttling answer.
+  std::string request;
+  char buffer[4096];
+  while (!stopping_ && request.find("\r\n\r\n") == std::string::npos) {
+    pollfd ready = {client, POLLIN, 0};
+    if (::poll(&ready, 1, 50) <= 0) continue;
+    const ssize_t n = ::read(client, buffer, sizeof(buffer));
+    if (n <= 0) break;
+    request.append(buffer, n);
+  }
+  const std::string body =
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SlowDown</Code><Message>Please "
+      "reduce your request rate.</Message></Error>";
+  const std::string answer = absl::StrCat(
+      "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: ", body.size(),
+      "\r\nConnection: close\r\n\r\n", body);
+  if (::send(client, answer.data(), answer.size(), MSG_NOSIGNAL) ==
+      static_cast<ssize_t>(answer.size())) {
+    ++connections_throttled_;
+  }
+  ::shutdown(client, SHUT_RDWR);
+  ::close(client);
 }
 
 void CuttingProxy::Pump(int client, int upstream, bool cut) {

@@ -65,15 +65,18 @@ class S3Gateway {
   S3Credentials credentials_;
 };
 
-// A TCP proxy on 127.0.0.1 in front of a gateway that cuts answers short: each of the first
-// `connections_to_cut` connections it accepts is closed, both ways, once `cut_after_bytes` bytes
-// of answer have gone through it; later connections pass whole. What a flaky network or a
-// restarted load balancer does to a download. One thread per connection; stopped when this goes.
+// A TCP proxy on 127.0.0.1 in front of a gateway that throttles and cuts answers short: the first
+// `connections_to_throttle` connections it accepts are answered "503 SlowDown" (S3's throttling)
+// to their first request and closed; each of the next `connections_to_cut` is closed, both ways,
+// once `cut_after_bytes` bytes of answer have gone through it; later connections pass whole. What
+// a busy store, a flaky network or a restarted load balancer does to a download. One thread per
+// connection; stopped when this goes.
 class CuttingProxy {
  public:
   static absl::StatusOr<std::unique_ptr<CuttingProxy>> Start(const S3Endpoint& target,
                                                              int connections_to_cut,
-                                                             uint64_t cut_after_bytes);
+                                                             uint64_t cut_after_bytes,
+                                                             int connections_to_throttle = 0);
   ~CuttingProxy();
   CuttingProxy(const CuttingProxy&) = delete;
   CuttingProxy& operator=(const CuttingProxy&) = delete;
@@ -81,11 +84,13 @@ class CuttingProxy {
   // The gateway's endpoint, through this proxy.
   const S3Endpoint& endpoint() const { return endpoint_; }
   int connections_cut() const { return connections_cut_.load(); }
+  int connections_throttled() const { return connections_throttled_.load(); }
 
  private:
   CuttingProxy() = default;
   void Accept();
   void Pump(int client, int upstream, bool cut);
+  void Throttle(int client);
 
   S3Endpoint endpoint_;
   int target_port_ = 0;
@@ -93,6 +98,8 @@ class CuttingProxy {
   uint64_t cut_after_bytes_ = 0;
   std::atomic<int> connections_to_cut_{0};
   std::atomic<int> connections_cut_{0};
+  std::atomic<int> connections_to_throttle_{0};
+  std::atomic<int> connections_throttled_{0};
   std::atomic<bool> stopping_{false};
   std::thread acceptor_;
   absl::Mutex mu_;

@@ -1,7 +1,8 @@
 // The S3 client against a real gateway (Ceph's RADOS Gateway, deploy/s3-gateway.sh): sizes,
 // listings and byte ranges exact; missing objects, bad keys, changed objects and ranges past the
-// end refused as such; a stalled or stopped gateway retried, then UNAVAILABLE; answers cut short
-// by a proxy resumed to the exact bytes; a read in flight cancelled.
+// end refused as such; a stalled or stopped gateway retried, then UNAVAILABLE; throttling backed
+// off and retried; answers cut short by a proxy resumed to the exact bytes; a read in flight
+// cancelled.
 #include "remote/s3_client.h"
 
 #include <thread>
@@ -177,6 +178,38 @@ TEST_F(S3ClientTest, AnswersCutShortAreResumedToTheExactBytes) {
                                    reinterpret_cast<uint8_t*>(middle.data())),
               IsOk());
   EXPECT_TRUE(middle == bytes.substr(1000000, middle.size()));
+}
+
+TEST_F(S3ClientTest, ThrottlingIsBackedOffAndRetried) {
+  const std::string bytes = PatternBytes(1 << 20, 8);
+  ASSERT_THAT(gateway_->PutObject(kBucket, "r/x.bin", bytes), IsOk());
+  // Two answers of 503 SlowDown, then the gateway: within the client's three attempts.
+  absl::StatusOr<std::unique_ptr<testing::CuttingProxy>> proxy = testing::CuttingProxy::Start(
+      gateway_->endpoint(), /*connections_to_cut=*/0, 0, /*connections_to_throttle=*/2);
+  ASSERT_THAT(proxy, IsOk());
+  S3ClientOptions options = gateway_->ClientOptions();
+  options.endpoint = (*proxy)->endpoint();
+  absl::StatusOr<std::unique_ptr<S3Client>> client = S3Client::Create(options);
+  ASSERT_THAT(client, IsOk());
+  std::string read(bytes.size(), '\0');
+  ASSERT_THAT((*client)->ReadRange({kBucket, "r/x.bin"}, 0, bytes.size(),
+                                   reinterpret_cast<uint8_t*>(read.data())),
+              IsOk());
+  EXPECT_TRUE(read == bytes);
+  EXPECT_EQ((*proxy)->connections_throttled(), 2);
+  EXPECT_EQ((*client)->stats().retries, 2u);
+
+  // Throttled past its attempts: UNAVAILABLE, saying why.
+  absl::StatusOr<std::unique_ptr<testing::CuttingProxy>> busy =
+      testing::CuttingProxy::Start(gateway_->endpoint(), 0, 0, /*connections_to_throttle=*/1000);
+  ASSERT_THAT(busy, IsOk());
+  options.endpoint = (*busy)->endpoint();
+  client = S3Client::Create(options);
+  ASSERT_THAT(client, IsOk());
+  const absl::Status refused = (*client)->ReadRange({kBucket, "r/x.bin"}, 0, bytes.size(),
+                                                    reinterpret_cast<uint8_t*>(read.data()));
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(refused.message(), HasSubstr("SlowDown"));
 }
 
 TEST_F(S3ClientTest, CancelEndsAReadInFlightAtOnce) {

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/tierd_client.h"
+#include "codec/sample_weights.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_test_support.h"
@@ -246,6 +248,64 @@ TEST_F(RemoteModelTest, AHeaderLargerThanTheFirstReadAndManyFilesAreRegisteredWh
     EXPECT_THAT(FetchBytes(**session, absl::StrCat("wide/", many[i].name)),
                 IsOkAndHolds(many[i].data));
   }
+}
+
+TEST_F(RemoteModelTest, ShardsAreReadAsRangesAndCompressedWeightsDecodeExactly) {
+  // bf16 weights N(0, 0.02^2), as transformers initialises them: the compressor keeps them.
+  constexpr uint64_t kRows = 96;
+  constexpr uint64_t kCols = 2048;
+  std::vector<TensorSpec> tensors;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<uint16_t> words(kRows * kCols);
+    codec::FillNormalWeights(codec::WordLayout::kBf16, 0.02, 50 + i, words.data(), words.size());
+    std::string bytes(2 * words.size(), '\0');
+    std::memcpy(bytes.data(), words.data(), bytes.size());
+    tensors.push_back(TensorSpec{absl::StrCat("layers.", i, ".w"), "BF16", {kRows, kCols}, bytes});
+  }
+  Upload("bf16/model.safetensors", tensors);
+  StartDaemon(/*remote=*/true, 0, {"--compress-weights=true"});
+  ASSERT_THAT(
+      client_->RegisterModel("bf16", absl::StrCat("s3://", kBucket, "/bf16/"), v1::GROUPING_TENSOR),
+      IsOk());
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  // Rank 1 of 3 along each dimension: its rows are one range of the file, its columns a slice of
+  // every row.
+  for (uint32_t dim : {0u, 1u}) {
+    const std::string key = ShardKey("bf16/layers.0.w", dim, 1, 3);
+    auto lease = (*session)->Fetch(key);
+    ASSERT_THAT(lease, IsOk()) << key;
+    EXPECT_EQ(testing::LeaseBytes(**session, *lease), testing::TensorSplit(tensors[0], dim, 1, 3))
+        << key;
+  }
+  // Whole objects, read again after the compressor has had them: decoded to the same bytes.
+  for (const TensorSpec& tensor : tensors) {
+    EXPECT_THAT(FetchBytes(**session, absl::StrCat("bf16/", tensor.name)),
+                IsOkAndHolds(tensor.data));
+  }
+  // Each whole object held compressed once the compressor has been through it.
+  const auto compressed = [&] {
+    absl::StatusOr<std::vector<v1::ObjectInfo>> objects = client_->ListObjects("bf16");
+    if (!objects.ok() || objects->size() != tensors.size()) return false;
+    for (const v1::ObjectInfo& object : *objects) {
+      if (object.host_bytes() == 0 || object.host_bytes() >= object.size()) return false;
+    }
+    return true;
+  };
+  for (const absl::Time deadline = absl::Now() + kTimeout;
+       absl::Now() < deadline && !compressed();) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(compressed());
+  for (const TensorSpec& tensor : tensors) {
+    ASSERT_THAT(testing::EvictOnceFree(**session, absl::StrCat("bf16/", tensor.name), v1::TIER_GPU),
+                IsOk());
+  }
+  for (const TensorSpec& tensor : tensors) {
+    EXPECT_THAT(FetchBytes(**session, absl::StrCat("bf16/", tensor.name)),
+                IsOkAndHolds(tensor.data));
+  }
+  EXPECT_GT(Stats(0).objects_decoded(), 0u);
 }
 
 TEST_F(RemoteModelTest, AnObjectChangedSinceRegistrationIsRefused) {
