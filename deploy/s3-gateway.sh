@@ -9,7 +9,8 @@
 #   s3-gateway.sh restart-gateway DIR
 #
 # `start` makes DIR (which must not hold a running gateway), starts the cluster and the gateway,
-# creates an S3 user and writes DIR/s3.env (S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+# creates an S3 user and writes DIR/s3.env (S3_ENDPOINT; S3_TLS_ENDPOINT, its HTTPS twin, and
+# S3_CA_FILE, the self-signed certificate it presents; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
 # AWS_REGION) for the caller to source. The OSD keeps objects in memory: about 1.5x the bytes stored,
 # up to --memory-mib (default 1024), past which writes hang rather than fail, so size it to the
 # data. `stop` stops every daemon started in DIR and removes DIR; it is safe to call twice.
@@ -95,7 +96,7 @@ start() {
       *) usage ;;
     esac
   done
-  for tool in ceph-mon ceph-osd radosgw radosgw-admin ceph-authtool monmaptool ceph curl; do
+  for tool in ceph-mon ceph-osd radosgw radosgw-admin ceph-authtool monmaptool ceph curl openssl; do
     command -v "$tool" >/dev/null || {
       echo "s3-gateway: $tool is missing (deploy/install-deps.sh installs it)" >&2
       exit 1
@@ -106,12 +107,13 @@ start() {
     exit 1
   fi
   [[ -n $port ]] || port=$(free_port)
-  local mon_port fsid osd_uuid
+  local mon_port tls_port fsid osd_uuid
   mon_port=$(free_port)
+  tls_port=$(free_port)
   fsid=$(cat /proc/sys/kernel/random/uuid)
   osd_uuid=$(cat /proc/sys/kernel/random/uuid)
   dir=$(mkdir -p "$dir" && cd "$dir" && pwd)
-  mkdir -p "$dir"/{run,log,mon,osd/ceph-0,rgw}
+  mkdir -p "$dir"/{run,log,mon,osd/ceph-0,rgw,tls}
   chmod 700 "$dir"
   # Started from here on: stop whatever did start if the rest fails.
   trap 'stop "$dir"' ERR
@@ -151,11 +153,15 @@ osd_op_num_shards = 1
 osd_op_num_threads_per_shard = 2
 ms_async_op_threads = 2
 [client.rgw.gw]
-rgw_frontends = beast endpoint=127.0.0.1:$port tcp_nodelay=1
+rgw_frontends = beast endpoint=127.0.0.1:$port ssl_endpoint=127.0.0.1:$tls_port ssl_certificate=$dir/tls/cert.pem ssl_private_key=$dir/tls/key.pem tcp_nodelay=1
 rgw_data = $dir/rgw
 rgw_thread_pool_size = 32
 EOF
 
+  # HTTPS beside HTTP, with a certificate of its own for 127.0.0.1 (clients trust DIR/tls/cert.pem).
+  openssl req -x509 -newkey rsa:2048 -nodes -days 7 -subj /CN=127.0.0.1 \
+    -addext subjectAltName=IP:127.0.0.1 -keyout "$dir/tls/key.pem" -out "$dir/tls/cert.pem" \
+    2>/dev/null
   ceph-authtool --create-keyring "$dir/keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null
   ceph-authtool "$dir/keyring" --gen-key -n client.admin --cap mon 'allow *' --cap osd 'allow *' \
     --cap mgr 'allow *' >/dev/null
@@ -186,6 +192,8 @@ EOF
   umask 077
   cat >"$dir/s3.env" <<EOF
 S3_ENDPOINT=http://127.0.0.1:$port
+S3_TLS_ENDPOINT=https://127.0.0.1:$tls_port
+S3_CA_FILE=$dir/tls/cert.pem
 AWS_ACCESS_KEY_ID=$access_key
 AWS_SECRET_ACCESS_KEY=$secret_key
 AWS_REGION=us-east-1

@@ -348,7 +348,11 @@ absl::Status S3Client::RunWithRetries(Exchange& x, const std::string& what) {
       last_error = absl::StrCat("HTTP ", x.http, named);
     }
     if (!retriable) {
-      return absl::UnknownError(absl::StrCat(what, ": ", last_error));
+      // A transport failure no retry mends (an untrusted certificate, a bad URL) leaves the
+      // endpoint unusable as configured; an answer's own error says what it is.
+      return x.curl != CURLE_OK && x.curl != CURLE_WRITE_ERROR
+                 ? absl::UnavailableError(absl::StrCat(what, ": ", last_error, " (not retried)"))
+                 : absl::UnknownError(absl::StrCat(what, ": ", last_error));
     }
     attempts_without_progress = x.received > received_before ? 1 : attempts_without_progress + 1;
     if (attempts_without_progress >= options_.max_attempts) {

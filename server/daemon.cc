@@ -61,10 +61,12 @@ absl::StatusOr<std::optional<S3ClientOptions>> RemoteSourceOptions(const DaemonO
   client.credentials = *std::move(credentials);
   client.stall_timeout = options.s3_stall_timeout;
   client.max_attempts = options.s3_attempts;
+  client.ca_file = options.s3_ca_file;
   TIERD_LOG(INFO) << "remote models from " << *url << " (region " << client.endpoint.region << ", "
                   << (client.endpoint.path_style ? "path" : "virtual-hosted")
-                  << "-style, credentials " << client.credentials.Describe() << ", "
-                  << options.remote_streams << " streams)";
+                  << "-style, credentials " << client.credentials.Describe()
+                  << (client.ca_file.empty() ? "" : absl::StrCat(", CAs of ", client.ca_file))
+                  << ", " << options.remote_streams << " streams)";
   return std::optional<S3ClientOptions>(std::move(client));
 }
 

@@ -99,6 +99,8 @@ struct DaemonOptions {
   bool s3_path_style = true;
   std::string s3_credentials_file;
   std::string s3_profile;
+  // --s3-ca-file: the certificates an https:// endpoint is checked against; empty: the system's.
+  std::string s3_ca_file;
   // --remote-streams: ranged GETs in flight at once; --remote-part-mib: the most one asks for.
   int remote_streams = 16;
   uint64_t remote_part_bytes = 8ull << 20;

@@ -2,6 +2,7 @@
 // DaemonOptions, tells systemd when it serves, runs until SIGTERM or SIGINT, then drains and exits
 // within a bound.
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -114,6 +115,9 @@ ABSL_FLAG(std::string, s3_credentials_file, "",
           "A credentials file (the AWS shared format) readable by tierd's user only; empty: the "
           "environment, then ~/.aws/credentials and ~/.aws/config");
 ABSL_FLAG(std::string, s3_profile, "", "The credentials profile; empty: AWS_PROFILE, else default");
+ABSL_FLAG(std::string, s3_ca_file, "",
+          "PEM certificates an https:// --s3-endpoint is verified against (a private CA); empty: "
+          "the system's CA store");
 ABSL_FLAG(int, remote_streams, 16, "Ranged GETs from the S3 endpoint in flight at once");
 ABSL_FLAG(int, remote_part_mib, 8, "The most one ranged GET asks for, in MiB");
 ABSL_FLAG(int, remote_host_streams, 128,
@@ -296,6 +300,11 @@ int Run() {
   options.s3_path_style = addressing == "path";
   options.s3_credentials_file = absl::GetFlag(FLAGS_s3_credentials_file);
   options.s3_profile = absl::GetFlag(FLAGS_s3_profile);
+  options.s3_ca_file = absl::GetFlag(FLAGS_s3_ca_file);
+  if (!options.s3_ca_file.empty() && ::access(options.s3_ca_file.c_str(), R_OK) != 0) {
+    std::fprintf(stderr, "tierd: --s3-ca-file %s cannot be read\n", options.s3_ca_file.c_str());
+    return kExitBadUsage;
+  }
   options.remote_streams = absl::GetFlag(FLAGS_remote_streams);
   const int part_mib = absl::GetFlag(FLAGS_remote_part_mib);
   if (options.remote_streams < 1 || options.remote_streams > 1024 || part_mib < 1 ||

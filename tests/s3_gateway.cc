@@ -91,9 +91,13 @@ absl::StatusOr<std::unique_ptr<S3Gateway>> S3Gateway::Start(int memory_mib) {
     if (kv.first == "AWS_ACCESS_KEY_ID") gateway->credentials_.access_key_id = kv.second;
     if (kv.first == "AWS_SECRET_ACCESS_KEY") gateway->credentials_.secret_access_key = kv.second;
     if (kv.first == "AWS_REGION") gateway->endpoint_.region = kv.second;
+    if (kv.first == "S3_TLS_ENDPOINT") gateway->tls_endpoint_.url = kv.second;
+    if (kv.first == "S3_CA_FILE") gateway->ca_file_ = kv.second;
   }
   gateway->credentials_.source = "the test gateway's user";
   gateway->endpoint_.path_style = true;
+  gateway->tls_endpoint_.region = gateway->endpoint_.region;
+  gateway->tls_endpoint_.path_style = true;
   return gateway;
 }
 

@@ -32,6 +32,9 @@ class S3Gateway {
 
   // Its endpoint, path-style, and the keys of its S3 user.
   const S3Endpoint& endpoint() const { return endpoint_; }
+  // The same gateway over HTTPS, and the self-signed certificate it presents there (a CA file).
+  const S3Endpoint& tls_endpoint() const { return tls_endpoint_; }
+  const std::string& ca_file() const { return ca_file_; }
   const S3Credentials& credentials() const { return credentials_; }
   // Client options for this gateway, with short timeouts and backoffs a test can wait out.
   S3ClientOptions ClientOptions() const;
@@ -62,6 +65,8 @@ class S3Gateway {
   std::string cluster_dir_;
   std::string env_file_;
   S3Endpoint endpoint_;
+  S3Endpoint tls_endpoint_;
+  std::string ca_file_;
   S3Credentials credentials_;
 };
 

@@ -212,6 +212,30 @@ TEST_F(S3ClientTest, ThrottlingIsBackedOffAndRetried) {
   EXPECT_THAT(refused.message(), HasSubstr("SlowDown"));
 }
 
+TEST_F(S3ClientTest, HttpsIsVerifiedAgainstTheCaStoreOrTheGivenCa) {
+  const std::string bytes = PatternBytes(100000, 9);
+  ASSERT_THAT(gateway_->PutObject(kBucket, "h/x.bin", bytes), IsOk());
+  S3ClientOptions options = gateway_->ClientOptions();
+  options.endpoint = gateway_->tls_endpoint();
+  options.ca_file = gateway_->ca_file();
+  absl::StatusOr<std::unique_ptr<S3Client>> trusting = S3Client::Create(options);
+  ASSERT_THAT(trusting, IsOk());
+  std::string read(bytes.size(), '\0');
+  ASSERT_THAT((*trusting)->ReadRange({kBucket, "h/x.bin"}, 0, bytes.size(),
+                                     reinterpret_cast<uint8_t*>(read.data())),
+              IsOk());
+  EXPECT_TRUE(read == bytes);
+
+  // The system's store does not know the gateway's certificate: refused at once, not retried.
+  options.ca_file.clear();
+  absl::StatusOr<std::unique_ptr<S3Client>> system_store = S3Client::Create(options);
+  ASSERT_THAT(system_store, IsOk());
+  absl::StatusOr<S3ObjectHead> refused = (*system_store)->Head({kBucket, "h/x.bin"});
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(refused.status().message(), HasSubstr("certificate"));
+  EXPECT_EQ((*system_store)->stats().retries, 0u);
+}
+
 TEST_F(S3ClientTest, CancelEndsAReadInFlightAtOnce) {
   ASSERT_THAT(gateway_->PutObject(kBucket, "k/x.bin", PatternBytes(4096, 6)), IsOk());
   S3ClientOptions options = gateway_->ClientOptions();

@@ -8,12 +8,14 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/tierd_client.h"
@@ -73,7 +75,7 @@ class RemoteModelTest : public ::testing::Test {
   std::string cache_dir() const { return absl::StrCat(dir_.path(), "/remote-cache"); }
 
   // Starts daemon `i` (its log appended to log_path()) with `extra` flags; with `remote`, reading
-  // the gateway.
+  // the gateway (over HTTP unless `extra` gives another --s3-endpoint).
   void StartDaemon(bool remote = true, int i = 0, const std::vector<std::string>& extra = {}) {
     std::vector<std::string> args = {
         SiblingBinary("tierd"),
@@ -85,9 +87,14 @@ class RemoteModelTest : public ::testing::Test {
         "--gpu-slab-bytes=2MiB",
         absl::StrCat("--model-roots=s3://", kBucket, "/")};
     if (remote) {
+      // The gateway's HTTP endpoint, unless `extra` names one.
+      if (std::none_of(extra.begin(), extra.end(), [](const std::string& flag) {
+            return absl::StartsWith(flag, "--s3-endpoint=");
+          })) {
+        args.push_back(absl::StrCat("--s3-endpoint=", gateway_->endpoint().url));
+      }
       args.insert(args.end(),
-                  {absl::StrCat("--s3-endpoint=", gateway_->endpoint().url),
-                   absl::StrCat("--s3-credentials-file=", credentials_file_), "--remote-streams=4",
+                  {absl::StrCat("--s3-credentials-file=", credentials_file_), "--remote-streams=4",
                    "--remote-part-mib=1", "--s3-stall-timeout-ms=1000", "--s3-attempts=2"});
     }
     args.insert(args.end(), extra.begin(), extra.end());
@@ -487,6 +494,27 @@ TEST_F(RemoteModelTest, AGatewayStoppedMidLoadIsUnavailableNothingWrongIsServedA
                 IsOkAndHolds(tensor.data))
         << tensor.name;
   }
+}
+
+TEST_F(RemoteModelTest, AnHttpsEndpointIsVerifiedAgainstTheSystemsCasOrTheGivenOnes) {
+  const std::vector<TensorSpec> tensors = {testing::RandomTensor("w", "F32", {2048}, 70)};
+  Upload("tls/model.safetensors", tensors);
+  const std::string https = absl::StrCat("--s3-endpoint=", gateway_->tls_endpoint().url);
+  StartDaemon(/*remote=*/true, 0, {https, absl::StrCat("--s3-ca-file=", gateway_->ca_file())});
+  ASSERT_THAT(
+      client_->RegisterModel("tls", absl::StrCat("s3://", kBucket, "/tls/"), v1::GROUPING_TENSOR),
+      IsOk());
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  EXPECT_THAT(FetchBytes(**session, "tls/w"), IsOkAndHolds(tensors[0].data));
+  session->reset();
+  StopDaemon(0);
+  // The system's store does not know the gateway's self-signed certificate.
+  StartDaemon(/*remote=*/true, 1, {https});
+  absl::StatusOr<v1::ModelSummary> refused = clients_[1]->RegisterModel(
+      "tls", absl::StrCat("s3://", kBucket, "/tls/"), v1::GROUPING_TENSOR);
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(refused.status().message(), HasSubstr("certificate"));
 }
 
 TEST_F(RemoteModelTest, ADaemonWithoutAnEndpointOrCredentialsSaysSo) {
