@@ -425,6 +425,9 @@ TEST_F(DaemonProcessTest, UsageErrorsExitWithStatus2NamingTheFlag) {
       {{"--flagfile=/dev/null"}, "--flagfile is not one of this program's flags"},
       {{"--nodirect-io=true"}, "--nodirect-io takes no value"},
       {{"--state-dir"}, "--state-dir needs a value"},
+      {{"--remote-cache-dir=/tmp/x"}, "--remote-cache-dir caches models from --s3-endpoint"},
+      {{"--remote-host-streams=-1"}, "--remote-host-streams must be 0 to 65536"},
+      {{"--s3-ca-file=/no/such/ca.pem"}, "--s3-ca-file /no/such/ca.pem cannot be read"},
   };
   for (const Case& bad : tierd_cases) {
     std::vector<std::string> argv = {
