@@ -23,9 +23,12 @@ usage() {
   exit 2
 }
 
-# A free TCP port on 127.0.0.1, as the kernel hands one out.
+# A free TCP port on 127.0.0.1, as the kernel hands one out (Debian's python3 where there is one:
+# a version manager's shim costs a second).
 free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  local python=python3
+  [[ -x /usr/bin/python3 ]] && python=/usr/bin/python3
+  "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
 stop() {
@@ -36,13 +39,13 @@ stop() {
     pidfile=$dir/run/$name.daemon-pid
     [[ -f $pidfile ]] && pids+=("$(cat "$pidfile")")
   done
+  # Killed outright: the store is in memory and goes with the directory, so there is nothing to
+  # shut down cleanly (SIGTERM took the three daemons 6 s).
   for pid in "${pids[@]}"; do
-    kill -CONT "$pid" 2>/dev/null || true  # a test may have stopped it with SIGSTOP
-    kill "$pid" 2>/dev/null || true
+    kill -KILL "$pid" 2>/dev/null || true
   done
   for pid in "${pids[@]}"; do
-    for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
   done
   rm -rf "$dir"
 }

@@ -114,7 +114,7 @@ S3ClientOptions S3Gateway::ClientOptions() const {
   options.endpoint = endpoint_;
   options.credentials = credentials_;
   options.connect_timeout = absl::Seconds(2);
-  options.stall_timeout = absl::Seconds(2);
+  options.stall_timeout = absl::Seconds(1);
   options.max_attempts = 3;
   options.initial_backoff = absl::Milliseconds(20);
   options.max_backoff = absl::Milliseconds(200);

@@ -119,6 +119,16 @@ absl::StatusOr<RunResult> RunProgram(const std::vector<std::string>& argv, absl:
 absl::StatusOr<RunResult> RunProgramWithStderr(const std::vector<std::string>& argv,
                                                absl::Duration timeout,
                                                uint64_t address_space_bytes = 0);
+// The bound to give RunProgramWithStderr for a program expected to refuse to start: `bytes`, or
+// none under the sanitizers, whose shadow memory is reserved as terabytes of address space.
+constexpr uint64_t AddressSpaceForRefusal(uint64_t bytes) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  static_cast<void>(bytes);
+  return 0;
+#else
+  return bytes;
+#endif
+}
 
 // Deterministic pseudo-random bytes for `seed` (splitmix64), for filling and checking buffers.
 void FillPattern(void* data, size_t bytes, uint64_t seed);

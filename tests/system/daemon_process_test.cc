@@ -41,12 +41,7 @@ constexpr absl::Duration kTimeout = absl::Seconds(30);
 // A program refusing its flags exits at once; one that does not is killed after this.
 constexpr absl::Duration kUsageTimeout = absl::Seconds(10);
 // The address space a daemon expected to refuse its flags gets, should it start after all.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-// No bound under the sanitizers: their shadow memory is reserved as terabytes of address space.
-constexpr uint64_t kAddressSpaceBound = 0;
-#else
-constexpr uint64_t kAddressSpaceBound = 4ull << 30;
-#endif
+constexpr uint64_t kAddressSpaceBound = testing::AddressSpaceForRefusal(4ull << 30);
 
 class DaemonProcessTest : public ::testing::Test {
  protected:

@@ -123,11 +123,7 @@ TEST_F(OperationsTest, ConfigFileSetsFlagsAndTheCommandLineWins) {
 }
 
 // The address space a daemon reading a configuration it must refuse gets, should it read on.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr uint64_t kConfigAddressSpace = 0;  // their shadow memory is terabytes of address space
-#else
-constexpr uint64_t kConfigAddressSpace = 1ull << 30;
-#endif
+constexpr uint64_t kConfigAddressSpace = testing::AddressSpaceForRefusal(1ull << 30);
 
 TEST_F(OperationsTest, BadConfigFilesAreRefusedNamingFileLineAndKey) {
   struct Case {
