@@ -1,7 +1,7 @@
 // A real S3 endpoint for a test: Ceph's RADOS Gateway on 127.0.0.1, started by
 // deploy/s3-gateway.sh in a directory of its own and stopped when this goes; and what a test does
-// to it besides reading (making buckets, uploading objects, pausing the gateway's process), and a
-// proxy that cuts its answers short.
+// to it besides reading (making buckets, uploading objects, pausing, killing and restarting the
+// gateway's process), and a proxy that throttles it and cuts its answers short.
 #ifndef TIERD_TESTS_S3_GATEWAY_H_
 #define TIERD_TESTS_S3_GATEWAY_H_
 
