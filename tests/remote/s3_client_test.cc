@@ -48,11 +48,24 @@ class S3ClientTest : public ::testing::Test {
 
   absl::StatusOr<std::string> Read(const std::string& key, uint64_t offset, uint64_t length,
                                    const std::string& if_match = "") {
+    return ReadFrom(*client_, key, offset, length, if_match);
+  }
+  static absl::StatusOr<std::string> ReadFrom(S3Client& client, const std::string& key,
+                                              uint64_t offset, uint64_t length,
+                                              const std::string& if_match = "") {
     std::string bytes(length, '\0');
-    absl::Status status = client_->ReadRange({kBucket, key}, offset, length,
-                                             reinterpret_cast<uint8_t*>(bytes.data()), if_match);
+    absl::Status status = client.ReadRange({kBucket, key}, offset, length,
+                                           reinterpret_cast<uint8_t*>(bytes.data()), if_match);
     if (!status.ok()) return status;
     return bytes;
+  }
+  // A client with the gateway's options but `endpoint` (a proxy's, the HTTPS one) and `ca_file`.
+  static absl::StatusOr<std::unique_ptr<S3Client>> ClientAt(const S3Endpoint& endpoint,
+                                                            const std::string& ca_file = "") {
+    S3ClientOptions options = gateway_->ClientOptions();
+    options.endpoint = endpoint;
+    options.ca_file = ca_file;
+    return S3Client::Create(options);
   }
 
   static S3Gateway* gateway_;
@@ -162,22 +175,16 @@ TEST_F(S3ClientTest, AnswersCutShortAreResumedToTheExactBytes) {
   absl::StatusOr<std::unique_ptr<testing::CuttingProxy>> proxy =
       testing::CuttingProxy::Start(gateway_->endpoint(), /*connections_to_cut=*/1000, 256 << 10);
   ASSERT_THAT(proxy, IsOk());
-  S3ClientOptions options = gateway_->ClientOptions();
-  options.endpoint = (*proxy)->endpoint();
-  absl::StatusOr<std::unique_ptr<S3Client>> client = S3Client::Create(options);
+  absl::StatusOr<std::unique_ptr<S3Client>> client = ClientAt((*proxy)->endpoint());
   ASSERT_THAT(client, IsOk());
-  std::string read(bytes.size(), '\0');
-  ASSERT_THAT((*client)->ReadRange({kBucket, "t/x.bin"}, 0, bytes.size(),
-                                   reinterpret_cast<uint8_t*>(read.data())),
-              IsOk());
-  EXPECT_TRUE(read == bytes);
+  absl::StatusOr<std::string> read = ReadFrom(**client, "t/x.bin", 0, bytes.size());
+  ASSERT_THAT(read, IsOk());
+  EXPECT_TRUE(*read == bytes);
   EXPECT_GE((*proxy)->connections_cut(), 11);
   EXPECT_GE((*client)->stats().retries, 11u);
-  std::string middle(1 << 20, '\0');
-  ASSERT_THAT((*client)->ReadRange({kBucket, "t/x.bin"}, 1000000, middle.size(),
-                                   reinterpret_cast<uint8_t*>(middle.data())),
-              IsOk());
-  EXPECT_TRUE(middle == bytes.substr(1000000, middle.size()));
+  read = ReadFrom(**client, "t/x.bin", 1000000, 1 << 20);
+  ASSERT_THAT(read, IsOk());
+  EXPECT_TRUE(*read == bytes.substr(1000000, 1 << 20));
 }
 
 TEST_F(S3ClientTest, ThrottlingIsBackedOffAndRetried) {
@@ -187,15 +194,11 @@ TEST_F(S3ClientTest, ThrottlingIsBackedOffAndRetried) {
   absl::StatusOr<std::unique_ptr<testing::CuttingProxy>> proxy = testing::CuttingProxy::Start(
       gateway_->endpoint(), /*connections_to_cut=*/0, 0, /*connections_to_throttle=*/2);
   ASSERT_THAT(proxy, IsOk());
-  S3ClientOptions options = gateway_->ClientOptions();
-  options.endpoint = (*proxy)->endpoint();
-  absl::StatusOr<std::unique_ptr<S3Client>> client = S3Client::Create(options);
+  absl::StatusOr<std::unique_ptr<S3Client>> client = ClientAt((*proxy)->endpoint());
   ASSERT_THAT(client, IsOk());
-  std::string read(bytes.size(), '\0');
-  ASSERT_THAT((*client)->ReadRange({kBucket, "r/x.bin"}, 0, bytes.size(),
-                                   reinterpret_cast<uint8_t*>(read.data())),
-              IsOk());
-  EXPECT_TRUE(read == bytes);
+  absl::StatusOr<std::string> read = ReadFrom(**client, "r/x.bin", 0, bytes.size());
+  ASSERT_THAT(read, IsOk());
+  EXPECT_TRUE(*read == bytes);
   EXPECT_EQ((*proxy)->connections_throttled(), 2);
   EXPECT_EQ((*client)->stats().retries, 2u);
 
@@ -203,32 +206,25 @@ TEST_F(S3ClientTest, ThrottlingIsBackedOffAndRetried) {
   absl::StatusOr<std::unique_ptr<testing::CuttingProxy>> busy =
       testing::CuttingProxy::Start(gateway_->endpoint(), 0, 0, /*connections_to_throttle=*/1000);
   ASSERT_THAT(busy, IsOk());
-  options.endpoint = (*busy)->endpoint();
-  client = S3Client::Create(options);
+  client = ClientAt((*busy)->endpoint());
   ASSERT_THAT(client, IsOk());
-  const absl::Status refused = (*client)->ReadRange({kBucket, "r/x.bin"}, 0, bytes.size(),
-                                                    reinterpret_cast<uint8_t*>(read.data()));
-  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kUnavailable));
-  EXPECT_THAT(refused.message(), HasSubstr("SlowDown"));
+  read = ReadFrom(**client, "r/x.bin", 0, bytes.size());
+  EXPECT_THAT(read, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(read.status().message(), HasSubstr("SlowDown"));
 }
 
 TEST_F(S3ClientTest, HttpsIsVerifiedAgainstTheCaStoreOrTheGivenCa) {
   const std::string bytes = PatternBytes(100000, 9);
   ASSERT_THAT(gateway_->PutObject(kBucket, "h/x.bin", bytes), IsOk());
-  S3ClientOptions options = gateway_->ClientOptions();
-  options.endpoint = gateway_->tls_endpoint();
-  options.ca_file = gateway_->ca_file();
-  absl::StatusOr<std::unique_ptr<S3Client>> trusting = S3Client::Create(options);
+  absl::StatusOr<std::unique_ptr<S3Client>> trusting =
+      ClientAt(gateway_->tls_endpoint(), gateway_->ca_file());
   ASSERT_THAT(trusting, IsOk());
-  std::string read(bytes.size(), '\0');
-  ASSERT_THAT((*trusting)->ReadRange({kBucket, "h/x.bin"}, 0, bytes.size(),
-                                     reinterpret_cast<uint8_t*>(read.data())),
-              IsOk());
-  EXPECT_TRUE(read == bytes);
+  absl::StatusOr<std::string> read = ReadFrom(**trusting, "h/x.bin", 0, bytes.size());
+  ASSERT_THAT(read, IsOk());
+  EXPECT_TRUE(*read == bytes);
 
   // The system's store does not know the gateway's certificate: refused at once, not retried.
-  options.ca_file.clear();
-  absl::StatusOr<std::unique_ptr<S3Client>> system_store = S3Client::Create(options);
+  absl::StatusOr<std::unique_ptr<S3Client>> system_store = ClientAt(gateway_->tls_endpoint());
   ASSERT_THAT(system_store, IsOk());
   absl::StatusOr<S3ObjectHead> refused = (*system_store)->Head({kBucket, "h/x.bin"});
   EXPECT_THAT(refused, StatusIs(absl::StatusCode::kUnavailable));
