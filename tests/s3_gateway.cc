@@ -71,7 +71,8 @@ struct Upload {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<S3Gateway>> S3Gateway::Start(int memory_mib) {
+absl::StatusOr<std::unique_ptr<S3Gateway>> S3Gateway::Start(const std::vector<std::string>& buckets,
+                                                            int memory_mib) {
   std::unique_ptr<S3Gateway> gateway(new S3Gateway());
   gateway->cluster_dir_ = absl::StrCat(gateway->dir_.path(), "/cluster");
   absl::StatusOr<RunResult> started =
@@ -98,6 +99,10 @@ absl::StatusOr<std::unique_ptr<S3Gateway>> S3Gateway::Start(int memory_mib) {
   gateway->endpoint_.path_style = true;
   gateway->tls_endpoint_.region = gateway->endpoint_.region;
   gateway->tls_endpoint_.path_style = true;
+  for (const std::string& bucket : buckets) {
+    absl::Status made = gateway->CreateBucket(bucket);
+    if (!made.ok()) return made;
+  }
   return gateway;
 }
 

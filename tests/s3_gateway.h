@@ -24,8 +24,9 @@ namespace tierd::testing {
 class S3Gateway {
  public:
   // Starts a gateway whose store holds up to `memory_mib` MiB in memory (keep the data it is
-  // given under two thirds of that).
-  static absl::StatusOr<std::unique_ptr<S3Gateway>> Start(int memory_mib = 512);
+  // given under two thirds of that), with `buckets` made.
+  static absl::StatusOr<std::unique_ptr<S3Gateway>> Start(
+      const std::vector<std::string>& buckets = {}, int memory_mib = 512);
   ~S3Gateway();
   S3Gateway(const S3Gateway&) = delete;
   S3Gateway& operator=(const S3Gateway&) = delete;

@@ -30,10 +30,9 @@ constexpr char kBucket[] = "tierd-client-test";
 class S3ClientTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<S3Gateway>> gateway = S3Gateway::Start();
+    absl::StatusOr<std::unique_ptr<S3Gateway>> gateway = S3Gateway::Start({kBucket});
     ASSERT_THAT(gateway, IsOk());
     gateway_ = gateway->release();
-    ASSERT_THAT(gateway_->CreateBucket(kBucket), IsOk());
   }
   static void TearDownTestSuite() {
     delete gateway_;

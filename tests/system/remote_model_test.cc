@@ -47,11 +47,9 @@ constexpr char kBucket[] = "models";
 class RemoteModelTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<S3Gateway>> gateway = S3Gateway::Start();
+    absl::StatusOr<std::unique_ptr<S3Gateway>> gateway = S3Gateway::Start({kBucket, "elsewhere"});
     ASSERT_THAT(gateway, IsOk());
     gateway_ = gateway->release();
-    ASSERT_THAT(gateway_->CreateBucket(kBucket), IsOk());
-    ASSERT_THAT(gateway_->CreateBucket("elsewhere"), IsOk());
   }
   static void TearDownTestSuite() {
     delete gateway_;
