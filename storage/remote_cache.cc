@@ -189,8 +189,8 @@ RemoteCache::RemoteCache(const std::string& directory, uint64_t budget_bytes, ui
       chunk_bytes_(chunk_bytes),
       lock_path_(absl::StrCat(directory, "/lock")) {}
 
-std::string RemoteCache::ChunkPath(const RemoteChunkKey& file, uint64_t index) const {
-  const std::string hash = absl::StrFormat("%016x", KeyHash(file));
+std::string RemoteCache::ChunkPath(uint64_t key_hash, uint64_t index) const {
+  const std::string hash = absl::StrFormat("%016x", key_hash);
   return absl::StrCat(directory_, "/chunks/", hash.substr(0, 2), "/", hash, "-", index);
 }
 
@@ -204,7 +204,8 @@ absl::StatusOr<uint64_t> RemoteCache::Read(const RemoteChunkKey& file, uint64_t 
     return absl::InvalidArgumentError(absl::StrCat("bytes ", offset, "+", length, " of ", file.url,
                                                    " are not inside one cache chunk of it"));
   }
-  const std::string path = ChunkPath(file, index);
+  const uint64_t key_hash = KeyHash(file);
+  const std::string path = ChunkPath(key_hash, index);
   // A range that is the whole chunk is read straight into its destination; any other goes
   // through a buffer of this thread's, kept for its next read.
   uint8_t* chunk = destination;
@@ -230,7 +231,7 @@ absl::StatusOr<uint64_t> RemoteCache::Read(const RemoteChunkKey& file, uint64_t 
   bool over_budget = false;
   {
     absl::StatusOr<SlotLock> lock =
-        SlotLock::Take(lock_path_, static_cast<off_t>((KeyHash(file) ^ index) % kLockSlots));
+        SlotLock::Take(lock_path_, static_cast<off_t>((key_hash ^ index) % kLockSlots));
     if (!lock.ok()) {  // the cache's trouble, not the read's: fetch the range alone
       TIERD_LOG(WARNING) << "remote cache: fetching past it: " << lock.status();
       RETURN_IF_ERROR(fetch(offset, length, destination));

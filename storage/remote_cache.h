@@ -105,7 +105,8 @@ class RemoteCache {
   // Writes a chunk under a temporary name and renames it into place; false when it could not.
   bool WriteChunk(const std::string& path, const RemoteChunkKey& file, uint64_t chunk_offset,
                   const uint8_t* chunk, uint64_t chunk_length);
-  std::string ChunkPath(const RemoteChunkKey& file, uint64_t index) const;
+  // The file of chunk `index` of the file whose key hashes to `key_hash`.
+  std::string ChunkPath(uint64_t key_hash, uint64_t index) const;
   // Removes the least recently used chunks until the directory holds 90% of the budget.
   void EvictDownToBudget() ABSL_LOCKS_EXCLUDED(mu_, evict_mu_);
   // Counts the chunks (and removes dead writers' temporary files); with `evict_to`, removes the
