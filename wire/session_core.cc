@@ -61,6 +61,12 @@ std::shared_ptr<SessionCore> SessionCore::Start(std::unique_ptr<SessionTransport
 }
 
 SessionCore::~SessionCore() {
+  Close();
+  transport_.reset();
+}
+
+void SessionCore::Close() {
+  if (!reader_.joinable()) return;  // closed already
   {
     absl::MutexLock lock(&write_mu_);
     transport_->CloseWrites();
@@ -76,7 +82,6 @@ SessionCore::~SessionCore() {
   // A daemon that hangs never ends it: cut, so that the reader comes back.
   if (!ended) transport_->Abort();
   reader_.join();
-  transport_.reset();
 }
 
 bool SessionCore::ReaderThreadWantedLocked() const {
@@ -362,9 +367,7 @@ absl::StatusOr<const SharedMemory*> SessionCore::host_buffer(uint32_t id) {
   return handles_->host_buffer(id);
 }
 
-absl::StatusOr<PeerArena*> SessionCore::host_arena(uint32_t id) {
-  return handles_->host_arena(id);
-}
+absl::StatusOr<PeerArena*> SessionCore::host_arena(uint32_t id) { return handles_->host_arena(id); }
 
 absl::Status SessionCore::Opened(const v1::SessionResponse& open_answer) {
   if (open_answer.opened().protocol() != SessionProtocolVersion()) {

@@ -58,10 +58,17 @@ class SessionCore {
 
   // Starts the reader thread on `transport`. The caller sends the session's `open` request first.
   static std::shared_ptr<SessionCore> Start(std::unique_ptr<SessionTransport> transport);
-  // Ends the stream (the daemon releases what the session holds) and joins the reader.
+  // Close(), unless it was called.
   ~SessionCore();
   SessionCore(const SessionCore&) = delete;
   SessionCore& operator=(const SessionCore&) = delete;
+
+  // Ends the stream (the daemon releases what the session holds) and joins the reader, on this
+  // thread: an owner calls it where the last reference may be dropped on the reader thread (by a
+  // handler of an answer), which cannot join itself. Every call fails afterwards; a second Close
+  // does nothing. REQUIRES: not on the reader thread (from a `done`), not concurrently with
+  // another Close.
+  void Close() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Sends `request` (its request_id is assigned here) and waits for its response; a response with
   // an error code becomes that error. UNAVAILABLE once the stream has ended.

@@ -157,23 +157,25 @@ PeerDaemons::PeerDaemons(Device& device, PeerDaemonsOptions options)
 }
 
 PeerDaemons::~PeerDaemons() {
-  // The timer, then the workers, whose jobs use the sessions: no search is under way (the tiers
-  // are gone), but a timeout or a give-back may be.
-  timer_.reset();
+  // No search is under way (the tiers are gone), but the thread that asked a peer may still be
+  // setting the search's timeout, the answer having come first: the workers, then the timer, whose
+  // timeouts left find their searches answered.
   for (auto& peer : peers_) peer->worker.reset();
+  timer_.reset();
   for (auto& peer : peers_) {
-    std::shared_ptr<SessionCore> core;
-    std::vector<std::shared_ptr<SessionCore>> retired;
+    std::vector<std::shared_ptr<SessionCore>> sessions;
     {
       absl::MutexLock lock(&peer->mu);
-      core = std::move(peer->core);
-      retired.swap(peer->retired);
+      sessions.swap(peer->retired);
+      sessions.push_back(std::move(peer->core));
       absl::MutexLock arena_lock(&peer->arena_mu);
-      peer->arena_session.reset();
+      sessions.push_back(std::move(peer->arena_session));
     }
-    // Destroyed here, on this thread: each ends its session and joins its reader.
-    core.reset();
-    retired.clear();
+    // Each ends and joins its reader here, on this thread: a handler of a late answer may hold one
+    // a moment longer, and drop it last on that reader.
+    for (const std::shared_ptr<SessionCore>& session : sessions) {
+      if (session != nullptr) session->Close();
+    }
   }
 }
 

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "client/tierd_client.h"
 #include "common/status_macros.h"
 #include "device/device_factory.h"
@@ -25,6 +26,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/daemon.h"
+#include "server/node/peer_daemons.h"
 #include "tests/daemon_test_support.h"
 #include "tests/test_support.h"
 #include "wire/session_socket.h"
@@ -216,6 +218,45 @@ TEST_P(PeerHandoffTest, AKeyNoDaemonHasIsNotFoundWithoutLooping) {
   }
   EXPECT_EQ(Stats(0).peer_fetches(), 0u);
   EXPECT_EQ(Stats(1).peer_fetches(), 0u);
+}
+
+// A daemon's peers go with its GPU tiers, as soon as the last search has been answered. The answer
+// may come before the thread that asked has set its timeout (a peer that answers at once): the
+// peers' teardown must wait for that thread before the timer goes. (It took the timer away first:
+// a use of freed memory, which TSan saw in a daemon's shutdown. Several threads here make the
+// asking thread lose its CPU between the two more often.)
+TEST_P(PeerHandoffTest, PeersMayGoTheMomentTheirLastSearchIsAnswered) {
+  auto device = CreateDevice(testing::DeviceUnderTest());
+  ASSERT_THAT(device, IsOk());
+  auto path = ParsePeerCopyPath(GetParam());
+  ASSERT_THAT(path, IsOk());
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 25;
+  std::atomic<int> answered_not_found{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < kRounds; ++round) {
+        PeerDaemonsOptions options;
+        options.sockets = {socket_path(0)};
+        options.own_socket = absl::StrCat(dir_.path(), "/this-process-", t, ".sock");
+        options.path = *path;
+        auto peers = PeerDaemons::Create(**device, std::move(options));
+        ASSERT_THAT(peers, IsOk());
+        absl::Notification answered;
+        absl::Status status;
+        (*peers)->Fetch("act/nobody-has-this", [&](absl::StatusOr<PeerCopy> copy) {
+          status = copy.status();
+          answered.Notify();
+        });
+        ASSERT_TRUE(answered.WaitForNotificationWithTimeout(kTimeout));
+        if (absl::IsNotFound(status)) ++answered_not_found;
+        peers->reset();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(answered_not_found.load(), kThreads * kRounds);
 }
 
 TEST_P(PeerHandoffTest, APeerThatRestartsIsReconnected) {
