@@ -121,6 +121,61 @@ absl::StatusOr<uint64_t> ChunkBytesOf(const std::string& directory, uint64_t wan
   return chunk_bytes;
 }
 
+// What a sweep of a cache directory leaves.
+struct SweepResult {
+  uint64_t left = 0;     // bytes of the chunks left
+  uint64_t evicted = 0;  // chunks removed
+};
+
+// Counts the chunks under `directory` (and removes the temporary files of writers that died);
+// removes the least recently used until at most `evict_to` bytes are left.
+SweepResult SweepChunks(const std::string& directory, uint64_t evict_to) {
+  struct Chunk {
+    struct timespec used;
+    uint64_t bytes;
+    std::string path;
+  };
+  std::vector<Chunk> chunks;
+  uint64_t total = 0;
+  const std::string root = absl::StrCat(directory, "/chunks");
+  DIR* top = ::opendir(root.c_str());
+  if (top == nullptr) return {};
+  while (const dirent* bucket = ::readdir(top)) {
+    if (bucket->d_name[0] == '.') continue;
+    const std::string bucket_path = absl::StrCat(root, "/", bucket->d_name);
+    DIR* inner = ::opendir(bucket_path.c_str());
+    if (inner == nullptr) continue;
+    while (const dirent* entry = ::readdir(inner)) {
+      if (entry->d_name[0] == '.') continue;
+      std::string path = absl::StrCat(bucket_path, "/", entry->d_name);
+      const pid_t writer = WriterOf(entry->d_name);
+      if (writer != 0) {
+        if (ProcessIsGone(writer)) ::unlink(path.c_str());  // a writer that died mid-chunk
+        continue;
+      }
+      struct stat status = {};
+      if (::stat(path.c_str(), &status) != 0 || !S_ISREG(status.st_mode)) continue;
+      total += status.st_size;
+      chunks.push_back({status.st_mtim, static_cast<uint64_t>(status.st_size), std::move(path)});
+    }
+    ::closedir(inner);
+  }
+  ::closedir(top);
+  if (total <= evict_to) return {total, 0};
+  std::sort(chunks.begin(), chunks.end(), [](const Chunk& a, const Chunk& b) {
+    return std::tie(a.used.tv_sec, a.used.tv_nsec) < std::tie(b.used.tv_sec, b.used.tv_nsec);
+  });
+  uint64_t evicted = 0;
+  for (const Chunk& chunk : chunks) {
+    if (total <= evict_to) break;
+    if (::unlink(chunk.path.c_str()) == 0) {
+      total -= chunk.bytes;
+      ++evicted;
+    }
+  }
+  return {total, evicted};
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RemoteCache>> RemoteCache::Open(const RemoteCacheOptions& options) {
@@ -156,8 +211,7 @@ absl::StatusOr<std::unique_ptr<RemoteCache>> RemoteCache::Open(const RemoteCache
   ScopedFd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (lock.get() < 0) return PosixError(absl::StrCat("creating ", lock_path), errno);
   // Counted before the budget is known: a budget of 0 counts what the chunks take as free.
-  std::unique_ptr<RemoteCache> cache(new RemoteCache(directory, UINT64_MAX, *chunk_bytes));
-  const uint64_t cached = cache->Sweep(UINT64_MAX);
+  const uint64_t cached = SweepChunks(directory, UINT64_MAX).left;
   uint64_t budget = options.budget_bytes;
   if (budget == 0) {
     struct statvfs space = {};
@@ -171,7 +225,7 @@ absl::StatusOr<std::unique_ptr<RemoteCache>> RemoteCache::Open(const RemoteCache
         absl::StrCat("the remote cache's budget in ", directory, " (", budget,
                      " bytes) must hold at least 4 chunks of ", *chunk_bytes, " bytes"));
   }
-  cache.reset(new RemoteCache(directory, budget, *chunk_bytes));
+  std::unique_ptr<RemoteCache> cache(new RemoteCache(directory, budget, *chunk_bytes));
   {
     absl::MutexLock hold(&cache->mu_);
     cache->stats_.cached_bytes = cached;
@@ -353,58 +407,10 @@ void RemoteCache::EvictDownToBudget() {
                        << PosixError(absl::StrCat("opening ", lock_path_), errno);
     return;
   }
-  const uint64_t left = Sweep(budget_bytes_ / 10 * 9);
+  const SweepResult swept = SweepChunks(directory_, budget_bytes_ / 10 * 9);
   absl::MutexLock hold(&mu_);
-  stats_.cached_bytes = left;
-}
-
-uint64_t RemoteCache::Sweep(uint64_t evict_to) {
-  struct Chunk {
-    struct timespec used;
-    uint64_t bytes;
-    std::string path;
-  };
-  std::vector<Chunk> chunks;
-  uint64_t total = 0;
-  const std::string root = absl::StrCat(directory_, "/chunks");
-  DIR* top = ::opendir(root.c_str());
-  if (top == nullptr) return 0;
-  while (const dirent* bucket = ::readdir(top)) {
-    if (bucket->d_name[0] == '.') continue;
-    const std::string bucket_path = absl::StrCat(root, "/", bucket->d_name);
-    DIR* inner = ::opendir(bucket_path.c_str());
-    if (inner == nullptr) continue;
-    while (const dirent* entry = ::readdir(inner)) {
-      if (entry->d_name[0] == '.') continue;
-      std::string path = absl::StrCat(bucket_path, "/", entry->d_name);
-      const pid_t writer = WriterOf(entry->d_name);
-      if (writer != 0) {
-        if (ProcessIsGone(writer)) ::unlink(path.c_str());  // a writer that died mid-chunk
-        continue;
-      }
-      struct stat status = {};
-      if (::stat(path.c_str(), &status) != 0 || !S_ISREG(status.st_mode)) continue;
-      total += status.st_size;
-      chunks.push_back({status.st_mtim, static_cast<uint64_t>(status.st_size), std::move(path)});
-    }
-    ::closedir(inner);
-  }
-  ::closedir(top);
-  if (total <= evict_to) return total;
-  std::sort(chunks.begin(), chunks.end(), [](const Chunk& a, const Chunk& b) {
-    return std::tie(a.used.tv_sec, a.used.tv_nsec) < std::tie(b.used.tv_sec, b.used.tv_nsec);
-  });
-  uint64_t evicted = 0;
-  for (const Chunk& chunk : chunks) {
-    if (total <= evict_to) break;
-    if (::unlink(chunk.path.c_str()) == 0) {
-      total -= chunk.bytes;
-      ++evicted;
-    }
-  }
-  absl::MutexLock hold(&mu_);
-  stats_.chunks_evicted += evicted;
-  return total;
+  stats_.cached_bytes = swept.left;
+  stats_.chunks_evicted += swept.evicted;
 }
 
 RemoteCacheStats RemoteCache::stats() const {

@@ -109,9 +109,6 @@ class RemoteCache {
   std::string ChunkPath(uint64_t key_hash, uint64_t index) const;
   // Removes the least recently used chunks until the directory holds 90% of the budget.
   void EvictDownToBudget() ABSL_LOCKS_EXCLUDED(mu_, evict_mu_);
-  // Counts the chunks (and removes dead writers' temporary files); with `evict_to`, removes the
-  // oldest until at most that many bytes are left. Returns the bytes left.
-  uint64_t Sweep(uint64_t evict_to);
 
   const std::string directory_;
   const uint64_t budget_bytes_;
