@@ -221,10 +221,11 @@ TEST_P(PeerHandoffTest, AKeyNoDaemonHasIsNotFoundWithoutLooping) {
 }
 
 // A daemon's peers go with its GPU tiers, as soon as the last search has been answered. The answer
-// may come before the thread that asked has set its timeout (a peer that answers at once): the
-// peers' teardown must wait for that thread before the timer goes. (It took the timer away first:
-// a use of freed memory, which TSan saw in a daemon's shutdown. Several threads here make the
-// asking thread lose its CPU between the two more often.)
+// may come before the thread that asked has set its timeout, and its handler may hold the session
+// a moment longer: the teardown must wait for that thread before the timer goes (it did not: a
+// race TSan saw in a daemon's shutdown), and end the sessions on its own thread, not on a session's
+// reader, which cannot join itself (std::terminate). Several threads at once make the asking
+// thread lose its CPU at such a moment more often.
 TEST_P(PeerHandoffTest, PeersMayGoTheMomentTheirLastSearchIsAnswered) {
   auto device = CreateDevice(testing::DeviceUnderTest());
   ASSERT_THAT(device, IsOk());
