@@ -445,7 +445,6 @@ TEST_F(RemoteModelTest, TheNodesDaemonsWithPeersFetchEachObjectFromTheStoreOnce)
                                            v1::GROUPING_TENSOR),
                 IsOk());
   }
-
   for (int i = 0; i < 2; ++i) {
     auto session = clients_[i]->OpenSession();
     ASSERT_THAT(session, IsOk());
