@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/checked_math.h"
 #include "common/free_ranges.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
@@ -171,12 +172,16 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
         absl::StrCat("no tensor has dimension ", spec.dim, " (dimensions count from 0)"));
   }
 
+  // One file range per row of the dimensions before `dim` and segment, of each split tensor that
+  // has bytes. Counted saturating: a tensor of no bytes may still have huge dimensions
+  // ([2^63, 1, 0]), and a count that wrapped would let the loops below run for ever.
   uint64_t ranges = 0;
   for (const TensorPlacement& tensor : object.tensors) {
-    if (tensor.shape.size() <= spec.dim) continue;
+    if (tensor.shape.size() <= spec.dim || tensor.size == 0) continue;
     uint64_t outer = 1;
-    for (size_t d = 0; d < spec.dim; ++d) outer *= tensor.shape[d];
-    ranges += outer * std::max<uint64_t>(spec.segments.size(), 1);
+    for (size_t d = 0; d < spec.dim; ++d) outer = SaturatingMul(outer, tensor.shape[d]);
+    ranges =
+        SaturatingAdd(ranges, SaturatingMul(outer, std::max<uint64_t>(spec.segments.size(), 1)));
   }
   if (ranges > kMaxShardRanges) {
     return BadShard(object, spec,
@@ -216,9 +221,14 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
             absl::StrCat("tensor ", Quote(tensor.name), " has ", rows, " rows in dimension ",
                          spec.dim, "; its segments add up to ", segment_rows));
       }
+      // A tensor with bytes has no zero dimension, and its shape's product fits (TensorBytes):
+      // these products fit too. One without bytes has no ranges to read, whatever its shape.
       uint64_t inner = DTypeSize(tensor.dtype);  // bytes of one row along `dim`
-      for (size_t d = spec.dim + 1; d < tensor.shape.size(); ++d) inner *= tensor.shape[d];
-      for (size_t d = 0; d < spec.dim; ++d) outer *= tensor.shape[d];
+      for (size_t d = spec.dim + 1; d < tensor.shape.size(); ++d) {
+        inner = SaturatingMul(inner, tensor.shape[d]);
+      }
+      for (size_t d = 0; d < spec.dim; ++d) outer = SaturatingMul(outer, tensor.shape[d]);
+      if (tensor.size == 0) inner = 0;
       row_pieces.clear();
       uint64_t segment_start = 0;
       uint64_t shard_rows = 0;
@@ -240,7 +250,15 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
       stride = rows * inner;
       length = shard_rows * inner;
     }
-    out.size = outer * length;
+    const std::optional<uint64_t> size = CheckedMul(outer, length);
+    if (tensor.size == 0 || length == 0) {
+      outer = 0;  // nothing to read, however many rows of nothing there are
+    } else if (!size || *size > tensor.size) {
+      return absl::InternalError(absl::StrCat("object ", Quote(object.name), ": tensor ",
+                                              Quote(tensor.name),
+                                              " has a shape its size does not fit"));
+    }
+    out.size = outer == 0 ? 0 : *size;
     for (const Piece& piece : row_pieces) {
       if (piece.length == 0) continue;
       shard.from_base.push_back(StridedRange{tensor.offset + piece.first, stride,

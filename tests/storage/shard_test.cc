@@ -370,6 +370,49 @@ TEST(ShardLayoutTest, AShardThatWouldReadFarMoreThanItsBytesIsRefused) {
   EXPECT_EQ(DiskBytesToRead({{4096, 100}, {4096 + 60000, 100}}), 61440u);  // read as one
 }
 
+// Tensors of no bytes may have huge dimensions ([2^63, 1, 0] is a valid safetensors shape). Two
+// of them in one object once made the count of a dimension-1 shard's ranges wrap to 0, after
+// which the layout walked 2^63 rows of nothing on the session's thread. Every count is checked:
+// such a shard is an empty one, derived at once; one that would really need more ranges than the
+// bound is refused, however its count would wrap.
+TEST(ShardLayoutTest, HugeDimensionsOfEmptyTensorsCostNothingAndNeverWrapACount) {
+  ModelInfo model;
+  model.name = "m";
+  ObjectInfo& object = model.objects.emplace_back();
+  object.name = "blocks.0";
+  for (const char* name : {"blocks.0.a", "blocks.0.b"}) {
+    object.tensors.push_back(TensorPlacement{name, DType::kU8, {uint64_t{1} << 63, 2, 0}, 0, 0});
+  }
+  const absl::Time start = absl::Now();
+  for (const char* spec : {"@1:0/1", "@1:1/2", "@0:3/4", "@2:0/1"}) {
+    absl::StatusOr<ObjectInfo> shard = FindShard(model, absl::StrCat("blocks.0", spec));
+    if (absl::string_view(spec) == "@2:0/1") {  // no rows there: fewer than the count
+      EXPECT_THAT(shard, testing::StatusIs(absl::StatusCode::kInvalidArgument)) << spec;
+      continue;
+    }
+    ASSERT_THAT(shard, testing::IsOk()) << spec;
+    EXPECT_EQ(shard->size, 0u) << spec;
+    EXPECT_TRUE(shard->extents.empty()) << spec;
+    EXPECT_TRUE(shard->from_base.empty()) << spec;
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+
+  // With bytes, 2^63 rows of one byte each would be 2^63 ranges per tensor; two of them wrap a
+  // plain sum to 0. The bound holds instead.
+  ModelInfo wide;
+  wide.name = "m";
+  ObjectInfo& big = wide.objects.emplace_back();
+  big.name = "w";
+  for (const char* name : {"w.a", "w.b"}) {
+    big.tensors.push_back(
+        TensorPlacement{name, DType::kU8, {uint64_t{1} << 63, 1}, 0, uint64_t{1} << 63});
+  }
+  big.size = UINT64_MAX;
+  absl::StatusOr<ObjectInfo> refused = FindShard(wide, "w@1:0/1");
+  EXPECT_THAT(refused, testing::StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("separate ranges"));
+}
+
 // Which shards the GPU tier cuts out of their whole object in host memory: any, when the object
 // is there already; otherwise a strided one (read alone, it reads blocks its neighbours' shards
 // read too) whose object is within the read bound; never a dim-0 shard whose rows are contiguous.

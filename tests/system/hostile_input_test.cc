@@ -178,6 +178,36 @@ TEST_F(HostileInputTest, AZeroSizeTensorIsFetchedAsAnEmptyLease) {
   EXPECT_THAT(testing::FetchBytes(**session, "e/blocks.0.w"), IsOk());
 }
 
+// Any client may register a checkpoint whose block holds tensors of no bytes but huge dimensions
+// ([2^63, 1, 0] is a valid shape). Asking for a shard of it once made the daemon walk 2^63 rows
+// on the session's thread: that client never got its answer and two such prefetches took the
+// gRPC server down. Now the shard is answered at once, and the daemon serves everyone after.
+TEST_F(HostileInputTest, AShardOfHugeEmptyTensorsIsAnsweredAtOnce) {
+  Start();
+  const std::string model = absl::StrCat(dir_.path(), "/huge");
+  std::filesystem::create_directories(model);
+  const uint64_t huge = uint64_t{1} << 63;
+  ASSERT_THAT(testing::WriteSafetensors(absl::StrCat(model, "/model.safetensors"),
+                                        {testing::RandomTensor("blocks.0.a", "U8", {huge, 1, 0}, 1),
+                                         testing::RandomTensor("blocks.0.b", "U8", {huge, 1, 0}, 2),
+                                         testing::RandomTensor("blocks.1.w", "F32", {16}, 3)}),
+              IsOk());
+  ASSERT_THAT(client_->RegisterModel("z", model, v1::GROUPING_BLOCK), IsOk());
+  auto session = client_->OpenSession();
+  ASSERT_THAT(session, IsOk());
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 2; ++i) EXPECT_THAT(client_->Prefetch({"z/blocks.0@1:0/1"}), IsOk());
+  absl::StatusOr<Lease> lease = (*session)->Fetch("z/blocks.0@1:0/1");
+  ASSERT_THAT(lease, IsOk());
+  EXPECT_EQ(lease->size(), 0u);
+  ASSERT_EQ(lease->tensors().size(), 2u);
+  EXPECT_EQ(lease->tensors()[0].shape(0), huge);
+  lease->Release();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_THAT(client_->GetStats(), IsOk());
+  EXPECT_THAT(testing::FetchBytes(**session, "z/blocks.1"), IsOk());
+}
+
 TEST_F(HostileInputTest, AReservationLargerThanASlabSaysSo) {
   Start();
   auto session = client_->OpenSession();
