@@ -12,7 +12,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/fd_io.h"
 
 namespace tierd {
@@ -36,8 +38,11 @@ class FileSemaphore {
   // INVALID_ARGUMENT for count < 1.
   static absl::StatusOr<std::unique_ptr<FileSemaphore>> Open(const std::string& path, int count);
 
-  // A free slot, waiting for one when all are held. Errors: I/O errors of the file.
-  absl::StatusOr<Slot> Acquire();
+  // A free slot, waiting for one when all are held, at most until `deadline` (DEADLINE_EXCEEDED)
+  // and no longer than `stopped` says (CANCELLED). Errors: I/O errors of the file.
+  absl::StatusOr<Slot> Acquire(
+      absl::Time deadline = absl::InfiniteFuture(),
+      absl::FunctionRef<bool()> stopped = [] { return false; });
 
   int count() const { return count_; }
   const std::string& path() const { return path_; }

@@ -22,7 +22,7 @@ packages=(
   dpkg-dev file python3-venv python3-pip python3-setuptools python3-wheel
   clang-14 libclang-rt-14-dev
   python3-torch python3-grpcio python3-protobuf python3-numpy
-  libcurl4-openssl-dev curl openssl ceph-mon ceph-osd radosgw ceph-common awscli python3-boto3
+  libcurl4-openssl-dev libssl-dev curl openssl ceph-mon ceph-osd radosgw ceph-common awscli python3-boto3
 )
 
 missing=()

@@ -1,13 +1,23 @@
-// Requests to an S3 endpoint over HTTP(S), signed with SigV4: an object's size and ETag, a
-// bucket's listing under a prefix, and byte ranges of an object read straight into the caller's
-// memory. libcurl does the HTTP, the TLS (the system's CA store) and the signing
-// (CURLOPT_AWS_SIGV4); its easy handles are pooled, so connections are reused across requests.
+// Requests to an S3 endpoint over HTTP(S), signed with SigV4: an object's size and ETag, the
+// objects right under a prefix, and byte ranges of an object read straight into the caller's
+// memory. libcurl does the HTTP, the TLS (the system's CA store, or only the CA file given) and
+// the signing (CURLOPT_AWS_SIGV4); its easy handles are pooled, so connections are reused across
+// requests.
 //
-// Each call runs on the caller's thread and blocks until it is answered. Faults a real network
-// has are retried with exponential backoff and full jitter — connections refused, reset or
-// stalled (no progress for stall_timeout), 5xx answers, throttling (429, SlowDown) — and a range
-// that broke off is resumed from its last byte, against the same ETag. Bounding how many calls run
-// at once is the caller's job (RemoteReader).
+// Each call runs on the caller's thread and blocks until it is answered, for at most call_timeout
+// (retries and backoffs included) or the caller's own deadline. Faults a real network has are
+// retried with exponential backoff and full jitter — connections refused, reset or stalled (no
+// progress for stall_timeout), 5xx answers, throttling (429, SlowDown) — and a range that broke
+// off is resumed from its last byte, against the same ETag. A refusal (401, 403) is retried once
+// with credentials found again (refresh_credentials: a rotated file), when they changed.
+//
+// The store is not trusted: every answer to a read must carry the ETag the read is for (an
+// endpoint or proxy that ignores If-Match is caught), a ranged GET must be answered with that
+// range (206), and a whole object's answer is checked against the checksum the store sends with
+// it (x-amz-checksum-*). A listing is bounded in pages, objects and bytes, must stay under its
+// prefix and must not repeat a continuation token. Text from the store (error codes and
+// messages) reaches messages quoted, bounded, and with the client's credentials cut out.
+// Bounding how many calls run at once is the caller's job (RemoteReader).
 //
 // No secret appears in any message this returns, nor in what it logs. Thread-safe.
 #ifndef TIERD_REMOTE_S3_CLIENT_H_
@@ -15,6 +25,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,21 +42,57 @@ namespace tierd {
 struct S3ClientOptions {
   S3Endpoint endpoint;
   S3Credentials credentials;
+  // Finds the credentials again, as they were first found (a credentials file an operator or an
+  // agent rotated). Called when the store refuses a request (401, 403), at most once a second;
+  // null: `credentials` hold for good.
+  std::function<absl::StatusOr<S3Credentials>()> refresh_credentials;
   absl::Duration connect_timeout = absl::Seconds(10);
   // A request that moves fewer than 1 KiB a second for this long is abandoned (and retried).
   absl::Duration stall_timeout = absl::Seconds(20);
-  // Attempts of a request that makes no progress before it fails UNAVAILABLE (at least 1).
+  // Attempts of a request that makes no progress before it fails UNAVAILABLE (at least 1). An
+  // attempt progresses when it brings at least 64 KiB (or the rest); at most 32 times as many
+  // attempts are made in all, however each progresses.
   int max_attempts = 6;
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(5);
-  // A CA bundle to trust instead of the system's; empty: the system's store.
+  // The most one call may take, its attempts and backoffs included: DEADLINE_EXCEEDED past it,
+  // however slowly bytes still come.
+  absl::Duration call_timeout = absl::Minutes(2);
+  // A CA bundle to trust instead of the system's: the only certificates trusted then. Empty: the
+  // system's store.
   std::string ca_file;
+  // The system's store: a directory of hashed CA certificates; empty: libcurl's own default. A
+  // test's stand-in for /etc/ssl/certs; unused when ca_file is set.
+  std::string system_ca_path;
 };
 
 struct S3ObjectHead {
   uint64_t size = 0;
   std::string etag;           // without quotes
   std::string last_modified;  // as the endpoint sent it
+};
+
+// Bounds on one listing: a store that keeps answering "truncated", or answers with pages or keys
+// past these, is refused (DATA_LOSS) rather than followed.
+struct S3ListLimits {
+  int page_size = 1000;           // keys asked for per request (max-keys)
+  int max_pages = 64;             // requests
+  size_t max_objects = 10000;     // objects listed, in all
+  uint64_t max_bytes = 32 << 20;  // of every page's answer, together
+};
+
+// How one ReadRange is checked and bounded.
+struct S3ReadOptions {
+  // The object's version: every answer must carry this ETag (FAILED_PRECONDITION otherwise: it
+  // changed). Empty: the first answer's ETag holds for every resumed piece.
+  std::string etag;
+  // The object's size, when known: a read of all of it is asked for without a Range, so that the
+  // store's checksum of the object comes with the answer and is checked.
+  uint64_t object_size = 0;
+  // Besides call_timeout: DEADLINE_EXCEEDED past it.
+  absl::Time deadline = absl::InfiniteFuture();
+  // The caller's own stop (its client went away): CANCELLED once it is set. Null: none.
+  const std::atomic<bool>* cancelled = nullptr;
 };
 
 struct S3ListedObject {
@@ -72,20 +119,26 @@ class S3Client {
   // The object's size and ETag (HEAD). NOT_FOUND for no such object or bucket.
   absl::StatusOr<S3ObjectHead> Head(const S3Url& object) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The objects of `bucket` whose keys start with `prefix`, in key order, every page of the
-  // listing (ListObjectsV2, `page_size` keys a request).
+  // The objects right under `prefix` in `bucket` — their keys start with it and hold no "/"
+  // after it (ListObjectsV2 with delimiter "/") — in key order, every page of the listing.
+  // DATA_LOSS for a listing past `limits`, a key outside the prefix, a repeated continuation
+  // token, or a page that is not a listing or was cut; the client's errors otherwise.
   absl::StatusOr<std::vector<S3ListedObject>> List(const std::string& bucket,
-                                                   const std::string& prefix, int page_size = 1000)
+                                                   const std::string& prefix,
+                                                   const S3ListLimits& limits = {},
+                                                   const std::atomic<bool>* cancelled = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Reads bytes [offset, offset + length) of `object` into `destination`. With `if_match` set, the
-  // object must still have that ETag: FAILED_PRECONDITION (it changed) otherwise; without, the
-  // ETag of the first answer holds for every resumed piece. Errors: NOT_FOUND, PERMISSION_DENIED
-  // (credentials or policy), OUT_OF_RANGE (past the object's end), DATA_LOSS (an answer that does
-  // not match the range asked), UNAVAILABLE (the endpoint did not answer after max_attempts
-  // without progress), CANCELLED (Cancel). REQUIRES: destination holds `length` bytes.
+  // Reads bytes [offset, offset + length) of `object` into `destination`, checked as `read`
+  // says. Errors: NOT_FOUND, PERMISSION_DENIED (credentials or policy), OUT_OF_RANGE (past the
+  // object's end), FAILED_PRECONDITION (the object is no longer of read.etag: it changed),
+  // DATA_LOSS (an answer of other bytes than the range asked, without an ETag, or failing the
+  // store's own checksum), UNAVAILABLE (the endpoint did not answer after max_attempts without
+  // progress, or answered a range with the whole object), DEADLINE_EXCEEDED (call_timeout or
+  // read.deadline passed), CANCELLED (Cancel, or read.cancelled). On error the destination's
+  // bytes are unspecified. REQUIRES: destination holds `length` bytes.
   absl::Status ReadRange(const S3Url& object, uint64_t offset, uint64_t length,
-                         uint8_t* destination, const std::string& if_match = "")
+                         uint8_t* destination, const S3ReadOptions& read = {})
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Makes every call in flight and every later one end CANCELLED, at once (a daemon stopping).
@@ -93,10 +146,22 @@ class S3Client {
 
   S3ClientStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
   const S3ClientOptions& options() const { return options_; }
+  // The endpoint's URL, as requests go to it ("https://s3.us-east-1.amazonaws.com").
+  const std::string& endpoint_url() const { return endpoint_url_; }
+
+  // `text` from the store (an error's code or message, a header), fit for a message or a log:
+  // every occurrence of the credentials' key id, secret or token replaced by "[credentials]",
+  // then quoted onto one line and cut to `max_bytes`.
+  std::string Sanitize(absl::string_view text, size_t max_bytes = 160) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Exchange;  // one attempt of a request and what came back
   explicit S3Client(S3ClientOptions options, std::string endpoint_url);
+
+  S3Credentials credentials() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Finds the credentials again after a refusal; true when they changed (retry with them).
+  bool RefreshCredentials() ABSL_LOCKS_EXCLUDED(mu_);
 
   void* AcquireHandle() ABSL_LOCKS_EXCLUDED(mu_);
   void ReleaseHandle(void* handle) ABSL_LOCKS_EXCLUDED(mu_);
@@ -105,10 +170,11 @@ class S3Client {
   // Runs `exchange` until it succeeds, fails for good, or runs out of attempts without progress;
   // `prepare` readies each attempt (and resumes a range).
   absl::Status RunWithRetries(Exchange& exchange, const std::string& what) ABSL_LOCKS_EXCLUDED(mu_);
-  // Sleeps a full-jitter backoff for `attempt` (0-based); false when cancelled meanwhile.
-  bool Backoff(int attempt);
-  absl::StatusOr<std::string> Get(const std::string& url, const std::string& what)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // Sleeps a full-jitter backoff for `attempt` (0-based), at most until `deadline`; false when
+  // cancelled meanwhile.
+  bool Backoff(int attempt, absl::Time deadline);
+  absl::StatusOr<std::string> Get(const std::string& url, const std::string& what,
+                                  const std::atomic<bool>* cancelled) ABSL_LOCKS_EXCLUDED(mu_);
 
   const S3ClientOptions options_;
   const std::string endpoint_url_;
@@ -116,6 +182,10 @@ class S3Client {
   mutable absl::Mutex mu_;
   std::vector<void*> idle_handles_ ABSL_GUARDED_BY(mu_);
   S3ClientStats stats_ ABSL_GUARDED_BY(mu_);
+  S3Credentials credentials_ ABSL_GUARDED_BY(mu_);
+  // Every key id, secret and token this client has signed with: cut out of the store's text.
+  std::vector<std::string> secrets_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_refresh_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace tierd

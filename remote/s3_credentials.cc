@@ -1,10 +1,13 @@
 #include "remote/s3_credentials.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -189,6 +192,39 @@ std::optional<std::string> ResolveS3Region(const S3CredentialOptions& options) {
   auto region = section->second.find("region");
   if (region == section->second.end() || region->second.empty()) return std::nullopt;
   return region->second;
+}
+
+std::function<std::optional<std::string>(const char* name)> SnapshotS3Environment() {
+  auto snapshot = std::make_shared<std::map<std::string, std::string>>();
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const absl::string_view text(*entry);
+    const size_t equals = text.find('=');
+    if (equals == absl::string_view::npos || !absl::StartsWith(text, "AWS_")) continue;
+    if (equals + 1 < text.size()) {
+      (*snapshot)[std::string(text.substr(0, equals))] = std::string(text.substr(equals + 1));
+    }
+  }
+  return [snapshot](const char* name) -> std::optional<std::string> {
+    if (absl::StartsWith(name, "AWS_")) {
+      auto it = snapshot->find(name);
+      if (it == snapshot->end()) return std::nullopt;
+      return it->second;
+    }
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') return std::nullopt;
+    return std::string(value);
+  };
+}
+
+void ForgetS3SecretsInEnvironment() {
+  for (const char* name : {"AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}) {
+    // The value's bytes first: unsetenv only unlinks the string, which stays in memory (and, for
+    // the environment the process started with, in /proc/PID/environ).
+    if (char* value = std::getenv(name); value != nullptr) {
+      std::memset(value, 'x', std::strlen(value));
+    }
+    ::unsetenv(name);
+  }
 }
 
 }  // namespace tierd

@@ -46,6 +46,17 @@ absl::StatusOr<S3Credentials> ResolveS3Credentials(const S3CredentialOptions& op
 // file's "region" of the profile; nullopt when none says.
 std::optional<std::string> ResolveS3Region(const S3CredentialOptions& options);
 
+// The AWS_* variables of the process's environment as they are now, for S3CredentialOptions'
+// getenv: credentials found again later (after a refusal) still see them once they have left the
+// environment. Other names read the environment.
+std::function<std::optional<std::string>(const char* name)> SnapshotS3Environment();
+
+// Removes the secrets — AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN — from the process's
+// environment, their bytes overwritten first: a child process, /proc/PID/environ and a core file
+// would show them. Call once they are read (SnapshotS3Environment). Not thread-safe against
+// other readers of the environment.
+void ForgetS3SecretsInEnvironment();
+
 }  // namespace tierd
 
 #endif  // TIERD_REMOTE_S3_CREDENTIALS_H_

@@ -166,7 +166,8 @@ Catalog::~Catalog() {
 absl::StatusOr<ModelSummary> Catalog::RegisterModel(
     const std::string& name, const std::string& directory, Grouping grouping,
     const GroupingRules& rules, const std::function<void(const RegistrationProgress&)>& progress,
-    bool verify, const std::vector<DerivedTensorSpec>& derived, bool keep_raw) {
+    bool verify, const std::vector<DerivedTensorSpec>& derived, bool keep_raw,
+    const std::atomic<bool>* cancelled) {
   RETURN_IF_ERROR(ValidateModelName(name));
   // What a registration builds and drops (the headers' tensors, the serialized file) can be
   // hundreds of megabytes for a model of many tensors: given back to the system once done.
@@ -196,7 +197,10 @@ absl::StatusOr<ModelSummary> Catalog::RegisterModel(
       return absl::InvalidArgumentError(
           "verify reads local files; a remote model's objects are checksummed on their first read");
     }
-    ASSIGN_OR_RETURN(scanned, ScanRemoteModel(url, *remote_, progress, max_tensors_per_model_));
+    RemoteScanOptions scan;
+    scan.max_tensors = max_tensors_per_model_;
+    scan.cancelled = cancelled;
+    ASSIGN_OR_RETURN(scanned, ScanRemoteModel(url, *remote_, progress, scan));
   } else {
     if (roots_.confined()) RETURN_IF_ERROR(roots_.Check(directory));
     ASSIGN_OR_RETURN(scanned,
@@ -235,6 +239,12 @@ absl::StatusOr<ModelSummary> Catalog::RegisterModel(
 
   absl::MutexLock persist(&persist_mu_);
   if (taken()) return name_taken();
+  // A caller that went away (its deadline passed, it was killed) gets no registration it can
+  // no longer learn of.
+  if (cancelled != nullptr && *cancelled) {
+    return absl::CancelledError(absl::StrCat("registering ", Quote(name),
+                                             ": the caller went away; nothing was registered"));
+  }
   RETURN_IF_ERROR(WriteModelFile(name, text));
   auto entry = std::make_shared<ModelEntry>();
   entry->info = info;

@@ -72,13 +72,15 @@ class Catalog {
   // compressed in host memory (ModelInfo::keep_raw). A `directory` that is an s3:// URL is a
   // model in object storage (storage/remote_model_scan.h): it must be under an s3:// root when
   // the roots confine, `verify` is refused (its objects are checksummed on their first read), and
-  // the client's errors come back (PERMISSION_DENIED, UNAVAILABLE, ...).
+  // the client's errors come back (PERMISSION_DENIED, UNAVAILABLE, ...). Once `cancelled` is set
+  // (the caller went away) the registration stops where it is, CANCELLED, and nothing is
+  // registered.
   absl::StatusOr<ModelSummary> RegisterModel(
       const std::string& name, const std::string& directory, Grouping grouping,
       const GroupingRules& rules,
       const std::function<void(const RegistrationProgress&)>& progress = nullptr,
       bool verify = false, const std::vector<DerivedTensorSpec>& derived = {},
-      bool keep_raw = false) ABSL_LOCKS_EXCLUDED(mu_);
+      bool keep_raw = false, const std::atomic<bool>* cancelled = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Forgets model `name` and deletes its persisted file. NOT_FOUND when unknown.
   absl::Status DropModel(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);

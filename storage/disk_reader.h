@@ -103,6 +103,12 @@ struct ReadRequest {
   // was registered, FAILED_PRECONDITION for a model file changed since its registration,
   // CANCELLED, UNAVAILABLE when the reader shuts down first). Must not block.
   absl::AnyInvocable<void(absl::Status) &&> done;
+  // Optional: the caller's check of the bytes read (their checksum), for a reader that keeps what
+  // it reads beyond the request — the RemoteReader's cache, which keeps a chunk only once a read it
+  // served passed its check, and drops what it served a read that failed it (DATA_LOSS). Such a
+  // reader runs it on its own thread once every target has been read, before `done`, which gets
+  // its error. DiskReader keeps nothing and never runs it: its caller checks in `done`.
+  absl::AnyInvocable<absl::Status()> check = nullptr;
 };
 
 struct DiskReaderStats {

@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "common/machine.h"
 #include "device/pinned_host_buffer.h"
+#include "remote/s3_location.h"
 #include "storage/detail/host_cache_record.h"
 #include "storage/detail/read_router.h"
 #include "storage/object_checksum.h"
@@ -302,26 +303,29 @@ void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
   ++entry->submits_pending;
   ++submits_pending_;
   const uint64_t load = ++entry->load;
+  entry->checked = false;
   ++reads_in_flight_;
   // Submitted outside the lock: the reader may answer at once, which re-enters FinishRead — and
   // the load may even fail and another start before the lock is back.
   mu_.Unlock();
-  const ReadRouter::RequestId id =
-      reader_->Submit({std::move(targets), priority, deadline, [this, entry](absl::Status status) {
-                         // Finished on the checksum pool, off the reader thread, which goes on
-                         // reading; failures too, so that joining the pool waits for every
-                         // completion's answers. A demand read's goes before prefetches'.
-                         bool demand;
-                         {
-                           absl::MutexLock lock(&mu_);
-                           demand = entry->demand;
-                         }
-                         checksums_.Post(
-                             [this, entry, status = std::move(status)]() mutable {
-                               FinishRead(entry, std::move(status));
-                             },
-                             demand ? WorkerPool::kUrgent : WorkerPool::kNormal);
-                       }});
+  ReadRequest read{std::move(targets), priority, deadline, [this, entry](absl::Status status) {
+                     // Finished on the checksum pool, off the reader thread, which goes on
+                     // reading; failures too, so that joining the pool waits for every
+                     // completion's answers. A demand read's goes before prefetches'.
+                     bool demand;
+                     {
+                       absl::MutexLock lock(&mu_);
+                       demand = entry->demand;
+                     }
+                     checksums_.Post(
+                         [this, entry, status = std::move(status)]() mutable {
+                           FinishRead(entry, std::move(status));
+                         },
+                         demand ? WorkerPool::kUrgent : WorkerPool::kNormal);
+                   }};
+  // A reader that keeps what it reads (the remote cache) keeps it only once it is checked.
+  read.check = [this, entry] { return CheckLoadedBytes(entry); };
+  const ReadRouter::RequestId id = reader_->Submit(std::move(read));
   mu_.Lock();
   --entry->submits_pending;
   --submits_pending_;
@@ -368,30 +372,36 @@ std::vector<ReadTarget> HostCache::TargetsLocked(const Entry* entry) const {
   return targets;
 }
 
-void HostCache::FinishRead(Entry* entry, absl::Status status) {
-  // Checksum without the lock: nothing else touches a loading entry's memory.
-  if (status.ok()) {
-    const uint64_t checksum =
-        ObjectChecksum(arena_.data(*entry->memory) + entry->head, entry->size);
-    if (entry->kind == Kind::kWeight) {
-      if (std::optional<uint64_t> expected = catalog_.Checksum(entry->key()); !expected) {
-        catalog_.RecordChecksum(entry->key(), checksum);
-      } else if (*expected != checksum) {
-        status = absl::DataLossError(absl::StrFormat(
-            "%s: checksum %016x differs from %016x recorded at registration or its first read; "
-            "the file's bytes changed on disk",
-            entry->key(), checksum, *expected));
-      }
-    } else if (checksum != entry->checksum) {
-      status = absl::DataLossError(
-          absl::StrFormat("%s: its copy on disk has checksum %016x, the stored object had "
-                          "%016x",
-                          entry->key(), checksum, entry->checksum));
+absl::Status HostCache::CheckLoadedBytes(Entry* entry) {
+  const uint64_t checksum = ObjectChecksum(arena_.data(*entry->memory) + entry->head, entry->size);
+  entry->checked = true;
+  if (entry->kind == Kind::kWeight) {
+    if (std::optional<uint64_t> expected = catalog_.Checksum(entry->key()); !expected) {
+      catalog_.RecordChecksum(entry->key(), checksum);
+    } else if (*expected != checksum) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s: checksum %016x differs from %016x recorded at registration or its first read; "
+          "the file's bytes changed, or the store answered with other bytes",
+          entry->key(), checksum, *expected));
     }
-  } else if (entry->kind == Kind::kWeight &&
-             (absl::IsFailedPrecondition(status) || absl::IsPermissionDenied(status))) {
-    // A model file changed or was replaced by a link since registration: every object of the
-    // model is refused from now on, and the listing says why.
+  } else if (checksum != entry->checksum) {
+    return absl::DataLossError(
+        absl::StrFormat("%s: its copy on disk has checksum %016x, the stored object had "
+                        "%016x",
+                        entry->key(), checksum, entry->checksum));
+  }
+  return absl::OkStatus();
+}
+
+void HostCache::FinishRead(Entry* entry, absl::Status status) {
+  if (status.ok() && !entry->checked) status = CheckLoadedBytes(entry);
+  // A model file changed, or (a local one) was replaced by a link since registration: every
+  // object of the model is refused from now on, and the listing says why. A store's refusal
+  // (PERMISSION_DENIED: an expired token, a policy still propagating) passes: the next read
+  // asks again.
+  if (entry->kind == Kind::kWeight &&
+      (absl::IsFailedPrecondition(status) ||
+       (absl::IsPermissionDenied(status) && !IsS3Path(entry->source->model->directory)))) {
     catalog_.MarkStale(entry->source->model, std::string(status.message()));
   }
   DeferredCalls deferred;

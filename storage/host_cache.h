@@ -235,6 +235,11 @@ class HostCache : private HostCacheTable::Owner {
   void StartReadLocked(Entry* entry, std::vector<ReadTarget> targets, ReadPriority priority,
                        absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishRead(Entry* entry, absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+  // Checks the bytes a read brought into the loading `entry` against the checksum recorded for
+  // them (recording it on a weight's first read): OK or DATA_LOSS. Runs on the reader's thread
+  // (ReadRequest::check) or in FinishRead, without the lock: nothing else touches a loading
+  // entry's memory.
+  absl::Status CheckLoadedBytes(Entry* entry) ABSL_LOCKS_EXCLUDED(mu_);
   void FailLoadLocked(Entry* entry, const absl::Status& status, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unlists `entry` (its pins belong to the key and go) and frees it once nothing uses it.

@@ -90,7 +90,9 @@ uint64_t ObjectSourceFingerprint(const ModelInfo& model, const ObjectInfo& objec
     if (file.device != 0 || file.inode != 0) {
       absl::StrAppend(&text, "|", file.device, ":", file.inode);
     } else {
-      absl::StrAppend(&text, "|", file.path);
+      // A remote file is one version of its object: a node's daemons that registered two
+      // versions of the same size must not lend each other their bytes.
+      absl::StrAppend(&text, "|", file.path, "#", file.etag);
     }
     absl::StrAppend(&text, ":", file.size, ":", file.mtime_ns, "@", extent.file_offset, "+",
                     extent.length, ">", extent.object_offset);

@@ -166,9 +166,10 @@ absl::Status ValidateModelName(absl::string_view name);
 const ObjectInfo* FindObject(const ModelInfo& info, absl::string_view name);
 
 // Where `object`'s bytes come from, as a 64-bit fingerprint (never 0): its size and, for each
-// extent, the file's identity (device and inode where recorded, else its path; size; mtime) and
-// the extent's place. Two daemons that registered the object from the same files compute the same
-// fingerprint; from other files (another copy, another version), a different one.
+// extent, the file's identity (device and inode where recorded, else its path and, for a remote
+// file, its ETag; size; mtime) and the extent's place. Two daemons that registered the object from
+// the same files compute the same fingerprint; from other files (another copy, another version), a
+// different one.
 uint64_t ObjectSourceFingerprint(const ModelInfo& model, const ObjectInfo& object);
 
 }  // namespace tierd

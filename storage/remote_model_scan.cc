@@ -12,8 +12,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/byte_budget.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
 #include "storage/safetensors_header.h"
@@ -21,84 +24,189 @@
 namespace tierd {
 namespace {
 
-// Bytes [0, length) of `url`, of the version `etag`.
-absl::StatusOr<std::string> ReadStart(S3Client& client, const S3Url& url, uint64_t length,
-                                      const std::string& etag) {
-  std::string bytes(length, '\0');
-  RETURN_IF_ERROR(client.ReadRange(url, 0, length, reinterpret_cast<uint8_t*>(bytes.data()), etag));
-  return bytes;
-}
-
 // The first bytes a scan reads of each file: the 8-byte length and, mostly, the header after it.
 constexpr uint64_t kFirstReadBytes = 256 << 10;
-// Files whose first bytes are read at once.
-constexpr size_t kParallelFileReads = 16;
 
-struct FileStart {
-  S3Url url;
-  uint64_t size = 0;
-  std::string etag;  // the listing's; when it had none, HEAD's
-  absl::StatusOr<std::string> bytes = absl::UnknownError("not read");  // [0, kFirstReadBytes)
-};
-
-// Fills in each file's ETag (when the listing gave none) and first bytes, up to
-// kParallelFileReads files at a time. The ETag holds for every later read of the file: an object
-// replaced meanwhile is refused.
-void ReadFileStarts(S3Client& client, std::vector<FileStart>& files) {
-  std::atomic<size_t> next{0};
-  const auto work = [&] {
-    for (size_t i = next++; i < files.size(); i = next++) {
-      FileStart& file = files[i];
-      if (file.etag.empty()) {  // some gateways list multipart uploads without one; HEAD has it
-        absl::StatusOr<S3ObjectHead> head = client.Head(file.url);
-        if (!head.ok()) {
-          file.bytes = head.status();
-          continue;
-        }
-        if (head->size != file.size) {
-          file.bytes = absl::FailedPreconditionError("its size changed");
-          continue;
-        }
-        file.etag = head->etag;
-      }
-      file.bytes = ReadStart(client, file.url, std::min(kFirstReadBytes, file.size), file.etag);
-    }
-  };
-  std::vector<std::thread> helpers;
-  const size_t threads = std::min(kParallelFileReads, files.size());
-  for (size_t i = 1; i < threads; ++i) {
-    try {
-      helpers.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;  // fewer at once: this thread reads the rest
-    }
-  }
-  work();
-  for (std::thread& helper : helpers) helper.join();
+// Bytes [0, length) of `url`, of the version `etag` (an object `size` bytes long).
+absl::StatusOr<std::string> ReadStart(S3Client& client, const S3Url& url, uint64_t length,
+                                      const std::string& etag, uint64_t size,
+                                      const std::atomic<bool>* cancelled) {
+  std::string bytes(length, '\0');
+  S3ReadOptions read;
+  read.etag = etag;
+  read.object_size = size;
+  read.cancelled = cancelled;
+  RETURN_IF_ERROR(client.ReadRange(url, 0, length, reinterpret_cast<uint8_t*>(bytes.data()), read));
+  return bytes;
 }
 
 absl::Status Changed(const std::string& path) {
   return absl::UnavailableError(absl::StrCat(path, " changed while it was being registered"));
 }
 
+absl::Status Cancelled() {
+  return absl::CancelledError("the registration's caller went away; the registration stopped");
+}
+
+// A file not read because the scan stopped: another file failed, or the caller went away.
+absl::Status NotRead() { return absl::AbortedError("not read: the scan stopped"); }
+
+struct FileScan {
+  S3Url url;
+  uint64_t size = 0;
+  std::string etag;  // the listing's; when it had none, HEAD's
+  // Unset when the file was not read (an earlier failure stopped the scan).
+  std::optional<absl::StatusOr<SafetensorsHeader>> header;
+};
+
+// Reads and parses the headers of `files`, up to options.parallel_reads at a time, each parsed
+// as soon as its bytes are in. The first failure stops the files not yet started.
+class HeaderReader {
+ public:
+  HeaderReader(S3Client& client, std::vector<FileScan>& files, const RemoteScanOptions& options,
+               const std::function<void(const RegistrationProgress&)>& progress)
+      : client_(client),
+        files_(files),
+        options_(options),
+        progress_(progress),
+        budget_(options.max_bytes_in_flight) {}
+
+  void Run() {
+    std::vector<std::thread> helpers;
+    const size_t threads = std::min<size_t>(std::max(1, options_.parallel_reads), files_.size());
+    for (size_t i = 1; i < threads; ++i) {
+      try {
+        helpers.emplace_back([this] { Work(); });
+      } catch (const std::system_error&) {
+        break;  // fewer at once: this thread reads the rest
+      }
+    }
+    Work();
+    for (std::thread& helper : helpers) helper.join();
+  }
+
+ private:
+  bool Stopped() const {
+    return failed_.load() || (options_.cancelled != nullptr && options_.cancelled->load());
+  }
+
+  void Work() {
+    for (size_t i = next_++; i < files_.size() && !Stopped(); i = next_++) {
+      FileScan& file = files_[i];
+      file.header = Read(file);
+      if (absl::IsAborted(file.header->status())) {
+        file.header.reset();
+        continue;
+      }
+      if (!file.header->ok()) {
+        failed_ = true;
+        continue;
+      }
+      absl::MutexLock lock(&progress_mu_);
+      ++done_;
+      if (progress_) progress_(RegistrationProgress{done_, files_.size(), file.url.ToString()});
+    }
+  }
+
+  absl::StatusOr<SafetensorsHeader> Read(FileScan& file) {
+    const std::string path = file.url.ToString();
+    if (file.etag.empty()) {  // some gateways list multipart uploads without one; HEAD has it
+      ASSIGN_OR_RETURN(const S3ObjectHead head, client_.Head(file.url));
+      if (head.size != file.size) return Changed(path);
+      file.etag = head.etag;
+    }
+    if (file.etag.empty()) {
+      return absl::DataLossError(
+          absl::StrCat("the store gives ", path, " no ETag: its versions could not be told apart"));
+    }
+    uint64_t held = std::min(kFirstReadBytes, file.size);
+    if (!budget_.Acquire(held, [this] { return Stopped(); })) return NotRead();
+    absl::StatusOr<SafetensorsHeader> header = ReadHeld(file, path, held);
+    budget_.Release(held);
+    return header;
+  }
+
+  // Reads and parses the header, `held` bytes of the budget held (more taken for a header larger
+  // than the first read, and `held` updated).
+  absl::StatusOr<SafetensorsHeader> ReadHeld(FileScan& file, const std::string& path,
+                                             uint64_t& held) {
+    absl::StatusOr<std::string> start =
+        ReadStart(client_, file.url, held, file.etag, file.size, options_.cancelled);
+    if (absl::IsFailedPrecondition(start.status())) return Changed(path);
+    if (!start.ok()) return start.status();
+    uint64_t header_length = 0;
+    if (start->size() >= 8) std::memcpy(&header_length, start->data(), 8);
+    const uint64_t wanted =
+        std::min<uint64_t>(file.size, 8 + std::min(header_length, kMaxSafetensorsHeaderBytes));
+    if (wanted > start->size()) {  // a header larger than the first read
+      *start = std::string();
+      budget_.Release(held);
+      held = 0;
+      if (!budget_.Acquire(wanted, [this] { return Stopped(); })) return NotRead();
+      held = wanted;
+      start = ReadStart(client_, file.url, wanted, file.etag, file.size, options_.cancelled);
+      if (absl::IsFailedPrecondition(start.status())) return Changed(path);
+      if (!start.ok()) return start.status();
+    }
+    // The limit less what the files parsed so far hold (a race lets the sum pass it a little:
+    // the caller checks the total).
+    const size_t seen = tensors_seen_.load();
+    const size_t left = options_.max_tensors > seen ? options_.max_tensors - seen : 0;
+    absl::StatusOr<SafetensorsHeader> header =
+        ParseSafetensorsHeader(path, *start, file.size, left);
+    if (header.ok()) tensors_seen_ += header->tensors.size();
+    return header;
+  }
+
+  S3Client& client_;
+  std::vector<FileScan>& files_;
+  const RemoteScanOptions& options_;
+  const std::function<void(const RegistrationProgress&)>& progress_;
+  ByteBudget budget_;
+  std::atomic<size_t> next_{0};
+  std::atomic<bool> failed_{false};
+  std::atomic<size_t> tensors_seen_{0};
+  absl::Mutex progress_mu_;  // one progress call at a time
+  size_t done_ ABSL_GUARDED_BY(progress_mu_) = 0;
+};
+
+absl::Status TensorLimit(const std::string& directory, size_t max_tensors) {
+  return absl::InvalidArgumentError(absl::StrCat("the model in ", Quote(directory),
+                                                 " has more than ", max_tensors,
+                                                 " tensors, the limit (--max-tensors-per-model)"));
+}
+
 }  // namespace
 
 absl::StatusOr<ScannedModel> ScanRemoteModel(
     S3Url prefix, S3Client& client,
-    const std::function<void(const RegistrationProgress&)>& progress, size_t max_tensors) {
+    const std::function<void(const RegistrationProgress&)>& progress,
+    const RemoteScanOptions& options) {
   if (!prefix.key.empty() && prefix.key.back() != '/') prefix.key.push_back('/');
   ScannedModel scanned;
   scanned.directory = prefix.ToString();
   if (absl::EndsWith(scanned.directory, "/")) scanned.directory.pop_back();
 
+  // The model's "directory": the objects right under the prefix (the client checks they are).
   ASSIGN_OR_RETURN(const std::vector<S3ListedObject> listed,
-                   client.List(prefix.bucket, prefix.key));
-  // The model's "directory": the objects right under the prefix, not those further down.
+                   client.List(prefix.bucket, prefix.key, S3ListLimits(), options.cancelled));
   std::map<std::string, S3ListedObject> here;
   for (const S3ListedObject& object : listed) {
-    const std::string name = object.key.substr(prefix.key.size());
-    if (!name.empty() && name.find('/') == std::string::npos) here.emplace(name, object);
+    if (object.key.size() > prefix.key.size()) {
+      here.emplace(object.key.substr(prefix.key.size()), object);
+    }
   }
+  // A key the model uses must be one a registered URL may be: it names the file in messages,
+  // in the catalog and in the remote cache.
+  const auto usable = [&](const S3ListedObject& object) -> absl::Status {
+    if (absl::Status s = ParseS3Url(S3Url{prefix.bucket, object.key}.ToString()).status();
+        !s.ok()) {
+      return absl::DataLossError(absl::StrCat("the store lists ", Quote(object.key), " under ",
+                                              scanned.directory,
+                                              ", which is no key tierd reads: ", s.message()));
+    }
+    return absl::OkStatus();
+  };
   const std::string index_url = absl::StrCat(scanned.directory, "/", kSafetensorsIndexFileName);
   std::optional<std::map<std::string, std::string>> weight_map;
   std::vector<std::string> file_names;
@@ -107,8 +215,13 @@ absl::StatusOr<ScannedModel> ScanRemoteModel(
       return absl::InvalidArgumentError(
           absl::StrCat(index_url, ": an index of ", index->second.size, " bytes is too large"));
     }
-    ASSIGN_OR_RETURN(const std::string text, ReadStart(client, {prefix.bucket, index->second.key},
-                                                       index->second.size, index->second.etag));
+    if (index->second.etag.empty()) {
+      return absl::DataLossError(absl::StrCat(
+          "the store lists ", index_url, " without an ETag: its versions could not be told apart"));
+    }
+    ASSIGN_OR_RETURN(const std::string text,
+                     ReadStart(client, {prefix.bucket, index->second.key}, index->second.size,
+                               index->second.etag, index->second.size, options.cancelled));
     ASSIGN_OR_RETURN(weight_map, ParseSafetensorsIndex(text, index_url));
     std::set<std::string> distinct;
     for (const auto& [tensor, file] : *weight_map) distinct.insert(file);
@@ -127,50 +240,46 @@ absl::StatusOr<ScannedModel> ScanRemoteModel(
       return absl::NotFoundError(absl::StrCat("no .safetensors objects in ", scanned.directory));
     }
   }
+  if (file_names.size() > options.max_files) {
+    return absl::InvalidArgumentError(absl::StrCat("the model in ", scanned.directory, " has ",
+                                                   file_names.size(), " files; at most ",
+                                                   options.max_files, " are registered"));
+  }
 
-  // Each file's ETag and first bytes, which hold the header of all but the largest: fetched for
-  // several files at once, as each costs a round trip or two to the endpoint.
-  std::vector<FileStart> starts(file_names.size());
+  std::vector<FileScan> files(file_names.size());
   for (size_t i = 0; i < file_names.size(); ++i) {
     const S3ListedObject& object = here.at(file_names[i]);
-    starts[i].url = {prefix.bucket, object.key};
-    starts[i].size = object.size;
-    starts[i].etag = object.etag;
+    RETURN_IF_ERROR(usable(object));
+    files[i].url = {prefix.bucket, object.key};
+    files[i].size = object.size;
+    files[i].etag = object.etag;
   }
-  ReadFileStarts(client, starts);
+  // Each file's header, read and parsed for several files at once: each costs a round trip or
+  // two to the endpoint.
+  HeaderReader(client, files, options, progress).Run();
+  if (options.cancelled != nullptr && *options.cancelled) return Cancelled();
+  for (const FileScan& file : files) {  // the first failure, in the files' order
+    if (file.header.has_value() && !file.header->ok()) {
+      if (IsTensorLimit(file.header->status())) {
+        return TensorLimit(scanned.directory, options.max_tensors);
+      }
+      return file.header->status();
+    }
+  }
 
   std::map<std::string, uint32_t> tensor_file;
-  for (uint32_t i = 0; i < file_names.size(); ++i) {
-    FileStart& file_start = starts[i];
-    const std::string path = file_start.url.ToString();
-    if (absl::IsFailedPrecondition(file_start.bytes.status())) return Changed(path);
-    if (!file_start.bytes.ok()) return file_start.bytes.status();
-    absl::StatusOr<std::string>& start = file_start.bytes;
-    uint64_t header_length = 0;
-    if (start->size() >= 8) std::memcpy(&header_length, start->data(), 8);
-    const uint64_t wanted = std::min<uint64_t>(
-        file_start.size, 8 + std::min(header_length, kMaxSafetensorsHeaderBytes));
-    if (wanted > start->size()) {  // a header larger than the first read
-      start = ReadStart(client, file_start.url, wanted, file_start.etag);
-      if (absl::IsFailedPrecondition(start.status())) return Changed(path);
-      if (!start.ok()) return start.status();
+  for (uint32_t i = 0; i < files.size(); ++i) {
+    FileScan& file = files[i];
+    RETURN_IF_ERROR(AddFileTensors(std::move(**file.header), i, file_names, tensor_file, scanned));
+    file.header.reset();
+    if (scanned.tensors.size() > options.max_tensors) {
+      return TensorLimit(scanned.directory, options.max_tensors);
     }
-    absl::StatusOr<SafetensorsHeader> header =
-        ParseSafetensorsHeader(path, *start, file_start.size, max_tensors - scanned.tensors.size());
-    file_start.bytes = std::string();  // its memory back before the next file's parse
-    if (IsTensorLimit(header.status())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the model in ", Quote(scanned.directory), " has more than ", max_tensors,
-                       " tensors, the limit (--max-tensors-per-model)"));
-    }
-    if (!header.ok()) return header.status();
-    RETURN_IF_ERROR(AddFileTensors(*std::move(header), i, file_names, tensor_file, scanned));
-    ModelFile file;
-    file.path = path;
-    file.size = file_start.size;
-    file.etag = file_start.etag;
-    scanned.files.push_back(std::move(file));
-    if (progress) progress(RegistrationProgress{i + 1u, file_names.size(), path});
+    ModelFile model_file;
+    model_file.path = file.url.ToString();
+    model_file.size = file.size;
+    model_file.etag = file.etag;
+    scanned.files.push_back(std::move(model_file));
   }
   if (weight_map.has_value()) {
     RETURN_IF_ERROR(CheckIndexAgainstFiles(*weight_map, file_names, tensor_file, index_url));

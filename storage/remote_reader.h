@@ -1,20 +1,25 @@
 // Reads byte ranges of remote model files (s3:// paths) into memory, as DiskReader reads local
 // ones: the same ReadRequest, priorities and deadlines, answered once per request.
 //
-// A target is cut into parts of at most part_bytes, and `streams` threads each run one ranged GET
-// at a time (S3Client::ReadRange: retried, resumed, checked against the file's recorded ETag), so
-// a request's parts cross the network in parallel and a demand read waits for at most one part per
+// A request's targets are gathered per file and cut into parts: ranges of a file close together
+// (within 256 KiB) are read by one GET of at most part_bytes, and a longer range is cut in parts of
+// part_bytes. `streams` threads each run one part at a time (S3Client::ReadRange: retried,
+// resumed, checked against the file's recorded ETag, bounded by the client's call_timeout), so a
+// request's parts cross the network in parallel and a demand read waits for at most one part per
 // stream before its own parts go. A request fails with its first part's error; its parts not yet
 // started are dropped. A slow or failing endpoint holds only these threads: local reads go on.
 //
-// With a RemoteCache, parts are cut at the cache's chunk boundaries instead and each goes through
-// the cache: served from local disk when its chunk is there, else fetched as the whole chunk,
-// which is kept.
+// With a RemoteCache, parts are the cache's chunks instead, each read once through the cache for
+// every range of the request inside it: served from local disk when the chunk is there, else
+// fetched whole and written aside. The request's check (ReadRequest::check) runs once its parts
+// are in: the chunks it fetched are kept only when the check passes, and those it was served are
+// removed when the check fails DATA_LOSS — nothing enters the cache unverified.
 //
 // Thread-safe.
 #ifndef TIERD_STORAGE_REMOTE_READER_H_
 #define TIERD_STORAGE_REMOTE_READER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -49,6 +54,7 @@ struct RemoteReaderStats {
   uint64_t requests_completed = 0;
   uint64_t requests_failed = 0;
   uint64_t requests_cancelled = 0;
+  uint64_t parts = 0;             // GETs, or chunks read through the cache, started
   uint64_t bytes_read = 0;        // delivered to destinations
   uint64_t bytes_fetched = 0;     // from the store (whole chunks, with a cache)
   uint64_t bytes_from_cache = 0;  // delivered from the cache
@@ -66,15 +72,15 @@ class RemoteReader {
   static absl::StatusOr<std::unique_ptr<RemoteReader>> Create(S3Client& client,
                                                               const RemoteReaderOptions& options,
                                                               RemoteCache* cache = nullptr);
-  // Fails queued requests with UNAVAILABLE, cancels the GETs in flight (S3Client::Cancel: the
-  // client is done with), joins the threads.
+  // Stop, then joins the threads.
   ~RemoteReader();
   RemoteReader(const RemoteReader&) = delete;
   RemoteReader& operator=(const RemoteReader&) = delete;
 
   // As DiskReader::Submit. Each target's path is an s3:// URL; a target with a model_file is read
-  // against that file's recorded ETag (a changed object fails FAILED_PRECONDITION). Errors, in
-  // `done`: INVALID_ARGUMENT for a path that is not one, and S3Client::ReadRange's.
+  // against that file's recorded ETag (a changed object fails FAILED_PRECONDITION) and may go
+  // through the cache. Errors, in `done`: INVALID_ARGUMENT for a path that is not one, the
+  // check's, and S3Client::ReadRange's.
   // REQUIRES: each destination can take its target's length; destinations stay valid until done.
   RequestId Submit(ReadRequest request) ABSL_LOCKS_EXCLUDED(mu_);
   // As DiskReader::Cancel: true when none of the request's parts had started; its done(CANCELLED)
@@ -84,49 +90,73 @@ class RemoteReader {
   bool Reprioritize(RequestId id, ReadPriority priority, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Ends every read at once (a daemon stopping): queued requests fail UNAVAILABLE now, the GETs in
+  // flight end CANCELLED (S3Client::Cancel: the client is done with), later requests fail at
+  // once. Returns without waiting for the threads. Idempotent.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
   RemoteReaderStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct Part {
+  // A file a request reads, as registered (when it is a model file).
+  struct File {
     S3Url url;
-    std::string etag;
-    uint64_t file_size = 0;  // when known (a registered file): the part may go through the cache
+    std::string etag;   // empty: the first answer's
+    uint64_t size = 0;  // 0: unknown (not a registered file: not through the cache)
+  };
+  // Bytes [offset, offset + length) of a file go to destination.
+  struct Piece {
     uint64_t offset = 0;
     uint64_t length = 0;
     uint8_t* destination = nullptr;
+  };
+  // One GET (or one chunk through the cache): the file's bytes [offset, offset + length), which
+  // hold every piece.
+  struct Part {
+    const File* file = nullptr;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    std::vector<Piece> pieces;
   };
   struct Request {
     RequestId id = 0;
     ReadPriority priority = ReadPriority::kPrefetch;
     absl::Time deadline;
-    std::deque<Part> parts;  // not started
+    std::deque<std::unique_ptr<File>> files;  // stable: parts point at them
+    std::deque<Part> parts;                   // not started
     int in_flight = 0;
     bool started = false;
-    absl::Status status;  // the first error
+    absl::Status status;                 // the first error
+    std::vector<RemoteChunkUse> chunks;  // the cache's chunks its parts used
     absl::AnyInvocable<void(absl::Status) &&> done;
+    absl::AnyInvocable<absl::Status()> check;
   };
   // Scheduling order: demand first, then the earliest deadline, then first come.
   using Order = std::tuple<int, absl::Time, RequestId>;
 
   RemoteReader(S3Client& client, const RemoteReaderOptions& options, RemoteCache* cache);
-  // Reads a part, through the cache when there is one; returns the bytes fetched from the store.
-  absl::StatusOr<uint64_t> ReadPart(const Part& part);
-  // One ranged GET of the part's file, holding a host stream (when bounded) while it runs.
-  absl::Status Fetch(const Part& part, uint64_t offset, uint64_t length, uint8_t* destination);
+  // Cuts `request`'s targets into parts; INVALID_ARGUMENT for a path that is no s3:// URL.
+  absl::Status Plan(const std::vector<ReadTarget>& targets, Request& request) const;
+  // Reads a part, through the cache when there is one (recording the chunk it used in `use`);
+  // returns the bytes fetched from the store.
+  absl::StatusOr<uint64_t> ReadPart(const Part& part, RemoteChunkUse* use);
+  // One ranged GET of `file`, holding a host stream (when bounded) while it runs.
+  absl::Status Fetch(const File& file, uint64_t offset, uint64_t length, uint8_t* destination);
   static Order OrderOf(const Request& request) {
     return {static_cast<int>(request.priority), request.deadline, request.id};
   }
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
-  // Ends `request` when nothing of it is in flight or queued: returns its done, to be called
-  // outside the lock, or null.
-  absl::AnyInvocable<void(absl::Status) &&> FinishIfDoneLocked(Request& request,
-                                                               absl::Status* status)
+  // Ends `request`, out of requests_, when nothing of it is in flight or queued: runs its check
+  // and settles its chunks (the lock dropped meanwhile), and returns its done and status to call
+  // outside the lock; null when the request is not over.
+  absl::AnyInvocable<void(absl::Status) &&> FinishIfDoneLocked(RequestId id, absl::Status* status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   S3Client& client_;
   RemoteCache* const cache_;
   std::unique_ptr<FileSemaphore> host_streams_;  // null: no bound beyond this reader's
   const RemoteReaderOptions options_;
+  std::atomic<bool> stopped_{false};  // Stop ran: waits for locks give up
   mutable absl::Mutex mu_;
   std::map<RequestId, Request> requests_ ABSL_GUARDED_BY(mu_);
   std::set<Order> ready_ ABSL_GUARDED_BY(mu_);  // requests with parts to start

@@ -28,9 +28,8 @@ absl::StatusOr<std::unique_ptr<StorageStack>> StorageStack::Create(
     if (options.remote_cache) {
       ASSIGN_OR_RETURN(stack->remote_cache_, RemoteCache::Open(*options.remote_cache));
     }
-    ASSIGN_OR_RETURN(stack->remote_reader_,
-                     RemoteReader::Create(*stack->s3_, options.remote_reader,
-                                          stack->remote_cache_.get()));
+    ASSIGN_OR_RETURN(stack->remote_reader_, RemoteReader::Create(*stack->s3_, options.remote_reader,
+                                                                 stack->remote_cache_.get()));
   }
   const std::string spill_dir =
       options.spill_dir.empty() ? absl::StrCat(options.state_dir, "/spill") : options.spill_dir;
@@ -55,7 +54,13 @@ absl::StatusOr<std::unique_ptr<StorageStack>> StorageStack::Create(
 
 StorageStack::~StorageStack() { StopIo(); }
 
+void StorageStack::StopRemote() {
+  if (remote_reader_ != nullptr) remote_reader_->Stop();
+  if (s3_ != nullptr) s3_->Cancel();
+}
+
 void StorageStack::StopIo() {
+  StopRemote();
   host_cache_.reset();
   durable_.reset();
   spill_.reset();

@@ -82,7 +82,12 @@ class StorageStack {
   // Null without a durable store.
   DurableStore* durable() { return durable_.get(); }
 
-  // Destroys the host cache, the durable store, the spill writer and the remote and disk readers,
+  // Ends every remote read at once (a daemon stopping): the store's requests in flight are
+  // cancelled, queued remote reads and later ones fail UNAVAILABLE, registrations reading the
+  // store fail CANCELLED. Nothing then waits on a slow store. Idempotent; no-op without remote.
+  void StopRemote();
+  // StopRemote, then destroys the host cache, the durable store, the spill writer and the remote
+  // and disk readers,
   // in that order: their queued work finishes and their threads are joined. REQUIRES: nothing above
   // the stack (a GPU tier) uses them any more. Idempotent.
   void StopIo();

@@ -130,11 +130,19 @@ absl::StatusOr<S3ListPage> ParseS3ListPage(absl::string_view xml) {
   return page;
 }
 
-std::string S3ErrorCode(absl::string_view xml) {
-  std::optional<absl::string_view> code = Element(xml, "Code");
-  if (!code) return "";
-  absl::StatusOr<std::string> decoded = DecodeText(*code);
+namespace {
+
+std::string ElementText(absl::string_view xml, absl::string_view tag) {
+  std::optional<absl::string_view> text = Element(xml, tag);
+  if (!text) return "";
+  absl::StatusOr<std::string> decoded = DecodeText(*text);
   return decoded.ok() ? *decoded : "";
 }
+
+}  // namespace
+
+std::string S3ErrorCode(absl::string_view xml) { return ElementText(xml, "Code"); }
+
+std::string S3ErrorMessage(absl::string_view xml) { return ElementText(xml, "Message"); }
 
 }  // namespace tierd

@@ -27,6 +27,9 @@ absl::StatusOr<S3ListPage> ParseS3ListPage(absl::string_view xml);
 // The <Code> of an S3 error body ("NoSuchKey", "SlowDown"); empty when there is none.
 std::string S3ErrorCode(absl::string_view xml);
 
+// The <Message> of an S3 error body, as the store wrote it (untrusted text); empty when none.
+std::string S3ErrorMessage(absl::string_view xml);
+
 // `etag` without the double quotes S3 wraps it in.
 std::string UnquoteETag(absl::string_view etag);
 

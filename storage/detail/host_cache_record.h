@@ -53,6 +53,9 @@ struct HostCacheRecord {
   int submits_pending = 0;  // reads being submitted (the lock is dropped): the entry must stay
   uint64_t load = 0;        // numbers the loads, so a late submit knows whether it is current
   bool demand = false;      // some waiter is a demand fetch
+  // This load's bytes were checked by the reader (ReadRequest::check), on its thread before its
+  // answer: FinishRead need not check them again.
+  bool checked = false;
   // Weights: the compressed form `memory` holds instead of the raw bytes, once the compressor
   // has swapped it in (host_cache_compress.cc); and whether the compressor has had this load.
   std::optional<codec::CompressedLayout> compressed;

@@ -1,9 +1,16 @@
 // The remote cache on real files: misses fetch whole chunks once and later reads are served from
-// disk byte for byte, across a reopen; chunks that fail their checks (torn, flipped, another
-// version) are fetched again; the budget evicts the least recently used; concurrent readers of a
-// chunk, threads or another process, fetch it once; a directory others can write is refused.
+// disk byte for byte, across a reopen; a fetched chunk is kept only once its read's check passes,
+// dropped when it fails, and a kept one whose bytes fail a check is removed; chunks that fail
+// their own checks (torn, flipped, another version or endpoint) are fetched again; the budget is
+// the directory's, across the caches sharing it, and evicts the least recently used; concurrent
+// readers of a chunk, threads or another process, fetch it once, and a reader waits for another's
+// fetch only until its deadline; a directory others can write, a link, or a FORMAT this version
+// does not know is refused, and one a crash left empty is rebuilt; the temporary files of a cache
+// whose process is gone are removed, whatever its pid.
 #include "storage/remote_cache.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,17 +22,21 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/directory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 
 namespace tierd {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::tierd::testing::IsOk;
 using ::tierd::testing::IsOkAndHolds;
 using ::tierd::testing::StatusIs;
@@ -39,8 +50,9 @@ struct FakeRemoteFile {
   std::atomic<int> fetches{0};
   std::atomic<uint64_t> fetched_bytes{0};
 
-  FakeRemoteFile(const std::string& url, const std::string& etag, uint64_t size, int seed)
-      : key{url, etag, size}, bytes(size, '\0') {
+  FakeRemoteFile(const std::string& url, const std::string& etag, uint64_t size, int seed,
+                 const std::string& endpoint = "http://127.0.0.1:7480")
+      : key{endpoint, url, etag, size}, bytes(size, '\0') {
     for (uint64_t i = 0; i < size; ++i) bytes[i] = static_cast<char>((i * 131 + seed * 7) >> 3);
   }
   absl::Status Fetch(uint64_t offset, uint64_t length, uint8_t* destination) {
@@ -66,28 +78,60 @@ class RemoteCacheTest : public ::testing::Test {
     return cache.ok() ? *std::move(cache) : nullptr;
   }
 
-  // Reads [offset, offset + length) of `file` through `cache`; the bytes, or the error.
-  static absl::StatusOr<std::string> Read(RemoteCache& cache, FakeRemoteFile& file, uint64_t offset,
-                                          uint64_t length) {
+  // Reads [offset, offset + length) of `file` (inside one chunk) through `cache`, its use of the
+  // chunk in `use`; the bytes, or the error.
+  static absl::StatusOr<std::string> ReadUnsettled(RemoteCache& cache, FakeRemoteFile& file,
+                                                   uint64_t offset, uint64_t length,
+                                                   RemoteChunkUse* use,
+                                                   absl::Time deadline = absl::InfiniteFuture()) {
     std::string out(length, '\0');
-    absl::StatusOr<uint64_t> fetched =
-        cache.Read(file.key, offset, length, reinterpret_cast<uint8_t*>(out.data()),
-                   [&](uint64_t at, uint64_t n, uint8_t* to) { return file.Fetch(at, n, to); });
+    const RemoteCachePiece piece{offset, length, reinterpret_cast<uint8_t*>(out.data())};
+    absl::StatusOr<uint64_t> fetched = cache.Read(
+        file.key, offset / kChunk, {piece},
+        [&](uint64_t at, uint64_t n, uint8_t* to) { return file.Fetch(at, n, to); }, use, deadline,
+        [] { return false; });
     if (!fetched.ok()) return fetched.status();
     return out;
   }
+  // The same, the read's check passed: a chunk it fetched is kept.
+  static absl::StatusOr<std::string> Read(RemoteCache& cache, FakeRemoteFile& file, uint64_t offset,
+                                          uint64_t length) {
+    RemoteChunkUse use;
+    absl::StatusOr<std::string> bytes = ReadUnsettled(cache, file, offset, length, &use);
+    if (bytes.ok()) cache.Keep(use);
+    return bytes;
+  }
 
-  // The chunk files in the cache, by path.
-  std::vector<std::string> ChunkFiles() const {
+  // The files in the cache's chunk directories, by path: kept chunks, or with `suffix` those whose
+  // names end so (".pending").
+  std::vector<std::string> ChunkFiles(absl::string_view suffix = "") const {
     std::vector<std::string> files;
     const std::string root = absl::StrCat(cache_dir(), "/chunks");
     for (const std::string& bucket : ListDirectory(root).value_or(std::vector<std::string>{})) {
       for (const std::string& name :
            ListDirectory(absl::StrCat(root, "/", bucket)).value_or(std::vector<std::string>{})) {
-        files.push_back(absl::StrCat(root, "/", bucket, "/", name));
+        const bool kept = name.find('.') == std::string::npos;
+        if (suffix.empty() ? kept : absl::EndsWith(name, suffix)) {
+          files.push_back(absl::StrCat(root, "/", bucket, "/", name));
+        }
       }
     }
     return files;
+  }
+  // Bytes of every file in the chunk directories.
+  uint64_t DirectoryBytes() const {
+    uint64_t total = 0;
+    const std::string root = absl::StrCat(cache_dir(), "/chunks");
+    for (const std::string& bucket : ListDirectory(root).value_or(std::vector<std::string>{})) {
+      for (const std::string& name :
+           ListDirectory(absl::StrCat(root, "/", bucket)).value_or(std::vector<std::string>{})) {
+        struct stat status = {};
+        if (::stat(absl::StrCat(root, "/", bucket, "/", name).c_str(), &status) == 0) {
+          total += status.st_size;
+        }
+      }
+    }
+    return total;
   }
 
   testing::TempDir dir_;
@@ -129,11 +173,15 @@ TEST_F(RemoteCacheTest, RangesAcrossChunksAndFailedFetchesAreRefusedAndNothingIs
   EXPECT_THAT(Read(*cache, file, kChunk - 10, 20), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(Read(*cache, file, 2 * kChunk, 1), StatusIs(absl::StatusCode::kInvalidArgument));
   std::string out(10, '\0');
-  absl::StatusOr<uint64_t> failed =
-      cache->Read(file.key, 0, 10, reinterpret_cast<uint8_t*>(out.data()),
-                  [](uint64_t, uint64_t, uint8_t*) { return absl::UnavailableError("gone"); });
+  RemoteChunkUse use;
+  absl::StatusOr<uint64_t> failed = cache->Read(
+      file.key, 0, {RemoteCachePiece{0, 10, reinterpret_cast<uint8_t*>(out.data())}},
+      [](uint64_t, uint64_t, uint8_t*) { return absl::UnavailableError("gone"); }, &use,
+      absl::InfiniteFuture(), [] { return false; });
   EXPECT_THAT(failed, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_FALSE(use.pending);
   EXPECT_TRUE(ChunkFiles().empty());
+  EXPECT_TRUE(ChunkFiles(".pending").empty());
   EXPECT_THAT(Read(*cache, file, 0, 10), IsOkAndHolds(file.bytes.substr(0, 10)));
   EXPECT_EQ(file.fetches, 1);
 }
@@ -233,9 +281,11 @@ TEST_F(RemoteCacheTest, ReadersOfOneChunkFetchItOnceWhetherThreadsOrAnotherProce
     absl::StatusOr<std::unique_ptr<RemoteCache>> mine = RemoteCache::Open(options);
     if (!mine.ok()) ::_exit(3);
     std::string out(kChunk, '\0');
-    absl::StatusOr<uint64_t> fetched =
-        (*mine)->Read(file.key, 0, kChunk, reinterpret_cast<uint8_t*>(out.data()),
-                      [](uint64_t, uint64_t, uint8_t*) { return absl::InternalError("fetched"); });
+    RemoteChunkUse use;
+    absl::StatusOr<uint64_t> fetched = (*mine)->Read(
+        file.key, 0, {RemoteCachePiece{0, kChunk, reinterpret_cast<uint8_t*>(out.data())}},
+        [](uint64_t, uint64_t, uint8_t*) { return absl::InternalError("fetched"); }, &use,
+        absl::InfiniteFuture(), [] { return false; });
     ::_exit(!fetched.ok() ? 4 : *fetched != 0 ? 5 : out != file.bytes ? 6 : 0);
   }
   ::close(go[0]);
@@ -255,9 +305,12 @@ TEST_F(RemoteCacheTest, ReadersOfOneChunkFetchItOnceWhetherThreadsOrAnotherProce
   for (int i = 0; i < 4; ++i) {
     readers.emplace_back([&, i] {
       std::string out(1000, '\0');
-      absl::StatusOr<uint64_t> fetched =
-          cache->Read(file.key, i * 1000, 1000, reinterpret_cast<uint8_t*>(out.data()), slow_fetch);
+      RemoteChunkUse use;
+      absl::StatusOr<uint64_t> fetched = cache->Read(
+          file.key, 0, {RemoteCachePiece{i * 1000u, 1000, reinterpret_cast<uint8_t*>(out.data())}},
+          slow_fetch, &use, absl::InfiniteFuture(), [] { return false; });
       right += fetched.ok() && out == file.bytes.substr(i * 1000, 1000);
+      cache->Keep(use);
     });
   }
   for (std::thread& reader : readers) reader.join();
@@ -294,22 +347,206 @@ TEST_F(RemoteCacheTest, ADirectoryOthersCanWriteOrAForeignFormatIsRefused) {
   EXPECT_GE((*sized)->budget_bytes(), 4 * kChunk);
 }
 
-TEST_F(RemoteCacheTest, ADeadWritersTemporaryFileIsRemovedOnOpenALiveOnesIsNot) {
+// A writer's temporary file names its cache, whose owner file that cache keeps locked: a process
+// that is gone — in this PID namespace or another, whatever pid it had — has it unlocked.
+TEST_F(RemoteCacheTest, TheTemporaryFilesOfAGoneCacheAreRemovedOnOpenALiveOnesAreNot) {
   ASSERT_NE(Open(), nullptr);
   const std::string bucket = absl::StrCat(cache_dir(), "/chunks/ab");
-  ASSERT_EQ(::mkdir(bucket.c_str(), 0700), 0);
-  // A pid that is gone: a child that has exited and been reaped.
-  const pid_t gone = ::fork();
-  if (gone == 0) ::_exit(0);
-  ASSERT_EQ(::waitpid(gone, nullptr, 0), gone);
-  const std::string dead = absl::StrCat(bucket, "/ab00000000000000-0.tmp-", gone, "-0");
-  const std::string live = absl::StrCat(bucket, "/ab00000000000000-1.tmp-", ::getpid(), "-9");
+  const std::string owners = absl::StrCat(cache_dir(), "/owners");
+  // A live cache: its owner file locked (by this test, standing in for another daemon).
+  const int live_owner =
+      ::open(absl::StrCat(owners, "/1111111111111111").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(live_owner, 0);
+  ASSERT_EQ(::flock(live_owner, LOCK_EX | LOCK_NB), 0);
+  // A gone one: its owner file unlocked; and one whose owner file is gone too.
+  std::ofstream(absl::StrCat(owners, "/2222222222222222")) << "";
+  const std::string dead = absl::StrCat(bucket, "/ab00000000000000-0.tmp-2222222222222222-0");
+  const std::string orphan = absl::StrCat(bucket, "/ab00000000000000-2.tmp-3333333333333333-0");
+  const std::string live = absl::StrCat(bucket, "/ab00000000000000-1.tmp-1111111111111111-9");
   std::ofstream(dead) << "half a chunk";
+  std::ofstream(orphan) << "half a chunk";
   std::ofstream(live) << "being written";
   ASSERT_NE(Open(), nullptr);
   struct stat status;
   EXPECT_NE(::stat(dead.c_str(), &status), 0);
+  EXPECT_NE(::stat(orphan.c_str(), &status), 0);
   EXPECT_EQ(::stat(live.c_str(), &status), 0);
+  EXPECT_NE(::stat(absl::StrCat(owners, "/2222222222222222").c_str(), &status), 0);
+  ::close(live_owner);
+}
+
+// A chunk fetched for a read is written aside, and kept only once the read's check passed: a bad
+// answer — which the read's checksum then refused — once stayed in the cache, failing every later
+// read, and after the model was registered again it was served, here and by the node's other
+// daemon, as the model's bytes.
+TEST_F(RemoteCacheTest, NothingEntersTheCacheUnverifiedAndAChunkThatFailsIsRemoved) {
+  FakeRemoteFile file("s3://models/m/a.bin", "\"e\"", 2 * kChunk, 7);
+  std::unique_ptr<RemoteCache> cache = Open();
+  ASSERT_NE(cache, nullptr);
+
+  // Fetched, its read failed its check: dropped, fetched again next time.
+  RemoteChunkUse use;
+  ASSERT_THAT(ReadUnsettled(*cache, file, 0, 100, &use), IsOk());
+  EXPECT_TRUE(use.pending);
+  EXPECT_TRUE(ChunkFiles().empty());
+  EXPECT_EQ(ChunkFiles(".pending").size(), 1u);
+  cache->Discard(use, /*bad=*/true);
+  EXPECT_TRUE(ChunkFiles(".pending").empty());
+  EXPECT_TRUE(ChunkFiles().empty());
+  EXPECT_EQ(cache->stats().chunks_discarded, 1u);
+
+  // A reader that comes while it is pending is served the pending chunk; the first check that
+  // passes keeps it.
+  ASSERT_THAT(ReadUnsettled(*cache, file, 0, 100, &use), IsOk());
+  EXPECT_EQ(file.fetches, 2);
+  RemoteChunkUse second;
+  EXPECT_THAT(ReadUnsettled(*cache, file, 200, 100, &second),
+              IsOkAndHolds(file.bytes.substr(200, 100)));
+  EXPECT_EQ(file.fetches, 2);
+  EXPECT_TRUE(second.pending);
+  cache->Keep(second);
+  EXPECT_EQ(ChunkFiles().size(), 1u);
+  cache->Keep(use);  // settled already: nothing to do
+  EXPECT_EQ(cache->stats().chunks_written, 1u);
+
+  // Kept, then found bad by a read's check: removed.
+  ASSERT_THAT(ReadUnsettled(*cache, file, 0, 100, &use), IsOk());
+  EXPECT_FALSE(use.pending);
+  cache->Discard(use, /*bad=*/true);
+  EXPECT_TRUE(ChunkFiles().empty());
+  EXPECT_EQ(cache->stats().chunks_removed, 1u);
+  EXPECT_THAT(Read(*cache, file, 0, 100), IsOkAndHolds(file.bytes.substr(0, 100)));
+  EXPECT_EQ(file.fetches, 3);
+
+  // A read that failed before checking (its other parts failed): its pending chunk goes, the
+  // kept ones stay.
+  ASSERT_THAT(ReadUnsettled(*cache, file, kChunk, 100, &use), IsOk());
+  cache->Discard(use, /*bad=*/false);
+  EXPECT_EQ(ChunkFiles().size(), 1u);
+  EXPECT_TRUE(ChunkFiles(".pending").empty());
+}
+
+// Two daemons with different --s3-endpoints sharing a directory: one served the other endpoint's
+// bytes for the same bucket and key.
+TEST_F(RemoteCacheTest, TheSameKeyAtAnotherEndpointIsAnotherFile) {
+  FakeRemoteFile here("s3://models/m/a.bin", "\"e\"", kChunk, 8, "https://s3.example.com");
+  FakeRemoteFile there("s3://models/m/a.bin", "\"e\"", kChunk, 9, "http://10.0.0.1:7480");
+  std::unique_ptr<RemoteCache> cache = Open();
+  ASSERT_NE(cache, nullptr);
+  EXPECT_THAT(Read(*cache, here, 0, 64), IsOkAndHolds(here.bytes.substr(0, 64)));
+  EXPECT_THAT(Read(*cache, there, 0, 64), IsOkAndHolds(there.bytes.substr(0, 64)));
+  EXPECT_EQ(here.fetches, 1);
+  EXPECT_EQ(there.fetches, 1);
+  // One's chunk file in the other's place is refused by its header: both are fetched again (one
+  // chunk is gone, the other is of the wrong endpoint).
+  std::vector<std::string> chunks = ChunkFiles();
+  ASSERT_EQ(chunks.size(), 2u);
+  ASSERT_EQ(::rename(chunks[0].c_str(), chunks[1].c_str()), 0);
+  EXPECT_THAT(Read(*cache, here, 0, 64), IsOkAndHolds(here.bytes.substr(0, 64)));
+  EXPECT_THAT(Read(*cache, there, 0, 64), IsOkAndHolds(there.bytes.substr(0, 64)));
+  EXPECT_EQ(here.fetches + there.fetches, 4);
+  EXPECT_EQ(cache->stats().chunks_refused, 1u);
+}
+
+// The budget is the directory's: each daemon once counted only its own writes, so N daemons on
+// one directory took N times the budget.
+TEST_F(RemoteCacheTest, TheBudgetHoldsForEveryCacheSharingTheDirectory) {
+  std::unique_ptr<RemoteCache> first = Open(/*budget=*/8 * kChunk);
+  std::unique_ptr<RemoteCache> second = Open(/*budget=*/8 * kChunk);
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  FakeRemoteFile a("s3://models/a/model.safetensors", "\"e\"", 10 * kChunk, 10);
+  FakeRemoteFile b("s3://models/b/model.safetensors", "\"e\"", 10 * kChunk, 11);
+  for (uint64_t i = 0; i < 10; ++i) {
+    ASSERT_THAT(Read(*first, a, i * kChunk, 16), IsOk());
+    ASSERT_THAT(Read(*second, b, i * kChunk, 16), IsOk());
+    // The directory never holds more than the budget and a chunk being written.
+    EXPECT_LE(DirectoryBytes(), 9 * kChunk) << i;
+  }
+  EXPECT_GT(first->stats().chunks_evicted + second->stats().chunks_evicted, 0u);
+}
+
+// A reader whose chunk another reader is fetching waits for it only until its deadline, then
+// fetches past the cache; one told to stop stops.
+TEST_F(RemoteCacheTest, AWaitForAnotherReadersFetchIsBounded) {
+  FakeRemoteFile file("s3://models/m/slow.bin", "\"e\"", kChunk, 12);
+  std::unique_ptr<RemoteCache> cache = Open();
+  ASSERT_NE(cache, nullptr);
+  absl::Notification fetching;
+  std::thread slow([&] {
+    std::string out(16, '\0');
+    RemoteChunkUse use;
+    (void)cache->Read(
+        file.key, 0, {RemoteCachePiece{0, 16, reinterpret_cast<uint8_t*>(out.data())}},
+        [&](uint64_t offset, uint64_t length, uint8_t* destination) {
+          fetching.Notify();
+          absl::SleepFor(absl::Seconds(3));  // a trickling store
+          return file.Fetch(offset, length, destination);
+        },
+        &use, absl::InfiniteFuture(), [] { return false; });
+  });
+  fetching.WaitForNotification();
+  const absl::Time start = absl::Now();
+  RemoteChunkUse use;
+  EXPECT_THAT(ReadUnsettled(*cache, file, 100, 16, &use, start + absl::Milliseconds(300)),
+              IsOkAndHolds(file.bytes.substr(100, 16)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_EQ(file.fetches, 1);  // its own, past the cache: the slow one's is still under way
+  std::string out(16, '\0');
+  absl::StatusOr<uint64_t> stopped = cache->Read(
+      file.key, 0, {RemoteCachePiece{0, 16, reinterpret_cast<uint8_t*>(out.data())}},
+      [&](uint64_t offset, uint64_t length, uint8_t* destination) {
+        return file.Fetch(offset, length, destination);
+      },
+      &use, absl::InfiniteFuture(), [] { return true; });
+  EXPECT_THAT(stopped, StatusIs(absl::StatusCode::kCancelled));
+  slow.join();
+}
+
+// A FORMAT left empty by a crash (the first version wrote it without fsync) kept the daemon from
+// starting; a chunk size out of bounds in it sized every thread's buffer.
+TEST_F(RemoteCacheTest, AnEmptyOrFirstVersionFormatIsRebuiltAnUnboundedOneRefused) {
+  FakeRemoteFile file("s3://models/m/a.bin", "\"e\"", kChunk, 13);
+  {
+    std::unique_ptr<RemoteCache> cache = Open();
+    ASSERT_NE(cache, nullptr);
+    ASSERT_THAT(Read(*cache, file, 0, 64), IsOk());
+  }
+  const std::string format = absl::StrCat(cache_dir(), "/FORMAT");
+  for (const char* text : {"", "tierd remote cac", "tierd remote cache 1 chunk_bytes=65536\n"}) {
+    std::ofstream(format, std::ios::trunc) << text;
+    std::unique_ptr<RemoteCache> cache = Open();
+    ASSERT_NE(cache, nullptr) << text;
+    EXPECT_TRUE(ChunkFiles().empty()) << text;  // rebuilt: nothing of before is trusted
+    EXPECT_EQ(testing::ReadWholeFile(format), "tierd remote cache 2 chunk_bytes=65536\n");
+    ASSERT_THAT(Read(*cache, file, 0, 64), IsOk());
+  }
+  RemoteCacheOptions options;
+  options.directory = cache_dir();
+  options.budget_bytes = 64 * kChunk;
+  for (const char* text : {"tierd remote cache 2 chunk_bytes=1\n",
+                           "tierd remote cache 2 chunk_bytes=18446744073709551615\n",
+                           "tierd remote cache 3 chunk_bytes=65536\n"}) {
+    std::ofstream(format, std::ios::trunc) << text;
+    EXPECT_THAT(RemoteCache::Open(options), StatusIs(absl::StatusCode::kFailedPrecondition))
+        << text;
+  }
+  options.directory = absl::StrCat(dir_.path(), "/other");
+  options.chunk_bytes = 100;
+  EXPECT_THAT(RemoteCache::Open(options), StatusIs(absl::StatusCode::kInvalidArgument));
+
+  // The directory, or one of its chunk directories, a symbolic link: refused.
+  const std::string link = absl::StrCat(dir_.path(), "/link");
+  ASSERT_EQ(::symlink(dir_.path().c_str(), link.c_str()), 0);
+  options.directory = link;
+  options.chunk_bytes = kChunk;
+  EXPECT_THAT(RemoteCache::Open(options), StatusIs(absl::StatusCode::kPermissionDenied));
+  std::ofstream(format, std::ios::trunc) << "tierd remote cache 2 chunk_bytes=65536\n";
+  const std::string bucket = absl::StrCat(cache_dir(), "/chunks/ab");
+  ASSERT_EQ(::rmdir(bucket.c_str()), 0);
+  ASSERT_EQ(::symlink(dir_.path().c_str(), bucket.c_str()), 0);
+  options.directory = cache_dir();
+  EXPECT_THAT(RemoteCache::Open(options), Not(IsOk()));
 }
 
 }  // namespace
