@@ -12,6 +12,7 @@
 #include "common/quote.h"
 #include "remote/s3_location.h"
 #include "server/proto_convert.h"
+#include "server/register_reactor.h"
 #include "server/session_reactor.h"
 #include "server/stats.h"
 
@@ -23,125 +24,6 @@ class RefusedSession final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
  public:
   explicit RefusedSession(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
-};
-
-// Registers a model on the admin thread, writing one progress message per file. The admin thread
-// may block on a write (never a gRPC thread); a client gone mid-way stops the messages, not the
-// registration.
-class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
- public:
-  // `registered` runs once the model is registered, before the answer.
-  RegisterReactor(Catalog& catalog, TimerThread& admin, v1::RegisterModelRequest request,
-                  std::function<void(const std::string& name)> registered,
-                  std::function<grpc::Status(const absl::Status&)> answer)
-      : catalog_(catalog),
-        request_(std::move(request)),
-        registered_(std::move(registered)),
-        answer_(std::move(answer)) {
-    admin.RunAfter(absl::ZeroDuration(), [this] { Run(); });
-  }
-
-  void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (!ok) client_gone_ = true;
-  }
-  void OnDone() override { delete this; }
-
- private:
-  void Run() {
-    // Everything the client sent is checked before any of it reaches the log, and is quoted
-    // there and in errors: a name or path may hold newlines, NULs or a megabyte.
-    absl::StatusOr<ModelSummary> summary = Check();
-    absl::StatusOr<std::vector<DerivedTensorSpec>> derived = FromProto(request_.derived());
-    if (summary.ok() && !derived.ok()) summary = derived.status();
-    if (summary.ok()) {
-      const Grouping grouping = *FromProto(request_.grouping());
-      TIERD_LOG(INFO) << "registering model " << request_.name() << " from "
-                      << Quote(request_.directory()) << " (" << GroupingName(grouping)
-                      << (request_.verify() ? ", verifying every object" : "")
-                      << (request_.keep_raw() ? ", kept raw in host memory" : "") << ")";
-      summary = catalog_.RegisterModel(
-          request_.name(), request_.directory(), grouping, GroupingRules::Defaults(),
-          [this](const RegistrationProgress& progress) {
-            v1::RegisterModelProgress message;
-            message.set_files_done(progress.files_done);
-            message.set_files_total(progress.files_total);
-            message.set_current_file(progress.current_file);
-            message.set_bytes_verified(progress.bytes_verified);
-            message.set_bytes_to_verify(progress.bytes_to_verify);
-            Write(message);
-          },
-          request_.verify(), *derived, request_.keep_raw());
-    }
-    if (!summary.ok()) {
-      TIERD_LOG(WARNING) << "registering " << Quote(request_.name())
-                         << " failed: " << summary.status();
-      Finish(answer_(summary.status()));
-      return;
-    }
-    TIERD_LOG(INFO) << "registered model " << summary->name << ": " << summary->objects
-                    << " objects, " << summary->tensors << " tensors in " << summary->files
-                    << " file(s)"
-                    << (summary->derived_tensors > 0
-                            ? absl::StrCat(", ", summary->derived_tensors,
-                                           " of the tensors derived from the checkpoint's")
-                            : "");
-    registered_(summary->name);
-    v1::RegisterModelProgress last;
-    last.set_files_done(summary->files);
-    last.set_files_total(summary->files);
-    ToProto(*summary, last.mutable_summary());
-    Write(last);
-    Finish(answer_(absl::OkStatus()));
-  }
-
-  // The request's own checks, before anything is logged or read: an error, or OK (as a summary
-  // that is never used) to go on.
-  absl::StatusOr<ModelSummary> Check() const {
-    if (absl::Status name = ValidateModelName(request_.name()); !name.ok()) return name;
-    if (absl::StatusOr<Grouping> grouping = FromProto(request_.grouping()); !grouping.ok()) {
-      return grouping.status();
-    }
-    const std::string& directory = request_.directory();
-    if (IsS3Path(directory)) {
-      // A model in object storage: the catalog checks the URL and the roots.
-    } else if (directory.empty() || directory.front() != '/') {
-      // A relative path would be resolved against the daemon's working directory, not the
-      // caller's; the client libraries send absolute ones.
-      return absl::InvalidArgumentError(absl::StrCat(
-          "register.directory must be an absolute path or an s3:// URL, not ", Quote(directory)));
-    }
-    if (directory.size() >= PATH_MAX || directory.find('\0') != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("register.directory ", Quote(directory),
-                                                     " is not a path (longer than ", PATH_MAX - 1,
-                                                     " bytes, or holding a NUL byte)"));
-    }
-    return ModelSummary();
-  }
-
-  // Writes `message` and waits until the write is done (or the client is gone).
-  void Write(const v1::RegisterModelProgress& message) {
-    absl::MutexLock lock(&mu_);
-    if (client_gone_) return;
-    if (absl::Status serialized = Serialize(message, message_); !serialized.ok()) {
-      TIERD_LOG(WARNING) << "registration progress not sent: " << serialized;
-      return;
-    }
-    writing_ = true;
-    StartWrite(&message_);
-    mu_.Await(absl::Condition(
-        +[](bool* writing) { return !*writing; }, &writing_));
-  }
-
-  Catalog& catalog_;
-  const v1::RegisterModelRequest request_;
-  const std::function<void(const std::string& name)> registered_;
-  const std::function<grpc::Status(const absl::Status&)> answer_;
-  absl::Mutex mu_;
-  grpc::ByteBuffer message_;  // the message being written
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool client_gone_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
@@ -196,14 +78,21 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TierdService::RegisterModel(
     explicit Refused(const grpc::Status& status) { Finish(status); }
     void OnDone() override { delete this; }
   };
-  v1::RegisterModelRequest request;
-  if (absl::Status parsed = ParseRequest(*raw_request, request); !parsed.ok()) {
-    return new Refused(Answer(parsed));
-  }
   absl::StatusOr<Tiers*> tiers = Serving();
   if (!tiers.ok()) return new Refused(Answer(tiers.status()));
+  // Refused before the request is parsed: each one admitted holds its bytes until it is done.
+  if (!registrations_.Admit()) {
+    return new Refused(Answer(absl::ResourceExhaustedError(
+        absl::StrCat(registrations_.max_admitted(),
+                     " registrations are queued or running already; try again once one is done"))));
+  }
+  v1::RegisterModelRequest request;
+  if (absl::Status parsed = ParseRequest(*raw_request, request); !parsed.ok()) {
+    registrations_.Leave();
+    return new Refused(Answer(parsed));
+  }
   return new RegisterReactor(
-      (*tiers)->catalog, admin_, std::move(request),
+      (*tiers)->catalog, registrations_, std::move(request), raw_request->Length(),
       [tiers = *tiers](const std::string& name) {
         // The model's namespace names its weights from now on: stored objects clients put there
         // before are forgotten by every group's tier, never served as its weights.

@@ -1,8 +1,8 @@
 // The tierd.v1.Tierd service: the Session stream (SessionReactor) and the unary calls people and
 // scripts make. It is served from the daemon's first moment (answering UNAVAILABLE while the
 // daemon starts) and attached to the tiers once they are ready. Handlers never block on I/O:
-// registration and dropping models run on the service's admin thread; everything else is
-// in-memory bookkeeping or hands work to the tiers.
+// registrations run on workers of their own (server/registration_queue.h), dropping models on the
+// service's admin thread; everything else is in-memory bookkeeping or hands work to the tiers.
 #ifndef TIERD_SERVER_TIERD_SERVICE_H_
 #define TIERD_SERVER_TIERD_SERVICE_H_
 
@@ -13,6 +13,7 @@
 #include "common/timer_thread.h"
 #include "gpu/gpu_tier.h"
 #include "server/raw_call.h"
+#include "server/registration_queue.h"
 #include "server/response_counters.h"
 #include "server/session_protocol.h"
 #include "server/stats.h"
@@ -51,7 +52,10 @@ class TierdService final : public RawTierdService {
               UnreadAnswerBudget& unread_answers, NodeParts node = {});
   // From now on new sessions and calls that change state are refused with UNAVAILABLE; listing
   // and stats still answer.
-  void StartShutdown() { shutting_down_ = true; }
+  void StartShutdown() {
+    shutting_down_ = true;
+    registrations_.StartShutdown();
+  }
 
   // The raw methods: each parses its request and hands it to the typed handler below.
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Session(
@@ -114,7 +118,8 @@ class TierdService final : public RawTierdService {
   std::unique_ptr<Tiers> attached_;  // set once by Attach, before tiers_ publishes it
   std::atomic<Tiers*> tiers_{nullptr};
   std::atomic<bool> shutting_down_{false};
-  TimerThread admin_;  // last: joined first
+  RegistrationQueue registrations_;
+  TimerThread admin_;  // last: joined first (drops)
 };
 
 }  // namespace tierd
