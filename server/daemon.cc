@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -45,6 +46,8 @@ absl::StatusOr<std::optional<S3ClientOptions>> RemoteSourceOptions(const DaemonO
   S3CredentialOptions where;
   where.credentials_file = options.s3_credentials_file;
   where.profile = options.s3_profile;
+  // Found again after a refusal (a rotated file), from the environment as it was at start.
+  where.getenv = SnapshotS3Environment();
   S3ClientOptions client;
   client.endpoint.url = options.s3_endpoint;
   client.endpoint.path_style = options.s3_path_style;
@@ -59,6 +62,19 @@ absl::StatusOr<std::optional<S3ClientOptions>> RemoteSourceOptions(const DaemonO
                         absl::StrCat("--s3-endpoint ", *url, ": ", credentials.status().message()));
   }
   client.credentials = *std::move(credentials);
+  client.refresh_credentials = [where] { return ResolveS3Credentials(where); };
+  // The secrets are in this process's memory from here on: out of its environment (children,
+  // /proc/PID/environ), and no core file or same-user debugger may read them.
+  ForgetS3SecretsInEnvironment();
+  if (::prctl(PR_SET_DUMPABLE, 0) != 0) {
+    TIERD_LOG(WARNING) << PosixError("making the process non-dumpable", errno);
+  }
+  if (absl::StartsWith(*url, "http://")) {
+    TIERD_LOG(WARNING) << "--s3-endpoint " << *url
+                       << " is plain HTTP: requests are signed (the secret itself is not sent), "
+                          "but the session token, the keys' id and every model byte cross the "
+                          "network unencrypted; use https:// beyond a trusted host";
+  }
   client.stall_timeout = options.s3_stall_timeout;
   client.max_attempts = options.s3_attempts;
   client.ca_file = options.s3_ca_file;
@@ -600,6 +616,9 @@ void Daemon::Shutdown(absl::Duration grace) {
     server_->GetHealthCheckService()->SetServingStatus(false);
   }
   service_->StartShutdown();
+  // Nothing waits on an object store from here on: remote reads in flight and queued fail now,
+  // and the sessions waiting on them get their answers.
+  if (storage_ != nullptr) storage_->StopRemote();
   if (session_server_ != nullptr) session_server_->StopAccepting();
   for (ClientGroup& group : client_groups_) {
     if (group.sessions != nullptr) group.sessions->StopAccepting();

@@ -192,7 +192,7 @@ else
   execd=$(sed -n "s|^ExecStart=/bin/sh -c 'exec \([^ ]*\) .*|\1|p" "$unit")
   check "ExecStart runs $execd, which the install provides" test -n "$execd" -a -x "$dest$execd"
   for directive in Type=notify NotifyAccess=main WatchdogSec=30s Restart=on-failure User=tierd \
-    Group=tierd LimitMEMLOCK=infinity RuntimeDirectory=tierd RuntimeDirectoryPreserve=yes \
+    Group=tierd LimitMEMLOCK=infinity LimitCORE=0 RuntimeDirectory=tierd RuntimeDirectoryPreserve=yes \
     'StateDirectory=tierd/gpu%i'; do
     check "the unit sets $directive" grep -qx "$directive" "$unit"
   done
