@@ -162,6 +162,13 @@ void HostLender::Fetch(const std::string& key,
                });
 }
 
+HostLender::Held HostLender::QuarantinedFor(pid_t lessee) const {
+  absl::MutexLock lock(&mu_);
+  auto it = lessees_.find(lessee);
+  if (it == lessees_.end()) return {};
+  return Held{static_cast<uint64_t>(it->second.leases), it->second.bytes};
+}
+
 void HostLender::Lent() {
   absl::MutexLock lock(&mu_);
   ++served_;
@@ -181,8 +188,10 @@ void HostLender::Quarantine(pid_t lessee, std::map<uint64_t, HostObject> leases)
   Lessee& watched = lessees_[lessee];
   if (watched.leases == 0 && watched.pidfd < 0) watched.pidfd = OpenPidfd(lessee);
   watched.leases += static_cast<int>(leases.size());
-  for (auto& [id, object] : leases)
+  for (auto& [id, object] : leases) {
+    watched.bytes += object.size();
     quarantined_.emplace(id, Quarantined{lessee, std::move(object)});
+  }
   TIERD_LOG(INFO) << "a session of process " << lessee << " ended holding " << leases.size()
                   << " host lease(s): held until that process releases them or exits";
   if (!checking_) {
@@ -195,6 +204,7 @@ HostObject HostLender::TakeQuarantinedLocked(std::map<uint64_t, Quarantined>::it
   HostObject object = std::move(it->second.object);
   UnreserveLocked(object.key());
   auto lessee = lessees_.find(it->second.lessee);
+  if (lessee != lessees_.end()) lessee->second.bytes -= object.size();
   if (lessee != lessees_.end() && --lessee->second.leases == 0) {
     if (lessee->second.pidfd >= 0) ::close(lessee->second.pidfd);
     lessees_.erase(lessee);
@@ -236,18 +246,28 @@ void HostLeases::Lend(const std::string& key, uint64_t source_fingerprint,
                       absl::AnyInvocable<void(absl::StatusOr<HostLoan>) &&> done) {
   absl::StatusOr<uint64_t> size = lender_.SizeToLend(key, source_fingerprint);
   if (!size.ok()) return std::move(done)(size.status());
+  // What the process's ended sessions left quarantined counts against this one's quota: a
+  // process that ends sessions holding their leases gains nothing by opening new ones.
+  const HostLender::Held left = lender_.QuarantinedFor(lessee_);
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return std::move(done)(absl::UnavailableError("the session has ended"));
-    if (leases_.size() + pending_ >= max_leases_) {
+    if (leases_.size() + pending_ + left.leases >= max_leases_) {
       return std::move(done)(absl::ResourceExhaustedError(
-          absl::StrCat("this session holds ", max_leases_, " host leases (its lease quota)")));
+          absl::StrCat("this session holds ", leases_.size() + pending_,
+                       " host leases and its process's ended "
+                       "sessions ",
+                       left.leases, "; together at most ", max_leases_,
+                       " (the lease quota) until the process releases some")));
     }
-    if (bytes_ + *size > max_bytes_) {
+    if (bytes_ + *size + left.bytes > max_bytes_) {
       return std::move(done)(absl::ResourceExhaustedError(
-          absl::StrCat("this session holds ", FormatByteSize(bytes_), " of host leases; ", key,
-                       " (", FormatByteSize(*size), ") would pass its quota of ",
-                       FormatByteSize(max_bytes_), " (--session-max-staging-bytes)")));
+          absl::StrCat("this session holds ", FormatByteSize(bytes_),
+                       " of host leases and its process's "
+                       "ended sessions ",
+                       FormatByteSize(left.bytes), "; ", key, " (", FormatByteSize(*size),
+                       ") would pass their quota of ", FormatByteSize(max_bytes_),
+                       " (--session-max-staging-bytes)")));
     }
     if (absl::Status reserved = lender_.Reserve(key, *size); !reserved.ok()) {
       return std::move(done)(reserved);

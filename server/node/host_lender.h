@@ -17,7 +17,9 @@
 // (SO_PEERCRED); a gRPC session's request for one is refused.
 //
 // What may be lent is bounded: each session at most its staging quota in bytes
-// (--session-max-staging-bytes) and its lease quota in leases, and all sessions together —
+// (--session-max-staging-bytes) and its lease quota in leases — what its process's ended sessions
+// left quarantined counted in, so that cycling sessions gains a process nothing — and all
+// sessions together —
 // quarantined leases included, each object counted once however many hold it — at most half the
 // host cache, so that borrowers holding leases can never fill the cache the daemon's own clients
 // need. Thread-safe.
@@ -95,7 +97,14 @@ class HostLender {
   struct Lessee {
     int pidfd = -1;  // -1 where pidfd_open is missing: kill(pid, 0) says instead
     int leases = 0;
+    uint64_t bytes = 0;
   };
+  struct Held {
+    uint64_t leases = 0;
+    uint64_t bytes = 0;
+  };
+  // What process `lessee`'s ended sessions left quarantined.
+  Held QuarantinedFor(pid_t lessee) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The size `key` would be lent at, checking it may be: NOT_FOUND for a stored object's key (only
   // model objects are homed) or an unknown one; FAILED_PRECONDITION when `source_fingerprint` (0:

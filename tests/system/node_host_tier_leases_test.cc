@@ -1,6 +1,8 @@
 // The node host tier's leases across real daemon processes (the fixture of node_host_tier_test.cc):
 // a host lease outlives the session it was lent on until its process releases it or exits, leases
-// are bounded per session and for all sessions, and they need a node.
+// are bounded per session (what the process's ended sessions hold counted in) and for all
+// sessions, and they need a node.
+#include "absl/algorithm/container.h"
 #include "tests/system/node_host_tier_test_fixture.h"
 
 namespace tierd {
@@ -132,6 +134,44 @@ TEST_F(NodeHostTierTest, HostLeasesAreBoundedPerSessionAndForAllSessions) {
   EXPECT_THAT(answer.message(), ::testing::HasSubstr("session socket only"));
   stream->WritesDone();
   (void)stream->Finish();
+}
+
+// A process that ends sessions holding their leases and opens new ones once held up to the cap of
+// all sessions together: what its ended sessions left counts against the quota of its next.
+TEST_F(NodeHostTierTest, ASessionsQuotaCountsWhatItsProcessesEndedSessionsHold) {
+  WriteModel(32, 32);
+  StartDaemons("8MiB", {"--session-max-staging-bytes=1MiB"});
+  const int home = MostHomed();
+  const std::vector<size_t> homed = HomedOn(home);
+  ASSERT_GE(homed.size(), 6u);
+  RawSession first = OpenAsNodeDaemon(home);
+  std::vector<uint64_t> held;
+  absl::Status refused;
+  size_t next = 0;
+  for (; next < homed.size(); ++next) {
+    absl::StatusOr<v1::SessionResponse> lease = LeaseHost(first, "m/" + tensors_[homed[next]].name);
+    if (!lease.ok()) {
+      refused = lease.status();
+      break;
+    }
+    held.push_back(lease->lease().lease_id());
+  }
+  ASSERT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted));
+  ASSERT_FALSE(held.empty());
+  ::close(first.fd);  // ended holding them: quarantined for this process
+  ASSERT_TRUE(absl::c_any_of(std::vector<int>(50), [&](int) {
+    absl::SleepFor(absl::Milliseconds(20));
+    return Stats(home).node_host_leases_kept() == held.size();
+  }));
+
+  RawSession second = OpenAsNodeDaemon(home);
+  absl::StatusOr<v1::SessionResponse> again = LeaseHost(second, "m/" + tensors_[homed[next]].name);
+  EXPECT_THAT(again, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(std::string(again.status().message()), ::testing::HasSubstr("ended sessions"));
+  // Given back, they count no more.
+  for (uint64_t id : held) EXPECT_THAT(ReleaseHost(second, id), IsOk());
+  EXPECT_THAT(LeaseHost(second, "m/" + tensors_[homed[next]].name), IsOk());
+  ::close(second.fd);
 }
 
 TEST_F(NodeHostTierTest, HostLeasesNeedANode) {
