@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -17,9 +18,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/health.h"
 #include "client/tierctl_format.h"
@@ -28,7 +32,9 @@
 #include "common/command_line.h"
 
 ABSL_FLAG(std::string, socket, "/run/tierd/gpu0.sock", "Unix socket of the tierd to talk to");
-ABSL_FLAG(int, timeout_ms, 5000, "Deadline of each call");
+ABSL_FLAG(int, timeout_ms, 5000,
+          "Deadline of each call; of the whole of load and get only when given (they may take "
+          "long: none by default)");
 ABSL_FLAG(bool, json, false, "Print one JSON document on stdout instead of text");
 // Per-command flags: empty or false means "not given", so a flag given to the wrong command is
 // caught instead of silently ignored.
@@ -75,15 +81,74 @@ constexpr char kUsage[] =
     "                             it survives a restart of the daemon\n"
     "  evict KEY|PREFIX/ [--tier=gpu|host|all]\n"
     "                             drop an object, or every one under PREFIX/, from a tier\n"
-    "With --json a command prints one JSON document on stdout. A failure prints STATUS: message\n"
-    "on stderr and exits 1; bad usage exits 2.\n";
+    "--timeout-ms (default 5000) bounds each call; load and get, which may take long, only when\n"
+    "it is given, and then the whole command. With --json a command prints one JSON document on\n"
+    "stdout. A failure prints STATUS: message on stderr and exits 1; bad usage exits 2.\n";
 
 using tierd::Json;
 
+// `text` with its control characters (newlines, escapes a terminal would obey) written as \xNN:
+// a message may carry a store's or a client's words.
+std::string Printable(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      absl::StrAppendFormat(&out, "\\x%02x", byte);
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
 void PrintError(const absl::Status& status) {
   std::fprintf(stderr, "%s: %s\n", absl::StatusCodeToString(status.code()).c_str(),
-               std::string(status.message()).c_str());
+               Printable(status.message()).c_str());
 }
+
+// Whether --timeout-ms was given on the command line (main sets it).
+bool timeout_given = false;
+
+// The deadline --timeout-ms sets for the whole of a long command (load, get): only when it is
+// given.
+std::optional<absl::Duration> CommandTimeout() {
+  if (!timeout_given) return std::nullopt;
+  return absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+}
+
+// Ends the process (exit status 1, having said DEADLINE_EXCEEDED) should `command` still run at
+// `timeout`: a session's fetch has no deadline of its own.
+class Watchdog {
+ public:
+  Watchdog(std::optional<absl::Duration> timeout, std::string command) {
+    if (!timeout) return;
+    thread_ = std::thread([this, deadline = absl::Now() + *timeout, timeout = *timeout,
+                           command = std::move(command)] {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithDeadline(absl::Condition(&done_), deadline)) return;
+      tierd::RemoveUnfinishedOutput();
+      PrintError(absl::DeadlineExceededError(absl::StrCat(
+          command, " did not finish within --timeout-ms=", absl::ToInt64Milliseconds(timeout))));
+      std::fflush(stderr);
+      std::_Exit(kExitFailure);
+    });
+  }
+  ~Watchdog() {
+    if (!thread_.joinable()) return;
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+    }
+    thread_.join();
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
 
 int Fail(const absl::Status& status) {
   PrintError(status);
@@ -147,9 +212,11 @@ int Load(const Args& args) {
   request.set_verify(absl::GetFlag(FLAGS_verify));
   request.set_keep_raw(absl::GetFlag(FLAGS_keep_raw));
   absl::StatusOr<tierd::v1::ModelSummary> summary = (*client)->RegisterModel(
-      std::move(request), [&progress](const tierd::v1::RegisterModelProgress& update) {
+      std::move(request),
+      [&progress](const tierd::v1::RegisterModelProgress& update) {
         if (progress) progress->Update(update);
-      });
+      },
+      CommandTimeout().value_or(absl::InfiniteDuration()));
   // Clears the progress bar before anything else is printed.
   progress.reset();
   if (!summary.ok()) return Fail(summary.status());
@@ -234,7 +301,11 @@ int Get(const Args& args) {
   absl::StatusOr<std::unique_ptr<tierd::Client>> client = Connect();
   if (!client.ok()) return Fail(client.status());
   const std::string key = KeyOrShard(args[0]);
-  absl::StatusOr<uint64_t> bytes = tierd::GetObjectToFile(**client, key, output);
+  absl::StatusOr<uint64_t> bytes;
+  {
+    Watchdog watchdog(CommandTimeout(), absl::StrCat("get ", Printable(key)));
+    bytes = tierd::GetObjectToFile(**client, key, output);
+  }
   if (!bytes.ok()) return Fail(bytes.status());
   if (json) {
     tierd::PrintJson(Json{{"key", key}, {"bytes", *bytes}, {"file", output}});
@@ -338,6 +409,11 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::vector<std::string>> parsed =
       tierd::ParseFlagsAndArguments(argc, argv, {__FILE__, {{"o", "output"}}});
   if (!parsed.ok()) return BadUsage(std::string(parsed.status().message()));
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    timeout_given |= absl::StartsWith(arg, "--timeout-ms") || absl::StartsWith(arg, "--timeout_ms");
+  }
   const std::vector<std::string>& positional = *parsed;
   if (const int timeout_ms = absl::GetFlag(FLAGS_timeout_ms); timeout_ms <= 0) {
     return BadUsage(absl::StrCat("--timeout-ms=", timeout_ms, " is not a positive number of ms"));

@@ -11,7 +11,9 @@
 #include <memory>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/fd_io.h"
 #include "common/posix_error.h"
 #include "common/status_macros.h"
@@ -19,6 +21,10 @@
 
 namespace tierd {
 namespace {
+
+// The temporary file a GetObjectToFile under way writes (RemoveUnfinishedOutput).
+absl::Mutex unfinished_mu;
+const std::string* unfinished_output ABSL_GUARDED_BY(unfinished_mu) = nullptr;
 
 // Bounds the host memory `get` needs however large the object.
 constexpr uint64_t kCopyChunkBytes = uint64_t{64} << 20;
@@ -62,11 +68,18 @@ class OutputFile {
     const mode_t umask = ::umask(0);
     ::umask(umask);
     ::fchmod(fd, 0666 & ~umask);
-    return std::unique_ptr<OutputFile>(
+    auto file = std::unique_ptr<OutputFile>(
         new OutputFile(path, std::move(target), std::move(temp_path), fd));
+    absl::MutexLock lock(&unfinished_mu);
+    unfinished_output = &file->temp_path_;
+    return file;
   }
 
   ~OutputFile() {
+    {
+      absl::MutexLock lock(&unfinished_mu);
+      if (unfinished_output == &temp_path_) unfinished_output = nullptr;
+    }
     if (!temp_path_.empty() && !committed_) ::unlink(temp_path_.c_str());
   }
   OutputFile(const OutputFile&) = delete;
@@ -139,6 +152,11 @@ absl::StatusOr<std::unique_ptr<PinnedHostBuffer>> ReadInput(Device& device, int 
 }
 
 }  // namespace
+
+void RemoveUnfinishedOutput() {
+  absl::MutexLock lock(&unfinished_mu);
+  if (unfinished_output != nullptr) ::unlink(unfinished_output->c_str());
+}
 
 absl::StatusOr<uint64_t> GetObjectToFile(Client& client, const std::string& key,
                                          const std::string& path) {

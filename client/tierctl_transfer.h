@@ -25,6 +25,10 @@ struct PutOptions {
 absl::StatusOr<uint64_t> GetObjectToFile(Client& client, const std::string& key,
                                          const std::string& path);
 
+// Removes the temporary file a GetObjectToFile still under way writes, if any: for a caller about
+// to end the process while it runs (its deadline passed). Async-signal-unsafe; any thread.
+void RemoveUnfinishedOutput();
+
 // Stores the bytes of `path` ("-": stdin) as object `key` ("NAMESPACE/NAME"). Returns once the
 // daemon has committed it. Returns the object's size.
 absl::StatusOr<uint64_t> PutFileAsObject(Client& client, const std::string& key,

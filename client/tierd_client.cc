@@ -399,10 +399,13 @@ absl::StatusOr<v1::ModelSummary> Client::RegisterModel(
 
 absl::StatusOr<v1::ModelSummary> Client::RegisterModel(
     v1::RegisterModelRequest request,
-    const std::function<void(const v1::RegisterModelProgress&)>& progress) {
+    const std::function<void(const v1::RegisterModelProgress&)>& progress, absl::Duration timeout) {
   ASSIGN_OR_RETURN(std::string absolute, AbsoluteDirectory(request.directory()));
   request.set_directory(std::move(absolute));
   grpc::ClientContext context;
+  if (timeout != absl::InfiniteDuration()) {
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  }
   std::unique_ptr<grpc::ClientReader<v1::RegisterModelProgress>> reader =
       stub_->RegisterModel(&context, request);
   v1::RegisterModelProgress message;

@@ -203,10 +203,13 @@ class Client {
       const std::function<void(const v1::RegisterModelProgress&)>& progress = nullptr,
       bool verify = false);
   // The same with every field of the request the caller's, `derived` tensors among them
-  // (docs/CLIENTS.md, "Checkpoint conversions"); its directory is made absolute as above.
+  // (docs/CLIENTS.md, "Checkpoint conversions"); its directory is made absolute as above. Past
+  // `timeout` the call fails DEADLINE_EXCEEDED and the daemon stops the registration (nothing is
+  // registered).
   absl::StatusOr<v1::ModelSummary> RegisterModel(
       v1::RegisterModelRequest request,
-      const std::function<void(const v1::RegisterModelProgress&)>& progress = nullptr);
+      const std::function<void(const v1::RegisterModelProgress&)>& progress = nullptr,
+      absl::Duration timeout = absl::InfiniteDuration());
   absl::StatusOr<std::vector<v1::ModelSummary>> ListModels();
   absl::StatusOr<std::vector<v1::ObjectInfo>> ListObjects(const std::string& model);
   absl::Status DropModel(const std::string& name);
