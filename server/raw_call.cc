@@ -3,10 +3,13 @@
 #include <grpcpp/impl/codegen/proto_utils.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 
+#include <climits>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 #include "server/parse_failure.h"
 
 namespace tierd {
@@ -27,6 +30,32 @@ absl::Status ParseRequest(const grpc::ByteBuffer& raw, google::protobuf::Message
     }
   }
   return UndecodableRequest(*request.GetDescriptor(), bytes);
+}
+
+absl::StatusOr<std::string> PeekStringField(const grpc::ByteBuffer& raw, int field) {
+  grpc::ByteBuffer reading(raw);  // the reader takes a mutable buffer; this copies references
+  grpc::ProtoBufferReader reader(&reading);
+  if (!reader.status().ok()) {
+    return absl::InvalidArgumentError("the request could not be read");
+  }
+  google::protobuf::io::CodedInputStream input(&reader);
+  input.SetTotalBytesLimit(INT_MAX);
+  std::string value;
+  while (const uint32_t tag = input.ReadTag()) {
+    if (google::protobuf::internal::WireFormatLite::GetTagFieldNumber(tag) == field &&
+        google::protobuf::internal::WireFormatLite::GetTagWireType(tag) ==
+            google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+      if (!google::protobuf::internal::WireFormatLite::ReadString(&input, &value)) {
+        return absl::InvalidArgumentError("the request is not a message");
+      }
+    } else if (!google::protobuf::internal::WireFormatLite::SkipField(&input, tag)) {
+      return absl::InvalidArgumentError("the request is not a message");
+    }
+  }
+  if (!input.ConsumedEntireMessage()) {
+    return absl::InvalidArgumentError("the request is not a message");
+  }
+  return value;
 }
 
 absl::Status Serialize(const google::protobuf::Message& message, grpc::ByteBuffer& raw) {

@@ -9,9 +9,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "google/protobuf/message.h"
 #include "server/proto_convert.h"
 #include "server/response_counters.h"
@@ -21,6 +23,12 @@ namespace tierd {
 // Parses `raw` into `request`. INVALID_ARGUMENT naming the message and what could not be parsed
 // ("the request is not a valid tierd.v1.PrefetchRequest: field keys is not valid UTF-8").
 absl::Status ParseRequest(const grpc::ByteBuffer& raw, google::protobuf::Message& request);
+
+// The value of string field `field` (its last occurrence, as parsing would keep) of the message
+// serialized in `raw`, read without parsing the rest: the other fields are skipped, not built —
+// a request's large parts cost nothing until it is parsed. "" when the field is absent;
+// INVALID_ARGUMENT when the bytes are not a message.
+absl::StatusOr<std::string> PeekStringField(const grpc::ByteBuffer& raw, int field);
 
 // Replaces what `raw` holds with `message` as gRPC sends it; INTERNAL when it cannot be serialized
 // (over 2 GiB).

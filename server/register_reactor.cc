@@ -15,16 +15,17 @@
 namespace tierd {
 
 RegisterReactor::RegisterReactor(Catalog& catalog, RegistrationQueue& queue,
-                                 v1::RegisterModelRequest request, uint64_t request_bytes,
+                                 const grpc::ByteBuffer& raw, bool remote,
                                  std::function<void(const std::string& name)> registered,
                                  std::function<grpc::Status(const absl::Status&)> answer)
     : catalog_(catalog),
       queue_(queue),
-      request_(std::move(request)),
-      request_bytes_(request_bytes),
+      raw_(raw),  // shares the slices: no copy of the bytes
+      request_bytes_(raw.Length()),
+      remote_(remote),
       registered_(std::move(registered)),
       answer_(std::move(answer)) {
-  queue_.Post(IsS3Path(request_.directory()), [this] { Run(); });
+  queue_.Post(remote_, [this] { Run(); });
 }
 
 void RegisterReactor::OnWriteDone(bool ok) {
@@ -62,17 +63,22 @@ absl::StatusOr<ModelSummary> RegisterReactor::Register() {
   if (cancelled_) {
     return absl::CancelledError("the caller went away before its registration started");
   }
-  if (absl::Status checked = Check(); !checked.ok()) return checked;
-  absl::StatusOr<std::vector<DerivedTensorSpec>> derived = FromProto(request_.derived());
-  if (!derived.ok()) return derived.status();
-  const bool remote = IsS3Path(request_.directory());
-  const uint64_t memory = RegistrationQueue::EstimatedBytes(request_bytes_, remote);
+  const uint64_t memory = RegistrationQueue::EstimatedBytes(request_bytes_, remote_);
   if (!queue_.memory().Acquire(memory, gone)) {
     return queue_.shutting_down()
                ? absl::UnavailableError("tierd is shutting down")
                : absl::CancelledError("the caller went away while its registration waited");
   }
   HeldBytes held(queue_.memory(), memory);
+  absl::Status parsed = ParseRequest(raw_, request_);
+  raw_.Clear();
+  if (!parsed.ok()) return parsed;
+  if (absl::Status checked = Check(); !checked.ok()) return checked;
+  absl::StatusOr<std::vector<DerivedTensorSpec>> derived = FromProto(request_.derived());
+  // The specs hold what the request's derived tensors said: their messages go before the
+  // registration's own peak.
+  google::protobuf::RepeatedPtrField<v1::DerivedTensor>().Swap(request_.mutable_derived());
+  if (!derived.ok()) return derived.status();
   const Grouping grouping = *FromProto(request_.grouping());
   TIERD_LOG(INFO) << "registering model " << request_.name() << " from "
                   << Quote(request_.directory()) << " (" << GroupingName(grouping)

@@ -25,11 +25,13 @@ namespace tierd {
 
 class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  // Queues the registration of `request` (of `request_bytes` serialized) on `queue`, where it was
-  // admitted (it Leaves the queue when done). `registered` runs once the model is registered,
-  // before the answer; `answer` converts the outcome for the call.
-  RegisterReactor(Catalog& catalog, RegistrationQueue& queue, v1::RegisterModelRequest request,
-                  uint64_t request_bytes, std::function<void(const std::string& name)> registered,
+  // Queues the registration `raw` (a serialized RegisterModelRequest) asks for on `queue`, where
+  // it was admitted (it Leaves the queue when done), as remote when `remote`. The request is
+  // parsed on the worker, once the registration's memory is held: while it waits it holds only
+  // its bytes. `registered` runs once the model is registered, before the answer; `answer`
+  // converts the outcome for the call.
+  RegisterReactor(Catalog& catalog, RegistrationQueue& queue, const grpc::ByteBuffer& raw,
+                  bool remote, std::function<void(const std::string& name)> registered,
                   std::function<grpc::Status(const absl::Status&)> answer);
 
   void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_);
@@ -50,8 +52,10 @@ class RegisterReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
 
   Catalog& catalog_;
   RegistrationQueue& queue_;
-  const v1::RegisterModelRequest request_;
+  grpc::ByteBuffer raw_;  // until parsed into request_
   const uint64_t request_bytes_;
+  const bool remote_;
+  v1::RegisterModelRequest request_;
   const std::function<void(const std::string& name)> registered_;
   const std::function<grpc::Status(const absl::Status&)> answer_;
   std::atomic<bool> cancelled_{false};

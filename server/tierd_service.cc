@@ -86,13 +86,16 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TierdService::RegisterModel(
         absl::StrCat(registrations_.max_admitted(),
                      " registrations are queued or running already; try again once one is done"))));
   }
-  v1::RegisterModelRequest request;
-  if (absl::Status parsed = ParseRequest(*raw_request, request); !parsed.ok()) {
+  // Parsed on its worker, once its memory is held; only where it reads from is read now.
+  absl::StatusOr<std::string> directory =
+      PeekStringField(*raw_request, v1::RegisterModelRequest::kDirectoryFieldNumber);
+  if (!directory.ok()) {
     registrations_.Leave();
-    return new Refused(Answer(parsed));
+    v1::RegisterModelRequest request;
+    return new Refused(Answer(ParseRequest(*raw_request, request)));
   }
   return new RegisterReactor(
-      (*tiers)->catalog, registrations_, std::move(request), raw_request->Length(),
+      (*tiers)->catalog, registrations_, *raw_request, IsS3Path(*directory),
       [tiers = *tiers](const std::string& name) {
         // The model's namespace names its weights from now on: stored objects clients put there
         // before are forgotten by every group's tier, never served as its weights.

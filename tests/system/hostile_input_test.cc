@@ -3,10 +3,12 @@
 // a real daemon process on the host backend, its log read back from its stderr.
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -143,6 +145,84 @@ TEST_F(HostileInputTest, AModelOfManyTensorsCostsLittleAndGivesItsMemoryBack) {
     // dropped.
     EXPECT_LT(registered_kib - before_kib, 64 * 1024) << "KiB held for " << kTensors << " tensors";
     EXPECT_LT(dropped_kib - before_kib, 24 * 1024) << "KiB still held after the drop";
+  }
+}
+
+// A process's peak resident memory (VmHWM) in KiB, from /proc; -1 when it cannot be read.
+int64_t PeakResidentKiB(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtoll(line.c_str() + 6, nullptr, 10);
+  }
+  return -1;
+}
+
+// A 16 MiB RegisterModel request (a million derived ranges) peaked near 250 MB in the daemon, and
+// eight at once reached 1.46 GB: each was parsed as it came, and waited parsed. Now a registration
+// waits as its bytes alone, is parsed on its worker once it holds its share of a memory budget,
+// and past eight queued or running one is refused before anything of it is parsed. Here each
+// request fails once parsed (its last derived tensor names no dtype), so that only the parsing
+// and the waiting are measured, not the registration's work.
+TEST_F(HostileInputTest, ManyLargeRegistrationsAtOnceWaitUnparsed) {
+  Start();
+  const std::string model = absl::StrCat(dir_.path(), "/derived");
+  std::filesystem::create_directories(model);
+  constexpr uint64_t kRangesPerTensor = 262144;  // the most a derived tensor may have
+  constexpr int kDerived = 4;
+  ASSERT_THAT(testing::WriteSafetensors(
+                  absl::StrCat(model, "/model.safetensors"),
+                  {testing::RandomTensor("src", "U8", {2 * kDerived * kRangesPerTensor}, 1)}),
+              IsOk());
+  // Every other byte of the source, one range each: nothing merges them.
+  v1::RegisterModelRequest request;
+  request.set_directory(model);
+  request.set_grouping(v1::GROUPING_TENSOR);
+  for (int d = 0; d < kDerived; ++d) {
+    v1::DerivedTensor* derived = request.add_derived();
+    derived->set_name(absl::StrCat("d", d));
+    derived->set_dtype(d + 1 < kDerived ? "U8" : "NO SUCH DTYPE");
+    derived->add_shape(kRangesPerTensor);
+    for (uint64_t r = 0; r < kRangesPerTensor; ++r) {
+      v1::TensorRange* range = derived->add_ranges();
+      range->set_tensor("src");
+      range->set_offset(2 * (d * kRangesPerTensor + r));
+      range->set_length(1);
+    }
+  }
+  ASSERT_GT(request.ByteSizeLong(), 12u << 20);
+  ASSERT_LT(request.ByteSizeLong(), 16u << 20);
+  const int64_t before_kib = ResidentKiB(daemon_->pid());
+  std::atomic<int> invalid{0}, refused{0};
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 10; ++i) {
+    callers.emplace_back([&, i] {
+      ClientOptions options;
+      options.socket_path = socket_;
+      auto mine = Client::Connect(options);
+      ASSERT_THAT(mine, IsOk());
+      v1::RegisterModelRequest named = request;
+      named.set_name(absl::StrCat("r", i));
+      absl::Status status = (*mine)->RegisterModel(std::move(named)).status();
+      if (absl::IsResourceExhausted(status)) {
+        EXPECT_THAT(std::string(status.message()), HasSubstr("registrations are queued"));
+        ++refused;
+      } else {
+        EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument));
+        ++invalid;
+      }
+    });
+  }
+  for (std::thread& caller : callers) caller.join();
+  const int64_t peak_kib = PeakResidentKiB(daemon_->pid());
+  RecordProperty("request_bytes", std::to_string(request.ByteSizeLong()));
+  RecordProperty("peak_growth_kib", std::to_string(peak_kib - before_kib));
+  EXPECT_EQ(invalid + refused, 10);
+  EXPECT_GE(invalid.load(), 1);
+  EXPECT_THAT(client_->GetStats(), IsOk());
+  if (!kAddressSanitizer) {
+    // One parsed request and the others' bytes, not ten parsed requests.
+    EXPECT_LT(peak_kib - before_kib, 400 * 1024) << "KiB at the peak";
   }
 }
 
