@@ -19,14 +19,12 @@
 #include "common/log.h"
 #include "common/quote.h"
 #include "remote/detail/s3_checksum.h"
+#include "remote/detail/s3_exchange.h"
 #include "remote/detail/s3_xml.h"
 
 namespace tierd {
 namespace {
 
-// How much of an answer's body is kept when it is not object bytes (a listing page, an error).
-// A longer one is refused, never taken cut.
-constexpr size_t kMaxBodyBytes = 8 << 20;
 // A stalled transfer: under this many bytes a second for stall_timeout.
 constexpr long kStallBytesPerSecond = 1024;
 // An attempt of a read progresses when it brings this many bytes (or the rest of the range): a
@@ -71,171 +69,7 @@ bool IsRetriable(long http, const std::string& code) {
          code == "SlowDown" || code == "RequestTimeout" || code == "InternalError";
 }
 
-// "bytes START-END/TOTAL": START, or nullopt.
-std::optional<uint64_t> ContentRangeStart(absl::string_view value) {
-  if (!absl::ConsumePrefix(&value, "bytes ")) return std::nullopt;
-  uint64_t start;
-  if (!absl::SimpleAtoi(value.substr(0, value.find('-')), &start)) return std::nullopt;
-  return start;
-}
-
 }  // namespace
-
-struct S3Client::Exchange {
-  // ---- The request ----
-  std::string url;
-  bool head = false;
-  // A ranged GET's bytes go to destination[received, length): offset + received onward.
-  bool ranged = false;
-  // The range is the whole object: the first attempt asks without a Range, for the checksum.
-  bool whole_object = false;
-  uint8_t* destination = nullptr;
-  uint64_t offset = 0;
-  uint64_t length = 0;
-  uint64_t received = 0;               // kept across attempts
-  std::string if_match;                // set from the first answer's ETag when the caller gave none
-  std::optional<S3Checksum> checksum;  // the store's, of the whole object, from any attempt
-  absl::Time deadline = absl::InfiniteFuture();
-  const std::atomic<bool>* caller_cancelled = nullptr;
-  S3Credentials credentials;  // of this attempt
-
-  // ---- One attempt's answer ----
-  CURL* handle = nullptr;
-  const std::atomic<bool>* cancelled = nullptr;
-  CURLcode curl = CURLE_OK;
-  long http = 0;
-  bool asked_range = false;      // this attempt sent a Range header
-  bool checked_start = false;    // the body's first bytes were matched to the range asked
-  bool wrong_range = false;      // the answer did not start where asked
-  bool too_long = false;         // an answer longer than the range
-  bool whole_for_range = false;  // 200, the whole object, to a ranged GET
-  bool wrong_version = false;    // an answer of another ETag than the read's
-  bool body_cut = false;         // a body past kMaxBodyBytes
-  bool timed_out = false;        // the call's deadline passed
-  std::string etag;
-  std::string last_modified;
-  std::string content_range;
-  std::optional<uint64_t> content_length;
-  std::optional<S3Checksum> answer_checksum;
-  std::string body;  // of answers that are not object bytes
-  char error_text[CURL_ERROR_SIZE] = {};
-
-  void StartAttempt() {
-    curl = CURLE_OK;
-    http = 0;
-    asked_range = checked_start = wrong_range = too_long = false;
-    whole_for_range = wrong_version = body_cut = timed_out = false;
-    etag.clear();
-    last_modified.clear();
-    content_range.clear();
-    content_length.reset();
-    answer_checksum.reset();
-    body.clear();
-    error_text[0] = '\0';
-  }
-  bool Success() const { return http >= 200 && http < 300; }
-  // Whether the transfer itself ended without a transport failure (a write callback that
-  // stopped it on purpose included).
-  bool Answered() const { return curl == CURLE_OK || curl == CURLE_WRITE_ERROR; }
-
-  static size_t OnHeader(char* data, size_t size, size_t count, void* user) {
-    auto& x = *static_cast<Exchange*>(user);
-    const absl::string_view line(data, size * count);
-    if (absl::StartsWith(line, "HTTP/")) {  // a new answer (after a 100 Continue): start over
-      x.etag.clear();
-      x.content_range.clear();
-      x.content_length.reset();
-      x.answer_checksum.reset();
-      return line.size();
-    }
-    const size_t colon = line.find(':');
-    if (colon == absl::string_view::npos) return line.size();
-    const std::string name = absl::AsciiStrToLower(line.substr(0, colon));
-    const absl::string_view value = absl::StripAsciiWhitespace(line.substr(colon + 1));
-    if (name == "etag") {
-      x.etag = UnquoteETag(value);
-    } else if (name == "last-modified") {
-      x.last_modified = std::string(value);
-    } else if (name == "content-range") {
-      x.content_range = std::string(value);
-    } else if (name == "content-length") {
-      uint64_t n;
-      if (absl::SimpleAtoi(value, &n)) x.content_length = n;
-    } else if (std::optional<S3Checksum> checksum = ParseS3ChecksumHeader(name, value)) {
-      x.answer_checksum = std::move(checksum);
-    }
-    return line.size();
-  }
-
-  // Matches an answer's first bytes to the read: its version, then its range. False (and a
-  // flag saying why) when none of its bytes may be taken.
-  bool CheckStart() {
-    const uint64_t want = offset + received;
-    if (etag.empty() || (!if_match.empty() && etag != if_match)) {
-      wrong_version = true;
-      return false;
-    }
-    if (http == 206) {
-      if (ContentRangeStart(content_range) != want) {
-        wrong_range = true;
-        return false;
-      }
-      return true;
-    }
-    // 200: the whole object. Taken only when that is what was asked for.
-    if (asked_range || want != 0) {
-      whole_for_range = true;
-      return false;
-    }
-    if (content_length && *content_length != length) {
-      wrong_range = true;
-      return false;
-    }
-    if (answer_checksum) checksum = answer_checksum;
-    return true;
-  }
-
-  static size_t OnBody(char* data, size_t size, size_t count, void* user) {
-    auto& x = *static_cast<Exchange*>(user);
-    size_t bytes = size * count;
-    if (x.http == 0) curl_easy_getinfo(x.handle, CURLINFO_RESPONSE_CODE, &x.http);
-    if (!x.ranged || !x.Success()) {
-      if (x.body.size() + bytes > kMaxBodyBytes) {
-        x.body_cut = true;
-        return 0;
-      }
-      x.body.append(data, bytes);
-      return bytes;
-    }
-    if (!x.checked_start) {
-      x.checked_start = true;
-      if (!x.CheckStart()) return 0;
-    }
-    const uint64_t room = x.length - x.received;
-    if (bytes > room) {
-      std::memcpy(x.destination + x.received, data, room);
-      x.received += room;
-      x.too_long = true;
-      return 0;
-    }
-    std::memcpy(x.destination + x.received, data, bytes);
-    x.received += bytes;
-    return bytes;
-  }
-
-  static int OnProgress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
-    auto& x = *static_cast<Exchange*>(user);
-    if (x.cancelled->load(std::memory_order_relaxed)) return 1;
-    if (x.caller_cancelled != nullptr && x.caller_cancelled->load(std::memory_order_relaxed)) {
-      return 1;
-    }
-    if (absl::Now() >= x.deadline) {
-      x.timed_out = true;
-      return 1;
-    }
-    return 0;
-  }
-};
 
 absl::StatusOr<std::unique_ptr<S3Client>> S3Client::Create(S3ClientOptions options) {
   absl::StatusOr<std::string> endpoint = S3EndpointUrl(options.endpoint);
@@ -333,7 +167,7 @@ void S3Client::ReleaseHandle(void* handle) {
   idle_handles_.push_back(handle);
 }
 
-void S3Client::Perform(Exchange& x) {
+void S3Client::Perform(S3Exchange& x) {
   x.StartAttempt();
   CURL* curl = static_cast<CURL*>(AcquireHandle());
   if (curl == nullptr) {
@@ -381,12 +215,12 @@ void S3Client::Perform(Exchange& x) {
                    static_cast<long>(std::clamp<int64_t>(left_ms, 1, INT32_MAX)));
   curl_easy_setopt(curl, CURLOPT_BUFFERSIZE, 512L << 10);
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, x.error_text);
-  curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, &Exchange::OnHeader);
+  curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, &S3Exchange::OnHeader);
   curl_easy_setopt(curl, CURLOPT_HEADERDATA, &x);
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &Exchange::OnBody);
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &S3Exchange::OnBody);
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &x);
   curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
-  curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, &Exchange::OnProgress);
+  curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, &S3Exchange::OnProgress);
   curl_easy_setopt(curl, CURLOPT_XFERINFODATA, &x);
   if (x.head) curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
   if (!options_.system_ca_path.empty()) {
@@ -418,7 +252,7 @@ bool S3Client::Backoff(int attempt, absl::Time deadline) {
   return !cancelled_;
 }
 
-absl::Status S3Client::RunWithRetries(Exchange& x, const std::string& what) {
+absl::Status S3Client::RunWithRetries(S3Exchange& x, const std::string& what) {
   const auto stopped = [&] {
     return absl::CancelledError(absl::StrCat(what, ": the client was stopped"));
   };
@@ -480,7 +314,7 @@ absl::Status S3Client::RunWithRetries(Exchange& x, const std::string& what) {
     }
     if (x.body_cut) {
       return absl::DataLossError(absl::StrCat(what, ": the answer is longer than ",
-                                              kMaxBodyBytes >> 20, " MiB; refused, not cut"));
+                                              kMaxS3BodyBytes >> 20, " MiB; refused, not cut"));
     }
     const std::string code = S3ErrorCode(x.body);
     const std::string message = S3ErrorMessage(x.body);
@@ -562,7 +396,7 @@ absl::Status S3Client::RunWithRetries(Exchange& x, const std::string& what) {
 }
 
 absl::StatusOr<S3ObjectHead> S3Client::Head(const S3Url& object) {
-  Exchange x;
+  S3Exchange x;
   absl::StatusOr<std::string> url = S3ObjectHttpUrl(options_.endpoint, object.bucket, object.key);
   if (!url.ok()) return url.status();
   x.url = *std::move(url);
@@ -582,7 +416,7 @@ absl::StatusOr<S3ObjectHead> S3Client::Head(const S3Url& object) {
 
 absl::StatusOr<std::string> S3Client::Get(const std::string& url, const std::string& what,
                                           const std::atomic<bool>* cancelled) {
-  Exchange x;
+  S3Exchange x;
   x.url = url;
   x.caller_cancelled = cancelled;
   absl::Status status = RunWithRetries(x, what);
@@ -655,7 +489,7 @@ absl::StatusOr<std::vector<S3ListedObject>> S3Client::List(const std::string& bu
 absl::Status S3Client::ReadRange(const S3Url& object, uint64_t offset, uint64_t length,
                                  uint8_t* destination, const S3ReadOptions& read) {
   if (length == 0) return absl::OkStatus();
-  Exchange x;
+  S3Exchange x;
   absl::StatusOr<std::string> url = S3ObjectHttpUrl(options_.endpoint, object.bucket, object.key);
   if (!url.ok()) return url.status();
   x.url = *std::move(url);

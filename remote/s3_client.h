@@ -39,6 +39,8 @@
 
 namespace tierd {
 
+struct S3Exchange;  // one attempt of a request and what came back (remote/detail/s3_exchange.h)
+
 struct S3ClientOptions {
   S3Endpoint endpoint;
   S3Credentials credentials;
@@ -156,7 +158,6 @@ class S3Client {
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct Exchange;  // one attempt of a request and what came back
   explicit S3Client(S3ClientOptions options, std::string endpoint_url);
 
   S3Credentials credentials() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -166,10 +167,11 @@ class S3Client {
   void* AcquireHandle() ABSL_LOCKS_EXCLUDED(mu_);
   void ReleaseHandle(void* handle) ABSL_LOCKS_EXCLUDED(mu_);
   // Sends one attempt of `exchange` and fills in its outcome.
-  void Perform(Exchange& exchange) ABSL_LOCKS_EXCLUDED(mu_);
+  void Perform(S3Exchange& exchange) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `exchange` until it succeeds, fails for good, or runs out of attempts without progress;
   // `prepare` readies each attempt (and resumes a range).
-  absl::Status RunWithRetries(Exchange& exchange, const std::string& what) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status RunWithRetries(S3Exchange& exchange, const std::string& what)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Sleeps a full-jitter backoff for `attempt` (0-based), at most until `deadline`; false when
   // cancelled meanwhile.
   bool Backoff(int attempt, absl::Time deadline);

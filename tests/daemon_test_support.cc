@@ -31,6 +31,15 @@ absl::StatusOr<std::unique_ptr<Subprocess>> StartServingDaemon(const std::vector
       "; last health: ", health.ok() ? *health : health.status().ToString()));
 }
 
+absl::StatusOr<RunResult> RunTierctl(const std::string& socket_path,
+                                     const std::vector<std::string>& args, absl::Duration timeout,
+                                     bool with_stderr) {
+  std::vector<std::string> argv = {SiblingBinary("tierctl"),
+                                   absl::StrCat("--socket=", socket_path)};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return with_stderr ? RunProgramWithStderr(argv, timeout) : RunProgram(argv, timeout);
+}
+
 absl::Status StoreBytes(Session& session, const std::string& key, const std::string& bytes,
                         StoreRequest request) {
   request.key = key;

@@ -19,6 +19,12 @@ absl::StatusOr<std::unique_ptr<Subprocess>> StartServingDaemon(const std::vector
                                                                const std::string& socket_path,
                                                                absl::Duration timeout);
 
+// Runs tierctl (a sibling binary) against the daemon at `socket_path` with `args`: its exit code
+// and stdout, with its stderr too when `with_stderr`.
+absl::StatusOr<RunResult> RunTierctl(const std::string& socket_path,
+                                     const std::vector<std::string>& args, absl::Duration timeout,
+                                     bool with_stderr = false);
+
 // Stores `bytes` as `key` through `session` with `request`'s flags (its key and data are set here)
 // and waits for the commit.
 absl::Status StoreBytes(Session& session, const std::string& key, const std::string& bytes,

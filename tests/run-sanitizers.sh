@@ -7,8 +7,10 @@
 #   thread   TSan, in build-tsan/: the tests of the concurrent parts — the host arena, cache and
 #            disk reader, the GPU tier, the session protocol and the durable store in process, the
 #            daemon in process (health, faults, metrics), the API against real daemon processes,
-#            the node's host tier (a peer's arena, three daemons) and two threads' first log
-#            lines. Debian's Abseil is not built with TSan, so every test preloads
+#            the node's host tier (a peer's arena, three daemons), two threads' first log lines,
+#            and the remote tier against a store that misbehaves (the S3 client, the remote
+#            reader, cache and scan, and the daemon on it). Debian's Abseil is not built with
+#            TSan, so every test preloads
 #            tests/tsan/absl_sync_annotations.cc's library, which tells TSan what absl::Mutex
 #            does; tests/tsan/suppressions.txt says what is left out of uninstrumented libraries.
 # Any finding fails the test that provoked it. Each test binary's JSON report goes to
@@ -22,7 +24,8 @@ tsan_tests=(host_arena_test host_cache_test disk_reader_test daemon_health_test
             fault_injection_test metrics_test api_test_host client_groups_test_host
             peer_handoff_test_host half_close_test unread_answer_budget_test gpu_tier_test
             session_protocol_test session_core_test durable_store_test worker_pool_test peer_arena_test_host
-            node_host_tier_test_host log_line_test remote_cache_test)
+            node_host_tier_test_host log_line_test remote_cache_test remote_reader_test
+            remote_model_scan_test s3_client_hostile_test remote_hostile_test)
 
 status=0
 for mode in "${modes[@]}"; do

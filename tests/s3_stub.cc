@@ -180,7 +180,8 @@ S3ClientOptions S3Stub::ClientOptions() const {
   options.endpoint = endpoint_;
   options.credentials = credentials_;
   options.connect_timeout = absl::Seconds(2);
-  options.stall_timeout = absl::Seconds(1);
+  // Long enough that a machine busy with sanitized builds does not look like a stall.
+  options.stall_timeout = absl::Seconds(5);
   options.max_attempts = 2;
   options.initial_backoff = absl::Milliseconds(5);
   options.max_backoff = absl::Milliseconds(20);

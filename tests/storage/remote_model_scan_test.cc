@@ -172,8 +172,8 @@ int64_t PeakResidentKiB() {
 // files took 2.2 GB. Each header is parsed as its bytes come, and the bytes held at once are
 // bounded.
 TEST_F(RemoteModelScanTest, AScansMemoryFollowsItsHeadersNotItsFiles) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "ASan keeps freed memory in quarantine: the peak says little";
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's quarantine and shadow memory: the peak says little";
 #endif
   constexpr int kFiles = 1200;  // 300 MB of first reads, held together before
   std::vector<std::string> keys;

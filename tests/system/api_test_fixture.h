@@ -174,10 +174,7 @@ class ApiTest : public ::testing::Test {
 
   // Runs tierctl against the daemon with `args`.
   testing::RunResult Tierctl(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {SiblingBinary("tierctl"),
-                                     absl::StrCat("--socket=", socket_path())};
-    argv.insert(argv.end(), args.begin(), args.end());
-    auto result = RunProgram(argv, kTimeout);
+    auto result = testing::RunTierctl(socket_path(), args, kTimeout);
     EXPECT_THAT(result, IsOk());
     return result.ok() ? *result : testing::RunResult{};
   }

@@ -165,6 +165,10 @@ int64_t PeakResidentKiB(pid_t pid) {
 // request fails once parsed (its last derived tensor names no dtype), so that only the parsing
 // and the waiting are measured, not the registration's work.
 TEST_F(HostileInputTest, ManyLargeRegistrationsAtOnceWaitUnparsed) {
+  if (kAddressSanitizer) {
+    GTEST_SKIP() << "ASan keeps freed memory in quarantine: the peak, this test's point, says "
+                    "nothing there, and ten parses of a million ranges take minutes";
+  }
   Start();
   const std::string model = absl::StrCat(dir_.path(), "/derived");
   std::filesystem::create_directories(model);
@@ -220,10 +224,8 @@ TEST_F(HostileInputTest, ManyLargeRegistrationsAtOnceWaitUnparsed) {
   EXPECT_EQ(invalid + refused, 10);
   EXPECT_GE(invalid.load(), 1);
   EXPECT_THAT(client_->GetStats(), IsOk());
-  if (!kAddressSanitizer) {
-    // One parsed request and the others' bytes, not ten parsed requests.
-    EXPECT_LT(peak_kib - before_kib, 400 * 1024) << "KiB at the peak";
-  }
+  // One parsed request and the others' bytes, not ten parsed requests.
+  EXPECT_LT(peak_kib - before_kib, 400 * 1024) << "KiB at the peak";
 }
 
 TEST_F(HostileInputTest, AModelOverTheTensorLimitIsRefusedBeforeItCostsAnything) {

@@ -39,10 +39,7 @@ class OperationsTest : public ::testing::Test {
   }
 
   absl::StatusOr<testing::RunResult> Tierctl(const std::vector<std::string>& args) const {
-    std::vector<std::string> argv = {testing::SiblingBinary("tierctl"),
-                                     absl::StrCat("--socket=", socket_path())};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return testing::RunProgram(argv, kTimeout);
+    return testing::RunTierctl(socket_path(), args, kTimeout);
   }
 
   // Starts tierd with `args` and waits until its health check says SERVING.

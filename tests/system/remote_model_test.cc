@@ -135,10 +135,7 @@ class RemoteModelTest : public ::testing::Test {
   }
 
   testing::RunResult Tierctl(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {SiblingBinary("tierctl"),
-                                     absl::StrCat("--socket=", socket_path())};
-    argv.insert(argv.end(), args.begin(), args.end());
-    auto result = testing::RunProgramWithStderr(argv, kTimeout);
+    auto result = testing::RunTierctl(socket_path(), args, kTimeout, /*with_stderr=*/true);
     EXPECT_THAT(result, IsOk());
     return result.ok() ? *result : testing::RunResult{};
   }
