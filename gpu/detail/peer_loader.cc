@@ -103,9 +103,11 @@ void PeerLoader::CopyFromPeer(StagingObject* object, std::shared_ptr<PeerCopy> c
     residency_.CopyStarted();
     object->copying = true;
     status = device_.NotifyWhenDone(stream_, [this, object, copy]() mutable {
+      loader_.FinishCopyIn(object, &GpuTierStats::bytes_peer_to_gpu);
+      // Last: once the peer has its lease back, nothing here touches this loader (its owner may
+      // be waiting for exactly that to tear it down).
       std::move(copy->release)();
       copy->release = nullptr;
-      loader_.FinishCopyIn(object, &GpuTierStats::bytes_peer_to_gpu);
     });
     if (!status.ok()) {
       residency_.CopyFinished();
