@@ -175,7 +175,7 @@ TEST_F(RemoteHostileTest, ASilentStoreHoldsNeitherLocalRegistrationsNorDrops) {
     v1::RegisterModelRequest request;
     request.set_name("slow");
     request.set_directory(absl::StrCat("s3://", kBucket, "/slow/"));
-    EXPECT_THAT((*mine)->RegisterModel(request, nullptr, absl::Seconds(3)),
+    EXPECT_THAT((*mine)->RegisterModel(request, nullptr, absl::Seconds(2)),
                 StatusIs(absl::StatusCode::kDeadlineExceeded));
   });
   absl::SleepFor(absl::Milliseconds(300));  // the remote registration is under way
@@ -187,11 +187,13 @@ TEST_F(RemoteHostileTest, ASilentStoreHoldsNeitherLocalRegistrationsNorDrops) {
   // The caller is gone: the registration stops and is never made.
   stub_->SetHook(nullptr);
   Put("slow", {testing::RandomTensor("blocks.0.w", "F32", {64}, 2)});
-  absl::SleepFor(absl::Seconds(2));
+  for (int i = 0; i < 100 && !absl::StrContains(Log(), "caller went away"); ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_THAT(Log(), HasSubstr("caller went away"));
   absl::StatusOr<std::vector<v1::ModelSummary>> models = client_->ListModels();
   ASSERT_THAT(models, IsOk());
   EXPECT_TRUE(models->empty());
-  EXPECT_THAT(Log(), HasSubstr("caller went away"));
 }
 
 // 24 queued 16 MiB requests held 1.1 GB: past the bound a registration is refused at once, and
@@ -210,7 +212,7 @@ TEST_F(RemoteHostileTest, RegistrationsAreBoundedAndEachEndsWithItsCaller) {
       v1::RegisterModelRequest request;
       request.set_name(absl::StrCat("slow", i));
       request.set_directory(absl::StrCat("s3://", kBucket, "/slow/"));
-      absl::Status status = (*mine)->RegisterModel(request, nullptr, absl::Seconds(4)).status();
+      absl::Status status = (*mine)->RegisterModel(request, nullptr, absl::Seconds(3)).status();
       if (absl::IsResourceExhausted(status)) {
         ++refused;
         EXPECT_THAT(std::string(status.message()), HasSubstr("registrations are queued"));
