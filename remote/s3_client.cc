@@ -395,7 +395,7 @@ absl::Status S3Client::RunWithRetries(S3Exchange& x, const std::string& what) {
   }
 }
 
-absl::StatusOr<S3ObjectHead> S3Client::Head(const S3Url& object) {
+absl::StatusOr<ObjectHead> S3Client::Head(const S3Url& object) {
   S3Exchange x;
   absl::StatusOr<std::string> url = S3ObjectHttpUrl(options_.endpoint, object.bucket, object.key);
   if (!url.ok()) return url.status();
@@ -411,7 +411,7 @@ absl::StatusOr<S3ObjectHead> S3Client::Head(const S3Url& object) {
     ++stats_.failures;
     return status;
   }
-  return S3ObjectHead{*x.content_length, x.etag, x.last_modified};
+  return ObjectHead{*x.content_length, x.etag, x.last_modified};
 }
 
 absl::StatusOr<std::string> S3Client::Get(const std::string& url, const std::string& what,
@@ -428,13 +428,13 @@ absl::StatusOr<std::string> S3Client::Get(const std::string& url, const std::str
   return std::move(x.body);
 }
 
-absl::StatusOr<std::vector<S3ListedObject>> S3Client::List(const std::string& bucket,
-                                                           const std::string& prefix,
-                                                           const S3ListLimits& limits,
-                                                           const std::atomic<bool>* cancelled) {
+absl::StatusOr<std::vector<ListedObject>> S3Client::List(const std::string& bucket,
+                                                         const std::string& prefix,
+                                                         const ListLimits& limits,
+                                                         const std::atomic<bool>* cancelled) {
   absl::StatusOr<std::string> base = S3ObjectHttpUrl(options_.endpoint, bucket, "");
   if (!base.ok()) return base.status();
-  std::vector<S3ListedObject> objects;
+  std::vector<ListedObject> objects;
   std::set<std::string> tokens_seen;
   std::string token;
   uint64_t bytes = 0;
@@ -464,7 +464,7 @@ absl::StatusOr<std::vector<S3ListedObject>> S3Client::List(const std::string& bu
     }
     absl::StatusOr<S3ListPage> page = ParseS3ListPage(*body);
     if (!page.ok()) return refuse(page.status().message());
-    for (S3ListedObject& object : page->objects) {
+    for (ListedObject& object : page->objects) {
       if (!absl::StartsWith(object.key, prefix)) {
         return refuse(absl::StrCat("the store listed the key ", Sanitize(object.key),
                                    ", which is not under the prefix"));
@@ -487,7 +487,7 @@ absl::StatusOr<std::vector<S3ListedObject>> S3Client::List(const std::string& bu
 }
 
 absl::Status S3Client::ReadRange(const S3Url& object, uint64_t offset, uint64_t length,
-                                 uint8_t* destination, const S3ReadOptions& read) {
+                                 uint8_t* destination, const ObjectReadOptions& read) {
   if (length == 0) return absl::OkStatus();
   S3Exchange x;
   absl::StatusOr<std::string> url = S3ObjectHttpUrl(options_.endpoint, object.bucket, object.key);

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "remote/object_store.h"
 #include "remote/s3_credentials.h"
 #include "remote/s3_location.h"
 
@@ -68,41 +69,6 @@ struct S3ClientOptions {
   std::string system_ca_path;
 };
 
-struct S3ObjectHead {
-  uint64_t size = 0;
-  std::string etag;           // without quotes
-  std::string last_modified;  // as the endpoint sent it
-};
-
-// Bounds on one listing: a store that keeps answering "truncated", or answers with pages or keys
-// past these, is refused (DATA_LOSS) rather than followed.
-struct S3ListLimits {
-  int page_size = 1000;           // keys asked for per request (max-keys)
-  int max_pages = 64;             // requests
-  size_t max_objects = 10000;     // objects listed, in all
-  uint64_t max_bytes = 32 << 20;  // of every page's answer, together
-};
-
-// How one ReadRange is checked and bounded.
-struct S3ReadOptions {
-  // The object's version: every answer must carry this ETag (FAILED_PRECONDITION otherwise: it
-  // changed). Empty: the first answer's ETag holds for every resumed piece.
-  std::string etag;
-  // The object's size, when known: a read of all of it is asked for without a Range, so that the
-  // store's checksum of the object comes with the answer and is checked.
-  uint64_t object_size = 0;
-  // Besides call_timeout: DEADLINE_EXCEEDED past it.
-  absl::Time deadline = absl::InfiniteFuture();
-  // The caller's own stop (its client went away): CANCELLED once it is set. Null: none.
-  const std::atomic<bool>* cancelled = nullptr;
-};
-
-struct S3ListedObject {
-  std::string key;
-  uint64_t size = 0;
-  std::string etag;  // without its quotes
-};
-
 struct S3ClientStats {
   uint64_t requests = 0;  // attempts sent, retries included
   uint64_t retries = 0;
@@ -110,26 +76,24 @@ struct S3ClientStats {
   uint64_t failures = 0;        // calls that returned an error
 };
 
-class S3Client {
+class S3Client final : public ObjectStore {
  public:
   // INVALID_ARGUMENT for an endpoint S3EndpointUrl refuses; INTERNAL when libcurl will not start.
   static absl::StatusOr<std::unique_ptr<S3Client>> Create(S3ClientOptions options);
-  ~S3Client();
+  ~S3Client() override;
   S3Client(const S3Client&) = delete;
   S3Client& operator=(const S3Client&) = delete;
 
   // The object's size and ETag (HEAD). NOT_FOUND for no such object or bucket.
-  absl::StatusOr<S3ObjectHead> Head(const S3Url& object) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<ObjectHead> Head(const S3Url& object) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // The objects right under `prefix` in `bucket` — their keys start with it and hold no "/"
   // after it (ListObjectsV2 with delimiter "/") — in key order, every page of the listing.
   // DATA_LOSS for a listing past `limits`, a key outside the prefix, a repeated continuation
   // token, or a page that is not a listing or was cut; the client's errors otherwise.
-  absl::StatusOr<std::vector<S3ListedObject>> List(const std::string& bucket,
-                                                   const std::string& prefix,
-                                                   const S3ListLimits& limits = {},
-                                                   const std::atomic<bool>* cancelled = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::vector<ListedObject>> List(
+      const std::string& bucket, const std::string& prefix, const ListLimits& limits = {},
+      const std::atomic<bool>* cancelled = nullptr) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Reads bytes [offset, offset + length) of `object` into `destination`, checked as `read`
   // says. Errors: NOT_FOUND, PERMISSION_DENIED (credentials or policy), OUT_OF_RANGE (past the
@@ -140,16 +104,18 @@ class S3Client {
   // read.deadline passed), CANCELLED (Cancel, or read.cancelled). On error the destination's
   // bytes are unspecified. REQUIRES: destination holds `length` bytes.
   absl::Status ReadRange(const S3Url& object, uint64_t offset, uint64_t length,
-                         uint8_t* destination, const S3ReadOptions& read = {})
+                         uint8_t* destination, const ObjectReadOptions& read = {}) override
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Makes every call in flight and every later one end CANCELLED, at once (a daemon stopping).
-  void Cancel();
+  void Cancel() override;
 
   S3ClientStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
   const S3ClientOptions& options() const { return options_; }
   // The endpoint's URL, as requests go to it ("https://s3.us-east-1.amazonaws.com").
   const std::string& endpoint_url() const { return endpoint_url_; }
+  const std::string& id() const override { return endpoint_url_; }
+  absl::Duration call_timeout() const override { return options_.call_timeout; }
 
   // `text` from the store (an error's code or message, a header), fit for a message or a log:
   // every occurrence of the credentials' key id, secret or token replaced by "[credentials]",

@@ -31,6 +31,7 @@
 #include "server/resource_limits.h"
 #include "server/stats.h"
 #include "server/unix_socket.h"
+#include "storage/model_location.h"
 #include "storage/reader_sizing.h"
 #include "wire/session_socket.h"
 
@@ -210,7 +211,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(const DaemonOptions& requ
     // directory's (the best guess at where this node keeps its files).
     std::vector<std::string> local_roots;
     for (const std::string& root : options.model_roots) {
-      if (!IsS3Path(root)) local_roots.push_back(root);
+      absl::StatusOr<ModelLocation> location = ParseModelLocation(root);
+      if (location.ok() && !location->in_object_store()) local_roots.push_back(root);
     }
     const ReaderSizing sizing =
         SizeReaders(local_roots.empty() ? std::vector<std::string>{options.state_dir} : local_roots,

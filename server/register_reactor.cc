@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/quote.h"
-#include "remote/s3_location.h"
 #include "server/proto_convert.h"
 #include "server/raw_call.h"
+#include "storage/model_location.h"
 
 namespace tierd {
 
@@ -104,8 +104,10 @@ absl::Status RegisterReactor::Check() const {
     return grouping.status();
   }
   const std::string& directory = request_.directory();
-  if (IsS3Path(directory)) {
-    // A model in object storage: the catalog checks the URL and the roots.
+  absl::StatusOr<ModelLocation> location = ParseModelLocation(directory);
+  if (!location.ok()) return location.status();
+  if (location->in_object_store()) {
+    // A model in object storage: the catalog checks the roots.
   } else if (directory.empty() || directory.front() != '/') {
     // A relative path would be resolved against the daemon's working directory, not the
     // caller's; the client libraries send absolute ones.

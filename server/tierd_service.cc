@@ -10,11 +10,11 @@
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/quote.h"
-#include "remote/s3_location.h"
 #include "server/proto_convert.h"
 #include "server/register_reactor.h"
 #include "server/session_reactor.h"
 #include "server/stats.h"
+#include "storage/model_location.h"
 
 namespace tierd {
 namespace {
@@ -71,6 +71,17 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* TierdService::Sessi
                             (*tiers)->unread_answers);
 }
 
+namespace {
+
+// Whether a registration reads from an object store (a path that is no valid location is not:
+// its registration says why, on the local worker).
+bool IsInObjectStore(const std::string& directory) {
+  absl::StatusOr<ModelLocation> location = ParseModelLocation(directory);
+  return location.ok() && location->in_object_store();
+}
+
+}  // namespace
+
 grpc::ServerWriteReactor<grpc::ByteBuffer>* TierdService::RegisterModel(
     grpc::CallbackServerContext* /*context*/, const grpc::ByteBuffer* raw_request) {
   class Refused final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
@@ -95,7 +106,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TierdService::RegisterModel(
     return new Refused(Answer(ParseRequest(*raw_request, request)));
   }
   return new RegisterReactor(
-      (*tiers)->catalog, registrations_, *raw_request, IsS3Path(*directory),
+      (*tiers)->catalog, registrations_, *raw_request, IsInObjectStore(*directory),
       [tiers = *tiers](const std::string& name) {
         // The model's namespace names its weights from now on: stored objects clients put there
         // before are forgotten by every group's tier, never served as its weights.

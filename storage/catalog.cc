@@ -17,6 +17,7 @@
 #include "storage/catalog_file.h"
 #include "storage/derived_tensors.h"
 #include "storage/json_file.h"
+#include "storage/model_location.h"
 #include "storage/model_scan.h"
 #include "storage/object_checksum.h"
 #include "storage/object_layout.h"
@@ -90,7 +91,7 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& state_
                                                        ModelRoots roots,
                                                        size_t max_tensors_per_model,
                                                        std::shared_ptr<FileSystem> file_system,
-                                                       S3Client* remote) {
+                                                       ObjectStore* remote) {
   if (state_dir.empty()) return absl::InvalidArgumentError("state directory is empty");
   const std::string dir = absl::StrCat(state_dir, "/catalog");
   file_system = FileSystemOrDefault(std::move(file_system));
@@ -129,12 +130,12 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& state_
     // still have their recorded size and mtime (the check such a catalog relied on), and is
     // written again with them.
     for (ModelFile& file : loaded->info.files) {
-      if (!IsS3Path(file.path) && RecordMissingIdentity(catalog->roots_, file)) entry->dirty = true;
+      if (!file.object && RecordMissingIdentity(catalog->roots_, file)) entry->dirty = true;
     }
     // Offsets recorded for a file that changed would read the wrong bytes without any error; the
     // model stays listed so the operator sees it, but its objects cannot be read. (A remote
     // file's ETag is checked by every read of it instead.)
-    const std::string changed = IsS3Path(loaded->info.directory)
+    const std::string changed = loaded->info.in_object_store
                                     ? ""
                                     : DescribeChangedFile(loaded->info.files, catalog->roots_);
     if (!changed.empty()) {
@@ -186,8 +187,9 @@ absl::StatusOr<ModelSummary> Catalog::RegisterModel(
   if (taken()) return name_taken();
   // The path as given: ".." and relative paths are refused before they are normalized away.
   ScannedModel scanned;
-  if (IsS3Path(directory)) {
-    ASSIGN_OR_RETURN(const S3Url url, ParseS3Url(directory));
+  ASSIGN_OR_RETURN(const ModelLocation location, ParseModelLocation(directory));
+  if (location.in_object_store()) {
+    const S3Url& url = location.object;
     RETURN_IF_ERROR(roots_.CheckRemote(url));
     if (remote_ == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -220,6 +222,7 @@ absl::StatusOr<ModelSummary> Catalog::RegisterModel(
   info->derived_tensors = derived.size();
   info->keep_raw = keep_raw;
   info->directory = std::move(scanned.directory);
+  info->in_object_store = location.in_object_store();
   info->grouping = grouping;
   info->files = std::move(scanned.files);
   info->objects = BuildObjects(grouper, std::move(scanned.tensors));

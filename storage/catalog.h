@@ -31,7 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "remote/s3_client.h"
+#include "remote/object_store.h"
 #include "storage/derived_tensors.h"
 #include "storage/file_system.h"
 #include "storage/model.h"
@@ -51,7 +51,7 @@ class Catalog {
   static absl::StatusOr<std::unique_ptr<Catalog>> Open(
       const std::string& state_dir, ModelRoots roots = ModelRoots(),
       size_t max_tensors_per_model = kDefaultMaxTensorsPerModel,
-      std::shared_ptr<FileSystem> file_system = nullptr, S3Client* remote = nullptr);
+      std::shared_ptr<FileSystem> file_system = nullptr, ObjectStore* remote = nullptr);
   ~Catalog();  // flushes pending checksums
   Catalog(const Catalog&) = delete;
   Catalog& operator=(const Catalog&) = delete;
@@ -140,7 +140,7 @@ class Catalog {
   const std::shared_ptr<FileSystem> file_system_;
   const ModelRoots roots_;
   const size_t max_tensors_per_model_;
-  S3Client* remote_ = nullptr;  // for models in object storage; null: none
+  ObjectStore* remote_ = nullptr;  // for models in object storage; null: none
   // Held while a model's file is written or deleted, and across the check-and-insert of a
   // registration, so that a flush never brings back a dropped model's file and two registrations
   // of one name never both write it. Slow (fsync) work happens under it, never under mu_.

@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
-#include "remote/s3_location.h"
 #include "storage/json_file.h"
+#include "storage/model_location.h"
 #include "storage/object_layout.h"
 #include "storage/shard.h"
 
@@ -164,6 +164,9 @@ absl::StatusOr<LoadedModel> ParseModel(absl::string_view text, const std::string
     return Corrupt(absl::StrCat("names model '", info.name, "', not '", expected_name, "'"));
   }
   RETURN_IF_ERROR(ValidateModelName(info.name));
+  absl::StatusOr<ModelLocation> directory = ParseModelLocation(info.directory);
+  if (!directory.ok()) return Corrupt("bad directory");
+  info.in_object_store = directory->in_object_store();
   const std::optional<Grouping> parsed_grouping = ParseGrouping(grouping);
   if (!parsed_grouping.has_value()) return Corrupt(absl::StrCat("unknown grouping ", grouping));
   info.grouping = *parsed_grouping;
@@ -180,14 +183,19 @@ absl::StatusOr<LoadedModel> ParseModel(absl::string_view text, const std::string
     ModelFile& file = info.files.emplace_back();
     if (!JsonString(JsonMember(&json_file, "path"), &file.path) ||
         !JsonUint(JsonMember(&json_file, "size"), &file.size) ||
-        !JsonInt(JsonMember(&json_file, "mtime_ns"), &file.mtime_ns) ||
-        !(absl::StartsWith(file.path, "/") || ParseS3Url(file.path).ok())) {
+        !JsonInt(JsonMember(&json_file, "mtime_ns"), &file.mtime_ns)) {
       return Corrupt("bad file");
     }
+    // Every file where its model is: a local absolute path, or an object of the same store.
+    absl::StatusOr<ModelLocation> location = ParseModelLocation(file.path);
+    if (!location.ok() || location->in_object_store() != info.in_object_store ||
+        (!location->in_object_store() && !absl::StartsWith(file.path, "/"))) {
+      return Corrupt("bad file");
+    }
+    if (location->in_object_store()) file.object = location->object;
     // A remote file's: without it reads of the file would go unchecked.
     if (const Json* etag = JsonMember(&json_file, "etag");
-        (etag != nullptr && !JsonString(etag, &file.etag)) ||
-        (IsS3Path(file.path) && file.etag.empty())) {
+        (etag != nullptr && !JsonString(etag, &file.etag)) || (file.object && file.etag.empty())) {
       return Corrupt("bad file");
     }
     // Absent from files written before they were recorded: 0, filled in by Open.

@@ -15,7 +15,6 @@
 #include "common/log.h"
 #include "common/machine.h"
 #include "device/pinned_host_buffer.h"
-#include "remote/s3_location.h"
 #include "storage/detail/host_cache_record.h"
 #include "storage/detail/read_router.h"
 #include "storage/object_checksum.h"
@@ -401,7 +400,7 @@ void HostCache::FinishRead(Entry* entry, absl::Status status) {
   // asks again.
   if (entry->kind == Kind::kWeight &&
       (absl::IsFailedPrecondition(status) ||
-       (absl::IsPermissionDenied(status) && !IsS3Path(entry->source->model->directory)))) {
+       (absl::IsPermissionDenied(status) && !entry->source->model->in_object_store))) {
     catalog_.MarkStale(entry->source->model, std::string(status.message()));
   }
   DeferredCalls deferred;

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "remote/s3_location.h"
 #include "storage/dtype.h"
 
 namespace tierd {
@@ -98,11 +99,16 @@ struct ModelFile {
   // A remote file's (an s3:// path): its ETag when registered, which every read must still find.
   // Empty for local files.
   std::string etag;
+  // Where a file of an object store is, parsed from `path` once (registration, or the catalog's
+  // load: ParseModelLocation); unset for a local file.
+  std::optional<S3Url> object;
 };
 
 struct ModelInfo {
   std::string name;
-  std::string directory;  // absolute
+  std::string directory;  // absolute, or an object store's URL
+  // The directory (and so every file) is an object store's.
+  bool in_object_store = false;
   Grouping grouping = Grouping::kBlock;
   std::vector<ModelFile> files;
   std::vector<ObjectInfo> objects;  // sorted by name

@@ -19,6 +19,7 @@
 #include "common/posix_error.h"
 #include "common/quote.h"
 #include "common/status_macros.h"
+#include "storage/model_location.h"
 
 namespace tierd {
 namespace {
@@ -122,12 +123,15 @@ absl::StatusOr<ScopedFd> OpenWithoutSymlinks(int dir_fd, absl::string_view relat
 absl::StatusOr<ModelRoots> ModelRoots::Create(const std::vector<std::string>& roots) {
   ModelRoots result;
   for (const std::string& root : roots) {
-    if (IsS3Path(root)) {
-      absl::StatusOr<S3Url> url = ParseS3Url(root);
-      if (!url.ok())
-        return absl::InvalidArgumentError(absl::StrCat("--model-roots: ", url.status().message()));
-      if (!url->key.empty() && url->key.back() != '/') url->key.push_back('/');
-      result.remote_roots_.push_back(*std::move(url));
+    absl::StatusOr<ModelLocation> location = ParseModelLocation(root);
+    if (!location.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--model-roots: ", location.status().message()));
+    }
+    if (location->in_object_store()) {
+      S3Url url = std::move(location->object);
+      if (!url.key.empty() && url.key.back() != '/') url.key.push_back('/');
+      result.remote_roots_.push_back(std::move(url));
       continue;
     }
     if (root.empty() || root.front() != '/') {
@@ -190,11 +194,8 @@ absl::Status ModelRoots::CheckRemote(const S3Url& url) const {
 }
 
 absl::Status ModelRoots::Check(const std::string& path) const {
-  if (IsS3Path(path)) {
-    absl::StatusOr<S3Url> url = ParseS3Url(path);
-    if (!url.ok()) return url.status();
-    return CheckRemote(*url);
-  }
+  ASSIGN_OR_RETURN(const ModelLocation location, ParseModelLocation(path));
+  if (location.in_object_store()) return CheckRemote(location.object);
   if (!confined()) {
     // Unconfined, a path need not exist yet to pass; only its form is checked.
     if (path.empty() || path.front() != '/') {

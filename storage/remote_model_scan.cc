@@ -28,11 +28,11 @@ namespace {
 constexpr uint64_t kFirstReadBytes = 256 << 10;
 
 // Bytes [0, length) of `url`, of the version `etag` (an object `size` bytes long).
-absl::StatusOr<std::string> ReadStart(S3Client& client, const S3Url& url, uint64_t length,
+absl::StatusOr<std::string> ReadStart(ObjectStore& client, const S3Url& url, uint64_t length,
                                       const std::string& etag, uint64_t size,
                                       const std::atomic<bool>* cancelled) {
   std::string bytes(length, '\0');
-  S3ReadOptions read;
+  ObjectReadOptions read;
   read.etag = etag;
   read.object_size = size;
   read.cancelled = cancelled;
@@ -63,7 +63,7 @@ struct FileScan {
 // as soon as its bytes are in. The first failure stops the files not yet started.
 class HeaderReader {
  public:
-  HeaderReader(S3Client& client, std::vector<FileScan>& files, const RemoteScanOptions& options,
+  HeaderReader(ObjectStore& client, std::vector<FileScan>& files, const RemoteScanOptions& options,
                const std::function<void(const RegistrationProgress&)>& progress)
       : client_(client),
         files_(files),
@@ -111,7 +111,7 @@ class HeaderReader {
   absl::StatusOr<SafetensorsHeader> Read(FileScan& file) {
     const std::string path = file.url.ToString();
     if (file.etag.empty()) {  // some gateways list multipart uploads without one; HEAD has it
-      ASSIGN_OR_RETURN(const S3ObjectHead head, client_.Head(file.url));
+      ASSIGN_OR_RETURN(const ObjectHead head, client_.Head(file.url));
       if (head.size != file.size) return Changed(path);
       file.etag = head.etag;
     }
@@ -158,7 +158,7 @@ class HeaderReader {
     return header;
   }
 
-  S3Client& client_;
+  ObjectStore& client_;
   std::vector<FileScan>& files_;
   const RemoteScanOptions& options_;
   const std::function<void(const RegistrationProgress&)>& progress_;
@@ -179,7 +179,7 @@ absl::Status TensorLimit(const std::string& directory, size_t max_tensors) {
 }  // namespace
 
 absl::StatusOr<ScannedModel> ScanRemoteModel(
-    S3Url prefix, S3Client& client,
+    S3Url prefix, ObjectStore& client,
     const std::function<void(const RegistrationProgress&)>& progress,
     const RemoteScanOptions& options) {
   if (!prefix.key.empty() && prefix.key.back() != '/') prefix.key.push_back('/');
@@ -188,17 +188,17 @@ absl::StatusOr<ScannedModel> ScanRemoteModel(
   if (absl::EndsWith(scanned.directory, "/")) scanned.directory.pop_back();
 
   // The model's "directory": the objects right under the prefix (the client checks they are).
-  ASSIGN_OR_RETURN(const std::vector<S3ListedObject> listed,
-                   client.List(prefix.bucket, prefix.key, S3ListLimits(), options.cancelled));
-  std::map<std::string, S3ListedObject> here;
-  for (const S3ListedObject& object : listed) {
+  ASSIGN_OR_RETURN(const std::vector<ListedObject> listed,
+                   client.List(prefix.bucket, prefix.key, ListLimits(), options.cancelled));
+  std::map<std::string, ListedObject> here;
+  for (const ListedObject& object : listed) {
     if (object.key.size() > prefix.key.size()) {
       here.emplace(object.key.substr(prefix.key.size()), object);
     }
   }
   // A key the model uses must be one a registered URL may be: it names the file in messages,
   // in the catalog and in the remote cache.
-  const auto usable = [&](const S3ListedObject& object) -> absl::Status {
+  const auto usable = [&](const ListedObject& object) -> absl::Status {
     if (absl::Status s = ParseS3Url(S3Url{prefix.bucket, object.key}.ToString()).status();
         !s.ok()) {
       return absl::DataLossError(absl::StrCat("the store lists ", Quote(object.key), " under ",
@@ -248,7 +248,7 @@ absl::StatusOr<ScannedModel> ScanRemoteModel(
 
   std::vector<FileScan> files(file_names.size());
   for (size_t i = 0; i < file_names.size(); ++i) {
-    const S3ListedObject& object = here.at(file_names[i]);
+    const ListedObject& object = here.at(file_names[i]);
     RETURN_IF_ERROR(usable(object));
     files[i].url = {prefix.bucket, object.key};
     files[i].size = object.size;
@@ -279,6 +279,7 @@ absl::StatusOr<ScannedModel> ScanRemoteModel(
     model_file.path = file.url.ToString();
     model_file.size = file.size;
     model_file.etag = file.etag;
+    model_file.object = file.url;
     scanned.files.push_back(std::move(model_file));
   }
   if (weight_map.has_value()) {

@@ -4,7 +4,7 @@
 // safetensors header read with one ranged GET of its first 256 KiB (a second for a larger header)
 // — the tensors' bytes beyond are not read.
 //
-// The store is not trusted: its listing is bounded (S3ListLimits), every key a model uses must be
+// The store is not trusted: its listing is bounded (ListLimits), every key a model uses must be
 // one a registered URL may be (ParseS3Url: no control characters, no dot segments, at most 1024
 // bytes) and must carry an ETag, and a model has at most max_files files. Up to parallel_reads
 // files are read at once, each header parsed as soon as it is read and its bytes let go, the
@@ -22,7 +22,7 @@
 #include <limits>
 
 #include "absl/status/statusor.h"
-#include "remote/s3_client.h"
+#include "remote/object_store.h"
 #include "remote/s3_location.h"
 #include "storage/model.h"
 #include "storage/model_scan.h"
@@ -49,7 +49,7 @@ struct RemoteScanOptions {
 // an object changed while it was read; CANCELLED; the client's (PERMISSION_DENIED, UNAVAILABLE,
 // DATA_LOSS for a listing it refused, ...).
 absl::StatusOr<ScannedModel> ScanRemoteModel(
-    S3Url prefix, S3Client& client,
+    S3Url prefix, ObjectStore& client,
     const std::function<void(const RegistrationProgress&)>& progress,
     const RemoteScanOptions& options = {});
 

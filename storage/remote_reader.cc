@@ -22,7 +22,7 @@ absl::Status ShuttingDown() { return absl::UnavailableError("the remote reader i
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RemoteReader>> RemoteReader::Create(
-    S3Client& client, const RemoteReaderOptions& options, RemoteCache* cache) {
+    ObjectStore& client, const RemoteReaderOptions& options, RemoteCache* cache) {
   if (options.streams < 1 || options.part_bytes == 0) {
     return absl::InvalidArgumentError("a remote reader needs at least one stream, and parts");
   }
@@ -41,7 +41,8 @@ absl::StatusOr<std::unique_ptr<RemoteReader>> RemoteReader::Create(
   return reader;
 }
 
-RemoteReader::RemoteReader(S3Client& client, const RemoteReaderOptions& options, RemoteCache* cache)
+RemoteReader::RemoteReader(ObjectStore& client, const RemoteReaderOptions& options,
+                           RemoteCache* cache)
     : client_(client), cache_(cache), options_(options) {}
 
 RemoteReader::~RemoteReader() {
@@ -84,14 +85,14 @@ absl::Status RemoteReader::Plan(const std::vector<ReadTarget>& targets, Request&
   for (const ReadTarget& target : targets) {
     auto [it, added] = by_path.try_emplace(target.path);
     if (added) {
-      absl::StatusOr<S3Url> url = ParseS3Url(target.path);
-      if (!url.ok()) return url.status();
-      auto file = std::make_unique<File>();
-      file->url = *std::move(url);
-      if (target.model_file != nullptr) {
-        file->etag = target.model_file->etag;
-        file->size = target.model_file->size;
+      if (target.model_file == nullptr || !target.model_file->object) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a read of ", target.path, ", which is no registered file of an object store"));
       }
+      auto file = std::make_unique<File>();
+      file->url = *target.model_file->object;
+      file->etag = target.model_file->etag;
+      file->size = target.model_file->size;
       it->second.first = file.get();
       request.files.push_back(std::move(file));
     }
@@ -243,7 +244,7 @@ absl::AnyInvocable<void(absl::Status) &&> RemoteReader::FinishIfDoneLocked(Reque
 
 absl::Status RemoteReader::Fetch(const File& file, uint64_t offset, uint64_t length,
                                  uint8_t* destination) {
-  const absl::Time deadline = absl::Now() + client_.options().call_timeout;
+  const absl::Time deadline = absl::Now() + client_.call_timeout();
   std::optional<FileSemaphore::Slot> host_slot;  // held while the GET runs
   if (host_streams_ != nullptr) {
     absl::StatusOr<FileSemaphore::Slot> slot =
@@ -257,7 +258,7 @@ absl::Status RemoteReader::Fetch(const File& file, uint64_t offset, uint64_t len
           << "remote reader: reading past the host's bound: " << slot.status();
     }
   }
-  S3ReadOptions read;
+  ObjectReadOptions read;
   read.etag = file.etag;
   read.object_size = file.size;
   read.deadline = deadline;
@@ -280,7 +281,7 @@ absl::StatusOr<uint64_t> RemoteReader::ReadPart(const Part& part, RemoteChunkUse
     }
     return part.length;
   }
-  const RemoteChunkKey key{client_.endpoint_url(), file.url.ToString(), file.etag, file.size};
+  const RemoteChunkKey key{client_.id(), file.url.ToString(), file.etag, file.size};
   std::vector<RemoteCachePiece> pieces;
   pieces.reserve(part.pieces.size());
   for (const Piece& piece : part.pieces) {
@@ -291,7 +292,7 @@ absl::StatusOr<uint64_t> RemoteReader::ReadPart(const Part& part, RemoteChunkUse
       [&](uint64_t offset, uint64_t length, uint8_t* destination) {
         return Fetch(file, offset, length, destination);
       },
-      use, absl::Now() + client_.options().call_timeout, [this] { return stopped_.load(); });
+      use, absl::Now() + client_.call_timeout(), [this] { return stopped_.load(); });
 }
 
 void RemoteReader::Run() {

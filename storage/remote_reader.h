@@ -34,7 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/file_semaphore.h"
-#include "remote/s3_client.h"
+#include "remote/object_store.h"
 #include "storage/disk_reader.h"
 #include "storage/remote_cache.h"
 
@@ -66,10 +66,10 @@ class RemoteReader {
  public:
   using RequestId = uint64_t;
 
-  // `client` and `cache` (which may be null) must outlive the reader. INVALID_ARGUMENT for
-  // streams < 1 or part_bytes 0; FileSemaphore::Open's errors for host_streams_file;
+  // `client` (the store) and `cache` (which may be null) must outlive the reader. INVALID_ARGUMENT
+  // for streams < 1 or part_bytes 0; FileSemaphore::Open's errors for host_streams_file;
   // RESOURCE_EXHAUSTED when its threads cannot start.
-  static absl::StatusOr<std::unique_ptr<RemoteReader>> Create(S3Client& client,
+  static absl::StatusOr<std::unique_ptr<RemoteReader>> Create(ObjectStore& client,
                                                               const RemoteReaderOptions& options,
                                                               RemoteCache* cache = nullptr);
   // Stop, then joins the threads.
@@ -77,10 +77,10 @@ class RemoteReader {
   RemoteReader(const RemoteReader&) = delete;
   RemoteReader& operator=(const RemoteReader&) = delete;
 
-  // As DiskReader::Submit. Each target's path is an s3:// URL; a target with a model_file is read
-  // against that file's recorded ETag (a changed object fails FAILED_PRECONDITION) and may go
-  // through the cache. Errors, in `done`: INVALID_ARGUMENT for a path that is not one, the
-  // check's, and S3Client::ReadRange's.
+  // As DiskReader::Submit. Each target is of a registered file of the store (its model_file's
+  // object), read against that file's recorded ETag (a changed object fails
+  // FAILED_PRECONDITION), through the cache when there is one. Errors, in `done`:
+  // INVALID_ARGUMENT for a target of no such file, the check's, and ObjectStore::ReadRange's.
   // REQUIRES: each destination can take its target's length; destinations stay valid until done.
   RequestId Submit(ReadRequest request) ABSL_LOCKS_EXCLUDED(mu_);
   // As DiskReader::Cancel: true when none of the request's parts had started; its done(CANCELLED)
@@ -91,18 +91,18 @@ class RemoteReader {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Ends every read at once (a daemon stopping): queued requests fail UNAVAILABLE now, the GETs in
-  // flight end CANCELLED (S3Client::Cancel: the client is done with), later requests fail at
+  // flight end CANCELLED (ObjectStore::Cancel: the store is done with), later requests fail at
   // once. Returns without waiting for the threads. Idempotent.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   RemoteReaderStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // A file a request reads, as registered (when it is a model file).
+  // A file a request reads, as registered.
   struct File {
     S3Url url;
-    std::string etag;   // empty: the first answer's
-    uint64_t size = 0;  // 0: unknown (not a registered file: not through the cache)
+    std::string etag;
+    uint64_t size = 0;
   };
   // Bytes [offset, offset + length) of a file go to destination.
   struct Piece {
@@ -134,7 +134,7 @@ class RemoteReader {
   // Scheduling order: demand first, then the earliest deadline, then first come.
   using Order = std::tuple<int, absl::Time, RequestId>;
 
-  RemoteReader(S3Client& client, const RemoteReaderOptions& options, RemoteCache* cache);
+  RemoteReader(ObjectStore& client, const RemoteReaderOptions& options, RemoteCache* cache);
   // Cuts `request`'s targets into parts; INVALID_ARGUMENT for a path that is no s3:// URL.
   absl::Status Plan(const std::vector<ReadTarget>& targets, Request& request) const;
   // Reads a part, through the cache when there is one (recording the chunk it used in `use`);
@@ -152,7 +152,7 @@ class RemoteReader {
   absl::AnyInvocable<void(absl::Status) &&> FinishIfDoneLocked(RequestId id, absl::Status* status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  S3Client& client_;
+  ObjectStore& client_;
   RemoteCache* const cache_;
   std::unique_ptr<FileSemaphore> host_streams_;  // null: no bound beyond this reader's
   const RemoteReaderOptions options_;

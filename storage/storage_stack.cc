@@ -14,22 +14,23 @@ absl::StatusOr<std::unique_ptr<StorageStack>> StorageStack::Create(
   std::unique_ptr<StorageStack> stack(new StorageStack);
   stack->file_system_ = FileSystemOrDefault(options.file_system);
   if (options.remote) {
-    ASSIGN_OR_RETURN(stack->s3_, S3Client::Create(*options.remote));
+    ASSIGN_OR_RETURN(stack->store_, S3Client::Create(*options.remote));
   }
   ASSIGN_OR_RETURN(stack->catalog_, Catalog::Open(options.state_dir, options.model_roots,
                                                   options.max_tensors_per_model,
-                                                  stack->file_system_, stack->s3_.get()));
+                                                  stack->file_system_, stack->store_.get()));
   ASSIGN_OR_RETURN(stack->arena_, HostArena::Create(device, options.arena));
   DiskReaderOptions reader = options.reader;
   reader.model_roots = options.model_roots;  // model files are opened beneath them
   reader.file_system = stack->file_system_;
   ASSIGN_OR_RETURN(stack->reader_, DiskReader::Create(reader));
-  if (stack->s3_ != nullptr) {
+  if (stack->store_ != nullptr) {
     if (options.remote_cache) {
       ASSIGN_OR_RETURN(stack->remote_cache_, RemoteCache::Open(*options.remote_cache));
     }
-    ASSIGN_OR_RETURN(stack->remote_reader_, RemoteReader::Create(*stack->s3_, options.remote_reader,
-                                                                 stack->remote_cache_.get()));
+    ASSIGN_OR_RETURN(
+        stack->remote_reader_,
+        RemoteReader::Create(*stack->store_, options.remote_reader, stack->remote_cache_.get()));
   }
   const std::string spill_dir =
       options.spill_dir.empty() ? absl::StrCat(options.state_dir, "/spill") : options.spill_dir;
@@ -56,7 +57,7 @@ StorageStack::~StorageStack() { StopIo(); }
 
 void StorageStack::StopRemote() {
   if (remote_reader_ != nullptr) remote_reader_->Stop();
-  if (s3_ != nullptr) s3_->Cancel();
+  if (store_ != nullptr) store_->Cancel();
 }
 
 void StorageStack::StopIo() {

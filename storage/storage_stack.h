@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "device/device.h"
+#include "remote/s3_client.h"
 #include "storage/catalog.h"
 #include "storage/disk_reader.h"
 #include "storage/durable_store.h"
@@ -101,7 +102,7 @@ class StorageStack {
 
   // Declared in dependency order: destroyed from the bottom up.
   std::shared_ptr<FileSystem> file_system_;
-  std::unique_ptr<S3Client> s3_;
+  std::unique_ptr<ObjectStore> store_;  // null without `remote`
   std::unique_ptr<Catalog> catalog_;
   std::unique_ptr<RemoteCache> remote_cache_;
   std::unique_ptr<HostArena> arena_;

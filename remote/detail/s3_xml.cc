@@ -103,7 +103,7 @@ absl::StatusOr<S3ListPage> ParseS3ListPage(absl::string_view xml) {
     std::optional<absl::string_view> key = Element(*contents, "Key");
     std::optional<absl::string_view> size = Element(*contents, "Size");
     if (!key || !size) return absl::DataLossError("a listed object without its key or size");
-    S3ListedObject object;
+    ListedObject object;
     absl::StatusOr<std::string> decoded = DecodeText(*key);
     if (!decoded.ok()) return decoded.status();
     object.key = *std::move(decoded);

@@ -16,7 +16,7 @@
 namespace tierd {
 
 struct S3ListPage {
-  std::vector<S3ListedObject> objects;
+  std::vector<ListedObject> objects;
   bool truncated = false;
   std::string next_continuation_token;
 };

@@ -2,13 +2,13 @@
 
 #include <utility>
 
-#include "remote/s3_location.h"
-
 namespace tierd {
 
 ReadRouter::RequestId ReadRouter::Submit(ReadRequest request) {
   size_t remote_targets = 0;
-  for (const ReadTarget& target : request.targets) remote_targets += IsS3Path(target.path);
+  for (const ReadTarget& target : request.targets) {
+    remote_targets += target.model_file != nullptr && target.model_file->object.has_value();
+  }
   if (remote_targets == 0) return Local(disk_.Submit(std::move(request)));
   absl::Status refused;
   if (remote_targets != request.targets.size()) {

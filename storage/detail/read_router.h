@@ -1,5 +1,6 @@
-// Sends each read to the reader of its files: s3:// paths to the RemoteReader, every other path to
-// the DiskReader, with request ids of its own that say which reader has the request.
+// Sends each read to the reader of its files: model files of an object store (ModelFile::object)
+// to the RemoteReader, every other file to the DiskReader, with request ids of its own that say
+// which reader has the request.
 //
 // Private to storage/ (the host cache's). Thread-safe.
 #ifndef TIERD_STORAGE_DETAIL_READ_ROUTER_H_

@@ -48,7 +48,7 @@ class S3ClientHostileTest : public ::testing::Test {
     client_ = *std::move(client);
   }
   absl::StatusOr<std::string> Read(const std::string& key, uint64_t offset, uint64_t length,
-                                   S3ReadOptions read = {}) {
+                                   ObjectReadOptions read = {}) {
     std::string bytes(length, '\0');
     absl::Status status = client_->ReadRange({kBucket, key}, offset, length,
                                              reinterpret_cast<uint8_t*>(bytes.data()), read);
@@ -83,7 +83,7 @@ TEST_F(S3ClientHostileTest, AnEndlessListingIsRefusedAfterItsPageBound) {
     const int page = pages++;
     return Page({absl::StrCat("m/", page, ".bin")}, absl::StrCat("token-", page));
   });
-  absl::StatusOr<std::vector<S3ListedObject>> listed = client_->List(kBucket, "m/");
+  absl::StatusOr<std::vector<ListedObject>> listed = client_->List(kBucket, "m/");
   EXPECT_THAT(listed, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(listed.status().message(), HasSubstr("more than 64 pages"));
   EXPECT_EQ(pages.load(), 64);
@@ -102,13 +102,13 @@ TEST_F(S3ClientHostileTest, AnEndlessListingIsRefusedAfterItsPageBound) {
 }
 
 TEST_F(S3ClientHostileTest, AListingIsBoundedInObjectsAndBytesAndNeverTakenCut) {
-  S3ListLimits limits;
+  ListLimits limits;
   limits.max_objects = 5;
   stub_->SetHook([&](const StubRequest& request) -> std::optional<StubAnswer> {
     if (!request.IsListing()) return std::nullopt;
     return Page({"m/1", "m/2", "m/3", "m/4", "m/5", "m/6"});
   });
-  absl::StatusOr<std::vector<S3ListedObject>> listed = client_->List(kBucket, "m/", limits);
+  absl::StatusOr<std::vector<ListedObject>> listed = client_->List(kBucket, "m/", limits);
   EXPECT_THAT(listed, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(listed.status().message(), HasSubstr("more than 5 objects"));
 
@@ -124,7 +124,7 @@ TEST_F(S3ClientHostileTest, AListingIsBoundedInObjectsAndBytesAndNeverTakenCut) 
   EXPECT_THAT(listed.status().message(), HasSubstr("refused, not cut"));
 
   // Pages together past the byte bound.
-  limits = S3ListLimits();
+  limits = ListLimits();
   limits.max_bytes = 64 << 10;
   std::atomic<int> page{0};
   stub_->SetHook([&](const StubRequest& request) -> std::optional<StubAnswer> {
@@ -154,7 +154,7 @@ TEST_F(S3ClientHostileTest, KeysOutsideThePrefixAreRefusedAndDeeperOnesLeftOut) 
     if (!request.IsListing()) return std::nullopt;
     return Page({"m/a.bin", "x"});
   });
-  absl::StatusOr<std::vector<S3ListedObject>> listed = client_->List(kBucket, "models/m/");
+  absl::StatusOr<std::vector<ListedObject>> listed = client_->List(kBucket, "models/m/");
   EXPECT_THAT(listed, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(listed.status().message(), HasSubstr("not under the prefix"));
 
@@ -175,7 +175,7 @@ TEST_F(S3ClientHostileTest, KeysOutsideThePrefixAreRefusedAndDeeperOnesLeftOut) 
 TEST_F(S3ClientHostileTest, AnAnswerOfAnotherVersionOrOfNoneIsRefused) {
   const std::string v1 = PatternBytes(4096, 1);
   const std::string etag = stub_->PutObject(kBucket, "m/w.bin", v1);
-  S3ReadOptions read;
+  ObjectReadOptions read;
   read.etag = etag;
   EXPECT_EQ(Read("m/w.bin", 0, 4096, read).value_or(""), v1);
 
@@ -218,7 +218,7 @@ TEST_F(S3ClientHostileTest, AWholeObjectAnsweredToARangeIsRefusedAtOnce) {
   EXPECT_THAT(read.status().message(), HasSubstr("whole object"));
   EXPECT_EQ(stub_->requests() - before, 1);  // not retried
   // Asked for the whole object, the whole object is the answer.
-  S3ReadOptions whole;
+  ObjectReadOptions whole;
   whole.etag = etag;
   whole.object_size = bytes.size();
   EXPECT_TRUE(Read("m/w.bin", 0, bytes.size(), whole).value_or("") == bytes);
@@ -236,7 +236,7 @@ TEST_F(S3ClientHostileTest, AWholeObjectIsCheckedAgainstTheStoresChecksum) {
     answer.headers.emplace_back(header, value);
     return answer;
   });
-  S3ReadOptions whole;
+  ObjectReadOptions whole;
   whole.etag = etag;
   whole.object_size = bytes.size();
   for (const auto& [name, right] : std::vector<std::pair<std::string, std::string>>{
@@ -311,7 +311,7 @@ TEST_F(S3ClientHostileTest, ATrickleEndsAtTheCallsDeadline) {
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(1900));
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   // The caller's own deadline, when sooner.
-  S3ReadOptions sooner;
+  ObjectReadOptions sooner;
   sooner.deadline = absl::Now() + absl::Milliseconds(500);
   EXPECT_THAT(Read("m/w.bin", 0, 1 << 20, sooner), StatusIs(absl::StatusCode::kDeadlineExceeded));
   EXPECT_LT(absl::Now() - sooner.deadline, absl::Seconds(3));
@@ -325,7 +325,7 @@ TEST_F(S3ClientHostileTest, ACallerThatGoesAwayEndsItsCallOnly) {
     return answer;
   });
   std::atomic<bool> gone{false};
-  S3ReadOptions read;
+  ObjectReadOptions read;
   read.cancelled = &gone;
   std::thread leaving([&] {
     absl::SleepFor(absl::Milliseconds(300));

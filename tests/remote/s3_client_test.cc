@@ -53,7 +53,7 @@ class S3ClientTest : public ::testing::Test {
                                               uint64_t offset, uint64_t length,
                                               const std::string& if_match = "") {
     std::string bytes(length, '\0');
-    S3ReadOptions read;
+    ObjectReadOptions read;
     read.etag = if_match;
     absl::Status status = client.ReadRange({kBucket, key}, offset, length,
                                            reinterpret_cast<uint8_t*>(bytes.data()), read);
@@ -83,7 +83,7 @@ TEST_F(S3ClientTest, SizesListingsAndRangesAreExact) {
   ASSERT_THAT(gateway_->PutObject(kBucket, "m/sub/e.bin", "e"), IsOk());
   ASSERT_THAT(gateway_->PutObject(kBucket, "other/x.bin", "x"), IsOk());
 
-  absl::StatusOr<S3ObjectHead> head = client_->Head({kBucket, "m/a.bin"});
+  absl::StatusOr<ObjectHead> head = client_->Head({kBucket, "m/a.bin"});
   ASSERT_THAT(head, IsOk());
   EXPECT_EQ(head->size, big.size());
   EXPECT_FALSE(head->etag.empty());
@@ -91,12 +91,12 @@ TEST_F(S3ClientTest, SizesListingsAndRangesAreExact) {
   EXPECT_FALSE(head->last_modified.empty());
 
   for (int page_size : {1000, 2, 1}) {  // one page, then several
-    S3ListLimits limits;
+    ListLimits limits;
     limits.page_size = page_size;
-    absl::StatusOr<std::vector<S3ListedObject>> listed = client_->List(kBucket, "m/", limits);
+    absl::StatusOr<std::vector<ListedObject>> listed = client_->List(kBucket, "m/", limits);
     ASSERT_THAT(listed, IsOk()) << page_size;
     std::vector<std::string> keys;
-    for (const S3ListedObject& object : *listed) keys.push_back(object.key);
+    for (const ListedObject& object : *listed) keys.push_back(object.key);
     // Those right under the prefix: m/sub/ is a directory of its own.
     EXPECT_THAT(keys, ElementsAre("m/a.bin", "m/b c+d=é.bin")) << page_size;
     EXPECT_EQ((*listed)[0].size, big.size());
@@ -122,7 +122,7 @@ TEST_F(S3ClientTest, MissingObjectsBadKeysAndRangesPastTheEndAreRefusedAsSuch) {
   EXPECT_THAT(client_->Head({"no-such-bucket", "x"}), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(Read("e/none.bin", 0, 1), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(Read("e/small.bin", 10, 1), StatusIs(absl::StatusCode::kOutOfRange));
-  absl::StatusOr<std::vector<S3ListedObject>> none = client_->List(kBucket, "e/nothing/");
+  absl::StatusOr<std::vector<ListedObject>> none = client_->List(kBucket, "e/nothing/");
   ASSERT_THAT(none, IsOk());
   EXPECT_TRUE(none->empty());
 
@@ -130,7 +130,7 @@ TEST_F(S3ClientTest, MissingObjectsBadKeysAndRangesPastTheEndAreRefusedAsSuch) {
   options.credentials.secret_access_key = "not-the-secret-0123456789";
   absl::StatusOr<std::unique_ptr<S3Client>> wrong = S3Client::Create(options);
   ASSERT_THAT(wrong, IsOk());
-  absl::StatusOr<S3ObjectHead> refused = (*wrong)->Head({kBucket, "e/small.bin"});
+  absl::StatusOr<ObjectHead> refused = (*wrong)->Head({kBucket, "e/small.bin"});
   EXPECT_THAT(refused, StatusIs(absl::StatusCode::kPermissionDenied));
   std::string bytes(4, '\0');
   absl::Status read =
@@ -146,7 +146,7 @@ TEST_F(S3ClientTest, MissingObjectsBadKeysAndRangesPastTheEndAreRefusedAsSuch) {
 
 TEST_F(S3ClientTest, AChangedObjectIsRefusedAgainstItsOldETag) {
   ASSERT_THAT(gateway_->PutObject(kBucket, "c/w.bin", PatternBytes(8192, 3)), IsOk());
-  absl::StatusOr<S3ObjectHead> before = client_->Head({kBucket, "c/w.bin"});
+  absl::StatusOr<ObjectHead> before = client_->Head({kBucket, "c/w.bin"});
   ASSERT_THAT(before, IsOk());
   EXPECT_THAT(Read("c/w.bin", 0, 8192, before->etag), IsOk());
   ASSERT_THAT(gateway_->PutObject(kBucket, "c/w.bin", PatternBytes(8192, 4)), IsOk());
@@ -230,7 +230,7 @@ TEST_F(S3ClientTest, HttpsIsVerifiedAgainstTheCaStoreOrTheGivenCa) {
   // The system's store does not know the gateway's certificate: refused at once, not retried.
   absl::StatusOr<std::unique_ptr<S3Client>> system_store = ClientAt(gateway_->tls_endpoint());
   ASSERT_THAT(system_store, IsOk());
-  absl::StatusOr<S3ObjectHead> refused = (*system_store)->Head({kBucket, "h/x.bin"});
+  absl::StatusOr<ObjectHead> refused = (*system_store)->Head({kBucket, "h/x.bin"});
   EXPECT_THAT(refused, StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_THAT(refused.status().message(), HasSubstr("certificate"));
   EXPECT_EQ((*system_store)->stats().retries, 0u);
@@ -263,7 +263,7 @@ TEST_F(S3ClientTest, CancelEndsAReadInFlightAtOnce) {
 TEST_F(S3ClientTest, ZzAStoppedGatewayIsUnavailable) {
   ASSERT_THAT(gateway_->StopGateway(), IsOk());
   absl::SleepFor(absl::Milliseconds(200));
-  absl::StatusOr<S3ObjectHead> head = client_->Head({kBucket, "m/a.bin"});
+  absl::StatusOr<ObjectHead> head = client_->Head({kBucket, "m/a.bin"});
   EXPECT_THAT(head, StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_THAT(head.status().message(), HasSubstr("connect"));
 }

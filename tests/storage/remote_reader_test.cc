@@ -39,6 +39,7 @@ class RemoteReaderTest : public ::testing::Test {
     file_.path = absl::StrCat("s3://models/", kKey);
     file_.size = bytes_.size();
     file_.etag = stub_->PutObject("models", kKey, bytes_);
+    file_.object = S3Url{"models", kKey};
   }
   // A reader (and a client of its own: a reader's Stop cancels its client for good).
   void StartReader(bool with_cache, RemoteReaderOptions options = {}) {
