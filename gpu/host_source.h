@@ -16,9 +16,9 @@
 #include "absl/time/time.h"
 #include "codec/exponent_format.h"
 #include "gpu/chunked_copier.h"
-#include "storage/disk_reader.h"
 #include "storage/host_arena.h"
 #include "storage/host_cache.h"
+#include "storage/read_request.h"
 
 namespace tierd {
 

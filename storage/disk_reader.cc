@@ -92,9 +92,6 @@ struct DiskReader::File {
 
 struct DiskReader::Request {
   RequestId id = 0;
-  ReadPriority priority = ReadPriority::kPrefetch;
-  absl::Time deadline;
-  uint64_t sequence = 0;
   std::vector<ReadTarget> targets;
   absl::AnyInvocable<void(absl::Status) &&> done;
   // Where the next chunk starts: targets[next_target], aligned file offset next_offset.
@@ -132,12 +129,6 @@ struct DiskReader::Chunk {
   // (the other ranks' daemons) find them there instead of reading them from the device again.
   bool sparse = false;
 };
-
-bool DiskReader::QueueOrder::operator()(const Request* a, const Request* b) const {
-  if (a->priority != b->priority) return a->priority < b->priority;
-  if (a->deadline != b->deadline) return a->deadline < b->deadline;
-  return a->sequence < b->sequence;
-}
 
 namespace {
 
@@ -364,7 +355,8 @@ DiskReader::~DiskReader() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    for (Request* request : queue_) {
+    for (const RequestId id : queue_.TakeAll()) {
+      Request* request = live_.at(id);
       request->issued_all = true;
       if (request->status.ok()) request->status = absl::UnavailableError("disk reader stopped");
       if (request->outstanding == 0) {
@@ -372,7 +364,6 @@ DiskReader::~DiskReader() {
         unstarted.push_back(request);
       }
     }
-    queue_.clear();
   }
   for (Request* request : unstarted) {
     std::move(request->done)(request->status);
@@ -383,8 +374,6 @@ DiskReader::~DiskReader() {
 
 DiskReader::RequestId DiskReader::Submit(ReadRequest request) {
   auto r = std::make_unique<Request>();
-  r->priority = request.priority;
-  r->deadline = request.deadline;
   r->targets = std::move(request.targets);
   r->done = std::move(request.done);
   r->SettleCursor();
@@ -392,12 +381,11 @@ DiskReader::RequestId DiskReader::Submit(ReadRequest request) {
   {
     absl::MutexLock lock(&mu_);
     r->id = next_id_++;
-    r->sequence = next_sequence_++;
     if (stopping_) {
       answer_now = absl::UnavailableError("disk reader stopped");
     } else if (!r->issued_all) {
       live_[r->id] = r.get();
-      queue_.insert(r.get());
+      queue_.Push(r->id, request.priority, request.deadline);
       return r.release()->id;
     }
   }
@@ -414,7 +402,7 @@ bool DiskReader::Cancel(RequestId id) {
     if (it == live_.end() || it->second->started) return false;
     request = it->second;
     live_.erase(it);
-    queue_.erase(request);
+    queue_.Remove(id);
     ++stats_.requests_cancelled;
   }
   std::move(request->done)(absl::CancelledError("read cancelled"));
@@ -424,14 +412,7 @@ bool DiskReader::Cancel(RequestId id) {
 
 bool DiskReader::Reprioritize(RequestId id, ReadPriority priority, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  auto it = live_.find(id);
-  if (it == live_.end() || it->second->issued_all) return false;
-  Request* request = it->second;
-  queue_.erase(request);
-  request->priority = priority;
-  request->deadline = deadline;
-  queue_.insert(request);
-  return true;
+  return queue_.Reprioritize(id, priority, deadline);
 }
 
 bool DiskReader::NextChunk(bool wait, Chunk* chunk) {
@@ -441,8 +422,9 @@ bool DiskReader::NextChunk(bool wait, Chunk* chunk) {
                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
     mu_.Await(absl::Condition(&ready));
   }
-  if (queue_.empty()) return false;
-  Request* request = *queue_.begin();
+  const std::optional<RequestId> next = queue_.Front();
+  if (!next) return false;
+  Request* request = live_.at(*next);
   const ReadTarget& target = request->targets[request->next_target];
   const uint64_t end = AlignUp(target.offset + target.length);
   chunk->request = request;
@@ -487,7 +469,7 @@ bool DiskReader::NextChunk(bool wait, Chunk* chunk) {
     request->next_offset = 0;
     request->SettleCursor();
   }
-  if (request->issued_all) queue_.erase(request);
+  if (request->issued_all) queue_.Remove(request->id);
   return true;
 }
 
@@ -507,7 +489,7 @@ void DiskReader::FinishChunk(const Chunk& chunk, const absl::Status& status) {
       if (!request->issued_all) {
         // Nothing more of a failed request is read.
         request->issued_all = true;
-        queue_.erase(request);
+        queue_.Remove(request->id);
       }
     }
     if (!request->issued_all || request->outstanding > 0) return;

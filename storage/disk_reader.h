@@ -41,13 +41,14 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "storage/detail/read_queue.h"
 #include "storage/file_system.h"
 #include "storage/model.h"
 #include "storage/model_roots.h"
+#include "storage/read_request.h"
 
 namespace tierd {
 
-enum class ReadPriority { kDemand = 0, kPrefetch = 1 };
 enum class IoEngine { kAuto, kIoUring, kPread };
 
 // "auto" / "io_uring" / "pread" ↔ IoEngine.
@@ -73,44 +74,6 @@ struct DiskReaderOptions {
 // one read). What a request's layout costs the disk, before it is asked for.
 uint64_t DiskBytesToRead(std::vector<std::pair<uint64_t, uint64_t>> ranges);
 
-// Bytes [offset, offset + length) of the file at `path` go to `destination`.
-struct ReadTarget {
-  std::string path;
-  uint64_t offset = 0;
-  uint64_t length = 0;
-  uint8_t* destination = nullptr;
-  // The caller promises that the aligned superset fits around the destination: that
-  // destination - offset % 4096 is 4 KiB-aligned and that the bytes from there up to
-  // destination + (round_up(offset + length, 4096) - offset) may be overwritten. The reader then
-  // reads straight into the destination, with no bounce copy; the bytes around the range get the
-  // file's bytes there (or whatever, past the end of the file).
-  bool aligned_window = false;
-  // Set when `path` is a registered model file (it is then `model_file->path`): the file is opened
-  // beneath its model root without following links (DiskReaderOptions::model_roots), and every
-  // descriptor of it must still be the file registration recorded (CheckModelFile) when it is
-  // opened and before each chunk is read from it: a file replaced or modified since then fails the
-  // request with that check's error. REQUIRES: outlives the request.
-  const ModelFile* model_file = nullptr;
-};
-
-struct ReadRequest {
-  std::vector<ReadTarget> targets;
-  ReadPriority priority = ReadPriority::kPrefetch;
-  absl::Time deadline = absl::InfiniteFuture();
-  // Called exactly once, on a reader thread (or in Cancel), when every target has been read or the
-  // request failed: OK, or the first error (DATA_LOSS for a file shorter than the range or EIO,
-  // NOT_FOUND / PERMISSION_DENIED for files that cannot be opened or are links where a model file
-  // was registered, FAILED_PRECONDITION for a model file changed since its registration,
-  // CANCELLED, UNAVAILABLE when the reader shuts down first). Must not block.
-  absl::AnyInvocable<void(absl::Status) &&> done;
-  // Optional: the caller's check of the bytes read (their checksum), for a reader that keeps what
-  // it reads beyond the request — the RemoteReader's cache, which keeps a chunk only once a read it
-  // served passed its check, and drops what it served a read that failed it (DATA_LOSS). Such a
-  // reader runs it on its own thread once every target has been read, before `done`, which gets
-  // its error. DiskReader keeps nothing and never runs it: its caller checks in `done`.
-  absl::AnyInvocable<absl::Status()> check = nullptr;
-};
-
 struct DiskReaderStats {
   uint64_t requests_completed = 0;
   uint64_t requests_failed = 0;
@@ -125,25 +88,20 @@ struct DiskReaderStats {
   IoEngine engine = IoEngine::kIoUring;
 };
 
-class DiskReader {
+class DiskReader final : public Reader {
  public:
-  using RequestId = uint64_t;
-
   // Errors: INVALID_ARGUMENT for bad options; UNAVAILABLE when engine is kIoUring and io_uring
   // cannot be used.
   static absl::StatusOr<std::unique_ptr<DiskReader>> Create(const DiskReaderOptions& options);
   // Fails queued requests with UNAVAILABLE, lets reads in flight finish, joins the threads.
-  ~DiskReader();
+  ~DiskReader() override;
   DiskReader(const DiskReader&) = delete;
   DiskReader& operator=(const DiskReader&) = delete;
 
-  // REQUIRES: each destination can take its target's length; destinations stay valid until done.
-  RequestId Submit(ReadRequest request) ABSL_LOCKS_EXCLUDED(mu_);
-  // Cancels a request none of whose reads has started: its done(CANCELLED) has run when this
-  // returns true. False when it has started, finished or is unknown.
-  bool Cancel(RequestId id) ABSL_LOCKS_EXCLUDED(mu_);
-  // Moves a request that still has reads to issue; false when there is none left to move.
-  bool Reprioritize(RequestId id, ReadPriority priority, absl::Time deadline)
+  // Reader's contract. A request's check is not run: the caller checks in its done.
+  RequestId Submit(ReadRequest request) override ABSL_LOCKS_EXCLUDED(mu_);
+  bool Cancel(RequestId id) override ABSL_LOCKS_EXCLUDED(mu_);
+  bool Reprioritize(RequestId id, ReadPriority priority, absl::Time deadline) override
       ABSL_LOCKS_EXCLUDED(mu_);
   // Closes the cached descriptors of `path`. REQUIRES: no request reading it is outstanding.
   void ForgetFile(const std::string& path) ABSL_LOCKS_EXCLUDED(mu_);
@@ -155,9 +113,6 @@ class DiskReader {
   struct File;
 
  private:
-  struct QueueOrder {
-    bool operator()(const Request* a, const Request* b) const;
-  };
   class Worker;
 
   explicit DiskReader(const DiskReaderOptions& options);
@@ -179,8 +134,7 @@ class DiskReader {
 
   mutable absl::Mutex mu_;
   RequestId next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
-  std::set<Request*, QueueOrder> queue_ ABSL_GUARDED_BY(mu_);
+  ReadQueue queue_ ABSL_GUARDED_BY(mu_);  // live requests with chunks to issue
   std::map<RequestId, Request*> live_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<File>> files_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<File>> retired_files_ ABSL_GUARDED_BY(mu_);

@@ -73,6 +73,8 @@ int DefaultChecksumThreads() { return std::clamp(UsableCpus() / 2, 1, 8); }
 HostCache::HostCache(Catalog& catalog, DiskReader& reader, HostArena& arena, SpillWriter* spill,
                      const HostCacheOptions& options, RemoteReader* remote)
     : catalog_(catalog),
+      disk_(reader),
+      remote_(remote),
       reader_(std::make_unique<ReadRouter>(reader, remote)),
       arena_(arena),
       spill_(spill),
@@ -130,7 +132,7 @@ void HostCache::Evict(Entry& victim) {
 
 void HostCache::Destroying(Entry& entry) {
   if (entry.spill_path.empty()) return;
-  reader_->disk().ForgetFile(entry.spill_path);
+  disk_.ForgetFile(entry.spill_path);
   if (!entry.durable_copy) spill_->Remove(entry.spill_path);
 }
 
@@ -565,9 +567,8 @@ uint64_t HostCache::ResidentBytes(const std::string& key) const {
 
 HostCacheStats HostCache::stats() const {
   // Outside mu_: the readers' locks.
-  const uint64_t disk_bytes_read = reader_->disk().stats().bytes_read;
-  const RemoteReaderStats remote =
-      reader_->remote() != nullptr ? reader_->remote()->stats() : RemoteReaderStats{};
+  const uint64_t disk_bytes_read = disk_.stats().bytes_read;
+  const RemoteReaderStats remote = remote_ != nullptr ? remote_->stats() : RemoteReaderStats{};
   absl::MutexLock lock(&mu_);
   HostCacheStats stats = stats_;
   stats.disk_bytes_read = disk_bytes_read;

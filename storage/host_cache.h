@@ -265,7 +265,9 @@ class HostCache : private HostCacheTable::Owner {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Catalog& catalog_;
-  const std::unique_ptr<ReadRouter> reader_;  // to the disk reader, or the remote one (s3://)
+  DiskReader& disk_;                          // its descriptors and counters
+  RemoteReader* const remote_;                // its counters; null without an object store
+  const std::unique_ptr<ReadRouter> reader_;  // to the disk reader, or the remote one
   HostArena& arena_;
   SpillWriter* const spill_;
   const HostCacheOptions options_;

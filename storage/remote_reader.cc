@@ -61,7 +61,7 @@ void RemoteReader::Stop() {
       request.parts.clear();
       if (request.status.ok()) request.status = ShuttingDown();
     }
-    ready_.clear();
+    ready_.TakeAll();
     for (auto it = requests_.begin(); it != requests_.end();) {
       if (it->second.in_flight == 0) {
         if (cache_ != nullptr) {
@@ -154,8 +154,6 @@ absl::Status RemoteReader::Plan(const std::vector<ReadTarget>& targets, Request&
 
 RemoteReader::RequestId RemoteReader::Submit(ReadRequest read) {
   Request request;
-  request.priority = read.priority;
-  request.deadline = read.deadline;
   request.done = std::move(read.done);
   request.check = std::move(read.check);
   const absl::Status planned = Plan(read.targets, request);
@@ -176,7 +174,7 @@ RemoteReader::RequestId RemoteReader::Submit(ReadRequest read) {
     mu_.Lock();
     return id;
   }
-  ready_.insert(OrderOf(request));
+  ready_.Push(id, read.priority, read.deadline);
   requests_.emplace(id, std::move(request));
   return id;
 }
@@ -187,7 +185,7 @@ bool RemoteReader::Cancel(RequestId id) {
     absl::MutexLock lock(&mu_);
     auto it = requests_.find(id);
     if (it == requests_.end() || it->second.started) return false;
-    ready_.erase(OrderOf(it->second));
+    ready_.Remove(id);
     done = std::move(it->second.done);
     requests_.erase(it);
     ++stats_.requests_cancelled;
@@ -198,14 +196,7 @@ bool RemoteReader::Cancel(RequestId id) {
 
 bool RemoteReader::Reprioritize(RequestId id, ReadPriority priority, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  auto it = requests_.find(id);
-  if (it == requests_.end() || it->second.parts.empty()) return false;
-  Request& request = it->second;
-  ready_.erase(OrderOf(request));
-  request.priority = priority;
-  request.deadline = deadline;
-  ready_.insert(OrderOf(request));
-  return true;
+  return ready_.Reprioritize(id, priority, deadline);
 }
 
 RemoteReaderStats RemoteReader::stats() const {
@@ -303,11 +294,11 @@ void RemoteReader::Run() {
              ABSL_NO_THREAD_SAFETY_ANALYSIS { return r->stopping_ || !r->ready_.empty(); },
         this));
     if (ready_.empty()) return;  // stopping
-    const RequestId id = std::get<2>(*ready_.begin());
+    const RequestId id = *ready_.Front();
     Request& request = requests_.at(id);
     Part part = std::move(request.parts.front());
     request.parts.pop_front();
-    if (request.parts.empty()) ready_.erase(ready_.begin());
+    if (request.parts.empty()) ready_.Remove(id);
     request.started = true;
     ++request.in_flight;
     ++stats_.parts;
@@ -334,7 +325,7 @@ void RemoteReader::Run() {
     } else if (same.status.ok()) {
       same.status = status;
       if (!same.parts.empty()) {
-        ready_.erase(OrderOf(same));
+        ready_.Remove(id);
         same.parts.clear();  // the rest would be for nothing
       }
     }

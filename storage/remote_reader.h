@@ -35,7 +35,8 @@
 #include "absl/synchronization/mutex.h"
 #include "common/file_semaphore.h"
 #include "remote/object_store.h"
-#include "storage/disk_reader.h"
+#include "storage/detail/read_queue.h"
+#include "storage/read_request.h"
 #include "storage/remote_cache.h"
 
 namespace tierd {
@@ -62,10 +63,8 @@ struct RemoteReaderStats {
   uint64_t queued_requests = 0;
 };
 
-class RemoteReader {
+class RemoteReader final : public Reader {
  public:
-  using RequestId = uint64_t;
-
   // `client` (the store) and `cache` (which may be null) must outlive the reader. INVALID_ARGUMENT
   // for streams < 1 or part_bytes 0; FileSemaphore::Open's errors for host_streams_file;
   // RESOURCE_EXHAUSTED when its threads cannot start.
@@ -73,21 +72,19 @@ class RemoteReader {
                                                               const RemoteReaderOptions& options,
                                                               RemoteCache* cache = nullptr);
   // Stop, then joins the threads.
-  ~RemoteReader();
+  ~RemoteReader() override;
   RemoteReader(const RemoteReader&) = delete;
   RemoteReader& operator=(const RemoteReader&) = delete;
 
-  // As DiskReader::Submit. Each target is of a registered file of the store (its model_file's
+  // Reader's contract. Each target is of a registered file of the store (its model_file's
   // object), read against that file's recorded ETag (a changed object fails
-  // FAILED_PRECONDITION), through the cache when there is one. Errors, in `done`:
-  // INVALID_ARGUMENT for a target of no such file, the check's, and ObjectStore::ReadRange's.
-  // REQUIRES: each destination can take its target's length; destinations stay valid until done.
-  RequestId Submit(ReadRequest request) ABSL_LOCKS_EXCLUDED(mu_);
-  // As DiskReader::Cancel: true when none of the request's parts had started; its done(CANCELLED)
-  // has run then.
-  bool Cancel(RequestId id) ABSL_LOCKS_EXCLUDED(mu_);
-  // As DiskReader::Reprioritize: moves a request that still has parts to start.
-  bool Reprioritize(RequestId id, ReadPriority priority, absl::Time deadline)
+  // FAILED_PRECONDITION), through the cache when there is one; the request's check runs before
+  // its done. Errors, in `done`: INVALID_ARGUMENT for a target of no such file, the check's, and
+  // ObjectStore::ReadRange's. Cancel succeeds while none of the request's parts has started;
+  // Reprioritize moves a request that still has parts to start.
+  RequestId Submit(ReadRequest request) override ABSL_LOCKS_EXCLUDED(mu_);
+  bool Cancel(RequestId id) override ABSL_LOCKS_EXCLUDED(mu_);
+  bool Reprioritize(RequestId id, ReadPriority priority, absl::Time deadline) override
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Ends every read at once (a daemon stopping): queued requests fail UNAVAILABLE now, the GETs in
@@ -120,8 +117,6 @@ class RemoteReader {
   };
   struct Request {
     RequestId id = 0;
-    ReadPriority priority = ReadPriority::kPrefetch;
-    absl::Time deadline;
     std::deque<std::unique_ptr<File>> files;  // stable: parts point at them
     std::deque<Part> parts;                   // not started
     int in_flight = 0;
@@ -131,8 +126,6 @@ class RemoteReader {
     absl::AnyInvocable<void(absl::Status) &&> done;
     absl::AnyInvocable<absl::Status()> check;
   };
-  // Scheduling order: demand first, then the earliest deadline, then first come.
-  using Order = std::tuple<int, absl::Time, RequestId>;
 
   RemoteReader(ObjectStore& client, const RemoteReaderOptions& options, RemoteCache* cache);
   // Cuts `request`'s targets into parts; INVALID_ARGUMENT for a path that is no s3:// URL.
@@ -142,9 +135,6 @@ class RemoteReader {
   absl::StatusOr<uint64_t> ReadPart(const Part& part, RemoteChunkUse* use);
   // One ranged GET of `file`, holding a host stream (when bounded) while it runs.
   absl::Status Fetch(const File& file, uint64_t offset, uint64_t length, uint8_t* destination);
-  static Order OrderOf(const Request& request) {
-    return {static_cast<int>(request.priority), request.deadline, request.id};
-  }
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
   // Ends `request`, out of requests_, when nothing of it is in flight or queued: runs its check
   // and settles its chunks (the lock dropped meanwhile), and returns its done and status to call
@@ -159,7 +149,7 @@ class RemoteReader {
   std::atomic<bool> stopped_{false};  // Stop ran: waits for locks give up
   mutable absl::Mutex mu_;
   std::map<RequestId, Request> requests_ ABSL_GUARDED_BY(mu_);
-  std::set<Order> ready_ ABSL_GUARDED_BY(mu_);  // requests with parts to start
+  ReadQueue ready_ ABSL_GUARDED_BY(mu_);  // requests with parts to start
   RequestId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   RemoteReaderStats stats_ ABSL_GUARDED_BY(mu_);

@@ -9,7 +9,7 @@ ReadRouter::RequestId ReadRouter::Submit(ReadRequest request) {
   for (const ReadTarget& target : request.targets) {
     remote_targets += target.model_file != nullptr && target.model_file->object.has_value();
   }
-  if (remote_targets == 0) return Local(disk_.Submit(std::move(request)));
+  if (remote_targets == 0) return Local(local_.Submit(std::move(request)));
   absl::Status refused;
   if (remote_targets != request.targets.size()) {
     refused = absl::InvalidArgumentError("a read of local and remote files at once");
@@ -25,12 +25,12 @@ ReadRouter::RequestId ReadRouter::Submit(ReadRequest request) {
 }
 
 bool ReadRouter::Cancel(RequestId id) {
-  if (!IsRemote(id)) return disk_.Cancel(id >> 1);
+  if (!IsRemote(id)) return local_.Cancel(id >> 1);
   return remote_ != nullptr && (id >> 1) != 0 && remote_->Cancel(id >> 1);
 }
 
 bool ReadRouter::Reprioritize(RequestId id, ReadPriority priority, absl::Time deadline) {
-  if (!IsRemote(id)) return disk_.Reprioritize(id >> 1, priority, deadline);
+  if (!IsRemote(id)) return local_.Reprioritize(id >> 1, priority, deadline);
   return remote_ != nullptr && (id >> 1) != 0 && remote_->Reprioritize(id >> 1, priority, deadline);
 }
 

@@ -1,6 +1,6 @@
 // Sends each read to the reader of its files: model files of an object store (ModelFile::object)
-// to the RemoteReader, every other file to the DiskReader, with request ids of its own that say
-// which reader has the request.
+// to the remote reader, every other file to the local one, with request ids of its own that say
+// which reader has the request. It is itself a Reader: the host cache speaks one contract.
 //
 // Private to storage/ (the host cache's). Thread-safe.
 #ifndef TIERD_STORAGE_DETAIL_READ_ROUTER_H_
@@ -8,27 +8,20 @@
 
 #include <cstdint>
 
-#include "storage/disk_reader.h"
-#include "storage/remote_reader.h"
+#include "storage/read_request.h"
 
 namespace tierd {
 
-class ReadRouter {
+class ReadRouter final : public Reader {
  public:
-  using RequestId = uint64_t;
+  // `remote` may be null: then a read of an object store's file fails FAILED_PRECONDITION. Both
+  // must outlive the router.
+  ReadRouter(Reader& local, Reader* remote) : local_(local), remote_(remote) {}
 
-  // `remote` may be null: then a read of an s3:// path fails FAILED_PRECONDITION. Both must
-  // outlive the router.
-  ReadRouter(DiskReader& disk, RemoteReader* remote) : disk_(disk), remote_(remote) {}
-
-  // As DiskReader::Submit. A request's targets are all local or all remote (INVALID_ARGUMENT in
-  // `done` otherwise).
-  RequestId Submit(ReadRequest request);
-  bool Cancel(RequestId id);
-  bool Reprioritize(RequestId id, ReadPriority priority, absl::Time deadline);
-
-  DiskReader& disk() { return disk_; }
-  RemoteReader* remote() { return remote_; }
+  // A request's targets are all local or all remote (INVALID_ARGUMENT in `done` otherwise).
+  RequestId Submit(ReadRequest request) override;
+  bool Cancel(RequestId id) override;
+  bool Reprioritize(RequestId id, ReadPriority priority, absl::Time deadline) override;
 
  private:
   // The low bit says which reader has it.
@@ -36,8 +29,8 @@ class ReadRouter {
   static RequestId Remote(uint64_t id) { return (id << 1) | 1; }
   static bool IsRemote(RequestId id) { return (id & 1) != 0; }
 
-  DiskReader& disk_;
-  RemoteReader* const remote_;
+  Reader& local_;
+  Reader* const remote_;
 };
 
 }  // namespace tierd
