@@ -1,6 +1,5 @@
 #include "server/daemon.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -43,17 +42,18 @@ namespace {
 // PERMISSION_DENIED for a credentials file others may read, ...), INVALID_ARGUMENT for an
 // endpoint that is not a URL.
 absl::StatusOr<std::optional<S3ClientOptions>> RemoteSourceOptions(const DaemonOptions& options) {
-  if (options.s3_endpoint.empty()) return std::optional<S3ClientOptions>();
+  if (options.remote.endpoint.empty()) return std::optional<S3ClientOptions>();
   S3CredentialOptions where;
-  where.credentials_file = options.s3_credentials_file;
-  where.profile = options.s3_profile;
+  where.credentials_file = options.remote.credentials_file;
+  where.profile = options.remote.profile;
   // Found again after a refusal (a rotated file), from the environment as it was at start.
   where.getenv = SnapshotS3Environment();
   S3ClientOptions client;
-  client.endpoint.url = options.s3_endpoint;
-  client.endpoint.path_style = options.s3_path_style;
-  client.endpoint.region =
-      !options.s3_region.empty() ? options.s3_region : ResolveS3Region(where).value_or("us-east-1");
+  client.endpoint.url = options.remote.endpoint;
+  client.endpoint.path_style = options.remote.path_style;
+  client.endpoint.region = !options.remote.region.empty()
+                               ? options.remote.region
+                               : ResolveS3Region(where).value_or("us-east-1");
   absl::StatusOr<std::string> url = S3EndpointUrl(client.endpoint);
   if (!url.ok())
     return absl::InvalidArgumentError(absl::StrCat("--s3-endpoint: ", url.status().message()));
@@ -76,87 +76,15 @@ absl::StatusOr<std::optional<S3ClientOptions>> RemoteSourceOptions(const DaemonO
                           "but the session token, the keys' id and every model byte cross the "
                           "network unencrypted; use https:// beyond a trusted host";
   }
-  client.stall_timeout = options.s3_stall_timeout;
-  client.max_attempts = options.s3_attempts;
-  client.ca_file = options.s3_ca_file;
+  client.stall_timeout = options.remote.stall_timeout;
+  client.max_attempts = options.remote.attempts;
+  client.ca_file = options.remote.ca_file;
   TIERD_LOG(INFO) << "remote models from " << *url << " (region " << client.endpoint.region << ", "
                   << (client.endpoint.path_style ? "path" : "virtual-hosted")
                   << "-style, credentials " << client.credentials.Describe()
                   << (client.ca_file.empty() ? "" : absl::StrCat(", CAs of ", client.ca_file))
-                  << ", " << options.remote_streams << " streams)";
+                  << ", " << options.remote.streams << " streams)";
   return std::optional<S3ClientOptions>(std::move(client));
-}
-
-// A session's thread polls no longer than this: past it a sleep's wake-up costs little beside it.
-constexpr absl::Duration kMaxSessionBusyPoll = absl::Milliseconds(10);
-constexpr int kMaxSessionThreads = 64;
-// The fewest events a tier is given: a session's done events and a copy's ready event.
-constexpr uint32_t kMinEventsPerTier = 8;
-
-// Each GPU tier's share of --max-events: the default group's tier and each client group's.
-uint32_t EventShare(const DaemonOptions& options) {
-  return options.max_events / static_cast<uint32_t>(1 + options.client_groups.size());
-}
-
-bool IsIpAddress(const std::string& text) {
-  in6_addr address;
-  return ::inet_pton(AF_INET, text.c_str(), &address) == 1 ||
-         ::inet_pton(AF_INET6, text.c_str(), &address) == 1;
-}
-
-absl::Status ValidateOptions(const DaemonOptions& options) {
-  if (options.state_dir.empty()) return absl::InvalidArgumentError("--state-dir is empty");
-  if (options.host_cache_bytes == 0) {
-    return absl::InvalidArgumentError("--host-cache-bytes must be greater than 0");
-  }
-  if (options.gpu_pool_bytes == 0) {
-    return absl::InvalidArgumentError("--gpu-pool-bytes must be greater than 0");
-  }
-  if (options.gpu_slab_bytes == 0 || options.gpu_slab_bytes % kStagingAlignment != 0) {
-    // Not rounded in silence: the operator would get slabs of a size nobody asked for.
-    return absl::InvalidArgumentError(
-        absl::StrCat("--gpu-slab-bytes must be a positive multiple of ", kStagingAlignment,
-                     " bytes, not ", options.gpu_slab_bytes));
-  }
-  if (options.session_limits.max_leases == 0) {
-    return absl::InvalidArgumentError("--session-max-leases must be greater than 0");
-  }
-  if (options.session_max_requests == 0) {
-    return absl::InvalidArgumentError("--session-max-requests must be greater than 0");
-  }
-  if (options.session_threads < 0 || options.session_threads > kMaxSessionThreads) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--session-threads must be from 0 (the default) to ", kMaxSessionThreads));
-  }
-  if (options.session_busy_poll > kMaxSessionBusyPoll) {
-    return absl::InvalidArgumentError(absl::StrCat("--session-busy-poll-us must be at most ",
-                                                   absl::ToInt64Microseconds(kMaxSessionBusyPoll)));
-  }
-  if (options.max_sessions == 0) {
-    return absl::InvalidArgumentError("--max-sessions must be greater than 0");
-  }
-  if (EventShare(options) < kMinEventsPerTier) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max-events must be at least ", kMinEventsPerTier,
-        " per GPU tier: ", kMinEventsPerTier * (1 + options.client_groups.size()),
-        " for the default group and ", options.client_groups.size(), " client group(s)"));
-  }
-  if (options.max_unread_answer_bytes == 0) {
-    return absl::InvalidArgumentError("--max-unread-answer-bytes must be greater than 0");
-  }
-  if (options.session_limits.max_staging_bytes == 0) {
-    return absl::InvalidArgumentError("--session-max-staging-bytes must be greater than 0");
-  }
-  if (options.metrics_port.has_value() && !IsIpAddress(options.metrics_address)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics-address must be an IPv4 or IPv6 address, not \"",
-                     options.metrics_address, "\""));
-  }
-  if (!options.client_groups.empty() && options.session_socket_path.empty()) {
-    return absl::InvalidArgumentError(
-        "--client-groups needs the session socket: their sessions go to sockets beside it");
-  }
-  return absl::OkStatus();
 }
 
 // Creates the state directory and holds an exclusive lock on it for the daemon's life, so two
@@ -368,19 +296,19 @@ absl::Status Daemon::StartStorage() {
   storage.host_cache.compress_threads = options_.compress_threads;
   storage.file_system = options_.file_system;
   ASSIGN_OR_RETURN(storage.remote, RemoteSourceOptions(options_));
-  storage.remote_reader.streams = options_.remote_streams;
-  storage.remote_reader.part_bytes = options_.remote_part_bytes;
-  if (options_.remote_host_streams > 0) {
+  storage.remote_reader.streams = options_.remote.streams;
+  storage.remote_reader.part_bytes = options_.remote.part_bytes;
+  if (options_.remote.host_streams > 0) {
     const std::string& socket = options_.socket_path;
     const size_t slash = socket.rfind('/');
     storage.remote_reader.host_streams_file = absl::StrCat(
         slash == std::string::npos ? "." : socket.substr(0, slash), "/tierd-remote-streams.lock");
-    storage.remote_reader.host_streams = options_.remote_host_streams;
+    storage.remote_reader.host_streams = options_.remote.host_streams;
   }
-  if (!options_.remote_cache_dir.empty()) {
+  if (!options_.remote.cache_dir.empty()) {
     RemoteCacheOptions& cache = storage.remote_cache.emplace();
-    cache.directory = options_.remote_cache_dir;
-    cache.budget_bytes = options_.remote_cache_bytes;
+    cache.directory = options_.remote.cache_dir;
+    cache.budget_bytes = options_.remote.cache_bytes;
   }
   std::vector<DurableRecord> durable_objects;
   ASSIGN_OR_RETURN(storage_, StorageStack::Create(*device_, storage, &durable_objects));
@@ -526,10 +454,13 @@ std::vector<NamedGpuTier> Daemon::ClientGroupTiers() const {
 
 absl::Status Daemon::StartMetrics() {
   if (!options_.metrics_port.has_value()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(metrics_, MetricsServer::Start(options_.metrics_address, *options_.metrics_port,
+  const std::string address =
+      options_.metrics_address.empty() ? kDefaultMetricsAddress : options_.metrics_address;
+  ASSIGN_OR_RETURN(metrics_, MetricsServer::Start(address, *options_.metrics_port,
                                                   [this] { return RenderMetrics(); }));
-  TIERD_LOG(INFO) << "metrics on http://" << options_.metrics_address << ":" << metrics_->port()
-                  << "/metrics";
+  TIERD_LOG(INFO) << "metrics on http://"
+                  << (absl::StrContains(address, ':') ? absl::StrCat("[", address, "]") : address)
+                  << ":" << metrics_->port() << "/metrics";
   return absl::OkStatus();
 }
 

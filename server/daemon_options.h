@@ -30,6 +30,35 @@ inline DiskReaderOptions AutoSizedReader() {
   return reader;
 }
 
+// Models in object storage (docs/REMOTE.md): the --s3-* and --remote-* flags.
+struct RemoteOptions {
+  // --s3-endpoint: the endpoint's URL; empty: models cannot be registered from s3:// URLs.
+  std::string endpoint;
+  // --s3-region: empty: AWS_REGION, AWS_DEFAULT_REGION or the profile's, else us-east-1.
+  std::string region;
+  bool path_style = true;  // --s3-addressing=path (HOST/BUCKET); false: virtual (BUCKET.HOST)
+  // --s3-credentials-file and --s3-profile: where the keys are (remote/s3_credentials.h).
+  std::string credentials_file;
+  std::string profile;
+  // --s3-ca-file: the certificates an https:// endpoint is checked against; empty: the system's.
+  std::string ca_file;
+  // --s3-stall-timeout-ms: a request moving under 1 KiB/s this long is retried; --s3-attempts:
+  // attempts without progress before a read fails UNAVAILABLE.
+  absl::Duration stall_timeout = absl::Seconds(20);
+  int attempts = 6;
+  // --remote-streams: ranged GETs in flight at once; --remote-part-mib: the most one asks for.
+  int streams = 16;
+  uint64_t part_bytes = 8ull << 20;
+  // --remote-host-streams: the most GETs in flight at once across the daemons of this user whose
+  // sockets share a directory (a lock file there, tierd-remote-streams.lock); 0: no such bound.
+  int host_streams = 128;
+  // --remote-cache-dir: a cache of remote models' bytes on local disk, which the node's daemons
+  // may share (storage/remote_cache.h); empty: none. --remote-cache-bytes: its budget; 0: 80% of
+  // the space its file system has free when the daemon starts (what it holds counted as free).
+  std::string cache_dir;
+  uint64_t cache_bytes = 0;
+};
+
 struct DaemonOptions {
   DeviceSpec device;        // --device
   std::string socket_path;  // --socket: unix socket the gRPC server listens on
@@ -90,38 +119,17 @@ struct DaemonOptions {
   // --model-roots: directories (and s3:// buckets or prefixes) models may be registered from;
   // empty: anywhere.
   std::vector<std::string> model_roots;
-  // Models in object storage (docs/REMOTE.md). --s3-endpoint: the endpoint's URL; empty: models
-  // cannot be registered from s3:// URLs. --s3-region: empty: AWS_REGION, AWS_DEFAULT_REGION or
-  // the profile's, else us-east-1. --s3-addressing=virtual: BUCKET.HOST rather than HOST/BUCKET.
-  // --s3-credentials-file and --s3-profile: where the keys are (remote/s3_credentials.h).
-  std::string s3_endpoint;
-  std::string s3_region;
-  bool s3_path_style = true;
-  std::string s3_credentials_file;
-  std::string s3_profile;
-  // --s3-ca-file: the certificates an https:// endpoint is checked against; empty: the system's.
-  std::string s3_ca_file;
-  // --remote-streams: ranged GETs in flight at once; --remote-part-mib: the most one asks for.
-  int remote_streams = 16;
-  uint64_t remote_part_bytes = 8ull << 20;
-  // --remote-host-streams: the most GETs in flight at once across the daemons of this user whose
-  // sockets share a directory (a lock file there, tierd-remote-streams.lock); 0: no such bound.
-  int remote_host_streams = 128;
-  // --remote-cache-dir: a cache of remote models' bytes on local disk, which the node's daemons
-  // may share (storage/remote_cache.h); empty: none. --remote-cache-bytes: its budget; 0: 80% of
-  // the space its file system has free when the daemon starts (what it holds counted as free).
-  std::string remote_cache_dir;
-  uint64_t remote_cache_bytes = 0;
-  // --s3-stall-timeout-ms: a request moving under 1 KiB/s this long is retried; --s3-attempts:
-  // attempts without progress before a read fails UNAVAILABLE.
-  absl::Duration s3_stall_timeout = absl::Seconds(20);
-  int s3_attempts = 6;
+  RemoteOptions remote;  // --s3-* and --remote-*
   // Tensors one registered model may have (--max-tensors-per-model).
   size_t max_tensors_per_model = kDefaultMaxTensorsPerModel;
-  // --metrics-address, --metrics-port: where Prometheus text is served; nullopt: nowhere; 0: a
-  // port the kernel picks (Daemon::metrics_port() says which).
-  std::string metrics_address = "127.0.0.1";
+  // --metrics-port, --metrics-address: where Prometheus text is served; no port: nowhere; 0: a
+  // port the kernel picks (Daemon::metrics_port() says which). An empty address: loopback
+  // (kDefaultMetricsAddress); an address without a port is refused.
   std::optional<int> metrics_port;
+  std::string metrics_address;
+  // --shutdown-grace-ms: how long in-flight calls may finish after SIGTERM (tierd's main waits
+  // this long in Daemon::Shutdown).
+  absl::Duration shutdown_grace = absl::Seconds(5);
 
   // How often the health monitor checks the device and the tiers.
   absl::Duration health_check_period = absl::Seconds(1);
@@ -133,6 +141,18 @@ struct DaemonOptions {
   // Makes the device instead of CreateDevice(device): tests wrap one to slow or fail it.
   std::function<absl::StatusOr<std::unique_ptr<Device>>()> create_device;
 };
+
+inline constexpr char kDefaultMetricsAddress[] = "127.0.0.1";
+
+// Every check of the values a daemon is given, whoever built the options (tierd's flags, a
+// config file, a test): INVALID_ARGUMENT naming the flag and what it must be. Checks against
+// the machine (memory, cores, /dev/shm) come later, in CheckDaemonLimits
+// (server/resource_limits.h), once --reader-threads=auto is sized. Daemon::Create calls it;
+// tierd's main calls it first, to exit with status 2 before anything starts.
+absl::Status ValidateOptions(const DaemonOptions& options);
+
+// Each GPU tier's share of --max-events: the default group's tier and each client group's.
+uint32_t EventShare(const DaemonOptions& options);
 
 // Whether the daemon takes part in a node host tier: --node-host-tier, and --peers names a daemon
 // other than this one. Its host arena is then POSIX shared memory (/dev/shm).

@@ -25,6 +25,7 @@
 #include "common/command_line.h"
 #include "common/config_file.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "common/systemd_notify.h"
 #include "device/device_factory.h"
 #include "server/daemon.h"
@@ -81,7 +82,7 @@ ABSL_FLAG(bool, check_decodes_before_serving, true,
           "Answer a fetch of a compressed object once its decode on the GPU matched its checksums "
           "(true), or as soon as the decode is enqueued, as raw copies are (false: clients queue "
           "work ahead, but a decode that fails its check has already been leased)");
-ABSL_FLAG(int, decode_scratch_mib, 1024,
+ABSL_FLAG(uint32_t, decode_scratch_mib, 1024,
           "Device memory (MiB) each copy stream decodes compressed objects through: how far its "
           "copies may run ahead of its decodes; 56 to 16384");
 ABSL_FLAG(std::string, reader_threads, "auto",
@@ -119,7 +120,7 @@ ABSL_FLAG(std::string, s3_ca_file, "",
           "PEM certificates an https:// --s3-endpoint is verified against (a private CA); empty: "
           "the system's CA store");
 ABSL_FLAG(int, remote_streams, 16, "Ranged GETs from the S3 endpoint in flight at once");
-ABSL_FLAG(int, remote_part_mib, 8, "The most one ranged GET asks for, in MiB");
+ABSL_FLAG(uint32_t, remote_part_mib, 8, "The most one ranged GET asks for, in MiB");
 ABSL_FLAG(int, remote_host_streams, 128,
           "Ranged GETs in flight at once across this node's daemons (those whose --socket is in "
           "the same directory, which holds the lock file tierd-remote-streams.lock); 0: no bound "
@@ -160,8 +161,9 @@ ABSL_FLAG(int, node_home_timeout_ms, 30000,
           "before the object is read here (a home busy reading answers other requests meanwhile)");
 ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus metrics over HTTP on this port at /metrics; 0: no metrics endpoint");
-ABSL_FLAG(std::string, metrics_address, "127.0.0.1",
-          "Address the metrics endpoint listens on (loopback by default; 0.0.0.0 for all)");
+ABSL_FLAG(std::string, metrics_address, "",
+          "Address the metrics endpoint listens on, with --metrics-port; empty: 127.0.0.1 "
+          "(loopback); 0.0.0.0 for all");
 ABSL_FLAG(std::string, config, "",
           "File of further flags, one `key = value` per line (key: a flag without its dashes); "
           "flags on the command line win");
@@ -169,8 +171,6 @@ ABSL_FLAG(std::string, config, "",
 namespace {
 
 constexpr int kExitBadUsage = 2;
-// Beyond this a stop that waits on clients is a hang, not a grace period.
-constexpr int kMaxShutdownGraceMs = 3600 * 1000;
 // After SIGTERM the daemon exits within --shutdown-grace-ms plus this, whatever its teardown waits
 // on (such as a device that never completes a dead client's work).
 constexpr absl::Duration kTeardownBound = absl::Seconds(10);
@@ -196,31 +196,57 @@ void NotifySystemd(const tierd::SystemdNotifier& systemd, const std::string& sta
   }
 }
 
-int Run() {
-  tierd::SetLogVerbosity(absl::GetFlag(FLAGS_v));
-  // Abseil tracks lock order for deadlock detection in builds without NDEBUG, Debian's among
-  // them: every lock of every mutex then updates one graph under one process-wide lock, which
-  // serialized the sessions' threads under load (docs/BENCHMARKS.md, "Many clients"). The tests
-  // keep it.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  static const tierd::SystemdNotifier systemd = tierd::SystemdNotifier::FromEnvironment();
-  absl::StatusOr<tierd::DeviceSpec> device = tierd::ParseDeviceSpec(absl::GetFlag(FLAGS_device));
-  if (!device.ok()) {
-    std::fprintf(stderr, "tierd: %s\n", std::string(device.status().message()).c_str());
-    return kExitBadUsage;
-  }
+// A flag's word that is none of its values: INVALID_ARGUMENT, as a value ValidateOptions refuses.
+absl::Status BadWord(absl::string_view flag, absl::string_view values, absl::string_view word) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, " must be ", values, ", not '", word, "'"));
+}
+
+// The daemon's options as the flags (and --config's file) give them. Parsing only: a word that is
+// none of a flag's values, a list that does not parse. Values are checked by ValidateOptions.
+absl::StatusOr<tierd::DaemonOptions> OptionsFromFlags() {
   tierd::DaemonOptions options;
-  options.device = *device;
+  ASSIGN_OR_RETURN(options.device, tierd::ParseDeviceSpec(absl::GetFlag(FLAGS_device)));
   options.socket_path = absl::GetFlag(FLAGS_socket);
   options.session_socket_path = absl::GetFlag(FLAGS_session_socket);
   if (options.session_socket_path == "default") {
     options.session_socket_path = tierd::SessionSocketPathFor(options.socket_path);
   }
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
+
+  // The tiers.
   options.host_cache_bytes = absl::GetFlag(FLAGS_host_cache_bytes).bytes;
   options.pin_threads = absl::GetFlag(FLAGS_pin_threads);
   options.gpu_pool_bytes = absl::GetFlag(FLAGS_gpu_pool_bytes).bytes;
   options.gpu_slab_bytes = absl::GetFlag(FLAGS_gpu_slab_bytes).bytes;
+  options.spill_dir = absl::GetFlag(FLAGS_spill_dir);
+  const std::string policy = absl::GetFlag(FLAGS_host_cache_policy);
+  const std::optional<tierd::EvictionPolicy> eviction = tierd::ParseEvictionPolicy(policy);
+  if (!eviction) return BadWord("host-cache-policy", "fifo or lru", policy);
+  options.host_cache_policy = *eviction;
+  options.compress_weights = absl::GetFlag(FLAGS_compress_weights);
+  options.compress_threads = absl::GetFlag(FLAGS_compress_threads);
+  options.check_decodes_before_serving = absl::GetFlag(FLAGS_check_decodes_before_serving);
+  options.decode_scratch_bytes = uint64_t{absl::GetFlag(FLAGS_decode_scratch_mib)} << 20;
+  options.max_tensors_per_model = absl::GetFlag(FLAGS_max_tensors_per_model);
+
+  // The disk reader.
+  const std::string reader_threads = absl::GetFlag(FLAGS_reader_threads);
+  if (reader_threads == "auto") {
+    options.reader.threads = 0;  // Daemon::Create sizes it
+  } else if (!absl::SimpleAtoi(reader_threads, &options.reader.threads) ||
+             options.reader.threads < 1) {
+    return BadWord("reader-threads", "auto or a number from 1", reader_threads);
+  }
+  options.reader.queue_depth = absl::GetFlag(FLAGS_reader_queue_depth);
+  options.reader.chunk_bytes = absl::GetFlag(FLAGS_reader_chunk_bytes).bytes;
+  options.reader.direct = absl::GetFlag(FLAGS_direct_io);
+  const std::string io_engine = absl::GetFlag(FLAGS_io_engine);
+  const std::optional<tierd::IoEngine> engine = tierd::ParseIoEngine(io_engine);
+  if (!engine) return BadWord("io-engine", "auto, io_uring or pread", io_engine);
+  options.reader.engine = *engine;
+
+  // Sessions and clients.
   options.session_limits.max_leases = absl::GetFlag(FLAGS_session_max_leases);
   options.session_max_requests = absl::GetFlag(FLAGS_session_max_requests);
   options.session_threads = absl::GetFlag(FLAGS_session_threads);
@@ -235,147 +261,73 @@ int Run() {
   const uint64_t session_staging = absl::GetFlag(FLAGS_session_max_staging_bytes).bytes;
   options.session_limits.max_staging_bytes =
       session_staging == 0 ? options.gpu_pool_bytes : session_staging;
-  options.spill_dir = absl::GetFlag(FLAGS_spill_dir);
-  const std::optional<tierd::EvictionPolicy> policy =
-      tierd::ParseEvictionPolicy(absl::GetFlag(FLAGS_host_cache_policy));
-  if (!policy) {
-    std::fprintf(stderr, "tierd: --host-cache-policy must be fifo or lru\n");
-    return kExitBadUsage;
-  }
-  options.host_cache_policy = *policy;
-  options.compress_weights = absl::GetFlag(FLAGS_compress_weights);
-  options.compress_threads = absl::GetFlag(FLAGS_compress_threads);
-  options.check_decodes_before_serving = absl::GetFlag(FLAGS_check_decodes_before_serving);
-  if (options.compress_threads < 1 || options.compress_threads > 64) {
-    std::fprintf(stderr, "tierd: --compress-threads must be from 1 to 64, not %d\n",
-                 options.compress_threads);
-    return kExitBadUsage;
-  }
-  const int decode_scratch_mib = absl::GetFlag(FLAGS_decode_scratch_mib);
-  if (decode_scratch_mib < 56 || decode_scratch_mib > 16384) {
-    std::fprintf(stderr, "tierd: --decode-scratch-mib must be from 56 to 16384, not %d\n",
-                 decode_scratch_mib);
-    return kExitBadUsage;
-  }
-  options.decode_scratch_bytes = static_cast<uint64_t>(decode_scratch_mib) << 20;
-  const std::string reader_threads = absl::GetFlag(FLAGS_reader_threads);
-  if (reader_threads == "auto") {
-    options.reader.threads = 0;  // Daemon::Create sizes it
-  } else if (!absl::SimpleAtoi(reader_threads, &options.reader.threads) ||
-             options.reader.threads < 1) {
-    std::fprintf(stderr, "tierd: --reader-threads must be auto or a number from 1, not '%s'\n",
-                 reader_threads.c_str());
-    return kExitBadUsage;
-  }
-  options.reader.queue_depth = absl::GetFlag(FLAGS_reader_queue_depth);
-  options.reader.chunk_bytes = absl::GetFlag(FLAGS_reader_chunk_bytes).bytes;
-  options.reader.direct = absl::GetFlag(FLAGS_direct_io);
-  const std::optional<tierd::IoEngine> engine =
-      tierd::ParseIoEngine(absl::GetFlag(FLAGS_io_engine));
-  if (!engine) {
-    std::fprintf(stderr, "tierd: --io-engine must be auto, io_uring or pread\n");
-    return kExitBadUsage;
-  }
-  options.reader.engine = *engine;
   options.socket_group = absl::GetFlag(FLAGS_socket_group);
-  absl::StatusOr<std::vector<tierd::ClientGroupOptions>> client_groups =
-      tierd::ParseClientGroups(absl::GetFlag(FLAGS_client_groups));
-  if (!client_groups.ok()) {
-    std::fprintf(stderr, "tierd: %s\n", std::string(client_groups.status().message()).c_str());
-    return kExitBadUsage;
-  }
-  options.client_groups = *std::move(client_groups);
+  ASSIGN_OR_RETURN(options.client_groups,
+                   tierd::ParseClientGroups(absl::GetFlag(FLAGS_client_groups)));
+  options.shutdown_grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
+
+  // Where models come from.
   for (absl::string_view root :
        absl::StrSplit(absl::GetFlag(FLAGS_model_roots), ',', absl::SkipWhitespace())) {
     options.model_roots.emplace_back(absl::StripAsciiWhitespace(root));
   }
-  options.s3_endpoint = absl::GetFlag(FLAGS_s3_endpoint);
-  options.s3_region = absl::GetFlag(FLAGS_s3_region);
+  tierd::RemoteOptions& remote = options.remote;
+  remote.endpoint = absl::GetFlag(FLAGS_s3_endpoint);
+  remote.region = absl::GetFlag(FLAGS_s3_region);
   const std::string addressing = absl::GetFlag(FLAGS_s3_addressing);
   if (addressing != "path" && addressing != "virtual") {
-    std::fprintf(stderr, "tierd: --s3-addressing must be path or virtual, not '%s'\n",
-                 addressing.c_str());
-    return kExitBadUsage;
+    return BadWord("s3-addressing", "path or virtual", addressing);
   }
-  options.s3_path_style = addressing == "path";
-  options.s3_credentials_file = absl::GetFlag(FLAGS_s3_credentials_file);
-  options.s3_profile = absl::GetFlag(FLAGS_s3_profile);
-  options.s3_ca_file = absl::GetFlag(FLAGS_s3_ca_file);
-  if (!options.s3_ca_file.empty() && ::access(options.s3_ca_file.c_str(), R_OK) != 0) {
-    std::fprintf(stderr, "tierd: --s3-ca-file %s cannot be read\n", options.s3_ca_file.c_str());
-    return kExitBadUsage;
-  }
-  options.remote_streams = absl::GetFlag(FLAGS_remote_streams);
-  const int part_mib = absl::GetFlag(FLAGS_remote_part_mib);
-  if (options.remote_streams < 1 || options.remote_streams > 1024 || part_mib < 1 ||
-      part_mib > 1024) {
-    std::fprintf(stderr, "tierd: --remote-streams and --remote-part-mib must be 1 to 1024\n");
-    return kExitBadUsage;
-  }
-  options.remote_part_bytes = static_cast<uint64_t>(part_mib) << 20;
-  options.remote_host_streams = absl::GetFlag(FLAGS_remote_host_streams);
-  if (options.remote_host_streams < 0 || options.remote_host_streams > 65536) {
-    std::fprintf(stderr, "tierd: --remote-host-streams must be 0 to 65536\n");
-    return kExitBadUsage;
-  }
-  options.remote_cache_dir = absl::GetFlag(FLAGS_remote_cache_dir);
-  options.remote_cache_bytes = absl::GetFlag(FLAGS_remote_cache_bytes).bytes;
-  if (!options.remote_cache_dir.empty() && options.s3_endpoint.empty()) {
-    std::fprintf(stderr, "tierd: --remote-cache-dir caches models from --s3-endpoint; give both\n");
-    return kExitBadUsage;
-  }
-  const int stall_ms = absl::GetFlag(FLAGS_s3_stall_timeout_ms);
-  options.s3_attempts = absl::GetFlag(FLAGS_s3_attempts);
-  if (stall_ms < 1000 || options.s3_attempts < 1 || options.s3_attempts > 100) {
-    std::fprintf(stderr,
-                 "tierd: --s3-stall-timeout-ms must be at least 1000, --s3-attempts 1 to 100\n");
-    return kExitBadUsage;
-  }
-  options.s3_stall_timeout = absl::Milliseconds(stall_ms);
-  options.max_tensors_per_model = absl::GetFlag(FLAGS_max_tensors_per_model);
-  if (options.max_tensors_per_model == 0) {
-    std::fprintf(stderr, "tierd: --max-tensors-per-model must be at least 1\n");
-    return kExitBadUsage;
-  }
+  remote.path_style = addressing == "path";
+  remote.credentials_file = absl::GetFlag(FLAGS_s3_credentials_file);
+  remote.profile = absl::GetFlag(FLAGS_s3_profile);
+  remote.ca_file = absl::GetFlag(FLAGS_s3_ca_file);
+  remote.streams = absl::GetFlag(FLAGS_remote_streams);
+  remote.part_bytes = uint64_t{absl::GetFlag(FLAGS_remote_part_mib)} << 20;
+  remote.host_streams = absl::GetFlag(FLAGS_remote_host_streams);
+  remote.cache_dir = absl::GetFlag(FLAGS_remote_cache_dir);
+  remote.cache_bytes = absl::GetFlag(FLAGS_remote_cache_bytes).bytes;
+  remote.stall_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_s3_stall_timeout_ms));
+  remote.attempts = absl::GetFlag(FLAGS_s3_attempts);
+
+  // The node's other daemons.
   for (absl::string_view peer :
        absl::StrSplit(absl::GetFlag(FLAGS_peers), ',', absl::SkipWhitespace())) {
-    peer = absl::StripAsciiWhitespace(peer);
-    if (!absl::StartsWith(peer, "/")) {
-      std::fprintf(stderr, "tierd: --peers: \"%s\" is not an absolute socket path\n",
-                   std::string(peer).c_str());
-      return kExitBadUsage;
-    }
-    options.peer_sockets.emplace_back(peer);
+    options.peer_sockets.emplace_back(absl::StripAsciiWhitespace(peer));
   }
   absl::StatusOr<tierd::PeerCopyPath> peer_copy =
       tierd::ParsePeerCopyPath(absl::GetFlag(FLAGS_peer_copy));
   if (!peer_copy.ok()) {
-    std::fprintf(stderr, "tierd: --peer-copy: %s\n",
-                 std::string(peer_copy.status().message()).c_str());
-    return kExitBadUsage;
+    return absl::InvalidArgumentError(absl::StrCat("--peer-copy: ", peer_copy.status().message()));
   }
   options.peer_copy = *peer_copy;
   options.peer_host_buffer_bytes = absl::GetFlag(FLAGS_peer_host_buffer_bytes).bytes;
   options.node_host_tier = absl::GetFlag(FLAGS_node_host_tier);
-  const int home_timeout_ms = absl::GetFlag(FLAGS_node_home_timeout_ms);
-  if (home_timeout_ms <= 0) {
-    std::fprintf(stderr, "tierd: --node-home-timeout-ms must be positive\n");
-    return kExitBadUsage;
-  }
-  options.node_home_timeout = absl::Milliseconds(home_timeout_ms);
-  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  if (metrics_port < 0 || metrics_port > 65535) {
-    std::fprintf(stderr, "tierd: --metrics-port must be 0 (off) or a port, 1..65535\n");
-    return kExitBadUsage;
-  }
-  if (metrics_port != 0) options.metrics_port = metrics_port;
+  options.node_home_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_node_home_timeout_ms));
+
+  // Metrics: the flag's 0 is "off" (DaemonOptions' 0 is "any port").
+  if (const int port = absl::GetFlag(FLAGS_metrics_port); port != 0) options.metrics_port = port;
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
-  const int grace_ms = absl::GetFlag(FLAGS_shutdown_grace_ms);
-  if (grace_ms < 0 || grace_ms > kMaxShutdownGraceMs) {
-    std::fprintf(stderr, "tierd: --shutdown-grace-ms=%d is not within 0..%d (an hour)\n", grace_ms,
-                 kMaxShutdownGraceMs);
+  return options;
+}
+
+int Run() {
+  tierd::SetLogVerbosity(absl::GetFlag(FLAGS_v));
+  // Abseil tracks lock order for deadlock detection in builds without NDEBUG, Debian's among
+  // them: every lock of every mutex then updates one graph under one process-wide lock, which
+  // serialized the sessions' threads under load (docs/BENCHMARKS.md, "Many clients"). The tests
+  // keep it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  static const tierd::SystemdNotifier systemd = tierd::SystemdNotifier::FromEnvironment();
+  absl::StatusOr<tierd::DaemonOptions> parsed = OptionsFromFlags();
+  if (parsed.ok()) {
+    if (absl::Status valid = tierd::ValidateOptions(*parsed); !valid.ok()) parsed = valid;
+  }
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "tierd: %s\n", std::string(parsed.status().message()).c_str());
     return kExitBadUsage;
   }
+  tierd::DaemonOptions& options = *parsed;
   options.heartbeat = WatchdogHeartbeat(systemd);
   if (systemd.watchdog_interval().has_value()) {
     // Rounds often enough that a ping at half the interval is never late by much.
@@ -401,7 +353,7 @@ int Run() {
   NotifySystemd(systemd, absl::StrCat("READY=1\nSTATUS=serving on ", options.socket_path));
   int received = 0;
   sigwait(&signals, &received);
-  const absl::Duration grace = absl::Milliseconds(grace_ms);
+  const absl::Duration grace = options.shutdown_grace;
   TIERD_LOG(INFO) << "received " << (received == SIGTERM ? "SIGTERM" : "SIGINT")
                   << ", shutting down (in-flight work has " << absl::FormatDuration(grace) << ")";
   NotifySystemd(systemd, "STOPPING=1\nSTATUS=shutting down");

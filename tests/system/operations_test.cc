@@ -195,6 +195,10 @@ TEST_F(OperationsTest, BadConfigFilesAreRefusedNamingFileLineAndKey) {
       {"gpu-slab-bytes = 1000\n", "gpu-slab-bytes must be a positive multiple of 4096 bytes"},
       {"metrics-port = 9400\nmetrics-address = not-an-ip\n",
        "metrics-address must be an IPv4 or IPv6 address, not \"not-an-ip\""},
+      // An address without a port was accepted and ignored.
+      {"metrics-address = 0.0.0.0\n", "metrics-address 0.0.0.0 needs --metrics-port"},
+      {"remote-streams = 0\n", "remote-streams must be 1 to 1024, not 0"},
+      {"s3-attempts = 101\n", "s3-attempts must be 1 to 100, not 101"},
   };
   for (const auto& value : refused_values) {
     const std::string config = WriteFile("refused.conf", value.content);
