@@ -159,8 +159,9 @@ ABSL_FLAG(bool, node_host_tier, true,
 ABSL_FLAG(int, node_home_timeout_ms, 30000,
           "How long an object's home daemon may answer nothing while a fetch waits for its lease "
           "before the object is read here (a home busy reading answers other requests meanwhile)");
-ABSL_FLAG(int, metrics_port, 0,
-          "Serve Prometheus metrics over HTTP on this port at /metrics; 0: no metrics endpoint");
+ABSL_FLAG(std::optional<int>, metrics_port, std::nullopt,
+          "Serve Prometheus metrics over HTTP on this port at /metrics; 0 or not given: no "
+          "metrics endpoint");
 ABSL_FLAG(std::string, metrics_address, "",
           "Address the metrics endpoint listens on, with --metrics-port; empty: 127.0.0.1 "
           "(loopback); 0.0.0.0 for all");
@@ -305,9 +306,14 @@ absl::StatusOr<tierd::DaemonOptions> OptionsFromFlags() {
   options.node_host_tier = absl::GetFlag(FLAGS_node_host_tier);
   options.node_home_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_node_home_timeout_ms));
 
-  // Metrics: the flag's 0 is "off" (DaemonOptions' 0 is "any port").
-  if (const int port = absl::GetFlag(FLAGS_metrics_port); port != 0) options.metrics_port = port;
-  options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  // Metrics. --metrics-port=0 turns them off, and the address with them (a config file's, given to
+  // every GPU's daemon, while the port comes per GPU); DaemonOptions' port 0 is "any port". An
+  // address with no port at all is refused by ValidateOptions.
+  const std::optional<int> metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (metrics_port != 0) {
+    options.metrics_port = metrics_port;
+    options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  }
   return options;
 }
 

@@ -421,12 +421,14 @@ show_log "$tmp/node2.log"
 # ---- e: the example configurations ---------------------------------------------------------------
 section "e. tierd accepts deploy/tierd.conf and the ConfigMap's tierd.conf"
 # config_accepted FILE: tierd starts with --config=FILE (its sizes overridden on the command line,
-# which wins) and serves, then stops on SIGTERM with 0.
+# which wins; --metrics-port given as systemd's unit and tierd-node give it) and serves, then stops
+# on SIGTERM with 0.
 config_accepted() {
   local dir pid i status=0
   dir=$(mktemp -d "$tmp/config.XXXX")
   "$tierd" --config="$1" --device=host --socket="$dir/t.sock" --state-dir="$dir/state" \
-    --host-cache-bytes=64MiB --gpu-pool-bytes=64MiB --gpu-slab-bytes=64MiB >"$dir/log" 2>&1 &
+    --host-cache-bytes=64MiB --gpu-pool-bytes=64MiB --gpu-slab-bytes=64MiB --metrics-port=0 \
+    >"$dir/log" 2>&1 &
   pid=$!
   for ((i = 0; i < 150; i++)); do
     timeout 10 "$tierctl" --socket="$dir/t.sock" health >/dev/null 2>&1 && break
