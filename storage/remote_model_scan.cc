@@ -176,40 +176,33 @@ absl::Status TensorLimit(const std::string& directory, size_t max_tensors) {
                                                  " tensors, the limit (--max-tensors-per-model)"));
 }
 
-}  // namespace
-
-absl::StatusOr<ScannedModel> ScanRemoteModel(
-    S3Url prefix, ObjectStore& client,
-    const std::function<void(const RegistrationProgress&)>& progress,
-    const RemoteScanOptions& options) {
-  if (!prefix.key.empty() && prefix.key.back() != '/') prefix.key.push_back('/');
-  ScannedModel scanned;
-  scanned.directory = prefix.ToString();
-  if (absl::EndsWith(scanned.directory, "/")) scanned.directory.pop_back();
-
-  // The model's "directory": the objects right under the prefix (the client checks they are).
+// The objects right under `prefix`, by their names below it (the client checks they are under it).
+absl::StatusOr<std::map<std::string, ListedObject>> ListModelDirectory(
+    const S3Url& prefix, ObjectStore& client, const std::atomic<bool>* cancelled) {
   ASSIGN_OR_RETURN(const std::vector<ListedObject> listed,
-                   client.List(prefix.bucket, prefix.key, ListLimits(), options.cancelled));
+                   client.List(prefix.bucket, prefix.key, ListLimits(), cancelled));
   std::map<std::string, ListedObject> here;
   for (const ListedObject& object : listed) {
     if (object.key.size() > prefix.key.size()) {
       here.emplace(object.key.substr(prefix.key.size()), object);
     }
   }
-  // A key the model uses must be one a registered URL may be: it names the file in messages,
-  // in the catalog and in the remote cache.
-  const auto usable = [&](const ListedObject& object) -> absl::Status {
-    if (absl::Status s = ParseS3Url(S3Url{prefix.bucket, object.key}.ToString()).status();
-        !s.ok()) {
-      return absl::DataLossError(absl::StrCat("the store lists ", Quote(object.key), " under ",
-                                              scanned.directory,
-                                              ", which is no key tierd reads: ", s.message()));
-    }
-    return absl::OkStatus();
-  };
-  const std::string index_url = absl::StrCat(scanned.directory, "/", kSafetensorsIndexFileName);
+  return here;
+}
+
+// Which objects of the directory are the model's files: those its index names (the index's map is
+// kept, to be checked against the headers), else every .safetensors object.
+struct ChosenFiles {
+  std::vector<std::string> names;
   std::optional<std::map<std::string, std::string>> weight_map;
-  std::vector<std::string> file_names;
+};
+
+absl::StatusOr<ChosenFiles> ChooseModelFiles(const S3Url& prefix, const std::string& directory,
+                                             const std::map<std::string, ListedObject>& here,
+                                             ObjectStore& client,
+                                             const RemoteScanOptions& options) {
+  ChosenFiles chosen;
+  const std::string index_url = absl::StrCat(directory, "/", kSafetensorsIndexFileName);
   if (auto index = here.find(kSafetensorsIndexFileName); index != here.end()) {
     if (index->second.size > kMaxSafetensorsIndexBytes) {
       return absl::InvalidArgumentError(
@@ -222,55 +215,92 @@ absl::StatusOr<ScannedModel> ScanRemoteModel(
     ASSIGN_OR_RETURN(const std::string text,
                      ReadStart(client, {prefix.bucket, index->second.key}, index->second.size,
                                index->second.etag, index->second.size, options.cancelled));
-    ASSIGN_OR_RETURN(weight_map, ParseSafetensorsIndex(text, index_url));
+    ASSIGN_OR_RETURN(chosen.weight_map, ParseSafetensorsIndex(text, index_url));
     std::set<std::string> distinct;
-    for (const auto& [tensor, file] : *weight_map) distinct.insert(file);
-    file_names.assign(distinct.begin(), distinct.end());
-    for (const std::string& name : file_names) {
+    for (const auto& [tensor, file] : *chosen.weight_map) distinct.insert(file);
+    chosen.names.assign(distinct.begin(), distinct.end());
+    for (const std::string& name : chosen.names) {
       if (here.count(name) == 0) {
-        return absl::NotFoundError(absl::StrCat(index_url, " names ", Quote(name),
-                                                ", which is not in ", scanned.directory));
+        return absl::NotFoundError(
+            absl::StrCat(index_url, " names ", Quote(name), ", which is not in ", directory));
       }
     }
   } else {
     for (const auto& [name, object] : here) {
-      if (IsSafetensorsFileName(name)) file_names.push_back(name);
+      if (IsSafetensorsFileName(name)) chosen.names.push_back(name);
     }
-    if (file_names.empty()) {
-      return absl::NotFoundError(absl::StrCat("no .safetensors objects in ", scanned.directory));
+    if (chosen.names.empty()) {
+      return absl::NotFoundError(absl::StrCat("no .safetensors objects in ", directory));
     }
   }
-  if (file_names.size() > options.max_files) {
-    return absl::InvalidArgumentError(absl::StrCat("the model in ", scanned.directory, " has ",
-                                                   file_names.size(), " files; at most ",
+  if (chosen.names.size() > options.max_files) {
+    return absl::InvalidArgumentError(absl::StrCat("the model in ", directory, " has ",
+                                                   chosen.names.size(), " files; at most ",
                                                    options.max_files, " are registered"));
   }
+  return chosen;
+}
 
-  std::vector<FileScan> files(file_names.size());
-  for (size_t i = 0; i < file_names.size(); ++i) {
-    const ListedObject& object = here.at(file_names[i]);
-    RETURN_IF_ERROR(usable(object));
-    files[i].url = {prefix.bucket, object.key};
+// The files to scan, each a key a registered URL may be: it names the file in messages, in the
+// catalog and in the remote cache.
+absl::StatusOr<std::vector<FileScan>> FilesToScan(const S3Url& prefix, const std::string& directory,
+                                                  const std::map<std::string, ListedObject>& here,
+                                                  const std::vector<std::string>& names) {
+  std::vector<FileScan> files(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    const ListedObject& object = here.at(names[i]);
+    const S3Url url{prefix.bucket, object.key};
+    if (absl::Status s = ParseS3Url(url.ToString()).status(); !s.ok()) {
+      return absl::DataLossError(absl::StrCat("the store lists ", Quote(object.key), " under ",
+                                              directory,
+                                              ", which is no key tierd reads: ", s.message()));
+    }
+    files[i].url = url;
     files[i].size = object.size;
     files[i].etag = object.etag;
   }
-  // Each file's header, read and parsed for several files at once: each costs a round trip or
-  // two to the endpoint.
-  HeaderReader(client, files, options, progress).Run();
+  return files;
+}
+
+// The first failure among the files' headers, in the files' order.
+absl::Status FirstHeaderFailure(const std::vector<FileScan>& files, const std::string& directory,
+                                const RemoteScanOptions& options) {
   if (options.cancelled != nullptr && *options.cancelled) return Cancelled();
-  for (const FileScan& file : files) {  // the first failure, in the files' order
+  for (const FileScan& file : files) {
     if (file.header.has_value() && !file.header->ok()) {
-      if (IsTensorLimit(file.header->status())) {
-        return TensorLimit(scanned.directory, options.max_tensors);
-      }
+      if (IsTensorLimit(file.header->status())) return TensorLimit(directory, options.max_tensors);
       return file.header->status();
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ScannedModel> ScanRemoteModel(
+    S3Url prefix, ObjectStore& client,
+    const std::function<void(const RegistrationProgress&)>& progress,
+    const RemoteScanOptions& options) {
+  if (!prefix.key.empty() && prefix.key.back() != '/') prefix.key.push_back('/');
+  ScannedModel scanned;
+  scanned.directory = prefix.ToString();
+  if (absl::EndsWith(scanned.directory, "/")) scanned.directory.pop_back();
+
+  ASSIGN_OR_RETURN(const auto here, ListModelDirectory(prefix, client, options.cancelled));
+  ASSIGN_OR_RETURN(const ChosenFiles chosen,
+                   ChooseModelFiles(prefix, scanned.directory, here, client, options));
+  ASSIGN_OR_RETURN(std::vector<FileScan> files,
+                   FilesToScan(prefix, scanned.directory, here, chosen.names));
+  // Each file's header, read and parsed for several files at once: each costs a round trip or
+  // two to the endpoint.
+  HeaderReader(client, files, options, progress).Run();
+  RETURN_IF_ERROR(FirstHeaderFailure(files, scanned.directory, options));
 
   std::map<std::string, uint32_t> tensor_file;
   for (uint32_t i = 0; i < files.size(); ++i) {
     FileScan& file = files[i];
-    RETURN_IF_ERROR(AddFileTensors(std::move(**file.header), i, file_names, tensor_file, scanned));
+    RETURN_IF_ERROR(
+        AddFileTensors(std::move(**file.header), i, chosen.names, tensor_file, scanned));
     file.header.reset();
     if (scanned.tensors.size() > options.max_tensors) {
       return TensorLimit(scanned.directory, options.max_tensors);
@@ -282,8 +312,10 @@ absl::StatusOr<ScannedModel> ScanRemoteModel(
     model_file.object = file.url;
     scanned.files.push_back(std::move(model_file));
   }
-  if (weight_map.has_value()) {
-    RETURN_IF_ERROR(CheckIndexAgainstFiles(*weight_map, file_names, tensor_file, index_url));
+  if (chosen.weight_map.has_value()) {
+    RETURN_IF_ERROR(
+        CheckIndexAgainstFiles(*chosen.weight_map, chosen.names, tensor_file,
+                               absl::StrCat(scanned.directory, "/", kSafetensorsIndexFileName)));
   }
   return scanned;
 }

@@ -154,10 +154,9 @@ absl::Status BadShard(const ObjectInfo& object, const ShardSpec& spec, absl::str
       absl::StrCat("shard ", FormatShardSpec(spec), " of object ", Quote(object.name), ": ", why));
 }
 
-// The shard of `object` that `spec` names, as an object called `name`; INVALID_ARGUMENT as
-// FindShard says.
-absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec& spec,
-                                       std::string name) {
+// The checks of `spec` against `object` as a whole: a count, an index below it, a dimension some
+// tensor has, and no more separate file ranges than kMaxShardRanges.
+absl::Status CheckShardSpec(const ObjectInfo& object, const ShardSpec& spec) {
   if (spec.count == 0) return BadShard(object, spec, "the count must be at least 1");
   if (spec.index >= spec.count) return BadShard(object, spec, "the index must be below the count");
   if (spec.segments.size() == 1) {
@@ -171,10 +170,9 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
         object, spec,
         absl::StrCat("no tensor has dimension ", spec.dim, " (dimensions count from 0)"));
   }
-
   // One file range per row of the dimensions before `dim` and segment, of each split tensor that
   // has bytes. Counted saturating: a tensor of no bytes may still have huge dimensions
-  // ([2^63, 1, 0]), and a count that wrapped would let the loops below run for ever.
+  // ([2^63, 1, 0]), and a count that wrapped would let the loops of ShardTensor run for ever.
   uint64_t ranges = 0;
   for (const TensorPlacement& tensor : object.tensors) {
     if (tensor.shape.size() <= spec.dim || tensor.size == 0) continue;
@@ -188,114 +186,139 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
                     absl::StrCat("it would be read as ", ranges, " separate ranges, more than ",
                                  kMaxShardRanges, "; split along a lower dimension"));
   }
+  return absl::OkStatus();
+}
 
-  const ExtentMap extents(object.extents);
-  ObjectInfo shard;
-  shard.name = std::move(name);
-  shard.base = object.name;
-  std::vector<Extent> pieces;
-  uint64_t cursor = 0;
-  for (const TensorPlacement& tensor : object.tensors) {
-    TensorPlacement out{tensor.name, tensor.dtype, tensor.shape, 0, 0};
-    out.offset = RoundUp(cursor, kGatheredTensorAlignment);
-    // Each outer row's pieces: per segment, object bytes [first, first + length) of the row's
-    // stride, landing `landing` bytes into the shard's row.
-    struct Piece {
-      uint64_t first = 0;
-      uint64_t length = 0;
-      uint64_t landing = 0;
-    };
-    std::vector<Piece> row_pieces = {Piece{0, tensor.size, 0}};
-    uint64_t outer = 1;             // rows of the dimensions before `dim`: one set of pieces each
-    uint64_t stride = 0;            // bytes between them
-    uint64_t length = tensor.size;  // bytes of the shard's row
-    if (tensor.shape.size() > spec.dim) {
-      const uint64_t rows = tensor.shape[spec.dim];
-      std::vector<uint64_t> segments(spec.segments.begin(), spec.segments.end());
-      if (segments.empty()) segments.push_back(rows);
-      uint64_t segment_rows = 0;
-      for (uint64_t segment : segments) segment_rows += segment;
-      if (segment_rows != rows) {
-        return BadShard(
-            object, spec,
-            absl::StrCat("tensor ", Quote(tensor.name), " has ", rows, " rows in dimension ",
-                         spec.dim, "; its segments add up to ", segment_rows));
-      }
-      // A tensor with bytes has no zero dimension, and its shape's product fits (TensorBytes):
-      // these products fit too. One without bytes has no ranges to read, whatever its shape.
-      uint64_t inner = DTypeSize(tensor.dtype);  // bytes of one row along `dim`
-      for (size_t d = spec.dim + 1; d < tensor.shape.size(); ++d) {
-        inner = SaturatingMul(inner, tensor.shape[d]);
-      }
-      for (size_t d = 0; d < spec.dim; ++d) outer = SaturatingMul(outer, tensor.shape[d]);
-      if (tensor.size == 0) inner = 0;
-      row_pieces.clear();
-      uint64_t segment_start = 0;
-      uint64_t shard_rows = 0;
-      for (uint64_t segment : segments) {
-        if (segment < spec.count) {
-          return BadShard(
-              object, spec,
-              absl::StrCat("tensor ", Quote(tensor.name), " has ", segment, " rows in dimension ",
-                           spec.dim, spec.segments.empty() ? "" : " in a segment",
-                           ", fewer than the count"));
-        }
-        const auto [first_row, row_count] = ShardRows(segment, spec.index, spec.count);
-        row_pieces.push_back(
-            Piece{(segment_start + first_row) * inner, row_count * inner, shard_rows * inner});
-        segment_start += segment;
-        shard_rows += row_count;
-      }
-      out.shape[spec.dim] = shard_rows;
-      stride = rows * inner;
-      length = shard_rows * inner;
-    }
-    const std::optional<uint64_t> size = CheckedMul(outer, length);
-    if (tensor.size == 0 || length == 0) {
-      outer = 0;  // nothing to read, however many rows of nothing there are
-    } else if (!size || *size > tensor.size) {
-      return absl::InternalError(absl::StrCat("object ", Quote(object.name), ": tensor ",
-                                              Quote(tensor.name),
-                                              " has a shape its size does not fit"));
-    }
-    out.size = outer == 0 ? 0 : *size;
-    for (const Piece& piece : row_pieces) {
-      if (piece.length == 0) continue;
-      shard.from_base.push_back(StridedRange{tensor.offset + piece.first, stride,
-                                             out.offset + piece.landing, length, piece.length,
-                                             outer});
-    }
-    for (uint64_t o = 0; o < outer; ++o) {
-      for (const Piece& piece : row_pieces) {
-        if (piece.length == 0) continue;
-        if (!extents.Map(tensor.offset + o * stride + piece.first, piece.length,
-                         out.offset + o * length + piece.landing, pieces)) {
-          return absl::InternalError(absl::StrCat("object ", Quote(object.name), ": tensor ",
-                                                  Quote(tensor.name), " is outside its extents"));
-        }
-      }
-    }
-    cursor = out.offset + out.size;
-    shard.tensors.push_back(std::move(out));
+// One tensor's share of a shard: which of its bytes, in which rows. Each of `outer` rows (of the
+// dimensions before the split one, `stride` bytes apart) gives, per segment, object bytes
+// [first, first + length) of the row, landing `landing` bytes into the shard's row of
+// `row_bytes`.
+struct TensorShare {
+  struct Piece {
+    uint64_t first = 0;
+    uint64_t length = 0;
+    uint64_t landing = 0;
+  };
+  std::vector<Piece> row_pieces;
+  uint64_t outer = 1;
+  uint64_t stride = 0;
+  uint64_t row_bytes = 0;
+  uint64_t split_rows = 0;  // the shard's rows along the split dimension (of a split tensor)
+};
+
+// `tensor`'s share of the shard `spec` names: all of it for a tensor without the split dimension;
+// INVALID_ARGUMENT for segments that do not add up or hold fewer rows than the count.
+absl::StatusOr<TensorShare> ShareOf(const ObjectInfo& object, const ShardSpec& spec,
+                                    const TensorPlacement& tensor) {
+  TensorShare share;
+  share.row_pieces = {TensorShare::Piece{0, tensor.size, 0}};
+  share.row_bytes = tensor.size;
+  if (tensor.shape.size() <= spec.dim) return share;
+  const uint64_t rows = tensor.shape[spec.dim];
+  std::vector<uint64_t> segments(spec.segments.begin(), spec.segments.end());
+  if (segments.empty()) segments.push_back(rows);
+  uint64_t segment_rows = 0;
+  for (uint64_t segment : segments) segment_rows += segment;
+  if (segment_rows != rows) {
+    return BadShard(
+        object, spec,
+        absl::StrCat("tensor ", Quote(tensor.name), " has ", rows, " rows in dimension ", spec.dim,
+                     "; its segments add up to ", segment_rows));
   }
-  shard.size = cursor;
+  // A tensor with bytes has no zero dimension, and its shape's product fits (TensorBytes): these
+  // products fit too. One without bytes has no ranges to read, whatever its shape.
+  uint64_t inner = DTypeSize(tensor.dtype);  // bytes of one row along `dim`
+  for (size_t d = spec.dim + 1; d < tensor.shape.size(); ++d) {
+    inner = SaturatingMul(inner, tensor.shape[d]);
+  }
+  for (size_t d = 0; d < spec.dim; ++d) share.outer = SaturatingMul(share.outer, tensor.shape[d]);
+  if (tensor.size == 0) inner = 0;
+  share.row_pieces.clear();
+  uint64_t segment_start = 0;
+  for (uint64_t segment : segments) {
+    if (segment < spec.count) {
+      return BadShard(
+          object, spec,
+          absl::StrCat("tensor ", Quote(tensor.name), " has ", segment, " rows in dimension ",
+                       spec.dim, spec.segments.empty() ? "" : " in a segment",
+                       ", fewer than the count"));
+    }
+    const auto [first_row, row_count] = ShardRows(segment, spec.index, spec.count);
+    share.row_pieces.push_back(TensorShare::Piece{(segment_start + first_row) * inner,
+                                                  row_count * inner, share.split_rows * inner});
+    segment_start += segment;
+    share.split_rows += row_count;
+  }
+  share.stride = rows * inner;
+  share.row_bytes = share.split_rows * inner;
+  return share;
+}
 
+// Adds `tensor`'s share to `shard`, at `cursor` (aligned) onwards: its placement, its strided
+// ranges of the base object, and the file ranges it reads (to `pieces`). Returns the shard's
+// cursor past it.
+absl::StatusOr<uint64_t> AddTensorShare(const ObjectInfo& object, const ShardSpec& spec,
+                                        const ExtentMap& extents, const TensorPlacement& tensor,
+                                        uint64_t cursor, ObjectInfo& shard,
+                                        std::vector<Extent>& pieces) {
+  ASSIGN_OR_RETURN(TensorShare share, ShareOf(object, spec, tensor));
+  TensorPlacement out{tensor.name, tensor.dtype, tensor.shape, 0, 0};
+  out.offset = RoundUp(cursor, kGatheredTensorAlignment);
+  if (tensor.shape.size() > spec.dim) out.shape[spec.dim] = share.split_rows;
+  const std::optional<uint64_t> size = CheckedMul(share.outer, share.row_bytes);
+  if (tensor.size == 0 || share.row_bytes == 0) {
+    share.outer = 0;  // nothing to read, however many rows of nothing there are
+  } else if (!size || *size > tensor.size) {
+    return absl::InternalError(absl::StrCat("object ", Quote(object.name), ": tensor ",
+                                            Quote(tensor.name),
+                                            " has a shape its size does not fit"));
+  }
+  out.size = share.outer == 0 ? 0 : *size;
+  for (const TensorShare::Piece& piece : share.row_pieces) {
+    if (piece.length == 0) continue;
+    shard.from_base.push_back(StridedRange{tensor.offset + piece.first, share.stride,
+                                           out.offset + piece.landing, share.row_bytes,
+                                           piece.length, share.outer});
+  }
+  for (uint64_t o = 0; o < share.outer; ++o) {
+    for (const TensorShare::Piece& piece : share.row_pieces) {
+      if (piece.length == 0) continue;
+      if (!extents.Map(tensor.offset + o * share.stride + piece.first, piece.length,
+                       out.offset + o * share.row_bytes + piece.landing, pieces)) {
+        return absl::InternalError(absl::StrCat("object ", Quote(object.name), ": tensor ",
+                                                Quote(tensor.name), " is outside its extents"));
+      }
+    }
+  }
+  const uint64_t end = out.offset + out.size;
+  shard.tensors.push_back(std::move(out));
+  return end;
+}
+
+// `pieces` in file order, those back to back in the file and in the object made one.
+std::vector<Extent> MergedExtents(std::vector<Extent> pieces) {
   std::sort(pieces.begin(), pieces.end(), [](const Extent& a, const Extent& b) {
     return a.file != b.file ? a.file < b.file : a.file_offset < b.file_offset;
   });
+  std::vector<Extent> merged;
   for (const Extent& piece : pieces) {
-    if (!shard.extents.empty()) {
-      Extent& last = shard.extents.back();
+    if (!merged.empty()) {
+      Extent& last = merged.back();
       if (last.file == piece.file && last.file_offset + last.length == piece.file_offset &&
           last.object_offset + last.length == piece.object_offset) {
         last.length += piece.length;
         continue;
       }
     }
-    shard.extents.push_back(piece);
+    merged.push_back(piece);
   }
-  // What the disk reads for it, against what is asked: a narrow slice along a high dimension
-  // reads the blocks of every row, most of them other ranks' bytes.
+  return merged;
+}
+
+// What the disk reads for `shard`, against what is asked: a narrow slice along a high dimension
+// reads the blocks of every row, most of them other ranks' bytes.
+absl::Status CheckShardRead(const ObjectInfo& object, const ShardSpec& spec,
+                            const ObjectInfo& shard) {
   std::map<size_t, std::vector<std::pair<uint64_t, uint64_t>>> by_file;
   for (const Extent& extent : shard.extents) {
     by_file[extent.file].emplace_back(extent.file_offset, extent.length);
@@ -309,6 +332,26 @@ absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec
                                  " times as many); split along a lower dimension, or fetch the "
                                  "whole object"));
   }
+  return absl::OkStatus();
+}
+
+// The shard of `object` that `spec` names, as an object called `name`; INVALID_ARGUMENT as
+// FindShard says.
+absl::StatusOr<ObjectInfo> ShardObject(const ObjectInfo& object, const ShardSpec& spec,
+                                       std::string name) {
+  RETURN_IF_ERROR(CheckShardSpec(object, spec));
+  const ExtentMap extents(object.extents);
+  ObjectInfo shard;
+  shard.name = std::move(name);
+  shard.base = object.name;
+  std::vector<Extent> pieces;
+  uint64_t cursor = 0;
+  for (const TensorPlacement& tensor : object.tensors) {
+    ASSIGN_OR_RETURN(cursor, AddTensorShare(object, spec, extents, tensor, cursor, shard, pieces));
+  }
+  shard.size = cursor;
+  shard.extents = MergedExtents(std::move(pieces));
+  RETURN_IF_ERROR(CheckShardRead(object, spec, shard));
   return shard;
 }
 
