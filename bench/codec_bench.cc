@@ -34,7 +34,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_support.h"
 #include "codec/exponent_codec.h"
-#include "codec/sample_weights.h"
+#include "testing/sample_weights.h"
 #include "common/byte_size.h"
 #include "common/command_line.h"
 #include "device/device_factory.h"

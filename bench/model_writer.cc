@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_support.h"
-#include "codec/sample_weights.h"
+#include "testing/sample_weights.h"
 #include "common/byte_size.h"
 
 namespace tierd::bench {

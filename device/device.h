@@ -31,9 +31,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "codec/exponent_format.h"
 
 namespace tierd {
+
+// The codec's layout of a compressed object (codec/exponent_format.h), which DecodeAsync takes:
+// declared only, so that the headers installed for the client do not carry the codec's format.
+namespace codec {
+struct CompressedLayout;
+}  // namespace codec
 
 // A device memory region that can be exported to other processes (owner side) or one opened from
 // such an export (importer side). Destroying an owner slab frees the memory once no importer maps

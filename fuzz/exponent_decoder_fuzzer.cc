@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "codec/exponent_codec.h"
-#include "codec/sample_weights.h"
+#include "testing/sample_weights.h"
 
 namespace {
 

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "storage/safetensors_writer.h"
+#include "testing/safetensors_writer.h"
 
 namespace tierd::fuzzing {
 namespace {

@@ -1,4 +1,4 @@
-#include "storage/fault_injecting_file_system.h"
+#include "testing/fault_injecting_file_system.h"
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"

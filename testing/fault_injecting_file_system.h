@@ -6,8 +6,8 @@
 // Thread-safe: deciders may be set and replaced while other threads use the file system; a decider
 // runs on the thread of the operation it decides, without any lock held, and may block (a slow
 // disk) or count.
-#ifndef TIERD_STORAGE_FAULT_INJECTING_FILE_SYSTEM_H_
-#define TIERD_STORAGE_FAULT_INJECTING_FILE_SYSTEM_H_
+#ifndef TIERD_TESTING_FAULT_INJECTING_FILE_SYSTEM_H_
+#define TIERD_TESTING_FAULT_INJECTING_FILE_SYSTEM_H_
 
 #include <array>
 #include <atomic>
@@ -81,4 +81,4 @@ class FaultInjectingFileSystem : public FileSystemWrapper {
 
 }  // namespace tierd
 
-#endif  // TIERD_STORAGE_FAULT_INJECTING_FILE_SYSTEM_H_
+#endif  // TIERD_TESTING_FAULT_INJECTING_FILE_SYSTEM_H_

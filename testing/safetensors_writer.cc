@@ -1,4 +1,4 @@
-#include "storage/safetensors_writer.h"
+#include "testing/safetensors_writer.h"
 
 #include <fcntl.h>
 

@@ -2,8 +2,8 @@
 // tools that need one. The daemon itself only reads them (safetensors_header.h).
 //
 // Stateless; thread-safe.
-#ifndef TIERD_STORAGE_SAFETENSORS_WRITER_H_
-#define TIERD_STORAGE_SAFETENSORS_WRITER_H_
+#ifndef TIERD_TESTING_SAFETENSORS_WRITER_H_
+#define TIERD_TESTING_SAFETENSORS_WRITER_H_
 
 #include <cstdint>
 #include <map>
@@ -40,4 +40,4 @@ absl::Status WriteRawSafetensors(const std::string& path, const std::string& hea
 
 }  // namespace tierd
 
-#endif  // TIERD_STORAGE_SAFETENSORS_WRITER_H_
+#endif  // TIERD_TESTING_SAFETENSORS_WRITER_H_

@@ -1,4 +1,4 @@
-#include "codec/sample_weights.h"
+#include "testing/sample_weights.h"
 
 #include <cstring>
 #include <random>

@@ -1,8 +1,8 @@
 // Weights with the statistics of a freshly initialised checkpoint, for tests and benchmarks of the
 // codec: normal values of a given standard deviation (transformers initialises linear layers with
 // N(0, 0.02)), rounded to bf16 or fp16 as a checkpoint stores them. Deterministic for a seed.
-#ifndef TIERD_CODEC_SAMPLE_WEIGHTS_H_
-#define TIERD_CODEC_SAMPLE_WEIGHTS_H_
+#ifndef TIERD_TESTING_SAMPLE_WEIGHTS_H_
+#define TIERD_TESTING_SAMPLE_WEIGHTS_H_
 
 #include <cstdint>
 
@@ -20,4 +20,4 @@ uint16_t FloatToFp16(float value);
 
 }  // namespace tierd::codec
 
-#endif  // TIERD_CODEC_SAMPLE_WEIGHTS_H_
+#endif  // TIERD_TESTING_SAMPLE_WEIGHTS_H_

@@ -1,6 +1,6 @@
 // Helpers for the storage tests: tensors with known contents, safetensors files (valid ones, and
 // raw ones with any header bytes at all, for the malformed-input tests;
-// storage/safetensors_writer.h) and disk reader options.
+// testing/safetensors_writer.h) and disk reader options.
 #ifndef TIERD_TESTS_STORAGE_TEST_SUPPORT_H_
 #define TIERD_TESTS_STORAGE_TEST_SUPPORT_H_
 
@@ -12,7 +12,7 @@
 
 #include "absl/status/status.h"
 #include "storage/disk_reader.h"
-#include "storage/safetensors_writer.h"
+#include "testing/safetensors_writer.h"
 
 namespace tierd::testing {
 

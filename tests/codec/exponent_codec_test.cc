@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "codec/sample_weights.h"
+#include "testing/sample_weights.h"
 
 namespace tierd::codec {
 namespace {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "codec/exponent_codec.h"
-#include "codec/sample_weights.h"
+#include "testing/sample_weights.h"
 #include "device/device.h"
 #include "device/pinned_host_buffer.h"
 #include "gtest/gtest.h"

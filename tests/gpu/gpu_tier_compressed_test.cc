@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "codec/sample_weights.h"
+#include "testing/sample_weights.h"
 #include "common/status_macros.h"
 #include "device/device_wrapper.h"
 #include "gpu/gpu_tier.h"

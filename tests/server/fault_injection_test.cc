@@ -23,7 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/daemon.h"
-#include "storage/fault_injecting_file_system.h"
+#include "testing/fault_injecting_file_system.h"
 #include "tests/daemon_test_support.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"

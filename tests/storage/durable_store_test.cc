@@ -14,7 +14,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/fault_injecting_file_system.h"
+#include "testing/fault_injecting_file_system.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 

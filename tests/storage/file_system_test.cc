@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/fault_injecting_file_system.h"
+#include "testing/fault_injecting_file_system.h"
 #include "storage/model_roots.h"
 #include "storage/posix_file_system.h"
 #include "tests/storage_test_support.h"

@@ -14,7 +14,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "storage/fault_injecting_file_system.h"
+#include "testing/fault_injecting_file_system.h"
 #include "tests/storage/host_cache_test_fixture.h"
 
 namespace tierd {

@@ -12,7 +12,7 @@
 #include "device/host_device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/fault_injecting_file_system.h"
+#include "testing/fault_injecting_file_system.h"
 #include "tests/test_support.h"
 
 namespace tierd {

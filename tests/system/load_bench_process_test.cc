@@ -11,7 +11,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/safetensors_writer.h"
+#include "testing/safetensors_writer.h"
 #include "tests/daemon_test_support.h"
 #include "tests/test_support.h"
 

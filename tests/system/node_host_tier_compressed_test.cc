@@ -4,7 +4,7 @@
 #include <cstring>
 #include <vector>
 
-#include "codec/sample_weights.h"
+#include "testing/sample_weights.h"
 #include "tests/system/node_host_tier_test_fixture.h"
 
 namespace tierd {

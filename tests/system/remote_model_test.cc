@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/tierd_client.h"
-#include "codec/sample_weights.h"
+#include "testing/sample_weights.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_test_support.h"
