@@ -3,6 +3,10 @@
 // rename and remove files through a FileSystem, so that a test can wrap the real one
 // (FileSystemWrapper, FaultInjectingFileSystem) to fail or slow chosen operations on chosen paths.
 //
+// Directories may be opened once and what is in them reached by name relative to them (the *at()
+// calls), following no symbolic link: the remote cache's files, which other processes of the user
+// share, are reached this way, so a path swapped for a link after it was opened leads nowhere else.
+//
 // Files are handed out as descriptors: the reader and the spill writer drive their own engines on
 // them (io_uring, pread, pwrite) with registered buffers and several operations in flight. Such
 // callers announce every read or write they issue themselves with BeforeRead / BeforeWrite, which
@@ -20,7 +24,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/fd_io.h"
 #include "storage/model_roots.h"
@@ -38,6 +44,36 @@ struct OpenForReadOptions {
 struct OpenForWriteOptions {
   bool direct = false;  // O_DIRECT, as for reads
   mode_t mode = 0600;   // of a file that is created
+};
+
+// A directory opened by FileSystem::OpenDirectory. `path` names it in messages, and to a wrapper
+// deciding faults: an entry NAME in it is PATH/NAME.
+struct Directory {
+  ScopedFd fd{-1};
+  std::string path;
+
+  std::string PathOf(absl::string_view name) const { return absl::StrCat(path, "/", name); }
+};
+
+// What StatAt says of a directory's entry (itself, not what a link points to).
+struct EntryStatus {
+  bool regular = false;  // a regular file
+  uint64_t size = 0;
+  uint64_t inode = 0;
+  uint32_t owner = 0;  // uid
+  uint32_t mode = 0;   // st_mode
+  absl::Time modified = absl::InfinitePast();
+};
+
+// The bytes a directory's file system has free (for an unprivileged user) and in all.
+struct FileSystemSpace {
+  uint64_t free_bytes = 0;
+  uint64_t total_bytes = 0;
+};
+
+enum class LockWait {
+  kWait,        // until the lock is had
+  kFailIfHeld,  // UNAVAILABLE at once while another open file description holds it
 };
 
 class FileSystem {
@@ -79,6 +115,33 @@ class FileSystem {
   virtual absl::Status CreateDirectories(const std::string& directory) = 0;
   // The names of the entries in `directory` except "." and "..", sorted.
   virtual absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& directory) = 0;
+
+  // Opens the directory `name` in `parent` — or, with no parent, at the path `name` — following no
+  // symbolic link; with `create`, makes it (mode 0700) when missing. Errors: those of mkdir(2) and
+  // open(2); a symbolic link or a file there is FAILED_PRECONDITION.
+  virtual absl::StatusOr<Directory> OpenDirectory(const Directory* parent, const std::string& name,
+                                                  bool create) = 0;
+  // Opens `name` in `dir` with open(2)'s `flags` (O_NOFOLLOW and O_CLOEXEC are added) and, for a
+  // file it creates, `mode`. Errors: open(2)'s (NOT_FOUND, ALREADY_EXISTS with O_EXCL, ...).
+  virtual absl::StatusOr<ScopedFd> OpenAt(const Directory& dir, const std::string& name, int flags,
+                                          mode_t mode) = 0;
+  // What `name` in `dir` is. NOT_FOUND when there is no such entry.
+  virtual absl::StatusOr<EntryStatus> StatAt(const Directory& dir, const std::string& name) = 0;
+  // Renames `from` to `to` in `dir`, replacing `to` atomically.
+  virtual absl::Status RenameAt(const Directory& dir, const std::string& from,
+                                const std::string& to) = 0;
+  // Removes the file `name` from `dir`. NOT_FOUND when there is no such file.
+  virtual absl::Status RemoveAt(const Directory& dir, const std::string& name) = 0;
+  // The names of `dir`'s entries except "." and "..", sorted.
+  virtual absl::StatusOr<std::vector<std::string>> ListAt(const Directory& dir) = 0;
+  // Makes `dir`'s entries durable: fsync.
+  virtual absl::Status SyncDirectoryAt(const Directory& dir) = 0;
+  // The space of `dir`'s file system.
+  virtual absl::StatusOr<FileSystemSpace> Space(const Directory& dir) = 0;
+  // Locks `fd` (a descriptor of `path`) exclusively, as flock(2) does: held until every
+  // descriptor of its open file description is closed; locks of other descriptions conflict,
+  // byte-range locks do not.
+  virtual absl::Status LockFile(int fd, const std::string& path, LockWait wait) = 0;
 };
 
 // Forwards every call to another file system: derive from it to change a few.
@@ -114,6 +177,36 @@ class FileSystemWrapper : public FileSystem {
   }
   absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& directory) override {
     return target_->ListDirectory(directory);
+  }
+  absl::StatusOr<Directory> OpenDirectory(const Directory* parent, const std::string& name,
+                                          bool create) override {
+    return target_->OpenDirectory(parent, name, create);
+  }
+  absl::StatusOr<ScopedFd> OpenAt(const Directory& dir, const std::string& name, int flags,
+                                  mode_t mode) override {
+    return target_->OpenAt(dir, name, flags, mode);
+  }
+  absl::StatusOr<EntryStatus> StatAt(const Directory& dir, const std::string& name) override {
+    return target_->StatAt(dir, name);
+  }
+  absl::Status RenameAt(const Directory& dir, const std::string& from,
+                        const std::string& to) override {
+    return target_->RenameAt(dir, from, to);
+  }
+  absl::Status RemoveAt(const Directory& dir, const std::string& name) override {
+    return target_->RemoveAt(dir, name);
+  }
+  absl::StatusOr<std::vector<std::string>> ListAt(const Directory& dir) override {
+    return target_->ListAt(dir);
+  }
+  absl::Status SyncDirectoryAt(const Directory& dir) override {
+    return target_->SyncDirectoryAt(dir);
+  }
+  absl::StatusOr<FileSystemSpace> Space(const Directory& dir) override {
+    return target_->Space(dir);
+  }
+  absl::Status LockFile(int fd, const std::string& path, LockWait wait) override {
+    return target_->LockFile(fd, path, wait);
   }
 
  private:

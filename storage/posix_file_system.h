@@ -26,6 +26,18 @@ class PosixFileSystem : public FileSystem {
   absl::Status RemoveFile(const std::string& path) override;
   absl::Status CreateDirectories(const std::string& directory) override;
   absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& directory) override;
+  absl::StatusOr<Directory> OpenDirectory(const Directory* parent, const std::string& name,
+                                          bool create) override;
+  absl::StatusOr<ScopedFd> OpenAt(const Directory& dir, const std::string& name, int flags,
+                                  mode_t mode) override;
+  absl::StatusOr<EntryStatus> StatAt(const Directory& dir, const std::string& name) override;
+  absl::Status RenameAt(const Directory& dir, const std::string& from,
+                        const std::string& to) override;
+  absl::Status RemoveAt(const Directory& dir, const std::string& name) override;
+  absl::StatusOr<std::vector<std::string>> ListAt(const Directory& dir) override;
+  absl::Status SyncDirectoryAt(const Directory& dir) override;
+  absl::StatusOr<FileSystemSpace> Space(const Directory& dir) override;
+  absl::Status LockFile(int fd, const std::string& path, LockWait wait) override;
 };
 
 }  // namespace tierd

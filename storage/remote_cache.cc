@@ -64,7 +64,8 @@ int BucketOf(uint64_t key_hash) { return static_cast<int>(key_hash >> 56); }
 
 absl::StatusOr<std::unique_ptr<RemoteCache>> RemoteCache::Open(const RemoteCacheOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<CacheDirectory> dir,
-                   CacheDirectory::Open(options.directory, options.chunk_bytes));
+                   CacheDirectory::Open(options.directory, options.chunk_bytes,
+                                        FileSystemOrDefault(options.file_system)));
   // Counted before the budget is known: a budget of 0 counts what the chunks take as free.
   CacheSweep counted;
   {
@@ -74,7 +75,7 @@ absl::StatusOr<std::unique_ptr<RemoteCache>> RemoteCache::Open(const RemoteCache
   uint64_t budget = options.budget_bytes;
   if (budget == 0) {
     ASSIGN_OR_RETURN(const auto space, dir->Space());
-    budget = SaturatingAdd(space.first, counted.bytes) / 10 * 8;
+    budget = SaturatingAdd(space.free_bytes, counted.bytes) / 10 * 8;
   }
   const uint64_t chunk_bytes = dir->chunk_bytes();
   if (budget < 4 * chunk_bytes) {
@@ -194,20 +195,23 @@ void RemoteCache::Keep(const RemoteChunkUse& use) {
   const int bucket = BucketOf(use.key_hash);
   const std::string name = ChunkName(use.key_hash, use.index);
   const std::string pending_name = absl::StrCat(name, kPendingSuffix);
-  struct stat status = {};
-  if (::fstatat(dir_->bucket(bucket), pending_name.c_str(), &status, AT_SYMLINK_NOFOLLOW) != 0 ||
-      status.st_ino != use.pending_inode) {
+  FileSystem& fs = dir_->file_system();
+  const Directory& at = dir_->bucket(bucket);
+  absl::StatusOr<EntryStatus> pending = fs.StatAt(at, pending_name);
+  if (!pending.ok() || pending->inode != use.pending_inode) {
     return;  // kept, dropped or replaced by another read meanwhile
   }
   // What the rename replaces (a chunk kept by another daemon meanwhile) leaves the count.
-  struct stat replaced = {};
-  const bool replacing =
-      ::fstatat(dir_->bucket(bucket), name.c_str(), &replaced, AT_SYMLINK_NOFOLLOW) == 0;
-  if (::renameat(dir_->bucket(bucket), pending_name.c_str(), dir_->bucket(bucket), name.c_str()) !=
-      0) {
-    return;  // settled by another read meanwhile
+  const absl::StatusOr<EntryStatus> replaced = fs.StatAt(at, name);
+  if (absl::Status renamed = fs.RenameAt(at, pending_name, name); !renamed.ok()) {
+    // Settled by another read meanwhile, or the file system's trouble: the pending chunk is
+    // dropped by a later read or sweep.
+    if (!absl::IsNotFound(renamed)) {
+      TIERD_LOG_EVERY_N_SEC(WARNING, 10) << "remote cache: not keeping a chunk: " << renamed;
+    }
+    return;
   }
-  if (replacing) (void)dir_->AddUsage(-static_cast<int64_t>(replaced.st_size));
+  if (replaced.ok()) (void)dir_->AddUsage(-static_cast<int64_t>(replaced->size));
   absl::MutexLock lock(&mu_);
   ++stats_.chunks_written;
 }
@@ -229,21 +233,21 @@ void RemoteCache::Discard(const RemoteChunkUse& use, bool bad) {
 }
 
 bool RemoteCache::RemoveFile(int bucket, const std::string& name, uint64_t inode) {
-  struct stat status = {};
-  if (::fstatat(dir_->bucket(bucket), name.c_str(), &status, AT_SYMLINK_NOFOLLOW) != 0 ||
-      (inode != 0 && status.st_ino != inode)) {
-    return false;
-  }
-  if (::unlinkat(dir_->bucket(bucket), name.c_str(), 0) != 0) return false;
-  (void)dir_->AddUsage(-static_cast<int64_t>(status.st_size));
+  FileSystem& fs = dir_->file_system();
+  const absl::StatusOr<EntryStatus> status = fs.StatAt(dir_->bucket(bucket), name);
+  if (!status.ok() || (inode != 0 && status->inode != inode)) return false;
+  if (!fs.RemoveAt(dir_->bucket(bucket), name).ok()) return false;
+  (void)dir_->AddUsage(-static_cast<int64_t>(status->size));
   return true;
 }
 
 std::optional<uint64_t> RemoteCache::ReadChunk(const std::string& name, int bucket,
                                                const RemoteChunkKey& file, uint64_t chunk_offset,
                                                uint64_t chunk_length, uint8_t* chunk, bool report) {
-  ScopedFd fd(::openat(dir_->bucket(bucket), name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  if (fd.get() < 0) return std::nullopt;  // not cached
+  FileSystem& fs = dir_->file_system();
+  absl::StatusOr<ScopedFd> opened = fs.OpenAt(dir_->bucket(bucket), name, O_RDONLY, 0);
+  if (!opened.ok()) return std::nullopt;  // not cached (or not readable: fetched again)
+  const ScopedFd fd = *std::move(opened);
   const std::string path = dir_->Describe(bucket, name);
   const auto refuse = [&](absl::string_view why) -> std::optional<uint64_t> {
     if (!report) return std::nullopt;
@@ -255,6 +259,10 @@ std::optional<uint64_t> RemoteCache::ReadChunk(const std::string& name, int buck
   struct stat status = {};
   if (::fstat(fd.get(), &status) != 0 || !S_ISREG(status.st_mode)) {
     return refuse("is not a regular file");
+  }
+  if (absl::Status announced = fs.BeforeRead(path); !announced.ok()) {
+    TIERD_LOG_EVERY_N_SEC(WARNING, 10) << "remote cache: " << announced;
+    return std::nullopt;
   }
   const std::string names = Names(file);
   ChunkHeader header;
@@ -294,7 +302,8 @@ std::optional<uint64_t> RemoteCache::WritePending(const std::string& name, int b
     ++stats_.write_failures;
     return std::nullopt;
   }
-  const int at = dir_->bucket(bucket);
+  FileSystem& fs = dir_->file_system();
+  const Directory& at = dir_->bucket(bucket);
   const std::string temporary =
       absl::StrCat(name, ".tmp-", dir_->owner(), "-", next_temporary.fetch_add(1));
   ChunkHeader header = {};
@@ -304,51 +313,47 @@ std::optional<uint64_t> RemoteCache::WritePending(const std::string& name, int b
   header.chunk_length = chunk_length;
   header.checksum = XXH3_64bits(chunk, chunk_length);
   header.names_length = names.size();
+  const std::string temporary_path = at.PathOf(temporary);
   uint64_t inode = 0;
-  bool replacing = false;
-  struct stat replaced = {};
+  absl::StatusOr<EntryStatus> replaced = absl::NotFoundError("");
   absl::Status written = [&]() -> absl::Status {
-    ScopedFd out(::openat(at, temporary.c_str(),
-                          O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-    if (out.get() < 0) return PosixError(absl::StrCat("creating ", temporary), errno);
-    RETURN_IF_ERROR(WriteAll(
-        out.get(), absl::string_view(reinterpret_cast<const char*>(&header), sizeof(header)),
-        temporary));
-    RETURN_IF_ERROR(WriteAll(out.get(), names, temporary));
-    RETURN_IF_ERROR(WriteAll(out.get(),
-                             absl::string_view(reinterpret_cast<const char*>(chunk), chunk_length),
-                             temporary));
+    ASSIGN_OR_RETURN(ScopedFd out, fs.OpenAt(at, temporary, O_WRONLY | O_CREAT | O_EXCL, 0600));
+    const absl::string_view parts[] = {
+        absl::string_view(reinterpret_cast<const char*>(&header), sizeof(header)), names,
+        absl::string_view(reinterpret_cast<const char*>(chunk), chunk_length)};
+    for (absl::string_view part : parts) {
+      RETURN_IF_ERROR(fs.BeforeWrite(temporary_path));
+      RETURN_IF_ERROR(WriteAll(out.get(), part, temporary_path));
+    }
     struct stat status = {};
-    if (::fstat(out.get(), &status) != 0)
-      return PosixError(absl::StrCat("stat ", temporary), errno);
+    if (::fstat(out.get(), &status) != 0) {
+      return PosixError(absl::StrCat("stat ", temporary_path), errno);
+    }
     inode = status.st_ino;
     // No fsync: a chunk torn by a crash fails its checks and is fetched again.
-    RETURN_IF_ERROR(out.Close(temporary));
-    replacing = ::fstatat(at, name.c_str(), &replaced, AT_SYMLINK_NOFOLLOW) == 0;
-    if (::renameat(at, temporary.c_str(), at, name.c_str()) != 0) {
-      return PosixError(absl::StrCat("renaming ", temporary), errno);
-    }
-    return absl::OkStatus();
+    RETURN_IF_ERROR(out.Close(temporary_path));
+    replaced = fs.StatAt(at, name);
+    return fs.RenameAt(at, temporary, name);
   }();
   if (!written.ok()) {
-    ::unlinkat(at, temporary.c_str(), 0);
+    (void)fs.RemoveAt(at, temporary);
     (void)dir_->AddUsage(-static_cast<int64_t>(bytes));
     TIERD_LOG_EVERY_N_SEC(WARNING, 10) << "remote cache: not keeping a chunk: " << written;
     absl::MutexLock lock(&mu_);
     ++stats_.write_failures;
     return std::nullopt;
   }
-  if (replacing) (void)dir_->AddUsage(-static_cast<int64_t>(replaced.st_size));
+  if (replaced.ok()) (void)dir_->AddUsage(-static_cast<int64_t>(replaced->size));
   return inode;
 }
 
 bool RemoteCache::Reserve(uint64_t bytes) {
-  absl::StatusOr<std::pair<uint64_t, uint64_t>> space = dir_->Space();
+  absl::StatusOr<FileSystemSpace> space = dir_->Space();
   if (space.ok()) {
-    const uint64_t reserve = std::min(space->second / kFreeSpaceShare, kMaxFreeSpaceReserve);
-    if (space->first < SaturatingAdd(bytes, reserve)) {
+    const uint64_t reserve = std::min(space->total_bytes / kFreeSpaceShare, kMaxFreeSpaceReserve);
+    if (space->free_bytes < SaturatingAdd(bytes, reserve)) {
       TIERD_LOG_EVERY_N_SEC(WARNING, 10)
-          << "remote cache " << dir_->path() << ": " << FormatByteSize(space->first)
+          << "remote cache " << dir_->path() << ": " << FormatByteSize(space->free_bytes)
           << " free on its file system; not keeping chunks while under " << FormatByteSize(reserve)
           << " would be left";
       return false;

@@ -55,6 +55,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/fd_io.h"
+#include "storage/file_system.h"
 
 namespace tierd {
 
@@ -68,6 +69,8 @@ struct RemoteCacheOptions {
   // Of a new directory; a directory already holding a cache keeps the size it was made with.
   // Between 64 KiB and 64 MiB, a multiple of 4 KiB.
   uint64_t chunk_bytes = 8ull << 20;
+  // Every file and lock of the directory goes through it; null: the POSIX file system.
+  std::shared_ptr<FileSystem> file_system;
 };
 
 struct RemoteCacheStats {

@@ -26,7 +26,9 @@ absl::StatusOr<std::unique_ptr<StorageStack>> StorageStack::Create(
   ASSIGN_OR_RETURN(stack->reader_, DiskReader::Create(reader));
   if (stack->store_ != nullptr) {
     if (options.remote_cache) {
-      ASSIGN_OR_RETURN(stack->remote_cache_, RemoteCache::Open(*options.remote_cache));
+      RemoteCacheOptions cache = *options.remote_cache;
+      if (cache.file_system == nullptr) cache.file_system = stack->file_system_;
+      ASSIGN_OR_RETURN(stack->remote_cache_, RemoteCache::Open(cache));
     }
     ASSIGN_OR_RETURN(
         stack->remote_reader_,

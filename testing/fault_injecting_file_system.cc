@@ -1,5 +1,7 @@
 #include "testing/fault_injecting_file_system.h"
 
+#include <fcntl.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/posix_error.h"
@@ -95,6 +97,44 @@ absl::Status FaultInjectingFileSystem::Rename(const std::string& from, const std
 absl::Status FaultInjectingFileSystem::RemoveFile(const std::string& path) {
   RETURN_IF_ERROR(Decide(FileOperation::kRemove, "removing", path));
   return FileSystemWrapper::RemoveFile(path);
+}
+
+absl::StatusOr<Directory> FaultInjectingFileSystem::OpenDirectory(const Directory* parent,
+                                                                  const std::string& name,
+                                                                  bool create) {
+  RETURN_IF_ERROR(Decide(FileOperation::kOpenDirectory, "opening",
+                         parent == nullptr ? name : parent->PathOf(name)));
+  return FileSystemWrapper::OpenDirectory(parent, name, create);
+}
+
+absl::StatusOr<ScopedFd> FaultInjectingFileSystem::OpenAt(const Directory& dir,
+                                                          const std::string& name, int flags,
+                                                          mode_t mode) {
+  const bool writes = (flags & (O_WRONLY | O_RDWR | O_CREAT)) != 0;
+  RETURN_IF_ERROR(Decide(writes ? FileOperation::kOpenForWrite : FileOperation::kOpenForRead,
+                         writes ? "creating" : "opening", dir.PathOf(name)));
+  return FileSystemWrapper::OpenAt(dir, name, flags, mode);
+}
+
+absl::Status FaultInjectingFileSystem::RenameAt(const Directory& dir, const std::string& from,
+                                                const std::string& to) {
+  RETURN_IF_ERROR(Decide(FileOperation::kRename, "renaming", dir.PathOf(from)));
+  return FileSystemWrapper::RenameAt(dir, from, to);
+}
+
+absl::Status FaultInjectingFileSystem::RemoveAt(const Directory& dir, const std::string& name) {
+  RETURN_IF_ERROR(Decide(FileOperation::kRemove, "removing", dir.PathOf(name)));
+  return FileSystemWrapper::RemoveAt(dir, name);
+}
+
+absl::Status FaultInjectingFileSystem::SyncDirectoryAt(const Directory& dir) {
+  RETURN_IF_ERROR(Decide(FileOperation::kSyncDirectory, "fsync", dir.path));
+  return FileSystemWrapper::SyncDirectoryAt(dir);
+}
+
+absl::Status FaultInjectingFileSystem::LockFile(int fd, const std::string& path, LockWait wait) {
+  RETURN_IF_ERROR(Decide(FileOperation::kLock, "locking", path));
+  return FileSystemWrapper::LockFile(fd, path, wait);
 }
 
 }  // namespace tierd

@@ -23,17 +23,19 @@
 namespace tierd {
 
 enum class FileOperation {
-  kOpenForRead,    // OpenForRead, buffered or direct
-  kOpenForWrite,   // OpenForWrite, buffered or direct
+  kOpenForRead,    // OpenForRead, buffered or direct; OpenAt to read only
+  kOpenForWrite,   // OpenForWrite, buffered or direct; OpenAt to write or create
   kOpenDirect,     // either open with O_DIRECT (before the two above): a file system refusing it
   kRead,           // BeforeRead: one read the caller issues
   kWrite,          // BeforeWrite: one write the caller issues
   kSyncFile,       // SyncFile
-  kSyncDirectory,  // SyncDirectory
-  kRename,         // Rename (of its source path)
-  kRemove,         // RemoveFile
+  kSyncDirectory,  // SyncDirectory, SyncDirectoryAt
+  kRename,         // Rename, RenameAt (of its source path)
+  kRemove,         // RemoveFile, RemoveAt
+  kOpenDirectory,  // OpenDirectory
+  kLock,           // LockFile
 };
-inline constexpr int kFileOperationCount = 9;
+inline constexpr int kFileOperationCount = 11;
 
 class FaultInjectingFileSystem : public FileSystemWrapper {
  public:
@@ -66,6 +68,15 @@ class FaultInjectingFileSystem : public FileSystemWrapper {
   absl::Status SyncDirectory(const std::string& directory) override;
   absl::Status Rename(const std::string& from, const std::string& to) override;
   absl::Status RemoveFile(const std::string& path) override;
+  absl::StatusOr<Directory> OpenDirectory(const Directory* parent, const std::string& name,
+                                          bool create) override;
+  absl::StatusOr<ScopedFd> OpenAt(const Directory& dir, const std::string& name, int flags,
+                                  mode_t mode) override;
+  absl::Status RenameAt(const Directory& dir, const std::string& from,
+                        const std::string& to) override;
+  absl::Status RemoveAt(const Directory& dir, const std::string& name) override;
+  absl::Status SyncDirectoryAt(const Directory& dir) override;
+  absl::Status LockFile(int fd, const std::string& path, LockWait wait) override;
 
  private:
   // Counts the call and asks the decider: OK, or the error naming `what` and `path`.

@@ -1,10 +1,7 @@
 #include "storage/detail/cache_directory.h"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,7 +9,6 @@
 #include <cstring>
 #include <map>
 #include <random>
-#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -52,31 +48,24 @@ absl::string_view OwnerOf(absl::string_view name) {
   return rest.substr(0, rest.find('-'));
 }
 
-absl::StatusOr<ScopedFd> OpenDirectoryAt(int parent, const std::string& name,
-                                         const std::string& path) {
-  if (::mkdirat(parent, name.c_str(), 0700) != 0 && errno != EEXIST) {
-    return PosixError(absl::StrCat("creating ", path), errno);
-  }
-  ScopedFd fd(::openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (fd.get() < 0) return PosixError(absl::StrCat("opening ", path), errno);
-  return fd;
+// Removes every entry of `dir` (its chunks, when rebuilding).
+void RemoveEntries(FileSystem& file_system, const Directory& dir) {
+  absl::StatusOr<std::vector<std::string>> names = file_system.ListAt(dir);
+  if (!names.ok()) return;
+  for (const std::string& name : *names) (void)file_system.RemoveAt(dir, name);
 }
 
-// Removes every entry of the directory `fd` (its chunks, when rebuilding).
-void RemoveEntries(int fd) {
-  DIR* dir = ::fdopendir(::dup(fd));
-  if (dir == nullptr) return;
-  ::rewinddir(dir);  // the duplicate shares the offset an earlier listing left at the end
-  while (const dirent* entry = ::readdir(dir)) {
-    if (entry->d_name[0] != '.') ::unlinkat(fd, entry->d_name, 0);
-  }
-  ::closedir(dir);
+// Reads up to `size` bytes of `fd` (`path`) from its start, announced to the file system.
+absl::StatusOr<size_t> ReadStart(FileSystem& file_system, int fd, const std::string& path,
+                                 void* data, size_t size) {
+  RETURN_IF_ERROR(file_system.BeforeRead(path));
+  return ReadUpTo(fd, data, size, path);
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CacheDirectory>> CacheDirectory::Open(const std::string& path,
-                                                                     uint64_t chunk_bytes) {
+absl::StatusOr<std::unique_ptr<CacheDirectory>> CacheDirectory::Open(
+    const std::string& path, uint64_t chunk_bytes, std::shared_ptr<FileSystem> file_system) {
   if (path.empty()) return absl::InvalidArgumentError("a remote cache needs a directory");
   if (!ValidChunkBytes(chunk_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -84,140 +73,136 @@ absl::StatusOr<std::unique_ptr<CacheDirectory>> CacheDirectory::Open(const std::
         kMaxCacheChunkBytes >> 20, " MiB, a multiple of 4 KiB; not ", chunk_bytes, " bytes"));
   }
   std::unique_ptr<CacheDirectory> dir(new CacheDirectory());
-  dir->path_ = path;
-  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
-    return PosixError(absl::StrCat("creating the remote cache ", path), errno);
+  dir->file_system_ = std::move(file_system);
+  FileSystem& fs = *dir->file_system_;
+  absl::StatusOr<Directory> top = fs.OpenDirectory(nullptr, path, /*create=*/true);
+  if (absl::IsFailedPrecondition(top.status())) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the remote cache ", path, " must be a directory, not a symbolic link or a file"));
   }
-  dir->dir_ = ScopedFd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (dir->dir_.get() < 0) {
-    if (errno == ELOOP || errno == ENOTDIR) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "the remote cache ", path, " must be a directory, not a symbolic link or a file"));
-    }
-    return PosixError(absl::StrCat("opening the remote cache ", path), errno);
+  if (!top.ok()) {
+    return absl::Status(top.status().code(),
+                        absl::StrCat("the remote cache: ", top.status().message()));
   }
-  struct stat status = {};
-  if (::fstat(dir->dir_.get(), &status) != 0) {
-    return PosixError(absl::StrCat("the remote cache ", path), errno);
-  }
+  dir->dir_ = *std::move(top);
+  ASSIGN_OR_RETURN(const EntryStatus status, fs.StatAt(dir->dir_, "."));
   // Whoever can write here decides what clients are served as a remote model's bytes.
-  if (status.st_uid != ::geteuid() || (status.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+  if (status.owner != ::geteuid() || (status.mode & (S_IWGRP | S_IWOTH)) != 0) {
     return absl::PermissionDeniedError(absl::StrFormat(
         "the remote cache %s must belong to this user (uid %d) and be writable by it only "
         "(chmod 700)",
         path, ::geteuid()));
   }
-  const int at = dir->dir_.get();
-  ScopedFd lock(::openat(at, "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (lock.get() < 0) return PosixError(absl::StrCat("creating ", path, "/lock"), errno);
+  ASSIGN_OR_RETURN(ScopedFd lock, fs.OpenAt(dir->dir_, "lock", O_RDWR | O_CREAT, 0600));
   // One daemon at a time reads, makes or rebuilds the FORMAT and sweeps.
-  while (::flock(lock.get(), LOCK_EX) != 0) {
-    if (errno != EINTR) return PosixError(absl::StrCat("locking ", path, "/lock"), errno);
-  }
-  ASSIGN_OR_RETURN(dir->owners_, OpenDirectoryAt(at, "owners", absl::StrCat(path, "/owners")));
-  ASSIGN_OR_RETURN(ScopedFd chunks, OpenDirectoryAt(at, "chunks", absl::StrCat(path, "/chunks")));
+  RETURN_IF_ERROR(fs.LockFile(lock.get(), dir->dir_.PathOf("lock"), LockWait::kWait));
+  ASSIGN_OR_RETURN(dir->owners_, fs.OpenDirectory(&dir->dir_, "owners", /*create=*/true));
+  ASSIGN_OR_RETURN(const Directory chunks, fs.OpenDirectory(&dir->dir_, "chunks", true));
   dir->buckets_.reserve(256);
   for (int b = 0; b < 256; ++b) {
-    const std::string name = absl::StrFormat("%02x", b);
-    ASSIGN_OR_RETURN(ScopedFd bucket,
-                     OpenDirectoryAt(chunks.get(), name, absl::StrCat(path, "/chunks/", name)));
+    ASSIGN_OR_RETURN(Directory bucket,
+                     fs.OpenDirectory(&chunks, absl::StrFormat("%02x", b), /*create=*/true));
     dir->buckets_.push_back(std::move(bucket));
   }
-
-  // The FORMAT: made durably when missing; rebuilt when a crash left it empty or cut short, or
-  // it is of version 1 (whose chunks this version does not read).
-  char text[128] = {};
-  size_t got = 0;
-  ScopedFd format(::openat(at, "FORMAT", O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  if (format.get() >= 0) {
-    ASSIGN_OR_RETURN(got, ReadUpTo(format.get(), text, sizeof(text) - 1, "FORMAT"));
-  } else if (errno != ENOENT) {
-    return PosixError(absl::StrCat("opening ", path, "/FORMAT"), errno);
-  }
-  absl::string_view line = absl::StripTrailingAsciiWhitespace(absl::string_view(text, got));
-  // Empty or cut short before its number (the first version wrote it without fsync), or of the
-  // first version.
-  const bool torn = format.get() >= 0 &&
-                    (absl::StartsWith(kFormatLine, line) || absl::StartsWith(line, kVersion1Line));
-  if (format.get() < 0 || torn) {
-    if (torn) {
-      TIERD_LOG(WARNING) << "remote cache " << path << ": its FORMAT is "
-                         << (line.empty() ? "empty" : "of an earlier version or cut short")
-                         << "; rebuilding the cache";
-      for (const ScopedFd& bucket : dir->buckets_) RemoveEntries(bucket.get());
-    }
-    const std::string temporary = absl::StrCat("FORMAT", kTemporaryMarker, ::getpid());
-    ScopedFd out(::openat(at, temporary.c_str(),
-                          O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
-    if (out.get() < 0) return PosixError(absl::StrCat("creating ", path, "/", temporary), errno);
-    RETURN_IF_ERROR(WriteAll(out.get(), absl::StrCat(kFormatLine, chunk_bytes, "\n"), temporary));
-    if (::fsync(out.get()) != 0) return PosixError(absl::StrCat("syncing ", temporary), errno);
-    RETURN_IF_ERROR(out.Close(temporary));
-    if (::renameat(at, temporary.c_str(), at, "FORMAT") != 0) {
-      const int error = errno;
-      ::unlinkat(at, temporary.c_str(), 0);
-      return PosixError(absl::StrCat("creating ", path, "/FORMAT"), error);
-    }
-    if (::fsync(at) != 0) return PosixError(absl::StrCat("syncing ", path), errno);
-    ::unlinkat(at, "usage", 0);  // counted afresh by the first sweep
-    dir->chunk_bytes_ = chunk_bytes;
-  } else {
-    uint64_t bytes = 0;
-    absl::string_view rest = line;
-    if (!absl::ConsumePrefix(&rest, kFormatLine) || !absl::SimpleAtoi(rest, &bytes)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(path,
-                       "/FORMAT is not that of a remote cache this version of tierd knows; give "
-                       "--remote-cache-dir an empty directory, or remove this one"));
-    }
-    if (!ValidChunkBytes(bytes)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(path, "/FORMAT says chunks of ", bytes,
-                       " bytes, which no remote cache has (", kMinCacheChunkBytes >> 10, " KiB to ",
-                       kMaxCacheChunkBytes >> 20, " MiB); remove the directory"));
-    }
-    dir->chunk_bytes_ = bytes;
-  }
+  RETURN_IF_ERROR(dir->OpenFormat(chunk_bytes));
 
   // This cache's owner file, locked for its life.
   std::mt19937_64 random(std::random_device{}());
   dir->owner_ = absl::StrFormat("%016x", random());
-  dir->owner_lock_ = ScopedFd(::openat(dir->owners_.get(), dir->owner_.c_str(),
-                                       O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (dir->owner_lock_.get() < 0 || ::flock(dir->owner_lock_.get(), LOCK_EX | LOCK_NB) != 0) {
-    return PosixError(absl::StrCat("creating ", path, "/owners/", dir->owner_), errno);
-  }
+  ASSIGN_OR_RETURN(dir->owner_lock_,
+                   fs.OpenAt(dir->owners_, dir->owner_, O_RDWR | O_CREAT | O_EXCL, 0600));
+  RETURN_IF_ERROR(
+      fs.LockFile(dir->owner_lock_.get(), dir->owners_.PathOf(dir->owner_), LockWait::kFailIfHeld));
   return dir;
 }
 
+absl::Status CacheDirectory::OpenFormat(uint64_t chunk_bytes) {
+  // The FORMAT: made durably when missing; rebuilt when a crash left it empty or cut short, or
+  // it is of version 1 (whose chunks this version does not read).
+  FileSystem& fs = *file_system_;
+  const std::string format_path = dir_.PathOf("FORMAT");
+  char text[128] = {};
+  size_t got = 0;
+  absl::StatusOr<ScopedFd> format = fs.OpenAt(dir_, "FORMAT", O_RDONLY, 0);
+  if (format.ok()) {
+    ASSIGN_OR_RETURN(got, ReadStart(fs, format->get(), format_path, text, sizeof(text) - 1));
+  } else if (!absl::IsNotFound(format.status())) {
+    return format.status();
+  }
+  const absl::string_view line = absl::StripTrailingAsciiWhitespace(absl::string_view(text, got));
+  if (format.ok() && !absl::StartsWith(kFormatLine, line) &&
+      !absl::StartsWith(line, kVersion1Line)) {
+    uint64_t bytes = 0;
+    absl::string_view rest = line;
+    if (!absl::ConsumePrefix(&rest, kFormatLine) || !absl::SimpleAtoi(rest, &bytes)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          format_path,
+          " is not that of a remote cache this version of tierd knows; give --remote-cache-dir an "
+          "empty directory, or remove this one"));
+    }
+    if (!ValidChunkBytes(bytes)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(format_path, " says chunks of ", bytes,
+                       " bytes, which no remote cache has (", kMinCacheChunkBytes >> 10, " KiB to ",
+                       kMaxCacheChunkBytes >> 20, " MiB); remove the directory"));
+    }
+    chunk_bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  // Empty or cut short before its number (the first version wrote it without fsync), or of the
+  // first version: rebuilt.
+  if (format.ok()) {
+    TIERD_LOG(WARNING) << "remote cache " << dir_.path << ": its FORMAT is "
+                       << (line.empty() ? "empty" : "of an earlier version or cut short")
+                       << "; rebuilding the cache";
+    for (const Directory& bucket : buckets_) RemoveEntries(fs, bucket);
+  }
+  const std::string temporary = absl::StrCat("FORMAT", kTemporaryMarker, ::getpid());
+  const std::string temporary_path = dir_.PathOf(temporary);
+  absl::Status written = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(ScopedFd out, fs.OpenAt(dir_, temporary, O_WRONLY | O_CREAT | O_TRUNC, 0600));
+    RETURN_IF_ERROR(fs.BeforeWrite(temporary_path));
+    RETURN_IF_ERROR(
+        WriteAll(out.get(), absl::StrCat(kFormatLine, chunk_bytes, "\n"), temporary_path));
+    RETURN_IF_ERROR(fs.SyncFile(out.get(), temporary_path));
+    RETURN_IF_ERROR(out.Close(temporary_path));
+    return fs.RenameAt(dir_, temporary, "FORMAT");
+  }();
+  if (!written.ok()) {
+    (void)fs.RemoveAt(dir_, temporary);
+    return written;
+  }
+  RETURN_IF_ERROR(fs.SyncDirectoryAt(dir_));
+  (void)fs.RemoveAt(dir_, "usage");  // counted afresh by the first sweep
+  chunk_bytes_ = chunk_bytes;
+  return absl::OkStatus();
+}
+
 CacheDirectory::~CacheDirectory() {
-  if (owner_lock_.get() >= 0) ::unlinkat(owners_.get(), owner_.c_str(), 0);
+  if (owner_lock_.get() >= 0) (void)file_system_->RemoveAt(owners_, owner_);
 }
 
 std::string CacheDirectory::Describe(int bucket, absl::string_view name) const {
-  return absl::StrFormat("%s/chunks/%02x/%s", path_, bucket, name);
+  return absl::StrFormat("%s/chunks/%02x/%s", dir_.path, bucket, name);
 }
 
 absl::StatusOr<ScopedFd> CacheDirectory::LockExclusive() const {
   ASSIGN_OR_RETURN(ScopedFd fd, OpenLockFile());
-  while (::flock(fd.get(), LOCK_EX) != 0) {
-    if (errno != EINTR) return PosixError(absl::StrCat("locking ", path_, "/lock"), errno);
-  }
+  RETURN_IF_ERROR(file_system_->LockFile(fd.get(), dir_.PathOf("lock"), LockWait::kWait));
   return fd;
 }
 
 absl::StatusOr<ScopedFd> CacheDirectory::OpenLockFile() const {
-  ScopedFd fd(::openat(dir_.get(), "lock", O_RDWR | O_NOFOLLOW | O_CLOEXEC));
-  if (fd.get() < 0) return PosixError(absl::StrCat("opening ", path_, "/lock"), errno);
-  return fd;
+  return file_system_->OpenAt(dir_, "lock", O_RDWR, 0);
 }
 
 absl::StatusOr<uint64_t> CacheDirectory::AddUsage(int64_t delta) const {
-  ScopedFd fd(::openat(dir_.get(), "usage", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (fd.get() < 0) return PosixError(absl::StrCat("opening ", path_, "/usage"), errno);
+  const std::string path = dir_.PathOf("usage");
+  ASSIGN_OR_RETURN(ScopedFd fd, file_system_->OpenAt(dir_, "usage", O_RDWR | O_CREAT, 0600));
   // Held for a read and a write: no wait is ever long.
   RETURN_IF_ERROR(LockByte(fd.get(), 0, absl::InfiniteFuture(), [] { return false; }));
   uint64_t total = 0;
+  RETURN_IF_ERROR(file_system_->BeforeRead(path));
   const ssize_t read = ::pread(fd.get(), &total, sizeof(total), 0);
   if (read != static_cast<ssize_t>(sizeof(total))) total = 0;  // new, or torn: a sweep mends it
   if (delta < 0) {
@@ -226,91 +211,88 @@ absl::StatusOr<uint64_t> CacheDirectory::AddUsage(int64_t delta) const {
   } else {
     total += static_cast<uint64_t>(delta);
   }
-  if (::pwrite(fd.get(), &total, sizeof(total), 0) != static_cast<ssize_t>(sizeof(total))) {
-    return PosixError(absl::StrCat("writing ", path_, "/usage"), errno);
-  }
+  RETURN_IF_ERROR(WriteUsage(fd.get(), total));
   return total;
 }
 
-absl::StatusOr<std::pair<uint64_t, uint64_t>> CacheDirectory::Space() const {
-  struct statvfs space = {};
-  if (::fstatvfs(dir_.get(), &space) != 0) {
-    return PosixError(absl::StrCat("the free space of ", path_), errno);
+absl::Status CacheDirectory::WriteUsage(int fd, uint64_t total) const {
+  const std::string path = dir_.PathOf("usage");
+  RETURN_IF_ERROR(file_system_->BeforeWrite(path));
+  if (::pwrite(fd, &total, sizeof(total), 0) != static_cast<ssize_t>(sizeof(total))) {
+    return PosixError(absl::StrCat("writing ", path), errno);
   }
-  return std::make_pair(static_cast<uint64_t>(space.f_bavail) * space.f_frsize,
-                        static_cast<uint64_t>(space.f_blocks) * space.f_frsize);
+  return absl::OkStatus();
 }
+
+absl::StatusOr<FileSystemSpace> CacheDirectory::Space() const { return file_system_->Space(dir_); }
 
 bool CacheDirectory::OwnerIsGone(absl::string_view owner) const {
   if (owner == owner_) return false;
   const std::string name(owner);
-  ScopedFd fd(::openat(owners_.get(), name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
-  if (fd.get() < 0) return errno == ENOENT;
-  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return false;  // its cache holds it: alive
-  ::unlinkat(owners_.get(), name.c_str(), 0);  // it was gone; the next sweep need not ask
+  absl::StatusOr<ScopedFd> fd = file_system_->OpenAt(owners_, name, O_RDWR, 0);
+  if (!fd.ok()) return absl::IsNotFound(fd.status());
+  // Held: its cache lives.
+  if (!file_system_->LockFile(fd->get(), owners_.PathOf(name), LockWait::kFailIfHeld).ok()) {
+    return false;
+  }
+  (void)file_system_->RemoveAt(owners_, name);  // it was gone; the next sweep need not ask
   return true;
 }
 
 CacheSweep CacheDirectory::Sweep(uint64_t evict_to) const {
   struct Chunk {
-    struct timespec used;
+    absl::Time used;
     uint64_t bytes;
     int bucket;
     std::string name;
   };
+  FileSystem& fs = *file_system_;
   std::vector<Chunk> chunks;
   std::map<std::string, bool> gone;  // owner → gone, asked once per sweep
   CacheSweep sweep;
   for (int b = 0; b < 256; ++b) {
-    DIR* dir = ::fdopendir(::dup(buckets_[b].get()));
-    if (dir == nullptr) continue;
-    ::rewinddir(dir);  // the duplicate shares the offset the last sweep left at the end
-    while (const dirent* entry = ::readdir(dir)) {
-      if (entry->d_name[0] == '.') continue;
-      struct stat status = {};
-      if (::fstatat(buckets_[b].get(), entry->d_name, &status, AT_SYMLINK_NOFOLLOW) != 0 ||
-          !S_ISREG(status.st_mode)) {
-        continue;
-      }
-      const absl::string_view owner = OwnerOf(entry->d_name);
+    absl::StatusOr<std::vector<std::string>> names = fs.ListAt(buckets_[b]);
+    if (!names.ok()) continue;
+    for (const std::string& name : *names) {
+      if (name[0] == '.') continue;
+      absl::StatusOr<EntryStatus> status = fs.StatAt(buckets_[b], name);
+      if (!status.ok() || !status->regular) continue;
+      const absl::string_view owner = OwnerOf(name);
       if (!owner.empty()) {
         auto [it, asked] = gone.emplace(std::string(owner), false);
         if (asked) it->second = OwnerIsGone(owner);
         if (it->second) {
-          if (::unlinkat(buckets_[b].get(), entry->d_name, 0) == 0) ++sweep.reaped;
+          if (fs.RemoveAt(buckets_[b], name).ok()) ++sweep.reaped;
         } else {
-          sweep.bytes += status.st_size;  // a live cache's file, counted, never evicted here
+          sweep.bytes += status->size;  // a live cache's file, counted, never evicted here
         }
         continue;
       }
-      if (absl::EndsWith(entry->d_name, kPendingSuffix) &&
-          absl::TimeFromTimespec(status.st_mtim) + kPendingLifetime < absl::Now()) {
-        if (::unlinkat(buckets_[b].get(), entry->d_name, 0) == 0) ++sweep.reaped;
+      if (absl::EndsWith(name, kPendingSuffix) &&
+          status->modified + kPendingLifetime < absl::Now()) {
+        if (fs.RemoveAt(buckets_[b], name).ok()) ++sweep.reaped;
         continue;
       }
-      sweep.bytes += status.st_size;
-      chunks.push_back({status.st_mtim, static_cast<uint64_t>(status.st_size), b, entry->d_name});
+      sweep.bytes += status->size;
+      chunks.push_back({status->modified, status->size, b, name});
     }
-    ::closedir(dir);
   }
   if (sweep.bytes > evict_to) {
-    std::sort(chunks.begin(), chunks.end(), [](const Chunk& a, const Chunk& b) {
-      return std::tie(a.used.tv_sec, a.used.tv_nsec) < std::tie(b.used.tv_sec, b.used.tv_nsec);
-    });
+    std::sort(chunks.begin(), chunks.end(),
+              [](const Chunk& a, const Chunk& b) { return a.used < b.used; });
     for (const Chunk& chunk : chunks) {
       if (sweep.bytes <= evict_to) break;
-      if (::unlinkat(buckets_[chunk.bucket].get(), chunk.name.c_str(), 0) == 0) {
+      if (fs.RemoveAt(buckets_[chunk.bucket], chunk.name).ok()) {
         sweep.bytes -= chunk.bytes;
         ++sweep.evicted;
       }
     }
   }
   // What the directory holds now, for every daemon sharing it.
-  ScopedFd fd(::openat(dir_.get(), "usage", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (fd.get() >= 0 && LockByte(fd.get(), 0, absl::InfiniteFuture(), [] { return false; }).ok()) {
-    if (::pwrite(fd.get(), &sweep.bytes, sizeof(sweep.bytes), 0) !=
-        static_cast<ssize_t>(sizeof(sweep.bytes))) {
-      TIERD_LOG(WARNING) << PosixError(absl::StrCat("writing ", path_, "/usage"), errno);
+  absl::StatusOr<ScopedFd> fd = fs.OpenAt(dir_, "usage", O_RDWR | O_CREAT, 0600);
+  if (fd.ok() && LockByte(fd->get(), 0, absl::InfiniteFuture(), [] { return false; }).ok()) {
+    if (absl::Status written = WriteUsage(fd->get(), sweep.bytes); !written.ok()) {
+      TIERD_LOG(WARNING) << written;
     }
   }
   return sweep;

@@ -7,7 +7,8 @@
 // under a lock on it), and which open caches are alive (DIR/owners/ID, locked by its cache for
 // its life: a cache of a process that is gone, whatever its PID namespace, has its unlocked).
 //
-// Private to storage/ (the remote cache's). Thread-safe.
+// Every file and lock goes through a FileSystem (storage/file_system.h), so that tests may fail
+// any of them. Private to storage/ (the remote cache's). Thread-safe.
 #ifndef TIERD_STORAGE_DETAIL_CACHE_DIRECTORY_H_
 #define TIERD_STORAGE_DETAIL_CACHE_DIRECTORY_H_
 
@@ -20,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/fd_io.h"
+#include "storage/file_system.h"
 
 namespace tierd {
 
@@ -36,21 +38,23 @@ struct CacheSweep {
 
 class CacheDirectory {
  public:
-  // Opens (making it, mode 0700, when missing) the cache directory at `path`, with its FORMAT:
-  // a new one says `chunk_bytes`. See RemoteCache::Open for the errors.
-  static absl::StatusOr<std::unique_ptr<CacheDirectory>> Open(const std::string& path,
-                                                              uint64_t chunk_bytes);
+  // Opens (making it, mode 0700, when missing) the cache directory at `path` through
+  // `file_system`, with its FORMAT: a new one says `chunk_bytes`. See RemoteCache::Open for the
+  // errors. REQUIRES: `file_system` is not null.
+  static absl::StatusOr<std::unique_ptr<CacheDirectory>> Open(
+      const std::string& path, uint64_t chunk_bytes, std::shared_ptr<FileSystem> file_system);
   ~CacheDirectory();
   CacheDirectory(const CacheDirectory&) = delete;
   CacheDirectory& operator=(const CacheDirectory&) = delete;
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return dir_.path; }
+  FileSystem& file_system() const { return *file_system_; }
   uint64_t chunk_bytes() const { return chunk_bytes_; }
   // This open cache's id: it names the cache's pending and temporary files.
   const std::string& owner() const { return owner_; }
 
   // The directory of bucket `bucket` (0-255: a chunk's hash's first byte) under chunks/.
-  int bucket(int bucket) const { return buckets_[bucket].get(); }
+  const Directory& bucket(int bucket) const { return buckets_[bucket]; }
   // "chunks/XX/NAME", for messages.
   std::string Describe(int bucket, absl::string_view name) const;
 
@@ -64,7 +68,7 @@ class CacheDirectory {
   // would go below zero stops at zero (a sweep corrects it).
   absl::StatusOr<uint64_t> AddUsage(int64_t delta) const;
   // Free and total bytes of the directory's file system.
-  absl::StatusOr<std::pair<uint64_t, uint64_t>> Space() const;
+  absl::StatusOr<FileSystemSpace> Space() const;
 
   // Counts the chunks and pending files, removes the pending and temporary files of caches that
   // are gone, removes the least recently used chunks until at most `evict_to` bytes are left, and
@@ -73,16 +77,21 @@ class CacheDirectory {
 
  private:
   CacheDirectory() = default;
+  // Reads the FORMAT (its chunk size), or makes it saying `chunk_bytes`: durably when missing,
+  // anew (the chunks removed) when a crash left it empty or cut short or it is of version 1.
+  absl::Status OpenFormat(uint64_t chunk_bytes);
+  // Writes `total` to DIR/usage (`fd`). REQUIRES: its byte lock held.
+  absl::Status WriteUsage(int fd, uint64_t total) const;
   // Whether the open cache `owner` is gone (its owner file is not locked, or missing).
   bool OwnerIsGone(absl::string_view owner) const;
 
-  std::string path_;
+  std::shared_ptr<FileSystem> file_system_;
   uint64_t chunk_bytes_ = 0;
   std::string owner_;
-  ScopedFd dir_{-1};
-  ScopedFd owners_{-1};
-  ScopedFd owner_lock_{-1};        // DIR/owners/ID, flocked while this lives
-  std::vector<ScopedFd> buckets_;  // chunks/00 ... chunks/ff
+  Directory dir_;
+  Directory owners_;
+  ScopedFd owner_lock_{-1};         // DIR/owners/ID, locked while this lives
+  std::vector<Directory> buckets_;  // chunks/00 ... chunks/ff
 };
 
 }  // namespace tierd

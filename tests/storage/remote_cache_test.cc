@@ -6,7 +6,9 @@
 // readers of a chunk, threads or another process, fetch it once, and a reader waits for another's
 // fetch only until its deadline; a directory others can write, a link, or a FORMAT this version
 // does not know is refused, and one a crash left empty is rebuilt; the temporary files of a cache
-// whose process is gone are removed, whatever its pid.
+// whose process is gone are removed, whatever its pid. Every file and lock goes through the
+// FileSystem: a chunk write, a rename or a lock that fails loses nothing and serves the right
+// bytes, and a file system short of space keeps no chunk.
 #include "storage/remote_cache.h"
 
 #include <fcntl.h>
@@ -29,6 +31,7 @@
 #include "common/directory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/fault_injecting_file_system.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 
@@ -68,11 +71,13 @@ class RemoteCacheTest : public ::testing::Test {
  protected:
   std::string cache_dir() const { return absl::StrCat(dir_.path(), "/cache"); }
 
-  std::unique_ptr<RemoteCache> Open(uint64_t budget = 64 * kChunk) {
+  std::unique_ptr<RemoteCache> Open(uint64_t budget = 64 * kChunk,
+                                    std::shared_ptr<FileSystem> file_system = nullptr) {
     RemoteCacheOptions options;
     options.directory = cache_dir();
     options.budget_bytes = budget;
     options.chunk_bytes = kChunk;
+    options.file_system = std::move(file_system);
     absl::StatusOr<std::unique_ptr<RemoteCache>> cache = RemoteCache::Open(options);
     EXPECT_THAT(cache, IsOk());
     return cache.ok() ? *std::move(cache) : nullptr;
@@ -102,16 +107,16 @@ class RemoteCacheTest : public ::testing::Test {
     return bytes;
   }
 
-  // The files in the cache's chunk directories, by path: kept chunks, or with `suffix` those whose
-  // names end so (".pending").
-  std::vector<std::string> ChunkFiles(absl::string_view suffix = "") const {
+  // The files in the cache's chunk directories, by path: kept chunks, or with `part` those whose
+  // names hold it (".pending", ".tmp-").
+  std::vector<std::string> ChunkFiles(absl::string_view part = "") const {
     std::vector<std::string> files;
     const std::string root = absl::StrCat(cache_dir(), "/chunks");
     for (const std::string& bucket : ListDirectory(root).value_or(std::vector<std::string>{})) {
       for (const std::string& name :
            ListDirectory(absl::StrCat(root, "/", bucket)).value_or(std::vector<std::string>{})) {
         const bool kept = name.find('.') == std::string::npos;
-        if (suffix.empty() ? kept : absl::EndsWith(name, suffix)) {
+        if (part.empty() ? kept : absl::StrContains(name, part)) {
           files.push_back(absl::StrCat(root, "/", bucket, "/", name));
         }
       }
@@ -547,6 +552,109 @@ TEST_F(RemoteCacheTest, AnEmptyOrFirstVersionFormatIsRebuiltAnUnboundedOneRefuse
   ASSERT_EQ(::symlink(dir_.path().c_str(), bucket.c_str()), 0);
   options.directory = cache_dir();
   EXPECT_THAT(RemoteCache::Open(options), Not(IsOk()));
+}
+
+// A chunk whose write fails (a full disk, an I/O error) is served and not kept: the next read
+// fetches it again, and once writes pass it is kept. Nothing half-written is left behind.
+TEST_F(RemoteCacheTest, AChunkWriteThatFailsServesTheBytesAndKeepsNothing) {
+  auto faults = std::make_shared<FaultInjectingFileSystem>();
+  std::unique_ptr<RemoteCache> cache = Open(64 * kChunk, faults);
+  ASSERT_NE(cache, nullptr);
+  FakeRemoteFile file("s3://models/w/model.safetensors", "\"e\"", 2 * kChunk, 20);
+  faults->FailAlways(FileOperation::kWrite, ".tmp-", ENOSPC);
+  EXPECT_THAT(Read(*cache, file, 10, 100), IsOkAndHolds(file.bytes.substr(10, 100)));
+  EXPECT_GT(faults->failures(FileOperation::kWrite), 0u);
+  EXPECT_EQ(cache->stats().write_failures, 1u);
+  EXPECT_THAT(ChunkFiles(), ::testing::IsEmpty());
+  EXPECT_THAT(ChunkFiles(".pending"), ::testing::IsEmpty());
+  EXPECT_THAT(ChunkFiles(".tmp-"), ::testing::IsEmpty()) << "a temporary file was left";
+  EXPECT_EQ(DirectoryBytes(), 0u);
+  EXPECT_THAT(Read(*cache, file, 10, 100), IsOkAndHolds(file.bytes.substr(10, 100)));
+  EXPECT_EQ(file.fetches, 2);  // not kept: fetched again
+
+  faults->ClearFaults();
+  EXPECT_THAT(Read(*cache, file, 10, 100), IsOkAndHolds(file.bytes.substr(10, 100)));
+  EXPECT_THAT(Read(*cache, file, 10, 100), IsOkAndHolds(file.bytes.substr(10, 100)));
+  EXPECT_EQ(file.fetches, 3);  // kept at last: the fourth read is a hit
+  EXPECT_EQ(ChunkFiles().size(), 1u);
+}
+
+// A rename that fails — of the temporary file to its pending name, or of the pending chunk into
+// place once its read's check passed — keeps nothing in place; the bytes served are right.
+TEST_F(RemoteCacheTest, ARenameThatFailsKeepsNothingInPlace) {
+  auto faults = std::make_shared<FaultInjectingFileSystem>();
+  std::unique_ptr<RemoteCache> cache = Open(64 * kChunk, faults);
+  ASSERT_NE(cache, nullptr);
+  FakeRemoteFile file("s3://models/r/model.safetensors", "\"e\"", 2 * kChunk, 21);
+  faults->FailAlways(FileOperation::kRename, ".tmp-", EIO);
+  EXPECT_THAT(Read(*cache, file, 0, 64), IsOkAndHolds(file.bytes.substr(0, 64)));
+  EXPECT_EQ(cache->stats().write_failures, 1u);
+  EXPECT_THAT(ChunkFiles(".tmp-"), ::testing::IsEmpty());
+  EXPECT_THAT(ChunkFiles(".pending"), ::testing::IsEmpty());
+
+  faults->ClearFaults();
+  faults->FailAlways(FileOperation::kRename, ".pending", EIO);
+  EXPECT_THAT(Read(*cache, file, kChunk, 64), IsOkAndHolds(file.bytes.substr(kChunk, 64)));
+  EXPECT_GT(faults->failures(FileOperation::kRename), 0u);
+  EXPECT_THAT(ChunkFiles(), ::testing::IsEmpty()) << "a chunk went into place past a failed rename";
+  EXPECT_EQ(cache->stats().chunks_written, 0u);
+
+  faults->ClearFaults();
+  EXPECT_THAT(Read(*cache, file, kChunk, 64), IsOkAndHolds(file.bytes.substr(kChunk, 64)));
+  EXPECT_EQ(ChunkFiles().size(), 1u);  // the pending chunk, checked by this read, kept now
+}
+
+// The locks are the file system's too: a cache that cannot lock its directory does not open, and
+// one that cannot take the lock to evict serves its reads without evicting.
+TEST_F(RemoteCacheTest, ALockThatFailsRefusesTheOpenOrSkipsTheEviction) {
+  auto faults = std::make_shared<FaultInjectingFileSystem>();
+  faults->FailAlways(FileOperation::kLock, "/lock", ENOLCK);
+  RemoteCacheOptions options;
+  options.directory = cache_dir();
+  options.budget_bytes = 64 * kChunk;
+  options.chunk_bytes = kChunk;
+  options.file_system = faults;
+  absl::StatusOr<std::unique_ptr<RemoteCache>> refused = RemoteCache::Open(options);
+  EXPECT_THAT(refused, Not(IsOk()));
+  EXPECT_THAT(refused.status().message(), HasSubstr("/lock"));
+
+  faults->ClearFaults();
+  std::unique_ptr<RemoteCache> cache = Open(/*budget=*/4 * kChunk, faults);
+  ASSERT_NE(cache, nullptr);
+  faults->FailAlways(FileOperation::kLock, "/lock", ENOLCK);
+  FakeRemoteFile file("s3://models/l/model.safetensors", "\"e\"", 6 * kChunk, 22);
+  for (uint64_t i = 0; i < 6; ++i) {
+    EXPECT_THAT(Read(*cache, file, i * kChunk, 32),
+                IsOkAndHolds(file.bytes.substr(i * kChunk, 32)));
+  }
+  EXPECT_EQ(cache->stats().chunks_evicted, 0u);
+  EXPECT_GT(faults->failures(FileOperation::kLock), 0u);
+  faults->ClearFaults();
+  EXPECT_THAT(Read(*cache, file, 0, 32), IsOkAndHolds(file.bytes.substr(0, 32)));
+  FakeRemoteFile other("s3://models/l2/model.safetensors", "\"e\"", kChunk, 23);
+  EXPECT_THAT(Read(*cache, other, 0, 32), IsOkAndHolds(other.bytes.substr(0, 32)));
+  EXPECT_GT(cache->stats().chunks_evicted, 0u);  // the lock had again: back under the budget
+  EXPECT_LE(DirectoryBytes(), 5 * kChunk);
+}
+
+// A file system that says it is nearly full: chunks are served and none is kept, so the cache
+// never takes the last of a disk it shares.
+class NearlyFullFileSystem : public FileSystemWrapper {
+ public:
+  NearlyFullFileSystem() : FileSystemWrapper(FileSystem::Default()) {}
+  absl::StatusOr<FileSystemSpace> Space(const Directory&) override {
+    return FileSystemSpace{/*free_bytes=*/kChunk, /*total_bytes=*/1ull << 30};
+  }
+};
+
+TEST_F(RemoteCacheTest, AFileSystemShortOfSpaceKeepsNoChunk) {
+  std::unique_ptr<RemoteCache> cache = Open(64 * kChunk, std::make_shared<NearlyFullFileSystem>());
+  ASSERT_NE(cache, nullptr);
+  FakeRemoteFile file("s3://models/s/model.safetensors", "\"e\"", kChunk, 24);
+  EXPECT_THAT(Read(*cache, file, 0, 100), IsOkAndHolds(file.bytes.substr(0, 100)));
+  EXPECT_EQ(cache->stats().write_failures, 1u);
+  EXPECT_THAT(ChunkFiles(), ::testing::IsEmpty());
+  EXPECT_EQ(DirectoryBytes(), 0u);
 }
 
 }  // namespace
