@@ -32,7 +32,6 @@ tries), their ratios to recomputing (goal <= 0.2), and whether the tokens agree.
 
 import argparse
 import collections
-import datetime
 import faulthandler
 import json
 import os
@@ -45,15 +44,9 @@ import time
 import torch
 import transformers
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import tierd  # noqa: E402
-import tierd.transformers  # noqa: E402
-from stream_weights_bench import Daemon  # noqa: E402
-
-
-def log(message):
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+import tierd
+import tierd.transformers
+from bench_harness import Daemon, add_common_arguments, log, results_header, timed, write_results
 
 
 def build_model(args):
@@ -71,14 +64,6 @@ def build_model(args):
 def prompt(args, tokens, seed):
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, 32000, (1, tokens), generator=generator).cuda()
-
-
-def timed(function):
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    result = function()
-    torch.cuda.synchronize()
-    return result, time.perf_counter() - start
 
 
 def decode(model, cache, ids, new_tokens):
@@ -355,9 +340,7 @@ def continue_prefix(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tierd", help="the tierd binary")
-    parser.add_argument("--work-dir", help="where the daemons' state goes")
-    parser.add_argument("--json", help="write the results here")
+    add_common_arguments(parser, tierd_required=False)
     parser.add_argument("--context", type=int, default=16384)
     parser.add_argument("--question", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
@@ -391,9 +374,7 @@ def main():
         "tierd_host": Daemon(args.tierd, args.work_dir, pool_bytes=256 << 20, slab_bytes=64 << 20,
                              host_cache_bytes=4 * cache_bytes, name="host-tier"),
     }
-    results = {"benchmark": "kv_cache", "date": datetime.date.today().isoformat(),
-               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-               "transformers": transformers.__version__, "command": " ".join(sys.argv),
+    results = {**results_header("kv_cache"), "transformers": transformers.__version__,
                "model": {"layers": args.layers, "hidden": args.hidden, "kv_heads": args.kv_heads,
                          "head_dim": 128, "dtype": "bf16"},
                "context": args.context, "new_tokens": args.new_tokens,
@@ -405,9 +386,7 @@ def main():
     finally:
         for daemon in daemons.values():
             daemon.stop()
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(results, out, indent=2)
+    write_results(results, args.json)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,7 @@ compressed daemon's tokens/s over the raw one's (goal >= 1.3) with the same toke
 """
 
 import argparse
-import datetime
 import faulthandler
-import json
 import os
 import shutil
 import sys
@@ -30,12 +28,10 @@ import time
 import torch
 import transformers
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import tierd  # noqa: E402
-import tierd.transformers  # noqa: E402
-from kv_cache_bench import log, timed  # noqa: E402
-from stream_weights_bench import Daemon, wait_for_compression  # noqa: E402
+import tierd
+import tierd.transformers
+from bench_harness import (Daemon, add_common_arguments, generate, log, results_header, timed,
+                           wait_for_compression, write_results)
 
 MODEL = "llama"
 
@@ -53,26 +49,6 @@ def build_checkpoint(args, directory):
     model.generation_config.pad_token_id = 0
     model.save_pretrained(directory, max_shard_size="512MB")
     return model.eval()
-
-
-def generate(model, ids, tokens, runs=1, sampled=False):
-    """`tokens` greedy tokens after `ids`, timed, the fastest of `runs` (after one untimed run
-    when `runs` > 1); returns (tokens, seconds). `sampled`: sampled instead (temperature 1 from the
-    whole vocabulary, the generator seeded alike each time: equal logits give equal tokens)."""
-    decoding = (dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if sampled
-                else dict(do_sample=False))
-
-    def once():
-        if sampled:
-            torch.manual_seed(7)
-        with torch.no_grad():
-            out, seconds = timed(lambda: model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
-                min_new_tokens=tokens, **decoding))
-        return out[:, ids.shape[1]:], seconds
-    if runs > 1:
-        once()
-    return min((once() for _ in range(runs)), key=lambda run: run[1])
 
 
 def copy_rate(nbytes, repeat=10):
@@ -153,9 +129,7 @@ def stream_from_daemon(args, mode, flags, checkpoint, ids, expected, copy_gb_per
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tierd", required=True, help="the tierd binary")
-    parser.add_argument("--work-dir", required=True, help="the checkpoint and the daemon's state")
-    parser.add_argument("--json", help="write the results here")
+    add_common_arguments(parser, work_dir_required=True)
     parser.add_argument("--layers", type=int, default=22)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--intermediate", type=int, default=5632)
@@ -178,9 +152,7 @@ def main():
         f"{block_bytes / 2**20:.0f} MiB; GPU pool {args.gpu_pool_bytes / 2**30:.2f} GiB")
     ids = torch.randint(0, 32000, (1, args.prompt_tokens),
                         generator=torch.Generator().manual_seed(1)).cuda()
-    results = {"benchmark": "llama_decode", "date": datetime.date.today().isoformat(),
-               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-               "transformers": transformers.__version__, "command": " ".join(sys.argv),
+    results = {**results_header("llama_decode"), "transformers": transformers.__version__,
                "model_bytes": model_bytes, "block_bytes": block_bytes,
                "gpu_pool_bytes": args.gpu_pool_bytes, "new_tokens": args.new_tokens}
 
@@ -215,9 +187,7 @@ def main():
         _, seconds = generate(offloaded, ids, args.accelerate_tokens)
         results["accelerate_cpu_offload"] = {"tokens_per_s": args.accelerate_tokens / seconds}
         log(f"accelerate.cpu_offload: {args.accelerate_tokens / seconds:.2f} tok/s")
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(results, out, indent=2)
+    write_results(results, args.json)
 
 
 if __name__ == "__main__":

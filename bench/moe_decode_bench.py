@@ -26,23 +26,17 @@ emptied of the model's objects, so the run's pool hits are its own.
 """
 
 import argparse
-import datetime
 import faulthandler
-import json
 import os
 import shutil
-import sys
 
 import torch
 import transformers
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import tierd  # noqa: E402
-import tierd.transformers  # noqa: E402
-from kv_cache_bench import log  # noqa: E402
-from llama_decode_bench import generate  # noqa: E402
-from stream_weights_bench import Daemon  # noqa: E402
+import tierd
+import tierd.transformers
+from bench_harness import (Daemon, add_common_arguments, generate, log, results_header,
+                           write_results)
 
 
 def build_checkpoint(args, directory):
@@ -99,9 +93,7 @@ def run_tierd(client, checkpoint, ids, expected, tokens, expert_bytes, sampled, 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tierd", required=True, help="the tierd binary")
-    parser.add_argument("--work-dir", required=True, help="the checkpoint and the daemon's state")
-    parser.add_argument("--json", help="write the results here")
+    add_common_arguments(parser, work_dir_required=True)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--experts", type=int, default=64)
@@ -128,9 +120,7 @@ def main():
         f"GPU pool {args.gpu_pool_bytes / 2**30:.2f} GiB")
     ids = torch.randint(3, 32000, (1, args.prompt_tokens),
                         generator=torch.Generator().manual_seed(1)).cuda()
-    results = {"benchmark": "moe_decode", "date": datetime.date.today().isoformat(),
-               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-               "transformers": transformers.__version__, "command": " ".join(sys.argv),
+    results = {**results_header("moe_decode"), "transformers": transformers.__version__,
                "model_bytes": model_bytes, "expert_bytes_total": experts_total,
                "expert_bytes": expert_bytes, "gpu_pool_bytes": args.gpu_pool_bytes,
                "layers": args.layers, "experts": args.experts, "top_k": args.top_k}
@@ -188,9 +178,7 @@ def main():
             "same_tokens_as_resident": bool(torch.equal(
                 out.cpu(), expected["greedy"][:, :args.accelerate_tokens].cpu()))}
         log(f"accelerate.cpu_offload: {args.accelerate_tokens / seconds:.2f} tok/s")
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(results, out, indent=2)
+    write_results(results, args.json)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,6 @@ With --one-gpu both daemons and both stages share GPU 0 (the protocol without a 
 """
 
 import argparse
-import datetime
-import json
 import os
 import shutil
 import statistics
@@ -32,13 +30,10 @@ import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-for candidate in (os.path.join(HERE, "..", "python", "examples"), os.path.join(HERE, "examples")):
-    if os.path.isdir(candidate):
-        sys.path.insert(0, candidate)
+# The harness first: it puts the examples' models on the path.
+from bench_harness import Daemon, add_common_arguments, results_header, write_results  # noqa: E402
 import tierd  # noqa: E402
 from dit_model import DiT  # noqa: E402
-from stream_weights_bench import Daemon  # noqa: E402
 from two_stage_pipeline import (TwoStagePipeline, compare, reference_outputs,  # noqa: E402
                                 windows)
 
@@ -163,10 +158,8 @@ def bench_handoff(args, sessions, clients):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tierd", required=True, help="the tierd binary")
-    parser.add_argument("--json", required=True, help="where to write the results")
+    add_common_arguments(parser, json_required=True)
     parser.add_argument("--markdown", help="also write a markdown table here")
-    parser.add_argument("--work-dir", default=None)
     parser.add_argument("--one-gpu", action="store_true", help="both daemons on GPU 0")
     parser.add_argument("--peer-copy", default="direct,host",
                         help="comma-separated --peer-copy values to measure")
@@ -195,9 +188,7 @@ def main():
     gpu_pool = f"{max(1 << 30, 4 * largest)}"
     host_cache = f"{max(4 << 30, 4 * largest)}"
     result = {
-        "benchmark": "pipeline",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+        **results_header("pipeline"),
         "gpus": [torch.cuda.get_device_name(i) for i in range(gpus)],
         "peer_access_0_to_1": (torch.cuda.can_device_access_peer(0, 1) if gpus > 1 else None),
         "torch": torch.__version__,
@@ -243,8 +234,7 @@ def main():
         if not (p["overlap_outputs_equal"] and p["no_overlap_outputs_equal"] and
                 all(row["bytes_equal"] for row in run["handoff"])):
             status = 1
-    with open(args.json, "w") as out:
-        json.dump(result, out, indent=2)
+    write_results(result, args.json)
     if args.markdown:
         with open(args.markdown, "w") as out:
             out.write(markdown(result))

@@ -28,27 +28,22 @@ scaling with N is what carries over.
 
 import argparse
 import concurrent.futures
-import datetime
 import json
 import os
-import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from bench_harness import Daemon, log, results_header, write_results
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BUCKET = "models"
 PREFIX = "bench-model"
 PART = 8 << 20
-
-
-def log(message):
-    print(f"[remote_load_bench] {message}", file=sys.stderr, flush=True)
 
 
 def write_model(directory, files, file_mib):
@@ -136,34 +131,30 @@ def boto3_ranged(client, objects, streams):
     return time.monotonic() - start
 
 
-class Daemon:
+class RemoteDaemon(Daemon):
+    """tierd on the host backend, registering models from the gateway, with a fresh state
+    directory and a client (`client`) of its own."""
+
     def __init__(self, build, work, gateway, name, host_cache_bytes, streams, extra=()):
-        self.socket = os.path.join(work, f"{name}.sock")
-        self.state = os.path.join(work, f"{name}-state")
-        shutil.rmtree(self.state, ignore_errors=True)
+        shutil.rmtree(os.path.join(work, f"state-{name}"), ignore_errors=True)
         credentials = os.path.join(work, "credentials")
         with open(credentials, "w") as f:
             f.write(f"[default]\naws_access_key_id = {gateway.env['AWS_ACCESS_KEY_ID']}\n"
                     f"aws_secret_access_key = {gateway.env['AWS_SECRET_ACCESS_KEY']}\n")
         os.chmod(credentials, 0o600)
-        argv = [os.path.join(build, "bin", "tierd"), "--device=host", f"--socket={self.socket}",
-                f"--state-dir={self.state}", f"--host-cache-bytes={host_cache_bytes}",
-                "--gpu-pool-bytes=64MiB", "--gpu-slab-bytes=32MiB",
-                f"--s3-endpoint={gateway.endpoint}", f"--s3-credentials-file={credentials}",
-                f"--remote-streams={streams}", "--remote-part-mib=8",
-                f"--model-roots=s3://{BUCKET}/", *extra]
-        self.log = open(os.path.join(work, f"{name}.log"), "a")
-        self.process = subprocess.Popen(argv, stdout=self.log, stderr=self.log)
+        super().__init__(os.path.join(build, "bin", "tierd"), work, pool_bytes="64MiB",
+                         slab_bytes="32MiB", host_cache_bytes=host_cache_bytes, device="host",
+                         name=name, extra_flags=(
+                             f"--s3-endpoint={gateway.endpoint}",
+                             f"--s3-credentials-file={credentials}",
+                             f"--remote-streams={streams}", "--remote-part-mib=8",
+                             f"--model-roots=s3://{BUCKET}/", *extra))
         import tierd
-
         self.client = tierd.Client(self.socket, timeout=120)
-        self.client.wait_until_ready(timeout=60)
 
     def stop(self):
         self.client.close()
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(timeout=60)
-        self.log.close()
+        super().stop()
 
 
 def tierd_load(daemon, model, poll_s=0.002):
@@ -215,8 +206,7 @@ def main():
     memory_mib = args.gateway_memory_mib or (model_bytes_est * 16 // 10 >> 20) + 512
     host_cache = f"{(model_bytes_est >> 20) + 256}MiB"
     gateway = None
-    results = {"date": datetime.date.today().isoformat(), "machine": platform.node(),
-               "cpus": os.cpu_count(), "command": " ".join(sys.argv), "runs": {}}
+    results = {**results_header("remote_load"), "cpus": os.cpu_count(), "runs": {}}
     try:
         log(f"writing {args.files} x {args.file_mib} MiB of bf16 tensors")
         paths, tensor_bytes = write_model(os.path.join(work, "model"), args.files, args.file_mib)
@@ -243,7 +233,7 @@ def main():
             for n in streams:
                 record(f"boto3_{n}", file_bytes, boto3_ranged(s3, objects, n))
             for n in streams:
-                daemon = Daemon(args.build, work, gateway, "tierd", host_cache, n)
+                daemon = RemoteDaemon(args.build, work, gateway, "tierd", host_cache, n)
                 try:
                     seconds, first, registered, size = tierd_load(daemon, f"m{r}")
                     stats = daemon.client.stats()
@@ -255,7 +245,7 @@ def main():
 
         # Two daemons of a node, each object fetched by its home only.
         sockets = [os.path.join(work, f"node{i}.sock") for i in range(2)]
-        node = [Daemon(args.build, work, gateway, f"node{i}", host_cache, 16,
+        node = [RemoteDaemon(args.build, work, gateway, f"node{i}", host_cache, 16,
                        [f"--peers={','.join(sockets)}"]) for i in range(2)]
         try:
             start = time.monotonic()
@@ -283,7 +273,7 @@ def main():
         cache = os.path.join(work, "remote-cache")
         shutil.rmtree(cache, ignore_errors=True)
         for attempt in ("cold", "restarted"):
-            daemon = Daemon(args.build, work, gateway, "cached", host_cache, 16,
+            daemon = RemoteDaemon(args.build, work, gateway, "cached", host_cache, 16,
                             [f"--remote-cache-dir={cache}", f"--remote-cache-bytes={host_cache}"])
             try:  # a daemon of its own state each time: registered anew, loaded again
                 seconds, first, registered, size = tierd_load(daemon, f"c-{attempt}")
@@ -310,9 +300,7 @@ def main():
         n: {"tierd": summary[f"tierd_{n}"], "boto3": summary[f"boto3_{n}"],
             "ratio": round(summary[f"tierd_{n}"] / summary[f"boto3_{n}"], 3)} for n in streams}
     print(json.dumps(results, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    write_results(results, args.json)
 
 
 if __name__ == "__main__":

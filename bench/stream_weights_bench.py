@@ -28,25 +28,20 @@ each is timed with CUDA events. Reported: the median pass after --warmup passes.
 """
 
 import argparse
-import datetime
 import faulthandler
 import json
 import os
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import torch
 from torch import nn
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-for candidate in (os.path.join(HERE, "..", "python", "examples"), os.path.join(HERE, "examples")):
-    if os.path.isdir(candidate):
-        sys.path.insert(0, candidate)
+# The harness first: it puts the examples' models on the path.
+from bench_harness import (Daemon, add_common_arguments, log, results_header,  # noqa: E402
+                           wait_for_compression, write_results)
 import tierd  # noqa: E402
 import tierd.torch  # noqa: E402
 from dit_model import DiTBlock, save_safetensors  # noqa: E402
@@ -72,10 +67,6 @@ def meta_blocks(args):
     """The blocks with no weights of their own (bf16, on the meta device): what streaming fills."""
     with torch.device("meta"):
         return Blocks(args.blocks, args.dim, args.ffn_dim, args.heads).to(torch.bfloat16).eval()
-
-
-def log(message):
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def make_inputs(args, tokens, device):
@@ -214,43 +205,6 @@ def sync_pass(pinned, slot, inputs):
 
 # ---- the daemon ---------------------------------------------------------------------------
 
-class Daemon:
-    """tierd on `device`, serving `directory`/`name`.sock; the constructor returns once it answers.
-    Also used by pipeline_bench.py."""
-
-    def __init__(self, binary, directory, pool_bytes, slab_bytes, host_cache_bytes,
-                 device="cuda:0", name="gpu0", extra_flags=()):
-        self.socket = os.path.join(directory, f"{name}.sock")
-        self.log_path = os.path.join(directory, f"tierd-{name}.log")
-        self._log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [binary, f"--device={device}", f"--socket={self.socket}",
-             f"--state-dir={directory}/state-{name}", f"--host-cache-bytes={host_cache_bytes}",
-             f"--gpu-pool-bytes={pool_bytes}", f"--gpu-slab-bytes={slab_bytes}", *extra_flags],
-            stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while True:
-            if self.process.poll() is not None:
-                sys.exit(f"tierd exited with {self.process.returncode}; see {self.log_path}")
-            with tierd.Client(self.socket, timeout=2.0) as client:
-                try:
-                    client.stats()
-                    return
-                except tierd.TierdError:
-                    if time.monotonic() > deadline:
-                        sys.exit(f"tierd did not answer; see {self.log_path}")
-            time.sleep(0.1)
-
-    def stop(self):
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self._log.close()
-
-
 def initialise(module, args):
     """Gives the weights the values --init asks for (deterministic: seeded)."""
     if args.init != "normal":
@@ -266,25 +220,6 @@ def initialise(module, args):
                 parameter.zero_()
 
 
-def wait_for_compression(client, objects):
-    """Waits until the daemon's compressor has had every object; returns what it made."""
-    started = time.monotonic()
-    while True:
-        stats = client.stats()
-        if stats.objects_encoded + stats.objects_kept_raw >= objects:
-            break
-        if time.monotonic() - started > 600:
-            sys.exit(f"the compressor had {stats.objects_encoded + stats.objects_kept_raw} of "
-                     f"{objects} objects after 600 s")
-        time.sleep(0.2)
-    seconds = time.monotonic() - started
-    ratio = stats.host_compressed_bytes / max(stats.host_compressed_raw_bytes, 1)
-    log(f"compressed {stats.objects_encoded} objects ({stats.objects_kept_raw} kept raw) to "
-        f"{ratio:.3f} of their size in {seconds:.1f} s")
-    return {"objects_encoded": stats.objects_encoded, "objects_kept_raw": stats.objects_kept_raw,
-            "compressed_bytes": stats.host_compressed_bytes,
-            "raw_bytes": stats.host_compressed_raw_bytes, "ratio": ratio,
-            "host_used_bytes": stats.host.used_bytes, "seconds_after_warm": seconds}
 
 
 def warm_host_cache(client, keys):
@@ -373,9 +308,7 @@ def run_processes(args, socket, count):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tierd", help="the tierd binary")
-    parser.add_argument("--work-dir", help="where the model and the daemon's state go")
-    parser.add_argument("--json", help="write the results here")
+    add_common_arguments(parser, tierd_required=False)
     parser.add_argument("--blocks", type=int, default=16)
     parser.add_argument("--dim", type=int, default=5120)
     parser.add_argument("--ffn-dim", type=int, default=13824)
@@ -417,8 +350,7 @@ def main():
     log(f"saving {args.blocks * block_bytes / 2**30:.2f} GiB of safetensors to {model_dir}")
     save_safetensors(module.state_dict(), os.path.join(model_dir, "model.safetensors"))
 
-    results = {"benchmark": "stream_weights", "date": datetime.date.today().isoformat(),
-               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+    results = {**results_header("stream_weights"),
                "blocks": args.blocks, "dim": args.dim, "ffn_dim": args.ffn_dim,
                "heads": args.heads, "block_mib": block_bytes / 2**20,
                "context_tokens": CONTEXT_TOKENS, "passes": args.passes, "warmup": args.warmup,
@@ -568,11 +500,8 @@ def main():
             if "two_slot" in entry:
                 entry[f"{mode}_vs_two_slot"] = (entry[mode]["median_ms"] /
                                                 entry["two_slot"]["median_ms"])
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as out:
-            out.write(text + "\n")
+    print(json.dumps(results, indent=2))
+    write_results(results, args.json)
     return 0
 
 

@@ -20,53 +20,33 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import torch
 
-import tierd
-from dit_model import save_safetensors
+# The harness first: it puts the examples' models on the path.
+from bench_harness import Daemon, add_common_arguments, results_header, write_results  # noqa: E402
+import tierd  # noqa: E402
+from dit_model import save_safetensors  # noqa: E402
 from tp_layers import PREFIX, RANK_SOURCE, example_input, reference_layer
-
-def start_daemon(args, rank, sockets):
-    directory = os.path.join(args.work_dir, f"daemon-{rank}")
-    os.makedirs(directory)
-    peers = ",".join(socket for other, socket in enumerate(sockets) if other != rank)
-    log = open(os.path.join(directory, "tierd.log"), "wb")
-    return subprocess.Popen(
-        [args.tierd, f"--device=cuda:{rank}", f"--socket={sockets[rank]}",
-         f"--state-dir={directory}/state", "--host-cache-bytes=1GiB", "--gpu-pool-bytes=512MiB",
-         f"--peers={peers}"], stdout=log, stderr=subprocess.STDOUT)
-
-
-def wait_until_serving(socket, deadline):
-    while True:
-        with tierd.Client(socket, timeout=1.0) as client:
-            try:
-                return client.stats()
-            except tierd.TierdError:
-                if time.monotonic() > deadline:
-                    raise
-        time.sleep(0.05)
-
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tierd", required=True)
-    parser.add_argument("--work-dir", required=True)
+    add_common_arguments(parser, work_dir_required=True)
     parser.add_argument("--ranks", type=int, default=torch.cuda.device_count())
-    parser.add_argument("--json")
     args = parser.parse_args()
     if args.ranks < 2 or args.ranks > torch.cuda.device_count():
         sys.exit(f"--ranks must be 2 to the {torch.cuda.device_count()} GPUs seen")
     shutil.rmtree(args.work_dir, ignore_errors=True)
     os.makedirs(args.work_dir)
     sockets = [os.path.join(args.work_dir, f"gpu{rank}.sock") for rank in range(args.ranks)]
-    daemons = [start_daemon(args, rank, sockets) for rank in range(args.ranks)]
+    daemons = []
     try:
-        deadline = time.monotonic() + 60
-        for socket in sockets:
-            wait_until_serving(socket, deadline)
+        for rank in range(args.ranks):
+            peers = ",".join(socket for other, socket in enumerate(sockets) if other != rank)
+            daemons.append(Daemon(args.tierd, args.work_dir, pool_bytes="512MiB",
+                                  slab_bytes="512MiB", host_cache_bytes="1GiB",
+                                  device=f"cuda:{rank}", name=f"gpu{rank}",
+                                  extra_flags=(f"--peers={peers}",)))
         reference = reference_layer()
         model_dir = os.path.join(args.work_dir, "llama")
         os.makedirs(model_dir)
@@ -96,21 +76,19 @@ def main():
         for socket in sockets:
             with tierd.Client(socket) as client:
                 disk.append(client.stats().bytes_disk_to_host)
-        result = {"ranks": reports, "max_difference": difference, "equal_within_1e-5": equal,
+        result = {**results_header("tp_forward_check"), "ranks": reports,
+                  "max_difference": difference, "equal_within_1e-5": equal,
                   "gpus": [torch.cuda.get_device_name(rank) for rank in range(args.ranks)],
                   "disk_to_host_bytes_per_daemon": disk,
                   "model_bytes": sum(t.numel() * t.element_size()
                                      for t in reference.state_dict().values())}
         print(json.dumps(result, indent=2))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=2)
+        write_results(result, args.json)
         if not equal:
             sys.exit("the ranks' all-reduced output differs from the whole layer's")
     finally:
         for daemon in daemons:
-            daemon.terminate()
-            daemon.wait(30)
+            daemon.stop()
 
 
 if __name__ == "__main__":
