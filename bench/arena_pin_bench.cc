@@ -28,7 +28,7 @@
 #include "common/command_line.h"
 #include "device/device_factory.h"
 #include "device/pinned_host_buffer.h"
-#include "storage/host_arena.h"
+#include "storage/host/host_arena.h"
 
 ABSL_FLAG(tierd::ByteSize, bytes, tierd::ByteSize{4ull << 30}, "Size of the arena to pin");
 ABSL_FLAG(tierd::ByteSize, piece_bytes, tierd::ByteSize{1ull << 30},

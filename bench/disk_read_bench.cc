@@ -24,8 +24,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -41,8 +41,8 @@
 #include "common/byte_size.h"
 #include "common/command_line.h"
 #include "device/device_factory.h"
-#include "storage/disk_reader.h"
-#include "storage/host_arena.h"
+#include "storage/host/host_arena.h"
+#include "storage/io/disk_reader.h"
 
 ABSL_FLAG(std::string, mode, "direct", "direct (O_DIRECT file against fio) or host-load");
 ABSL_FLAG(std::string, file, "",
@@ -69,7 +69,8 @@ ABSL_FLAG(std::vector<std::string>, reference_threads, std::vector<std::string>(
           "host-load: thread counts of the pread reference, one run each");
 ABSL_FLAG(int, reader_threads, 0, "host-load: the reader's threads; 0: its default");
 ABSL_FLAG(int, reader_queue_depth, 0, "host-load: the reader's queue depth; 0: its default");
-ABSL_FLAG(std::string, reader_engine, "auto", "host-load: the reader's engine: auto, io_uring, pread");
+ABSL_FLAG(std::string, reader_engine, "auto",
+          "host-load: the reader's engine: auto, io_uring, pread");
 ABSL_FLAG(int, checksum_threads, 0, "host-load: the host cache's checksum threads; 0: its default");
 ABSL_FLAG(std::string, load, "fetch",
           "host-load: fetch (every object on demand) or prefetch (all, then fetch each)");

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "storage/disk_reader.h"
-#include "storage/host_cache.h"
+#include "storage/host/host_cache.h"
+#include "storage/io/disk_reader.h"
 
 namespace tierd::bench {
 

@@ -19,9 +19,9 @@
 #include "common/free_ranges.h"
 #include "common/machine.h"
 #include "common/posix_error.h"
-#include "storage/host_arena.h"
-#include "storage/host_cache.h"
-#include "storage/reader_sizing.h"
+#include "storage/host/host_arena.h"
+#include "storage/host/host_cache.h"
+#include "storage/io/reader_sizing.h"
 #include "storage/storage_stack.h"
 
 namespace tierd::bench {

@@ -15,8 +15,8 @@
 
 #include "bench/host_load_model.h"
 #include "device/device.h"
-#include "storage/disk_reader.h"
-#include "storage/host_cache_stats.h"
+#include "storage/host/host_cache_stats.h"
+#include "storage/io/disk_reader.h"
 
 namespace tierd::bench {
 
@@ -28,7 +28,7 @@ struct TierdLoadSettings {
   // the objects' checksums in the catalog and later ones verify them.
   std::string state_dir;
   // Unset: sized as the daemon's --reader-threads=auto sizes them for a model root at the model's
-  // directory (storage/reader_sizing.h).
+  // directory (storage/io/reader_sizing.h).
   std::optional<int> reader_threads;
   // Unset: the DiskReaderOptions default, which is the daemon's.
   std::optional<int> reader_queue_depth;
@@ -44,7 +44,7 @@ struct TierdLoadResult {
   // True when the catalog held no checksum before this load (it recorded them); false when it
   // verified them.
   bool recorded_checksums = false;
-  DiskReaderOptions reader;  // the options the stack's reader was built with
+  DiskReaderOptions reader;   // the options the stack's reader was built with
   std::string reader_sizing;  // why it has reader.threads threads, when they were sized
   DiskReaderStats reader_stats;
   HostCacheStats cache_stats;

@@ -12,7 +12,7 @@
 #include "bench/bench_support.h"
 #include "client/tierd_client.h"
 #include "device/shared_memory.h"
-#include "storage/shard.h"
+#include "storage/model/shard.h"
 
 namespace tierd::bench {
 namespace {

@@ -1,7 +1,7 @@
 // Where host memory's pinned registrations end. The CUDA driver treats a copy that spans two
 // registrations as pageable, so copies of pinned memory are split at these boundaries
-// (gpu/chunked_copier.h). The daemon's own host arena (storage/host_arena.h) and another daemon's
-// arena as mapped here (wire/peer_arena.h) describe their pieces through it.
+// (gpu/chunked_copier.h). The daemon's own host arena (storage/host/host_arena.h) and another
+// daemon's arena as mapped here (wire/peer_arena.h) describe their pieces through it.
 #ifndef TIERD_DEVICE_PINNED_PIECES_H_
 #define TIERD_DEVICE_PINNED_PIECES_H_
 

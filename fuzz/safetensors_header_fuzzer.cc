@@ -8,7 +8,7 @@
 
 #include "absl/strings/string_view.h"
 #include "storage/dtype.h"
-#include "storage/safetensors_header.h"
+#include "storage/model/safetensors_header.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

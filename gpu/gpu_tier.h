@@ -72,9 +72,9 @@
 #include "gpu/host_handoff_buffer.h"
 #include "gpu/peer_source.h"
 #include "gpu/staging_pool.h"
-#include "storage/catalog.h"
-#include "storage/host_arena.h"
-#include "storage/host_cache.h"
+#include "storage/host/host_arena.h"
+#include "storage/host/host_cache.h"
+#include "storage/model/catalog.h"
 
 namespace tierd {
 

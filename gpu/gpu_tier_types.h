@@ -17,8 +17,8 @@
 #include "gpu/host_source.h"
 #include "gpu/peer_source.h"
 #include "gpu/staging_pool.h"
-#include "storage/catalog.h"
-#include "storage/durable_store.h"
+#include "storage/host/durable_store.h"
+#include "storage/model/catalog.h"
 
 namespace tierd {
 

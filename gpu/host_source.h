@@ -16,8 +16,8 @@
 #include "absl/time/time.h"
 #include "codec/exponent_format.h"
 #include "gpu/chunked_copier.h"
-#include "storage/host_arena.h"
-#include "storage/host_cache.h"
+#include "storage/host/host_arena.h"
+#include "storage/host/host_cache.h"
 #include "storage/read_request.h"
 
 namespace tierd {

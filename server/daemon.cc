@@ -30,8 +30,8 @@
 #include "server/resource_limits.h"
 #include "server/stats.h"
 #include "server/unix_socket.h"
+#include "storage/io/reader_sizing.h"
 #include "storage/model_location.h"
-#include "storage/reader_sizing.h"
 #include "wire/session_socket.h"
 
 namespace tierd {

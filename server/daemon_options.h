@@ -16,10 +16,10 @@
 #include "gpu/gpu_tier.h"
 #include "server/client_groups.h"
 #include "server/node/peer_daemons.h"
-#include "storage/catalog.h"
-#include "storage/disk_reader.h"
 #include "storage/file_system.h"
-#include "storage/host_cache.h"
+#include "storage/host/host_cache.h"
+#include "storage/io/disk_reader.h"
+#include "storage/model/catalog.h"
 
 namespace tierd {
 
@@ -53,7 +53,7 @@ struct RemoteOptions {
   // sockets share a directory (a lock file there, tierd-remote-streams.lock); 0: no such bound.
   int host_streams = 128;
   // --remote-cache-dir: a cache of remote models' bytes on local disk, which the node's daemons
-  // may share (storage/remote_cache.h); empty: none. --remote-cache-bytes: its budget; 0: 80% of
+  // may share (storage/io/remote_cache.h); empty: none. --remote-cache-bytes: its budget; 0: 80% of
   // the space its file system has free when the daemon starts (what it holds counted as free).
   std::string cache_dir;
   uint64_t cache_bytes = 0;
@@ -94,9 +94,9 @@ struct DaemonOptions {
   bool check_decodes_before_serving = true;                  // --check-decodes-before-serving
   uint64_t pin_piece_bytes = 1ull << 30;  // the host arena is pinned this much at a time
   // --pin-threads: threads pinning the host arena after its first piece; 0: DefaultPinThreads()
-  // (storage/host_arena.h), half the CPUs from 1 to 8.
+  // (storage/host/host_arena.h), half the CPUs from 1 to 8.
   int pin_threads = 0;
-  // --reader-threads (threads 0: auto, storage/reader_sizing.h, the default here as for the
+  // --reader-threads (threads 0: auto, storage/io/reader_sizing.h, the default here as for the
   // flag), --reader-queue-depth, --reader-chunk-bytes, --io-engine, --direct-io
   DiskReaderOptions reader = AutoSizedReader();
   std::string socket_group;  // --socket-group: the sockets' group; empty: the daemon's own

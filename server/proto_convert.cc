@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/quote.h"
 #include "storage/dtype.h"
-#include "storage/object_layout.h"
+#include "storage/model/object_layout.h"
 
 namespace tierd {
 

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "gpu/gpu_tier.h"
-#include "storage/catalog.h"
+#include "storage/model/catalog.h"
 #include "tierd/v1/tierd.pb.h"
 
 namespace tierd {

@@ -18,7 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "server/registration_queue.h"
-#include "storage/catalog.h"
+#include "storage/model/catalog.h"
 #include "tierd/v1/tierd.pb.h"
 
 namespace tierd {

@@ -8,12 +8,11 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-
 #include "gpu/gpu_tier.h"
 #include "server/node/host_lender.h"
 #include "server/node/node_host_tier.h"
-#include "storage/catalog.h"
-#include "storage/host_cache.h"
+#include "storage/host/host_cache.h"
+#include "storage/model/catalog.h"
 #include "tierd/v1/tierd.pb.h"
 
 namespace tierd {

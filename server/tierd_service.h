@@ -18,8 +18,8 @@
 #include "server/session_protocol.h"
 #include "server/stats.h"
 #include "server/unread_answer_budget.h"
-#include "storage/catalog.h"
-#include "storage/host_cache.h"
+#include "storage/host/host_cache.h"
+#include "storage/model/catalog.h"
 #include "tierd/v1/tierd.grpc.pb.h"
 
 namespace tierd {

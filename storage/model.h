@@ -79,7 +79,7 @@ struct ObjectInfo {
   uint64_t size = 0;
   std::vector<TensorPlacement> tensors;  // in object order
   std::vector<Extent> extents;           // sorted by (file, file_offset); adjacent ones merged
-  // A shard (storage/shard.h) is cut from another object of its model: `base` names it and
+  // A shard (storage/model/shard.h) is cut from another object of its model: `base` names it and
   // `from_base` says which of its bytes land where in the shard (together, every byte of the
   // shard's tensors; not the alignment gaps between them). Both empty for any other object.
   std::string base;
@@ -113,7 +113,7 @@ struct ModelInfo {
   std::vector<ModelFile> files;
   std::vector<ObjectInfo> objects;  // sorted by name
   uint64_t total_bytes = 0;         // sum of object sizes
-  // How many of its tensors are derived from the checkpoint's (storage/derived_tensors.h): a
+  // How many of its tensors are derived from the checkpoint's (storage/model/derived_tensors.h): a
   // model registered with a checkpoint conversion has them, one registered as stored has none.
   size_t derived_tensors = 0;
   // Registered with compression off (RegisterModel's keep_raw): its objects stay raw in host
@@ -154,7 +154,8 @@ struct ObjectRef {
   std::shared_ptr<const ModelInfo> model;
   const ObjectInfo* object = nullptr;  // in `model`, or `shard`
   std::string key;                     // "MODEL/OBJECT" or "MODEL/OBJECT@DIM:INDEX/COUNT"
-  // Owns the object when the key names a shard (storage/shard.h): made at lookup, not in `model`.
+  // Owns the object when the key names a shard (storage/model/shard.h): made at lookup, not in
+  // `model`.
   std::shared_ptr<const ObjectInfo> shard;
 
   // The object's tensors, kept alive by what owns the object.

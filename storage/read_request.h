@@ -3,13 +3,14 @@
 // asks for (ReadRequest: targets, a priority, a deadline, a done callback and optionally a check
 // of the bytes), and what a reader does with it (Reader: Submit, Cancel, Reprioritize).
 //
-// Every reader serves its queued requests in one order (storage/detail/read_queue.h): demand
+// Every reader serves its queued requests in one order (storage/io/detail/read_queue.h): demand
 // before prefetch, then the earliest deadline, then first come.
 #ifndef TIERD_STORAGE_READ_REQUEST_H_
 #define TIERD_STORAGE_READ_REQUEST_H_
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
@@ -20,6 +21,18 @@
 namespace tierd {
 
 enum class ReadPriority { kDemand = 0, kPrefetch = 1 };
+
+// How a local file is read. O_DIRECT needs offsets, lengths and buffers aligned to the device's
+// logical block size; 4 KiB is a multiple of every common one. Targets of one file at most
+// kMaxMergedGap apart are read as one (the gap too): the slices of a strided shard, one per row,
+// are then read in large reads rather than a block at a time.
+inline constexpr uint64_t kDiskReadAlignment = 4096;
+inline constexpr uint64_t kMaxMergedGap = 64 << 10;
+
+// What the disk reader reads from one file for these (offset, length) ranges, at most: each
+// aligned to kDiskReadAlignment, and the gaps of up to kMaxMergedGap between them read too. What a
+// request's layout costs the disk, before it is asked for (a shard's bound, storage/model/shard.h).
+uint64_t DiskBytesToRead(std::vector<std::pair<uint64_t, uint64_t>> ranges);
 
 // Bytes [offset, offset + length) of the file at `path` go to `destination`.
 struct ReadTarget {

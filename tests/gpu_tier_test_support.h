@@ -14,11 +14,11 @@
 #include "absl/time/time.h"
 #include "device/host_device.h"
 #include "gpu/gpu_tier.h"
-#include "storage/catalog.h"
-#include "storage/disk_reader.h"
-#include "storage/host_arena.h"
-#include "storage/host_cache.h"
-#include "storage/spill_writer.h"
+#include "storage/host/host_arena.h"
+#include "storage/host/host_cache.h"
+#include "storage/io/disk_reader.h"
+#include "storage/io/spill_writer.h"
+#include "storage/model/catalog.h"
 #include "tests/test_support.h"
 
 namespace tierd::testing {

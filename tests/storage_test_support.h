@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "storage/disk_reader.h"
+#include "storage/io/disk_reader.h"
 #include "testing/safetensors_writer.h"
 
 namespace tierd::testing {

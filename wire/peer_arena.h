@@ -1,6 +1,6 @@
-// Another daemon's host arena (a HOST_ARENA handle: storage/host_arena.h, shared), mapped in this
-// process read-only and registered with this process's device piece by piece, as the leases the
-// home daemon lends reach them: an arena can be hundreds of GiB, of which a peer copies a few
+// Another daemon's host arena (a HOST_ARENA handle: storage/host/host_arena.h, shared), mapped in
+// this process read-only and registered with this process's device piece by piece, as the leases
+// the home daemon lends reach them: an arena can be hundreds of GiB, of which a peer copies a few
 // objects. OpenedHandles opens one per handle; the daemon that asked for the lease copies out of
 // it to its own GPU.
 //

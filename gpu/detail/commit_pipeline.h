@@ -33,9 +33,9 @@
 #include "gpu/gpu_tier_stats.h"
 #include "gpu/gpu_tier_types.h"
 #include "gpu/staging_pool.h"
-#include "storage/catalog.h"
-#include "storage/durable_store.h"
-#include "storage/host_cache.h"
+#include "storage/host/durable_store.h"
+#include "storage/host/host_cache.h"
+#include "storage/model/catalog.h"
 
 namespace tierd {
 

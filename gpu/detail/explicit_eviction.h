@@ -19,9 +19,9 @@
 #include "gpu/detail/tier_parts.h"
 #include "gpu/gpu_tier_stats.h"
 #include "gpu/gpu_tier_types.h"
-#include "storage/catalog.h"
-#include "storage/durable_store.h"
-#include "storage/host_cache.h"
+#include "storage/host/durable_store.h"
+#include "storage/host/host_cache.h"
+#include "storage/model/catalog.h"
 
 namespace tierd {
 

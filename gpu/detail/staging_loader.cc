@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "storage/shard.h"
+#include "storage/model/shard.h"
 
 namespace tierd {
 namespace {

@@ -38,8 +38,8 @@
 #include "gpu/gpu_tier_types.h"
 #include "gpu/host_source.h"
 #include "gpu/staging_pool.h"
-#include "storage/catalog.h"
-#include "storage/host_cache.h"
+#include "storage/host/host_cache.h"
+#include "storage/model/catalog.h"
 
 namespace tierd {
 

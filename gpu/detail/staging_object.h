@@ -16,7 +16,7 @@
 #include "common/residency.h"
 #include "gpu/gpu_tier_types.h"
 #include "gpu/staging_pool.h"
-#include "storage/catalog.h"
+#include "storage/model/catalog.h"
 
 namespace tierd {
 
@@ -43,8 +43,8 @@ struct StagingObjectRecord {
   Tensors tensors;
   std::shared_ptr<const ModelInfo> model;  // weights: the registration the bytes belong to
   // A shard copied out of its whole object's host bytes (ObjectInfo::from_base), of
-  // `cut_from_size` bytes, rather than read as itself (storage/shard.h, CutShardFromObject); null
-  // otherwise.
+  // `cut_from_size` bytes, rather than read as itself (storage/model/shard.h, CutShardFromObject);
+  // null otherwise.
   std::shared_ptr<const ObjectInfo> cut;
   uint64_t cut_from_size = 0;
   absl::Time deadline = absl::InfiniteFuture();  // the load's first host fetch's

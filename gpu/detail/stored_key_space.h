@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "gpu/gpu_tier_types.h"
-#include "storage/catalog.h"
+#include "storage/model/catalog.h"
 
 namespace tierd {
 

@@ -20,7 +20,7 @@
 #include "gpu/event_pool.h"
 #include "gpu/gpu_tier_stats.h"
 #include "gpu/staging_pool.h"
-#include "storage/catalog.h"
+#include "storage/model/catalog.h"
 
 namespace tierd {
 

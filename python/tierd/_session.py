@@ -20,7 +20,7 @@ from .v1 import tierd_pb2
 _log = logging.getLogger("tierd")
 
 # Tensors of a stored object start at multiples of this, as the daemon lays out gathered objects
-# (storage/object_layout.h): a tensor's device address is as aligned as its own allocation's.
+# (storage/model/object_layout.h): a tensor's device address is as aligned as its own allocation's.
 _TENSOR_ALIGNMENT = 256
 
 _TIERS = {"gpu": tierd_pb2.TIER_GPU, "host": tierd_pb2.TIER_HOST, "all": tierd_pb2.TIER_ALL}

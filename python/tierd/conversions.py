@@ -32,7 +32,7 @@ from .v1 import tierd_pb2
 _ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2,
              "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 
-# The daemon's bound on the ranges of one derived tensor (storage/derived_tensors.h).
+# The daemon's bound on the ranges of one derived tensor (storage/model/derived_tensors.h).
 MAX_RANGES_PER_TENSOR = 262144
 
 

@@ -42,9 +42,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/timer_thread.h"
-#include "storage/catalog.h"
-#include "storage/host_arena.h"
-#include "storage/host_cache.h"
+#include "storage/host/host_arena.h"
+#include "storage/host/host_cache.h"
+#include "storage/model/catalog.h"
 #include "tierd/v1/tierd.pb.h"
 
 namespace tierd {

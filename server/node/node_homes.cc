@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "storage/object_checksum.h"
+#include "storage/model/object_checksum.h"
 
 namespace tierd {
 namespace {

@@ -39,7 +39,7 @@
 #include "server/node/host_lender.h"
 #include "server/node/node_homes.h"
 #include "server/node/peer_daemons.h"
-#include "storage/catalog.h"
+#include "storage/model/catalog.h"
 
 namespace tierd {
 

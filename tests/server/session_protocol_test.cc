@@ -3,6 +3,8 @@
 // answered with what it asked for and the handles it needs; a frame that does not decode ends the
 // session; a half-close still gets the answers in flight; and whatever way a session ends, what it
 // held is released.
+#include "server/session_protocol.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,14 +26,13 @@
 #include "device/host_device.h"
 #include "gpu/gpu_tier.h"
 #include "gtest/gtest.h"
-#include "server/session_protocol.h"
 #include "server/session_socket_server.h"
 #include "server/unread_answer_budget.h"
-#include "storage/catalog.h"
-#include "storage/disk_reader.h"
-#include "storage/host_arena.h"
-#include "storage/host_cache.h"
-#include "storage/spill_writer.h"
+#include "storage/host/host_arena.h"
+#include "storage/host/host_cache.h"
+#include "storage/io/disk_reader.h"
+#include "storage/io/spill_writer.h"
+#include "storage/model/catalog.h"
 #include "tests/daemon_test_support.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"

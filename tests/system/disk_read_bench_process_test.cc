@@ -13,7 +13,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/catalog.h"
+#include "storage/model/catalog.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 

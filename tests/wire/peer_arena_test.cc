@@ -26,7 +26,7 @@
 #include "device/pinned_host_buffer.h"
 #include "device/shared_memory.h"
 #include "gtest/gtest.h"
-#include "storage/host_arena.h"
+#include "storage/host/host_arena.h"
 #include "tests/registration_recording_device.h"
 #include "tests/test_support.h"
 
