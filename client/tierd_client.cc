@@ -263,9 +263,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   arguments.SetMaxReceiveMessageSize(64 << 20);
   // A daemon that restarts is back within seconds on the same socket: reconnect with gRPC's
   // exponential backoff, but never wait more than a second between tries (gRPC's default grows
-  // to two minutes, which suits remote servers, not a local socket).
+  // to two minutes, which suits remote servers, not a local socket). GRPC_ARG_MIN_RECONNECT_
+  // BACKOFF_MS is left at its default: gRPC takes it as the least time a connection attempt is
+  // given to complete its handshake (20 s), and a daemon on a loaded node may take seconds to
+  // answer a new connection; at 100 ms, calls failed UNAVAILABLE against a daemon that was up.
   arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
       UnixTarget(options.socket_path), grpc::InsecureChannelCredentials(), arguments);
