@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -272,6 +273,22 @@ int RunDeviceTestMain(int argc, char** argv, const char* device_spec) {
     }
   }
   return RUN_ALL_TESTS();
+}
+
+std::string DescribeValue(const std::string& value) {
+  constexpr size_t kShown = 64;
+  if (value.size() <= kShown) return ::testing::PrintToString(value);
+  return absl::StrCat("a string of ", value.size(), " bytes starting ",
+                      ::testing::PrintToString(value.substr(0, kShown)));
+}
+
+std::string DescribeDifference(const std::string& actual, const std::string& expected) {
+  const size_t common = std::min(actual.size(), expected.size());
+  size_t first = 0;
+  while (first < common && actual[first] == expected[first]) ++first;
+  if (first == common && actual.size() == expected.size()) return "";
+  return absl::StrCat(", of ", actual.size(), " bytes against ", expected.size(),
+                      ", first differing at byte ", first);
 }
 
 }  // namespace tierd::testing

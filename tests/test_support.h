@@ -31,14 +31,35 @@ MATCHER(IsOk, "is OK") {
   }
 }
 
+// A value as a failure message shows it: as gtest prints it, but a string of more than 64 bytes
+// (a tensor's bytes) as its size and first bytes.
+template <typename T>
+std::string DescribeValue(const T& value) {
+  return ::testing::PrintToString(value);
+}
+std::string DescribeValue(const std::string& value);
+
+// Where two strings first differ, for a failure message.
+std::string DescribeDifference(const std::string& actual, const std::string& expected);
+template <typename Actual, typename Expected>
+std::string DescribeDifference(const Actual&, const Expected&) {
+  return "";
+}
+
 // EXPECT_THAT(statusor, IsOkAndHolds(value));
-MATCHER_P(IsOkAndHolds, expected, "is OK and holds " + ::testing::PrintToString(expected)) {
+// A match prints nothing: describing a megabyte for every fetch a test checks took most of a
+// sanitized test's time.
+MATCHER_P(IsOkAndHolds, expected, "is OK and holds " + ::tierd::testing::DescribeValue(expected)) {
   if (!arg.ok()) {
     *result_listener << arg.status();
     return false;
   }
-  *result_listener << "holds " << ::testing::PrintToString(*arg);
-  return *arg == expected;
+  if (*arg == expected) return true;
+  if (result_listener->IsInterested()) {
+    *result_listener << "holds " << ::tierd::testing::DescribeValue(*arg)
+                     << ::tierd::testing::DescribeDifference(*arg, expected);
+  }
+  return false;
 }
 
 // EXPECT_THAT(status_or_statusor, StatusIs(absl::StatusCode::kNotFound));
