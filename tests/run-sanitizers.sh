@@ -35,14 +35,16 @@ for mode in "${modes[@]}"; do
     thread)  build=build-tsan; sanitize=thread
              # Left to the plain and ASan runs: a hundred client processes started and killed
              # (minutes under TSan), and cases whose threads are those of a case kept here, with
-             # other inputs — command-line tools and flags, statuses, identities and a shard
-             # walk (about 150 s of TSan's time).
+             # other inputs — command-line tools and flags, statuses, identities, a shard walk,
+             # and the handoff's copy through the host, whose protocol and threads the direct
+             # copy's cases run (about 250 s of TSan's time).
              tsan_skips=(ApiTest.AHundredClientsKilledMidLeaseLeaveNothingBehind
                          'ApiTest.Tierctl*' ApiTest.EachFailureHasItsPreciseStatus
                          NodeHostTierTest.EachShardIsReadOnceForTheNode
                          NodeHostTierTest.ADaemonWithTheModelFromOtherFilesIsNeitherLentNorBorrowedFrom
                          NodeHostTierTest.HostLeasesNeedANode 'PeerFlagsTest.*'
                          '*PeerHandoffTest.AKeyNoDaemonHasIsNotFoundWithoutLooping/*'
+                         'CopyPaths/PeerHandoffTest.*/ThroughHost'
                          ClientGroupsTest.BadClientGroupsAreRefused)
              export GTEST_FILTER="-$(IFS=:; echo "${tsan_skips[*]}")"
              targets=("${tsan_tests[@]}" tierd tierctl api_peer tierd_tsan_absl)
