@@ -11,10 +11,11 @@ directory whose run failed nothing. Always exits 0: it reports, the run's own st
 Uses only the standard library.
 """
 
-import glob
-import json
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reliability_report import load_gtest  # noqa: E402  (the JSON reports, read one way)
 
 MESSAGE_LINES = 6  # of each failure message
 CASES_PER_TEST = 8
@@ -30,30 +31,24 @@ def failed_tests(build_dir):
         return []
 
 
-def failed_cases(report_path):
-    """[(case name, [failure message, ...])] of the cases that failed in one gtest JSON report."""
-    with open(report_path, encoding="utf-8") as f:
-        report = json.load(f)
-    cases = []
-    for suite in report.get("testsuites", []):
-        for case in suite.get("testsuite", []):
-            failures = [failure.get("failure", "") for failure in case.get("failures", [])]
-            if failures:
-                cases.append((f"{suite.get('name')}.{case.get('name')}", failures))
-    return cases
+def failed_cases(cases):
+    """[(case name, [failure message, ...])] of the cases that failed, from load_gtest's cases."""
+    failed = []
+    for case in cases:
+        failures = [failure.get("failure", "") for failure in case.get("failures", [])]
+        if failures:
+            failed.append((f"{case['suite']}.{case.get('name')}", failures))
+    return failed
 
 
 def summarize(build_dir):
     lines = []
+    reports = load_gtest(os.path.join(build_dir, "test-results"))
     for test in failed_tests(build_dir):
-        report = os.path.join(build_dir, "test-results", test + ".json")
-        if not os.path.exists(report):
-            candidates = glob.glob(os.path.join(build_dir, "test-results", test + "*.json"))
-            report = candidates[0] if candidates else None
-        if report is None:
+        if test not in reports:
             lines.append(f"  {test}: no gtest report (crashed, ended by a sanitizer or timed out)")
             continue
-        cases = failed_cases(report)
+        cases = failed_cases(reports[test])
         if not cases:
             lines.append(f"  {test}: no failed case in its report (the process itself failed)")
         for name, failures in cases[:CASES_PER_TEST]:

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """tests/reliability_report.py on gtest reports written here: a sanitizer run whose cases passed
-or skipped themselves is clean, one with a failed case is not, and the report says which."""
+or skipped themselves is clean, one with a failed case is not, and the report says which; and
+tests/failure_summary.py names the failed cases of the tests ctest recorded as failed."""
 
 import json
 import os
@@ -59,6 +60,33 @@ class SanitizerRowTest(unittest.TestCase):
             report, problems = run_report(root, [("COMPLETED", True), ("SKIPPED", False)])
         self.assertEqual(tsan_row(report), "| TSan | 2 test cases in 1 binaries | **1 failed** |")
         self.assertIn("a sanitizer build failed", problems)
+
+
+class FailureSummaryTest(unittest.TestCase):
+    def summary(self, build_dir):
+        return subprocess.run([sys.executable, os.path.join(HERE, "failure_summary.py"), build_dir],
+                              capture_output=True, text=True, check=True).stdout
+
+    def test_names_the_failed_cases_and_the_tests_without_a_report(self):
+        with tempfile.TemporaryDirectory() as build:
+            write_reports(os.path.join(build, "test-results"), "api_test_host",
+                          [("COMPLETED", False), ("COMPLETED", True)])
+            os.makedirs(os.path.join(build, "Testing", "Temporary"))
+            with open(os.path.join(build, "Testing", "Temporary", "LastTestsFailed.log"), "w",
+                      encoding="utf-8") as f:
+                f.write("88:api_test_host\n91:node_host_tier_test_host\n")
+            self.assertEqual(self.summary(build).splitlines(), [
+                f"failed in {build}:",
+                "  api_test_host: Suite.Case1",
+                "      expected 1, got 2",
+                "  node_host_tier_test_host: no gtest report (crashed, ended by a sanitizer or "
+                "timed out)"])
+
+    def test_a_run_that_failed_nothing_prints_nothing(self):
+        with tempfile.TemporaryDirectory() as build:
+            write_reports(os.path.join(build, "test-results"), "api_test_host",
+                          [("COMPLETED", False)])
+            self.assertEqual(self.summary(build), "")
 
 
 if __name__ == "__main__":
