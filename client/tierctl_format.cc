@@ -320,6 +320,25 @@ std::string FormatModels(const std::vector<v1::ModelSummary>& models) {
   return table.ToString();
 }
 
+std::string FormatRetainedSets(const std::vector<v1::RetainedSet>& sets, uint64_t bytes,
+                               uint64_t budget_bytes) {
+  Table table({"TARGET", "OBJECTS", "SIZE", "STATE", "TTL", "IDLE", "MOVED"},
+              {false, true, true, false, true, true, true});
+  for (const v1::RetainedSet& set : sets) {
+    table.AddRow({EscapeForText(set.target()), absl::StrCat(set.objects()),
+                  FormatByteSize(set.bytes()), set.asleep() ? "asleep" : "on gpu",
+                  set.ttl_ms() == 0 ? "-" : absl::FormatDuration(absl::Milliseconds(set.ttl_ms())),
+                  absl::FormatDuration(absl::Seconds(set.idle_ms() / 1000)),
+                  absl::StrCat(set.moved())});
+  }
+  std::string text = table.ToString();
+  if (budget_bytes > 0) {
+    absl::StrAppend(&text, sets.size(), " set(s); ", FormatByteSize(bytes), " on the GPU of a ",
+                    FormatByteSize(budget_bytes), " budget");
+  }
+  return text;
+}
+
 std::string FormatObjects(const std::vector<v1::ObjectInfo>& objects) {
   // The HOME column only for a daemon of a node (its objects have homes).
   bool homed = false;

@@ -53,6 +53,9 @@ class Table {
 std::string FormatModels(const std::vector<v1::ModelSummary>& models);
 // `ls NAME`: one row per object; WHERE is the fastest tier holding it (gpu, host, or disk).
 std::string FormatObjects(const std::vector<v1::ObjectInfo>& objects);
+// A table of retained sets; with a budget, a last line of what they hold of it.
+std::string FormatRetainedSets(const std::vector<v1::RetainedSet>& sets, uint64_t bytes = 0,
+                               uint64_t budget_bytes = 0);
 // `stats`: the counters grouped by tier and stage.
 std::string FormatStats(const v1::Stats& stats);
 // `load`: the summary of a registered model.

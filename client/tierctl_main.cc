@@ -52,6 +52,12 @@ ABSL_FLAG(bool, durable, false,
           "put: the object survives a restart of the daemon (written and fsynced before put "
           "returns)");
 ABSL_FLAG(std::string, tier, "", "evict: the tier to drop from: gpu (default), host or all");
+ABSL_FLAG(std::string, ttl, "",
+          "retain: release the set once this long (e.g. 30m, 2h) has passed since its last lease "
+          "ended; default: kept until unretained");
+ABSL_FLAG(std::string, client_group, "",
+          "retain, unretain, sleep, wake, retained: the client group whose retained sets to act "
+          "on (tierd --client-groups); default: the main sockets' group");
 ABSL_FLAG(std::string, shard, "",
           "get, prefetch: a tensor-parallel shard of each object, DIM:INDEX/COUNT (part INDEX of "
           "COUNT along dimension DIM, as torch.tensor_split gives it), or "
@@ -81,6 +87,13 @@ constexpr char kUsage[] =
     "                             it survives a restart of the daemon\n"
     "  evict KEY|PREFIX/ [--tier=gpu|host|all]\n"
     "                             drop an object, or every one under PREFIX/, from a tier\n"
+    "  retain TARGET [--ttl=DURATION] [--client-group=NAME]\n"
+    "                             keep a model (NAME), the stored objects under NAMESPACE/, or\n"
+    "                             one KEY on the GPU beyond the sessions that use them\n"
+    "  unretain TARGET            let a retained set go\n"
+    "  sleep TARGET               give a retained set's GPU memory back (it stays in host memory)\n"
+    "  wake TARGET                bring a sleeping set back to the GPU\n"
+    "  retained                   list the retained sets and the budget they count against\n"
     "--timeout-ms (default 5000) bounds each call; load and get, which may take long, only when\n"
     "it is given, and then the whole command. With --json a command prints one JSON document on\n"
     "stdout. A failure prints STATUS: message on stderr and exits 1; bad usage exits 2.\n";
@@ -359,6 +372,89 @@ int Evict(const Args& args) {
   return 0;
 }
 
+// A session of --client-group's (the main sockets' without), for the retained-set commands.
+absl::StatusOr<std::unique_ptr<tierd::Session>> GroupSession() {
+  tierd::ClientOptions options;
+  options.socket_path = absl::GetFlag(FLAGS_socket);
+  options.client_name = absl::StrCat("tierctl pid ", ::getpid());
+  options.call_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+  options.client_group = absl::GetFlag(FLAGS_client_group);
+  absl::StatusOr<std::unique_ptr<tierd::Client>> client = tierd::Client::Connect(options);
+  if (!client.ok()) return client.status();
+  return (*client)->OpenSession();
+}
+
+int PrintRetainedSet(const tierd::v1::RetainedSet& set) {
+  if (absl::GetFlag(FLAGS_json)) {
+    tierd::PrintJson(tierd::ProtoToJson(set));
+  } else {
+    std::printf("%s\n", tierd::FormatRetainedSets({set}).c_str());
+  }
+  return 0;
+}
+
+int Retain(const Args& args) {
+  absl::Duration ttl = absl::ZeroDuration();
+  if (const std::string text = absl::GetFlag(FLAGS_ttl); !text.empty()) {
+    if (!absl::ParseDuration(text, &ttl) || ttl <= absl::ZeroDuration()) {
+      return BadUsage(absl::StrCat("--ttl=", text, " is not a positive duration such as 30m"));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<tierd::Session>> session = GroupSession();
+  if (!session.ok()) return Fail(session.status());
+  // Loading a large set takes as long as reading it: no deadline unless --timeout-ms is given.
+  Watchdog watchdog(CommandTimeout(), "retain");
+  absl::StatusOr<tierd::v1::RetainedSet> set = (*session)->Retain(args[0], ttl);
+  if (!set.ok()) return Fail(set.status());
+  return PrintRetainedSet(*set);
+}
+
+int Unretain(const Args& args) {
+  absl::StatusOr<std::unique_ptr<tierd::Session>> session = GroupSession();
+  if (!session.ok()) return Fail(session.status());
+  if (absl::Status released = (*session)->Unretain(args[0]); !released.ok()) {
+    return Fail(released);
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    tierd::PrintJson(Json{{"target", args[0]}, {"released", true}});
+  } else {
+    std::printf("released %s\n", args[0].c_str());
+  }
+  return 0;
+}
+
+int Sleep(const Args& args) {
+  absl::StatusOr<std::unique_ptr<tierd::Session>> session = GroupSession();
+  if (!session.ok()) return Fail(session.status());
+  absl::StatusOr<tierd::v1::RetainedSet> set = (*session)->Sleep(args[0]);
+  if (!set.ok()) return Fail(set.status());
+  return PrintRetainedSet(*set);
+}
+
+int Wake(const Args& args) {
+  absl::StatusOr<std::unique_ptr<tierd::Session>> session = GroupSession();
+  if (!session.ok()) return Fail(session.status());
+  Watchdog watchdog(CommandTimeout(), "wake");
+  absl::StatusOr<tierd::v1::RetainedSet> set = (*session)->Wake(args[0]);
+  if (!set.ok()) return Fail(set.status());
+  return PrintRetainedSet(*set);
+}
+
+int Retained(const Args&) {
+  absl::StatusOr<std::unique_ptr<tierd::Session>> session = GroupSession();
+  if (!session.ok()) return Fail(session.status());
+  absl::StatusOr<tierd::v1::RetainedSets> sets = (*session)->ListRetained();
+  if (!sets.ok()) return Fail(sets.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    tierd::PrintJson(tierd::ProtoToJson(*sets));
+  } else {
+    std::printf("%s\n", tierd::FormatRetainedSets({sets->sets().begin(), sets->sets().end()},
+                                                   sets->bytes(), sets->budget_bytes())
+                             .c_str());
+  }
+  return 0;
+}
+
 constexpr size_t kAnyNumber = SIZE_MAX;
 
 struct Command {
@@ -379,6 +475,11 @@ constexpr Command kCommands[] = {
     {"get", 1, 1, "-o --shard", Get},
     {"put", 2, 2, "--no-spill --durable", Put},
     {"evict", 1, 1, "--tier", Evict},
+    {"retain", 1, 1, "--ttl --client-group", Retain},
+    {"unretain", 1, 1, "--client-group", Unretain},
+    {"sleep", 1, 1, "--client-group", Sleep},
+    {"wake", 1, 1, "--client-group", Wake},
+    {"retained", 0, 0, "--client-group", Retained},
 };
 
 // The per-command flags given on this command line that `command` does not take.
@@ -391,6 +492,8 @@ std::vector<std::string> MisplacedFlags(const Command& command) {
       {"--durable", absl::GetFlag(FLAGS_durable)},
       {"--tier", !absl::GetFlag(FLAGS_tier).empty()},
       {"--shard", !absl::GetFlag(FLAGS_shard).empty()},
+      {"--ttl", !absl::GetFlag(FLAGS_ttl).empty()},
+      {"--client-group", !absl::GetFlag(FLAGS_client_group).empty()},
   };
   std::vector<std::string> misplaced;
   for (const auto& [flag, is_given] : given) {

@@ -244,6 +244,42 @@ absl::Status Session::Unpin(const std::string& key) {
   return core_->Call(std::move(request)).status();
 }
 
+absl::StatusOr<v1::RetainedSet> Session::Retain(const std::string& target, absl::Duration ttl) {
+  if (ttl < absl::ZeroDuration()) return absl::InvalidArgumentError("ttl must not be negative");
+  v1::SessionRequest request;
+  request.mutable_retain()->set_target(target);
+  request.mutable_retain()->set_ttl_ms(absl::ToInt64Milliseconds(ttl));
+  ASSIGN_OR_RETURN(v1::SessionResponse response, core_->Call(std::move(request)));
+  return response.retained();
+}
+
+absl::Status Session::Unretain(const std::string& target) {
+  v1::SessionRequest request;
+  request.mutable_unretain()->set_target(target);
+  return core_->Call(std::move(request)).status();
+}
+
+absl::StatusOr<v1::RetainedSet> Session::Sleep(const std::string& target) {
+  v1::SessionRequest request;
+  request.mutable_sleep()->set_target(target);
+  ASSIGN_OR_RETURN(v1::SessionResponse response, core_->Call(std::move(request)));
+  return response.retained();
+}
+
+absl::StatusOr<v1::RetainedSet> Session::Wake(const std::string& target) {
+  v1::SessionRequest request;
+  request.mutable_wake()->set_target(target);
+  ASSIGN_OR_RETURN(v1::SessionResponse response, core_->Call(std::move(request)));
+  return response.retained();
+}
+
+absl::StatusOr<v1::RetainedSets> Session::ListRetained() {
+  v1::SessionRequest request;
+  request.mutable_list_retained();
+  ASSIGN_OR_RETURN(v1::SessionResponse response, core_->Call(std::move(request)));
+  return response.retained_sets();
+}
+
 absl::StatusOr<v1::EvictResponse> Session::Evict(const std::string& key_or_prefix, v1::Tier tier) {
   v1::SessionRequest request;
   request.mutable_evict()->set_key(key_or_prefix);
@@ -465,6 +501,15 @@ absl::StatusOr<v1::EvictResponse> Client::Evict(const std::string& key_or_prefix
   request.set_key(key_or_prefix);
   request.set_tier(tier);
   return Unary(&v1::Tierd::Stub::Evict, request);
+}
+
+absl::StatusOr<std::vector<Lease>> Client::MapModel(Session& session, const std::string& model,
+                                                    Stream& stream) {
+  ASSIGN_OR_RETURN(std::vector<v1::ObjectInfo> objects, ListObjects(model));
+  std::vector<std::string> keys;
+  keys.reserve(objects.size());
+  for (const v1::ObjectInfo& object : objects) keys.push_back(object.key());
+  return session.FetchMany(keys, stream);
 }
 
 absl::StatusOr<v1::Stats> Client::GetStats() {

@@ -168,6 +168,23 @@ class Session {
   absl::Status Unpin(const std::string& key);
   absl::StatusOr<v1::EvictResponse> Evict(const std::string& key_or_prefix, v1::Tier tier);
 
+  // Retained sets (docs/CLIENTS.md, "Retained weights"): objects kept on the GPU beyond the
+  // sessions that use them, in this session's client group. `target` is a model's name (every
+  // object of it), "NAMESPACE/" (the stored objects under it) or one key. Retain answers once the
+  // whole set is on the GPU; with a `ttl` the set is released once that long has passed since its
+  // last lease ended. Errors: NOT_FOUND, RESOURCE_EXHAUSTED (past the group's --retain-bytes, or
+  // the pool is full), FAILED_PRECONDITION (asleep), the loads' errors.
+  absl::StatusOr<v1::RetainedSet> Retain(const std::string& target,
+                                         absl::Duration ttl = absl::ZeroDuration());
+  absl::Status Unretain(const std::string& target);
+  // Gives the set's staging back to the pool (its bytes stay in the host tier).
+  // FAILED_PRECONDITION while any process leases one of its objects.
+  absl::StatusOr<v1::RetainedSet> Sleep(const std::string& target);
+  // Brings a sleeping set back, each object where it was when that room is free
+  // (RetainedSet.moved counts the others).
+  absl::StatusOr<v1::RetainedSet> Wake(const std::string& target);
+  absl::StatusOr<v1::RetainedSets> ListRetained();
+
  private:
   friend class Client;
   explicit Session(std::shared_ptr<SessionCore> core);
@@ -217,6 +234,11 @@ class Client {
                                                 bool host_only = false);
   absl::StatusOr<v1::EvictResponse> Evict(const std::string& key_or_prefix, v1::Tier tier);
   absl::StatusOr<v1::Stats> GetStats();
+  // Every object of `model` leased through `session` on `stream`, in the order ListObjects gives
+  // them: the model's tensors as views of the daemon's staging, held until the leases go (mapped
+  // parameters; with the model retained, a new process maps it without a copy).
+  absl::StatusOr<std::vector<Lease>> MapModel(Session& session, const std::string& model,
+                                              Stream& stream);
 
   // The generated stub, for calls this class does not wrap.
   v1::Tierd::Stub& stub() { return *stub_; }

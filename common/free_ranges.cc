@@ -38,6 +38,21 @@ std::optional<uint64_t> FreeRanges::Take(uint64_t size) {
   return std::nullopt;
 }
 
+bool FreeRanges::TakeAt(uint64_t offset, uint64_t size) {
+  if (size == 0) return false;
+  auto it = ranges_.upper_bound(offset);
+  if (it == ranges_.begin()) return false;
+  --it;
+  const uint64_t start = it->first;
+  const uint64_t end = start + it->second;
+  if (offset + size < offset || offset + size > end) return false;
+  ranges_.erase(it);
+  if (offset > start) ranges_[start] = offset - start;
+  if (offset + size < end) ranges_[offset + size] = end - offset - size;
+  free_bytes_ -= size;
+  return true;
+}
+
 uint64_t FreeRanges::largest() const {
   uint64_t largest = 0;
   for (const auto& [offset, size] : ranges_) largest = std::max(largest, size);

@@ -22,6 +22,8 @@ class FreeRanges {
   // Takes `size` (> 0) bytes from the lowest free range large enough, or nullopt. First fit keeps
   // allocations packed towards the start, which leaves large holes at the end.
   std::optional<uint64_t> Take(uint64_t size);
+  // Takes exactly [offset, offset + size) (size > 0) when all of it is free; false otherwise.
+  bool TakeAt(uint64_t offset, uint64_t size);
 
   uint64_t free_bytes() const { return free_bytes_; }
   uint64_t largest() const;

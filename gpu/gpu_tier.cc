@@ -37,6 +37,10 @@ absl::StatusOr<std::unique_ptr<GpuTier>> GpuTier::Create(Device& device, Catalog
                                             std::move(pool), std::move(demand), std::move(prefetch),
                                             std::move(store), std::move(handoff)));
   RETURN_IF_ERROR(tier->events_.Prefill());
+  ASSIGN_OR_RETURN(tier->retained_,
+                   RetainedSets::Create(*tier, catalog,
+                                        {.budget_bytes = options.retained_budget_bytes,
+                                         .state_file = options.retained_state_file}));
   return tier;
 }
 
@@ -76,6 +80,7 @@ GpuTier::GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& 
       eviction_(parts_, host_cache, options.durable_store, stored_) {}
 
 GpuTier::~GpuTier() {
+  retained_.reset();  // its sweeps call the tier; its client is closed below with the rest
   std::vector<ClientId> open;
   {
     absl::MutexLock lock(&mu_);
@@ -128,7 +133,8 @@ GpuTier::~GpuTier() {
 
 absl::StatusOr<ClientId> GpuTier::OpenClient(const ClientLimits& limits) {
   std::vector<uint32_t> done_events;
-  for (uint32_t i = 0; i < options_.done_events_per_client; ++i) {
+  const uint32_t wanted = limits.done_events.value_or(options_.done_events_per_client);
+  for (uint32_t i = 0; i < wanted; ++i) {
     absl::StatusOr<uint32_t> event = events_.Acquire(EventUse::kClientRecords);
     if (!event.ok()) break;  // counted as a shortfall; the client waits on its CPU instead
     done_events.push_back(*event);
@@ -249,6 +255,7 @@ void GpuTier::LeaseDrained(const GpuClient::Lease& lease, bool forced) {
   }
   --object->refs;
   --stats_.leases;
+  object->last_released = absl::Now();
   if (lease.names_ready_event) {
     --object->ready_event_leases;
     residency_.DropReadyEventIfUnneeded(object);
@@ -423,6 +430,35 @@ bool GpuTier::IsOnGpu(const std::string& key) const {
   absl::MutexLock lock(&mu_);
   const StagingObject* object = residency_.Listed(key);
   return object != nullptr && object->state == StagingObject::State::kResident;
+}
+
+std::optional<GpuObjectUse> GpuTier::ObjectUse(const std::string& key) const {
+  absl::MutexLock lock(&mu_);
+  const StagingObject* object = residency_.Listed(key);
+  if (object == nullptr) return std::nullopt;
+  GpuObjectUse use;
+  use.resident = object->state == StagingObject::State::kResident ||
+                 object->state == StagingObject::State::kCopying;
+  if (object->memory.has_value()) use.range = object->memory->range();
+  use.leases = object->refs;
+  use.pins = object->pins;
+  use.last_released = object->last_released;
+  return use;
+}
+
+void GpuTier::PreferPlacement(const std::string& key, const StagingRange& range) {
+  absl::MutexLock lock(&mu_);
+  residency_.PreferPlacement(key, range);
+}
+
+absl::StatusOr<uint64_t> GpuTier::ObjectSize(const std::string& key) const {
+  if (catalog_.InModelNamespace(key)) {
+    ASSIGN_OR_RETURN(const ObjectRef object, catalog_.Lookup(key));
+    return object.object->size;
+  }
+  std::optional<StoredKeySpace::Meta> stored = stored_.Find(key);
+  if (!stored.has_value()) return absl::NotFoundError(absl::StrCat("no stored object ", key));
+  return stored->size;
 }
 
 GpuTierStats GpuTier::stats() const {

@@ -71,6 +71,7 @@
 #include "gpu/gpu_tier_types.h"
 #include "gpu/host_handoff_buffer.h"
 #include "gpu/peer_source.h"
+#include "gpu/retained_sets.h"
 #include "gpu/staging_pool.h"
 #include "storage/host/host_arena.h"
 #include "storage/host/host_cache.h"
@@ -166,6 +167,21 @@ class GpuTier {
   size_t ForgetStoredUnder(const std::string& model) ABSL_LOCKS_EXCLUDED(mu_);
 
   bool IsOnGpu(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
+  // How the listed object `key` is used now; nullopt when staging does not list it.
+  std::optional<GpuObjectUse> ObjectUse(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The next load of `key` goes to `range` if all of it is free then (StagingPool::AllocateAt):
+  // a woken retained set's objects come back at the device addresses they had.
+  void PreferPlacement(const std::string& key, const StagingRange& range) ABSL_LOCKS_EXCLUDED(mu_);
+  // The size of the object `key` names: a model's object or shard (the catalog's errors), or one
+  // of this tier's stored objects (NOT_FOUND when it has none).
+  absl::StatusOr<uint64_t> ObjectSize(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);
+  // This tier's committed stored objects whose keys start with `prefix`, in order.
+  std::vector<std::string> StoredKeysUnder(const std::string& prefix) const {
+    return stored_.KeysUnder(prefix);
+  }
+  // The sets retained on this tier's GPU beyond the sessions that use them.
+  RetainedSets& retained() { return *retained_; }
+  const RetainedSets& retained() const { return *retained_; }
   const std::string& stored_key_prefix() const { return options_.stored_key_prefix; }
   // The store durable objects go to; null when there is none.
   const DurableStore* durable_store() const { return options_.durable_store; }
@@ -243,6 +259,9 @@ class GpuTier {
   // Close-grace callbacks and the device calls of drains (DrainQueue::Start). Last, so it goes
   // first: what is still pending runs while the rest is alive.
   TimerThread timer_;
+  // Made once the tier is built (it is one of the tier's clients); reset first by the destructor,
+  // which needs every client closed.
+  std::unique_ptr<RetainedSets> retained_;
 };
 
 }  // namespace tierd

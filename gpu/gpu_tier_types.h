@@ -46,6 +46,10 @@ struct GpuTierOptions {
   // stored objects apart from every other tier's, and such a tier serves, prefetches and evicts
   // only its own stored objects and model weights. Empty for the daemon's default tier.
   std::string stored_key_prefix;
+  // Retained sets (gpu/retained_sets.h): the staging bytes they may hold (0: none may be retained),
+  // and the file that records them so that they come back after a restart (empty: not recorded).
+  uint64_t retained_budget_bytes = 0;
+  std::string retained_state_file;
   // Where fetches of stored objects this tier does not have look next: the node's other daemons.
   // Null: nowhere (NOT_FOUND). Must outlive the tier.
   PeerSource* peers = nullptr;
@@ -78,6 +82,18 @@ struct StorePolicy {
 struct ClientLimits {
   uint32_t max_leases = 4096;
   uint64_t max_staging_bytes = ~0ull;  // leased + reserved + pinned bytes
+  // Done events the client is given; nullopt: GpuTierOptions::done_events_per_client. A client of
+  // the daemon's own that only pins (the retained sets') takes none.
+  std::optional<uint32_t> done_events;
+};
+
+// How an object in staging is used now (GpuTier::ObjectUse).
+struct GpuObjectUse {
+  bool resident = false;  // its copy into staging is enqueued or done
+  StagingRange range;     // where it lies; size 0 while it has no room yet
+  uint32_t leases = 0;
+  uint32_t pins = 0;
+  absl::Time last_released = absl::InfinitePast();  // when its last lease ended
 };
 
 using ClientId = uint64_t;

@@ -74,6 +74,16 @@ std::optional<StagingAllocation> StagingPool::Allocate(uint64_t bytes) {
   return std::nullopt;
 }
 
+std::optional<StagingAllocation> StagingPool::AllocateAt(const StagingRange& range) {
+  if (range.size == 0 || range.slab >= free_.size() || range.size % kStagingAlignment != 0 ||
+      range.offset % kStagingAlignment != 0) {
+    return std::nullopt;
+  }
+  absl::MutexLock lock(&mu_);
+  if (!free_[range.slab].TakeAt(range.offset, range.size)) return std::nullopt;
+  return StagingAllocation(this, range);
+}
+
 void StagingPool::Free(const StagingRange& range) {
   if (range.size == 0) return;
   absl::MutexLock lock(&mu_);

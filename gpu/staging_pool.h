@@ -95,6 +95,10 @@ class StagingPool {
   // A range of at least `bytes`, or nullopt when no slab has a free hole that large. 0 bytes: an
   // empty range (size 0), which takes nothing. The range is freed when the handle goes.
   std::optional<StagingAllocation> Allocate(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Exactly `range` (an earlier allocation's, so aligned), or nullopt when any of it is taken or it
+  // lies outside the pool. How an object woken from sleep comes back at the device addresses it had
+  // (gpu/retained_sets.h).
+  std::optional<StagingAllocation> AllocateAt(const StagingRange& range) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Device address of `range` in this process.
   uint8_t* data(const StagingRange& range) const;

@@ -22,7 +22,7 @@ bool ValidGroupName(absl::string_view name) {
 
 absl::Status BadEntry(absl::string_view entry, absl::string_view why) {
   return absl::InvalidArgumentError(
-      absl::StrCat("--client-groups: '", entry, "': ", why, " (want NAME:UNIXGROUP:BYTES)"));
+      absl::StrCat("--client-groups: '", entry, "': ", why, " (want NAME:UNIXGROUP:BYTES[:RETAIN_BYTES])"));
 }
 
 }  // namespace
@@ -33,7 +33,9 @@ absl::StatusOr<std::vector<ClientGroupOptions>> ParseClientGroups(absl::string_v
   for (absl::string_view entry : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
     entry = absl::StripAsciiWhitespace(entry);
     const std::vector<absl::string_view> parts = absl::StrSplit(entry, ':');
-    if (parts.size() != 3) return BadEntry(entry, "three fields separated by ':'");
+    if (parts.size() != 3 && parts.size() != 4) {
+      return BadEntry(entry, "three or four fields separated by ':'");
+    }
     ClientGroupOptions group;
     group.name = std::string(parts[0]);
     group.unix_group = std::string(parts[1]);
@@ -45,6 +47,13 @@ absl::StatusOr<std::vector<ClientGroupOptions>> ParseClientGroups(absl::string_v
     absl::StatusOr<uint64_t> bytes = ParseByteSize(parts[2]);
     if (!bytes.ok() || *bytes == 0) return BadEntry(entry, "the GPU pool size must be above 0");
     group.gpu_pool_bytes = *bytes;
+    if (parts.size() == 4) {
+      absl::StatusOr<uint64_t> retain = ParseByteSize(parts[3]);
+      if (!retain.ok() || *retain > group.gpu_pool_bytes) {
+        return BadEntry(entry, "the retained bytes must be a size of at most the GPU pool's");
+      }
+      group.retain_bytes = *retain;
+    }
     if (!names.insert(group.name).second) return BadEntry(entry, "the name is given twice");
     groups.push_back(std::move(group));
   }

@@ -13,6 +13,7 @@
 #define TIERD_SERVER_CLIENT_GROUPS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,10 +26,12 @@ struct ClientGroupOptions {
   std::string name;        // 1-64 characters of [A-Za-z0-9_-]
   std::string unix_group;  // owns the group's session socket
   uint64_t gpu_pool_bytes = 0;
+  // What the group's retained sets may hold of its pool; nullopt: half of it.
+  std::optional<uint64_t> retain_bytes;
 };
 
-// Parses "NAME:UNIXGROUP:BYTES[,NAME:UNIXGROUP:BYTES...]" (BYTES as common/byte_size.h reads
-// them, e.g. 4GiB); empty: no groups. INVALID_ARGUMENT naming --client-groups and the bad entry
+// Parses "NAME:UNIXGROUP:BYTES[:RETAIN_BYTES][,...]" (sizes as common/byte_size.h reads them,
+// e.g. 4GiB; RETAIN_BYTES at most BYTES); empty: no groups. INVALID_ARGUMENT naming --client-groups and the bad entry
 // (malformed, a bad name or size, a name given twice, "default").
 absl::StatusOr<std::vector<ClientGroupOptions>> ParseClientGroups(absl::string_view spec);
 

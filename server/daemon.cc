@@ -108,6 +108,11 @@ absl::StatusOr<int> LockStateDir(const std::string& dir) {
   return fd;
 }
 
+// Where a group's retained sets are recorded, to come back after a restart.
+std::string RetainedStateFile(const std::string& state_dir, const std::string& group) {
+  return absl::StrCat(state_dir, "/retained-", group, ".sets");
+}
+
 SessionOptions SessionOptionsFor(const Device& device, const DaemonOptions& options) {
   SessionOptions session;
   session.limits = options.session_limits;
@@ -363,6 +368,8 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   }
   GpuTierOptions own_groups = gpu;  // client groups' tiers do not ask peers
   gpu.peers = peers_.get();
+  gpu.retained_budget_bytes = options_.retain_bytes.value_or(options_.gpu_pool_bytes / 2);
+  gpu.retained_state_file = RetainedStateFile(options_.state_dir, "default");
   ASSIGN_OR_RETURN(gpu_tier_, GpuTier::Create(*device_, storage_->catalog(), storage_->arena(),
                                               storage_->host_cache(), gpu));
   TIERD_LOG(INFO) << "GPU staging pool: " << FormatByteSize(gpu_tier_->pool().capacity()) << " in "
@@ -371,6 +378,9 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
     GpuTierOptions own = own_groups;
     own.pool_bytes = group.options.gpu_pool_bytes;
     own.stored_key_prefix = ClientGroupKeyPrefix(group.options.name);
+    own.retained_budget_bytes =
+        group.options.retain_bytes.value_or(group.options.gpu_pool_bytes / 2);
+    own.retained_state_file = RetainedStateFile(options_.state_dir, group.options.name);
     absl::StatusOr<std::unique_ptr<GpuTier>> tier = GpuTier::Create(
         *device_, storage_->catalog(), storage_->arena(), storage_->host_cache(), own);
     if (!tier.ok()) {
@@ -420,6 +430,9 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
                        << " durable object(s) belong to client groups this daemon does not have "
                           "(--client-groups): kept on disk, not served";
   }
+  // Now that every tier has its stored objects, the sets retained before a restart come back.
+  gpu_tier_->retained().Restore();
+  for (ClientGroup& group : client_groups_) group.tier->retained().Restore();
   return absl::OkStatus();
 }
 

@@ -42,6 +42,11 @@ absl::Status ValidateTiers(const DaemonOptions& options) {
     return Invalid(absl::StrCat("--gpu-slab-bytes must be a positive multiple of ",
                                 kStagingAlignment, " bytes, not ", options.gpu_slab_bytes));
   }
+  if (options.retain_bytes.has_value() && *options.retain_bytes > options.gpu_pool_bytes) {
+    return Invalid(absl::StrCat("--retain-bytes (", *options.retain_bytes,
+                                ") must not be more than --gpu-pool-bytes (",
+                                options.gpu_pool_bytes, ")"));
+  }
   if (options.compress_threads < 1 || options.compress_threads > kMaxCompressThreads) {
     return Invalid(absl::StrCat("--compress-threads must be from 1 to ", kMaxCompressThreads,
                                 ", not ", options.compress_threads));

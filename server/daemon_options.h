@@ -70,6 +70,8 @@ struct DaemonOptions {
   uint64_t gpu_pool_bytes = 0;    // --gpu-pool-bytes: budget of the GPU staging tier
   uint64_t gpu_slab_bytes =
       2ull << 30;               // --gpu-slab-bytes: the pool is allocated in slabs this big
+  // --retain-bytes: what the default group's retained sets may hold of its pool; nullopt: half.
+  std::optional<uint64_t> retain_bytes;
   ClientLimits session_limits;  // --session-max-leases, --session-max-staging-bytes
   uint32_t session_max_requests = 1024;  // --session-max-requests: unanswered, per session
   // --session-threads: threads serving the session socket's connections (each socket's: a client

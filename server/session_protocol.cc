@@ -221,6 +221,12 @@ void SessionProtocol::Handle(const v1::SessionRequest& request) {
     }
     case v1::SessionRequest::kEvict:
       return Evict(id, request.evict());
+    case v1::SessionRequest::kRetain:
+    case v1::SessionRequest::kUnretain:
+    case v1::SessionRequest::kSleep:
+    case v1::SessionRequest::kWake:
+    case v1::SessionRequest::kListRetained:
+      return Retained(id, request);
     case v1::SessionRequest::kOpen:
     case v1::SessionRequest::OP_NOT_SET:
       break;
@@ -462,6 +468,75 @@ void SessionProtocol::Evict(uint64_t request_id, const v1::EvictRequest& evict) 
   v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
   *response.mutable_evicted() = *std::move(result);
   CountAndSend(std::move(response));
+}
+
+namespace {
+
+constexpr uint64_t kMaxRetainTtlMs = 366ull * 24 * 3600 * 1000;  // a year
+
+v1::RetainedSet ToProto(const RetainedSetInfo& info) {
+  v1::RetainedSet set;
+  set.set_target(info.target);
+  set.set_objects(info.objects);
+  set.set_bytes(info.bytes);
+  set.set_ttl_ms(absl::ToInt64Milliseconds(info.ttl));
+  set.set_asleep(info.asleep);
+  set.set_idle_ms(absl::ToInt64Milliseconds(info.idle));
+  set.set_moved(info.moved);
+  return set;
+}
+
+}  // namespace
+
+void SessionProtocol::Retained(uint64_t request_id, const v1::SessionRequest& request) {
+  RetainedSets& sets = tier_.retained();
+  auto answer_set = [self = shared_from_this(),
+                     request_id](absl::StatusOr<RetainedSetInfo> info) {
+    if (!info.ok()) return self->Reply(request_id, info.status());
+    v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
+    *response.mutable_retained() = ToProto(*info);
+    self->CountAndSend(std::move(response));
+  };
+  switch (request.op_case()) {
+    case v1::SessionRequest::kRetain: {
+      const v1::RetainRequest& retain = request.retain();
+      if (retain.ttl_ms() > kMaxRetainTtlMs) {
+        return Reply(request_id, absl::InvalidArgumentError(
+                                     "retain.ttl_ms is more than a year; 0 keeps the set until "
+                                     "it is released"));
+      }
+      return sets.Retain(retain.target(), absl::Milliseconds(retain.ttl_ms()),
+                         std::move(answer_set));
+    }
+    case v1::SessionRequest::kUnretain: {
+      const std::string& target = request.unretain().target();
+      absl::Status valid = CheckRetainTarget(target, "unretain.target");
+      return Reply(request_id, valid.ok() ? sets.Release(target) : valid);
+    }
+    case v1::SessionRequest::kSleep: {
+      const std::string& target = request.sleep().target();
+      if (absl::Status valid = CheckRetainTarget(target, "sleep.target"); !valid.ok()) {
+        return Reply(request_id, valid);
+      }
+      return answer_set(sets.Sleep(target));
+    }
+    case v1::SessionRequest::kWake: {
+      const std::string& target = request.wake().target();
+      if (absl::Status valid = CheckRetainTarget(target, "wake.target"); !valid.ok()) {
+        return Reply(request_id, valid);
+      }
+      return sets.Wake(target, std::move(answer_set));
+    }
+    default: {
+      v1::SessionResponse response = ResponseFor(request_id, absl::OkStatus());
+      v1::RetainedSets* listed = response.mutable_retained_sets();
+      for (const RetainedSetInfo& info : sets.List()) *listed->add_sets() = ToProto(info);
+      const RetainedSetsStats stats = sets.stats();
+      listed->set_bytes(stats.bytes);
+      listed->set_budget_bytes(stats.budget_bytes);
+      return CountAndSend(std::move(response));
+    }
+  }
 }
 
 }  // namespace tierd

@@ -101,6 +101,8 @@ class SessionProtocol : public std::enable_shared_from_this<SessionProtocol> {
   void Commit(uint64_t request_id, ClientId client, const v1::CommitRequest& commit);
   void Pin(uint64_t request_id, ClientId client, const std::string& key);
   void Evict(uint64_t request_id, const v1::EvictRequest& evict);
+  // retain, unretain, sleep, wake and list_retained: the tier's retained sets.
+  void Retained(uint64_t request_id, const v1::SessionRequest& request);
 
   void Reply(uint64_t request_id, const absl::Status& status);
   // The request in flight is done; `status` counted. Every request ends here exactly once: through

@@ -49,6 +49,7 @@ std::vector<std::string> ReportedFigures() {
   std::vector<std::string> paths = {"models"};
   AppendPaths(kGpuTierFigures, paths);
   AppendPaths(kEventPoolFigures, paths);
+  AppendPaths(kRetainedSetsFigures, paths);
   AppendPaths(kHostCacheFigures, paths);
   AppendPaths(kDurableStoreFigures, paths);
   AppendPaths(kNodeHostFigures, paths);
@@ -63,11 +64,13 @@ v1::Stats CollectStats(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tie
   stats.set_version(std::string(Version()));
   GpuTierStats gpu = gpu_tier.stats();
   EventPoolStats events = gpu_tier.event_stats();
+  RetainedSetsStats retained = gpu_tier.retained().stats();
   if (!client_groups.empty()) {
     v1::ClientGroupStats* group = stats.add_client_groups();
     group->set_name("default");
     Report(kGpuTierFigures, gpu, *group);
     Report(kEventPoolFigures, events, *group);
+    Report(kRetainedSetsFigures, retained, *group);
     for (const NamedGpuTier& named : client_groups) {
       const GpuTierStats own = named.tier->stats();
       const EventPoolStats own_events = named.tier->event_stats();
@@ -75,13 +78,17 @@ v1::Stats CollectStats(Catalog& catalog, HostCache& host_cache, GpuTier& gpu_tie
       group->set_name(named.name);
       Report(kGpuTierFigures, own, *group);
       Report(kEventPoolFigures, own_events, *group);
+      const RetainedSetsStats own_retained = named.tier->retained().stats();
+      Report(kRetainedSetsFigures, own_retained, *group);
       AddFigures(kGpuTierFigures, own, gpu);
       AddFigures(kEventPoolFigures, own_events, events);
+      AddFigures(kRetainedSetsFigures, own_retained, retained);
     }
   }
   Report(kGpuTierFigures, gpu, stats);
   // Each tier has events of its own: the daemon's figures are their sums.
   Report(kEventPoolFigures, events, stats);
+  Report(kRetainedSetsFigures, retained, stats);
   Report(kHostCacheFigures, host_cache.stats(), stats);
   if (const DurableStore* durable = gpu_tier.durable_store(); durable != nullptr) {
     Report(kDurableStoreFigures, durable->stats(), stats);

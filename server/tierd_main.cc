@@ -46,6 +46,9 @@ ABSL_FLAG(tierd::ByteSize, gpu_pool_bytes, tierd::ByteSize{2ull << 30},
 ABSL_FLAG(tierd::ByteSize, gpu_slab_bytes, tierd::ByteSize{2ull << 30},
           "The GPU pool is allocated in slabs of this size (one IPC handle each); the largest "
           "object that fits on the GPU");
+ABSL_FLAG(std::string, retain_bytes, "half",
+          "GPU staging bytes the default group's retained sets may hold: a size, or half (of "
+          "--gpu-pool-bytes)");
 ABSL_FLAG(uint32_t, session_max_leases, 4096, "Leases one session may hold at once");
 ABSL_FLAG(uint32_t, session_max_requests, 1024,
           "Requests one session may have sent and not had answered; one more is refused");
@@ -220,6 +223,11 @@ absl::StatusOr<tierd::DaemonOptions> OptionsFromFlags() {
   options.pin_threads = absl::GetFlag(FLAGS_pin_threads);
   options.gpu_pool_bytes = absl::GetFlag(FLAGS_gpu_pool_bytes).bytes;
   options.gpu_slab_bytes = absl::GetFlag(FLAGS_gpu_slab_bytes).bytes;
+  if (const std::string retain = absl::GetFlag(FLAGS_retain_bytes); retain != "half") {
+    absl::StatusOr<uint64_t> bytes = tierd::ParseByteSize(retain);
+    if (!bytes.ok()) return BadWord("retain-bytes", "half or a size such as 8GiB", retain);
+    options.retain_bytes = *bytes;
+  }
   options.spill_dir = absl::GetFlag(FLAGS_spill_dir);
   const std::string policy = absl::GetFlag(FLAGS_host_cache_policy);
   const std::optional<tierd::EvictionPolicy> eviction = tierd::ParseEvictionPolicy(policy);

@@ -149,6 +149,11 @@ void StagingLoader::OnHostObject(StagingObject* object, absl::StatusOr<HostBytes
         deferred.calls());
   }
   object->state = StagingObject::State::kAllocating;
+  if (std::optional<StagingAllocation> placed = residency_.TakePreferredPlacement(object->key());
+      placed.has_value() && placed->size() >= object->size) {
+    object->memory = *std::move(placed);
+    return CopyIn(object, *std::move(host), deferred.calls());
+  }
   auto shared_host = std::make_shared<HostBytes>(*std::move(host));
   residency_.Allocate(
       object->size,

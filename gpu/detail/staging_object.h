@@ -57,6 +57,9 @@ struct StagingObjectRecord {
   bool demand = false;
   int host_fetches = 0;  // host fetches not answered yet
   std::vector<Waiter> waiters;
+  // When its last lease ended (InfinitePast: never leased): how long a retained set has been idle
+  // (gpu/retained_sets.h).
+  absl::Time last_released = absl::InfinitePast();
 };
 
 using StagingObjectTable = ResidencyTable<StagingObjectRecord, StagingAllocation>;

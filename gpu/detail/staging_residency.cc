@@ -177,6 +177,20 @@ absl::Status StagingResidency::NoRoom(uint64_t bytes, bool) { return PoolExhaust
 
 // ---- Room ---------------------------------------------------------------------------------------
 
+void StagingResidency::PreferPlacement(const std::string& key, const StagingRange& range) {
+  mu_.AssertHeld();
+  preferred_[key] = range;
+}
+
+std::optional<StagingAllocation> StagingResidency::TakePreferredPlacement(const std::string& key) {
+  mu_.AssertHeld();
+  auto it = preferred_.find(key);
+  if (it == preferred_.end()) return std::nullopt;
+  const StagingRange range = it->second;
+  preferred_.erase(it);
+  return pool_.AllocateAt(range);
+}
+
 std::optional<StagingAllocation> StagingResidency::TryAllocate(uint64_t bytes) {
   mu_.AssertHeld();
   return table_.TryAllocate(bytes);

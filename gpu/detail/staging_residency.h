@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -81,6 +82,12 @@ class StagingResidency : private StagingObjectTable::Owner {
   // into staging has completed and no lease that names it is held. Call after either ends.
   void DropReadyEventIfUnneeded(StagingObject* object);
   size_t listed_count() const;
+  // The next load of `key` should go to `range` (where it was before a retained set slept,
+  // gpu/retained_sets.h), if all of it is free then. Replaces an earlier wish for the key.
+  void PreferPlacement(const std::string& key, const StagingRange& range);
+  // The range wished for `key`, allocated, when there was a wish and all of it is free; the wish
+  // is used up either way.
+  std::optional<StagingAllocation> TakePreferredPlacement(const std::string& key);
 
   // ---- Room. REQUIRES: the tier's lock, for all of these.
   // A staging range of `bytes`, evicting LRU objects as needed; nullopt when that is not enough.
@@ -132,6 +139,7 @@ class StagingResidency : private StagingObjectTable::Owner {
 
   StagingObjectTable table_ ABSL_GUARDED_BY(mu_);
   uint64_t copies_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, StagingRange> preferred_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tierd

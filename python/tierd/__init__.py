@@ -12,8 +12,8 @@ tierd.tensor_parallel.load_shards loads one rank's shards of a model's weights.
 
 from ._version import __version__
 from .activation_cache import ActivationCache
-from .client import Client, Lease, PendingFetch, Session
+from .client import Client, Lease, PendingFetch, RetainedSet, Session
 from .errors import StatusCode, TierdError
 
-__all__ = ["ActivationCache", "Client", "Lease", "PendingFetch", "Session", "StatusCode",
-           "TierdError"]
+__all__ = ["ActivationCache", "Client", "Lease", "PendingFetch", "RetainedSet", "Session",
+           "StatusCode", "TierdError"]

@@ -164,6 +164,17 @@ class PendingFetch:
             self._session._release_unread(response)
 
 
+class RetainedSet(collections.namedtuple(
+        "RetainedSet", "target objects bytes ttl asleep idle moved")):
+    """A retained set as the daemon reports it: ttl and idle in seconds (ttl None: none)."""
+
+    @classmethod
+    def from_proto(cls, message):
+        return cls(message.target, message.objects, message.bytes,
+                   message.ttl_ms / 1000 if message.ttl_ms else None, message.asleep,
+                   message.idle_ms / 1000, message.moved)
+
+
 class Session(SessionCore):
     """A session with the daemon: fetches, prefetches, stores, pins. Leases and pins belong to the
     session; closing it (or the process exiting) releases them. Thread-safe."""
@@ -371,6 +382,51 @@ class Session(SessionCore):
         request.evict.tier = _tier(tier)
         evicted = self._call(request).evicted
         return evicted.evicted, evicted.skipped
+
+    # ---- retained sets (docs/CLIENTS.md, "Retained weights") ----------------------------------
+
+    def retain(self, target, ttl=None):
+        """Keeps `target` on the GPU beyond this session, in this session's client group: a model's
+        name (every object of it), "NAMESPACE/" (the stored objects under it, as they are now) or
+        one key. Returns once the whole set is on the GPU, as a RetainedSet. `ttl` (seconds): the
+        set is released once that long has passed since its last lease ended; None keeps it until
+        unretain(). Retaining a set again sets its ttl. Raises TierdError: NOT_FOUND,
+        RESOURCE_EXHAUSTED (past the group's --retain-bytes, or the pool is full),
+        FAILED_PRECONDITION (the set is asleep), the loads' errors."""
+        request = tierd_pb2.SessionRequest()
+        request.retain.target = target
+        if ttl is not None:
+            if ttl <= 0:
+                raise ValueError("ttl must be a positive number of seconds, or None")
+            request.retain.ttl_ms = max(1, round(ttl * 1000))
+        return RetainedSet.from_proto(self._call(request).retained)
+
+    def unretain(self, target):
+        """Lets a retained set go: its objects become evictable (leases keep theirs)."""
+        request = tierd_pb2.SessionRequest()
+        request.unretain.target = target
+        self._call(request)
+
+    def sleep(self, target):
+        """Gives a retained set's GPU memory back to the daemon's pool; its bytes stay in the host
+        tier. Refused (FAILED_PRECONDITION) while any process leases one of its objects."""
+        request = tierd_pb2.SessionRequest()
+        request.sleep.target = target
+        return RetainedSet.from_proto(self._call(request).retained)
+
+    def wake(self, target):
+        """Brings a sleeping set back to the GPU, each object at the device address it had where
+        that room is free (RetainedSet.moved counts the others). Returns the RetainedSet."""
+        request = tierd_pb2.SessionRequest()
+        request.wake.target = target
+        return RetainedSet.from_proto(self._call(request).retained)
+
+    def retained(self):
+        """This group's retained sets: (list of RetainedSet, bytes on the GPU, budget bytes)."""
+        request = tierd_pb2.SessionRequest()
+        request.list_retained.SetInParent()
+        listed = self._call(request).retained_sets
+        return [RetainedSet.from_proto(s) for s in listed.sets], listed.bytes, listed.budget_bytes
 
     def close(self):
         """Ends the session: the daemon releases whatever it still holds for it."""

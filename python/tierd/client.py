@@ -23,7 +23,8 @@ import grpc
 
 from . import _transport
 from ._health import _HEALTH_CHECK, _SERVING, _SERVING_STATUS_NAMES, _serving_status
-from ._session import Lease, PendingFetch, Session, _tier, tensor_views  # noqa: F401 (API)
+from ._session import (Lease, PendingFetch, RetainedSet, Session, _tier,  # noqa: F401 (API)
+                       tensor_views)
 from .errors import StatusCode, TierdError, from_rpc_error
 from .v1 import tierd_pb2, tierd_pb2_grpc
 

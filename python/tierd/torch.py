@@ -59,6 +59,27 @@ def stream_weights(module, client, model, granularity="block", prefetch_depth=2,
         raise
 
 
+def map_weights(module, client, model, copy=False, exclude=()):
+    """Gives every weight of `module` its bytes from tierd model `model` at once, with no hooks:
+    each parameter a view of the daemon's staging (mapped: zero-copy, one GPU copy for every
+    process of the client group on that GPU, held until close()), or with `copy` a copy in this
+    process's own GPU memory (the leases released at once; close() then only ends the session it
+    opened). Retain the model first (Session.retain) to keep its GPU copy between processes.
+    `client` and `exclude` as stream_weights'. Returns a StreamedWeights."""
+    weights = stream_weights(module, client, model, prefetch_depth=0,
+                             resident_blocks=_ALL_BLOCKS, exclude=exclude)
+    if copy:
+        try:
+            weights._copy_out()
+        except BaseException:
+            weights.close()
+            raise
+    return weights
+
+
+_ALL_BLOCKS = 1 << 62
+
+
 class _Unit:
     """What one hook pair streams: objects whose tensors are parameters of one submodule."""
 
@@ -205,6 +226,22 @@ class StreamedWeights:
         for name, owner, attribute in unit.parameters:
             _set_tensor(owner, attribute, views[name])
         unit.leases = leases
+
+    def _copy_out(self):
+        """Replaces every leased weight with a copy of its own, then releases the leases (after
+        the copies, on the current stream). Tensors that were one view stay one copy."""
+        copies = {}
+        for unit in self.units:
+            if unit.leases is None:
+                continue
+            for _, owner, attribute in unit.parameters:
+                view = getattr(owner, attribute)
+                identity = (view.data_ptr(), view.dtype, tuple(view.shape), view.stride())
+                if identity not in copies:
+                    copies[identity] = view.detach().clone()
+                _set_tensor(owner, attribute, copies[identity])
+            leases, unit.leases = unit.leases, None
+            self.session.release_many(leases)
 
     def _drop(self, unit):
         if unit.pending is not None:

@@ -28,7 +28,7 @@ from ._session import Session
 from .client import Client
 from .dtypes import ELEMENT_BYTES, to_torch
 from .kv_cache import LayeredKVStore
-from .torch import stream_weights
+from .torch import map_weights, stream_weights
 from .v1 import tierd_pb2
 
 try:
@@ -41,8 +41,11 @@ except ImportError:
 _NAME_CHARACTERS = re.compile(r"[^A-Za-z0-9._-]")
 
 
+_PLACEMENTS = ("stream", "mapped", "copy")
+
+
 def from_pretrained(directory, client, name=None, prefetch_depth=2, resident_blocks=0, dtype=None,
-                    experts="stream", expert_prefetch=False):
+                    experts="stream", expert_prefetch=False, placement="stream", retain=None):
     """A causal language model from the Hugging Face checkpoint in `directory` (config.json and
     safetensors, sharded or not), its weights streamed from tierd block by block.
 
@@ -67,8 +70,20 @@ def from_pretrained(directory, client, name=None, prefetch_depth=2, resident_blo
     guesses cost more than they saved — docs/BENCHMARKS.md). `dtype`: the checkpoint's (the
     bytes are served as stored); another is refused. Returns the model, in eval mode;
     `model.tierd_weights` is the StreamedWeights (and `model.tierd_experts` the OnDemandExperts),
-    whose close() ends the streaming (and the session, when one was opened)."""
+    whose close() ends the streaming (and the session, when one was opened).
+
+    placement="stream": as above. placement="mapped": a model that fits the GPU holds every
+    parameter as a view of the daemon's staging, with no hooks (zero-copy; one GPU copy for every
+    process of the client group on that GPU) until close(). placement="copy": every parameter is
+    copied into this process's own GPU memory and the leases released. `retain`: keep the model
+    on the daemon's GPU beyond this process (Session.retain) — True until released, or a number
+    of seconds it may stay unused; a process started later maps it without a copy
+    (docs/CLIENTS.md, "Retained weights")."""
     _require_transformers()
+    if placement not in _PLACEMENTS:
+        raise ValueError(f"placement must be one of {_PLACEMENTS}, not {placement!r}")
+    if placement != "stream" and experts != "stream":
+        raise ValueError('experts="on_demand" streams the experts: use placement="stream"')
     if experts not in ("stream", "on_demand"):
         raise ValueError(f'experts must be "stream" or "on_demand", not {experts!r}')
     directory = os.path.abspath(directory)
@@ -106,9 +121,23 @@ def from_pretrained(directory, client, name=None, prefetch_depth=2, resident_blo
                              f'load it with experts="stream"')
     excluded = {f"{path}.{parameter}" for path, module in expert_modules.items()
                 for parameter in _experts.expert_parameters(module)} if on_demand else set()
-    model.tierd_weights = stream_weights(model, client, name, granularity="block",
-                                         prefetch_depth=prefetch_depth,
-                                         resident_blocks=resident_blocks, exclude=excluded)
+    session, owned = (client, False) if isinstance(client, Session) else (daemon.session(), True)
+    try:
+        if retain is not None and retain is not False:
+            session.retain(name, ttl=None if retain is True else retain)
+        if placement == "stream":
+            model.tierd_weights = stream_weights(model, session, name, granularity="block",
+                                                 prefetch_depth=prefetch_depth,
+                                                 resident_blocks=resident_blocks,
+                                                 exclude=excluded)
+        else:
+            model.tierd_weights = map_weights(model, session, name, copy=placement == "copy",
+                                              exclude=excluded)
+        model.tierd_weights._owns_session = owned
+    except BaseException:
+        if owned:
+            session.close()
+        raise
     if on_demand:
         try:
             model.tierd_experts = _experts.OnDemandExperts(

@@ -1,0 +1,314 @@
+// Retained sets through a daemon process: objects kept on the GPU beyond their sessions and under
+// eviction pressure, the budget, time to live, sleep and wake (in place, and under readers), and a
+// daemon restart.
+#include <atomic>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/system/api_test_fixture.h"
+
+namespace tierd {
+namespace api_test {
+namespace {
+
+template <typename T>
+absl::Status StatusOf(const absl::StatusOr<T>& result) {
+  return result.status();
+}
+
+MATCHER_P2(FailsWith, code, words,
+           absl::StrCat("fails ", absl::StatusCodeToString(code), " saying \"", words, "\"")) {
+  const absl::Status status = StatusOf(arg);
+  *result_listener << "which is " << status;
+  return status.code() == code && absl::StrContains(status.message(), words);
+}
+
+// The fixture's pool is 2 MiB of 512 KiB objects; the default budget is half of it: two objects.
+class ApiRetainedTest : public ApiTest {
+ protected:
+  std::unique_ptr<Session> Open() {
+    auto session = client_->OpenSession();
+    EXPECT_THAT(session, IsOk());
+    return session.ok() ? *std::move(session) : nullptr;
+  }
+
+  // Fetches and releases every block but those in `skip`, `rounds` times: the pool (four objects)
+  // is emptied of whatever can be evicted.
+  void StreamOtherBlocks(Session& session, const std::set<int>& skip, int rounds) {
+    for (int round = 0; round < rounds; ++round) {
+      for (int block = 0; block < kBlocks; ++block) {
+        if (skip.count(block) > 0) continue;
+        auto lease = session.Fetch(Key(block));
+        ASSERT_THAT(lease, IsOk()) << Key(block);
+        ExpectTensorsMatch(session, *lease);
+        lease->Release();
+        ASSERT_THAT(session.device().SynchronizeStream(session.default_stream()), IsOk());
+      }
+    }
+  }
+
+  bool OnGpu(const std::string& key) {
+    auto objects = client_->ListObjects("m");
+    EXPECT_THAT(objects, IsOk());
+    if (!objects.ok()) return false;
+    for (const v1::ObjectInfo& object : *objects) {
+      if (object.key() == key) return object.on_gpu();
+    }
+    return false;
+  }
+
+  // Sleeps `target`, retrying while a lease just released is still being drained.
+  absl::StatusOr<v1::RetainedSet> SleepOnceReleased(Session& session, const std::string& target) {
+    const absl::Time deadline = absl::Now() + kTimeout;
+    while (true) {
+      absl::StatusOr<v1::RetainedSet> slept = session.Sleep(target);
+      if (!absl::IsFailedPrecondition(slept.status()) || absl::Now() > deadline) return slept;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+};
+
+TEST_F(ApiRetainedTest, ARetainedObjectOutlivesItsSessionAndEvictionPressure) {
+  const void* first_place = nullptr;
+  {
+    std::unique_ptr<Session> session = Open();
+    auto retained = session->Retain(Key(0));
+    ASSERT_THAT(retained, IsOk());
+    EXPECT_EQ(retained->objects(), 1u);
+    EXPECT_EQ(retained->bytes(), 2 * kRows * kCols * 4);
+    EXPECT_FALSE(retained->asleep());
+    auto lease = session->Fetch(Key(0));
+    ASSERT_THAT(lease, IsOk());
+    first_place = lease->data();
+  }
+  {
+    // Other objects, twice the pool, go through it after the session that retained it ended.
+    std::unique_ptr<Session> session = Open();
+    StreamOtherBlocks(*session, {0}, 2);
+  }
+  EXPECT_TRUE(OnGpu(Key(0)));
+  const uint64_t misses = Stats().gpu().misses();
+  std::unique_ptr<Session> session = Open();
+  auto lease = session->Fetch(Key(0));
+  ASSERT_THAT(lease, IsOk());
+  EXPECT_EQ(lease->data(), first_place) << "the same GPU memory, not a copy";
+  EXPECT_EQ(Stats().gpu().misses(), misses);
+  ExpectTensorsMatch(*session, *lease);
+  lease->Release();
+  const v1::Stats stats = Stats();
+  EXPECT_EQ(stats.retained_sets(), 1u);
+  EXPECT_EQ(stats.retained_bytes(), 2 * kRows * kCols * 4);
+  EXPECT_EQ(stats.retain_budget_bytes(), 1u << 20);
+}
+
+TEST_F(ApiRetainedTest, PastTheBudgetIsRefusedAndOthersStillStream) {
+  std::unique_ptr<Session> session = Open();
+  ASSERT_THAT(session->Retain(Key(0)), IsOk());
+  ASSERT_THAT(session->Retain(Key(1)), IsOk());
+  EXPECT_THAT(session->Retain(Key(2)),
+              FailsWith(absl::StatusCode::kResourceExhausted, "--retain-bytes"));
+  EXPECT_THAT(session->Retain("m"),
+              FailsWith(absl::StatusCode::kResourceExhausted, "budget"));
+  auto listed = session->ListRetained();
+  ASSERT_THAT(listed, IsOk());
+  EXPECT_EQ(listed->sets_size(), 2);
+  EXPECT_EQ(listed->bytes(), listed->budget_bytes());
+  // The other half of the pool still serves everything else.
+  StreamOtherBlocks(*session, {0, 1}, 2);
+  ASSERT_THAT(session->Unretain(Key(1)), IsOk());
+  EXPECT_THAT(session->Retain(Key(2)), IsOk());
+}
+
+TEST_F(ApiRetainedTest, BadTargetsAreRefusedByName) {
+  std::unique_ptr<Session> session = Open();
+  EXPECT_THAT(session->Retain("no-such-model"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(session->Retain("m/blocks.99"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(session->Retain(""),
+              FailsWith(absl::StatusCode::kInvalidArgument, "retain.target"));
+  EXPECT_THAT(session->Retain("m\nx"),
+              FailsWith(absl::StatusCode::kInvalidArgument, "control character"));
+  EXPECT_THAT(session->Retain("nothing-stored/"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(session->Unretain(Key(0)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(session->Sleep(Key(0)), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(session->Wake(Key(0)), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(ApiRetainedTest, SleepIsRefusedWhileLeasedAndWakeComesBackInPlace) {
+  std::unique_ptr<Session> session = Open();
+  ASSERT_THAT(session->Retain(Key(0)), IsOk());
+  auto lease = session->Fetch(Key(0));
+  ASSERT_THAT(lease, IsOk());
+  const void* place = lease->data();
+  EXPECT_THAT(session->Sleep(Key(0)),
+              FailsWith(absl::StatusCode::kFailedPrecondition, "leased"));
+  lease->Release();
+  auto slept = SleepOnceReleased(*session, Key(0));
+  ASSERT_THAT(slept, IsOk());
+  EXPECT_TRUE(slept->asleep());
+  EXPECT_FALSE(OnGpu(Key(0)));
+  EXPECT_EQ(Stats().retained_bytes(), 0u);
+  EXPECT_THAT(session->Retain(Key(0)),
+              FailsWith(absl::StatusCode::kFailedPrecondition, "asleep"));
+  auto woken = session->Wake(Key(0));
+  ASSERT_THAT(woken, IsOk());
+  EXPECT_FALSE(woken->asleep());
+  EXPECT_EQ(woken->moved(), 0u);
+  auto again = session->Fetch(Key(0));
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(again->data(), place) << "woken at the device address it had";
+  ExpectTensorsMatch(*session, *again);
+}
+
+TEST_F(ApiRetainedTest, AWakeWhoseRoomWasTakenMovesAndStillServesTheRightBytes) {
+  std::unique_ptr<Session> session = Open();
+  ASSERT_THAT(session->Retain(Key(0)), IsOk());
+  auto lease = session->Fetch(Key(0));
+  ASSERT_THAT(lease, IsOk());
+  const void* place = lease->data();
+  lease->Release();
+  ASSERT_THAT(SleepOnceReleased(*session, Key(0)), IsOk());
+  // Hold four other objects, from two sessions (three leases each at most): the whole pool, the
+  // range the set had included.
+  std::unique_ptr<Session> second = Open();
+  std::vector<Lease> held;
+  for (int block = 1; block <= 4; ++block) {
+    auto other = (block <= 3 ? *session : *second).Fetch(Key(block));
+    ASSERT_THAT(other, IsOk());
+    held.push_back(*std::move(other));
+  }
+  EXPECT_THAT(session->Wake(Key(0)), StatusIs(absl::StatusCode::kResourceExhausted));
+  auto listed = session->ListRetained();
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_EQ(listed->sets_size(), 1);
+  EXPECT_TRUE(listed->sets(0).asleep()) << "a failed wake leaves the set asleep";
+  // One stays: the wake must find room elsewhere if its range is still taken.
+  for (size_t i = 1; i < held.size(); ++i) held[i].Release();
+  ASSERT_THAT(session->device().SynchronizeStream(session->default_stream()), IsOk());
+  absl::StatusOr<v1::RetainedSet> woken;
+  for (const absl::Time deadline = absl::Now() + kTimeout; absl::Now() < deadline;) {
+    woken = session->Wake(Key(0));
+    if (woken.ok()) break;
+    absl::SleepFor(absl::Milliseconds(5));  // the releases are still draining
+  }
+  ASSERT_THAT(woken, IsOk());
+  auto again = session->Fetch(Key(0));
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(again->data() == place, woken->moved() == 0);
+  ExpectTensorsMatch(*session, *again);
+}
+
+TEST_F(ApiRetainedTest, AnIdleSetIsReleasedOnceItsTimeToLivePasses) {
+  std::unique_ptr<Session> session = Open();
+  auto retained = session->Retain(Key(0), absl::Milliseconds(300));
+  ASSERT_THAT(retained, IsOk());
+  EXPECT_EQ(retained->ttl_ms(), 300u);
+  {
+    auto lease = session->Fetch(Key(0));
+    ASSERT_THAT(lease, IsOk());
+    // Held longer than the time to live: a set in use is never idle.
+    absl::SleepFor(absl::Seconds(2));
+    auto listed = session->ListRetained();
+    ASSERT_THAT(listed, IsOk());
+    ASSERT_EQ(listed->sets_size(), 1);
+    EXPECT_EQ(listed->sets(0).idle_ms(), 0u);
+  }
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (Stats().retained_sets() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const v1::Stats stats = Stats();
+  EXPECT_EQ(stats.retained_sets(), 0u);
+  EXPECT_EQ(stats.retained_sets_expired(), 1u);
+  EXPECT_EQ(stats.retained_bytes(), 0u);
+}
+
+TEST_F(ApiRetainedTest, ReadersNeverSeeWrongBytesWhileTheSetSleepsAndWakes) {
+  std::unique_ptr<Session> session = Open();
+  ASSERT_THAT(session->Retain(Key(0)), IsOk());
+  std::atomic<bool> stop{false};
+  std::atomic<int> reads{0};
+  std::thread reader([&] {
+    std::unique_ptr<Session> own = Open();
+    while (!stop.load()) {
+      for (int block : {0, 5}) {
+        auto lease = own->Fetch(Key(block));
+        if (!lease.ok()) {
+          // Only room can be short (a wake holds two objects' worth while the pool is shared).
+          EXPECT_THAT(lease, StatusIs(absl::StatusCode::kResourceExhausted));
+          continue;
+        }
+        ExpectTensorsMatch(*own, *lease);
+        lease->Release();
+        reads.fetch_add(1);
+      }
+    }
+  });
+  int slept = 0;
+  int woken = 0;
+  const absl::Time end = absl::Now() + absl::Seconds(3);
+  while (absl::Now() < end) {
+    absl::StatusOr<v1::RetainedSet> sleep = session->Sleep(Key(0));
+    if (sleep.ok()) {
+      ++slept;
+    } else {
+      EXPECT_THAT(sleep, StatusIs(absl::StatusCode::kFailedPrecondition)) << "leased, or asleep";
+    }
+    absl::StatusOr<v1::RetainedSet> wake = session->Wake(Key(0));
+    if (wake.ok()) {
+      ++woken;
+    } else {
+      EXPECT_THAT(wake, StatusIs(absl::StatusCode::kResourceExhausted));
+    }
+  }
+  stop = true;
+  reader.join();
+  EXPECT_GT(reads.load(), 0);
+  EXPECT_GT(slept, 0) << "the reader never let go";
+  EXPECT_GT(woken, 0);
+}
+
+TEST_F(ApiRetainedTest, RetainedSetsComeBackAfterADaemonRestart) {
+  {
+    std::unique_ptr<Session> session = Open();
+    ASSERT_THAT(session->Retain(Key(0)), IsOk());
+    ASSERT_THAT(session->Retain(Key(1), absl::Hours(1)), IsOk());
+    ASSERT_THAT(session->Sleep(Key(1)), IsOk());
+  }
+  client_.reset();
+  daemon_->Signal(SIGTERM);
+  ASSERT_THAT(daemon_->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
+  daemon_ = StartDaemon();
+  ASSERT_NE(daemon_, nullptr);
+  ClientOptions options;
+  options.socket_path = socket_path();
+  auto client = Client::Connect(options);
+  ASSERT_THAT(client, IsOk());
+  client_ = *std::move(client);
+  std::unique_ptr<Session> session = Open();
+  auto listed = session->ListRetained();
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_EQ(listed->sets_size(), 2);
+  EXPECT_EQ(listed->sets(0).target(), Key(0));
+  EXPECT_FALSE(listed->sets(0).asleep());
+  EXPECT_EQ(listed->sets(1).target(), Key(1));
+  EXPECT_TRUE(listed->sets(1).asleep());
+  EXPECT_EQ(listed->sets(1).ttl_ms(), 3600u * 1000);
+  // Retaining it again answers once it is back on the GPU.
+  ASSERT_THAT(session->Retain(Key(0)), IsOk());
+  EXPECT_TRUE(OnGpu(Key(0)));
+  EXPECT_FALSE(OnGpu(Key(1)));
+  const uint64_t misses = Stats().gpu().misses();
+  auto lease = session->Fetch(Key(0));
+  ASSERT_THAT(lease, IsOk());
+  ExpectTensorsMatch(*session, *lease);
+  EXPECT_EQ(Stats().gpu().misses(), misses);
+  ASSERT_THAT(session->Wake(Key(1)), IsOk());
+  EXPECT_TRUE(OnGpu(Key(1)));
+}
+
+}  // namespace
+}  // namespace api_test
+}  // namespace tierd
