@@ -442,6 +442,7 @@ std::optional<GpuObjectUse> GpuTier::ObjectUse(const std::string& key) const {
   if (object->memory.has_value()) use.range = object->memory->range();
   use.leases = object->refs;
   use.pins = object->pins;
+  use.copying = object->copying;
   use.last_released = object->last_released;
   return use;
 }

@@ -85,6 +85,9 @@ struct ClientLimits {
   // Done events the client is given; nullopt: GpuTierOptions::done_events_per_client. A client of
   // the daemon's own that only pins (the retained sets') takes none.
   std::optional<uint32_t> done_events;
+  // A client of the daemon's own (the retained sets'), not a session: neither counted against
+  // GpuTierOptions::max_clients nor among the open clients the stats report.
+  bool daemons_own = false;
 };
 
 // How an object in staging is used now (GpuTier::ObjectUse).
@@ -93,6 +96,7 @@ struct GpuObjectUse {
   StagingRange range;     // where it lies; size 0 while it has no room yet
   uint32_t leases = 0;
   uint32_t pins = 0;
+  bool copying = false;  // a copy into or out of its range has not been seen complete yet
   absl::Time last_released = absl::InfinitePast();  // when its last lease ended
 };
 

@@ -47,6 +47,7 @@ absl::StatusOr<std::unique_ptr<RetainedSets>> RetainedSets::Create(GpuTier& tier
   limits.max_leases = 0;
   limits.max_staging_bytes = options.budget_bytes;
   limits.done_events = 0;
+  limits.daemons_own = true;
   ASSIGN_OR_RETURN(const ClientId client, tier.OpenClient(limits));
   return std::unique_ptr<RetainedSets>(
       new RetainedSets(tier, catalog, std::move(options), client));
@@ -232,6 +233,8 @@ void RetainedSets::LoadEnded(const std::string& target, State failed_state, absl
 
 absl::Status RetainedSets::Release(const std::string& target) {
   std::vector<std::string> to_unpin;
+  std::vector<Answer> sleeping;
+  RetainedSetInfo info;
   {
     absl::MutexLock lock(&mu_);
     auto it = sets_.find(target);
@@ -246,55 +249,73 @@ absl::Status RetainedSets::Release(const std::string& target) {
       to_unpin = it->second.keys;
       committed_bytes_ -= it->second.bytes;
     }
+    // A sleep still waiting for copies is answered: the set slept, then went.
+    sleeping = std::move(it->second.sleeping);
+    info = InfoLocked(target, it->second, absl::Now());
     sets_.erase(it);
     RecordLocked();
   }
   UnpinKeys(to_unpin);
+  for (Answer& done : sleeping) std::move(done)(info);
   return absl::OkStatus();
 }
 
-absl::StatusOr<RetainedSetInfo> RetainedSets::Sleep(const std::string& target) {
-  std::vector<std::string> keys;
-  RetainedSetInfo info;
+void RetainedSets::Sleep(const std::string& target, Answer done) {
+  std::optional<absl::StatusOr<RetainedSetInfo>> answer_now;  // answered after the lock
   {
     absl::MutexLock lock(&mu_);
     auto it = sets_.find(target);
-    if (it == sets_.end()) return absl::NotFoundError(absl::StrCat(target, " is not retained"));
-    Set& set = it->second;
-    if (set.state != State::kAwake) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          target, set.state == State::kAsleep ? " is asleep already" : " is being loaded"));
-    }
-    std::map<std::string, StagingRange> placements;
-    for (const std::string& key : set.keys) {
-      std::optional<GpuObjectUse> use = tier_.ObjectUse(key);
-      if (!use.has_value()) continue;
-      if (use->leases > 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            target, " cannot sleep: ", key, " is leased (", use->leases,
-            " lease(s)); release the leases of every process using it first"));
+    if (it == sets_.end()) {
+      answer_now = absl::NotFoundError(absl::StrCat(target, " is not retained"));
+    } else if (it->second.state != State::kAwake) {
+      answer_now = absl::FailedPreconditionError(absl::StrCat(
+          target, it->second.state == State::kAsleep ? " is asleep already" : " is being loaded"));
+    } else {
+      Set& set = it->second;
+      std::map<std::string, StagingRange> placements;
+      for (const std::string& key : set.keys) {
+        std::optional<GpuObjectUse> use = tier_.ObjectUse(key);
+        if (!use.has_value()) continue;
+        if (use->leases > 0 && !answer_now.has_value()) {
+          answer_now = absl::FailedPreconditionError(absl::StrCat(
+              target, " cannot sleep: ", key, " is leased (", use->leases,
+              " lease(s)); release the leases of every process using it first"));
+        }
+        placements[key] = use->range;
       }
-      placements[key] = use->range;
-    }
-    // Under the lock, so that no other call on this set interleaves; a lease granted from now on
-    // keeps its object on the GPU until released (the eviction below skips it), and no longer.
-    set.placements = std::move(placements);
-    set.state = State::kAsleep;
-    set.since = absl::Now();
-    committed_bytes_ -= set.bytes;
-    keys = set.keys;
-    UnpinKeys(keys);
-    for (const std::string& key : keys) {
-      absl::StatusOr<EvictResult> evicted = tier_.Evict(key, EvictTier::kGpu);
-      if (!evicted.ok() && !absl::IsNotFound(evicted.status())) {
-        TIERD_LOG(INFO) << "retained sets: " << target << " sleeps; " << key
-                        << " stays until released: " << evicted.status();
+      if (!answer_now.has_value()) {
+        // Under the lock, so that no other call on this set interleaves. A lease granted from now
+        // on keeps its object on the GPU until it is released (the eviction skips it), no longer.
+        set.placements = std::move(placements);
+        set.state = State::kAsleep;
+        set.since = absl::Now();
+        committed_bytes_ -= set.bytes;
+        UnpinKeys(set.keys);
+        set.leaving = EvictFromGpu(set.keys);
+        RecordLocked();
+        if (set.leaving.empty()) {
+          answer_now = InfoLocked(target, set, set.since);
+        } else {
+          set.sleeping.push_back(std::move(done));
+        }
       }
     }
-    info = InfoLocked(target, set, set.since);
-    RecordLocked();
   }
-  return info;
+  if (answer_now.has_value()) std::move(done)(*std::move(answer_now));
+}
+
+std::vector<std::string> RetainedSets::EvictFromGpu(const std::vector<std::string>& keys) {
+  std::vector<std::string> again;
+  for (const std::string& key : keys) {
+    absl::StatusOr<EvictResult> evicted = tier_.Evict(key, EvictTier::kGpu);
+    if (evicted.ok() || absl::IsNotFound(evicted.status())) continue;
+    // Pinned (another set holds it), leased (it leaves once released) or its copy in flight.
+    std::optional<GpuObjectUse> use = tier_.ObjectUse(key);
+    if (use.has_value() && use->copying && use->pins == 0 && use->leases == 0) {
+      again.push_back(key);
+    }
+  }
+  return again;
 }
 
 void RetainedSets::Wake(const std::string& target, Answer done) {
@@ -314,6 +335,9 @@ void RetainedSets::Wake(const std::string& target, Answer done) {
       answer_now = budget;
     } else {
       Set& set = it->second;
+      // A sleep still waiting for copies to complete is over: its set is asleep (its answer is
+      // given by the sweep as if it had completed).
+      set.leaving.clear();
       for (const auto& [key, range] : set.placements) {
         if (range.size > 0) tier_.PreferPlacement(key, range);
       }
@@ -375,42 +399,61 @@ RetainedSetInfo RetainedSets::InfoLocked(const std::string& target, const Set& s
 
 void RetainedSets::Sweep(absl::Time now) {
   std::vector<std::string> to_unpin;
+  std::vector<std::pair<Answer, absl::StatusOr<RetainedSetInfo>>> answers;
   {
     absl::MutexLock lock(&mu_);
-    for (auto it = sets_.begin(); it != sets_.end();) {
-      const std::string& target = it->first;
-      Set& set = it->second;
-      std::string why;
-      if (set.state == State::kAwake) {
-        // A set whose objects changed under it (a model dropped or registered again, a stored
-        // object replaced) pins an older version nobody can fetch: it goes.
-        for (const std::string& key : set.keys) {
-          std::optional<GpuObjectUse> use = tier_.ObjectUse(key);
-          if (!use.has_value() || use->pins == 0) {
-            why = absl::StrCat(key, " changed or is gone");
-            break;
-          }
-        }
+    for (auto& [target, set] : sets_) {
+      if (!set.leaving.empty()) set.leaving = EvictFromGpu(set.leaving);
+      if (set.leaving.empty() && !set.sleeping.empty()) {
+        const RetainedSetInfo info = InfoLocked(target, set, now);
+        for (Answer& done : set.sleeping) answers.emplace_back(std::move(done), info);
+        set.sleeping.clear();
       }
-      if (why.empty() && set.state != State::kLoading && set.ttl > absl::ZeroDuration() &&
-          InfoLocked(target, set, now).idle >= set.ttl) {
-        why = absl::StrCat("idle past its time to live of ", absl::FormatDuration(set.ttl));
-        ++expired_;
-      }
-      if (why.empty()) {
-        ++it;
-        continue;
-      }
-      TIERD_LOG(INFO) << "retained set " << target << " released: " << why;
-      if (set.state == State::kAwake) {
-        to_unpin.insert(to_unpin.end(), set.keys.begin(), set.keys.end());
-        committed_bytes_ -= set.bytes;
-      }
-      it = sets_.erase(it);
-      RecordLocked();
+    }
+    if (now - last_expiry_check_ >= absl::Seconds(1)) {
+      last_expiry_check_ = now;
+      to_unpin = ExpireLocked(now);
     }
   }
   UnpinKeys(to_unpin);
+  for (auto& [done, answer] : answers) std::move(done)(std::move(answer));
+}
+
+std::vector<std::string> RetainedSets::ExpireLocked(absl::Time now) {
+  std::vector<std::string> to_unpin;
+  for (auto it = sets_.begin(); it != sets_.end();) {
+    const std::string& target = it->first;
+    Set& set = it->second;
+    std::string why;
+    if (set.state == State::kAwake) {
+      // A set whose objects changed under it (a model dropped or registered again, a stored
+      // object replaced) pins an older version nobody can fetch: it goes.
+      for (const std::string& key : set.keys) {
+        std::optional<GpuObjectUse> use = tier_.ObjectUse(key);
+        if (!use.has_value() || use->pins == 0) {
+          why = absl::StrCat(key, " changed or is gone");
+          break;
+        }
+      }
+    }
+    if (why.empty() && set.state != State::kLoading && set.sleeping.empty() &&
+        set.ttl > absl::ZeroDuration() && InfoLocked(target, set, now).idle >= set.ttl) {
+      why = absl::StrCat("idle past its time to live of ", absl::FormatDuration(set.ttl));
+      ++expired_;
+    }
+    if (why.empty() || set.state == State::kLoading || !set.sleeping.empty()) {
+      ++it;
+      continue;
+    }
+    TIERD_LOG(INFO) << "retained set " << target << " released: " << why;
+    if (set.state == State::kAwake) {
+      to_unpin.insert(to_unpin.end(), set.keys.begin(), set.keys.end());
+      committed_bytes_ -= set.bytes;
+    }
+    it = sets_.erase(it);
+    RecordLocked();
+  }
+  return to_unpin;
 }
 
 void RetainedSets::RecordLocked() const {

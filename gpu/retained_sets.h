@@ -85,7 +85,9 @@ class RetainedSets {
   struct Options {
     uint64_t budget_bytes = 0;
     std::string state_file;  // empty: sets are not recorded
-    absl::Duration sweep_period = absl::Seconds(1);
+    // How often objects of a sleeping set whose copies were in flight are evicted again; time to
+    // live and changed objects are checked every second.
+    absl::Duration sweep_period = absl::Milliseconds(20);
   };
   using Answer = absl::AnyInvocable<void(absl::StatusOr<RetainedSetInfo>) &&>;
 
@@ -107,9 +109,11 @@ class RetainedSets {
   // Forgets `target`: its objects become evictable (leases held keep theirs). NOT_FOUND when it is
   // not retained; FAILED_PRECONDITION while it is being retained, slept or woken.
   absl::Status Release(const std::string& target) ABSL_LOCKS_EXCLUDED(mu_);
-  // Puts `target` to sleep. FAILED_PRECONDITION while one of its objects is leased (naming it), or
+  // Puts `target` to sleep, answering once its staging is back in the pool (an object whose copy
+  // into staging is still in flight leaves once it completes; one a process leased meanwhile
+  // leaves once released). FAILED_PRECONDITION while one of its objects is leased (naming it), or
   // when it is not awake.
-  absl::StatusOr<RetainedSetInfo> Sleep(const std::string& target) ABSL_LOCKS_EXCLUDED(mu_);
+  void Sleep(const std::string& target, Answer done) ABSL_LOCKS_EXCLUDED(mu_);
   // Wakes `target`, answering once its objects are back on the GPU (with how many moved). Errors
   // as Retain's; on error the set stays asleep.
   void Wake(const std::string& target, Answer done) ABSL_LOCKS_EXCLUDED(mu_);
@@ -120,7 +124,9 @@ class RetainedSets {
   // cannot be had any more is logged and forgotten. Call once, after the tier's stored objects
   // have been adopted.
   void Restore() ABSL_LOCKS_EXCLUDED(mu_);
-  // Releases the sets whose time to live has passed by `now`. Called every sweep period.
+  // Evicts what sleeping sets left on the GPU and answers their sleeps once none is left; once a
+  // second, releases the sets whose time to live has passed by `now` or whose objects changed.
+  // Called every sweep period.
   void Sweep(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -134,6 +140,10 @@ class RetainedSets {
     std::map<std::string, StagingRange> placements;  // while asleep: where each object was
     uint64_t moved = 0;
     std::vector<Answer> waiting;  // answered when the load ends
+    // While falling asleep: objects whose copies were in flight, evicted once those complete,
+    // and the sleeps answered then.
+    std::vector<std::string> leaving;
+    std::vector<Answer> sleeping;
   };
 
   RetainedSets(GpuTier& tier, const Catalog& catalog, Options options, ClientId client);
@@ -152,6 +162,12 @@ class RetainedSets {
   // Rewrites the state file (logging a failure: the sets stay as they are in memory).
   void RecordLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnpinKeys(const std::vector<std::string>& keys);
+  // Evicts each of `keys` from the GPU; returns those that must be tried again (their copy was
+  // still in flight).
+  std::vector<std::string> EvictFromGpu(const std::vector<std::string>& keys);
+  // Releases the sets whose time to live passed or whose objects changed; returns the keys to
+  // unpin.
+  std::vector<std::string> ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   GpuTier& tier_;
   const Catalog& catalog_;
@@ -161,6 +177,7 @@ class RetainedSets {
   std::map<std::string, Set> sets_ ABSL_GUARDED_BY(mu_);
   uint64_t committed_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // of sets loading or awake
   uint64_t expired_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_expiry_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::unique_ptr<PeriodicThread> sweeper_;  // last: started once the rest is built
 };
 

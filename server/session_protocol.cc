@@ -518,7 +518,7 @@ void SessionProtocol::Retained(uint64_t request_id, const v1::SessionRequest& re
       if (absl::Status valid = CheckRetainTarget(target, "sleep.target"); !valid.ok()) {
         return Reply(request_id, valid);
       }
-      return answer_set(sets.Sleep(target));
+      return sets.Sleep(target, std::move(answer_set));
     }
     case v1::SessionRequest::kWake: {
       const std::string& target = request.wake().target();

@@ -50,11 +50,11 @@ absl::StatusOr<ClientId> ClientTable::Open(const ClientLimits& limits,
                                            std::vector<uint32_t> done_events) {
   {
     absl::MutexLock lock(&mu_);
-    if (OpenCount() >= max_clients_) return TooManyClients();
+    if (!limits.daemons_own && OpenCount() >= max_clients_) return TooManyClients();
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Stream> stream, device_.CreateStream(StreamPriority::kNormal));
   absl::MutexLock lock(&mu_);
-  if (OpenCount() >= max_clients_) return TooManyClients();
+  if (!limits.daemons_own && OpenCount() >= max_clients_) return TooManyClients();
   auto client = std::make_unique<GpuClient>();
   client->id = next_client_++;
   client->limits = limits;
@@ -105,7 +105,9 @@ std::vector<ClientId> ClientTable::Ids() const {
 uint32_t ClientTable::OpenCount() const {
   mu_.AssertHeld();
   uint32_t open = 0;
-  for (const auto& [id, client] : clients_) open += client->closed ? 0 : 1;
+  for (const auto& [id, client] : clients_) {
+    open += client->closed || client->limits.daemons_own ? 0 : 1;
+  }
   return open;
 }
 

@@ -101,6 +101,7 @@ class ClientTable {
   std::unique_ptr<GpuClient> Erase(ClientId id);
   // Every client still known (open, or closed with drains in flight).
   std::vector<ClientId> Ids() const;
+  // Sessions open: closed clients and the daemon's own (ClientLimits::daemons_own) are not counted.
   uint32_t OpenCount() const;
 
   // Records `lease` held by `client`; returns its id.

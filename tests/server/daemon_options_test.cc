@@ -89,6 +89,8 @@ TEST(DaemonOptionsTest, EveryValueCheckAppliesToOptionsBuiltInCode) {
       // Checked in Daemon::Create before these moved here; still refused.
       {[](DaemonOptions& o) { o.gpu_slab_bytes = 1000; }, "--gpu-slab-bytes"},
       {[](DaemonOptions& o) { o.max_events = 7; }, "--max-events must be at least 8"},
+      {[](DaemonOptions& o) { o.retain_bytes = o.gpu_pool_bytes + 1; },
+       "--retain-bytes ("},
   };
   for (const auto& bad : cases) {
     DaemonOptions options = Valid();

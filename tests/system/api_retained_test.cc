@@ -162,6 +162,19 @@ TEST_F(ApiRetainedTest, SleepIsRefusedWhileLeasedAndWakeComesBackInPlace) {
   ExpectTensorsMatch(*session, *again);
 }
 
+TEST_F(ApiRetainedTest, ASleepRightAfterItsLoadAnswersOnceTheStagingIsFree) {
+  std::unique_ptr<Session> session = Open();
+  for (int round = 0; round < 5; ++round) {
+    ASSERT_THAT(session->Retain(Key(0)), IsOk());
+    // The copies into staging may still run: the answer waits for them, then the room is free.
+    auto slept = session->Sleep(Key(0));
+    ASSERT_THAT(slept, IsOk());
+    EXPECT_FALSE(OnGpu(Key(0))) << round;
+    EXPECT_EQ(Stats().gpu().used_bytes(), 0u) << round;
+    ASSERT_THAT(session->Unretain(Key(0)), IsOk());
+  }
+}
+
 TEST_F(ApiRetainedTest, AWakeWhoseRoomWasTakenMovesAndStillServesTheRightBytes) {
   std::unique_ptr<Session> session = Open();
   ASSERT_THAT(session->Retain(Key(0)), IsOk());

@@ -310,6 +310,43 @@ TEST_F(ClientGroupsTest, StoredObjectsAreSeenOnlyByTheGroupThatStoredThem) {
   EXPECT_THAT(FetchBytes(*tenant, "kv/x"), StatusIs(absl::StatusCode::kNotFound));
 }
 
+TEST_F(ClientGroupsTest, RetainedSetsBelongToTheirGroup) {
+  std::unique_ptr<Session> tenant = Open("tenant");
+  std::unique_ptr<Session> other = Open("other");
+  std::unique_ptr<Session> main = Open("");
+  ASSERT_TRUE(tenant && other && main);
+  ASSERT_THAT(StoreBytes(*tenant, "proc/a", testing::PatternBytes(64 << 10, 3)), IsOk());
+  ASSERT_THAT(tenant->Retain("m"), IsOk());
+  ASSERT_THAT(tenant->Retain("proc/"), IsOk());
+  // Another group neither sees, sleeps nor releases the tenant's sets, nor retains its objects.
+  for (Session* stranger : {other.get(), main.get()}) {
+    auto listed = stranger->ListRetained();
+    ASSERT_THAT(listed, IsOk());
+    EXPECT_EQ(listed->sets_size(), 0);
+    EXPECT_THAT(stranger->Unretain("m"), StatusIs(absl::StatusCode::kNotFound));
+    EXPECT_THAT(stranger->Sleep("m"), StatusIs(absl::StatusCode::kNotFound));
+    EXPECT_THAT(stranger->Wake("proc/"), StatusIs(absl::StatusCode::kNotFound));
+    EXPECT_THAT(stranger->Retain("proc/"), StatusIs(absl::StatusCode::kNotFound));
+    EXPECT_THAT(stranger->Retain("proc/a"), StatusIs(absl::StatusCode::kNotFound));
+  }
+  // The tenant's sets take its own pool's budget (half of 4 MiB), never another group's.
+  auto stats = Connect("")->GetStats();
+  ASSERT_THAT(stats, IsOk());
+  ASSERT_EQ(stats->client_groups_size(), 3);
+  EXPECT_EQ(stats->client_groups(0).retained_sets(), 0u);
+  EXPECT_EQ(stats->client_groups(1).name(), "tenant");
+  EXPECT_EQ(stats->client_groups(1).retained_sets(), 2u);
+  EXPECT_EQ(stats->client_groups(1).retain_budget_bytes(), 2u << 20);
+  EXPECT_EQ(stats->client_groups(2).retain_budget_bytes(), 1u << 20);
+  EXPECT_EQ(stats->retained_sets(), 2u);
+  // The other group retains the same model into its own pool.
+  ASSERT_THAT(other->Retain("m"), IsOk());
+  auto after = Connect("")->GetStats();
+  ASSERT_THAT(after, IsOk());
+  EXPECT_EQ(after->client_groups(2).retained_sets(), 1u);
+  EXPECT_EQ(after->retained_sets(), 3u);
+}
+
 TEST_F(ClientGroupsTest, DurableObjectsComeBackToTheirGroupOnly) {
   StoreRequest durable;
   durable.durable = true;
@@ -416,7 +453,9 @@ TEST_F(ClientGroupsTest, BadClientGroupsAreRefused) {
   StopDaemon();
   const std::string group = unix_group_;
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--client-groups=tenant", "three fields"},
+      {"--client-groups=tenant", "three or four fields"},
+      {absl::StrCat("--client-groups=a:", group, ":1MiB:2MiB"), "at most the GPU pool's"},
+      {absl::StrCat("--client-groups=a:", group, ":1MiB:lots"), "retained bytes"},
       {absl::StrCat("--client-groups=ten/ant:", group, ":1MiB"), "the name"},
       {absl::StrCat("--client-groups=default:", group, ":1MiB"), "main sockets"},
       {absl::StrCat("--client-groups=a:", group, ":0"), "above 0"},
