@@ -85,7 +85,8 @@ for binary in "${binaries[@]}"; do
     installed="$out/bin/$(basename "$binary")"
   fi
   ((strip_binaries)) && strip --strip-debug "$installed"
-  ldd "$binary" | awk '/=>/ && $3 ~ /^\// {print $3}' | grep -vE "$system_libs" |
+  # A binary that loads only system libraries leaves grep nothing to print (status 1).
+  ldd "$binary" | awk '/=>/ && $3 ~ /^\// {print $3}' | { grep -vE "$system_libs" || true; } |
     while read -r lib; do cp -Ln "$lib" "$out/lib/"; done
 done
 if [[ -n $tarball ]]; then

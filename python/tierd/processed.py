@@ -38,6 +38,8 @@ from .errors import StatusCode, TierdError
 # A stored object holds tensors up to about this many bytes, so that no object needs a large share
 # of the daemon's GPU pool or of a session's staging quota at once.
 OBJECT_BYTES = 256 << 20
+# Objects a save has reserved and not seen committed, at most.
+_OBJECTS_IN_FLIGHT = 8
 _MANIFEST_VERSION = 1
 
 
@@ -115,6 +117,8 @@ def save(client, identity_text, tensors, durable=False, retain=None):
             session.store_async(key, {name: tensors[name].contiguous() for name in names},
                                 spillable=not durable, durable=durable)
             keys.append(key)
+            if len(keys) % _OBJECTS_IN_FLIGHT == 0:
+                session.flush()  # bounds the staging the save holds at once
         session.flush()
         manifest = {"version": _MANIFEST_VERSION, "identity": identity_text,
                     "generation": generation, "objects": keys, "tensors": placed}
