@@ -461,7 +461,8 @@ void RetainedSets::RecordLocked() const {
   std::string text = absl::StrCat(kStateHeader, "\n");
   for (const auto& [target, set] : sets_) {
     absl::StrAppend(&text, absl::ToInt64Milliseconds(set.ttl), "\t",
-                    set.state == State::kAsleep ? 1 : 0, "\t", target, "\n");
+                    set.state == State::kAsleep ? 1 : 0, "\t", set.keys.size(), "\t", target,
+                    "\n");
   }
   std::shared_ptr<FileSystem> file_system = FileSystemOrDefault(nullptr);
   const absl::string_view parts[] = {text};
@@ -487,28 +488,38 @@ void RetainedSets::Restore() {
   struct Recorded {
     absl::Duration ttl;
     bool asleep;
+    size_t objects;
     std::string target;
   };
   std::vector<Recorded> recorded;
   while (std::getline(in, line)) {
-    std::vector<std::string> fields = absl::StrSplit(line, absl::MaxSplits('\t', 2));
+    std::vector<std::string> fields = absl::StrSplit(line, absl::MaxSplits('\t', 3));
     int64_t ttl_ms = 0;
-    if (fields.size() != 3 || !absl::SimpleAtoi(fields[0], &ttl_ms) || ttl_ms < 0 ||
-        (fields[1] != "0" && fields[1] != "1") ||
-        !CheckRetainTarget(fields[2], "target").ok()) {
+    size_t objects = 0;
+    if (fields.size() != 4 || !absl::SimpleAtoi(fields[0], &ttl_ms) || ttl_ms < 0 ||
+        (fields[1] != "0" && fields[1] != "1") || !absl::SimpleAtoi(fields[2], &objects) ||
+        !CheckRetainTarget(fields[3], "target").ok()) {
       TIERD_LOG(WARNING) << "retained sets: skipping a malformed line of " << options_.state_file;
       continue;
     }
-    recorded.push_back({absl::Milliseconds(ttl_ms), fields[1] == "1", fields[2]});
+    recorded.push_back({absl::Milliseconds(ttl_ms), fields[1] == "1", objects, fields[3]});
   }
   for (Recorded& set : recorded) {
+    // A set comes back whole or not at all: stored objects that did not survive the restart (not
+    // durable) would make it partial.
+    std::vector<std::string> keys;
+    uint64_t bytes = 0;
+    if (absl::Status expanded = Expand(set.target, keys, bytes); !expanded.ok()) {
+      TIERD_LOG(WARNING) << "retained set " << set.target << " is gone: " << expanded;
+      continue;
+    }
+    if (keys.size() != set.objects) {
+      TIERD_LOG(WARNING) << "retained set " << set.target << " is not retained again: "
+                         << keys.size() << " of its " << set.objects
+                         << " objects are there after the restart";
+      continue;
+    }
     if (set.asleep) {
-      std::vector<std::string> keys;
-      uint64_t bytes = 0;
-      if (absl::Status expanded = Expand(set.target, keys, bytes); !expanded.ok()) {
-        TIERD_LOG(WARNING) << "retained set " << set.target << " (asleep) is gone: " << expanded;
-        continue;
-      }
       absl::MutexLock lock(&mu_);
       Set& asleep = sets_[set.target];
       asleep.keys = std::move(keys);

@@ -322,6 +322,68 @@ TEST_F(ApiRetainedTest, RetainedSetsComeBackAfterADaemonRestart) {
   EXPECT_TRUE(OnGpu(Key(1)));
 }
 
+TEST_F(ApiRetainedTest, ASetThatLostAnObjectInARestartIsNotRetainedAgainPartly) {
+  {
+    std::unique_ptr<Session> session = Open();
+    StoreRequest durable;
+    durable.durable = true;
+    ASSERT_THAT(StoreBytes(*session, "proc/kept", testing::PatternBytes(64 << 10, 1), durable),
+                IsOk());
+    ASSERT_THAT(StoreBytes(*session, "proc/lost", testing::PatternBytes(64 << 10, 2)), IsOk());
+    ASSERT_THAT(StoreBytes(*session, "whole/kept", testing::PatternBytes(64 << 10, 3), durable),
+                IsOk());
+    auto retained = session->Retain("proc/");
+    ASSERT_THAT(retained, IsOk());
+    EXPECT_EQ(retained->objects(), 2u);
+    ASSERT_THAT(session->Retain("whole/"), IsOk());
+  }
+  client_.reset();
+  daemon_->Signal(SIGTERM);
+  ASSERT_THAT(daemon_->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
+  daemon_ = StartDaemon();
+  ASSERT_NE(daemon_, nullptr);
+  ClientOptions options;
+  options.socket_path = socket_path();
+  auto client = Client::Connect(options);
+  ASSERT_THAT(client, IsOk());
+  client_ = *std::move(client);
+  std::unique_ptr<Session> session = Open();
+  auto listed = session->ListRetained();
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_EQ(listed->sets_size(), 1) << "proc/ came back with one of its two objects: not at all";
+  EXPECT_EQ(listed->sets(0).target(), "whole/");
+}
+
+TEST_F(ApiRetainedTest, TierctlRetainsListsSleepsWakesAndReleases) {
+  auto retained = Tierctl({"retain", Key(0), "--ttl=2h"});
+  ASSERT_EQ(retained.exit_code, 0) << retained.output;
+  EXPECT_THAT(retained.output, HasSubstr("on gpu"));
+  auto listed = Tierctl({"retained"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.output;
+  EXPECT_THAT(listed.output, HasSubstr(Key(0)));
+  EXPECT_THAT(listed.output, HasSubstr("2h"));
+  EXPECT_THAT(listed.output, HasSubstr("1 set(s); 512 KiB on the GPU of a 1 MiB budget"));
+  auto slept = Tierctl({"--json", "sleep", Key(0)});
+  ASSERT_EQ(slept.exit_code, 0) << slept.output;
+  EXPECT_EQ(nlohmann::json::parse(slept.output)["asleep"], true);
+  EXPECT_EQ(Tierctl({"wake", Key(0)}).exit_code, 0);
+  EXPECT_EQ(Tierctl({"unretain", Key(0)}).exit_code, 0);
+  auto with_stderr = [&](const std::vector<std::string>& args) {
+    auto run = testing::RunTierctl(socket_path(), args, kTimeout, /*with_stderr=*/true);
+    EXPECT_THAT(run, IsOk());
+    return run.ok() ? *run : testing::RunResult{};
+  };
+  auto gone = with_stderr({"unretain", Key(0)});
+  EXPECT_EQ(gone.exit_code, 1);
+  EXPECT_THAT(gone.output, HasSubstr("NOT_FOUND"));
+  auto misplaced = with_stderr({"sleep", Key(0), "--ttl=1h"});
+  EXPECT_EQ(misplaced.exit_code, 2);
+  EXPECT_THAT(misplaced.output, HasSubstr("does not take --ttl"));
+  auto bad_ttl = with_stderr({"retain", Key(0), "--ttl=soon"});
+  EXPECT_EQ(bad_ttl.exit_code, 2);
+  EXPECT_THAT(bad_ttl.output, HasSubstr("--ttl=soon"));
+}
+
 }  // namespace
 }  // namespace api_test
 }  // namespace tierd
