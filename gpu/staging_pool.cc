@@ -75,7 +75,7 @@ std::optional<StagingAllocation> StagingPool::Allocate(uint64_t bytes) {
 }
 
 std::optional<StagingAllocation> StagingPool::AllocateAt(const StagingRange& range) {
-  if (range.size == 0 || range.slab >= free_.size() || range.size % kStagingAlignment != 0 ||
+  if (range.size == 0 || range.slab >= slabs_.size() || range.size % kStagingAlignment != 0 ||
       range.offset % kStagingAlignment != 0) {
     return std::nullopt;
   }
