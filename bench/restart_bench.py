@@ -213,6 +213,14 @@ def stream_others(client, checkpoint, copies):
     return client.stats().bytes_host_to_gpu - before
 
 
+def wait_for_gpu_memory(nbytes, timeout=120):
+    deadline = time.monotonic() + timeout
+    while torch.cuda.mem_get_info()[0] < nbytes + (2 << 30):
+        if time.monotonic() > deadline:
+            sys.exit(f"the GPU did not have {nbytes >> 30} GiB free within {timeout} s")
+        time.sleep(0.2)
+
+
 def evict_from_gpu(client):
     """Evicts the model from the GPU, waiting for the drains of the last process's releases."""
     deadline = time.monotonic() + 60
@@ -329,6 +337,9 @@ def main():
     finally:
         daemon.stop()
     # (c) again after a restart of the daemon: the retained set comes back from the model's files.
+    # The driver frees the stopped daemon's pool a moment after it exits: wait for the room.
+    wait_for_gpu_memory(args.pool_gib << 30)
+    write_results(dict(results, runs=runs), args.json)  # what was measured so far
     daemon = Daemon(**daemon_settings)
     try:
         with tierd.Client(daemon.socket) as client, client.session() as session:

@@ -65,6 +65,7 @@ if ((with_bench)); then
     "$here/bench/run-disk-read-bench.sh" "$here/bench/run-node-bench.sh" "$here/bench/safetensors_load.py" \
     "$here/bench/stream_weights_bench.py" "$here/bench/kv_cache_bench.py" "$here/bench/llama_decode_bench.py" \
     "$here/bench/moe_decode_bench.py" "$here/bench/pipeline_bench.py" "$here/bench/tp_forward_check.py" \
+    "$here/bench/restart_bench.py" \
     "$here/bench/bench_harness.py" "$here/bench/run-kv-cache-bench.sh" "$out/bench/"
   fio=$(command -v fio) || { echo "bundle: --bench needs fio (apt-get install fio)" >&2; exit 1; }
   staging=$(mktemp -d)

@@ -104,6 +104,37 @@ TEST_F(ApiRetainedTest, ARetainedObjectOutlivesItsSessionAndEvictionPressure) {
   EXPECT_EQ(stats.retain_budget_bytes(), 1u << 20);
 }
 
+TEST_F(ApiRetainedTest, MapModelNeedsALeaseForEveryObject) {
+  // The fixture's session quota is three leases: a model of eight objects needs more.
+  std::unique_ptr<Session> session = Open();
+  EXPECT_THAT(client_->MapModel(*session, "m", session->default_stream()),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(client_->MapModel(*session, "no-such-model", session->default_stream()),
+              StatusIs(absl::StatusCode::kNotFound));
+}
+
+class ApiMappedModelTest : public ApiRetainedTest {
+ protected:
+  ApiMappedModelTest() {
+    extra_args_ = {"--session-max-leases=16", "--gpu-pool-bytes=4MiB", "--retain-bytes=4MiB"};
+  }
+};
+
+TEST_F(ApiMappedModelTest, MapModelLeasesEveryObjectOfARetainedModel) {
+  std::unique_ptr<Session> session = Open();
+  ASSERT_THAT(session->Retain("m"), IsOk());
+  auto mapped = client_->MapModel(*session, "m", session->default_stream());
+  ASSERT_THAT(mapped, IsOk());
+  ASSERT_EQ(mapped->size(), static_cast<size_t>(kBlocks));
+  for (int block = 0; block < kBlocks; ++block) {
+    EXPECT_EQ((*mapped)[block].key(), Key(block));
+    ExpectTensorsMatch(*session, (*mapped)[block]);
+  }
+  // Retain loaded them (pins are not fetches): every fetch found its object on the GPU.
+  EXPECT_EQ(Stats().gpu().misses(), 0u);
+  EXPECT_EQ(Stats().gpu().hits(), static_cast<uint64_t>(kBlocks));
+}
+
 TEST_F(ApiRetainedTest, PastTheBudgetIsRefusedAndOthersStillStream) {
   std::unique_ptr<Session> session = Open();
   ASSERT_THAT(session->Retain(Key(0)), IsOk());
