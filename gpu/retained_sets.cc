@@ -71,7 +71,7 @@ absl::Status RetainedSets::Expand(const std::string& target, std::vector<std::st
     ASSIGN_OR_RETURN(std::shared_ptr<const ModelInfo> model, catalog_.GetModel(target));
     for (const ObjectInfo& object : model->objects) {
       keys.push_back(absl::StrCat(target, "/", object.name));
-      bytes += object.size;
+      bytes += RoundUp(object.size, kStagingAlignment);  // what it takes in staging
     }
     if (keys.empty()) return absl::NotFoundError(absl::StrCat("model ", target, " has no objects"));
     return absl::OkStatus();
@@ -86,7 +86,7 @@ absl::Status RetainedSets::Expand(const std::string& target, std::vector<std::st
   }
   for (const std::string& key : keys) {
     ASSIGN_OR_RETURN(const uint64_t size, tier_.ObjectSize(key));
-    bytes += size;
+    bytes += RoundUp(size, kStagingAlignment);  // what it takes in staging
   }
   return absl::OkStatus();
 }
@@ -131,6 +131,10 @@ void RetainedSets::Retain(const std::string& target, absl::Duration ttl, Answer 
       }
     } else if (absl::Status budget = BudgetAllowsLocked(target, bytes); !budget.ok()) {
       answer_now = budget;
+    } else if (sets_.size() >= kMaxSets) {
+      answer_now = absl::ResourceExhaustedError(absl::StrCat(
+          "this group has ", kMaxSets, " retained sets already: release one, or retain a prefix "
+          "(NAMESPACE/) or a model instead of its objects one by one"));
     } else {
       Set& set = sets_[target];
       set.keys = keys;

@@ -53,7 +53,7 @@ class GpuTier;
 struct RetainedSetInfo {
   std::string target;
   uint64_t objects = 0;
-  uint64_t bytes = 0;  // the objects' sizes, summed
+  uint64_t bytes = 0;  // the staging its objects take, each rounded up to kStagingAlignment
   absl::Duration ttl = absl::ZeroDuration();
   bool asleep = false;
   // How long since the last lease of one of its objects ended (or it was retained or woken).
@@ -82,6 +82,10 @@ static_assert(std::size(kRetainedSetsFigures) * sizeof(uint64_t) == sizeof(Retai
 
 class RetainedSets {
  public:
+  // Sets one tier may have, asleep or awake: each is a line of the state file and is checked every
+  // second, so a client of many tiny objects cannot grow them without bound.
+  static constexpr size_t kMaxSets = 4096;
+
   struct Options {
     uint64_t budget_bytes = 0;
     std::string state_file;  // empty: sets are not recorded
@@ -103,7 +107,7 @@ class RetainedSets {
   // Retains `target` (see the header comment), answering once all of its objects are on the GPU.
   // A target already retained keeps its objects, takes the new `ttl` and is answered once they
   // are resident. Errors: INVALID_ARGUMENT (a malformed target), NOT_FOUND (nothing by that
-  // name), RESOURCE_EXHAUSTED (past the budget, or the pool is full), FAILED_PRECONDITION (the set
+  // name), RESOURCE_EXHAUSTED (past the budget or kMaxSets, or the pool is full), FAILED_PRECONDITION (the set
   // sleeps: wake it; a model whose files changed), the loads' errors.
   void Retain(const std::string& target, absl::Duration ttl, Answer done) ABSL_LOCKS_EXCLUDED(mu_);
   // Forgets `target`: its objects become evictable (leases held keep theirs). NOT_FOUND when it is
