@@ -452,6 +452,11 @@ void GpuTier::PreferPlacement(const std::string& key, const StagingRange& range)
   residency_.PreferPlacement(key, range);
 }
 
+void GpuTier::ForgetPreferredPlacement(const std::string& key) {
+  absl::MutexLock lock(&mu_);
+  residency_.ForgetPreferredPlacement(key);
+}
+
 absl::StatusOr<uint64_t> GpuTier::ObjectSize(const std::string& key) const {
   if (catalog_.InModelNamespace(key)) {
     ASSIGN_OR_RETURN(const ObjectRef object, catalog_.Lookup(key));

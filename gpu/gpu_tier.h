@@ -172,6 +172,8 @@ class GpuTier {
   // The next load of `key` goes to `range` if all of it is free then (StagingPool::AllocateAt):
   // a woken retained set's objects come back at the device addresses they had.
   void PreferPlacement(const std::string& key, const StagingRange& range) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops that wish for `key`, if any: its load is over, or failed before it got room.
+  void ForgetPreferredPlacement(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
   // The size of the object `key` names: a model's object or shard (the catalog's errors), or one
   // of this tier's stored objects (NOT_FOUND when it has none).
   absl::StatusOr<uint64_t> ObjectSize(const std::string& key) const ABSL_LOCKS_EXCLUDED(mu_);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -60,6 +61,21 @@ RetainedSets::RetainedSets(GpuTier& tier, const Catalog& catalog, Options option
 
 RetainedSets::~RetainedSets() {
   sweeper_.reset();
+  liveness_->MarkGone();
+  // What still waits is answered: the tier (the daemon) is going.
+  std::vector<Answer> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [target, set] : sets_) {
+      for (Answer& done : set.waiting) pending.push_back(std::move(done));
+      for (Answer& done : set.sleeping) pending.push_back(std::move(done));
+      set.waiting.clear();
+      set.sleeping.clear();
+    }
+  }
+  for (Answer& done : pending) {
+    std::move(done)(absl::UnavailableError("the daemon is shutting down"));
+  }
   tier_.CloseClient(client_);
 }
 
@@ -104,8 +120,9 @@ void RetainedSets::Retain(const std::string& target, absl::Duration ttl, Answer 
   if (absl::Status valid = CheckRetainTarget(target, "retain.target"); !valid.ok()) {
     return std::move(done)(valid);
   }
-  if (ttl < absl::ZeroDuration()) {
-    return std::move(done)(absl::InvalidArgumentError("retain.ttl must not be negative"));
+  if (ttl < absl::ZeroDuration() || ttl > kMaxTtl) {
+    return std::move(done)(
+        absl::InvalidArgumentError("retain.ttl must be from 0 (no time to live) to a year"));
   }
   std::vector<std::string> keys;
   uint64_t bytes = 0;
@@ -168,22 +185,27 @@ void RetainedSets::PinAll(std::vector<std::string> keys,
     progress->left = keys.size();
   }
   for (const std::string& key : keys) {
-    tier_.Pin(client_, key, [this, progress, key](absl::Status status) {
-      std::vector<std::string> to_unpin;
-      absl::Status result;
-      {
-        absl::MutexLock lock(&progress->mu);
-        if (status.ok()) {
-          progress->pinned.push_back(key);
-        } else if (progress->first_error.ok()) {
-          progress->first_error = absl::Status(status.code(), absl::StrCat(key, ": ", status.message()));
+    // A load may complete after this is gone (the tier waits for its copies after destroying
+    // it): the answer then goes nowhere, and the destructor has answered the requests.
+    tier_.Pin(client_, key, [this, liveness = liveness_, progress, key](absl::Status status) {
+      liveness->RunIfAlive([&] {
+        std::vector<std::string> to_unpin;
+        absl::Status result;
+        {
+          absl::MutexLock lock(&progress->mu);
+          if (status.ok()) {
+            progress->pinned.push_back(key);
+          } else if (progress->first_error.ok()) {
+            progress->first_error =
+                absl::Status(status.code(), absl::StrCat(key, ": ", status.message()));
+          }
+          if (--progress->left > 0) return;
+          result = progress->first_error;
+          if (!result.ok()) to_unpin = std::move(progress->pinned);
         }
-        if (--progress->left > 0) return;
-        result = progress->first_error;
-        if (!result.ok()) to_unpin = std::move(progress->pinned);
-      }
-      UnpinKeys(to_unpin);
-      std::move(progress->done)(std::move(result));
+        UnpinKeys(to_unpin);
+        std::move(progress->done)(std::move(result));
+      });
     });
   }
 }
@@ -207,6 +229,7 @@ void RetainedSets::LoadEnded(const std::string& target, State failed_state, absl
     waiting = std::move(set.waiting);
     set.waiting.clear();
     const absl::Time now = absl::Now();
+    for (const auto& [key, range] : set.placements) tier_.ForgetPreferredPlacement(key);
     if (status.ok()) {
       set.state = State::kAwake;
       set.since = now;
@@ -266,6 +289,8 @@ absl::Status RetainedSets::Release(const std::string& target) {
 
 void RetainedSets::Sleep(const std::string& target, Answer done) {
   std::optional<absl::StatusOr<RetainedSetInfo>> answer_now;  // answered after the lock
+  std::vector<std::string> keys;
+  RetainedSetInfo slept;
   {
     absl::MutexLock lock(&mu_);
     auto it = sets_.find(target);
@@ -288,24 +313,34 @@ void RetainedSets::Sleep(const std::string& target, Answer done) {
         placements[key] = use->range;
       }
       if (!answer_now.has_value()) {
-        // Under the lock, so that no other call on this set interleaves. A lease granted from now
-        // on keeps its object on the GPU until it is released (the eviction skips it), no longer.
+        // Asleep from now on: no other call on the set interleaves with the unpinning below.
         set.placements = std::move(placements);
         set.state = State::kAsleep;
         set.since = absl::Now();
         committed_bytes_ -= set.bytes;
-        UnpinKeys(set.keys);
-        set.leaving = EvictFromGpu(set.keys);
+        keys = set.keys;
+        slept = InfoLocked(target, set, set.since);
         RecordLocked();
-        if (set.leaving.empty()) {
-          answer_now = InfoLocked(target, set, set.since);
-        } else {
-          set.sleeping.push_back(std::move(done));
-        }
       }
     }
   }
-  if (answer_now.has_value()) std::move(done)(*std::move(answer_now));
+  if (answer_now.has_value()) return std::move(done)(*std::move(answer_now));
+  // Outside the lock: an unpin lets waiting loads go on, whose answers (on this thread) take it.
+  // A lease granted from now on keeps its object on the GPU until it is released; the pool's
+  // eviction order then takes it.
+  UnpinKeys(keys);
+  std::vector<std::string> leaving = EvictFromGpu(keys);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sets_.find(target);
+    if (!leaving.empty() && it != sets_.end() && it->second.state == State::kAsleep) {
+      it->second.leaving = std::move(leaving);
+      it->second.slept = slept;
+      it->second.sleeping.push_back(std::move(done));
+      return;
+    }
+  }
+  std::move(done)(slept);
 }
 
 std::vector<std::string> RetainedSets::EvictFromGpu(const std::vector<std::string>& keys) {
@@ -339,8 +374,8 @@ void RetainedSets::Wake(const std::string& target, Answer done) {
       answer_now = budget;
     } else {
       Set& set = it->second;
-      // A sleep still waiting for copies to complete is over: its set is asleep (its answer is
-      // given by the sweep as if it had completed).
+      // A sleep still waiting for copies to complete is over: its set is asleep, and the sweep
+      // answers it (with the set as it fell asleep).
       set.leaving.clear();
       for (const auto& [key, range] : set.placements) {
         if (range.size > 0) tier_.PreferPlacement(key, range);
@@ -402,15 +437,27 @@ RetainedSetInfo RetainedSets::InfoLocked(const std::string& target, const Set& s
 }
 
 void RetainedSets::Sweep(absl::Time now) {
-  std::vector<std::string> to_unpin;
-  std::vector<std::pair<Answer, absl::StatusOr<RetainedSetInfo>>> answers;
+  std::map<std::string, std::vector<std::string>> leaving;
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [target, set] : sets_) {
-      if (!set.leaving.empty()) set.leaving = EvictFromGpu(set.leaving);
-      if (set.leaving.empty() && !set.sleeping.empty()) {
-        const RetainedSetInfo info = InfoLocked(target, set, now);
-        for (Answer& done : set.sleeping) answers.emplace_back(std::move(done), info);
+    for (const auto& [target, set] : sets_) {
+      // A set woken while falling asleep has nothing leaving, but its sleeps are still owed.
+      if (!set.leaving.empty() || !set.sleeping.empty()) leaving[target] = set.leaving;
+    }
+  }
+  for (auto& [target, keys] : leaving) keys = EvictFromGpu(keys);
+  std::vector<std::string> to_unpin;
+  std::vector<std::pair<Answer, RetainedSetInfo>> answers;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [target, keys] : leaving) {
+      auto it = sets_.find(target);
+      if (it == sets_.end()) continue;  // released: its sleeps were answered then
+      Set& set = it->second;
+      // Woken meanwhile (leaving cleared): what was evicted now is loaded again by the wake.
+      set.leaving = set.leaving.empty() ? std::vector<std::string>{} : std::move(keys);
+      if (set.leaving.empty()) {
+        for (Answer& done : set.sleeping) answers.emplace_back(std::move(done), set.slept);
         set.sleeping.clear();
       }
     }
@@ -420,11 +467,12 @@ void RetainedSets::Sweep(absl::Time now) {
     }
   }
   UnpinKeys(to_unpin);
-  for (auto& [done, answer] : answers) std::move(done)(std::move(answer));
+  for (auto& [done, info] : answers) std::move(done)(std::move(info));
 }
 
 std::vector<std::string> RetainedSets::ExpireLocked(absl::Time now) {
   std::vector<std::string> to_unpin;
+  bool changed = false;
   for (auto it = sets_.begin(); it != sets_.end();) {
     const std::string& target = it->first;
     Set& set = it->second;
@@ -455,8 +503,9 @@ std::vector<std::string> RetainedSets::ExpireLocked(absl::Time now) {
       committed_bytes_ -= set.bytes;
     }
     it = sets_.erase(it);
-    RecordLocked();
+    changed = true;
   }
+  if (changed) RecordLocked();
   return to_unpin;
 }
 
@@ -496,6 +545,7 @@ void RetainedSets::Restore() {
     std::string target;
   };
   std::vector<Recorded> recorded;
+  std::set<std::string> seen;
   while (std::getline(in, line)) {
     std::vector<std::string> fields = absl::StrSplit(line, absl::MaxSplits('\t', 3));
     int64_t ttl_ms = 0;
@@ -505,6 +555,17 @@ void RetainedSets::Restore() {
         !CheckRetainTarget(fields[3], "target").ok()) {
       TIERD_LOG(WARNING) << "retained sets: skipping a malformed line of " << options_.state_file;
       continue;
+    }
+    if (absl::Milliseconds(ttl_ms) > kMaxTtl) {
+      TIERD_LOG(WARNING) << "retained sets: skipping a line of " << options_.state_file
+                         << " whose time to live is over a year";
+      continue;
+    }
+    if (!seen.insert(fields[3]).second) continue;  // a target twice: the first counts
+    if (recorded.size() == kMaxSets) {
+      TIERD_LOG(WARNING) << "retained sets: " << options_.state_file << " records more than "
+                         << kMaxSets << " sets; the rest are not retained again";
+      break;
     }
     recorded.push_back({absl::Milliseconds(ttl_ms), fields[1] == "1", objects, fields[3]});
   }

@@ -41,6 +41,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/figures.h"
+#include "common/liveness.h"
 #include "common/periodic_thread.h"
 #include "gpu/gpu_tier_types.h"
 #include "gpu/staging_pool.h"
@@ -85,6 +86,8 @@ class RetainedSets {
   // Sets one tier may have, asleep or awake: each is a line of the state file and is checked every
   // second, so a client of many tiny objects cannot grow them without bound.
   static constexpr size_t kMaxSets = 4096;
+  // The longest time to live a set may have.
+  static constexpr absl::Duration kMaxTtl = absl::Hours(24 * 366);
 
   struct Options {
     uint64_t budget_bytes = 0;
@@ -99,7 +102,8 @@ class RetainedSets {
   static absl::StatusOr<std::unique_ptr<RetainedSets>> Create(GpuTier& tier,
                                                               const Catalog& catalog,
                                                               Options options);
-  // Stops the sweeps and closes the client (the sets' objects become evictable).
+  // Stops the sweeps, answers what still waits UNAVAILABLE and closes the client (the sets'
+  // objects become evictable).
   ~RetainedSets();
   RetainedSets(const RetainedSets&) = delete;
   RetainedSets& operator=(const RetainedSets&) = delete;
@@ -114,9 +118,10 @@ class RetainedSets {
   // not retained; FAILED_PRECONDITION while it is being retained, slept or woken.
   absl::Status Release(const std::string& target) ABSL_LOCKS_EXCLUDED(mu_);
   // Puts `target` to sleep, answering once its staging is back in the pool (an object whose copy
-  // into staging is still in flight leaves once it completes; one a process leased meanwhile
-  // leaves once released). FAILED_PRECONDITION while one of its objects is leased (naming it), or
-  // when it is not awake.
+  // into staging is still in flight leaves once it completes). FAILED_PRECONDITION while one of
+  // its objects is leased (naming it), or when it is not awake. An object a process leases
+  // between that check and the eviction stays until released, then goes in the pool's eviction
+  // order like any object nobody holds; so does one another set or a session pins.
   void Sleep(const std::string& target, Answer done) ABSL_LOCKS_EXCLUDED(mu_);
   // Wakes `target`, answering once its objects are back on the GPU (with how many moved). Errors
   // as Retain's; on error the set stays asleep.
@@ -148,6 +153,7 @@ class RetainedSets {
     // and the sleeps answered then.
     std::vector<std::string> leaving;
     std::vector<Answer> sleeping;
+    RetainedSetInfo slept;  // what the sleeps are answered with
   };
 
   RetainedSets(GpuTier& tier, const Catalog& catalog, Options options, ClientId client);
@@ -182,6 +188,8 @@ class RetainedSets {
   uint64_t committed_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // of sets loading or awake
   uint64_t expired_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_expiry_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Loads' answers (PinAll) run only while this lives.
+  const std::shared_ptr<Liveness> liveness_ = std::make_shared<Liveness>();
   std::unique_ptr<PeriodicThread> sweeper_;  // last: started once the rest is built
 };
 

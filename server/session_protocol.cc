@@ -472,7 +472,6 @@ void SessionProtocol::Evict(uint64_t request_id, const v1::EvictRequest& evict) 
 
 namespace {
 
-constexpr uint64_t kMaxRetainTtlMs = 366ull * 24 * 3600 * 1000;  // a year
 
 v1::RetainedSet ToProto(const RetainedSetInfo& info) {
   v1::RetainedSet set;
@@ -500,7 +499,8 @@ void SessionProtocol::Retained(uint64_t request_id, const v1::SessionRequest& re
   switch (request.op_case()) {
     case v1::SessionRequest::kRetain: {
       const v1::RetainRequest& retain = request.retain();
-      if (retain.ttl_ms() > kMaxRetainTtlMs) {
+      if (retain.ttl_ms() >
+          static_cast<uint64_t>(absl::ToInt64Milliseconds(RetainedSets::kMaxTtl))) {
         return Reply(request_id, absl::InvalidArgumentError(
                                      "retain.ttl_ms is more than a year; 0 keeps the set until "
                                      "it is released"));

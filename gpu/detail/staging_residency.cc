@@ -191,6 +191,11 @@ std::optional<StagingAllocation> StagingResidency::TakePreferredPlacement(const 
   return pool_.AllocateAt(range);
 }
 
+void StagingResidency::ForgetPreferredPlacement(const std::string& key) {
+  mu_.AssertHeld();
+  preferred_.erase(key);
+}
+
 std::optional<StagingAllocation> StagingResidency::TryAllocate(uint64_t bytes) {
   mu_.AssertHeld();
   return table_.TryAllocate(bytes);

@@ -88,6 +88,8 @@ class StagingResidency : private StagingObjectTable::Owner {
   // The range wished for `key`, allocated, when there was a wish and all of it is free; the wish
   // is used up either way.
   std::optional<StagingAllocation> TakePreferredPlacement(const std::string& key);
+  // Drops the wish for `key`, if any (its load is over, or will not come).
+  void ForgetPreferredPlacement(const std::string& key);
 
   // ---- Room. REQUIRES: the tier's lock, for all of these.
   // A staging range of `bytes`, evicting LRU objects as needed; nullopt when that is not enough.

@@ -385,6 +385,45 @@ TEST_F(ApiRetainedTest, ASetThatLostAnObjectInARestartIsNotRetainedAgainPartly) 
   EXPECT_EQ(listed->sets(0).target(), "whole/");
 }
 
+TEST_F(ApiRetainedTest, AHostileOrDamagedRecordOfSetsIsReadSafely) {
+  client_.reset();
+  daemon_->Signal(SIGTERM);
+  ASSERT_THAT(daemon_->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
+  // A target twice (awake, then asleep: the first counts, or the budget and the pins would be
+  // counted for a set the record then calls asleep), malformed lines, a time to live over a year,
+  // a count of objects that does not match, and an unknown model.
+  const std::string record = absl::StrCat(
+      "tierd retained sets v1\n", "0\t0\t1\t", Key(0), "\n", "0\t1\t1\t", Key(0), "\n",
+      "garbage\n", "-5\t0\t1\t", Key(1), "\n", "0\t2\t1\t", Key(1), "\n",
+      "99999999999999\t0\t1\t", Key(1), "\n", "0\t0\t3\t", Key(2), "\n",
+      "0\t0\t8\tno-such-model\n", "0\t1\t1\t", Key(3), "\n");
+  ASSERT_THAT(testing::WriteFile(absl::StrCat(dir_.path(), "/state/retained-default.sets"), record),
+              IsOk());
+  daemon_ = StartDaemon();
+  ASSERT_NE(daemon_, nullptr);
+  ClientOptions options;
+  options.socket_path = socket_path();
+  auto client = Client::Connect(options);
+  ASSERT_THAT(client, IsOk());
+  client_ = *std::move(client);
+  std::unique_ptr<Session> session = Open();
+  ASSERT_THAT(session->Retain(Key(0)), IsOk());  // answers once it is back
+  auto listed = session->ListRetained();
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_EQ(listed->sets_size(), 2);
+  EXPECT_EQ(listed->sets(0).target(), Key(0));
+  EXPECT_FALSE(listed->sets(0).asleep());
+  EXPECT_EQ(listed->sets(1).target(), Key(3));
+  EXPECT_TRUE(listed->sets(1).asleep());
+  EXPECT_EQ(listed->bytes(), 2 * kRows * kCols * 4) << "one set awake, counted once";
+  // Released, it holds nothing: no pin and no budget left behind.
+  ASSERT_THAT(session->Unretain(Key(0)), IsOk());
+  EXPECT_EQ(Stats().retained_bytes(), 0u);
+  EXPECT_EQ(Stats().pins(), 0u);
+  ASSERT_THAT(session->Retain(Key(4)), IsOk());
+  ASSERT_THAT(session->Retain(Key(5)), IsOk());
+}
+
 TEST_F(ApiRetainedTest, TierctlRetainsListsSleepsWakesAndReleases) {
   auto retained = Tierctl({"retain", Key(0), "--ttl=2h"});
   ASSERT_EQ(retained.exit_code, 0) << retained.output;
