@@ -1,24 +1,18 @@
 #include "gpu/retained_sets.h"
 
 #include <algorithm>
-#include <fstream>
 #include <optional>
-#include <set>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/byte_size.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "gpu/detail/retained_record.h"
 #include "gpu/gpu_tier.h"
-#include "storage/file_system.h"
 
 namespace tierd {
 namespace {
-
-constexpr char kStateHeader[] = "tierd retained sets v1";
 
 bool IsModelTarget(const std::string& target) { return target.find('/') == std::string::npos; }
 
@@ -511,17 +505,11 @@ std::vector<std::string> RetainedSets::ExpireLocked(absl::Time now) {
 
 void RetainedSets::RecordLocked() const {
   if (options_.state_file.empty()) return;
-  std::string text = absl::StrCat(kStateHeader, "\n");
+  std::vector<RecordedSet> sets;
   for (const auto& [target, set] : sets_) {
-    absl::StrAppend(&text, absl::ToInt64Milliseconds(set.ttl), "\t",
-                    set.state == State::kAsleep ? 1 : 0, "\t", set.keys.size(), "\t", target,
-                    "\n");
+    sets.push_back({set.ttl, set.state == State::kAsleep, set.keys.size(), target});
   }
-  std::shared_ptr<FileSystem> file_system = FileSystemOrDefault(nullptr);
-  const absl::string_view parts[] = {text};
-  if (absl::Status written = WriteFileAtomically(*file_system, options_.state_file,
-                                                 options_.state_file + ".tmp", parts, 0600);
-      !written.ok()) {
+  if (absl::Status written = WriteRetainedRecord(options_.state_file, sets); !written.ok()) {
     TIERD_LOG_EVERY_N_SEC(WARNING, 10)
         << "retained sets: cannot record them in " << options_.state_file << ": " << written
         << " (they are kept, but would not come back after a restart)";
@@ -530,46 +518,11 @@ void RetainedSets::RecordLocked() const {
 
 void RetainedSets::Restore() {
   if (options_.state_file.empty()) return;
-  std::ifstream in(options_.state_file);
-  if (!in) return;  // nothing recorded yet
-  std::string line;
-  if (!std::getline(in, line) || line != kStateHeader) {
-    TIERD_LOG(WARNING) << "retained sets: " << options_.state_file
-                       << " is not a record of retained sets; ignored";
-    return;
-  }
-  struct Recorded {
-    absl::Duration ttl;
-    bool asleep;
-    size_t objects;
-    std::string target;
-  };
-  std::vector<Recorded> recorded;
-  std::set<std::string> seen;
-  while (std::getline(in, line)) {
-    std::vector<std::string> fields = absl::StrSplit(line, absl::MaxSplits('\t', 3));
-    int64_t ttl_ms = 0;
-    size_t objects = 0;
-    if (fields.size() != 4 || !absl::SimpleAtoi(fields[0], &ttl_ms) || ttl_ms < 0 ||
-        (fields[1] != "0" && fields[1] != "1") || !absl::SimpleAtoi(fields[2], &objects) ||
-        !CheckRetainTarget(fields[3], "target").ok()) {
-      TIERD_LOG(WARNING) << "retained sets: skipping a malformed line of " << options_.state_file;
-      continue;
-    }
-    if (absl::Milliseconds(ttl_ms) > kMaxTtl) {
-      TIERD_LOG(WARNING) << "retained sets: skipping a line of " << options_.state_file
-                         << " whose time to live is over a year";
-      continue;
-    }
-    if (!seen.insert(fields[3]).second) continue;  // a target twice: the first counts
-    if (recorded.size() == kMaxSets) {
-      TIERD_LOG(WARNING) << "retained sets: " << options_.state_file << " records more than "
-                         << kMaxSets << " sets; the rest are not retained again";
-      break;
-    }
-    recorded.push_back({absl::Milliseconds(ttl_ms), fields[1] == "1", objects, fields[3]});
-  }
-  for (Recorded& set : recorded) {
+  std::vector<RecordedSet> recorded =
+      ReadRetainedRecord(options_.state_file, kMaxTtl, kMaxSets, [](const std::string& target) {
+        return CheckRetainTarget(target, "target").ok();
+      });
+  for (RecordedSet& set : recorded) {
     // A set comes back whole or not at all: stored objects that did not survive the restart (not
     // durable) would make it partial.
     std::vector<std::string> keys;
