@@ -1,5 +1,5 @@
 """What tierd's Python benchmarks share, so that none imports another: a daemon launcher (Daemon),
-progress lines (log), timing on the GPU (timed), the flags every benchmark takes
+progress lines (log), timing on the GPU (timed, pinned_copy_rate), the flags every benchmark takes
 (add_common_arguments), the header of a results file and its writing (results_header,
 write_results), and two steps several benchmarks take (wait_for_compression, generate).
 
@@ -37,6 +37,19 @@ def timed(function):
     result = function()
     torch.cuda.synchronize()
     return result, time.perf_counter() - start
+
+
+def pinned_copy_rate(nbytes, repeat=10):
+    """GB/s of torch's pinned host -> GPU copy of `nbytes` (cudaMemcpyAsync underneath), the best
+    of `repeat`; the buffers are freed before it returns."""
+    import torch
+    source = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    target = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    target.copy_(source, non_blocking=True)
+    best = min(timed(lambda: target.copy_(source, non_blocking=True))[1] for _ in range(repeat))
+    del source, target
+    torch.cuda.empty_cache()
+    return nbytes / best / 1e9
 
 
 class Daemon:

@@ -30,8 +30,8 @@ import transformers
 
 import tierd
 import tierd.transformers
-from bench_harness import (Daemon, add_common_arguments, generate, log, results_header, timed,
-                           wait_for_compression, write_results)
+from bench_harness import (Daemon, add_common_arguments, generate, log, pinned_copy_rate,
+                           results_header, timed, wait_for_compression, write_results)
 
 MODEL = "llama"
 
@@ -49,15 +49,6 @@ def build_checkpoint(args, directory):
     model.generation_config.pad_token_id = 0
     model.save_pretrained(directory, max_shard_size="512MB")
     return model.eval()
-
-
-def copy_rate(nbytes, repeat=10):
-    """GB/s of torch's pinned host -> GPU copy of `nbytes`, the best of `repeat`."""
-    source = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    target = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    target.copy_(source, non_blocking=True)
-    best = min(timed(lambda: target.copy_(source, non_blocking=True))[1] for _ in range(repeat))
-    return nbytes / best / 1e9
 
 
 def wait_in_host_cache(client):
@@ -159,7 +150,7 @@ def main():
     expected, seconds = generate(resident, ids, args.new_tokens, runs=args.runs)
     results["resident"] = {"tokens_per_s": args.new_tokens / seconds}
     log(f"resident: {args.new_tokens / seconds:.1f} tok/s")
-    results["copy_rate_gb_per_s"] = copy_rate(block_bytes)
+    results["copy_rate_gb_per_s"] = pinned_copy_rate(block_bytes)
     log(f"host -> GPU copy rate: {results['copy_rate_gb_per_s']:.1f} GB/s")
 
     for mode, flags in (("tierd", ["--compress-weights=false"]),

@@ -35,7 +35,8 @@ import time
 
 import torch
 
-from bench_harness import Daemon, add_common_arguments, log, results_header, write_results
+from bench_harness import (Daemon, add_common_arguments, log, pinned_copy_rate, results_header,
+                           write_results)
 
 MODEL = "llama"
 IDS = [list(range(1, 33))]
@@ -179,22 +180,6 @@ def read_files_once(directory):
                 pass
 
 
-def copy_rate(nbytes=4 << 30, repeat=5):
-    source = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    target = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    best = None
-    for _ in range(repeat):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        target.copy_(source, non_blocking=True)
-        torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
-        best = seconds if best is None else min(best, seconds)
-    del source, target
-    torch.cuda.empty_cache()
-    return nbytes / best / 1e9
-
-
 def stream_others(client, checkpoint, copies):
     """Registers the checkpoint `copies` more times under other names and fetches every object of
     each through the GPU pool; returns the bytes copied to the GPU meanwhile."""
@@ -255,7 +240,7 @@ def main():
     runs = {}
     runs["a_transformers"] = run_child(dict(base, way="transformers", save_logits=reference))
     log(f"(a) transformers: {runs['a_transformers']['seconds']:.2f} s")
-    results["copy_gb_per_s"] = copy_rate()
+    results["copy_gb_per_s"] = pinned_copy_rate(4 << 30, repeat=5)
     log(f"pinned -> GPU copy: {results['copy_gb_per_s']:.1f} GB/s")
     flags = [f"--retain-bytes={args.retain_gib}GiB", "--compress-weights=false"]
     daemon_settings = dict(binary=args.tierd, directory=args.work_dir,
