@@ -31,7 +31,7 @@ import transformers
 import tierd
 import tierd.transformers
 from bench_harness import (Daemon, add_common_arguments, generate, log, pinned_copy_rate,
-                           results_header, timed, wait_for_compression, write_results)
+                           results_header, wait_for_compression, write_results)
 
 MODEL = "llama"
 
