@@ -173,11 +173,13 @@ int BadUsage(const std::string& why) {
   return kExitBadUsage;
 }
 
-absl::StatusOr<std::unique_ptr<tierd::Client>> Connect() {
+// A client of `client_group` ("": the main sockets' group).
+absl::StatusOr<std::unique_ptr<tierd::Client>> Connect(const std::string& client_group = "") {
   tierd::ClientOptions options;
   options.socket_path = absl::GetFlag(FLAGS_socket);
   options.client_name = absl::StrCat("tierctl pid ", ::getpid());
   options.call_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+  options.client_group = client_group;
   return tierd::Client::Connect(options);
 }
 
@@ -374,12 +376,7 @@ int Evict(const Args& args) {
 
 // A session of --client-group's (the main sockets' without), for the retained-set commands.
 absl::StatusOr<std::unique_ptr<tierd::Session>> GroupSession() {
-  tierd::ClientOptions options;
-  options.socket_path = absl::GetFlag(FLAGS_socket);
-  options.client_name = absl::StrCat("tierctl pid ", ::getpid());
-  options.call_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
-  options.client_group = absl::GetFlag(FLAGS_client_group);
-  absl::StatusOr<std::unique_ptr<tierd::Client>> client = tierd::Client::Connect(options);
+  absl::StatusOr<std::unique_ptr<tierd::Client>> client = Connect(absl::GetFlag(FLAGS_client_group));
   if (!client.ok()) return client.status();
   return (*client)->OpenSession();
 }
@@ -423,22 +420,21 @@ int Unretain(const Args& args) {
   return 0;
 }
 
-int Sleep(const Args& args) {
+// sleep and wake: `call` on a session of --client-group's, the set it answers printed. A wake
+// takes as long as loading the set: no deadline unless --timeout-ms is given.
+int ChangeRetainedSet(const Args& args, const char* command,
+                      absl::StatusOr<tierd::v1::RetainedSet> (tierd::Session::*call)(
+                          const std::string&)) {
   absl::StatusOr<std::unique_ptr<tierd::Session>> session = GroupSession();
   if (!session.ok()) return Fail(session.status());
-  absl::StatusOr<tierd::v1::RetainedSet> set = (*session)->Sleep(args[0]);
+  Watchdog watchdog(CommandTimeout(), command);
+  absl::StatusOr<tierd::v1::RetainedSet> set = ((**session).*call)(args[0]);
   if (!set.ok()) return Fail(set.status());
   return PrintRetainedSet(*set);
 }
 
-int Wake(const Args& args) {
-  absl::StatusOr<std::unique_ptr<tierd::Session>> session = GroupSession();
-  if (!session.ok()) return Fail(session.status());
-  Watchdog watchdog(CommandTimeout(), "wake");
-  absl::StatusOr<tierd::v1::RetainedSet> set = (*session)->Wake(args[0]);
-  if (!set.ok()) return Fail(set.status());
-  return PrintRetainedSet(*set);
-}
+int Sleep(const Args& args) { return ChangeRetainedSet(args, "sleep", &tierd::Session::Sleep); }
+int Wake(const Args& args) { return ChangeRetainedSet(args, "wake", &tierd::Session::Wake); }
 
 int Retained(const Args&) {
   absl::StatusOr<std::unique_ptr<tierd::Session>> session = GroupSession();
