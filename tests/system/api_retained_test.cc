@@ -2,6 +2,7 @@
 // eviction pressure, the budget, time to live, sleep and wake (in place, and under readers), and a
 // daemon restart.
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -58,6 +59,22 @@ class ApiRetainedTest : public ApiTest {
       if (object.key() == key) return object.on_gpu();
     }
     return false;
+  }
+
+  // Stops the daemon (SIGTERM, exit 0), runs `while_stopped`, starts it again on the same state
+  // directory and connects client_ to it.
+  void RestartDaemon(const std::function<void()>& while_stopped = [] {}) {
+    client_.reset();
+    daemon_->Signal(SIGTERM);
+    ASSERT_THAT(daemon_->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
+    while_stopped();
+    daemon_ = StartDaemon();
+    ASSERT_NE(daemon_, nullptr);
+    ClientOptions options;
+    options.socket_path = socket_path();
+    auto client = Client::Connect(options);
+    ASSERT_THAT(client, IsOk());
+    client_ = *std::move(client);
   }
 
   // Sleeps `target`, retrying while a lease just released is still being drained.
@@ -320,16 +337,7 @@ TEST_F(ApiRetainedTest, RetainedSetsComeBackAfterADaemonRestart) {
     ASSERT_THAT(session->Retain(Key(1), absl::Hours(1)), IsOk());
     ASSERT_THAT(session->Sleep(Key(1)), IsOk());
   }
-  client_.reset();
-  daemon_->Signal(SIGTERM);
-  ASSERT_THAT(daemon_->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
-  daemon_ = StartDaemon();
-  ASSERT_NE(daemon_, nullptr);
-  ClientOptions options;
-  options.socket_path = socket_path();
-  auto client = Client::Connect(options);
-  ASSERT_THAT(client, IsOk());
-  client_ = *std::move(client);
+  ASSERT_NO_FATAL_FAILURE(RestartDaemon());
   std::unique_ptr<Session> session = Open();
   auto listed = session->ListRetained();
   ASSERT_THAT(listed, IsOk());
@@ -367,16 +375,7 @@ TEST_F(ApiRetainedTest, ASetThatLostAnObjectInARestartIsNotRetainedAgainPartly) 
     EXPECT_EQ(retained->objects(), 2u);
     ASSERT_THAT(session->Retain("whole/"), IsOk());
   }
-  client_.reset();
-  daemon_->Signal(SIGTERM);
-  ASSERT_THAT(daemon_->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
-  daemon_ = StartDaemon();
-  ASSERT_NE(daemon_, nullptr);
-  ClientOptions options;
-  options.socket_path = socket_path();
-  auto client = Client::Connect(options);
-  ASSERT_THAT(client, IsOk());
-  client_ = *std::move(client);
+  ASSERT_NO_FATAL_FAILURE(RestartDaemon());
   std::unique_ptr<Session> session = Open();
   auto listed = session->ListRetained();
   ASSERT_THAT(listed, IsOk());
@@ -384,10 +383,23 @@ TEST_F(ApiRetainedTest, ASetThatLostAnObjectInARestartIsNotRetainedAgainPartly) 
   EXPECT_EQ(listed->sets(0).target(), "whole/");
 }
 
+TEST_F(ApiRetainedTest, ASetWhoseModelIsDroppedIsLetGo) {
+  std::unique_ptr<Session> session = Open();
+  ASSERT_THAT(session->Retain(Key(0)), IsOk());
+  ASSERT_THAT(client_->DropModel("m"), IsOk());
+  // It would pin bytes nobody can fetch any more: gone within the sweep's second.
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (Stats().retained_sets() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const v1::Stats stats = Stats();
+  EXPECT_EQ(stats.retained_sets(), 0u);
+  EXPECT_EQ(stats.retained_bytes(), 0u);
+  EXPECT_EQ(stats.pins(), 0u);
+  EXPECT_EQ(stats.retained_sets_expired(), 0u) << "let go for a change, not a time to live";
+}
+
 TEST_F(ApiRetainedTest, AHostileOrDamagedRecordOfSetsIsReadSafely) {
-  client_.reset();
-  daemon_->Signal(SIGTERM);
-  ASSERT_THAT(daemon_->Wait(kTimeout), ::tierd::testing::IsOkAndHolds(0));
   // A target twice (awake, then asleep: the first counts, or the budget and the pins would be
   // counted for a set the record then calls asleep), malformed lines, a time to live over a year,
   // a count of objects that does not match, and an unknown model.
@@ -396,15 +408,9 @@ TEST_F(ApiRetainedTest, AHostileOrDamagedRecordOfSetsIsReadSafely) {
       "garbage\n", "-5\t0\t1\t", Key(1), "\n", "0\t2\t1\t", Key(1), "\n",
       "99999999999999\t0\t1\t", Key(1), "\n", "0\t0\t3\t", Key(2), "\n",
       "0\t0\t8\tno-such-model\n", "0\t1\t1\t", Key(3), "\n");
-  ASSERT_THAT(testing::WriteFile(absl::StrCat(dir_.path(), "/state/retained-default.sets"), record),
-              IsOk());
-  daemon_ = StartDaemon();
-  ASSERT_NE(daemon_, nullptr);
-  ClientOptions options;
-  options.socket_path = socket_path();
-  auto client = Client::Connect(options);
-  ASSERT_THAT(client, IsOk());
-  client_ = *std::move(client);
+  const std::string record_path = absl::StrCat(dir_.path(), "/state/retained-default.sets");
+  ASSERT_NO_FATAL_FAILURE(
+      RestartDaemon([&] { ASSERT_THAT(testing::WriteFile(record_path, record), IsOk()); }));
   std::unique_ptr<Session> session = Open();
   ASSERT_THAT(session->Retain(Key(0)), IsOk());  // answers once it is back
   auto listed = session->ListRetained();
