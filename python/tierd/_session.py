@@ -516,6 +516,16 @@ class Session(SessionCore):
         self._commits_changed.notify_all()
 
 
+def retain_as_asked(session, target, retain):
+    """Retains `target` through `session` when a `retain=` option asks it — True: until released;
+    a number: released after that many seconds of disuse; None or False: not — and returns
+    whether it did."""
+    if retain is None or retain is False:
+        return False
+    session.retain(target, ttl=None if retain is True else retain)
+    return True
+
+
 def _tier(name):
     if name not in _TIERS:
         raise ValueError(f"tier must be one of {sorted(_TIERS)}, not {name!r}")

@@ -30,7 +30,7 @@ import secrets
 
 import torch
 
-from ._session import Session
+from ._session import Session, retain_as_asked
 from .client import Client
 from .dtypes import to_safetensors
 from .errors import StatusCode, TierdError
@@ -132,9 +132,7 @@ def save(client, identity_text, tensors, durable=False, retain=None):
         if previous is not None and previous.get("generation") != generation:
             for key in previous.get("objects", []):
                 _delete(session, key)
-        if retain is not None and retain is not False:
-            ttl = None if retain is True else retain
-        if retain or ttl is not _NOT_RETAINED:
+        if not retain_as_asked(session, prefix + "/", retain) and ttl is not _NOT_RETAINED:
             session.retain(prefix + "/", ttl=ttl)
     finally:
         if owned:
@@ -152,13 +150,12 @@ def load(client, identity_text, retain=None):
         manifest = _read_manifest(session, prefix)
         if manifest is None or manifest.get("identity") != identity_text:
             return _miss(session, owned)
-        if retain is not None and retain is not False:
-            try:
-                session.retain(prefix + "/", ttl=None if retain is True else retain)
-            except TierdError as error:
-                if error.code != StatusCode.NOT_FOUND:
-                    raise
-                return _miss(session, owned)
+        try:
+            retain_as_asked(session, prefix + "/", retain)
+        except TierdError as error:
+            if error.code != StatusCode.NOT_FOUND:
+                raise
+            return _miss(session, owned)
         try:
             leases = session.fetch_many(manifest["objects"])
         except TierdError as error:

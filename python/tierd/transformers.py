@@ -24,7 +24,7 @@ import re
 import torch
 
 from . import conversions
-from ._session import Session
+from ._session import Session, retain_as_asked
 from .client import Client
 from .dtypes import ELEMENT_BYTES, to_torch
 from .kv_cache import LayeredKVStore
@@ -123,8 +123,7 @@ def from_pretrained(directory, client, name=None, prefetch_depth=2, resident_blo
                 for parameter in _experts.expert_parameters(module)} if on_demand else set()
     session, owned = (client, False) if isinstance(client, Session) else (daemon.session(), True)
     try:
-        if retain is not None and retain is not False:
-            session.retain(name, ttl=None if retain is True else retain)
+        retain_as_asked(session, name, retain)
         if placement == "stream":
             model.tierd_weights = stream_weights(model, session, name, granularity="block",
                                                  prefetch_depth=prefetch_depth,
