@@ -54,6 +54,8 @@ class HostBytes {
   const PinnedPieceBoundaries& pieces() const { return *pieces_; }
   // Gives the bytes back; the handle is then empty.
   void Reset();
+  // Says a device copy holds the bytes until it is done (HostObject::HeldByCopy).
+  void HeldByCopy() { object_.HeldByCopy(); }
 
  private:
   HostObject object_;

@@ -198,6 +198,7 @@ void StagingLoader::CopyIn(StagingObject* object, HostBytes host, Deferred& defe
     if (object->cut != nullptr) ++stats_.shards_cut;
     residency_.CopyStarted();
     object->copying = true;
+    shared_host->HeldByCopy();
     status = device_.NotifyWhenDone(stream, [this, object, shared_host]() mutable {
       shared_host->Reset();  // no lock is held here
       FinishCopyIn(object, &GpuTierStats::bytes_host_to_gpu);
@@ -238,6 +239,7 @@ void StagingLoader::CopyInCompressed(StagingObject* object, std::shared_ptr<Host
   if (status.ok()) {
     residency_.CopyStarted();
     object->copying = true;
+    host->HeldByCopy();
     status = device_.NotifyWhenDone(
         *enqueued->done_on,
         [this, object, host, verdict = enqueued->verdict, key = HostKeyOf(object),

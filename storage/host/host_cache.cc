@@ -49,6 +49,7 @@ HostObject& HostObject::operator=(HostObject&& other) noexcept {
     Reset();
     cache_ = std::exchange(other.cache_, nullptr);
     entry_ = std::exchange(other.entry_, nullptr);
+    held_by_copy_ = std::exchange(other.held_by_copy_, false);
   }
   return *this;
 }
@@ -63,9 +64,16 @@ const codec::CompressedLayout* HostObject::compressed() const {
 uint64_t HostObject::stored_size() const { return StoredBytes(*entry_); }
 
 void HostObject::Reset() {
-  if (entry_ != nullptr) cache_->Release(entry_);
+  if (entry_ != nullptr) cache_->Release(entry_, held_by_copy_);
   cache_ = nullptr;
   entry_ = nullptr;
+  held_by_copy_ = false;
+}
+
+void HostObject::HeldByCopy() {
+  if (entry_ == nullptr || held_by_copy_) return;
+  held_by_copy_ = true;
+  cache_->HoldForCopy();
 }
 
 int DefaultChecksumThreads() { return std::clamp(UsableCpus() / 2, 1, 8); }
@@ -149,8 +157,10 @@ bool HostCache::WorthEvicting(uint64_t bytes, uint64_t evictable_bytes) {
 }
 
 bool HostCache::RoomComing(uint64_t bytes) {
-  // Spills under way, or pinning still adding memory, may make room.
-  return SpillForLocked(bytes) || arena_.pinning();
+  // Spills under way, pinning still adding memory, or device copies about to give back the
+  // objects they read, may make room.
+  return SpillForLocked(bytes) || arena_.pinning() ||
+         refs_held_by_copies_.load(std::memory_order_relaxed) > 0;
 }
 
 absl::Status HostCache::NoRoom(uint64_t bytes, bool after_waiting) {
@@ -447,9 +457,10 @@ void HostCache::FailLoadLocked(Entry* entry, const absl::Status& status, Deferre
   table_.RetryWaiters(deferred);
 }
 
-void HostCache::Release(Entry* entry) {
+void HostCache::Release(Entry* entry, bool held_by_copy) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
+  if (held_by_copy) refs_held_by_copies_.fetch_sub(1, std::memory_order_relaxed);
   --entry->refs;
   if (entry->refs > 0) return;
   // A reservation dropped without commit, or an entry replaced or deleted meanwhile, goes now.

@@ -25,6 +25,7 @@
 #ifndef TIERD_STORAGE_HOST_HOST_CACHE_H_
 #define TIERD_STORAGE_HOST_HOST_CACHE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -100,6 +101,10 @@ class HostObject {
   // The bytes at data(): size(), or the compressed form's size.
   uint64_t stored_size() const;
   void Reset();
+  // Says the reference is now held by a device copy, which gives it back on its own once done
+  // (whoever waits on the copy may run before that): until then a request for room fails not at
+  // once, but waits for it.
+  void HeldByCopy();
 
  private:
   using Entry = HostCacheTable::Entry;
@@ -108,6 +113,7 @@ class HostObject {
 
   HostCache* cache_ = nullptr;
   Entry* entry_ = nullptr;
+  bool held_by_copy_ = false;
 };
 
 // Built on the residency core (common/residency.h): the table keeps the entries, their refs, pins,
@@ -217,7 +223,9 @@ class HostCache : private HostCacheTable::Owner {
   absl::Status NoRoom(uint64_t bytes, bool after_waiting) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  void Release(Entry* entry) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops a reference; `held_by_copy` when HeldByCopy said so.
+  void Release(Entry* entry, bool held_by_copy) ABSL_LOCKS_EXCLUDED(mu_);
+  void HoldForCopy() { refs_held_by_copies_.fetch_add(1, std::memory_order_relaxed); }
   HostObject RefLocked(Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the memory of a resident entry that can be had again (evictable); a weight entry is
   // removed, a stored one stays as spilled.
@@ -277,6 +285,9 @@ class HostCache : private HostCacheTable::Owner {
   HostCacheTable table_ ABSL_GUARDED_BY(mu_);
   uint64_t spilling_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reads_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // References device copies hold until they are done (HostObject::HeldByCopy). Atomic, not under
+  // mu_: a copy is started under its tier's lock, which is never taken inside mu_'s.
+  std::atomic<uint64_t> refs_held_by_copies_{0};
   uint64_t submits_pending_ ABSL_GUARDED_BY(mu_) = 0;  // threads inside StartReadLocked's window
   uint64_t allocations_pending_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_spill_id_ ABSL_GUARDED_BY(mu_) = 0;

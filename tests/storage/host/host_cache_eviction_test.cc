@@ -1,5 +1,6 @@
 // host_cache_test's eviction: FIFO and LRU order, what is never evicted (referenced, pinned or
-// still being read), and cancelling a queued prefetch.
+// still being read), room a device copy's reference will give back, and cancelling a queued
+// prefetch.
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -52,6 +53,27 @@ TEST_F(HostCacheTest, ReferencedAndPinnedObjectsAreNeverEvicted) {
   EXPECT_TRUE(cache_->IsResident("m/blocks.1"));
   EXPECT_THAT(cache_->Unpin("m/blocks.1"), IsOk());
   EXPECT_THAT(cache_->Unpin("m/blocks.1"), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST_F(HostCacheTest, RoomThatACopysReferenceWillGiveBackIsWaitedForNotRefused) {
+  Start(2);
+  RegisterModel(3);
+  auto copied = FetchNow("m/blocks.0");
+  ASSERT_THAT(copied, IsOk());
+  auto held = FetchNow("m/blocks.1");
+  ASSERT_THAT(held, IsOk());
+  // Both referenced, one by a device copy that gives it back on its own once done (its readers may
+  // have seen the copy done and asked for more before that): the request waits for it.
+  copied->HeldByCopy();
+  std::shared_ptr<Answer> third = Fetch("m/blocks.2");
+  EXPECT_FALSE(third->ready.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  copied->Reset();
+  ASSERT_TRUE(third->ready.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(third->object, IsOk());
+  EXPECT_TRUE(HoldsBlock(*third->object, 2));
+  EXPECT_FALSE(cache_->IsResident("m/blocks.0"));
+  // No copy holds anything now: full of referenced objects, the cache refuses at once again.
+  EXPECT_THAT(FetchNow("m/blocks.0"), StatusIs(absl::StatusCode::kResourceExhausted));
 }
 
 TEST_F(HostCacheTest, ADiscardedWeightIsReadAgainWhileItsReadersKeepTheOldBytes) {
