@@ -11,7 +11,8 @@ Llama-architecture model on the GPU, its weights N(0, 0.02^2) in bf16 (40 layers
                       process, after other models twice the GPU pool's size have been streamed
                       through the pool; and again after a restart of the daemon
   scale-out           a second process mapping the model while the first still holds it: its time,
-                      and the GPU memory it adds
+                      the GPU memory it adds, and the host memory of the two engines and the
+                      daemon's host tier (one copy of the model for the node)
   wake                the model put to sleep and woken, until its bytes are on the GPU: GB/s against
                       torch's pinned -> GPU copy of a 4 GiB buffer in the same process
                       (cudaMemcpyAsync underneath)
@@ -267,8 +268,11 @@ def main():
             results["streamed_between_over_pool"] = results["streamed_between_bytes"] / pool
             results["retained_on_gpu_after_streaming"] = all(
                 info.on_gpu for info in client.list_objects(MODEL))
-            runs["c_retained"] = run_child(dict(tierd_way, retain=True, profile=profile_path))
+            runs["c_retained"] = run_child(dict(tierd_way, retain=True))
             log(f"(c) retained: {runs['c_retained']['seconds']:.3f} s")
+            # Where that time goes: the same again under cProfile (which slows Python code).
+            runs["c_retained_profiled"] = run_child(dict(tierd_way, retain=True,
+                                                         profile=profile_path))
             # Scale-out: a second process while the first holds the model.
             first, holder = run_child(dict(tierd_way, retain=True), hold=True)
             runs["scale_out_first"] = first
@@ -288,6 +292,12 @@ def main():
                 while not all(info.in_host_cache for info in client.list_objects(MODEL)):
                     time.sleep(0.1)
                 session.sleep(MODEL)
+                # Host memory for the engines of one model on the node: the host tier's one copy
+                # (what wakes them), and each engine's own peak (no copy of the weights).
+                results["host_memory"] = {
+                    "host_tier_bytes": client.stats().host.used_bytes,
+                    "engine_peak_rss_bytes": [runs["scale_out_first"]["peak_rss_bytes"],
+                                              runs["scale_out_second"]["peak_rss_bytes"]]}
                 # Until the bytes are on the GPU: a wake answers once the copies are under way,
                 # and a lease's stream waits for its copy.
                 torch.cuda.synchronize()

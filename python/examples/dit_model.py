@@ -1,7 +1,9 @@
 """A DiT-like diffusion transformer in the shape of Wan's (self-attention, cross-attention over text
-context, a GELU feed-forward network, adaLN modulation per block), and a plain safetensors writer.
-Used by the streaming example, the Python tests and the streaming benchmark. With dim 5120, FFN
-13824 and bf16, one block is 670 MiB, as in Wan 14B.
+context, a GELU feed-forward network, adaLN modulation per block), the text encoder and the latent
+decoder of such a pipeline, and a plain safetensors writer. Used by the streaming example, the
+Python tests and the streaming and restart benchmarks. With dim 5120, FFN 13824 and bf16, one block
+is 670 MiB, as in Wan 14B; a text encoder of 24 layers of 4096 (FFN 10240) is UMT5-XXL's depth and
+width, and a decoder of 4 stages of 384 channels about the size of Wan's VAE.
 """
 
 import json
@@ -105,6 +107,57 @@ class DiT(nn.Module):
 
     def unembed(self, x):
         return self.head(self.head_norm(x))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, dim, ffn_dim, heads):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.ffn = FeedForward(dim, ffn_dim)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.ffn(self.norm2(x))
+
+
+class TextEncoder(nn.Module):
+    """Token ids in, context vectors (`context_dim` wide) out: a stack of encoder layers."""
+
+    def __init__(self, layers=2, dim=64, ffn_dim=128, heads=4, vocab=1000, context_dim=32):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(EncoderLayer(dim, ffn_dim, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.project = nn.Linear(dim, context_dim)
+
+    def forward(self, ids):
+        x = self.embedding(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.project(self.norm(x))
+
+
+class LatentDecoder(nn.Module):
+    """Latent frames (batch, in_dim, frames, height, width) to pixels: 3-D convolutions, each
+    stage doubling height and width."""
+
+    def __init__(self, stages=2, channels=32, in_dim=16):
+        super().__init__()
+        self.stem = nn.Conv3d(in_dim, channels, 3, padding=1)
+        self.stages = nn.ModuleList(
+            nn.ModuleList([nn.Conv3d(channels, channels, 3, padding=1),
+                           nn.Conv3d(channels, channels, 3, padding=1)])
+            for _ in range(stages))
+        self.out = nn.Conv3d(channels, 3, 3, padding=1)
+
+    def forward(self, latents):
+        x = self.stem(latents)
+        for first, second in self.stages:
+            x = x + second(F.silu(first(F.silu(x))))
+            x = F.interpolate(x, scale_factor=(1, 2, 2), mode="nearest")
+        return self.out(F.silu(x))
 
 
 def save_safetensors(tensors, path):
