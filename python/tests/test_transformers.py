@@ -278,6 +278,8 @@ class FromPretrainedLogicTest(DaemonTestCase):
             module = Rotary()
         self.assertEqual(module.linear.weight.device.type, "meta")
         self.assertIsInstance(module.linear.weight, torch.nn.Parameter)
+        # Marked initialized: transformers' weight initialization leaves it alone.
+        self.assertTrue(module.linear.weight._is_hf_initialized)
         self.assertEqual(module.inv_freq.device.type, "cpu")
         self.assertTrue(torch.equal(module.inv_freq, torch.arange(4.0)))
         # Outside it, modules are built as usual.

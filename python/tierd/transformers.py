@@ -209,7 +209,9 @@ def parameters_on_meta():
     """Within it, modules built register their parameters on the meta device (they take no memory)
     while their buffers stay real, as accelerate.init_empty_weights() does: buffers computed in
     __init__ (rotary frequencies, position ids) are not in checkpoints. Ties made by assigning one
-    parameter to another are kept. It patches
+    parameter to another are kept. The parameters are marked initialized (transformers'
+    `_is_hf_initialized`): the model's weight initialization, which the checkpoint's bytes replace,
+    skips them instead of running on the meta device. It patches
     torch.nn.Module.register_parameter for the whole process while it lasts: build nothing else
     meanwhile on other threads."""
     register = torch.nn.Module.register_parameter
@@ -223,6 +225,7 @@ def parameters_on_meta():
             fields = dict(module._parameters[name].__dict__)
             fields["requires_grad"] = parameter.requires_grad
             module._parameters[name] = kind(module._parameters[name].to("meta"), **fields)
+            module._parameters[name]._is_hf_initialized = True
 
     torch.nn.Module.register_parameter = register_on_meta
     try:
