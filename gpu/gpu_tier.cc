@@ -50,7 +50,6 @@ GpuTier::GpuTier(Device& device, Catalog& catalog, HostArena& arena, HostCache& 
                  std::unique_ptr<Stream> store_stream, std::unique_ptr<Stream> handoff_stream)
     : device_(device),
       catalog_(catalog),
-      host_cache_(host_cache),
       options_(options),
       local_host_source_(host_cache, arena),
       host_source_(options.host_source != nullptr ? *options.host_source : local_host_source_),

@@ -224,7 +224,6 @@ class GpuTier {
 
   Device& device_;
   const Catalog& catalog_;
-  HostCache& host_cache_;
   const GpuTierOptions options_;
   // The host cache as a HostSource, used when options_.host_source is null.
   LocalHostSource local_host_source_;

@@ -281,7 +281,9 @@ void S3Stub::Serve(int fd) {
       const std::string name = absl::AsciiStrToLower(lines[i].substr(0, colon));
       request.headers[name] =
           std::string(absl::StripAsciiWhitespace(absl::string_view(lines[i]).substr(colon + 1)));
-      if (name == "content-length") absl::SimpleAtoi(request.headers[name], &content_length);
+      if (name == "content-length" && !absl::SimpleAtoi(request.headers[name], &content_length)) {
+        content_length = 0;  // none of the client's requests has a body
+      }
     }
     // A body (none of the client's requests has one) is read and dropped.
     while (buffer.size() < content_length) {
@@ -357,7 +359,9 @@ StubAnswer S3Stub::ListObjects(const StubRequest& request) const {
   const std::string delimiter = param("delimiter");
   const std::string after = param("continuation-token");
   int max_keys = 1000;
-  if (!param("max-keys").empty()) absl::SimpleAtoi(param("max-keys"), &max_keys);
+  if (!param("max-keys").empty() && !absl::SimpleAtoi(param("max-keys"), &max_keys)) {
+    max_keys = 1000;
+  }
   std::string contents, prefixes, last;
   int count = 0;
   bool truncated = false;

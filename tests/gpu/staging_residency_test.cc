@@ -83,6 +83,7 @@ TEST_F(StagingResidencyTest, EvictsTheLeastRecentlyUsedFirst) {
   EXPECT_TRUE(Listed("a"));
   EXPECT_FALSE(Listed("b"));
   EXPECT_TRUE(Listed("c"));
+  absl::MutexLock lock(&parts_->mu);
   EXPECT_EQ(parts_->stats.evictions, 1u);
 }
 
