@@ -6,14 +6,8 @@
 
 #include <memory>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define TIERD_HAVE_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TIERD_HAVE_LSAN 1
-#endif
-#endif
-#ifdef TIERD_HAVE_LSAN
+#include "common/sanitizers.h"
+#if TIERD_UNDER_ASAN
 #include <sanitizer/lsan_interface.h>
 #endif
 
@@ -24,7 +18,7 @@ namespace tierd {
 template <typename T>
 void LeakOnPurpose(std::unique_ptr<T>& owner) {
   T* leaked = owner.release();
-#ifdef TIERD_HAVE_LSAN
+#if TIERD_UNDER_ASAN
   __lsan_ignore_object(leaked);
 #else
   (void)leaked;

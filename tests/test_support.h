@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/sanitizers.h"
 #include "device/device.h"
 #include "device/device_factory.h"
 #include "gmock/gmock.h"
@@ -143,7 +144,7 @@ absl::StatusOr<RunResult> RunProgramWithStderr(const std::vector<std::string>& a
 // The bound to give RunProgramWithStderr for a program expected to refuse to start: `bytes`, or
 // none under the sanitizers, whose shadow memory is reserved as terabytes of address space.
 constexpr uint64_t AddressSpaceForRefusal(uint64_t bytes) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if TIERD_UNDER_ASAN || TIERD_UNDER_TSAN
   static_cast<void>(bytes);
   return 0;
 #else

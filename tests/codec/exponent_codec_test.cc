@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -143,7 +144,10 @@ TEST(ExponentCodecTest, WhatDoesNotPayStaysRaw) {
   // int8 weights: both bytes of a "word" are values, so no exponent field is skewed enough.
   std::normal_distribution<float> normal(0, 40);
   std::vector<uint8_t> int8(1 << 20);
-  for (uint8_t& byte : int8) byte = static_cast<uint8_t>(static_cast<int8_t>(normal(engine)));
+  for (uint8_t& byte : int8) {
+    // Saturated, as a quantizer does (a float outside int8's range has no conversion).
+    byte = static_cast<uint8_t>(std::clamp(std::lround(normal(engine)), -128L, 127L));
+  }
   plan = PlanEncoding(int8.data(), int8.size());
   EXPECT_FALSE(plan.compress) << plan.ratio();
 

@@ -1,6 +1,7 @@
 // The tierd.v1 API end to end: a real daemon process on the backend under test (api_test_host,
 // api_test_cuda), clients in this process and in peer processes (api_peer), real files.
 // api_errors_test.cc has the rest of this binary's tests: failures and their statuses, and tierctl.
+#include "common/sanitizers.h"
 #include "tests/system/api_test_fixture.h"
 
 namespace tierd {
@@ -392,7 +393,7 @@ TEST_F(ApiTest, KilledClientsLeasesAreFreedWhileOthersKeepWorking) {
   // where the daemon and the worker run several times slower beside the other sanitized tests (an
   // ASan run beside a build took 5.2 s). What it tells apart is a lease freed when its socket
   // closes from one held until a timeout or for good.
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#if TIERD_UNDER_TSAN || TIERD_UNDER_ASAN
   constexpr absl::Duration kSoon = absl::Seconds(20);
 #else
   constexpr absl::Duration kSoon = absl::Seconds(5);

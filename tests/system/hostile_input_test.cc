@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/tierd_client.h"
+#include "common/sanitizers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/daemon_test_support.h"
@@ -35,7 +36,7 @@ using ::tierd::testing::Subprocess;
 using ::tierd::testing::TempDir;
 
 constexpr absl::Duration kTimeout = absl::Seconds(30);
-#if defined(__SANITIZE_ADDRESS__)
+#if TIERD_UNDER_ASAN
 constexpr bool kAddressSanitizer = true;  // keeps freed memory in quarantine: RSS says little
 #else
 constexpr bool kAddressSanitizer = false;

@@ -24,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/tierd_client.h"
+#include "common/sanitizers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/session_socket_server.h"
@@ -45,7 +46,7 @@ using ::tierd::testing::Subprocess;
 using ::tierd::testing::TempDir;
 
 constexpr absl::Duration kTimeout = absl::Seconds(30);
-#if defined(__SANITIZE_ADDRESS__)
+#if TIERD_UNDER_ASAN
 constexpr bool kAddressSanitizer = true;
 #else
 constexpr bool kAddressSanitizer = false;

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/tierd_client.h"
+#include "common/sanitizers.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -41,7 +42,7 @@ using ::tierd::testing::TempDir;
 constexpr absl::Duration kTimeout = absl::Seconds(30);
 constexpr int kBlocks = 8;
 constexpr int kWorkers = 8;
-#if defined(__SANITIZE_ADDRESS__)
+#if TIERD_UNDER_ASAN
 constexpr bool kAddressSanitizer = true;
 #else
 constexpr bool kAddressSanitizer = false;

@@ -3,6 +3,7 @@
 // answered at another version, more files than the bound are refused with a clear error — never
 // a crash; a scan's memory follows the headers, not the number of files; a caller that goes away
 // stops it.
+#include "common/sanitizers.h"
 #include "storage/model/remote_model_scan.h"
 
 #include <fcntl.h>
@@ -172,7 +173,7 @@ int64_t PeakResidentKiB() {
 // files took 2.2 GB. Each header is parsed as its bytes come, and the bytes held at once are
 // bounded.
 TEST_F(RemoteModelScanTest, AScansMemoryFollowsItsHeadersNotItsFiles) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if TIERD_UNDER_ASAN || TIERD_UNDER_TSAN
   GTEST_SKIP() << "a sanitizer's quarantine and shadow memory: the peak says little";
 #endif
   constexpr int kFiles = 1200;  // 300 MB of first reads, held together before
