@@ -2,8 +2,8 @@
 # tests/run-sanitizers.sh [address|thread]... (default: both)
 #
 # Builds tierd with sanitizers (host backend only: no GPU on a CI machine) and runs its tests:
-#   address  ASan + UBSan, in build-asan/: the whole suite but the deployment test (which checks
-#            packaging, not memory) and the GPU tests.
+#   address  ASan + UBSan with clang 14, in build-asan/: the whole suite but the deployment test
+#            (which checks packaging, not memory), the benchmarks' programs and the GPU tests.
 #   thread   TSan, in build-tsan/: the tests of the concurrent parts — the host arena, cache and
 #            disk reader, the GPU tier, the session protocol and the durable store in process, the
 #            daemon in process (health, faults, metrics), the API against real daemon processes,
@@ -13,9 +13,12 @@
 #            TSan, so every test preloads
 #            tests/tsan/absl_sync_annotations.cc's library, which tells TSan what absl::Mutex
 #            does; tests/tsan/suppressions.txt says what is left out of uninstrumented libraries.
-# Any finding fails the test that provoked it. Each test binary's JSON report goes to
-# BUILD/test-results (tests/reliability_report.py reads them). Extra ctest arguments come from
-# $CTEST_ARGS.
+#            GCC's TSan: its runtime is a shared library, which that preloaded library needs in
+#            every process a test starts (clang links the runtime into each program).
+# Each mode's build runs, at a lower priority, beside the tests of the mode before it: the tests
+# leave part of the machine idle (they wait on daemons, sockets and timeouts). Any finding fails
+# the test that provoked it. Each test binary's JSON report goes to BUILD/test-results
+# (tests/reliability_report.py reads them). Extra ctest arguments come from $CTEST_ARGS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 modes=("$@")
@@ -27,50 +30,92 @@ tsan_tests=(host_arena_test host_cache_test disk_reader_test daemon_health_test
             node_host_tier_test_host log_line_test remote_cache_test remote_reader_test
             remote_model_scan_test s3_client_hostile_test remote_hostile_test)
 
-status=0
-for mode in "${modes[@]}"; do
-  case $mode in
-    address) build=build-asan; sanitize=address,undefined; targets=(all); unset GTEST_FILTER
-             select=(-LE gpu -E '^deploy_test$') ;;
-    thread)  build=build-tsan; sanitize=thread
+# settings MODE: sets build, sanitize, compilers, benchmarks, targets, select and skips for MODE.
+settings() {
+  case $1 in
+    address) build="build-asan"; sanitize=address,undefined; compilers=(clang-14 clang++-14)
+             # Everything but the benchmarks' programs (their tests check what they report, not
+             # memory).
+             benchmarks=OFF; targets=(all); select=(-LE gpu -E '^deploy_test$'); skips=() ;;
+    thread)  build="build-tsan"; sanitize=thread; compilers=(gcc g++); benchmarks=ON
              # Left to the plain and ASan runs: a hundred client processes started and killed
              # (minutes under TSan), and cases whose threads are those of a case kept here, with
              # other inputs — command-line tools and flags, statuses, identities, a shard walk,
              # and the handoff's copy through the host, whose protocol and threads the direct
              # copy's cases run (about 250 s of TSan's time).
-             tsan_skips=(ApiTest.AHundredClientsKilledMidLeaseLeaveNothingBehind
-                         'ApiTest.Tierctl*' ApiTest.EachFailureHasItsPreciseStatus
-                         NodeHostTierTest.EachShardIsReadOnceForTheNode
-                         NodeHostTierTest.ADaemonWithTheModelFromOtherFilesIsNeitherLentNorBorrowedFrom
-                         NodeHostTierTest.HostLeasesNeedANode 'PeerFlagsTest.*'
-                         '*PeerHandoffTest.AKeyNoDaemonHasIsNotFoundWithoutLooping/*'
-                         'CopyPaths/PeerHandoffTest.*/ThroughHost'
-                         ClientGroupsTest.BadClientGroupsAreRefused)
-             export GTEST_FILTER="-$(IFS=:; echo "${tsan_skips[*]}")"
+             skips=(ApiTest.AHundredClientsKilledMidLeaseLeaveNothingBehind
+                    'ApiTest.Tierctl*' ApiTest.EachFailureHasItsPreciseStatus
+                    NodeHostTierTest.EachShardIsReadOnceForTheNode
+                    NodeHostTierTest.ADaemonWithTheModelFromOtherFilesIsNeitherLentNorBorrowedFrom
+                    NodeHostTierTest.HostLeasesNeedANode 'PeerFlagsTest.*'
+                    '*PeerHandoffTest.AKeyNoDaemonHasIsNotFoundWithoutLooping/*'
+                    'CopyPaths/PeerHandoffTest.*/ThroughHost'
+                    ClientGroupsTest.BadClientGroupsAreRefused)
              targets=("${tsan_tests[@]}" tierd tierctl api_peer tierd_tsan_absl)
              select=(-R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$") ;;
     *) echo "usage: tests/run-sanitizers.sh [address|thread]..." >&2; exit 2 ;;
   esac
+}
+
+# build_mode MODE: configures (once) and builds MODE's tree.
+build_mode() {
+  settings "$1"
   if [[ ! -f $build/CMakeCache.txt ]]; then
     # -O1 with line tables (-g1): reports name files and lines, and a small CI machine builds it
     # in minutes.
-    cmake -S . -B "$build" -G Ninja -DTIERD_SANITIZE="$sanitize" -DTIERD_WITH_CUDA=OFF \
-      -DTIERD_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" >/dev/null
+    CC=${compilers[0]} CXX=${compilers[1]} cmake -S . -B "$build" -G Ninja \
+      -DTIERD_SANITIZE="$sanitize" -DTIERD_WITH_CUDA=OFF -DTIERD_WERROR=ON \
+      -DTIERD_BENCHMARKS="$benchmarks" \
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
+      >/dev/null
   fi
   echo "run-sanitizers: building ($sanitize) in $build"
   cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}"
+}
+
+# test_mode MODE: runs MODE's tests in its (built) tree.
+test_mode() {
+  settings "$1"
   echo "run-sanitizers: testing ($sanitize)"
-  # Reports go to the test's output; the first one ends the process with a failure.
-  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=1
-  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:exitcode=66:suppressions=$PWD/tests/tsan/suppressions.txt"
+  local filter=()
+  ((${#skips[@]} == 0)) || filter=(GTEST_FILTER="-$(IFS=:; echo "${skips[*]}")")
   rm -rf "$build/test-results" "$build/Testing/Temporary/LastTestsFailed.log"
+  # Reports go to the test's output; the first one ends the process with a failure.
   # shellcheck disable=SC2086
-  if ! (cd "$build" && GTEST_OUTPUT="json:$PWD/test-results/" \
+  if ! (cd "$build" && env "${filter[@]}" GTEST_OUTPUT="json:$PWD/test-results/" \
+          ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=1 \
+          UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+          TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:exitcode=66:suppressions=$root/tests/tsan/suppressions.txt" \
           ctest --output-on-failure --parallel "$(nproc)" "${select[@]}" ${CTEST_ARGS:-}); then
     echo "run-sanitizers: $sanitize FAILED"
+    return 1
+  fi
+}
+
+root=$PWD
+for mode in "${modes[@]}"; do settings "$mode"; done  # a bad mode is refused before any work
+status=0
+built=true
+build_mode "${modes[0]}" || built=false
+for i in "${!modes[@]}"; do
+  next=${modes[$((i + 1))]:-}
+  if [[ -n $next ]]; then
+    settings "$next"
+    mkdir -p "$build"
+    next_log=$build/build.log
+    (renice -n 10 -p "$BASHPID" >/dev/null; build_mode "$next") >"$next_log" 2>&1 &
+    next_build=$!
+  fi
+  if $built; then
+    test_mode "${modes[$i]}" || status=1
+  else
+    echo "run-sanitizers: building ${modes[$i]} FAILED"
     status=1
+  fi
+  if [[ -n $next ]]; then
+    built=true
+    wait "$next_build" || built=false
+    cat "$next_log"
   fi
 done
 exit "$status"
