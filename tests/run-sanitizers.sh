@@ -82,7 +82,7 @@ test_mode() {
   rm -rf "$build/test-results" "$build/Testing/Temporary/LastTestsFailed.log"
   # Reports go to the test's output; the first one ends the process with a failure.
   # shellcheck disable=SC2086
-  if ! (cd "$build" && env "${filter[@]}" GTEST_OUTPUT="json:$PWD/test-results/" \
+  if ! (cd "$build" && env -u GTEST_FILTER "${filter[@]}" GTEST_OUTPUT="json:$PWD/test-results/" \
           ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=1 \
           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
           TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:exitcode=66:suppressions=$root/tests/tsan/suppressions.txt" \
@@ -103,7 +103,7 @@ for i in "${!modes[@]}"; do
     settings "$next"
     mkdir -p "$build"
     next_log=$build/build.log
-    (renice -n 10 -p "$BASHPID" >/dev/null; build_mode "$next") >"$next_log" 2>&1 &
+    (renice -n 10 -p "$BASHPID" >/dev/null || true; build_mode "$next") >"$next_log" 2>&1 &
     next_build=$!
   fi
   if $built; then
