@@ -4,7 +4,7 @@
 #  1. Builds tierd with warnings as errors and runs the test suite (ctest). On a machine with no
 #     GPU, tests labelled "gpu" report themselves skipped; on a GPU machine they run.
 #  2. Builds the fuzzers and runs them side by side, each for FUZZ_SECONDS (default 30) from its
-#     seed corpus (tests/run-fuzzers.sh), at a lower priority beside the suite.
+#     seed corpus (tests/run-fuzzers.sh).
 #  3. Runs the suite under ASan+UBSan and its concurrent part under TSan (tests/run-sanitizers.sh;
 #     TIERD_SANITIZERS=0 leaves them out).
 #  4. Writes the figures the run recorded to BUILD_DIR/RELIABILITY.md (tests/reliability_report.py;
@@ -35,19 +35,8 @@ ctest_in() {  # ctest_in DIR ARGS...: ctest with each test's JSON report in DIR/
      ctest --output-on-failure --parallel "$(nproc)" "$@")
 }
 
-# The fuzzers' build and run go beside the suite, at a lower priority: the suite leaves part of
-# the machine idle (its tests wait on daemons, sockets and timeouts). Their output follows the
-# suite's.
-mkdir -p build-fuzz
-fuzz_start=$SECONDS
-(renice -n 10 -p "$BASHPID" >/dev/null || true; tests/run-fuzzers.sh "${FUZZ_SECONDS:-30}") \
-  >build-fuzz/run-fuzzers.log 2>&1 &
-fuzz_pid=$!
 step tests ctest_in "$build" "$@"
-echo "run-all: fuzzers (beside the tests)"
-wait "$fuzz_pid" || failed+=(fuzzers)
-cat build-fuzz/run-fuzzers.log
-echo "run-all: fuzzers took $((SECONDS - fuzz_start)) s"
+step fuzzers tests/run-fuzzers.sh "${FUZZ_SECONDS:-30}"
 report_args=(--gtest "$build/test-results" --fuzz-logs build-fuzz/logs)
 if [[ ${TIERD_SANITIZERS:-1} != 0 ]]; then
   step sanitizers tests/run-sanitizers.sh
