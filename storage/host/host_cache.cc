@@ -460,9 +460,14 @@ void HostCache::FailLoadLocked(Entry* entry, const absl::Status& status, Deferre
 void HostCache::Release(Entry* entry, bool held_by_copy) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
-  if (held_by_copy) refs_held_by_copies_.fetch_sub(1, std::memory_order_relaxed);
+  const bool last_copy_hold =
+      held_by_copy && refs_held_by_copies_.fetch_sub(1, std::memory_order_relaxed) == 1;
   --entry->refs;
-  if (entry->refs > 0) return;
+  if (entry->refs > 0) {
+    // No more room is on its way from copies: a request waiting for one is answered now.
+    if (last_copy_hold) table_.RetryWaiters(deferred.calls());
+    return;
+  }
   // A reservation dropped without commit, or an entry replaced or deleted meanwhile, goes now.
   table_.FreeIfUnused(entry);
   // The entry may have become evictable, or memory was freed: let waiting allocations retry.

@@ -74,6 +74,17 @@ TEST_F(HostCacheTest, RoomThatACopysReferenceWillGiveBackIsWaitedForNotRefused) 
   EXPECT_FALSE(cache_->IsResident("m/blocks.0"));
   // No copy holds anything now: full of referenced objects, the cache refuses at once again.
   EXPECT_THAT(FetchNow("m/blocks.0"), StatusIs(absl::StatusCode::kResourceExhausted));
+
+  // A copy's hold that is not the object's last reference frees nothing: the request waiting for
+  // it is refused once no copy holds anything, not left waiting.
+  auto shared = FetchNow("m/blocks.1");
+  ASSERT_THAT(shared, IsOk());
+  shared->HeldByCopy();
+  std::shared_ptr<Answer> fourth = Fetch("m/blocks.0");
+  EXPECT_FALSE(fourth->ready.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  shared->Reset();
+  ASSERT_TRUE(fourth->ready.WaitForNotificationWithTimeout(kTimeout));
+  EXPECT_THAT(fourth->object, StatusIs(absl::StatusCode::kResourceExhausted));
 }
 
 TEST_F(HostCacheTest, ADiscardedWeightIsReadAgainWhileItsReadersKeepTheOldBytes) {
