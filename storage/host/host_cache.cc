@@ -26,11 +26,6 @@ namespace {
 using Kind = HostCacheRecord::Kind;
 using State = HostCacheRecord::State;
 
-// What a resident record's memory holds: its compressed form, or its raw bytes.
-uint64_t StoredBytes(const HostCacheRecord& record) {
-  return record.compressed ? record.compressed->encoded_bytes : record.size;
-}
-
 bool LosesStoredObject(const absl::Status& status) {
   return status.code() == absl::StatusCode::kDataLoss ||
          status.code() == absl::StatusCode::kNotFound;
@@ -42,38 +37,6 @@ std::optional<EvictionPolicy> ParseEvictionPolicy(absl::string_view name) {
   if (name == "fifo") return EvictionPolicy::kFifo;
   if (name == "lru") return EvictionPolicy::kLru;
   return std::nullopt;
-}
-
-HostObject& HostObject::operator=(HostObject&& other) noexcept {
-  if (this != &other) {
-    Reset();
-    cache_ = std::exchange(other.cache_, nullptr);
-    entry_ = std::exchange(other.entry_, nullptr);
-    held_by_copy_ = std::exchange(other.held_by_copy_, false);
-  }
-  return *this;
-}
-
-const std::string& HostObject::key() const { return entry_->key(); }
-uint8_t* HostObject::data() const { return cache_->arena_.data(*entry_->memory) + entry_->head; }
-uint64_t HostObject::size() const { return entry_->size; }
-// A referenced entry's form does not change: the compressor swaps only unreferenced ones.
-const codec::CompressedLayout* HostObject::compressed() const {
-  return entry_->compressed ? &*entry_->compressed : nullptr;
-}
-uint64_t HostObject::stored_size() const { return StoredBytes(*entry_); }
-
-void HostObject::Reset() {
-  if (entry_ != nullptr) cache_->Release(entry_, held_by_copy_);
-  cache_ = nullptr;
-  entry_ = nullptr;
-  held_by_copy_ = false;
-}
-
-void HostObject::HeldByCopy() {
-  if (entry_ == nullptr || held_by_copy_) return;
-  held_by_copy_ = true;
-  cache_->HoldForCopy();
 }
 
 int DefaultChecksumThreads() { return std::clamp(UsableCpus() / 2, 1, 8); }

@@ -69,6 +69,11 @@ struct HostCacheRecord {
   }
 };
 
+// What a resident record's memory holds: its compressed form, or its raw bytes.
+inline uint64_t StoredBytes(const HostCacheRecord& record) {
+  return record.compressed ? record.compressed->encoded_bytes : record.size;
+}
+
 }  // namespace tierd
 
 #endif  // TIERD_STORAGE_HOST_DETAIL_HOST_CACHE_RECORD_H_
