@@ -6,7 +6,9 @@
 //               --repeat=20 --json=out.json
 //
 // Data: normal weights N(0, 0.02²) rounded to bf16 and to fp16 (as transformers initialises linear
-// layers; no real checkpoint is read), and random bytes (the incompressible case). For each data
+// layers; no real checkpoint is read), the same quantised to FP8 e4m3 and e5m2 with a scale per
+// block of 128 × 128 (rows of 8192; as DeepSeek-V3's and Qwen3's FP8 checkpoints are made), and
+// random bytes (the incompressible case). For each data
 // set and size it reports the plan (layout, code width, ratio), the CPU encoder's and decoder's
 // rates (one thread), and on the device:
 //   raw_copy_gbps      cudaMemcpyAsync of the raw bytes, pinned host → device (the reference)
@@ -46,7 +48,8 @@ ABSL_FLAG(std::string, pieces, "64KiB,1MiB,16MiB,0",
           "Decode launch sizes in output bytes, comma-separated; 0 is the whole object");
 ABSL_FLAG(std::string, pipeline_pieces, "1MiB,4MiB,16MiB,0",
           "Output bytes per piece of the pipelined copy and decode, comma-separated");
-ABSL_FLAG(std::string, data, "bf16,fp16,random", "Data sets, comma-separated: bf16, fp16, random");
+ABSL_FLAG(std::string, data, "bf16,fp16,e4m3,e5m2,random",
+          "Data sets, comma-separated: bf16, fp16, e4m3, e5m2, random");
 ABSL_FLAG(int, repeat, 20, "Timed repetitions of each device measurement");
 ABSL_FLAG(std::string, json, "", "Write the results here as JSON");
 
@@ -74,6 +77,17 @@ std::vector<uint8_t> MakeData(const std::string& kind, uint64_t bytes) {
       const uint64_t word = engine();
       std::memcpy(&data[i], &word, 8);
     }
+    return data;
+  }
+  if (kind == "e4m3" || kind == "e5m2") {
+    constexpr uint64_t kCols = 8192, kBlock = 128;
+    const uint64_t rows = (bytes + kCols - 1) / kCols;
+    std::vector<uint8_t> matrix(rows * kCols);
+    std::vector<float> scales(((rows + kBlock - 1) / kBlock) * (kCols / kBlock));
+    tierd::codec::FillBlockScaledFp8Weights(
+        kind == "e4m3" ? tierd::codec::Fp8Format::kE4m3 : tierd::codec::Fp8Format::kE5m2, 0.02,
+        17, rows, kCols, kBlock, matrix.data(), scales.data());
+    std::memcpy(data.data(), matrix.data(), bytes);
     return data;
   }
   const auto layout =
@@ -260,7 +274,7 @@ int main(int argc, char** argv) {
         runs.push_back(run);
         continue;
       }
-      run["layout"] = plan.layout == tierd::codec::WordLayout::kBf16 ? "bf16" : "fp16";
+      run["layout"] = tierd::codec::WordLayoutName(plan.layout);
       run["code_bits"] = plan.code_bits;
       run["escapes_per_word"] = static_cast<double>(plan.escapes) / (size / 2);
       std::vector<uint8_t> encoded(plan.encoded_bytes);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <iterator>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -11,8 +12,6 @@
 
 namespace tierd::codec {
 namespace {
-
-constexpr WordLayout kLayouts[] = {WordLayout::kBf16, WordLayout::kFp16};
 
 uint16_t LoadWord(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 uint32_t LoadU32(const uint8_t* p) {
@@ -73,17 +72,20 @@ EncodingPlan PlanEncoding(const uint8_t* raw, uint64_t size, const EncodingOptio
     plan.reason = "larger than the format's 8 GiB";
     return plan;
   }
-  std::array<uint64_t, 256> bf16_counts{};
-  std::array<uint64_t, 32> fp16_counts{};
+  // Each layout's exponent histogram, in one pass over the words.
+  constexpr size_t kLayoutCount = std::size(kWordLayouts);
+  static_assert(kLayoutCount == 3, "count every layout's exponents below");
+  std::array<std::array<uint64_t, 256>, kLayoutCount> histograms{};
   for (uint64_t i = 0; i < words; ++i) {
     const uint16_t word = LoadWord(raw + 2 * i);
-    ++bf16_counts[Exponent(WordLayout::kBf16, word)];
-    ++fp16_counts[Exponent(WordLayout::kFp16, word)];
+    ++histograms[0][Exponent(kWordLayouts[0], word)];
+    ++histograms[1][Exponent(kWordLayouts[1], word)];
+    ++histograms[2][Exponent(kWordLayouts[2], word)];
   }
-  for (const WordLayout word_layout : kLayouts) {
+  for (size_t l = 0; l < kLayoutCount; ++l) {
+    const WordLayout word_layout = kWordLayouts[l];
     const uint32_t limit = ExponentLimit(word_layout);
-    const uint64_t* counts =
-        word_layout == WordLayout::kBf16 ? bf16_counts.data() : fp16_counts.data();
+    const uint64_t* counts = histograms[l].data();
     std::array<uint32_t, 256> order;
     std::iota(order.begin(), order.begin() + limit, 0);
     // Most frequent first; equal counts by exponent, so a plan is a function of the bytes.
@@ -194,8 +196,7 @@ absl::StatusOr<CompressedLayout> ParseCompressedHeader(const uint8_t* data, uint
   std::memcpy(&header, data, sizeof(header));
   if (header.magic != kMagic) return Corrupt("bad magic");
   if (header.version != kVersion) return Corrupt(absl::StrCat("version ", header.version));
-  if (header.layout != static_cast<uint8_t>(WordLayout::kBf16) &&
-      header.layout != static_cast<uint8_t>(WordLayout::kFp16)) {
+  if (!IsWordLayout(header.layout)) {
     return Corrupt(absl::StrCat("word layout ", header.layout));
   }
   if (header.code_bits < kMinCodeBits || header.code_bits > kMaxCodeBits) {

@@ -20,12 +20,13 @@ struct EncodingOptions {
   // Objects smaller than this stay raw: the tables and a copy's fixed cost outweigh the bytes.
   uint64_t min_bytes = 64 * 1024;
   // An object whose compressed form would be larger than this fraction of it stays raw: the bytes
-  // saved would not pay for the decode (random bytes, int8 or fp8 weights, fp32 mantissas).
+  // saved would not pay for the decode (random bytes, int8 weights, fp32 mantissas).
   double max_ratio = 0.9;
 };
 
-// What encoding an object would give, found by one pass over it: the smaller of the bf16 and fp16
-// word layouts, each at its best code width.
+// What encoding an object would give, found by one pass over it: the smallest of the word layouts
+// (bf16, fp16, FP8 pairs), each at its best code width. The bytes' dtype is not asked
+// for: whichever layout codes them smallest is the one, and ties go to the layout listed first.
 struct EncodingPlan {
   bool compress = false;  // false: keep the object raw; `reason` says why
   std::string reason;

@@ -1,12 +1,14 @@
 // The compressed form of a weight object: the exponent-codebook format, version 1.
 //
-// 16-bit floats (bf16, fp16) from trained or initialised networks use few of their exponents: a
-// Gaussian-initialised bf16 tensor has ~2.6 bits of exponent entropy in an 8-bit field. The format
-// splits each 16-bit word into its exponent and the rest (sign and mantissa), keeps the rest as it
-// is, and codes the exponent with a fixed-width code of `code_bits` bits: codes 0 .. 2^bits - 2
-// name the most frequent exponents (the codebook), the last code is an escape whose exponent comes
-// from the escape stream, in order. Any byte string of any length round-trips bit for bit: NaNs,
-// infinities, subnormals, negative zero, and bytes that are not floats at all (they just escape).
+// Floats from trained or initialised networks use few of their exponents: a Gaussian-initialised
+// bf16 tensor has ~2.6 bits of exponent entropy in an 8-bit field. The format splits each 16-bit
+// word into its exponent and the rest (sign and mantissa), keeps the rest as it is, and codes the
+// exponent with a fixed-width code of `code_bits` bits: codes 0 .. 2^bits - 2 name the most
+// frequent exponents (the codebook), the last code is an escape whose exponent comes from the
+// escape stream, in order. A word is one bf16 or fp16 value, or two FP8 values (e4m3 or e5m2) whose
+// two exponents are coded together as one 8-bit symbol. Any byte string of any length round-trips
+// bit for bit in every layout: NaNs, infinities, subnormals, negative zero, and bytes that are not
+// floats at all (they just escape).
 //
 // The words are cut into tiles of kTileValues (4 KiB of output), each decoded independently by one
 // GPU block of kTileThreads threads, 8 words a thread. A tile records where its escapes start in
@@ -52,34 +54,75 @@ inline constexpr uint64_t kMaxPrefixBytes = 12ull << 20;
 // A compressed object has fewer than 2^32 words (8 GiB): escape starts are 32-bit.
 inline constexpr uint64_t kMaxWords = (uint64_t{1} << 32) - kTileWords;
 
-// How a 16-bit word splits into exponent, rest (8 bits) and side bits.
+// How a 16-bit little-endian word splits into exponent, rest (8 bits) and side bits. In the FP8
+// layouts the word is two values, `lo` (the first byte) and `hi` (the second).
 enum class WordLayout : uint8_t {
   kBf16 = 1,  // s eeeeeeee mmmmmmm: exponent 8 bits; rest = sign and mantissa; no side bits
   kFp16 = 2,  // s eeeee mmmmmmmmmm: exponent 5 bits; rest = mantissa's low 8 bits; side = s, m9, m8
+  // Two FP8 values, each s xxxx yyy: exponent = hi's xxxx << 4 | lo's; rest = hi's s yyy << 4 |
+  // lo's; no side bits. For e4m3 (s eeee mmm) xxxx is the exponent. For e5m2 (s eeeee mm) it is
+  // the exponent less its lowest bit, which stays in the rest: of an e5m2 exponent's bits that is
+  // the one least skewed, and the pair's symbol stays a byte.
+  kFp8Pair = 3,
 };
+inline constexpr WordLayout kWordLayouts[] = {WordLayout::kBf16, WordLayout::kFp16,
+                                              WordLayout::kFp8Pair};
+TIERD_HOST_DEVICE constexpr bool IsWordLayout(uint32_t value) { return value >= 1 && value <= 3; }
+constexpr const char* WordLayoutName(WordLayout layout) {
+  switch (layout) {
+    case WordLayout::kBf16:
+      return "bf16";
+    case WordLayout::kFp16:
+      return "fp16";
+    case WordLayout::kFp8Pair:
+      return "fp8 pairs";
+  }
+  return "unknown";
+}
 
-TIERD_HOST_DEVICE inline uint32_t SideBits(WordLayout layout) {
+TIERD_HOST_DEVICE constexpr uint32_t SideBits(WordLayout layout) {
   return layout == WordLayout::kFp16 ? 3 : 0;
 }
-TIERD_HOST_DEVICE inline uint32_t ExponentLimit(WordLayout layout) {
+TIERD_HOST_DEVICE constexpr uint32_t ExponentLimit(WordLayout layout) {
   return layout == WordLayout::kFp16 ? 32 : 256;
 }
-TIERD_HOST_DEVICE inline uint32_t Exponent(WordLayout layout, uint16_t word) {
-  return layout == WordLayout::kFp16 ? (word >> 10) & 0x1f : (word >> 7) & 0xff;
+TIERD_HOST_DEVICE constexpr uint32_t Exponent(WordLayout layout, uint16_t word) {
+  switch (layout) {
+    case WordLayout::kFp16:
+      return (word >> 10) & 0x1f;
+    case WordLayout::kFp8Pair:
+      return ((word >> 7) & 0xf0) | ((word >> 3) & 0x0f);
+    default:
+      return (word >> 7) & 0xff;
+  }
 }
-TIERD_HOST_DEVICE inline uint32_t Rest(WordLayout layout, uint16_t word) {
-  return layout == WordLayout::kFp16 ? word & 0xff : ((word >> 8) & 0x80) | (word & 0x7f);
+TIERD_HOST_DEVICE constexpr uint32_t Rest(WordLayout layout, uint16_t word) {
+  switch (layout) {
+    case WordLayout::kFp16:
+      return word & 0xff;
+    case WordLayout::kFp8Pair:  // s yyy of each: bits 15, 10..8 and 7, 2..0
+      return ((word >> 8) & 0x80) | ((word >> 4) & 0x70) | ((word >> 4) & 0x08) | (word & 0x07);
+    default:
+      return ((word >> 8) & 0x80) | (word & 0x7f);
+  }
 }
-TIERD_HOST_DEVICE inline uint32_t Side(WordLayout layout, uint16_t word) {
+TIERD_HOST_DEVICE constexpr uint32_t Side(WordLayout layout, uint16_t word) {
   return layout == WordLayout::kFp16 ? ((word >> 13) & 0x4) | ((word >> 8) & 0x3) : 0;
 }
-TIERD_HOST_DEVICE inline uint16_t JoinWord(WordLayout layout, uint32_t exponent, uint32_t rest,
-                                           uint32_t side) {
-  if (layout == WordLayout::kFp16) {
-    return static_cast<uint16_t>(((side & 0x4) << 13) | ((exponent & 0x1f) << 10) |
-                                 ((side & 0x3) << 8) | (rest & 0xff));
+TIERD_HOST_DEVICE constexpr uint16_t JoinWord(WordLayout layout, uint32_t exponent, uint32_t rest,
+                                              uint32_t side) {
+  switch (layout) {
+    case WordLayout::kFp16:
+      return static_cast<uint16_t>(((side & 0x4) << 13) | ((exponent & 0x1f) << 10) |
+                                   ((side & 0x3) << 8) | (rest & 0xff));
+    case WordLayout::kFp8Pair:
+      return static_cast<uint16_t>(((rest & 0x80) << 8) | ((exponent & 0xf0) << 7) |
+                                   ((rest & 0x70) << 4) | ((rest & 0x08) << 4) |
+                                   ((exponent & 0x0f) << 3) | (rest & 0x07));
+    default:
+      return static_cast<uint16_t>(((rest & 0x80) << 8) | ((exponent & 0xff) << 7) |
+                                   (rest & 0x7f));
   }
-  return static_cast<uint16_t>(((rest & 0x80) << 8) | ((exponent & 0xff) << 7) | (rest & 0x7f));
 }
 
 // The tile checksum: over the tile's words as 64-bit lanes (4 words each, little-endian; padding

@@ -2,7 +2,8 @@
 // whatever the bytes, parsing and decoding must stay inside the input and the output (ASan checks)
 // and either refuse with DATA_LOSS or produce exactly the object's bytes. Half the inputs are a
 // real compressed object (of weights the first bytes seed) with a few bytes overwritten, so that
-// the fuzzer reaches the tiles past the header's checks.
+// the fuzzer reaches the tiles past the header's checks, in every word layout: bf16 or fp16 weights,
+// or FP8 (e4m3, e5m2) weights quantised with block scales.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -42,13 +43,33 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // A real object of 1..16 tiles of normal weights, then (offset, xor) pairs applied to it. A
   // corruption may leave the bytes decoding right (a flipped bit in padding, a checksum collision
-  // is 2^-32): only a successful decode to other bytes is a failure.
+  // is 2^-32): only a successful decode to other bytes is a failure. The seed's low bits pick the
+  // weights' format (the planner picks the layout that codes them smallest).
   const uint64_t words = (uint64_t{data[1]} % 16 + 1) * tierd::codec::kTileWords - data[2] % 7;
-  std::vector<uint16_t> values(words);
-  tierd::codec::FillNormalWeights(tierd::codec::WordLayout::kBf16, 0.02, data[3], values.data(),
-                                  words);
   std::vector<uint8_t> raw(2 * words);
-  std::memcpy(raw.data(), values.data(), raw.size());
+  switch (data[3] % 4) {
+    case 0:
+    case 1: {
+      std::vector<uint16_t> values(words);
+      const auto layout =
+          data[3] % 4 == 0 ? tierd::codec::WordLayout::kBf16 : tierd::codec::WordLayout::kFp16;
+      tierd::codec::FillNormalWeights(layout, 0.02, data[3], values.data(), words);
+      std::memcpy(raw.data(), values.data(), raw.size());
+      break;
+    }
+    default: {
+      // Rows of 256 values in blocks of 128, as FP8 checkpoints are scaled.
+      const auto format =
+          data[3] % 4 == 2 ? tierd::codec::Fp8Format::kE4m3 : tierd::codec::Fp8Format::kE5m2;
+      const uint64_t rows = (raw.size() + 255) / 256;
+      std::vector<uint8_t> values(rows * 256);
+      std::vector<float> scales(((rows + 127) / 128) * 2);
+      tierd::codec::FillBlockScaledFp8Weights(format, 0.02, data[3], rows, 256, 128,
+                                              values.data(), scales.data());
+      std::memcpy(raw.data(), values.data(), raw.size());
+      break;
+    }
+  }
   tierd::codec::EncodingOptions options;
   options.min_bytes = 0;
   const tierd::codec::EncodingPlan plan =

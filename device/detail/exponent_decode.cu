@@ -32,9 +32,9 @@ __global__ void __launch_bounds__(kBlockThreads)
     DecodeTilesKernel(CompressedLayout layout, const uint8_t* __restrict__ prefix,
                       const uint8_t* __restrict__ tiles, uint8_t* __restrict__ dst,
                       uint64_t first_tile, uint64_t tile_count, uint32_t* verdict) {
-  constexpr uint32_t kSideBits = kLayout == WordLayout::kFp16 ? 3 : 0;
+  constexpr uint32_t kSideBits = codec::SideBits(kLayout);
   constexpr uint32_t kEscapeCode = (1u << kBits) - 1;
-  constexpr uint32_t kLimit = kLayout == WordLayout::kFp16 ? 32 : 256;
+  constexpr uint32_t kLimit = codec::ExponentLimit(kLayout);
   const uint32_t lane = threadIdx.x % 32;
   if (blockIdx.x == 0 && threadIdx.x == 0 && layout.tail_size == 1 &&
       first_tile + tile_count == layout.tiles) {
@@ -180,12 +180,18 @@ cudaError_t LaunchExponentDecode(const CompressedLayout& layout, const void* pre
   const auto* head = static_cast<const uint8_t*>(prefix);
   const auto* data = static_cast<const uint8_t*>(tiles);
   auto* out = static_cast<uint8_t*>(dst);
-  if (layout.layout == WordLayout::kFp16) {
-    return Launch<WordLayout::kFp16>(layout, head, data, out, first_tile, tile_count, verdict,
-                                     stream);
+  switch (layout.layout) {
+    case WordLayout::kBf16:
+      return Launch<WordLayout::kBf16>(layout, head, data, out, first_tile, tile_count, verdict,
+                                       stream);
+    case WordLayout::kFp16:
+      return Launch<WordLayout::kFp16>(layout, head, data, out, first_tile, tile_count, verdict,
+                                       stream);
+    case WordLayout::kFp8Pair:
+      return Launch<WordLayout::kFp8Pair>(layout, head, data, out, first_tile, tile_count,
+                                          verdict, stream);
   }
-  return Launch<WordLayout::kBf16>(layout, head, data, out, first_tile, tile_count, verdict,
-                                   stream);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace tierd

@@ -82,7 +82,7 @@ TEST(ExponentCodecTest, EveryWordRoundTripsAtEveryCodeWidth) {
     raw[8 * word + 1] = static_cast<uint8_t>(word >> 8);
   }
   raw.push_back(0x7f);  // an odd size: the tail byte
-  for (const WordLayout layout : {WordLayout::kBf16, WordLayout::kFp16}) {
+  for (const WordLayout layout : kWordLayouts) {
     EncodingPlan plan = PlanEncoding(raw.data(), raw.size(), AnySize(2.0));
     for (uint32_t bits = kMinCodeBits; bits <= kMaxCodeBits; ++bits) {
       // A plan for another layout and width: the codebook's first codes stay valid exponents.
@@ -111,6 +111,64 @@ TEST(ExponentCodecTest, EveryWordRoundTripsAtEveryCodeWidth) {
       EXPECT_EQ(Decompress(encoded), raw)
           << "layout " << static_cast<int>(layout) << ", " << bits << " bits";
     }
+  }
+}
+
+TEST(ExponentCodecTest, EveryWordSplitsAndJoinsBackInEveryLayout) {
+  for (const WordLayout layout : kWordLayouts) {
+    for (uint32_t word = 0; word < 65536; ++word) {
+      const auto w = static_cast<uint16_t>(word);
+      ASSERT_LT(Exponent(layout, w), ExponentLimit(layout));
+      ASSERT_LT(Rest(layout, w), 256u);
+      ASSERT_LT(Side(layout, w), 1u << SideBits(layout));
+      ASSERT_EQ(JoinWord(layout, Exponent(layout, w), Rest(layout, w), Side(layout, w)), w)
+          << "layout " << static_cast<int>(layout) << ", word " << word;
+    }
+  }
+  // An FP8 pair's symbol is the two values' e4m3 exponents (for e5m2: their top 4 bits).
+  EXPECT_EQ(Exponent(WordLayout::kFp8Pair, 0x3c41), 0x78u);  // hi 0x3c: exponent 7; lo 0x41: 8
+  EXPECT_EQ(Rest(WordLayout::kFp8Pair, 0x3c41), 0x41u);      // sign, mantissa: hi 0 100, lo 0 001
+}
+
+// The codes of every finite FP8 value survive the test support's conversions, so the weights
+// below are what a quantiser writes.
+TEST(ExponentCodecTest, Fp8ConversionsRoundTripEveryFiniteValue) {
+  for (const Fp8Format format : {Fp8Format::kE4m3, Fp8Format::kE5m2}) {
+    for (uint32_t code = 0; code < 256; ++code) {
+      const float value = Fp8ToFloat(format, static_cast<uint8_t>(code));
+      if (!std::isfinite(value)) continue;
+      EXPECT_EQ(FloatToFp8(format, value), code) << value;
+    }
+    EXPECT_EQ(FloatToFp8(format, 1e9f), FloatToFp8(format, Fp8Max(format)));  // saturated
+  }
+  EXPECT_EQ(Fp8Max(Fp8Format::kE4m3), 448.0f);
+  EXPECT_EQ(Fp8Max(Fp8Format::kE5m2), 57344.0f);
+  EXPECT_EQ(FloatToFp8(Fp8Format::kE4m3, 1.0625f), 0x38);  // halfway: to the even mantissa, 1
+  EXPECT_EQ(FloatToFp8(Fp8Format::kE4m3, 1.1875f), 0x3a);  // halfway: to 1.25
+}
+
+// FP8 weights quantised with 128 × 128 block scales from N(0, 0.02²): each value's exponent has
+// ~2.55 bits of entropy, and its sign and mantissa 4 (e4m3) or 3 (e5m2) bits that no code shrinks.
+// A pair's two e4m3 exponents coded together in 5 bits take e4m3 to ~0.87 of its bytes (the bound
+// for any code of the exponents is (4 + 2.55) / 8 = 0.82); e5m2's top exponent bits, in 3 bits, to
+// ~0.76 (its bound: (3 + 2.55) / 8 = 0.69).
+TEST(ExponentCodecTest, BlockScaledFp8WeightsCompressAsPairsAndBack) {
+  constexpr uint64_t kRows = 512, kCols = 1024, kBlock = 128;
+  for (const Fp8Format format : {Fp8Format::kE4m3, Fp8Format::kE5m2}) {
+    std::vector<uint8_t> raw(kRows * kCols);
+    std::vector<float> scales((kRows / kBlock) * (kCols / kBlock));
+    FillBlockScaledFp8Weights(format, 0.02, 3, kRows, kCols, kBlock, raw.data(), scales.data());
+    const EncodingPlan plan = PlanEncoding(raw.data(), raw.size());
+    ASSERT_TRUE(plan.compress) << plan.reason;
+    EXPECT_EQ(plan.layout, WordLayout::kFp8Pair);
+    const bool e4m3 = format == Fp8Format::kE4m3;
+    EXPECT_EQ(plan.code_bits, e4m3 ? 5u : 3u);
+    EXPECT_GT(plan.ratio(), e4m3 ? 0.82 : 0.69);
+    EXPECT_LT(plan.ratio(), e4m3 ? 0.89 : 0.78);
+    EXPECT_EQ(Decompress(Compress(raw)), raw);
+    // The scales are float32, served as they are: too small to pay for tables.
+    const auto* scale_bytes = reinterpret_cast<const uint8_t*>(scales.data());
+    EXPECT_FALSE(PlanEncoding(scale_bytes, scales.size() * sizeof(float)).compress);
   }
 }
 
