@@ -54,8 +54,8 @@ inline constexpr uint64_t kMaxPrefixBytes = 12ull << 20;
 // A compressed object has fewer than 2^32 words (8 GiB): escape starts are 32-bit.
 inline constexpr uint64_t kMaxWords = (uint64_t{1} << 32) - kTileWords;
 
-// How a 16-bit little-endian word splits into exponent, rest (8 bits) and side bits. In the FP8
-// layouts the word is two values, `lo` (the first byte) and `hi` (the second).
+// How a 16-bit little-endian word splits into exponent, rest (8 bits) and side bits. In kFp8Pair
+// the word is two values, `lo` (the first byte) and `hi` (the second).
 enum class WordLayout : uint8_t {
   kBf16 = 1,  // s eeeeeeee mmmmmmm: exponent 8 bits; rest = sign and mantissa; no side bits
   kFp16 = 2,  // s eeeee mmmmmmmmmm: exponent 5 bits; rest = mantissa's low 8 bits; side = s, m9, m8
