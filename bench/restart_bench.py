@@ -28,6 +28,7 @@ it loads weights) to the model ready on the GPU; its logits must equal (a)'s. Th
 """
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -200,10 +201,14 @@ def stream_others(client, checkpoint, copies):
 
 
 def wait_for_gpu_memory(nbytes, timeout=120):
+    # What this process's allocator keeps (the copy measurement's buffers) is not the daemon's.
+    gc.collect()
+    torch.cuda.empty_cache()
     deadline = time.monotonic() + timeout
-    while torch.cuda.mem_get_info()[0] < nbytes + (2 << 30):
+    while torch.cuda.mem_get_info()[0] < nbytes + (1 << 30):
         if time.monotonic() > deadline:
-            sys.exit(f"the GPU did not have {nbytes >> 30} GiB free within {timeout} s")
+            sys.exit(f"the GPU did not have {nbytes >> 30} GiB free within {timeout} s "
+                     f"({torch.cuda.mem_get_info()[0] / 2**30:.1f} GiB free)")
         time.sleep(0.2)
 
 
@@ -307,6 +312,9 @@ def main():
                 torch.cuda.synchronize()
                 wake_seconds = time.perf_counter() - start
                 session.release_many(leases)
+                # The views opened the daemon's slabs in this process: closed with the last of
+                # them, so that the daemon's restart below gets its pool's memory back.
+                del leases
                 results["wake"] = {"seconds": wake_seconds, "bytes": woken.bytes,
                                    "gb_per_s": woken.bytes / wake_seconds / 1e9,
                                    "moved": woken.moved,
@@ -333,8 +341,8 @@ def main():
         daemon.stop()
     # (c) again after a restart of the daemon: the retained set comes back from the model's files.
     # The driver frees the stopped daemon's pool a moment after it exits: wait for the room.
-    wait_for_gpu_memory(args.pool_gib << 30)
     write_results(dict(results, runs=runs), args.json)  # what was measured so far
+    wait_for_gpu_memory(args.pool_gib << 30)
     daemon = Daemon(**daemon_settings)
     try:
         with tierd.Client(daemon.socket) as client, client.session() as session:
