@@ -325,7 +325,8 @@ int main(int argc, char** argv) {
       {"device", device->Describe()},
       {"repeat", repeat},
       {"data_source",
-       "normal N(0, 0.02^2) rounded to bf16/fp16 (transformers' init); random bytes"},
+       "normal N(0, 0.02^2) rounded to bf16/fp16 (transformers' init), or quantised to FP8 "
+       "e4m3/e5m2 with a scale per 128 x 128 block (rows of 8192); random bytes"},
       {"runs", runs},
   };
   std::printf("%s\n", report.dump(2).c_str());
