@@ -2,6 +2,7 @@
 smaller than the model gives the same outputs as the module holding all its weights."""
 
 import os
+from unittest import mock
 
 import torch
 
@@ -214,3 +215,70 @@ class StreamWeightsWithoutTheCheckpointsGapsTest(DaemonTestCase):
             tierd.torch.stream_weights(module, self.client, "lm")
         self.wait_for_stats(lambda stats: stats.leases == 0 and stats.sessions == 0,
                             "nothing held after the refusal")
+
+
+class ResidentFetchesTest(DaemonTestCase):
+    """Every block resident (map_weights): the daemon is asked for the next units' objects before
+    the first unit's answers are waited for, within a bound of requests."""
+    daemon_flags = dict(gpu_pool="4MiB", gpu_slab="4MiB")
+
+    def setUp(self):
+        super().setUp()
+        torch.manual_seed(3)
+        self.device = torch_device()
+        self.reference = DiT(**CONFIG).to(self.device).eval()
+        save_safetensors(self.reference.state_dict(),
+                         os.path.join(self.model_dir("dit"), "model.safetensors"))
+        self.client.register_model("dit", self.model_dir("dit"), grouping="block")
+        self.inputs = (torch.randn(2, 24, 16).to(self.device), torch.randn(2, 8, 32).to(self.device),
+                       torch.rand(2).to(self.device))
+
+    def map_recording(self):
+        """Maps the DiT's weights into a fresh module, recording each fetch sent ("send", keys) and
+        each answer waited for ("wait", key); returns the events and whether outputs matched."""
+        events = []
+        send, wait = tierd.Session.fetch_many_async, tierd.PendingFetch.result
+
+        def recorded_send(session, keys, *args, **kwargs):
+            keys = list(keys)
+            events.append(("send", keys))
+            return send(session, keys, *args, **kwargs)
+
+        def recorded_wait(fetch, *args, **kwargs):
+            events.append(("wait", fetch.key))
+            return wait(fetch, *args, **kwargs)
+
+        torch.manual_seed(99)
+        module = DiT(**CONFIG).to("meta").eval()
+        with mock.patch.object(tierd.Session, "fetch_many_async", recorded_send), \
+                mock.patch.object(tierd.PendingFetch, "result", recorded_wait):
+            with tierd.torch.map_weights(module, self.client, "dit"):
+                with torch.no_grad():
+                    equal = torch.equal(module(*self.inputs), self.reference(*self.inputs))
+        return events, equal
+
+    @staticmethod
+    def most_sent_unanswered(events):
+        sent = waited = most = 0
+        for kind, what in events:
+            if kind == "send":
+                sent += len(what)
+                most = max(most, sent - waited)
+            else:
+                waited += 1
+        return most
+
+    def test_later_units_are_asked_for_before_the_first_is_waited_on(self):
+        events, equal = self.map_recording()
+        self.assertTrue(equal)
+        first_wait = next(i for i, (kind, _) in enumerate(events) if kind == "wait")
+        self.assertGreaterEqual(first_wait, BLOCKS, f"fetches sent before the first wait: {events}")
+        self.assertEqual(sum(len(keys) for kind, keys in events if kind == "send"),
+                         len(self.client.list_objects("dit")))
+
+    def test_the_fetches_sent_ahead_are_bounded(self):
+        with mock.patch.object(tierd.torch, "_RESIDENT_REQUESTS_AHEAD", 3):
+            events, equal = self.map_recording()
+        self.assertTrue(equal)
+        self.assertLessEqual(self.most_sent_unanswered(events), 3, events)
+        self.assertGreater(self.most_sent_unanswered(events), 1, events)

@@ -78,6 +78,9 @@ def map_weights(module, client, model, copy=False, exclude=()):
 
 
 _ALL_BLOCKS = 1 << 62
+# Fetches of resident units sent ahead of the one being taken (a daemon answers 1024 requests in
+# flight a session by default).
+_RESIDENT_REQUESTS_AHEAD = 256
 
 
 class _Unit:
@@ -126,9 +129,7 @@ class StreamedWeights:
                     tensor = getattr(owner, attribute)
                     tensor.requires_grad_(False)
                     _set_tensor(owner, attribute, self._placeholder(tensor.dtype))
-            for unit in self.units:
-                if unit.resident:
-                    self._take(unit, stream=None)
+            self._take_resident([unit for unit in self.units if unit.resident])
             for unit in self._streamed:
                 self._hooks.append(unit.submodule.register_forward_pre_hook(
                     lambda _module, inputs, unit=unit: self._before(unit, inputs)))
@@ -226,6 +227,23 @@ class StreamedWeights:
         for name, owner, attribute in unit.parameters:
             _set_tensor(owner, attribute, views[name])
         unit.leases = leases
+
+    def _take_resident(self, units):
+        """Takes every resident unit, in order, with the fetches of the units after the one waited
+        on already sent, up to _RESIDENT_REQUESTS_AHEAD requests: the daemon's readers and the
+        link work on the next units while one unit's answers come back, instead of on one unit's
+        objects at a time. (Resident units are held together in the end anyway; the bound keeps
+        a model of many objects under the session's requests in flight.)"""
+        sent = 0
+        in_flight = 0
+        for index, unit in enumerate(units):
+            while sent < len(units) and (sent <= index or in_flight + len(units[sent].keys)
+                                         <= _RESIDENT_REQUESTS_AHEAD):
+                units[sent].pending = self.session.fetch_many_async(units[sent].keys)
+                in_flight += len(units[sent].keys)
+                sent += 1
+            in_flight -= len(unit.keys)
+            self._take(unit, stream=None)
 
     def _copy_out(self):
         """Replaces every leased weight with a copy of its own, then releases the leases (after
