@@ -58,19 +58,28 @@ for name, (kind, config) in settings["components"].items():
         modules[name] = getattr(dit_model, kind)(**config).to(torch.bfloat16).eval()
 built = time.perf_counter()
 client = weights = None
+phases = {}  # where the weights' time went, in seconds from `built`
+def mark(phase):
+    phases[phase] = time.perf_counter() - built
 if settings["way"] == "cold":
     for name, module in modules.items():
         state = safetensors.torch.load_file(settings["files"][name], device="cuda")
+        mark(f"{name} read")
         module.load_state_dict(state, assign=True)
+        mark(f"{name} assigned")
 else:
     client = tierd.Client(settings["socket"])
     session = client.session()
+    mark("connected")
     weights = []
     for name, module in modules.items():
         if settings["way"] == "first":
             client.register_model(name, settings["directories"][name], grouping="block")
+            mark(f"{name} registered")
         session.retain(name)  # answers once the component is on the GPU
+        mark(f"{name} retained")
         weights.append(tierd.torch.map_weights(module, session, name))
+        mark(f"{name} mapped")
 loaded = time.perf_counter()
 generator = torch.Generator().manual_seed(1)
 ids = torch.randint(0, settings["vocab"], (1, settings["text_tokens"]), generator=generator)
@@ -82,7 +91,7 @@ with torch.no_grad():
 torch.cuda.synchronize()
 seconds = time.perf_counter() - start
 result = {"seconds": seconds, "weights_seconds": loaded - start, "build_seconds": built - start,
-          "step_seconds": time.perf_counter() - loaded,
+          "step_seconds": time.perf_counter() - loaded, "phases": phases,
           "bytes": sum(p.numel() * p.element_size() for m in modules.values()
                        for p in m.parameters())}
 if settings.get("save_output"):
