@@ -64,11 +64,8 @@ TEST_F(HostCacheTest, RoomThatACopysReferenceWillGiveBackIsWaitedForNotRefused) 
   ASSERT_THAT(held, IsOk());
   // Both referenced, one by a device copy that gives it back on its own once done (its readers may
   // have seen the copy done and asked for more before that): the request waits for it.
-  copied->HeldByCopy();
-  std::shared_ptr<Answer> third = Fetch("m/blocks.2");
-  EXPECT_FALSE(third->ready.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
-  copied->Reset();
-  ASSERT_TRUE(third->ready.WaitForNotificationWithTimeout(kTimeout));
+  std::shared_ptr<Answer> third = FetchWhileACopyHolds(*copied, "m/blocks.2");
+  ASSERT_TRUE(third->ready.HasBeenNotified());
   ASSERT_THAT(third->object, IsOk());
   EXPECT_TRUE(HoldsBlock(*third->object, 2));
   EXPECT_FALSE(cache_->IsResident("m/blocks.0"));
@@ -79,11 +76,8 @@ TEST_F(HostCacheTest, RoomThatACopysReferenceWillGiveBackIsWaitedForNotRefused) 
   // it is refused once no copy holds anything, not left waiting.
   auto shared = FetchNow("m/blocks.1");
   ASSERT_THAT(shared, IsOk());
-  shared->HeldByCopy();
-  std::shared_ptr<Answer> fourth = Fetch("m/blocks.0");
-  EXPECT_FALSE(fourth->ready.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
-  shared->Reset();
-  ASSERT_TRUE(fourth->ready.WaitForNotificationWithTimeout(kTimeout));
+  std::shared_ptr<Answer> fourth = FetchWhileACopyHolds(*shared, "m/blocks.0");
+  ASSERT_TRUE(fourth->ready.HasBeenNotified());
   EXPECT_THAT(fourth->object, StatusIs(absl::StatusCode::kResourceExhausted));
 }
 

@@ -184,6 +184,19 @@ class HostCacheTest : public ::testing::Test {
     return answer;
   }
 
+  // Marks `copied` as held by a device copy, asks for `key`, checks that the request waits for the
+  // copy rather than being answered, then lets the copy give its reference back; returns the
+  // answer that came then (ready, unless the cache never answered within kTimeout).
+  std::shared_ptr<Answer> FetchWhileACopyHolds(HostObject& copied, const std::string& key) {
+    copied.HeldByCopy();
+    std::shared_ptr<Answer> answer = Fetch(key);
+    EXPECT_FALSE(answer->ready.WaitForNotificationWithTimeout(absl::Milliseconds(200)))
+        << key << " was answered while a copy held the room";
+    copied.Reset();
+    answer->ready.WaitForNotificationWithTimeout(kTimeout);
+    return answer;
+  }
+
   absl::StatusOr<HostObject> FetchNow(const std::string& key) {
     auto answer = Fetch(key);
     if (!answer->ready.WaitForNotificationWithTimeout(kTimeout)) {
