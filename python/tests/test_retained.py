@@ -41,9 +41,7 @@ class RetainedWeightsTest(DaemonTestCase):
         torch.manual_seed(3)
         self.device = torch_device()
         self.reference = DiT(**CONFIG).to(self.device).eval()
-        save_safetensors(self.reference.state_dict(),
-                         os.path.join(self.model_dir("dit"), "model.safetensors"))
-        self.client.register_model("dit", self.model_dir("dit"), grouping="block")
+        self.register_module("dit", self.reference)
         generator = torch.Generator().manual_seed(11)
         self.inputs = [(torch.randn(2, 24, 16, generator=generator),
                         torch.randn(2, 8, 32, generator=generator),
@@ -67,11 +65,8 @@ class RetainedWeightsTest(DaemonTestCase):
         than the pool holds."""
         for copy in range(copies):
             name = f"other{copy}"
-            directory = self.model_dir(name)
             torch.manual_seed(100 + copy)
-            save_safetensors(DiT(**CONFIG).state_dict(),
-                             os.path.join(directory, "model.safetensors"))
-            self.client.register_model(name, directory, grouping="block")
+            self.register_module(name, DiT(**CONFIG))
             with self.client.session() as session:
                 for info in self.client.list_objects(name):
                     session.fetch(info.key).release()

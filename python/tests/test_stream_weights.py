@@ -31,9 +31,7 @@ class StreamWeightsTest(DaemonTestCase):
         self.device = torch_device()
         self.reference = DiT(**CONFIG).to(self.device).eval()
         self.assertGreater(block_bytes(self.reference) * BLOCKS, 1536 << 10)
-        save_safetensors(self.reference.state_dict(),
-                         os.path.join(self.model_dir("dit"), "model.safetensors"))
-        self.client.register_model("dit", self.model_dir("dit"), grouping="block")
+        self.register_module("dit", self.reference)
         self.client.register_model("dit-phases", self.model_dir("dit"), grouping="phase")
         generator = torch.Generator().manual_seed(11)
         self.inputs = [(torch.randn(2, 24, 16, generator=generator).to(self.device),
@@ -227,9 +225,7 @@ class ResidentFetchesTest(DaemonTestCase):
         torch.manual_seed(3)
         self.device = torch_device()
         self.reference = DiT(**CONFIG).to(self.device).eval()
-        save_safetensors(self.reference.state_dict(),
-                         os.path.join(self.model_dir("dit"), "model.safetensors"))
-        self.client.register_model("dit", self.model_dir("dit"), grouping="block")
+        self.register_module("dit", self.reference)
         self.inputs = (torch.randn(2, 24, 16).to(self.device), torch.randn(2, 8, 32).to(self.device),
                        torch.rand(2).to(self.device))
 

@@ -112,6 +112,14 @@ class DaemonTestCase(unittest.TestCase):
         os.makedirs(path, exist_ok=True)
         return path
 
+    def register_module(self, name, module, grouping="block"):
+        """Saves `module`'s state dict as model `name`'s one safetensors file (in model_dir(name))
+        and registers it."""
+        from dit_model import save_safetensors  # the examples' writer
+        save_safetensors(module.state_dict(),
+                         os.path.join(self.model_dir(name), "model.safetensors"))
+        self.client.register_model(name, self.model_dir(name), grouping=grouping)
+
     def evict_once_copied(self, session, key):
         """Evicts `key` from the GPU. Its lease released, its copy may still be in flight (the
         daemon has not seen it complete yet): that is waited for."""
