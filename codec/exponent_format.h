@@ -67,7 +67,12 @@ enum class WordLayout : uint8_t {
 };
 inline constexpr WordLayout kWordLayouts[] = {WordLayout::kBf16, WordLayout::kFp16,
                                               WordLayout::kFp8Pair};
-TIERD_HOST_DEVICE constexpr bool IsWordLayout(uint32_t value) { return value >= 1 && value <= 3; }
+constexpr bool IsWordLayout(uint32_t value) {
+  for (const WordLayout layout : kWordLayouts) {
+    if (static_cast<uint32_t>(layout) == value) return true;
+  }
+  return false;
+}
 constexpr const char* WordLayoutName(WordLayout layout) {
   switch (layout) {
     case WordLayout::kBf16:
