@@ -1,5 +1,6 @@
 #include "bench/bench_support.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
@@ -19,6 +20,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/fd_io.h"
+#include "common/posix_error.h"
 #include "common/status_macros.h"
 
 namespace tierd::bench {
@@ -262,6 +265,58 @@ void FillRandomWords(std::vector<uint64_t>& words, uint64_t& seed) {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     word = z ^ (z >> 31);
   }
+}
+
+absl::StatusOr<double> PreadFiles(const std::vector<std::string>& files, uint8_t* destination,
+                                  int threads, uint64_t read_bytes) {
+  // The files back to back: file f's bytes land at file_start[f].
+  std::vector<uint64_t> file_start = {0};
+  std::vector<ScopedFd> fds;
+  for (const std::string& path : files) {
+    fds.emplace_back(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fds.back().get() < 0) return PosixError("cannot open " + path, errno);
+    struct stat st;
+    if (::fstat(fds.back().get(), &st) != 0) return PosixError("cannot stat " + path, errno);
+    file_start.push_back(file_start.back() + static_cast<uint64_t>(st.st_size));
+  }
+  const uint64_t total = file_start.back();
+  absl::Mutex mu;
+  absl::Status first_error;
+  auto note = [&](absl::Status error) {
+    absl::MutexLock lock(&mu);
+    first_error.Update(std::move(error));
+  };
+  // Reads [begin, end) of the files back to back.
+  auto read_share = [&](uint64_t begin, uint64_t end) {
+    for (uint64_t position = begin; position < end;) {
+      const size_t f =
+          static_cast<size_t>(std::upper_bound(file_start.begin(), file_start.end(), position) -
+                              file_start.begin() - 1);
+      const uint64_t n = std::min({read_bytes, end - position, file_start[f + 1] - position});
+      const ssize_t got = ::pread(fds[f].get(), destination + position, n,
+                                  static_cast<off_t>(position - file_start[f]));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        note(got == 0 ? absl::DataLossError(files[f] + " ended early")
+                      : PosixError("reading " + files[f], errno));
+        return;
+      }
+      position += static_cast<uint64_t>(got);
+    }
+  };
+  threads = std::max(threads, 1);
+  const uint64_t share = (total / threads + read_bytes - 1) / read_bytes * read_bytes;
+  std::vector<std::thread> readers;
+  const Clock::time_point start = Clock::now();
+  for (int t = 0; t < threads; ++t) {
+    const uint64_t begin = std::min(total, share * t);
+    const uint64_t end = t == threads - 1 ? total : std::min(total, share * (t + 1));
+    readers.emplace_back(read_share, begin, end);
+  }
+  for (std::thread& reader : readers) reader.join();
+  const double seconds = SecondsSince(start);
+  if (!first_error.ok()) return first_error;
+  return seconds;
 }
 
 }  // namespace tierd::bench

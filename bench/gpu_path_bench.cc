@@ -10,8 +10,12 @@
 //            first, resident in the host cache) and wait for the bytes, against cudaMemcpyAsync of
 //            the same sizes from pinned memory on one stream. Target ≥ 0.95.
 //   cold     disk → GPU with the page cache dropped: prefetch all objects, fetch each, wait,
-//            against fio reading the same files with O_DIRECT (target ≥ 0.90) and, with
-//            --safetensors-script, safetensors.torch.load_file(device="cuda") cold and warm.
+//            against fio reading the same files with O_DIRECT (target ≥ 0.90; --fio= skips it,
+//            as on tmpfs, which has no O_DIRECT), T threads pread-ing them into pinned memory
+//            for each T of --pread-threads, and cudaMemcpyAsync of the same bytes from pinned
+//            memory (the link): on memory-backed files the target is ≥ 0.90 × the smaller of the
+//            best pread and the link. With --safetensors-script,
+//            safetensors.torch.load_file(device="cuda") cold and warm too.
 //   duplex   prefetch+fetch of the model (H2D) while another session stores objects (D2H) at
 //            once, against two plain copies in opposite directions at once. Reference 72 GB/s.
 //   latency  Fetch of an object already on the GPU through a session, --fetches times;
@@ -69,8 +73,12 @@ ABSL_FLAG(int, step_layers, 48,
           "latency: objects (layers) in a timed step, Fetch by Fetch and FetchMany");
 ABSL_FLAG(tierd::ByteSize, store_bytes, tierd::ByteSize{256ull << 20}, "duplex: bytes per store");
 ABSL_FLAG(int, stores, 16, "duplex: stores per run");
-ABSL_FLAG(std::string, fio, "fio", "cold: fio binary for the O_DIRECT reference");
+ABSL_FLAG(std::string, fio, "fio",
+          "cold: fio binary for the O_DIRECT reference; empty: no fio run (tmpfs)");
 ABSL_FLAG(int, fio_queue_depth, 32, "cold: fio's queue depth (4 MiB reads, one job)");
+ABSL_FLAG(std::vector<std::string>, pread_threads, std::vector<std::string>({"8", "16"}),
+          "cold: thread counts of the pread-into-pinned-memory reference, a run each per repeat; "
+          "empty: none");
 ABSL_FLAG(std::string, python, "python3", "cold: Python with torch and safetensors");
 ABSL_FLAG(std::string, safetensors_script, "",
           "cold: bench/safetensors_load.py, to time safetensors.torch.load_file; empty: skip");

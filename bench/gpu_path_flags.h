@@ -3,6 +3,7 @@
 #define TIERD_BENCH_GPU_PATH_FLAGS_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/flags/declare.h"
 #include "common/byte_size.h"
@@ -22,6 +23,7 @@ ABSL_DECLARE_FLAG(tierd::ByteSize, store_bytes);
 ABSL_DECLARE_FLAG(int, stores);
 ABSL_DECLARE_FLAG(std::string, fio);
 ABSL_DECLARE_FLAG(int, fio_queue_depth);
+ABSL_DECLARE_FLAG(std::vector<std::string>, pread_threads);
 ABSL_DECLARE_FLAG(std::string, python);
 ABSL_DECLARE_FLAG(std::string, safetensors_script);
 ABSL_DECLARE_FLAG(std::string, json);

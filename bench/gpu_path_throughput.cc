@@ -2,6 +2,7 @@
 #include <sys/wait.h>
 
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -162,49 +163,132 @@ double SafetensorsLoad(const std::vector<std::string>& files, bool drop_cache) {
   return gbps;
 }
 
+// --pread-threads as numbers.
+std::vector<int> PreadThreadCounts() {
+  std::vector<int> counts;
+  for (const std::string& text : absl::GetFlag(FLAGS_pread_threads)) {
+    int count = 0;
+    if (!absl::SimpleAtoi(text, &count) || count < 1) {
+      Die("--pread-threads takes thread counts of at least 1, not '" + text + "'");
+    }
+    counts.push_back(count);
+  }
+  return counts;
+}
+
 nlohmann::json Cold(Bench& bench) {
   const std::vector<std::string> files = bench.Files();
   const uint64_t bytes = TotalBytes(bench.objects());
   const bool with_safetensors = !absl::GetFlag(FLAGS_safetensors_script).empty();
+  const bool with_fio = !absl::GetFlag(FLAGS_fio).empty();
+  const std::vector<int> pread_threads = PreadThreadCounts();
+  // The pread reference's destination, and the link's reference: the objects' sizes copied from
+  // it to the GPU as the fetches copy them.
+  Buffers reference;
+  uint64_t file_bytes = 0;
+  if (!pread_threads.empty()) {
+    for (const std::string& file : files) {
+      std::error_code error;
+      file_bytes += std::filesystem::file_size(file, error);
+      if (error) Die("the size of " + file + ": " + error.message());
+    }
+    reference = AllocateBuffers(bench.device(), std::max(file_bytes, bytes));
+  }
+  std::vector<uint64_t> sizes;
+  for (const Object& object : bench.objects()) sizes.push_back(object.size);
+  std::unique_ptr<tierd::Stream> plain_stream =
+      Check(bench.device().CreateStream(tierd::StreamPriority::kHigh), "stream");
+
   std::vector<double> tierd_runs;
   std::vector<double> fio_runs;
   std::vector<double> safetensors_runs;
+  std::vector<double> link_runs;
+  std::map<int, std::vector<double>> pread_runs;
   bool cold = true;
   nlohmann::json fio_raw;
   for (int run = 0; run < absl::GetFlag(FLAGS_repeat); ++run) {
     bench.Evict(bench.model() + "/", tierd::v1::TIER_ALL);
     cold &= tierd::bench::DropPageCache();
     tierd_runs.push_back(bytes / 1e9 / bench.FetchAll(bench.objects(), /*prefetch_first=*/true));
-    cold &= tierd::bench::DropPageCache();
-    tierd::bench::FioRead read;
-    read.fio = absl::GetFlag(FLAGS_fio);
-    read.files = files;
-    read.queue_depth = absl::GetFlag(FLAGS_fio_queue_depth);
-    fio_runs.push_back(tierd::bench::RunFio(read, &fio_raw));
-    std::string line = absl::StrFormat("cold run %d: tierd %.3f GB/s, fio O_DIRECT %.3f GB/s", run,
-                                       tierd_runs.back(), fio_runs.back());
+    std::string line = absl::StrFormat("cold run %d: tierd %.3f GB/s", run, tierd_runs.back());
+    if (with_fio) {
+      cold &= tierd::bench::DropPageCache();
+      tierd::bench::FioRead read;
+      read.fio = absl::GetFlag(FLAGS_fio);
+      read.files = files;
+      read.queue_depth = absl::GetFlag(FLAGS_fio_queue_depth);
+      fio_runs.push_back(tierd::bench::RunFio(read, &fio_raw));
+      absl::StrAppendFormat(&line, ", fio O_DIRECT %.3f GB/s", fio_runs.back());
+    }
+    for (int threads : pread_threads) {
+      cold &= tierd::bench::DropPageCache();
+      const double seconds = Check(
+          tierd::bench::PreadFiles(files, static_cast<uint8_t*>(reference.host->data()), threads),
+          "the pread reference");
+      pread_runs[threads].push_back(file_bytes / 1e9 / seconds);
+      absl::StrAppendFormat(&line, ", pread x%d %.3f GB/s", threads, pread_runs[threads].back());
+    }
+    if (!pread_threads.empty()) {
+      link_runs.push_back(
+          bytes / 1e9 /
+          PlainCopies(bench.device(), *plain_stream, static_cast<uint8_t*>(reference.gpu->data()),
+                      static_cast<const uint8_t*>(reference.host->data()),
+                      std::max(file_bytes, bytes), sizes));
+      absl::StrAppendFormat(&line, ", cudaMemcpyAsync %.3f GB/s", link_runs.back());
+    }
     if (with_safetensors) {
       safetensors_runs.push_back(SafetensorsLoad(files, /*drop_cache=*/true));
       absl::StrAppendFormat(&line, ", safetensors %.3f GB/s", safetensors_runs.back());
     }
     Progress(line);
   }
+  const double tierd = Median(tierd_runs);
   nlohmann::json result = Environment(bench);
   result.update({{"benchmark", "cold_load"},
                  {"files", files.size()},
                  {"bytes", bytes},
                  {"objects", bench.objects().size()},
                  {"page_cache_dropped", cold},
-                 {"baseline", absl::StrCat("fio, io_uring, O_DIRECT, fixed buffers, 4 MiB reads, "
-                                           "1 job, queue depth ",
-                                           absl::GetFlag(FLAGS_fio_queue_depth),
-                                           ", the same files one after another")},
-                 {"target", "tierd >= 0.90 x fio"},
                  {"tierd_gb_per_s", tierd_runs},
-                 {"fio_gb_per_s", fio_runs},
-                 {"tierd_median_gb_per_s", Median(tierd_runs)},
-                 {"fio_median_gb_per_s", Median(fio_runs)},
-                 {"ratio_to_fio", Median(tierd_runs) / Median(fio_runs)}});
+                 {"tierd_median_gb_per_s", tierd}});
+  std::string summary = absl::StrFormat("cold: tierd %.3f GB/s", tierd);
+  if (with_fio) {
+    const double fio = Median(fio_runs);
+    result.update({{"baseline", absl::StrCat("fio, io_uring, O_DIRECT, fixed buffers, 4 MiB reads, "
+                                             "1 job, queue depth ",
+                                             absl::GetFlag(FLAGS_fio_queue_depth),
+                                             ", the same files one after another")},
+                   {"target", "tierd >= 0.90 x fio"},
+                   {"fio_gb_per_s", fio_runs},
+                   {"fio_median_gb_per_s", fio},
+                   {"ratio_to_fio", tierd / fio}});
+    absl::StrAppendFormat(&summary, ", fio %.3f GB/s, ratio %.3f (target >= 0.90)", fio,
+                          tierd / fio);
+  }
+  if (!pread_threads.empty()) {
+    nlohmann::json preads = nlohmann::json::object();
+    double best_pread = 0;
+    for (const auto& [threads, runs] : pread_runs) {
+      preads[std::to_string(threads)] = runs;
+      best_pread = std::max(best_pread, Median(runs));
+    }
+    const double link = Median(link_runs);
+    const double bound = std::min(best_pread, link);
+    result.update({{"pread_baseline", "T threads pread the files (a contiguous share each, 4 MiB "
+                                      "reads) into pinned memory, for each T"},
+                   {"pread_gb_per_s", preads},
+                   {"best_pread_median_gb_per_s", best_pread},
+                   {"link_baseline", "cudaMemcpyAsync of the objects' sizes from pinned memory, "
+                                     "back to back on one stream"},
+                   {"link_gb_per_s", link_runs},
+                   {"link_median_gb_per_s", link},
+                   {"memory_target", "tierd >= 0.90 x min(best pread, link)"},
+                   {"ratio_to_memory_bound", tierd / bound}});
+    absl::StrAppendFormat(&summary,
+                          ", best pread %.3f GB/s, link %.3f GB/s, ratio to the smaller %.3f "
+                          "(target on memory-backed files >= 0.90)",
+                          best_pread, link, tierd / bound);
+  }
   if (with_safetensors) {
     // Warm: the page cache holds the files after one more read.
     SafetensorsLoad(files, /*drop_cache=*/false);
@@ -212,11 +296,9 @@ nlohmann::json Cold(Bench& bench) {
     result["safetensors_cold_gb_per_s"] = safetensors_runs;
     result["safetensors_cold_median_gb_per_s"] = Median(safetensors_runs);
     result["safetensors_warm_gb_per_s"] = warm;
-    result["ratio_to_safetensors_cold"] = Median(tierd_runs) / Median(safetensors_runs);
+    result["ratio_to_safetensors_cold"] = tierd / Median(safetensors_runs);
   }
-  Progress(absl::StrFormat("cold: tierd %.3f GB/s, fio %.3f GB/s, ratio %.3f (target >= 0.90)",
-                           Median(tierd_runs), Median(fio_runs),
-                           Median(tierd_runs) / Median(fio_runs)));
+  Progress(summary);
   return result;
 }
 

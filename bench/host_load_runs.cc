@@ -146,45 +146,14 @@ PreadLoadResult LoadWithPread(Device& device, const HostLoadModel& model, int th
   std::optional<ArenaAllocation> memory = arena->Allocate(total);
   if (!memory) Die("the reference's arena has no room for the model");
   uint8_t* const destination = arena->data(*memory);
-  // The files back to back: file f's bytes land at file_start[f].
-  std::vector<uint64_t> file_start = {0};
-  std::vector<ScopedFd> fds;
+  std::vector<std::string> paths;
+  std::vector<uint64_t> file_start = {0};  // file f's bytes land at file_start[f]
   for (const HostLoadFile& file : model.files) {
+    paths.push_back(file.path);
     file_start.push_back(file_start.back() + file.bytes);
-    fds.emplace_back(::open(file.path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (fds.back().get() < 0) Die(PosixError("cannot open " + file.path, errno).ToString());
   }
-  FirstError errors;
-  // Reads [begin, end) of the files back to back.
-  auto read_share = [&](uint64_t begin, uint64_t end) {
-    for (uint64_t position = begin; position < end;) {
-      const size_t f =
-          static_cast<size_t>(std::upper_bound(file_start.begin(), file_start.end(), position) -
-                              file_start.begin() - 1);
-      const uint64_t n = std::min({kReadBytes, end - position, file_start[f + 1] - position});
-      const ssize_t got = ::pread(fds[f].get(), destination + position, n,
-                                  static_cast<off_t>(position - file_start[f]));
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) {
-        errors.Note(got == 0 ? model.files[f].path + " ended early"
-                             : PosixError("reading " + model.files[f].path, errno).ToString());
-        return;
-      }
-      position += static_cast<uint64_t>(got);
-    }
-  };
-  // Shares start at multiples of the read size, so every read but those at file ends is whole.
-  const uint64_t share = RoundUp(total / threads, kReadBytes);
-  std::vector<std::thread> readers;
-  const Clock::time_point start = Clock::now();
-  for (int t = 0; t < threads; ++t) {
-    const uint64_t begin = std::min(total, share * t);
-    const uint64_t end = t == threads - 1 ? total : std::min(total, share * (t + 1));
-    readers.emplace_back(read_share, begin, end);
-  }
-  for (std::thread& reader : readers) reader.join();
-  const double seconds = SecondsSince(start);
-  errors.DieIfAny("the pread reference");
+  const double seconds = Check(PreadFiles(paths, destination, threads, kReadBytes),
+                               "the pread reference");
 
   PreadLoadResult result;
   result.gb_per_s = static_cast<double>(total) / seconds / 1e9;
