@@ -38,14 +38,20 @@ struct StateDeleter {
 
 }  // namespace
 
-void ZeroObjectGaps(const ObjectInfo& object, uint8_t* data) {
+void ForEachObjectGap(const ObjectInfo& object,
+                      const std::function<void(uint64_t begin, uint64_t end)>& gap) {
   uint64_t cursor = 0;
   for (const Extent* extent : InObjectOrder(object)) {
-    if (extent->object_offset > cursor)
-      std::memset(data + cursor, 0, extent->object_offset - cursor);
+    if (extent->object_offset > cursor) gap(cursor, extent->object_offset);
     cursor = std::max(cursor, extent->object_offset + extent->length);
   }
-  if (object.size > cursor) std::memset(data + cursor, 0, object.size - cursor);
+  if (object.size > cursor) gap(cursor, object.size);
+}
+
+void ZeroObjectGaps(const ObjectInfo& object, uint8_t* data) {
+  ForEachObjectGap(object, [data](uint64_t begin, uint64_t end) {
+    std::memset(data + begin, 0, end - begin);
+  });
 }
 
 uint64_t ObjectChecksum(const uint8_t* data, uint64_t size) { return XXH3_64bits(data, size); }

@@ -19,6 +19,11 @@
 
 namespace tierd {
 
+// Calls `gap(begin, end)` for each range of `object`'s bytes that no extent covers (the gaps the
+// layout leaves between gathered tensors, and any tail), in object order.
+void ForEachObjectGap(const ObjectInfo& object,
+                      const std::function<void(uint64_t begin, uint64_t end)>& gap);
+
 // Zeroes the bytes of `object` (at `data`, object.size bytes) that no extent covers: the gaps the
 // layout leaves between gathered tensors. A buffer about to be read into holds whatever it held
 // before; the checksum must not.
