@@ -71,6 +71,12 @@ struct ReadRequest {
   // reader runs it on its own thread once every target has been read, before `done`, which gets
   // its error. DiskReader keeps nothing and never runs it: its caller checks in `done`.
   absl::AnyInvocable<absl::Status()> check = nullptr;
+  // Optional: told, on the reader thread that read them and before `done`, that the `length`
+  // bytes at `destination` (a part of a target's range) now hold the file's bytes, so that the
+  // caller can hash them while they are in that thread's cache. Called from several threads at
+  // once; must not block. A part of a chunk that fails is not told. DiskReader tells every part it
+  // delivers; a reader that does not tell (the RemoteReader) leaves the caller to hash in `done`.
+  absl::AnyInvocable<void(const uint8_t* destination, uint64_t length) const> landed = nullptr;
 };
 
 class Reader {

@@ -66,6 +66,7 @@ struct DiskReader::Request {
   RequestId id = 0;
   std::vector<ReadTarget> targets;
   absl::AnyInvocable<void(absl::Status) &&> done;
+  absl::AnyInvocable<void(const uint8_t*, uint64_t) const> landed;  // ReadRequest::landed
   // Where the next chunk starts: targets[next_target], aligned file offset next_offset.
   size_t next_target = 0;
   uint64_t next_offset = 0;
@@ -280,6 +281,16 @@ absl::Status DeliverChunk(const DiskReader::Chunk& chunk, const uint8_t* bounce)
     std::memcpy(target.destination + (want_begin - target.offset),
                 bounce + (want_begin - chunk.aligned_offset), want_end - want_begin);
   }
+  if (chunk.request->landed) {
+    for (size_t i = 0; i < chunk.targets; ++i) {
+      const ReadTarget& target = chunk.target[i];
+      const auto [want_begin, want_end] = WantedPart(chunk, target);
+      if (want_begin < want_end) {
+        chunk.request->landed(target.destination + (want_begin - target.offset),
+                              want_end - want_begin);
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -348,6 +359,7 @@ DiskReader::RequestId DiskReader::Submit(ReadRequest request) {
   auto r = std::make_unique<Request>();
   r->targets = std::move(request.targets);
   r->done = std::move(request.done);
+  r->landed = std::move(request.landed);
   r->SettleCursor();
   absl::Status answer_now;
   {

@@ -151,6 +151,67 @@ TEST_P(DiskReaderTest, GathersManyTargetsOfOneRequestIntoPlace) {
   EXPECT_EQ(object.substr(2 * kMiB, kMiB + 4), first.substr(2 * kMiB + 1, kMiB + 4));
 }
 
+// ReadRequest::landed: every byte of every target is told once, on a reader thread, already
+// holding the file's bytes, and all before done — gathered, in-place and strided targets alike.
+TEST_P(DiskReaderTest, TellsEachDeliveredPartOnceBeforeDone) {
+  const std::string a = absl::StrCat(dir_.path(), "/a");
+  const std::string b = absl::StrCat(dir_.path(), "/b");
+  const std::string first = MakeFile(a, 9 * kMiB + 5, 12);
+  const std::string second = MakeFile(b, 100, 13);
+  std::string object(8 * kMiB, '\0');
+  auto* base = reinterpret_cast<uint8_t*>(object.data());
+  // What each byte of `object` must hold once read: its file's byte, or nothing (-1) outside the
+  // targets. Rows of 3000 bytes every 8192 (a strided shard), a range over two chunks, one file's
+  // whole contents.
+  std::vector<int> expected(object.size(), -1);
+  std::vector<ReadTarget> targets;
+  auto add = [&](const std::string& path, const std::string& contents, uint64_t offset,
+                 uint64_t length, uint64_t at) {
+    targets.push_back({path, offset, length, base + at});
+    for (uint64_t i = 0; i < length; ++i) expected[at + i] = static_cast<uint8_t>(contents[offset + i]);
+  };
+  for (uint64_t row = 0; row < 64; ++row) add(a, first, 5 * kMiB + row * 8192, 3000, row * 3000);
+  add(a, first, 17, 2 * kMiB + 9, 3 * kMiB);
+  add(b, second, 0, 100, 7 * kMiB);
+  absl::Mutex mu;
+  std::vector<int> told(object.size(), 0);
+  int wrong_bytes = 0;
+  bool told_after_done = false;
+  std::atomic<bool> done{false};
+  ReadRequest request;
+  request.targets = targets;
+  request.priority = ReadPriority::kDemand;
+  request.landed = [&](const uint8_t* bytes, uint64_t length) {
+    absl::MutexLock lock(&mu);
+    if (done.load()) told_after_done = true;
+    const uint64_t at = static_cast<uint64_t>(bytes - base);
+    for (uint64_t i = at; i < at + length && i < object.size(); ++i) {
+      ++told[i];
+      if (expected[i] != base[i]) ++wrong_bytes;
+    }
+  };
+  absl::Notification finished;
+  absl::Status status;
+  request.done = [&](absl::Status s) {
+    status = s;
+    done.store(true);
+    finished.Notify();
+  };
+  auto reader = NewReader(ReaderOptions(3, 4, kMiB));
+  reader->Submit(std::move(request));
+  ASSERT_TRUE(finished.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(status, IsOk());
+  absl::MutexLock lock(&mu);
+  EXPECT_FALSE(told_after_done);
+  EXPECT_EQ(wrong_bytes, 0);
+  uint64_t told_once = 0, told_wrongly = 0;
+  for (uint64_t i = 0; i < object.size(); ++i) {
+    const int want = expected[i] >= 0 ? 1 : 0;
+    (told[i] == want ? told_once : told_wrongly) += 1;
+  }
+  EXPECT_EQ(told_wrongly, 0u) << "bytes told not exactly once (targets) or told (elsewhere)";
+}
+
 // A strided shard's slices: targets close together join large reads, and where most of a read is
 // other slices' bytes it goes through the page cache (sparse_bytes_read), so that the node's other
 // ranks reading those blocks find them there. Mostly wanted reads stay O_DIRECT.
