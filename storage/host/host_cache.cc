@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -18,6 +20,7 @@
 #include "storage/host/detail/host_cache_record.h"
 #include "storage/io/read_router.h"
 #include "storage/model/object_checksum.h"
+#include "storage/model/streaming_checksum.h"
 
 namespace tierd {
 
@@ -278,6 +281,14 @@ void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
   ++submits_pending_;
   const uint64_t load = ++entry->load;
   entry->checked = false;
+  uint8_t* const base = arena_.data(*entry->memory) + entry->head;
+  auto streaming = std::make_shared<StreamingChecksum>(base, entry->size);
+  if (entry->kind == Kind::kWeight) {
+    // The gaps no read fills were zeroed (TargetsLocked): hashed as they are.
+    ForEachObjectGap(*entry->source->object,
+                     [&](uint64_t begin, uint64_t end) { streaming->Landed(begin, end); });
+  }
+  entry->streaming = streaming;
   ++reads_in_flight_;
   // Submitted outside the lock: the reader may answer at once, which re-enters FinishRead — and
   // the load may even fail and another start before the lock is back.
@@ -299,6 +310,9 @@ void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
                    }};
   // A reader that keeps what it reads (the remote cache) keeps it only once it is checked.
   read.check = [this, entry] { return CheckLoadedBytes(entry); };
+  read.landed = [base, streaming = std::move(streaming)](const uint8_t* bytes, uint64_t length) {
+    streaming->Landed(static_cast<uint64_t>(bytes - base), static_cast<uint64_t>(bytes - base) + length);
+  };
   const ReadRouter::RequestId id = reader_->Submit(std::move(read));
   mu_.Lock();
   --entry->submits_pending;
@@ -347,7 +361,13 @@ std::vector<ReadTarget> HostCache::TargetsLocked(const Entry* entry) const {
 }
 
 absl::Status HostCache::CheckLoadedBytes(Entry* entry) {
-  const uint64_t checksum = ObjectChecksum(arena_.data(*entry->memory) + entry->head, entry->size);
+  // Hashed as the bytes landed where the reader told of them all; else now, in one pass.
+  std::optional<uint64_t> streamed;
+  if (entry->streaming != nullptr) streamed = entry->streaming->Checksum();
+  entry->streaming.reset();
+  const uint64_t checksum =
+      streamed ? *streamed : ObjectChecksum(arena_.data(*entry->memory) + entry->head, entry->size);
+  if (streamed) checksums_while_reading_.fetch_add(1, std::memory_order_relaxed);
   entry->checked = true;
   if (entry->kind == Kind::kWeight) {
     if (std::optional<uint64_t> expected = catalog_.Checksum(entry->key()); !expected) {
@@ -557,6 +577,7 @@ HostCacheStats HostCache::stats() const {
   stats.pinned_bytes = arena_.pinned_bytes();
   stats.used_bytes = arena_.used_bytes();
   stats.loading = reads_in_flight_;
+  stats.checksums_while_reading = checksums_while_reading_.load(std::memory_order_relaxed);
   for (const auto& [key, entry] : table_.listed()) {
     if (entry->state == State::kResident) ++stats.objects;
     if (entry->state == State::kResident && entry->compressed) {

@@ -56,8 +56,10 @@ std::optional<EvictionPolicy> ParseEvictionPolicy(absl::string_view name);
 
 struct HostCacheOptions {
   EvictionPolicy policy = EvictionPolicy::kFifo;
-  // Threads that checksum objects as their reads complete, so that the reader threads go on
-  // reading meanwhile. 0: DefaultChecksumThreads().
+  // Threads that finish reads as they complete — check and answer them — so that the reader
+  // threads go on reading meanwhile. A local file's object arrives already hashed (its reader
+  // threads hash its chunks as they land); the others' (an object store's) are hashed here, in
+  // one pass. 0: DefaultChecksumThreads().
   int checksum_threads = 0;
   // Keep weight objects compressed once resident (codec/exponent_codec.h): a background thread
   // encodes each one after its read, off the read path, and swaps the compressed form in for the
@@ -69,9 +71,10 @@ struct HostCacheOptions {
   codec::EncodingOptions encoding;
 };
 
-// Half the machine's cores, 1 to 8. xxHash3 over freshly read memory ran at 4–5 GB/s per thread on
-// a 16-core GPU host: 4 threads held a tmpfs model load to 15–17 GB/s, 8 let it reach 20 GB/s, the
-// speed of 8 threads pread-ing the files. Threads with nothing to hash cost nothing.
+// Half the machine's cores, 1 to 8. xxHash3 over freshly read memory, in a pass after the read,
+// ran at 4–5 GB/s per thread on a 16-core GPU host: 4 threads held a tmpfs model load to
+// 15–17 GB/s, 8 let it reach 20 GB/s, the speed of 8 threads pread-ing the files. Threads with
+// nothing to hash cost nothing.
 int DefaultChecksumThreads();
 
 class HostCache;
@@ -285,6 +288,7 @@ class HostCache : private HostCacheTable::Owner {
   HostCacheTable table_ ABSL_GUARDED_BY(mu_);
   uint64_t spilling_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reads_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> checksums_while_reading_{0};  // HostCacheStats::checksums_while_reading
   // References device copies hold until they are done (HostObject::HeldByCopy). Atomic, not under
   // mu_: a copy is started under its tier's lock, which is never taken inside mu_'s.
   std::atomic<uint64_t> refs_held_by_copies_{0};

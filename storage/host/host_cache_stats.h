@@ -25,6 +25,9 @@ struct HostCacheStats {
   uint64_t bytes_from_disk = 0;  // weights and spilled objects read back
   uint64_t bytes_to_spill = 0;
   uint64_t checksum_failures = 0;
+  // Reads whose checksum the reader's threads computed as the bytes landed (ReadRequest::landed),
+  // rather than a checksum thread in one pass afterwards.
+  uint64_t checksums_while_reading = 0;
   // Read from disk by the disk reader: bytes_from_disk and the reads' rounding to 4 KiB blocks
   // (a shard's rows narrower than a block read their neighbours' bytes too).
   uint64_t disk_bytes_read = 0;
@@ -60,6 +63,7 @@ inline constexpr Figure<HostCacheStats> kHostCacheFigures[] = {
     {"bytes_disk_to_host", &HostCacheStats::bytes_from_disk},
     {"bytes_host_to_disk", &HostCacheStats::bytes_to_spill},
     {"checksum_failures", &HostCacheStats::checksum_failures},
+    {"checksums_while_reading", &HostCacheStats::checksums_while_reading},
     {"disk_bytes_read", &HostCacheStats::disk_bytes_read},
     {"remote_bytes_read", &HostCacheStats::remote_bytes_read},
     {"remote_cache_bytes_read", &HostCacheStats::remote_cache_bytes_read},

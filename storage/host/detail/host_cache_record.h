@@ -4,6 +4,7 @@
 #define TIERD_STORAGE_HOST_DETAIL_HOST_CACHE_RECORD_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "storage/io/disk_reader.h"
 #include "storage/io/read_router.h"
 #include "storage/model/catalog.h"
+#include "storage/model/streaming_checksum.h"
 
 namespace tierd {
 
@@ -56,6 +58,10 @@ struct HostCacheRecord {
   // This load's bytes were checked by the reader (ReadRequest::check), on its thread before its
   // answer: FinishRead need not check them again.
   bool checked = false;
+  // This load's checksum, hashed by the reader's threads as its bytes land (ReadRequest::landed);
+  // it has none when the reader did not tell every byte (an object store's), and FinishRead then
+  // hashes the object itself.
+  std::shared_ptr<StreamingChecksum> streaming;
   // Weights: the compressed form `memory` holds instead of the raw bytes, once the compressor
   // has swapped it in (host_cache_compress.cc); and whether the compressor has had this load.
   std::optional<codec::CompressedLayout> compressed;

@@ -167,6 +167,9 @@ TEST_F(HostCacheTest, FlippedByteOnDiskIsDataLossAndNeverHandedOut) {
   auto other = FetchNow("m/blocks.0");
   ASSERT_THAT(other, IsOk());
   EXPECT_TRUE(HoldsBlock(*other, 0));
+  // Each of the three reads was hashed by the reader's threads as its bytes landed: the flipped
+  // byte was found so, not by a pass afterwards.
+  EXPECT_EQ(cache_->stats().checksums_while_reading, 3u);
 }
 
 // --- What is read is what was registered ---------------------------------------------------
@@ -292,6 +295,8 @@ TEST_F(HostCacheTest, AVerifiedGatheredObjectWithATrailingGapIsReadAsVerified) {
   ASSERT_THAT(object, IsOk());
   EXPECT_EQ(object->size(), 1024u);
   EXPECT_EQ(cache_->stats().checksum_failures, 0u);
+  // Hashed as it landed, the gap counted as the registration's verification counted it.
+  EXPECT_EQ(cache_->stats().checksums_while_reading, 1u);
 }
 
 TEST_F(HostCacheTest, AVerifiedModelChecksBytesChangedBeforeTheirFirstRead) {
@@ -346,6 +351,8 @@ TEST_F(HostCacheTest, AGatheredObjectReadAgainInReusedMemoryHasTheSameChecksum) 
     for (int i = 0; i < 4; ++i) ASSERT_THAT(cache_->Delete(absl::StrCat("kv/fill", i)), IsOk());
   }
   EXPECT_EQ(cache_->stats().checksum_failures, 0u);
+  // Every read, the gaps between the tensors included, was hashed as its bytes landed.
+  EXPECT_EQ(cache_->stats().checksums_while_reading, 2u * kBlocks);
 }
 
 }  // namespace
