@@ -5,7 +5,7 @@
 #   address  ASan + UBSan with clang 14, in build-asan/: the whole suite but the deployment test
 #            (which checks packaging, not memory), the benchmarks' programs and the GPU tests.
 #   thread   TSan, in build-tsan/: the tests of the concurrent parts — the host arena, cache and
-#            disk reader, the GPU tier, the session protocol and the durable store in process, the
+#            disk reader, the checksum hashed as a read's chunks land, the GPU tier, the session protocol and the durable store in process, the
 #            daemon in process (health, faults, metrics), the API against real daemon processes,
 #            the node's host tier (a peer's arena, three daemons), two threads' first log lines,
 #            and the remote tier against a store that misbehaves (the S3 client, the remote
@@ -28,7 +28,7 @@ tsan_tests=(host_arena_test host_cache_test disk_reader_test daemon_health_test
             peer_handoff_test_host half_close_test unread_answer_budget_test gpu_tier_test
             session_protocol_test session_core_test durable_store_test worker_pool_test peer_arena_test_host
             node_host_tier_test_host log_line_test remote_cache_test remote_reader_test
-            remote_model_scan_test s3_client_hostile_test remote_hostile_test)
+            remote_model_scan_test s3_client_hostile_test remote_hostile_test streaming_checksum_test)
 
 # settings MODE: sets build, sanitize, compilers, benchmarks, targets, select and skips for MODE.
 settings() {
