@@ -379,6 +379,13 @@ def main():
         daemon.stop()
     results["runs"] = runs
     results["goal_c_seconds"] = 0.25
+    # The first load against transformers' (goal: 4x faster) and as a rate, for the cold path's
+    # (gpu_path_bench cold on tmpfs; goal: 0.9 of it).
+    first = runs["first_load"]["seconds"]
+    results["first_load_gb_per_s"] = results["model_bytes"] / first / 1e9
+    results["transformers_over_first_load"] = runs["a_transformers"]["seconds"] / first
+    log(f"first load: {results['first_load_gb_per_s']:.1f} GB/s, "
+        f"{results['transformers_over_first_load']:.2f}x faster than transformers (goal 4x)")
     write_results(results, args.json)
     if os.path.exists(profile_path):
         with open(profile_path) as profile:
