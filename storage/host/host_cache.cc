@@ -311,7 +311,8 @@ void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
   // A reader that keeps what it reads (the remote cache) keeps it only once it is checked.
   read.check = [this, entry] { return CheckLoadedBytes(entry); };
   read.landed = [base, streaming = std::move(streaming)](const uint8_t* bytes, uint64_t length) {
-    streaming->Landed(static_cast<uint64_t>(bytes - base), static_cast<uint64_t>(bytes - base) + length);
+    const auto at = static_cast<uint64_t>(bytes - base);
+    streaming->Landed(at, at + length);
   };
   const ReadRouter::RequestId id = reader_->Submit(std::move(read));
   mu_.Lock();

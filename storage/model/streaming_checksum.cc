@@ -30,11 +30,13 @@ void StreamingChecksum::Landed(uint64_t begin, uint64_t end) {
   }
   if (hashing_) return;  // the hashing thread will find it
   hashing_ = true;
-  for (auto next = waiting_.begin(); next != waiting_.end() && next->first == hashed_;
-       next = waiting_.begin()) {
-    const uint64_t from = next->first;
-    const uint64_t to = next->second;
-    waiting_.erase(next);
+  // A range that landed while the lock was dropped below may start inside what was being hashed
+  // (a part told twice): it goes on from where the hash got to.
+  while (!waiting_.empty() && waiting_.begin()->first <= hashed_) {
+    const uint64_t from = hashed_;
+    const uint64_t to = waiting_.begin()->second;
+    waiting_.erase(waiting_.begin());
+    if (to <= from) continue;
     mu_.Unlock();
     XXH3_64bits_update(state_.get(), data_ + from, to - from);
     mu_.Lock();

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "storage/model/object_checksum.h"
 #include "tests/test_support.h"
@@ -70,12 +72,14 @@ TEST(StreamingChecksumTest, ThreadsLandingAtOnceGiveTheSameChecksum) {
   for (int round = 0; round < 5; ++round) {
     StreamingChecksum checksum(object.data(), object.size());
     // Thread t lands pieces t, t + kThreads, ... — interleaved, so that the hashing passes from
-    // thread to thread and pieces wait for their predecessors.
+    // thread to thread and pieces wait for their predecessors — and then lands the piece before
+    // again, which may overlap what another thread is hashing at that moment.
     std::vector<std::thread> threads;
     for (int t = 0; t < kThreads; ++t) {
       threads.emplace_back([&, t] {
         for (uint64_t at = t * kPiece; at < object.size(); at += kThreads * kPiece) {
           checksum.Landed(at, std::min<uint64_t>(at + kPiece, object.size()));
+          if (at >= kPiece) checksum.Landed(at - kPiece / 2, at + kPiece / 2);
         }
       });
     }
@@ -84,6 +88,25 @@ TEST(StreamingChecksumTest, ThreadsLandingAtOnceGiveTheSameChecksum) {
     EXPECT_EQ(*checksum.Checksum(), ObjectChecksum(object.data(), object.size()))
         << "round " << round;
   }
+}
+
+// A part told again while the hash of what it overlaps is under way (the lock dropped) must not
+// stall the hash: it goes on from where the hashing thread got to.
+TEST(StreamingChecksumTest, APartToldAgainWhileItIsBeingHashedDoesNotStallTheHash) {
+  constexpr uint64_t kMiB = 1 << 20;
+  const std::vector<uint8_t> object = RandomBytes(96 * kMiB, 5);
+  StreamingChecksum checksum(object.data(), object.size());
+  absl::Notification hashing;
+  std::thread first([&] {
+    hashing.Notify();
+    checksum.Landed(0, 64 * kMiB);  // hashes 64 MiB: some milliseconds
+  });
+  hashing.WaitForNotification();
+  absl::SleepFor(absl::Milliseconds(2));
+  checksum.Landed(32 * kMiB, 96 * kMiB);  // overlaps what the first thread is hashing
+  first.join();
+  ASSERT_TRUE(checksum.Checksum().has_value());
+  EXPECT_EQ(*checksum.Checksum(), ObjectChecksum(object.data(), object.size()));
 }
 
 }  // namespace
