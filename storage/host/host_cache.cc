@@ -282,11 +282,15 @@ void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
   const uint64_t load = ++entry->load;
   entry->checked = false;
   uint8_t* const base = arena_.data(*entry->memory) + entry->head;
-  auto streaming = std::make_shared<StreamingChecksum>(base, entry->size);
-  if (entry->kind == Kind::kWeight) {
-    // The gaps no read fills were zeroed (TargetsLocked): hashed as they are.
-    ForEachObjectGap(*entry->source->object,
-                     [&](uint64_t begin, uint64_t end) { streaming->Landed(begin, end); });
+  // An object store's reader does not tell what lands (its objects are hashed in one pass).
+  std::shared_ptr<StreamingChecksum> streaming;
+  if (entry->kind == Kind::kStored || !entry->source->model->in_object_store) {
+    streaming = std::make_shared<StreamingChecksum>(base, entry->size);
+    if (entry->kind == Kind::kWeight) {
+      // The gaps no read fills were zeroed (TargetsLocked): hashed as they are.
+      ForEachObjectGap(*entry->source->object,
+                       [&](uint64_t begin, uint64_t end) { streaming->Landed(begin, end); });
+    }
   }
   entry->streaming = streaming;
   ++reads_in_flight_;
@@ -310,10 +314,12 @@ void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
                    }};
   // A reader that keeps what it reads (the remote cache) keeps it only once it is checked.
   read.check = [this, entry] { return CheckLoadedBytes(entry); };
-  read.landed = [base, streaming = std::move(streaming)](const uint8_t* bytes, uint64_t length) {
-    const auto at = static_cast<uint64_t>(bytes - base);
-    streaming->Landed(at, at + length);
-  };
+  if (streaming != nullptr) {
+    read.landed = [base, streaming = std::move(streaming)](const uint8_t* bytes, uint64_t length) {
+      const auto at = static_cast<uint64_t>(bytes - base);
+      streaming->Landed(at, at + length);
+    };
+  }
   const ReadRouter::RequestId id = reader_->Submit(std::move(read));
   mu_.Lock();
   --entry->submits_pending;
@@ -362,9 +368,10 @@ std::vector<ReadTarget> HostCache::TargetsLocked(const Entry* entry) const {
 }
 
 absl::Status HostCache::CheckLoadedBytes(Entry* entry) {
-  // Hashed as the bytes landed where the reader told of them all; else now, in one pass.
+  // Hashed as the bytes landed where the reader told of them all (what the reader threads left,
+  // now); else now, in one pass.
   std::optional<uint64_t> streamed;
-  if (entry->streaming != nullptr) streamed = entry->streaming->Checksum();
+  if (entry->streaming != nullptr) streamed = entry->streaming->Finish();
   entry->streaming.reset();
   const uint64_t checksum =
       streamed ? *streamed : ObjectChecksum(arena_.data(*entry->memory) + entry->head, entry->size);
@@ -428,6 +435,7 @@ void HostCache::FinishRead(Entry* entry, absl::Status status) {
 }
 
 void HostCache::FailLoadLocked(Entry* entry, const absl::Status& status, Deferred& deferred) {
+  entry->streaming.reset();  // it points into the memory freed below
   for (FetchCallback& done : entry->waiters) DeferAnswer(deferred, std::move(done), status);
   entry->waiters.clear();
   entry->demand = false;

@@ -21,34 +21,45 @@ void StreamingChecksum::Landed(uint64_t begin, uint64_t end) {
     // Merge with the waiting ranges it touches or overlaps.
     auto it = waiting_.upper_bound(begin);
     if (it != waiting_.begin() && std::prev(it)->second >= begin) --it;
-    while (it != waiting_.end() && it->first <= end) {
-      begin = std::min(begin, it->first);
-      end = std::max(end, it->second);
+    uint64_t merged_begin = begin, merged_end = end;
+    while (it != waiting_.end() && it->first <= merged_end) {
+      merged_begin = std::min(merged_begin, it->first);
+      merged_end = std::max(merged_end, it->second);
       it = waiting_.erase(it);
     }
-    waiting_.emplace(begin, end);
+    waiting_.emplace(merged_begin, merged_end);
   }
   if (hashing_) return;  // the hashing thread will find it
+  HashWaitingLocked(kBytesHashedPerByteTold * (end > begin ? end - begin : 0));
+}
+
+std::optional<uint64_t> StreamingChecksum::Finish() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](bool* hashing) { return !*hashing; }, &hashing_));
+  HashWaitingLocked(size_);
+  if (hashed_ != size_) return std::nullopt;
+  return XXH3_64bits_digest(state_.get());
+}
+
+void StreamingChecksum::HashWaitingLocked(uint64_t budget) {
   hashing_ = true;
   // A range that landed while the lock was dropped below may start inside what was being hashed
   // (a part told twice): it goes on from where the hash got to.
-  while (!waiting_.empty() && waiting_.begin()->first <= hashed_) {
+  while (budget > 0 && !waiting_.empty() && waiting_.begin()->first <= hashed_) {
     const uint64_t from = hashed_;
-    const uint64_t to = waiting_.begin()->second;
+    const uint64_t end = waiting_.begin()->second;
     waiting_.erase(waiting_.begin());
-    if (to <= from) continue;
+    if (end <= from) continue;
+    const uint64_t to = std::min(end, from + budget);
+    if (to < end) waiting_.emplace(to, end);  // the rest: a later call's, or Finish's
+    budget -= to - from;
     mu_.Unlock();
     XXH3_64bits_update(state_.get(), data_ + from, to - from);
     mu_.Lock();
     hashed_ = to;
   }
   hashing_ = false;
-}
-
-std::optional<uint64_t> StreamingChecksum::Checksum() const {
-  absl::MutexLock lock(&mu_);
-  if (hashed_ != size_ || hashing_) return std::nullopt;
-  return XXH3_64bits_digest(state_.get());
 }
 
 }  // namespace tierd

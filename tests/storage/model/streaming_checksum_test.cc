@@ -3,6 +3,7 @@
 #include "storage/model/streaming_checksum.h"
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <thread>
 #include <utility>
@@ -36,11 +37,11 @@ TEST(StreamingChecksumTest, RangesInAnyOrderGiveTheObjectsChecksumOnceAllHaveLan
   std::shuffle(pieces.begin(), pieces.end(), random);
   StreamingChecksum checksum(object.data(), object.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
-    EXPECT_FALSE(checksum.Checksum().has_value()) << "after " << i << " of " << pieces.size();
+    EXPECT_FALSE(checksum.Finish().has_value()) << "after " << i << " of " << pieces.size();
     checksum.Landed(pieces[i].first, pieces[i].second);
   }
-  ASSERT_TRUE(checksum.Checksum().has_value());
-  EXPECT_EQ(*checksum.Checksum(), ObjectChecksum(object.data(), object.size()));
+  ASSERT_TRUE(checksum.Finish().has_value());
+  EXPECT_EQ(*checksum.Finish(), ObjectChecksum(object.data(), object.size()));
 }
 
 TEST(StreamingChecksumTest, OverlapsRepeatsAndRangesOutsideTheObjectCountOnce) {
@@ -52,17 +53,33 @@ TEST(StreamingChecksumTest, OverlapsRepeatsAndRangesOutsideTheObjectCountOnce) {
   checksum.Landed(0, 30000);       // again, once hashed
   checksum.Landed(20000, 40000);   // overlaps what is hashed
   checksum.Landed(45000, 55000);   // bridges into the waiting range
-  EXPECT_FALSE(checksum.Checksum().has_value());  // [40000, 45000) is missing
+  EXPECT_FALSE(checksum.Finish().has_value());  // [40000, 45000) is missing
   checksum.Landed(39000, 46000);
-  ASSERT_TRUE(checksum.Checksum().has_value());
-  EXPECT_EQ(*checksum.Checksum(), ObjectChecksum(object.data(), object.size()));
+  ASSERT_TRUE(checksum.Finish().has_value());
+  EXPECT_EQ(*checksum.Finish(), ObjectChecksum(object.data(), object.size()));
+}
+
+TEST(StreamingChecksumTest, ALandingHashesAtMostTwiceWhatItToldAndFinishHashesTheRest) {
+  constexpr uint64_t kMiB = 1 << 20;
+  const std::vector<uint8_t> object = RandomBytes(10 * kMiB, 6);
+  StreamingChecksum checksum(object.data(), object.size());
+  checksum.Landed(kMiB, 10 * kMiB);  // waits for the first MiB
+  EXPECT_EQ(checksum.hashed_bytes(), 0u);
+  checksum.Landed(0, kMiB);  // closes the gap: hashes its own MiB and one more, no further
+  EXPECT_EQ(checksum.hashed_bytes(), 2 * kMiB);
+  checksum.Landed(kMiB, 2 * kMiB);  // told again: nothing new to hash, nothing hashed
+  EXPECT_EQ(checksum.hashed_bytes(), 2 * kMiB);
+  const std::optional<uint64_t> sum = checksum.Finish();  // the other 8 MiB
+  EXPECT_EQ(checksum.hashed_bytes(), 10 * kMiB);
+  ASSERT_TRUE(sum.has_value());
+  EXPECT_EQ(*sum, ObjectChecksum(object.data(), object.size()));
 }
 
 TEST(StreamingChecksumTest, AnEmptyObjectHasItsChecksumAtOnce) {
   const uint8_t none = 0;
   StreamingChecksum checksum(&none, 0);
-  ASSERT_TRUE(checksum.Checksum().has_value());
-  EXPECT_EQ(*checksum.Checksum(), ObjectChecksum(&none, 0));
+  ASSERT_TRUE(checksum.Finish().has_value());
+  EXPECT_EQ(*checksum.Finish(), ObjectChecksum(&none, 0));
 }
 
 TEST(StreamingChecksumTest, ThreadsLandingAtOnceGiveTheSameChecksum) {
@@ -84,8 +101,8 @@ TEST(StreamingChecksumTest, ThreadsLandingAtOnceGiveTheSameChecksum) {
       });
     }
     for (std::thread& thread : threads) thread.join();
-    ASSERT_TRUE(checksum.Checksum().has_value()) << "round " << round;
-    EXPECT_EQ(*checksum.Checksum(), ObjectChecksum(object.data(), object.size()))
+    ASSERT_TRUE(checksum.Finish().has_value()) << "round " << round;
+    EXPECT_EQ(*checksum.Finish(), ObjectChecksum(object.data(), object.size()))
         << "round " << round;
   }
 }
@@ -105,8 +122,8 @@ TEST(StreamingChecksumTest, APartToldAgainWhileItIsBeingHashedDoesNotStallTheHas
   absl::SleepFor(absl::Milliseconds(2));
   checksum.Landed(32 * kMiB, 96 * kMiB);  // overlaps what the first thread is hashing
   first.join();
-  ASSERT_TRUE(checksum.Checksum().has_value());
-  EXPECT_EQ(*checksum.Checksum(), ObjectChecksum(object.data(), object.size()));
+  ASSERT_TRUE(checksum.Finish().has_value());
+  EXPECT_EQ(*checksum.Finish(), ObjectChecksum(object.data(), object.size()));
 }
 
 }  // namespace
