@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdlib>
@@ -210,6 +211,51 @@ TEST_P(DiskReaderTest, TellsEachDeliveredPartOnceBeforeDone) {
     (told[i] == want ? told_once : told_wrongly) += 1;
   }
   EXPECT_EQ(told_wrongly, 0u) << "bytes told not exactly once (targets) or told (elsewhere)";
+}
+
+// The in-place path (a target with an aligned window, as the host cache reads a one-extent object
+// or a spill file): the window's slack around the range is read too, but only the range is told.
+TEST_P(DiskReaderTest, TellsOnlyTheRangeOfAnInPlaceRead) {
+  const std::string path = absl::StrCat(dir_.path(), "/window");
+  const std::string contents = MakeFile(path, 5 * kMiB + 77, 14);
+  const uint64_t offset = 4096 + 1234;
+  const uint64_t length = contents.size() - offset;
+  const uint64_t window_bytes = (contents.size() + 4095) / 4096 * 4096 - 4096;
+  auto* window = static_cast<uint8_t*>(std::aligned_alloc(4096, window_bytes));
+  uint8_t* const destination = window + 1234;
+  absl::Mutex mu;
+  std::vector<int> told(length, 0);
+  uint64_t told_outside = 0, wrong_bytes = 0;
+  ReadRequest request;
+  request.targets = {{path, offset, length, destination, /*aligned_window=*/true}};
+  request.priority = ReadPriority::kDemand;
+  request.landed = [&](const uint8_t* bytes, uint64_t n) {
+    absl::MutexLock lock(&mu);
+    for (uint64_t i = 0; i < n; ++i) {
+      const int64_t at = (bytes - destination) + static_cast<int64_t>(i);
+      if (at < 0 || static_cast<uint64_t>(at) >= length) {
+        ++told_outside;
+        continue;
+      }
+      ++told[at];
+      if (destination[at] != static_cast<uint8_t>(contents[offset + at])) ++wrong_bytes;
+    }
+  };
+  absl::Notification finished;
+  absl::Status status;
+  request.done = [&](absl::Status s) {
+    status = s;
+    finished.Notify();
+  };
+  auto reader = NewReader(ReaderOptions(2, 4, kMiB));
+  reader->Submit(std::move(request));
+  ASSERT_TRUE(finished.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(status, IsOk());
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(told_outside, 0u);
+  EXPECT_EQ(wrong_bytes, 0u);
+  EXPECT_EQ(std::count(told.begin(), told.end(), 1), static_cast<std::ptrdiff_t>(length));
+  std::free(window);
 }
 
 // A strided shard's slices: targets close together join large reads, and where most of a read is
