@@ -268,7 +268,7 @@ void FillRandomWords(std::vector<uint64_t>& words, uint64_t& seed) {
 }
 
 absl::StatusOr<double> PreadFiles(const std::vector<std::string>& files, uint8_t* destination,
-                                  int threads, uint64_t read_bytes) {
+                                  uint64_t capacity, int threads, uint64_t read_bytes) {
   // The files back to back: file f's bytes land at file_start[f].
   std::vector<uint64_t> file_start = {0};
   std::vector<ScopedFd> fds;
@@ -280,6 +280,10 @@ absl::StatusOr<double> PreadFiles(const std::vector<std::string>& files, uint8_t
     file_start.push_back(file_start.back() + static_cast<uint64_t>(st.st_size));
   }
   const uint64_t total = file_start.back();
+  if (total > capacity) {
+    return absl::OutOfRangeError(absl::StrCat("the files hold ", total, " bytes, more than the ",
+                                              capacity, " the destination has room for"));
+  }
   absl::Mutex mu;
   absl::Status first_error;
   auto note = [&](absl::Status error) {

@@ -90,13 +90,14 @@ struct FioRead {
 // Runs fio and returns the read throughput in GB/s; `raw` (optional) gets fio's "read" object.
 double RunFio(const FioRead& read, nlohmann::json* raw = nullptr);
 
-// Reads `files`, back to back, into `destination` (room for all their bytes) on `threads` threads,
-// each a contiguous share of the bytes in reads of `read_bytes` (shares start at multiples of it,
-// so every read but those at a file's end is whole): the plain parallel reader the daemon's
+// Reads `files`, back to back, into `destination` (room for `capacity` bytes) on `threads`
+// threads, each a contiguous share of the bytes in reads of `read_bytes` (shares start at multiples
+// of it, so every read but those at a file's end is whole): the plain parallel reader the daemon's
 // loads are compared with. Returns the seconds from the first read to the last, or the first
-// error (a file that cannot be opened or read, or that ends early).
+// error (a file that cannot be opened or read, or that ends early; OUT_OF_RANGE when the files
+// hold more than `capacity` bytes).
 absl::StatusOr<double> PreadFiles(const std::vector<std::string>& files, uint8_t* destination,
-                                  int threads, uint64_t read_bytes = 4ull << 20);
+                                  uint64_t capacity, int threads, uint64_t read_bytes = 4ull << 20);
 
 // The value below which `fraction` (0..1) of `values` lie (nearest rank).
 double Percentile(std::vector<double> values, double fraction);

@@ -1,6 +1,7 @@
 // gpu_path_bench's throughput modes: warm, cold and duplex.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -182,20 +183,18 @@ nlohmann::json Cold(Bench& bench) {
   const bool with_safetensors = !absl::GetFlag(FLAGS_safetensors_script).empty();
   const bool with_fio = !absl::GetFlag(FLAGS_fio).empty();
   const std::vector<int> pread_threads = PreadThreadCounts();
-  // The pread reference's destination, and the link's reference: the objects' sizes copied from
-  // it to the GPU as the fetches copy them.
-  Buffers reference;
   uint64_t file_bytes = 0;
-  if (!pread_threads.empty()) {
-    for (const std::string& file : files) {
-      std::error_code error;
-      file_bytes += std::filesystem::file_size(file, error);
-      if (error) Die("the size of " + file + ": " + error.message());
-    }
-    reference = AllocateBuffers(bench.device(), std::max(file_bytes, bytes));
+  for (const std::string& file : files) {
+    std::error_code error;
+    file_bytes += std::filesystem::file_size(file, error);
+    if (error) Die("the size of " + file + ": " + error.message());
   }
   std::vector<uint64_t> sizes;
-  for (const Object& object : bench.objects()) sizes.push_back(object.size);
+  uint64_t largest = 0;
+  for (const Object& object : bench.objects()) {
+    sizes.push_back(object.size);
+    largest = std::max(largest, object.size);
+  }
   std::unique_ptr<tierd::Stream> plain_stream =
       Check(bench.device().CreateStream(tierd::StreamPriority::kHigh), "stream");
 
@@ -220,20 +219,30 @@ nlohmann::json Cold(Bench& bench) {
       fio_runs.push_back(tierd::bench::RunFio(read, &fio_raw));
       absl::StrAppendFormat(&line, ", fio O_DIRECT %.3f GB/s", fio_runs.back());
     }
-    for (int threads : pread_threads) {
-      cold &= tierd::bench::DropPageCache();
-      const double seconds = Check(
-          tierd::bench::PreadFiles(files, static_cast<uint8_t*>(reference.host->data()), threads),
-          "the pread reference");
-      pread_runs[threads].push_back(file_bytes / 1e9 / seconds);
-      absl::StrAppendFormat(&line, ", pread x%d %.3f GB/s", threads, pread_runs[threads].back());
-    }
     if (!pread_threads.empty()) {
-      link_runs.push_back(
-          bytes / 1e9 /
-          PlainCopies(bench.device(), *plain_stream, static_cast<uint8_t*>(reference.gpu->data()),
-                      static_cast<const uint8_t*>(reference.host->data()),
-                      std::max(file_bytes, bytes), sizes));
+      // The references' memory only while they run, not beside the daemon's load: the files'
+      // bytes pinned (the pread's destination, then the copies' source) and room on the GPU for
+      // two of the largest objects (the copies go round in it, as PlainCopies does).
+      std::unique_ptr<tierd::PinnedHostBuffer> host = Check(
+          tierd::PinnedHostBuffer::Create(bench.device(),
+                                          std::max({file_bytes, bytes, 2 * largest})),
+          "the references' pinned buffer");
+      std::unique_ptr<tierd::Slab> gpu =
+          Check(bench.device().AllocateSlab(2 * largest), "the link reference's GPU buffer");
+      auto* const destination = static_cast<uint8_t*>(host->data());
+      for (int threads : pread_threads) {
+        cold &= tierd::bench::DropPageCache();
+        const double seconds = Check(
+            tierd::bench::PreadFiles(files, destination, host->size(), threads),
+            "the pread reference");
+        pread_runs[threads].push_back(file_bytes / 1e9 / seconds);
+        absl::StrAppendFormat(&line, ", pread x%d %.3f GB/s", threads,
+                              pread_runs[threads].back());
+      }
+      link_runs.push_back(bytes / 1e9 /
+                          PlainCopies(bench.device(), *plain_stream,
+                                      static_cast<uint8_t*>(gpu->data()), destination,
+                                      2 * largest, sizes));
       absl::StrAppendFormat(&line, ", cudaMemcpyAsync %.3f GB/s", link_runs.back());
     }
     if (with_safetensors) {

@@ -152,7 +152,7 @@ PreadLoadResult LoadWithPread(Device& device, const HostLoadModel& model, int th
     paths.push_back(file.path);
     file_start.push_back(file_start.back() + file.bytes);
   }
-  const double seconds = Check(PreadFiles(paths, destination, threads, kReadBytes),
+  const double seconds = Check(PreadFiles(paths, destination, total, threads, kReadBytes),
                                "the pread reference");
 
   PreadLoadResult result;

@@ -381,6 +381,8 @@ def main():
     results["goal_c_seconds"] = 0.25
     # The first load against transformers' (goal: 4x faster) and as a rate, for the cold path's
     # (gpu_path_bench cold on tmpfs; goal: 0.9 of it).
+    # With --after-restart-only the first load also retains the model (as (c) does after it).
+    results["first_load_retained"] = args.after_restart_only
     first = runs["first_load"]["seconds"]
     results["first_load_gb_per_s"] = results["model_bytes"] / first / 1e9
     results["transformers_over_first_load"] = runs["a_transformers"]["seconds"] / first
