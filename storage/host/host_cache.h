@@ -57,9 +57,9 @@ std::optional<EvictionPolicy> ParseEvictionPolicy(absl::string_view name);
 struct HostCacheOptions {
   EvictionPolicy policy = EvictionPolicy::kFifo;
   // Threads that finish reads as they complete — check and answer them — so that the reader
-  // threads go on reading meanwhile. A local file's object arrives already hashed (its reader
-  // threads hash its chunks as they land); the others' (an object store's) are hashed here, in
-  // one pass. 0: DefaultChecksumThreads().
+  // threads go on reading meanwhile. A local file's object arrives mostly hashed (its reader
+  // threads hash its chunks as they land; these hash what they left); the others' (an object
+  // store's) are hashed here, in one pass. 0: DefaultChecksumThreads().
   int checksum_threads = 0;
   // Keep weight objects compressed once resident (codec/exponent_codec.h): a background thread
   // encodes each one after its read, off the read path, and swaps the compressed form in for the

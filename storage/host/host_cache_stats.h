@@ -25,8 +25,8 @@ struct HostCacheStats {
   uint64_t bytes_from_disk = 0;  // weights and spilled objects read back
   uint64_t bytes_to_spill = 0;
   uint64_t checksum_failures = 0;
-  // Reads whose checksum the reader's threads computed as the bytes landed (ReadRequest::landed),
-  // rather than a checksum thread in one pass afterwards.
+  // Reads checksummed as their bytes landed (ReadRequest::landed: by the reader's threads, what
+  // they left by a checksum thread once the read was done), rather than in one pass afterwards.
   uint64_t checksums_while_reading = 0;
   // Read from disk by the disk reader: bytes_from_disk and the reads' rounding to 4 KiB blocks
   // (a shard's rows narrower than a block read their neighbours' bytes too).
