@@ -52,6 +52,60 @@ std::string MakeFile(const std::string& path, uint64_t bytes, uint64_t seed) {
   return contents;
 }
 
+using ReadLanded = absl::AnyInvocable<void(const uint8_t*, uint64_t) const>;
+
+// What ReadRequest::landed tells of a buffer at `base`: each byte's count, the bytes told that did
+// not hold their expected value when told (`expected[i]`: byte i's value, or -1 where no target
+// reads), and whether anything was told once `outcome` had its answer.
+class LandedRecorder {
+ public:
+  LandedRecorder(const uint8_t* base, std::vector<int> expected, const Outcome* outcome)
+      : base_(base), expected_(std::move(expected)), told_(expected_.size(), 0),
+        outcome_(outcome) {}
+
+  ReadLanded Callback() {
+    return [this](const uint8_t* bytes, uint64_t length) {
+      absl::MutexLock lock(&mu_);
+      if (outcome_->finished.HasBeenNotified()) told_after_done_ = true;
+      for (uint64_t i = 0; i < length; ++i) {
+        const int64_t at = (bytes - base_) + static_cast<int64_t>(i);
+        if (at < 0 || static_cast<uint64_t>(at) >= told_.size()) {
+          ++told_outside_;
+          continue;
+        }
+        ++told_[at];
+        if (expected_[at] != base_[at]) ++wrong_bytes_;
+      }
+    };
+  }
+
+  // Bytes told other than exactly once where a target reads, or at all elsewhere.
+  uint64_t MistoldBytes() const {
+    absl::MutexLock lock(&mu_);
+    uint64_t mistold = told_outside_;
+    for (size_t i = 0; i < told_.size(); ++i) mistold += told_[i] != (expected_[i] >= 0 ? 1 : 0);
+    return mistold;
+  }
+  uint64_t wrong_bytes() const {
+    absl::MutexLock lock(&mu_);
+    return wrong_bytes_;
+  }
+  bool told_after_done() const {
+    absl::MutexLock lock(&mu_);
+    return told_after_done_;
+  }
+
+ private:
+  const uint8_t* const base_;
+  const std::vector<int> expected_;
+  mutable absl::Mutex mu_;
+  std::vector<int> told_ ABSL_GUARDED_BY(mu_);
+  uint64_t told_outside_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t wrong_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool told_after_done_ ABSL_GUARDED_BY(mu_) = false;
+  const Outcome* const outcome_;
+};
+
 class DiskReaderTest : public ::testing::TestWithParam<IoEngine> {
  protected:
   std::unique_ptr<DiskReader> NewReader(DiskReaderOptions options = {}) {
@@ -65,16 +119,19 @@ class DiskReaderTest : public ::testing::TestWithParam<IoEngine> {
   std::shared_ptr<Outcome> Read(DiskReader& reader, std::vector<ReadTarget> targets,
                                 ReadPriority priority = ReadPriority::kDemand,
                                 absl::Time deadline = absl::InfiniteFuture(),
-                                DiskReader::RequestId* id = nullptr) {
-    auto outcome = std::make_shared<Outcome>();
-    const DiskReader::RequestId submitted =
-        reader.Submit({std::move(targets), priority, deadline, [this, outcome](absl::Status s) {
-                         absl::MutexLock lock(&mu_);
-                         outcome->status = s;
-                         outcome->order = finished_++;
-                         ++outcome->calls;
-                         outcome->finished.Notify();
-                       }});
+                                DiskReader::RequestId* id = nullptr,
+                                ReadLanded landed = nullptr,
+                                std::shared_ptr<Outcome> outcome = nullptr) {
+    if (outcome == nullptr) outcome = std::make_shared<Outcome>();
+    ReadRequest request{std::move(targets), priority, deadline, [this, outcome](absl::Status s) {
+                          absl::MutexLock lock(&mu_);
+                          outcome->status = s;
+                          outcome->order = finished_++;
+                          ++outcome->calls;
+                          outcome->finished.Notify();
+                        }};
+    request.landed = std::move(landed);
+    const DiskReader::RequestId submitted = reader.Submit(std::move(request));
     if (id != nullptr) *id = submitted;
     return outcome;
   }
@@ -153,7 +210,8 @@ TEST_P(DiskReaderTest, GathersManyTargetsOfOneRequestIntoPlace) {
 }
 
 // ReadRequest::landed: every byte of every target is told once, on a reader thread, already
-// holding the file's bytes, and all before done — gathered, in-place and strided targets alike.
+// holding the file's bytes, and all before done — gathered targets, strided rows and a range over
+// two chunks alike (the in-place path: the next test).
 TEST_P(DiskReaderTest, TellsEachDeliveredPartOnceBeforeDone) {
   const std::string a = absl::StrCat(dir_.path(), "/a");
   const std::string b = absl::StrCat(dir_.path(), "/b");
@@ -161,9 +219,8 @@ TEST_P(DiskReaderTest, TellsEachDeliveredPartOnceBeforeDone) {
   const std::string second = MakeFile(b, 100, 13);
   std::string object(8 * kMiB, '\0');
   auto* base = reinterpret_cast<uint8_t*>(object.data());
-  // What each byte of `object` must hold once read: its file's byte, or nothing (-1) outside the
-  // targets. Rows of 3000 bytes every 8192 (a strided shard), a range over two chunks, one file's
-  // whole contents.
+  // Rows of 3000 bytes every 8192 (a strided shard), a range over two chunks, one file's whole
+  // contents; each byte of `object` expects its file's byte, or nothing outside the targets.
   std::vector<int> expected(object.size(), -1);
   std::vector<ReadTarget> targets;
   auto add = [&](const std::string& path, const std::string& contents, uint64_t offset,
@@ -174,43 +231,17 @@ TEST_P(DiskReaderTest, TellsEachDeliveredPartOnceBeforeDone) {
   for (uint64_t row = 0; row < 64; ++row) add(a, first, 5 * kMiB + row * 8192, 3000, row * 3000);
   add(a, first, 17, 2 * kMiB + 9, 3 * kMiB);
   add(b, second, 0, 100, 7 * kMiB);
-  absl::Mutex mu;
-  std::vector<int> told(object.size(), 0);
-  int wrong_bytes = 0;
-  bool told_after_done = false;
-  std::atomic<bool> done{false};
-  ReadRequest request;
-  request.targets = targets;
-  request.priority = ReadPriority::kDemand;
-  request.landed = [&](const uint8_t* bytes, uint64_t length) {
-    absl::MutexLock lock(&mu);
-    if (done.load()) told_after_done = true;
-    const uint64_t at = static_cast<uint64_t>(bytes - base);
-    for (uint64_t i = at; i < at + length && i < object.size(); ++i) {
-      ++told[i];
-      if (expected[i] != base[i]) ++wrong_bytes;
-    }
-  };
-  absl::Notification finished;
-  absl::Status status;
-  request.done = [&](absl::Status s) {
-    status = s;
-    done.store(true);
-    finished.Notify();
-  };
+  auto outcome = std::make_shared<Outcome>();
+  LandedRecorder recorder(base, std::move(expected), outcome.get());
   auto reader = NewReader(ReaderOptions(3, 4, kMiB));
-  reader->Submit(std::move(request));
-  ASSERT_TRUE(finished.WaitForNotificationWithTimeout(kTimeout));
-  ASSERT_THAT(status, IsOk());
-  absl::MutexLock lock(&mu);
-  EXPECT_FALSE(told_after_done);
-  EXPECT_EQ(wrong_bytes, 0);
-  uint64_t told_once = 0, told_wrongly = 0;
-  for (uint64_t i = 0; i < object.size(); ++i) {
-    const int want = expected[i] >= 0 ? 1 : 0;
-    (told[i] == want ? told_once : told_wrongly) += 1;
-  }
-  EXPECT_EQ(told_wrongly, 0u) << "bytes told not exactly once (targets) or told (elsewhere)";
+  Read(*reader, std::move(targets), ReadPriority::kDemand, absl::InfiniteFuture(), nullptr,
+       recorder.Callback(), outcome);
+  ASSERT_TRUE(outcome->finished.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(outcome->status, IsOk());
+  EXPECT_FALSE(recorder.told_after_done());
+  EXPECT_EQ(recorder.wrong_bytes(), 0u);
+  EXPECT_EQ(recorder.MistoldBytes(), 0u)
+      << "bytes told not exactly once (targets) or told (elsewhere)";
 }
 
 // The in-place path (a target with an aligned window, as the host cache reads a one-extent object
@@ -223,38 +254,17 @@ TEST_P(DiskReaderTest, TellsOnlyTheRangeOfAnInPlaceRead) {
   const uint64_t window_bytes = (contents.size() + 4095) / 4096 * 4096 - 4096;
   auto* window = static_cast<uint8_t*>(std::aligned_alloc(4096, window_bytes));
   uint8_t* const destination = window + 1234;
-  absl::Mutex mu;
-  std::vector<int> told(length, 0);
-  uint64_t told_outside = 0, wrong_bytes = 0;
-  ReadRequest request;
-  request.targets = {{path, offset, length, destination, /*aligned_window=*/true}};
-  request.priority = ReadPriority::kDemand;
-  request.landed = [&](const uint8_t* bytes, uint64_t n) {
-    absl::MutexLock lock(&mu);
-    for (uint64_t i = 0; i < n; ++i) {
-      const int64_t at = (bytes - destination) + static_cast<int64_t>(i);
-      if (at < 0 || static_cast<uint64_t>(at) >= length) {
-        ++told_outside;
-        continue;
-      }
-      ++told[at];
-      if (destination[at] != static_cast<uint8_t>(contents[offset + at])) ++wrong_bytes;
-    }
-  };
-  absl::Notification finished;
-  absl::Status status;
-  request.done = [&](absl::Status s) {
-    status = s;
-    finished.Notify();
-  };
+  std::vector<int> expected(length);
+  for (uint64_t i = 0; i < length; ++i) expected[i] = static_cast<uint8_t>(contents[offset + i]);
+  auto outcome = std::make_shared<Outcome>();
+  LandedRecorder recorder(destination, std::move(expected), outcome.get());
   auto reader = NewReader(ReaderOptions(2, 4, kMiB));
-  reader->Submit(std::move(request));
-  ASSERT_TRUE(finished.WaitForNotificationWithTimeout(kTimeout));
-  ASSERT_THAT(status, IsOk());
-  absl::MutexLock lock(&mu);
-  EXPECT_EQ(told_outside, 0u);
-  EXPECT_EQ(wrong_bytes, 0u);
-  EXPECT_EQ(std::count(told.begin(), told.end(), 1), static_cast<std::ptrdiff_t>(length));
+  Read(*reader, {{path, offset, length, destination, /*aligned_window=*/true}},
+       ReadPriority::kDemand, absl::InfiniteFuture(), nullptr, recorder.Callback(), outcome);
+  ASSERT_TRUE(outcome->finished.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(outcome->status, IsOk());
+  EXPECT_EQ(recorder.wrong_bytes(), 0u);
+  EXPECT_EQ(recorder.MistoldBytes(), 0u) << "bytes told outside the range, or not exactly once";
   std::free(window);
 }
 
