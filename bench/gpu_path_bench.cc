@@ -79,6 +79,10 @@ ABSL_FLAG(int, fio_queue_depth, 32, "cold: fio's queue depth (4 MiB reads, one j
 ABSL_FLAG(std::vector<std::string>, pread_threads, std::vector<std::string>({"8", "16"}),
           "cold: thread counts of the pread-into-pinned-memory reference, a run each per repeat; "
           "empty: none");
+ABSL_FLAG(std::vector<std::string>, in_place_threads, std::vector<std::string>({"4", "8"}),
+          "cold: thread counts of the in-place reference (the files mapped, their pages "
+          "registered with the device piece by piece and copied to the GPU, no CPU copy), a run "
+          "each per repeat; empty: none");
 ABSL_FLAG(std::string, python, "python3", "cold: Python with torch and safetensors");
 ABSL_FLAG(std::string, safetensors_script, "",
           "cold: bench/safetensors_load.py, to time safetensors.torch.load_file; empty: skip");

@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "bench/gpu_path_flags.h"
 #include "bench/gpu_path_session.h"
+#include "bench/in_place_copies.h"
 
 namespace tierd::bench {
 
@@ -164,13 +165,13 @@ double SafetensorsLoad(const std::vector<std::string>& files, bool drop_cache) {
   return gbps;
 }
 
-// --pread-threads as numbers.
-std::vector<int> PreadThreadCounts() {
+// A list of thread counts (--pread-threads, --in-place-threads) as numbers.
+std::vector<int> ThreadCounts(const std::vector<std::string>& texts, const std::string& flag) {
   std::vector<int> counts;
-  for (const std::string& text : absl::GetFlag(FLAGS_pread_threads)) {
+  for (const std::string& text : texts) {
     int count = 0;
     if (!absl::SimpleAtoi(text, &count) || count < 1) {
-      Die("--pread-threads takes thread counts of at least 1, not '" + text + "'");
+      Die("--" + flag + " takes thread counts of at least 1, not '" + text + "'");
     }
     counts.push_back(count);
   }
@@ -182,7 +183,10 @@ nlohmann::json Cold(Bench& bench) {
   const uint64_t bytes = TotalBytes(bench.objects());
   const bool with_safetensors = !absl::GetFlag(FLAGS_safetensors_script).empty();
   const bool with_fio = !absl::GetFlag(FLAGS_fio).empty();
-  const std::vector<int> pread_threads = PreadThreadCounts();
+  const std::vector<int> pread_threads =
+      ThreadCounts(absl::GetFlag(FLAGS_pread_threads), "pread-threads");
+  const std::vector<int> in_place_threads =
+      ThreadCounts(absl::GetFlag(FLAGS_in_place_threads), "in-place-threads");
   uint64_t file_bytes = 0;
   for (const std::string& file : files) {
     std::error_code error;
@@ -203,6 +207,9 @@ nlohmann::json Cold(Bench& bench) {
   std::vector<double> safetensors_runs;
   std::vector<double> link_runs;
   std::map<int, std::vector<double>> pread_runs;
+  std::map<int, std::vector<double>> in_place_runs;
+  std::map<int, std::vector<nlohmann::json>> in_place_times;
+  std::string in_place_error;
   bool cold = true;
   nlohmann::json fio_raw;
   for (int run = 0; run < absl::GetFlag(FLAGS_repeat); ++run) {
@@ -244,6 +251,29 @@ nlohmann::json Cold(Bench& bench) {
                                       static_cast<uint8_t*>(gpu->data()), destination,
                                       2 * largest, sizes));
       absl::StrAppendFormat(&line, ", cudaMemcpyAsync %.3f GB/s", link_runs.back());
+    }
+    if (!in_place_threads.empty() && in_place_error.empty()) {
+      std::unique_ptr<tierd::Slab> gpu = Check(
+          bench.device().AllocateSlab(std::max<uint64_t>(2 * largest, 128ull << 20)),
+          "the in-place reference's GPU buffer");
+      for (int threads : in_place_threads) {
+        absl::StatusOr<InPlaceTimes> times = CopyFilesInPlace(
+            bench.device(), files, static_cast<uint8_t*>(gpu->data()), gpu->size(), threads);
+        if (!times.ok()) {
+          // Not every platform registers file pages: said in the results, not fatal.
+          in_place_error = times.status().ToString();
+          absl::StrAppend(&line, ", in place: ", in_place_error);
+          break;
+        }
+        in_place_runs[threads].push_back(file_bytes / 1e9 / times->to_gpu_seconds);
+        in_place_times[threads].push_back({{"to_gpu_s", times->to_gpu_seconds},
+                                           {"register_thread_s", times->register_seconds},
+                                           {"unregister_s", times->unregister_seconds}});
+        absl::StrAppendFormat(&line, ", in place x%d %.3f GB/s (registering %.3f s of %d threads, "
+                              "unregistering %.3f s after)",
+                              threads, in_place_runs[threads].back(), times->register_seconds,
+                              threads, times->unregister_seconds);
+      }
     }
     if (with_safetensors) {
       safetensors_runs.push_back(SafetensorsLoad(files, /*drop_cache=*/true));
@@ -297,6 +327,25 @@ nlohmann::json Cold(Bench& bench) {
                           ", best pread %.3f GB/s, link %.3f GB/s, ratio to the smaller %.3f "
                           "(target on memory-backed files >= 0.90)",
                           best_pread, link, tierd / bound);
+  }
+  if (!in_place_threads.empty()) {
+    nlohmann::json runs = nlohmann::json::object();
+    nlohmann::json times = nlohmann::json::object();
+    double best = 0;
+    for (const auto& [threads, gbps] : in_place_runs) {
+      runs[std::to_string(threads)] = gbps;
+      times[std::to_string(threads)] = in_place_times[threads];
+      best = std::max(best, Median(gbps));
+    }
+    result.update({{"in_place_baseline",
+                    "T threads register the mapped files' pages read-only with the device in "
+                    "64 MiB pieces and copy each to the GPU once registered (no CPU copy); "
+                    "unregistering timed apart"},
+                   {"in_place_gb_per_s", runs},
+                   {"in_place_times", times},
+                   {"best_in_place_median_gb_per_s", best}});
+    if (!in_place_error.empty()) result["in_place_error"] = in_place_error;
+    if (best > 0) absl::StrAppendFormat(&summary, ", best in place %.3f GB/s", best);
   }
   if (with_safetensors) {
     // Warm: the page cache holds the files after one more read.

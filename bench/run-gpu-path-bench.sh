@@ -11,7 +11,9 @@
 # Environment: REPEAT (runs per side, default 5), WARM_TENSORS / COLD_TENSORS (gpu_path_bench
 # --tensors lists), WEIGHTS (the tensors' values: random, the default, or normal: bf16 with a
 # checkpoint's statistics), PYTHON (with torch and safetensors, default python3), TIERD_FLAGS
-# (extra flags for the daemon), BENCH_FLAGS (extra flags for gpu_path_bench), MODES (default
+# (extra flags for the daemon), BENCH_FLAGS (extra flags for gpu_path_bench), FIO (the cold mode's
+# fio, default the bundle's; empty: no fio reference, for models on tmpfs), SAFETENSORS_SCRIPT
+# (the cold mode's safetensors reference, default bench/safetensors_load.py; empty: none), MODES (default
 # "warm latency duplex cold"), DEVICE (default cuda:0; "host" makes a dry run of the script on a
 # machine without a GPU). Compressed weights: WEIGHTS=normal TIERD_FLAGS="--compress-weights
 # --compress-threads=8" BENCH_FLAGS=--compressed.
@@ -76,8 +78,8 @@ for mode in $modes; do
   model=warm
   [[ $mode == cold ]] && model=cold
   extra=()
-  [[ $mode == cold ]] && extra=(--fio=fio/run --python="$python"
-                                --safetensors-script=bench/safetensors_load.py)
+  [[ $mode == cold ]] && extra=(--fio="${FIO-fio/run}" --python="$python"
+                                --safetensors-script="${SAFETENSORS_SCRIPT-bench/safetensors_load.py}")
   (cd "$bundle" && bin/gpu_path_bench --mode=$mode --socket="$socket" --model=$model \
     --model-dir="$work/$model" --repeat="$repeat" --json="$out/$mode.json" "${extra[@]}" ${BENCH_FLAGS:-} \
     > /dev/null) || status=1
