@@ -20,6 +20,7 @@
 #include "common/status_macros.h"
 #include "storage/dtype.h"
 #include "storage/model/json_file.h"
+#include "storage/model/object_checksum.h"
 
 namespace tierd {
 namespace {
@@ -64,6 +65,8 @@ nlohmann::json Metadata(const DurableRecord& record) {
   return {{"key", record.key},
           {"size", record.size},
           {"checksum", absl::StrFormat("%016x", record.checksum)},
+          // Absent from records written before checksums were made of segments.
+          {"checksum_segment_bytes", kChecksumSegmentBytes},
           {"generation", record.generation},
           {"tensors", std::move(tensors)}};
 }
@@ -78,6 +81,14 @@ absl::StatusOr<DurableRecord> ParseMetadata(const nlohmann::json& json) {
       !JsonUint(JsonMember(&json, "generation"), &record.generation) ||
       !JsonIsArray(JsonMember(&json, "tensors"))) {
     return absl::DataLossError("metadata lacks key, size, checksum, generation or tensors");
+  }
+  if (const nlohmann::json* segments = JsonMember(&json, "checksum_segment_bytes")) {
+    uint64_t segment_bytes = 0;
+    if (!JsonUint(segments, &segment_bytes) || segment_bytes != kChecksumSegmentBytes) {
+      return absl::DataLossError("checksum of segments of another size");
+    }
+  } else {
+    record.whole_object_checksum = true;
   }
   for (const nlohmann::json& item : *JsonMember(&json, "tensors")) {
     TensorPlacement tensor;
@@ -274,7 +285,7 @@ void DurableStore::RunPersist(Job& job) {
   record.key = job.key;
   record.size = job.size;
   record.tensors = std::move(job.tensors);
-  record.checksum = XXH3_64bits(job.data, job.size);
+  record.checksum = ObjectChecksum(job.data, job.size);
   std::string previous;
   {
     absl::MutexLock lock(&mu_);

@@ -8,8 +8,9 @@
 //   metadata length            4 bytes, little-endian
 //   reserved                   4 bytes, zero
 //   metadata checksum          8 bytes, xxHash3-64 of the metadata, little-endian
-//   metadata                   JSON: key, size, checksum of the bytes (xxHash3-64, hex),
-//                              generation, tensors
+//   metadata                   JSON: key, size, checksum of the bytes (ObjectChecksum, hex),
+//                              checksum_segment_bytes (absent from records written when the
+//                              checksum was xxHash3-64 of the whole object), generation, tensors
 //   zeros up to the payload offset (the next multiple of 4 KiB)
 // A version is written to "<name>.tmp", fsynced, renamed to "<name>.tdo" and the directory fsynced;
 // only then is the previous version of the key removed. Names are the key's 128-bit hash and the
@@ -47,7 +48,9 @@ struct DurableRecord {
   std::vector<TensorPlacement> tensors;
   std::string path;
   uint64_t payload_offset = 0;  // where the object's bytes start in the file (page-aligned)
-  uint64_t checksum = 0;        // xxHash3-64 of the object's bytes
+  uint64_t checksum = 0;        // ObjectChecksum of the object's bytes
+  // Written before checksums were made of segments: `checksum` is WholeObjectChecksum's.
+  bool whole_object_checksum = false;
   uint64_t generation = 0;
 };
 

@@ -38,9 +38,11 @@ void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
   const uint64_t load = ++entry->load;
   entry->checked = false;
   uint8_t* const base = arena_.data(*entry->memory) + entry->head;
-  // An object store's reader does not tell what lands (its objects are hashed in one pass).
+  // An object store's reader does not tell what lands (its objects are hashed in one pass), and
+  // an older daemon's durable record holds a whole-object checksum (hashed so, in one pass).
   std::shared_ptr<StreamingChecksum> streaming;
-  if (entry->kind == Kind::kStored || !entry->source->model->in_object_store) {
+  if (entry->kind == Kind::kStored ? !entry->whole_object_checksum
+                                   : !entry->source->model->in_object_store) {
     streaming = std::make_shared<StreamingChecksum>(base, entry->size);
     if (entry->kind == Kind::kWeight) {
       // The gaps no read fills were zeroed (TargetsLocked): hashed as they are.
@@ -129,8 +131,10 @@ absl::Status HostCache::CheckLoadedBytes(Entry* entry) {
   std::optional<uint64_t> streamed;
   if (entry->streaming != nullptr) streamed = entry->streaming->Finish();
   entry->streaming.reset();
-  const uint64_t checksum =
-      streamed ? *streamed : ObjectChecksum(arena_.data(*entry->memory) + entry->head, entry->size);
+  const uint8_t* const bytes = arena_.data(*entry->memory) + entry->head;
+  const uint64_t checksum = streamed                       ? *streamed
+                            : entry->whole_object_checksum ? WholeObjectChecksum(bytes, entry->size)
+                                                           : ObjectChecksum(bytes, entry->size);
   if (streamed) checksums_while_reading_.fetch_add(1, std::memory_order_relaxed);
   entry->checked = true;
   if (entry->kind == Kind::kWeight) {

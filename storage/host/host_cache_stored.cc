@@ -160,6 +160,7 @@ absl::Status HostCache::AdoptDurable(const DurableRecord& record) {
   entry->spill_offset = record.payload_offset;
   entry->durable_copy = true;
   entry->checksum = record.checksum;
+  entry->whole_object_checksum = record.whole_object_checksum;
   table_.Publish(entry);
   return absl::OkStatus();
 }

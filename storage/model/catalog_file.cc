@@ -18,7 +18,10 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr int kFormatVersion = 1;
+// 2: object checksums in segments (object_checksum.h). A file of format 1 holds checksums of the
+// whole object's bytes: it is read, its checksums dropped (ParseModel).
+constexpr int kFormatVersion = 2;
+constexpr int kWholeObjectChecksumsFormat = 1;
 
 std::optional<uint64_t> ParseHex64(const std::string& text) {
   if (text.size() != 16) return std::nullopt;
@@ -151,7 +154,8 @@ absl::StatusOr<LoadedModel> ParseModel(absl::string_view text, const std::string
   const Json* files = JsonMember(&*doc, "files");
   const Json* objects = JsonMember(&*doc, "objects");
   const Json* checksums = JsonMember(&*doc, "checksums");
-  if (!JsonUint(JsonMember(&*doc, "format"), &format) || format != kFormatVersion) {
+  if (!JsonUint(JsonMember(&*doc, "format"), &format) ||
+      (format != kFormatVersion && format != kWholeObjectChecksumsFormat)) {
     return Corrupt("unknown format version");
   }
   if (!JsonString(JsonMember(&*doc, "name"), &info.name) ||
@@ -220,6 +224,11 @@ absl::StatusOr<LoadedModel> ParseModel(absl::string_view text, const std::string
     std::optional<uint64_t> value;
     if (JsonString(&it.value(), &hex)) value = ParseHex64(hex);
     if (!value.has_value()) return Corrupt(absl::StrCat("bad checksum for ", it.key()));
+    if (format == kWholeObjectChecksumsFormat) {
+      // Of the whole object's bytes, which the checksum no longer is: the next read records one.
+      ++loaded.checksums_dropped;
+      continue;
+    }
     // RecordChecksum never records one for an object or shard the model lacks; drop rather than
     // keep a value no lookup can reach.
     if (FindObject(info, it.key()) != nullptr || IsShardName(info, it.key())) {

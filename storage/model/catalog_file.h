@@ -21,6 +21,9 @@ namespace tierd {
 struct LoadedModel {
   ModelInfo info;
   std::map<std::string, uint64_t> checksums;
+  // Checksums the file held in a form no longer computed (a file of an earlier format), dropped:
+  // the objects' next reads record them again. The file should be written again.
+  int checksums_dropped = 0;
 };
 
 // The file's contents for `info` and `checksums` (compact JSON). INVALID_ARGUMENT when a path or
@@ -30,8 +33,9 @@ absl::StatusOr<std::string> SerializeModel(const ModelInfo& info,
 
 // Parses and checks a persisted model; `expected_name` is the one its file name says. Every object
 // must be self-consistent and inside the recorded files (ValidateObject), and the objects sorted by
-// name; a checksum of an object the model lacks is dropped. DATA_LOSS ("malformed catalog file:
-// ...") otherwise.
+// name; a checksum of an object the model lacks is dropped, and so are all the checksums of a file
+// of format 1 (whole-object checksums; LoadedModel::checksums_dropped). DATA_LOSS ("malformed
+// catalog file: ...") otherwise.
 absl::StatusOr<LoadedModel> ParseModel(absl::string_view text, const std::string& expected_name);
 
 }  // namespace tierd

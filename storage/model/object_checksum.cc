@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -32,10 +33,6 @@ std::vector<const Extent*> InObjectOrder(const ObjectInfo& object) {
   return extents;
 }
 
-struct StateDeleter {
-  void operator()(XXH3_state_t* state) const { XXH3_freeState(state); }
-};
-
 }  // namespace
 
 void ForEachObjectGap(const ObjectInfo& object,
@@ -54,7 +51,69 @@ void ZeroObjectGaps(const ObjectInfo& object, uint8_t* data) {
   });
 }
 
-uint64_t ObjectChecksum(const uint8_t* data, uint64_t size) { return XXH3_64bits(data, size); }
+uint64_t CombineSegmentChecksums(uint64_t size, absl::Span<const uint64_t> segments) {
+  if (size <= kChecksumSegmentBytes) return segments.empty() ? XXH3_64bits(nullptr, 0) : segments[0];
+  std::vector<uint8_t> encoded(segments.size() * sizeof(uint64_t));
+  for (size_t i = 0; i < segments.size(); ++i) {
+    for (size_t byte = 0; byte < sizeof(uint64_t); ++byte) {
+      encoded[i * sizeof(uint64_t) + byte] = static_cast<uint8_t>(segments[i] >> (8 * byte));
+    }
+  }
+  return XXH3_64bits(encoded.data(), encoded.size());
+}
+
+uint64_t WholeObjectChecksum(const uint8_t* data, uint64_t size) {
+  return XXH3_64bits(data, size);
+}
+
+uint64_t ObjectChecksum(const uint8_t* data, uint64_t size) {
+  if (size <= kChecksumSegmentBytes) return XXH3_64bits(data, size);
+  std::vector<uint64_t> segments;
+  segments.reserve((size + kChecksumSegmentBytes - 1) / kChecksumSegmentBytes);
+  for (uint64_t at = 0; at < size; at += kChecksumSegmentBytes) {
+    segments.push_back(XXH3_64bits(data + at, std::min(kChecksumSegmentBytes, size - at)));
+  }
+  return CombineSegmentChecksums(size, segments);
+}
+
+ObjectHasher::ObjectHasher() : segment_(XXH3_createState()) {
+  // XXH3_createState fails only when malloc does, as operator new would.
+  if (segment_ == nullptr) std::abort();
+  Reset();
+}
+
+void ObjectHasher::Reset() {
+  XXH3_64bits_reset(segment_.get());
+  in_segment_ = 0;
+  size_ = 0;
+  segments_.clear();
+}
+
+void ObjectHasher::Update(const uint8_t* data, uint64_t size) {
+  while (size > 0) {
+    const uint64_t take = std::min(size, kChecksumSegmentBytes - in_segment_);
+    XXH3_64bits_update(segment_.get(), data, take);
+    data += take;
+    size -= take;
+    in_segment_ += take;
+    size_ += take;
+    if (in_segment_ == kChecksumSegmentBytes) {
+      segments_.push_back(XXH3_64bits_digest(segment_.get()));
+      XXH3_64bits_reset(segment_.get());
+      in_segment_ = 0;
+    }
+  }
+}
+
+uint64_t ObjectHasher::Digest() const {
+  if (size_ <= kChecksumSegmentBytes) {
+    return segments_.empty() ? XXH3_64bits_digest(segment_.get()) : segments_[0];
+  }
+  if (in_segment_ == 0) return CombineSegmentChecksums(size_, segments_);
+  std::vector<uint64_t> segments = segments_;
+  segments.push_back(XXH3_64bits_digest(segment_.get()));
+  return CombineSegmentChecksums(size_, segments);
+}
 
 absl::StatusOr<std::map<std::string, uint64_t>> ChecksumModelObjects(
     const ModelInfo& model, const ModelRoots& roots, const VerifyProgress& progress) {
@@ -71,8 +130,7 @@ absl::StatusOr<std::map<std::string, uint64_t>> ChecksumModelObjects(
     open_index = index;
     return open_file.get();
   };
-  std::unique_ptr<XXH3_state_t, StateDeleter> state(XXH3_createState());
-  if (state == nullptr) return absl::ResourceExhaustedError("xxHash state");
+  ObjectHasher hasher;
   std::vector<uint8_t> buffer(kReadBytes);
   std::map<std::string, uint64_t> checksums;
   uint64_t done = 0;
@@ -82,11 +140,11 @@ absl::StatusOr<std::map<std::string, uint64_t>> ChecksumModelObjects(
     done += bytes;
     std::memset(buffer.data(), 0, std::min(bytes, kReadBytes));
     for (; bytes > 0; bytes -= std::min(bytes, kReadBytes)) {
-      XXH3_64bits_update(state.get(), buffer.data(), std::min(bytes, kReadBytes));
+      hasher.Update(buffer.data(), std::min(bytes, kReadBytes));
     }
   };
   for (const ObjectInfo& object : model.objects) {
-    XXH3_64bits_reset(state.get());
+    hasher.Reset();
     uint64_t cursor = 0;
     for (const Extent* extent : InObjectOrder(object)) {
       hash_zeros(extent->object_offset - cursor);
@@ -106,7 +164,7 @@ absl::StatusOr<std::map<std::string, uint64_t>> ChecksumModelObjects(
                                                   extent->file_offset + extent->length,
                                                   ", which object '", object.name, "' needs"));
         }
-        XXH3_64bits_update(state.get(), buffer.data(), static_cast<size_t>(got));
+        hasher.Update(buffer.data(), static_cast<uint64_t>(got));
         read += static_cast<uint64_t>(got);
         done += static_cast<uint64_t>(got);
       }
@@ -117,7 +175,7 @@ absl::StatusOr<std::map<std::string, uint64_t>> ChecksumModelObjects(
       }
     }
     hash_zeros(object.size - cursor);
-    checksums.emplace(object.name, XXH3_64bits_digest(state.get()));
+    checksums.emplace(object.name, hasher.Digest());
   }
   if (open_file.get() >= 0)
     RETURN_IF_ERROR(CheckModelFile(open_file.get(), model.files[open_index]));

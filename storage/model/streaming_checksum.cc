@@ -1,65 +1,97 @@
 #include "storage/model/streaming_checksum.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
-#include <cstdlib>
 #include <iterator>
+
+#include "storage/model/object_checksum.h"
 
 namespace tierd {
 
 StreamingChecksum::StreamingChecksum(const uint8_t* data, uint64_t size)
-    : data_(data), size_(size), state_(XXH3_createState()) {
-  // XXH3_createState fails only when malloc does, as operator new would.
-  if (state_ == nullptr) std::abort();
-  XXH3_64bits_reset(state_.get());
+    : data_(data),
+      size_(size),
+      digests_((size + kChecksumSegmentBytes - 1) / kChecksumSegmentBytes),
+      segments_(digests_.size(), Segment::kWaiting) {}
+
+uint64_t StreamingChecksum::SegmentBegin(uint64_t segment) const {
+  return segment * kChecksumSegmentBytes;
+}
+
+uint64_t StreamingChecksum::SegmentEnd(uint64_t segment) const {
+  return std::min(size_, (segment + 1) * kChecksumSegmentBytes);
+}
+
+bool StreamingChecksum::LandedWholeLocked(uint64_t segment) const {
+  const uint64_t begin = SegmentBegin(segment);
+  auto it = landed_.upper_bound(begin);
+  if (it == landed_.begin()) return false;
+  --it;  // the range starting at or before `begin`
+  return it->second >= SegmentEnd(segment);
 }
 
 void StreamingChecksum::Landed(uint64_t begin, uint64_t end) {
   absl::MutexLock lock(&mu_);
-  begin = std::max(begin, hashed_);
   end = std::min(end, size_);
-  if (begin < end) {
-    // Merge with the waiting ranges it touches or overlaps.
-    auto it = waiting_.upper_bound(begin);
-    if (it != waiting_.begin() && std::prev(it)->second >= begin) --it;
-    uint64_t merged_begin = begin, merged_end = end;
-    while (it != waiting_.end() && it->first <= merged_end) {
-      merged_begin = std::min(merged_begin, it->first);
-      merged_end = std::max(merged_end, it->second);
-      it = waiting_.erase(it);
-    }
-    waiting_.emplace(merged_begin, merged_end);
+  if (begin >= end) return;
+  // Merge with the landed ranges it touches or overlaps.
+  auto it = landed_.upper_bound(begin);
+  if (it != landed_.begin() && std::prev(it)->second >= begin) --it;
+  uint64_t merged_begin = begin, merged_end = end;
+  while (it != landed_.end() && it->first <= merged_end) {
+    merged_begin = std::min(merged_begin, it->first);
+    merged_end = std::max(merged_end, it->second);
+    it = landed_.erase(it);
   }
-  if (hashing_) return;  // the hashing thread will find it
-  HashWaitingLocked(kBytesHashedPerByteTold * (end > begin ? end - begin : 0));
+  landed_.emplace(merged_begin, merged_end);
+  // Only the segments this range touches can have been completed by it.
+  std::vector<uint64_t> completed;
+  for (uint64_t segment = begin / kChecksumSegmentBytes;
+       segment < segments_.size() && SegmentBegin(segment) < end; ++segment) {
+    if (segments_[segment] == Segment::kWaiting && SegmentBegin(segment) >= merged_begin &&
+        SegmentEnd(segment) <= merged_end) {
+      segments_[segment] = Segment::kHashing;
+      completed.push_back(segment);
+    }
+  }
+  if (!completed.empty()) HashLocked(completed);
+}
+
+void StreamingChecksum::HashLocked(const std::vector<uint64_t>& segments) {
+  hashing_ += static_cast<int>(segments.size());
+  mu_.Unlock();
+  for (uint64_t segment : segments) {
+    digests_[segment] = XXH3_64bits(data_ + SegmentBegin(segment),
+                                    SegmentEnd(segment) - SegmentBegin(segment));
+  }
+  mu_.Lock();
+  for (uint64_t segment : segments) {
+    segments_[segment] = Segment::kHashed;
+    hashed_bytes_ += SegmentEnd(segment) - SegmentBegin(segment);
+  }
+  hashing_ -= static_cast<int>(segments.size());
 }
 
 std::optional<uint64_t> StreamingChecksum::Finish() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](bool* hashing) { return !*hashing; }, &hashing_));
-  HashWaitingLocked(size_);
-  if (hashed_ != size_) return std::nullopt;
-  return XXH3_64bits_digest(state_.get());
-}
-
-void StreamingChecksum::HashWaitingLocked(uint64_t budget) {
-  hashing_ = true;
-  // A range that landed while the lock was dropped below may start inside what was being hashed
-  // (a part told twice): it goes on from where the hash got to.
-  while (budget > 0 && !waiting_.empty() && waiting_.begin()->first <= hashed_) {
-    const uint64_t from = hashed_;
-    const uint64_t end = waiting_.begin()->second;
-    waiting_.erase(waiting_.begin());
-    if (end <= from) continue;
-    const uint64_t to = std::min(end, from + budget);
-    if (to < end) waiting_.emplace(to, end);  // the rest: a later call's, or Finish's
-    budget -= to - from;
-    mu_.Unlock();
-    XXH3_64bits_update(state_.get(), data_ + from, to - from);
-    mu_.Lock();
-    hashed_ = to;
+      +[](int* hashing) { return *hashing == 0; }, &hashing_));
+  std::vector<uint64_t> left;
+  bool complete = true;
+  for (uint64_t segment = 0; segment < segments_.size(); ++segment) {
+    if (segments_[segment] != Segment::kWaiting) continue;
+    if (!LandedWholeLocked(segment)) {
+      complete = false;
+      continue;
+    }
+    segments_[segment] = Segment::kHashing;
+    left.push_back(segment);
   }
-  hashing_ = false;
+  if (!left.empty()) HashLocked(left);
+  if (!complete) return std::nullopt;
+  if (size_ == 0) return ObjectChecksum(data_, 0);
+  return CombineSegmentChecksums(size_, digests_);
 }
 
 }  // namespace tierd

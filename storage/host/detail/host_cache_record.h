@@ -49,6 +49,9 @@ struct HostCacheRecord {
   uint64_t spill_offset = 0;  // where the object's bytes start in spill_path
   bool durable_copy = false;  // spill_path belongs to the DurableStore: never removed here
   uint64_t checksum = 0;      // of a stored object, computed when it is spilled
+  // `checksum` is WholeObjectChecksum's (an older daemon's durable record): read back without
+  // hashing as the bytes land.
+  bool whole_object_checksum = false;
   // Loading.
   std::vector<HostCache::FetchCallback> waiters;
   std::optional<ReadRouter::RequestId> read_id;

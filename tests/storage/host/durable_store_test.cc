@@ -2,18 +2,23 @@
 // and unfinished files set aside, removals, and failures injected through the file system.
 #include "storage/host/durable_store.h"
 
+#include <xxhash.h>
+
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/model/object_checksum.h"
 #include "testing/fault_injecting_file_system.h"
 #include "tests/storage_test_support.h"
 #include "tests/test_support.h"
@@ -93,6 +98,54 @@ TEST_F(DurableStoreTest, APersistedObjectIsRecoveredWithItsBytesAndTensors) {
   EXPECT_EQ(record.tensors[0].name, "t");
   const std::string file = testing::ReadWholeFile(record.path);
   EXPECT_EQ(file.substr(record.payload_offset), bytes);
+}
+
+// A record holds the object's checksum of segments, and says so; one written before checksums were
+// made of segments (no "checksum_segment_bytes" in its metadata) is recovered as holding the whole
+// object's xxHash3, which the host cache then checks it against.
+TEST_F(DurableStoreTest, RecordsSayWhetherTheirChecksumIsOfSegmentsOrOfTheWholeObject) {
+  std::string bytes(kChecksumSegmentBytes + 1000, '\0');
+  ::tierd::testing::FillPattern(bytes.data(), bytes.size(), 4);
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+  std::string path;
+  {
+    std::vector<DurableRecord> recovered;
+    auto store = Open(&recovered);
+    ASSERT_THAT(store, IsOk());
+    auto record = Persist(**store, "kv/a", bytes);
+    ASSERT_THAT(record, IsOk());
+    EXPECT_EQ(record->checksum, ObjectChecksum(data, bytes.size()));
+    EXPECT_FALSE(record->whole_object_checksum);
+    path = record->path;
+  }
+  // Rewrite the header as an older daemon wrote it: the same fields but the segments' size, and
+  // the whole object's checksum. The metadata shrinks, the payload stays on its page.
+  std::string file = testing::ReadWholeFile(path);
+  const uint32_t metadata_bytes = static_cast<uint8_t>(file[8]) |
+                                  static_cast<uint8_t>(file[9]) << 8 |
+                                  static_cast<uint8_t>(file[10]) << 16 |
+                                  static_cast<uint32_t>(static_cast<uint8_t>(file[11])) << 24;
+  nlohmann::json metadata = nlohmann::json::parse(file.substr(24, metadata_bytes));
+  ASSERT_TRUE(metadata.contains("checksum_segment_bytes"));
+  metadata.erase("checksum_segment_bytes");
+  metadata["checksum"] = absl::StrFormat("%016x", WholeObjectChecksum(data, bytes.size()));
+  const std::string older = metadata.dump();
+  ASSERT_LE(older.size(), metadata_bytes);
+  const uint64_t older_checksum = XXH3_64bits(older.data(), older.size());
+  for (int i = 0; i < 4; ++i) file[8 + i] = static_cast<char>(older.size() >> (8 * i));
+  for (int i = 0; i < 8; ++i) file[16 + i] = static_cast<char>(older_checksum >> (8 * i));
+  file.replace(24, older.size(), older);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << file;
+  }
+  std::vector<DurableRecord> recovered;
+  auto store = Open(&recovered);
+  ASSERT_THAT(store, IsOk());
+  ASSERT_EQ(recovered.size(), 1u);
+  EXPECT_TRUE(recovered[0].whole_object_checksum);
+  EXPECT_EQ(recovered[0].checksum, WholeObjectChecksum(data, bytes.size()));
+  EXPECT_EQ(testing::ReadWholeFile(recovered[0].path).substr(recovered[0].payload_offset), bytes);
 }
 
 TEST_F(DurableStoreTest, ANewVersionReplacesTheOldOneAndRemovingItIsFinal) {

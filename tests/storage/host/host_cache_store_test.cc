@@ -14,6 +14,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "storage/host/durable_store.h"
+#include "storage/model/object_checksum.h"
 #include "testing/fault_injecting_file_system.h"
 #include "tests/storage/host/host_cache_test_fixture.h"
 
@@ -103,6 +105,41 @@ TEST_F(HostCacheTest, CorruptSpillFileIsDataLoss) {
   EXPECT_THAT(FetchNow("act/a"), StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(FetchNow("act/a"), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_FALSE(std::filesystem::exists(spill_file));
+}
+
+// A durable record written before checksums were made of segments holds the whole object's
+// xxHash3: its object reads back, checked against that; the same value taken as a checksum of
+// segments (what a record written now holds) is a mismatch, so the flag is what decides.
+TEST_F(HostCacheTest, AnOlderDaemonsDurableRecordIsCheckedAgainstItsWholeObjectChecksum) {
+  constexpr uint64_t kBytes = kChecksumSegmentBytes + kChecksumSegmentBytes / 2;
+  Start(8);
+  std::string payload(kBytes, '\0');
+  ::tierd::testing::FillPattern(reinterpret_cast<uint8_t*>(payload.data()), kBytes, 9);
+  const std::string path = absl::StrCat(dir_.path(), "/older.durable");
+  {
+    std::ofstream file(path, std::ios::binary);
+    file << std::string(4096, 'h') << payload;  // the header's page is not read back
+  }
+  const auto* bytes = reinterpret_cast<const uint8_t*>(payload.data());
+  ASSERT_NE(WholeObjectChecksum(bytes, kBytes), ObjectChecksum(bytes, kBytes));
+  for (const bool whole : {true, false}) {
+    const std::string key = whole ? "kv/older" : "kv/misread";
+    DurableRecord record;
+    record.key = key;
+    record.size = kBytes;
+    record.path = path;
+    record.payload_offset = 4096;
+    record.checksum = WholeObjectChecksum(bytes, kBytes);
+    record.whole_object_checksum = whole;
+    ASSERT_THAT(cache_->AdoptDurable(record), IsOk());
+    absl::StatusOr<HostObject> object = FetchNow(key);
+    if (whole) {
+      ASSERT_THAT(object, IsOk());
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(object->data()), kBytes), payload);
+    } else {
+      EXPECT_THAT(object, StatusIs(absl::StatusCode::kDataLoss));
+    }
+  }
 }
 
 // Opening spill files fails (PERMISSION_DENIED, which keeps a stored object) until `gate` opens;

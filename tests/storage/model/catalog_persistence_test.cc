@@ -132,6 +132,42 @@ TEST_F(CatalogTest, ChecksumForAGoneModelOrObjectIsIgnored) {
   EXPECT_THAT(CatalogDirectory(), IsEmpty());
 }
 
+// A catalog written before checksums were made of segments (format 1) holds checksums of whole
+// objects, which no read computes now: the model loads with them dropped — its next reads record
+// checksums anew instead of failing every object larger than a segment — and its file is written
+// again in the current format.
+TEST_F(CatalogTest, AnOlderFormatsWholeObjectChecksumsAreDroppedAndTheFileRewritten) {
+  {
+    auto catalog = OpenCatalog();
+    ASSERT_NE(catalog, nullptr);
+    ASSERT_THAT(RegisterOneFile(*catalog, "m", {RandomTensor("blocks.0.a", "F32", {4}, 1)}),
+                IsOk());
+    catalog->RecordChecksum("m/blocks.0", 0x0123456789abcdefull);
+  }
+  nlohmann::json older = nlohmann::json::parse(ReadWholeFile(CatalogFile("m")));
+  ASSERT_EQ(older["format"], 2);
+  ASSERT_EQ(older["checksums"].dump(), R"({"blocks.0":"0123456789abcdef"})");
+  older["format"] = 1;
+  ASSERT_THAT(WriteFile(CatalogFile("m"), older.dump()), IsOk());
+
+  auto catalog = OpenCatalog();
+  ASSERT_NE(catalog, nullptr);
+  EXPECT_THAT(catalog->Lookup("m/blocks.0"), IsOk());
+  EXPECT_EQ(catalog->Checksum("m/blocks.0"), std::nullopt);
+  ASSERT_THAT(catalog->Flush(), IsOk());
+  const nlohmann::json rewritten = nlohmann::json::parse(ReadWholeFile(CatalogFile("m")));
+  EXPECT_EQ(rewritten["format"], 2);
+  EXPECT_TRUE(rewritten["checksums"].empty());
+  // A format no daemon wrote is still refused.
+  older["format"] = 3;
+  ASSERT_THAT(WriteFile(CatalogFile("m"), older.dump()), IsOk());
+  catalog.reset();
+  catalog = OpenCatalog();
+  ASSERT_NE(catalog, nullptr);
+  EXPECT_THAT(catalog->ListModels(), IsEmpty());
+  EXPECT_THAT(CatalogDirectory(), ElementsAre("m.json.corrupt"));
+}
+
 TEST_F(CatalogTest, ModelWhoseFileChangedSizeIsStaleAfterReopen) {
   const std::string dir = ModelDir("m");
   {

@@ -1,6 +1,9 @@
 // StreamingChecksum on its own: ranges landing in any order, overlapping, from several threads at
-// once, give the checksum of the whole object — and none until every byte has landed.
+// once, give the object's checksum — and none until every byte has landed; segments hashed by the
+// landings that complete them. And the checksum's definition (ObjectChecksum, ObjectHasher).
 #include "storage/model/streaming_checksum.h"
+
+#include <xxhash.h>
 
 #include <algorithm>
 #include <optional>
@@ -25,7 +28,7 @@ std::vector<uint8_t> RandomBytes(size_t size, uint64_t seed) {
 }
 
 TEST(StreamingChecksumTest, RangesInAnyOrderGiveTheObjectsChecksumOnceAllHaveLanded) {
-  const std::vector<uint8_t> object = RandomBytes((5 << 20) + 321, 1);
+  const std::vector<uint8_t> object = RandomBytes((9 << 20) + 321, 1);  // three segments
   // Pieces of 1 byte to 300 KiB, landed in shuffled order; the last one closes the object.
   std::mt19937_64 random(3);
   std::vector<std::pair<uint64_t, uint64_t>> pieces;
@@ -59,20 +62,84 @@ TEST(StreamingChecksumTest, OverlapsRepeatsAndRangesOutsideTheObjectCountOnce) {
   EXPECT_EQ(*checksum.Finish(), ObjectChecksum(object.data(), object.size()));
 }
 
-TEST(StreamingChecksumTest, ALandingHashesAtMostTwiceWhatItToldAndFinishHashesTheRest) {
-  constexpr uint64_t kMiB = 1 << 20;
-  const std::vector<uint8_t> object = RandomBytes(10 * kMiB, 6);
+TEST(StreamingChecksumTest, ALandingHashesTheSegmentsItCompletesAndFinishHashesNone) {
+  constexpr uint64_t kSegment = kChecksumSegmentBytes;
+  // Three segments: [0, 4), [4, 8) and [8, 10) MiB.
+  const std::vector<uint8_t> object = RandomBytes(2 * kSegment + kSegment / 2, 6);
   StreamingChecksum checksum(object.data(), object.size());
-  checksum.Landed(kMiB, 10 * kMiB);  // waits for the first MiB
-  EXPECT_EQ(checksum.hashed_bytes(), 0u);
-  checksum.Landed(0, kMiB);  // closes the gap: hashes its own MiB and one more, no further
-  EXPECT_EQ(checksum.hashed_bytes(), 2 * kMiB);
-  checksum.Landed(kMiB, 2 * kMiB);  // told again: nothing new to hash, nothing hashed
-  EXPECT_EQ(checksum.hashed_bytes(), 2 * kMiB);
-  const std::optional<uint64_t> sum = checksum.Finish();  // the other 8 MiB
-  EXPECT_EQ(checksum.hashed_bytes(), 10 * kMiB);
+  checksum.Landed(kSegment + kSegment / 4, object.size());  // completes the last segment only
+  EXPECT_EQ(checksum.hashed_bytes(), kSegment / 2);
+  checksum.Landed(0, kSegment + 1);  // completes the first; the second still lacks a part
+  EXPECT_EQ(checksum.hashed_bytes(), kSegment + kSegment / 2);
+  checksum.Landed(0, kSegment);  // told again: nothing new to hash
+  EXPECT_EQ(checksum.hashed_bytes(), kSegment + kSegment / 2);
+  EXPECT_FALSE(checksum.Finish().has_value());
+  checksum.Landed(kSegment + 1, kSegment + kSegment / 4);  // closes the second
+  EXPECT_EQ(checksum.hashed_bytes(), object.size());
+  const std::optional<uint64_t> sum = checksum.Finish();
   ASSERT_TRUE(sum.has_value());
   EXPECT_EQ(*sum, ObjectChecksum(object.data(), object.size()));
+}
+
+// Two threads landing parts of one object hash their own segments at once: the second's landing
+// hashes what it completed before it returns, whether or not the first is still hashing its 64 MiB
+// (with one hashing thread per object, it would have left them to the first).
+TEST(StreamingChecksumTest, SegmentsAreHashedByTheirLandingThreadsSideBySide) {
+  constexpr uint64_t kSegment = kChecksumSegmentBytes;
+  const std::vector<uint8_t> object = RandomBytes(32 * kSegment, 7);
+  StreamingChecksum checksum(object.data(), object.size());
+  absl::Notification started;
+  std::thread first([&] {
+    started.Notify();
+    checksum.Landed(0, 16 * kSegment);  // 64 MiB to hash on this thread
+  });
+  started.WaitForNotification();
+  checksum.Landed(16 * kSegment, 32 * kSegment);  // hashed here meanwhile, not waiting for it
+  EXPECT_GE(checksum.hashed_bytes(), 16 * kSegment);
+  first.join();
+  EXPECT_EQ(checksum.hashed_bytes(), object.size());
+  ASSERT_TRUE(checksum.Finish().has_value());
+  EXPECT_EQ(*checksum.Finish(), ObjectChecksum(object.data(), object.size()));
+}
+
+// The checksum's definition, which catalogs and durable records persist: an object of one segment
+// or less is xxHash3 of its bytes; a longer one's is xxHash3 of its segments' values, little-endian.
+TEST(ObjectChecksumTest, IsXxHash3OfTheSegmentsValuesBeyondOneSegment) {
+  constexpr uint64_t kSegment = kChecksumSegmentBytes;
+  for (const uint64_t size : {uint64_t{0}, uint64_t{1}, kSegment - 1, kSegment}) {
+    const std::vector<uint8_t> object = RandomBytes(size, 10 + size);
+    EXPECT_EQ(ObjectChecksum(object.data(), size), XXH3_64bits(object.data(), size)) << size;
+    EXPECT_EQ(ObjectChecksum(object.data(), size), WholeObjectChecksum(object.data(), size));
+  }
+  for (const uint64_t size : {kSegment + 1, 3 * kSegment, 3 * kSegment + 12345}) {
+    const std::vector<uint8_t> object = RandomBytes(size, 20 + size);
+    std::vector<uint8_t> values;
+    for (uint64_t at = 0; at < size; at += kSegment) {
+      const uint64_t value = XXH3_64bits(object.data() + at, std::min(kSegment, size - at));
+      for (int byte = 0; byte < 8; ++byte) values.push_back(static_cast<uint8_t>(value >> (8 * byte)));
+    }
+    EXPECT_EQ(ObjectChecksum(object.data(), size), XXH3_64bits(values.data(), values.size()))
+        << size;
+    EXPECT_NE(ObjectChecksum(object.data(), size), WholeObjectChecksum(object.data(), size));
+  }
+}
+
+// ObjectHasher, fed in pieces that straddle segment boundaries, gives ObjectChecksum, and again
+// after Reset.
+TEST(ObjectChecksumTest, TheHasherFedInPiecesGivesTheSameChecksum) {
+  std::mt19937_64 random(8);
+  ObjectHasher hasher;
+  for (const uint64_t size : {uint64_t{0}, uint64_t{777}, kChecksumSegmentBytes,
+                              2 * kChecksumSegmentBytes + 5, 3 * kChecksumSegmentBytes}) {
+    const std::vector<uint8_t> object = RandomBytes(size, 30 + size);
+    hasher.Reset();
+    for (uint64_t at = 0; at < size;) {
+      const uint64_t length = std::min<uint64_t>(1 + random() % (3 << 20), size - at);
+      hasher.Update(object.data() + at, length);
+      at += length;
+    }
+    EXPECT_EQ(hasher.Digest(), ObjectChecksum(object.data(), size)) << size;
+  }
 }
 
 TEST(StreamingChecksumTest, AnEmptyObjectHasItsChecksumAtOnce) {
