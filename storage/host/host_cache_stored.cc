@@ -119,6 +119,7 @@ void HostCache::FinishSpill(Entry* entry, const std::string& path, const absl::S
     stats_.bytes_to_spill += entry->size;
     entry->spill_path = path;
     entry->checksum = checksum;
+    entry->whole_object_checksum = false;  // ObjectChecksum's
   } else {
     ++stats_.spill_failures;
     entry->spill_failed_at = absl::Now();
@@ -144,6 +145,7 @@ void HostCache::SetDurableCopy(const HostObject& object, const DurableRecord& re
   entry->spill_offset = record.payload_offset;
   entry->durable_copy = true;
   entry->checksum = record.checksum;
+  entry->whole_object_checksum = record.whole_object_checksum;
   table_.RetryWaiters(deferred.calls());  // it may now be evicted to make room
 }
 

@@ -128,8 +128,9 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& state_
     auto entry = std::make_shared<ModelEntry>();
     if (loaded->checksums_dropped > 0) {
       TIERD_LOG(WARNING) << "catalog: model '" << model << "' was recorded with checksums of whole "
-                         << "objects; its " << loaded->checksums_dropped
-                         << " checksums are recorded again, in segments, as its objects are read";
+                         << "objects; " << loaded->checksums_dropped
+                         << " of them (objects over 4 MiB, shards) are recorded again, in "
+                            "segments, as those objects are read";
       entry->dirty = true;
     }
     // A catalog written before devices and inodes were recorded gets them now, for files that

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "storage/model/json_file.h"
+#include "storage/model/object_checksum.h"
 #include "storage/model/object_layout.h"
 #include "storage/model/shard.h"
 #include "storage/model_location.h"
@@ -19,7 +20,8 @@ namespace {
 using Json = nlohmann::json;
 
 // 2: object checksums in segments (object_checksum.h). A file of format 1 holds checksums of the
-// whole object's bytes: it is read, its checksums dropped (ParseModel).
+// whole object's bytes: it is read, the checksums of objects over one segment dropped (ParseModel).
+// A daemon built before format 2 sets a format-2 file aside as corrupt: the change is one-way.
 constexpr int kFormatVersion = 2;
 constexpr int kWholeObjectChecksumsFormat = 1;
 
@@ -225,9 +227,14 @@ absl::StatusOr<LoadedModel> ParseModel(absl::string_view text, const std::string
     if (JsonString(&it.value(), &hex)) value = ParseHex64(hex);
     if (!value.has_value()) return Corrupt(absl::StrCat("bad checksum for ", it.key()));
     if (format == kWholeObjectChecksumsFormat) {
-      // Of the whole object's bytes, which the checksum no longer is: the next read records one.
-      ++loaded.checksums_dropped;
-      continue;
+      // Of the whole object's bytes: the same value for an object of one segment or less; for a
+      // larger one (or a shard, whose size is not at hand) no longer the checksum, so dropped —
+      // the next read records one.
+      const ObjectInfo* object = FindObject(info, it.key());
+      if (object == nullptr || object->size > kChecksumSegmentBytes) {
+        ++loaded.checksums_dropped;
+        continue;
+      }
     }
     // RecordChecksum never records one for an object or shard the model lacks; drop rather than
     // keep a value no lookup can reach.

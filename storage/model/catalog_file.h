@@ -33,9 +33,10 @@ absl::StatusOr<std::string> SerializeModel(const ModelInfo& info,
 
 // Parses and checks a persisted model; `expected_name` is the one its file name says. Every object
 // must be self-consistent and inside the recorded files (ValidateObject), and the objects sorted by
-// name; a checksum of an object the model lacks is dropped, and so are all the checksums of a file
-// of format 1 (whole-object checksums; LoadedModel::checksums_dropped). DATA_LOSS ("malformed
-// catalog file: ...") otherwise.
+// name; a checksum of an object the model lacks is dropped, and so are a format-1 file's checksums
+// of objects over one segment and of shards (whole-object checksums, which for those differ from
+// the ones computed now; LoadedModel::checksums_dropped). DATA_LOSS ("malformed catalog file:
+// ...") otherwise.
 absl::StatusOr<LoadedModel> ParseModel(absl::string_view text, const std::string& expected_name);
 
 }  // namespace tierd

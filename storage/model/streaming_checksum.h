@@ -3,9 +3,10 @@
 // has just read while those bytes are still in its cache. The checksum is made of segments
 // (object_checksum.h), each hashed on its own: the landing that completes a segment hashes it on
 // its thread, so the threads reading one object hash its segments side by side — a landing hashes
-// the segments it completes, at most its own bytes and a segment at each end. What Finish finds
-// landed but not hashed (a segment completed by a landing that could not hash it, or none) it
-// hashes itself.
+// the segments it completes, at most its own bytes and a segment at each end (a reader's 4 MiB
+// chunk, aligned to its file rather than to the object, may complete two). Finish waits for the
+// segments being hashed and says whether every byte has landed; it hashes only what landed
+// without a landing completing it, which the landings as written never leave.
 //
 // Thread-safe.
 #ifndef TIERD_STORAGE_MODEL_STREAMING_CHECKSUM_H_

@@ -69,6 +69,25 @@ TEST_F(HostCacheTest, StoredObjectsSpillUnderPressureAndComeBackEqual) {
   EXPECT_GE(cache_->stats().bytes_from_disk, 3 * kObjectBytes);
 }
 
+// A stored object of several checksum segments spills and comes back, checked against the
+// checksum its spill computed (in segments, as its read back hashes it while landing).
+TEST_F(HostCacheTest, AStoredObjectOfSeveralSegmentsSpillsAndComesBackEqual) {
+  constexpr uint64_t kBytes = 2 * kChecksumSegmentBytes + 12345;
+  Start(24);
+  ASSERT_THAT(Store("act/large", kBytes, 41, /*spillable=*/true), IsOk());
+  ASSERT_THAT(cache_->Evict("act/large"), IsOk());  // spills
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (cache_->IsResident("act/large") && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(cache_->stats().spilled_objects, 1u);
+  const uint64_t while_reading = cache_->stats().checksums_while_reading;
+  absl::StatusOr<HostObject> object = FetchNow("act/large");
+  ASSERT_THAT(object, IsOk());
+  EXPECT_EQ(FirstPatternMismatch(object->data(), kBytes, 41), -1);
+  EXPECT_EQ(cache_->stats().checksums_while_reading, while_reading + 1);
+}
+
 TEST_F(HostCacheTest, CacheFullOfUnspillableObjectsSaysResourceExhausted) {
   Start(2);
   ASSERT_THAT(Store("act/a", kObjectBytes, 1, false), IsOk());

@@ -81,9 +81,11 @@ TEST(StreamingChecksumTest, ALandingHashesTheSegmentsItCompletesAndFinishHashesN
   EXPECT_EQ(*sum, ObjectChecksum(object.data(), object.size()));
 }
 
-// Two threads landing parts of one object hash their own segments at once: the second's landing
-// hashes what it completed before it returns, whether or not the first is still hashing its 64 MiB
-// (with one hashing thread per object, it would have left them to the first).
+// Two threads landing parts of one object hash their own segments: the second's landing hashes
+// what it completed before it returns, whether or not the first is still hashing its 64 MiB. (With
+// one hashing thread per object it returned at once while the first hashed, leaving its part to
+// the first: this failed whenever the first was still hashing then — most runs, as 64 MiB takes
+// milliseconds — not every time.)
 TEST(StreamingChecksumTest, SegmentsAreHashedByTheirLandingThreadsSideBySide) {
   constexpr uint64_t kSegment = kChecksumSegmentBytes;
   const std::vector<uint8_t> object = RandomBytes(32 * kSegment, 7);
