@@ -14,7 +14,9 @@
 //            as on tmpfs, which has no O_DIRECT), T threads pread-ing them into pinned memory
 //            for each T of --pread-threads, and cudaMemcpyAsync of the same bytes from pinned
 //            memory (the link): on memory-backed files the target is ≥ 0.90 × the smaller of the
-//            best pread and the link. With --safetensors-script,
+//            best pread and the link. With --in-place-threads (for memory-backed files), the
+//            files' pages registered with the device and copied with no CPU copy
+//            (bench/in_place_copies.h). With --safetensors-script,
 //            safetensors.torch.load_file(device="cuda") cold and warm too.
 //   duplex   prefetch+fetch of the model (H2D) while another session stores objects (D2H) at
 //            once, against two plain copies in opposite directions at once. Reference 72 GB/s.
@@ -79,10 +81,10 @@ ABSL_FLAG(int, fio_queue_depth, 32, "cold: fio's queue depth (4 MiB reads, one j
 ABSL_FLAG(std::vector<std::string>, pread_threads, std::vector<std::string>({"8", "16"}),
           "cold: thread counts of the pread-into-pinned-memory reference, a run each per repeat; "
           "empty: none");
-ABSL_FLAG(std::vector<std::string>, in_place_threads, std::vector<std::string>({"4", "8"}),
-          "cold: thread counts of the in-place reference (the files mapped, their pages "
-          "registered with the device piece by piece and copied to the GPU, no CPU copy), a run "
-          "each per repeat; empty: none");
+ABSL_FLAG(std::vector<std::string>, in_place_threads, {},
+          "cold, memory-backed files: thread counts of the in-place reference (the files mapped, "
+          "their pages registered with the device piece by piece and copied to the GPU, no CPU "
+          "copy), a run each per repeat; empty (the default): none");
 ABSL_FLAG(std::string, python, "python3", "cold: Python with torch and safetensors");
 ABSL_FLAG(std::string, safetensors_script, "",
           "cold: bench/safetensors_load.py, to time safetensors.torch.load_file; empty: skip");

@@ -21,6 +21,8 @@ struct InPlaceTimes {
   double unregister_seconds = 0;  // afterwards, every piece unregistered and the files unmapped
 };
 
+// Meant for files in memory (tmpfs): on a disk, the registrations would read the pages in.
+//
 // Copies `files`, back to back, into `gpu` (room for `gpu_bytes`, used as a ring of pieces: the
 // bytes are overwritten, only the rate counts) in pieces of `piece_bytes`, on `threads` threads.
 // Errors: the files' opening or mapping; UNIMPLEMENTED where the device cannot register read-only
