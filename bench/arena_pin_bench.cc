@@ -34,7 +34,8 @@ ABSL_FLAG(tierd::ByteSize, bytes, tierd::ByteSize{4ull << 30}, "Size of the aren
 ABSL_FLAG(tierd::ByteSize, piece_bytes, tierd::ByteSize{1ull << 30},
           "Pinned one piece at a time (the daemon's piece size)");
 ABSL_FLAG(std::string, device, "auto", "Device that pins the arena: auto, host or cuda:N");
-ABSL_FLAG(std::string, threads, "1,4,8,16", "Pinning thread counts to measure, comma-separated");
+ABSL_FLAG(std::vector<std::string>, threads, std::vector<std::string>({"1", "4", "8", "16"}),
+          "Pinning thread counts to measure, comma-separated");
 ABSL_FLAG(std::string, prefault, "touch",
           "Ways to fault pages in before registering, comma-separated: populate, touch, none");
 ABSL_FLAG(bool, huge_pages, true, "Ask for transparent huge pages (MADV_HUGEPAGE)");
@@ -47,19 +48,6 @@ using tierd::bench::Die;
 
 double Seconds(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - since); }
 double GibPerSecond(uint64_t bytes, double seconds) { return bytes / seconds / (1ull << 30); }
-
-std::vector<int> ParseThreadCounts(const std::string& text) {
-  std::vector<int> counts;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    int count = 0;
-    if (!absl::SimpleAtoi(part, &count) || count < 1 || count > 256) {
-      Die(absl::StrCat("--threads: \"", part, "\" is not a count from 1 to 256"));
-    }
-    counts.push_back(count);
-  }
-  if (counts.empty()) Die("--threads names no count");
-  return counts;
-}
 
 std::vector<tierd::PagePrefault> ParsePrefaults(const std::string& text) {
   std::vector<tierd::PagePrefault> prefaults;
@@ -152,7 +140,8 @@ int main(int argc, char** argv) {
   const uint64_t bytes = absl::GetFlag(FLAGS_bytes).bytes;
   const uint64_t piece = absl::GetFlag(FLAGS_piece_bytes).bytes;
   if (bytes == 0 || piece == 0) Die("--bytes and --piece-bytes must be more than 0");
-  const std::vector<int> thread_counts = ParseThreadCounts(absl::GetFlag(FLAGS_threads));
+  const std::vector<int> thread_counts =
+      tierd::bench::ParseThreadCounts(absl::GetFlag(FLAGS_threads), "threads");
   const std::vector<tierd::PagePrefault> prefaults = ParsePrefaults(absl::GetFlag(FLAGS_prefault));
 
   auto spec = tierd::ParseDeviceSpec(absl::GetFlag(FLAGS_device));

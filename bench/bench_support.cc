@@ -111,6 +111,20 @@ double RunFio(const FioRead& read, nlohmann::json* raw) {
   return job["bw_bytes"].get<double>() / 1e9;
 }
 
+std::vector<int> ParseThreadCounts(const std::vector<std::string>& texts, const std::string& flag,
+                                   bool required) {
+  std::vector<int> counts;
+  for (const std::string& text : texts) {
+    int count = 0;
+    if (!absl::SimpleAtoi(text, &count) || count < 1 || count > 256) {
+      Die(absl::StrCat("--", flag, ": \"", text, "\" is not a count from 1 to 256"));
+    }
+    counts.push_back(count);
+  }
+  if (counts.empty() && required) Die(absl::StrCat("--", flag, " names no count"));
+  return counts;
+}
+
 double Percentile(std::vector<double> values, double fraction) {
   std::sort(values.begin(), values.end());
   return PercentileOfSorted(values, fraction);

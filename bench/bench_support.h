@@ -99,6 +99,11 @@ double RunFio(const FioRead& read, nlohmann::json* raw = nullptr);
 absl::StatusOr<double> PreadFiles(const std::vector<std::string>& files, uint8_t* destination,
                                   uint64_t capacity, int threads, uint64_t read_bytes = 4ull << 20);
 
+// The thread counts a benchmark's list flag gives (--threads=1,4,8,16): each a count from 1 to
+// 256, or Die naming --`flag`. An empty list is none, or with `required` an error too.
+std::vector<int> ParseThreadCounts(const std::vector<std::string>& texts, const std::string& flag,
+                                   bool required = true);
+
 // The value below which `fraction` (0..1) of `values` lie (nearest rank).
 double Percentile(std::vector<double> values, double fraction);
 inline double Median(std::vector<double> values) { return Percentile(std::move(values), 0.5); }

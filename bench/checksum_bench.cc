@@ -22,10 +22,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "bench/bench_support.h"
 #include "common/byte_size.h"
 #include "common/command_line.h"
@@ -34,7 +31,8 @@
 ABSL_FLAG(tierd::ByteSize, object_bytes, tierd::ByteSize{512ull << 20}, "The object's size");
 ABSL_FLAG(tierd::ByteSize, chunk_bytes, tierd::ByteSize{4ull << 20},
           "A read's size (the daemon's readers read 4 MiB)");
-ABSL_FLAG(std::string, threads, "1,2,4", "Reader thread counts, comma-separated");
+ABSL_FLAG(std::vector<std::string>, threads, std::vector<std::string>({"1", "2", "4"}),
+          "Reader thread counts, comma-separated");
 ABSL_FLAG(int, repeat, 5, "Runs of each side per thread count");
 ABSL_FLAG(std::string, json, "", "Write the results here as JSON");
 
@@ -44,19 +42,6 @@ using tierd::bench::Clock;
 using tierd::bench::Die;
 using tierd::bench::Median;
 using tierd::bench::SecondsSince;
-
-std::vector<int> ParseThreadCounts(const std::string& text) {
-  std::vector<int> counts;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    int count = 0;
-    if (!absl::SimpleAtoi(part, &count) || count < 1 || count > 256) {
-      Die(absl::StrCat("--threads: \"", part, "\" is not a count from 1 to 256"));
-    }
-    counts.push_back(count);
-  }
-  if (counts.empty()) Die("--threads names no count");
-  return counts;
-}
 
 // One run: `threads` threads copy the chunks of `source` into `object`, telling `checksum` of each
 // when it is not null; returns the seconds until the last copy (and the checksum's Finish).
@@ -99,7 +84,8 @@ int main(int argc, char** argv) {
   if (size == 0 || chunk == 0 || repeat < 1) {
     Die("--object-bytes, --chunk-bytes and --repeat must be more than 0");
   }
-  const std::vector<int> thread_counts = ParseThreadCounts(absl::GetFlag(FLAGS_threads));
+  const std::vector<int> thread_counts =
+      tierd::bench::ParseThreadCounts(absl::GetFlag(FLAGS_threads), "threads");
 
   std::vector<uint8_t> source(size);
   std::mt19937_64 random(7);

@@ -165,28 +165,16 @@ double SafetensorsLoad(const std::vector<std::string>& files, bool drop_cache) {
   return gbps;
 }
 
-// A list of thread counts (--pread-threads, --in-place-threads) as numbers.
-std::vector<int> ThreadCounts(const std::vector<std::string>& texts, const std::string& flag) {
-  std::vector<int> counts;
-  for (const std::string& text : texts) {
-    int count = 0;
-    if (!absl::SimpleAtoi(text, &count) || count < 1) {
-      Die("--" + flag + " takes thread counts of at least 1, not '" + text + "'");
-    }
-    counts.push_back(count);
-  }
-  return counts;
-}
-
 nlohmann::json Cold(Bench& bench) {
   const std::vector<std::string> files = bench.Files();
   const uint64_t bytes = TotalBytes(bench.objects());
   const bool with_safetensors = !absl::GetFlag(FLAGS_safetensors_script).empty();
   const bool with_fio = !absl::GetFlag(FLAGS_fio).empty();
   const std::vector<int> pread_threads =
-      ThreadCounts(absl::GetFlag(FLAGS_pread_threads), "pread-threads");
+      ParseThreadCounts(absl::GetFlag(FLAGS_pread_threads), "pread-threads", /*required=*/false);
   const std::vector<int> in_place_threads =
-      ThreadCounts(absl::GetFlag(FLAGS_in_place_threads), "in-place-threads");
+      ParseThreadCounts(absl::GetFlag(FLAGS_in_place_threads), "in-place-threads",
+                        /*required=*/false);
   uint64_t file_bytes = 0;
   for (const std::string& file : files) {
     std::error_code error;

@@ -3,8 +3,8 @@
 // of one segment or less is hashed whole; a longer one's checksum is the xxHash3 of its segments'
 // xxHash3 values (8 bytes each, little-endian, in order). The segments are what lets the reader
 // threads hash an object's chunks as they land, side by side (streaming_checksum.h): xxHash3 of
-// the whole object is sequential, and held a cold load of large objects to one core's hashing
-// rate. The host cache computes it on every read from disk and compares it with the one the
+// the whole object is sequential, so one thread at a time could hash an object however many read
+// it. The host cache computes it on every read from disk and compares it with the one the
 // catalog recorded; registration with verification (`tierctl load --verify`) computes every
 // object's from the files before the model is registered, so that even the first read is checked.
 //

@@ -23,14 +23,6 @@ uint64_t StreamingChecksum::SegmentEnd(uint64_t segment) const {
   return std::min(size_, (segment + 1) * kChecksumSegmentBytes);
 }
 
-bool StreamingChecksum::LandedWholeLocked(uint64_t segment) const {
-  const uint64_t begin = SegmentBegin(segment);
-  auto it = landed_.upper_bound(begin);
-  if (it == landed_.begin()) return false;
-  --it;  // the range starting at or before `begin`
-  return it->second >= SegmentEnd(segment);
-}
-
 void StreamingChecksum::Landed(uint64_t begin, uint64_t end) {
   absl::MutexLock lock(&mu_);
   end = std::min(end, size_);
@@ -77,20 +69,8 @@ std::optional<uint64_t> StreamingChecksum::Finish() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](int* hashing) { return *hashing == 0; }, &hashing_));
-  std::vector<uint64_t> left;
-  bool complete = true;
-  for (uint64_t segment = 0; segment < segments_.size(); ++segment) {
-    if (segments_[segment] != Segment::kWaiting) continue;
-    if (!LandedWholeLocked(segment)) {
-      complete = false;
-      continue;
-    }
-    segments_[segment] = Segment::kHashing;
-    left.push_back(segment);
-  }
-  if (!left.empty()) HashLocked(left);
-  if (!complete) return std::nullopt;
-  if (size_ == 0) return ObjectChecksum(data_, 0);
+  // The landing that completes a segment hashes it: one still waiting lacks bytes.
+  if (hashed_bytes_ != size_) return std::nullopt;
   return CombineSegmentChecksums(size_, digests_);
 }
 

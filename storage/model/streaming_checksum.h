@@ -5,8 +5,7 @@
 // its thread, so the threads reading one object hash its segments side by side — a landing hashes
 // the segments it completes, at most its own bytes and a segment at each end (a reader's 4 MiB
 // chunk, aligned to its file rather than to the object, may complete two). Finish waits for the
-// segments being hashed and says whether every byte has landed; it hashes only what landed
-// without a landing completing it, which the landings as written never leave.
+// segments being hashed and combines them once every byte has landed.
 //
 // Thread-safe.
 #ifndef TIERD_STORAGE_MODEL_STREAMING_CHECKSUM_H_
@@ -35,9 +34,9 @@ class StreamingChecksum {
   // object, or landed before, are ignored.
   void Landed(uint64_t begin, uint64_t end) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Waits for the segments being hashed, hashes those landed and not hashed yet on the calling
-  // thread, and returns ObjectChecksum(data, size) when every byte has landed; nullopt while some
-  // has not. Call it once the landing threads are done (a reader's done callback).
+  // Waits for the segments being hashed and returns ObjectChecksum(data, size) when every byte
+  // has landed; nullopt while some has not. Call it once the landing threads are done (a reader's
+  // done callback).
   std::optional<uint64_t> Finish() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The bytes of the segments hashed so far.
@@ -51,8 +50,6 @@ class StreamingChecksum {
 
   uint64_t SegmentBegin(uint64_t segment) const;
   uint64_t SegmentEnd(uint64_t segment) const;
-  // Whether every byte of `segment` has landed.
-  bool LandedWholeLocked(uint64_t segment) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hashes `segments` (each marked kHashing by the caller) with mu_ dropped, then marks them
   // hashed.
   void HashLocked(const std::vector<uint64_t>& segments) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
