@@ -69,6 +69,8 @@ ABSL_FLAG(std::vector<std::string>, reference_threads, std::vector<std::string>(
           "host-load: thread counts of the pread reference, one run each");
 ABSL_FLAG(int, reader_threads, 0, "host-load: the reader's threads; 0: its default");
 ABSL_FLAG(int, reader_queue_depth, 0, "host-load: the reader's queue depth; 0: its default");
+ABSL_FLAG(tierd::ByteSize, reader_chunk_bytes, tierd::ByteSize{0},
+          "host-load: the reader's chunk (a multiple of 4 KiB); 0: its default");
 ABSL_FLAG(std::string, reader_engine, "auto",
           "host-load: the reader's engine: auto, io_uring, pread");
 ABSL_FLAG(int, checksum_threads, 0, "host-load: the host cache's checksum threads; 0: its default");
@@ -172,6 +174,9 @@ int HostLoad(int argc, char** argv) {
   }
   if (const int depth = absl::GetFlag(FLAGS_reader_queue_depth); depth > 0) {
     options.reader_queue_depth = depth;
+  }
+  if (const uint64_t chunk = absl::GetFlag(FLAGS_reader_chunk_bytes).bytes; chunk > 0) {
+    options.reader_chunk_bytes = chunk;
   }
   const std::string load = absl::GetFlag(FLAGS_load);
   if (load != "fetch" && load != "prefetch") Die("--load must be fetch or prefetch");

@@ -94,6 +94,7 @@ nlohmann::json RunHostLoad(const HostLoadOptions& options) {
   settings.state_dir = state.path();
   settings.reader_threads = options.reader_threads;
   settings.reader_queue_depth = options.reader_queue_depth;
+  settings.reader_chunk_bytes = options.reader_chunk_bytes;
   settings.reader_engine = options.reader_engine;
   settings.checksum_threads = options.checksum_threads;
   settings.prefetch = options.prefetch;
@@ -170,6 +171,7 @@ nlohmann::json RunHostLoad(const HostLoadOptions& options) {
         {"queue_depth", last.reader.queue_depth},
         {"chunk_bytes", last.reader.chunk_bytes},
         {"defaults", !options.reader_threads && !options.reader_queue_depth &&
+                         !options.reader_chunk_bytes &&
                          options.reader_engine == IoEngine::kAuto},
         {"checksum_threads", options.checksum_threads > 0 ? options.checksum_threads
                                                           : DefaultChecksumThreads()},

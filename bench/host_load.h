@@ -28,6 +28,7 @@ struct HostLoadOptions {
   // Unset: the reader's defaults (DiskReaderOptions), which are the daemon's.
   std::optional<int> reader_threads;
   std::optional<int> reader_queue_depth;
+  std::optional<uint64_t> reader_chunk_bytes;
   IoEngine reader_engine = IoEngine::kAuto;
   int checksum_threads = 0;  // 0: the host cache's default
   bool prefetch = false;     // prefetch every object, then wait for each; else fetch on demand

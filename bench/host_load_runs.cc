@@ -80,6 +80,7 @@ TierdLoadResult LoadThroughTierd(Device& device, const HostLoadModel& model,
     reader_sizing = sizing.why;
   }
   if (settings.reader_queue_depth) options.reader.queue_depth = *settings.reader_queue_depth;
+  if (settings.reader_chunk_bytes) options.reader.chunk_bytes = *settings.reader_chunk_bytes;
   options.reader.engine = settings.reader_engine;
   options.host_cache.checksum_threads = settings.checksum_threads;
   std::unique_ptr<StorageStack> stack =

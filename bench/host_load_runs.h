@@ -32,6 +32,7 @@ struct TierdLoadSettings {
   std::optional<int> reader_threads;
   // Unset: the DiskReaderOptions default, which is the daemon's.
   std::optional<int> reader_queue_depth;
+  std::optional<uint64_t> reader_chunk_bytes;
   IoEngine reader_engine = IoEngine::kAuto;
   int checksum_threads = 0;  // 0: the host cache's default
   // Prefetch every object, then wait for each with Fetch; otherwise Fetch each on demand.
