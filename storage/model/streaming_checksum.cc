@@ -1,7 +1,5 @@
 #include "storage/model/streaming_checksum.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <iterator>
 
@@ -13,7 +11,7 @@ StreamingChecksum::StreamingChecksum(const uint8_t* data, uint64_t size)
     : data_(data),
       size_(size),
       digests_((size + kChecksumSegmentBytes - 1) / kChecksumSegmentBytes),
-      segments_(digests_.size(), Segment::kWaiting) {}
+      segments_(digests_.size()) {}
 
 uint64_t StreamingChecksum::SegmentBegin(uint64_t segment) const {
   return segment * kChecksumSegmentBytes;
@@ -37,39 +35,58 @@ void StreamingChecksum::Landed(uint64_t begin, uint64_t end) {
     it = landed_.erase(it);
   }
   landed_.emplace(merged_begin, merged_end);
-  // Only the segments this range touches can have been completed by it.
-  std::vector<uint64_t> completed;
+  // Only the segments this range touches can have more to hash because of it.
   for (uint64_t segment = begin / kChecksumSegmentBytes;
        segment < segments_.size() && SegmentBegin(segment) < end; ++segment) {
-    if (segments_[segment] == Segment::kWaiting && SegmentBegin(segment) >= merged_begin &&
-        SegmentEnd(segment) <= merged_end) {
-      segments_[segment] = Segment::kHashing;
-      completed.push_back(segment);
-    }
+    HashLocked(segment);
   }
-  if (!completed.empty()) HashLocked(completed);
 }
 
-void StreamingChecksum::HashLocked(const std::vector<uint64_t>& segments) {
-  hashing_ += static_cast<int>(segments.size());
-  mu_.Unlock();
-  for (uint64_t segment : segments) {
-    digests_[segment] = XXH3_64bits(data_ + SegmentBegin(segment),
-                                    SegmentEnd(segment) - SegmentBegin(segment));
+void StreamingChecksum::HashLocked(uint64_t index) {
+  for (;;) {
+    Segment& segment = segments_[index];
+    const uint64_t segment_end = SegmentEnd(index);
+    const uint64_t from = SegmentBegin(index) + segment.hashed;
+    if (segment.hashing || from == segment_end) return;
+    // The landed range holding the next byte to hash, if it has landed.
+    auto it = landed_.upper_bound(from);
+    if (it == landed_.begin() || std::prev(it)->second <= from) return;
+    const uint64_t to = std::min(segment_end, std::prev(it)->second);
+    const bool whole = segment.hashed == 0 && to == segment_end;
+    if (!whole && segment.state == nullptr) {
+      segment.state.reset(XXH3_createState());
+      XXH3_64bits_reset(segment.state.get());
+    }
+    segment.hashing = true;
+    ++hashing_;
+    XXH3_state_t* const state = segment.state.get();
+    mu_.Unlock();
+    // Segments_ is not resized: `segment` stays valid, and its state and digest are this thread's
+    // while it hashes.
+    if (whole) {
+      digests_[index] = XXH3_64bits(data_ + from, to - from);
+    } else {
+      XXH3_64bits_update(state, data_ + from, to - from);
+      if (to == segment_end) digests_[index] = XXH3_64bits_digest(state);
+    }
+    mu_.Lock();
+    segment.hashed += to - from;
+    segment.hashing = false;
+    --hashing_;
+    hashed_bytes_ += to - from;
+    if (to == segment_end) {
+      segment.state.reset();
+      return;
+    }
+    // More may have landed while mu_ was dropped: those landings left it to this thread.
   }
-  mu_.Lock();
-  for (uint64_t segment : segments) {
-    segments_[segment] = Segment::kHashed;
-    hashed_bytes_ += SegmentEnd(segment) - SegmentBegin(segment);
-  }
-  hashing_ -= static_cast<int>(segments.size());
 }
 
 std::optional<uint64_t> StreamingChecksum::Finish() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](int* hashing) { return *hashing == 0; }, &hashing_));
-  // The landing that completes a segment hashes it: one still waiting lacks bytes.
+  // Landings hash all they let be hashed: a segment not hashed through lacks bytes.
   if (hashed_bytes_ != size_) return std::nullopt;
   return CombineSegmentChecksums(size_, digests_);
 }

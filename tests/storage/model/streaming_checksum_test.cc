@@ -1,6 +1,7 @@
 // StreamingChecksum on its own: ranges landing in any order, overlapping, from several threads at
-// once, give the object's checksum — and none until every byte has landed; segments hashed by the
-// landings that complete them. And the checksum's definition (ObjectChecksum, ObjectHasher).
+// once, give the object's checksum — and none until every byte has landed; bytes hashed by the
+// landings that reach them in order, as they land. And the checksum's definition (ObjectChecksum,
+// ObjectHasher).
 #include "storage/model/streaming_checksum.h"
 
 #include <xxhash.h>
@@ -62,20 +63,45 @@ TEST(StreamingChecksumTest, OverlapsRepeatsAndRangesOutsideTheObjectCountOnce) {
   EXPECT_EQ(*checksum.Finish(), ObjectChecksum(object.data(), object.size()));
 }
 
-TEST(StreamingChecksumTest, ALandingHashesTheSegmentsItCompletesAndFinishHashesNone) {
+TEST(StreamingChecksumTest, ALandingHashesWhatItLetsBeHashedInOrderAndFinishHashesNone) {
   constexpr uint64_t kSegment = kChecksumSegmentBytes;
   // Three segments: [0, 4), [4, 8) and [8, 10) MiB.
   const std::vector<uint8_t> object = RandomBytes(2 * kSegment + kSegment / 2, 6);
   StreamingChecksum checksum(object.data(), object.size());
-  checksum.Landed(kSegment + kSegment / 4, object.size());  // completes the last segment only
+  // The last segment from its start; the second's start has not landed.
+  checksum.Landed(kSegment + kSegment / 4, object.size());
   EXPECT_EQ(checksum.hashed_bytes(), kSegment / 2);
-  checksum.Landed(0, kSegment + 1);  // completes the first; the second still lacks a part
-  EXPECT_EQ(checksum.hashed_bytes(), kSegment + kSegment / 2);
+  // The first segment, and the second's first byte: the rest of the second waits for the bytes
+  // between.
+  checksum.Landed(0, kSegment + 1);
+  EXPECT_EQ(checksum.hashed_bytes(), kSegment + kSegment / 2 + 1);
   checksum.Landed(0, kSegment);  // told again: nothing new to hash
-  EXPECT_EQ(checksum.hashed_bytes(), kSegment + kSegment / 2);
+  EXPECT_EQ(checksum.hashed_bytes(), kSegment + kSegment / 2 + 1);
   EXPECT_FALSE(checksum.Finish().has_value());
-  checksum.Landed(kSegment + 1, kSegment + kSegment / 4);  // closes the second
+  checksum.Landed(kSegment + 1, kSegment + kSegment / 4);  // and what waited after it
   EXPECT_EQ(checksum.hashed_bytes(), object.size());
+  const std::optional<uint64_t> sum = checksum.Finish();
+  ASSERT_TRUE(sum.has_value());
+  EXPECT_EQ(*sum, ObjectChecksum(object.data(), object.size()));
+}
+
+// A reader telling a segment's bytes piece by piece as it reads them gets each hashed as it lands,
+// while it is in the core's cache — not once the segment is whole; a piece that lands ahead waits
+// for the one before it, whose landing hashes both.
+TEST(StreamingChecksumTest, PiecesLandingInOrderAreHashedAsTheyLand) {
+  constexpr uint64_t kPiece = 256 << 10;
+  const std::vector<uint8_t> object = RandomBytes(kChecksumSegmentBytes + 3 * kPiece, 9);
+  StreamingChecksum checksum(object.data(), object.size());
+  checksum.Landed(0, kPiece);
+  EXPECT_EQ(checksum.hashed_bytes(), kPiece);
+  checksum.Landed(2 * kPiece, 3 * kPiece);  // ahead of the hashed prefix
+  EXPECT_EQ(checksum.hashed_bytes(), kPiece);
+  checksum.Landed(kPiece, 2 * kPiece);
+  EXPECT_EQ(checksum.hashed_bytes(), 3 * kPiece);
+  for (uint64_t at = 3 * kPiece; at < object.size(); at += kPiece) {
+    checksum.Landed(at, std::min<uint64_t>(at + kPiece, object.size()));
+    EXPECT_EQ(checksum.hashed_bytes(), std::min<uint64_t>(at + kPiece, object.size())) << at;
+  }
   const std::optional<uint64_t> sum = checksum.Finish();
   ASSERT_TRUE(sum.has_value());
   EXPECT_EQ(*sum, ObjectChecksum(object.data(), object.size()));
