@@ -35,19 +35,20 @@ absl::StatusOr<std::unique_ptr<Uring>> Uring::Create(const UringOptions& options
   }
   if (rc < 0) return PosixError("io_uring_queue_init", -rc);
   uring->ring_ready_ = true;
-  if (!options.fixed_buffers.empty()) {
-    if (int rc = io_uring_register_buffers(&uring->ring_, options.fixed_buffers.data(),
-                                           options.fixed_buffers.size());
-        rc < 0) {
-      TIERD_LOG_FIRST_N(WARNING, 1)
-          << "io_uring cannot register buffers (" << std::strerror(-rc)
-          << "; raise the memlock limit): transferring without fixed buffers";
-    } else {
-      uring->fixed_buffers_ = true;
-      uring->buffers_ = options.fixed_buffers;
-    }
-  }
+  if (!options.fixed_buffers.empty()) uring->RegisterBuffers(options.fixed_buffers);
   return uring;
+}
+
+void Uring::RegisterBuffers(const std::vector<struct iovec>& buffers) {
+  if (!ring_ready_ || fixed_buffers_ || buffers.size() != transfers_.size()) return;
+  if (int rc = io_uring_register_buffers(&ring_, buffers.data(), buffers.size()); rc < 0) {
+    TIERD_LOG_FIRST_N(WARNING, 1)
+        << "io_uring cannot register buffers (" << std::strerror(-rc)
+        << "; raise the memlock limit): transferring without fixed buffers";
+    return;
+  }
+  fixed_buffers_ = true;
+  buffers_ = buffers;
 }
 
 std::unique_ptr<Uring> Uring::Synchronous(int slots) {

@@ -78,6 +78,10 @@ class Uring {
   // Whether another transfer may start now: fewer than `slots` in flight and room in the
   // submission queue (min(sq_space_left, slots - in flight) > 0).
   bool CanStart() const;
+  // Registers `buffers` (one per slot) as UringOptions::fixed_buffers are, for a queue created
+  // without them; logged once and left unregistered where the ring does not allow it. Does
+  // nothing for the stand-in, or once buffers are registered. REQUIRES: nothing in flight.
+  void RegisterBuffers(const std::vector<struct iovec>& buffers);
   // Starts `transfer` (its `transferred` is reset) in `slot`. REQUIRES: CanStart(); `slot` is not
   // in flight; the buffer and descriptor stay valid until the slot is reaped.
   void Start(int slot, const UringTransfer& transfer);

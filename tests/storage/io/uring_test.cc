@@ -67,6 +67,10 @@ class UringTest : public ::testing::TestWithParam<bool> {
     return uring.ok() ? *std::move(uring) : nullptr;
   }
 
+  // Reads into a buffer given at creation or with RegisterBuffers, through a slot it belongs to
+  // and one it does not; both land where asked.
+  void CheckTransfersWithinRegisteredBuffers(bool register_later);
+
   ScopedFd OpenFile(const std::string& name, int flags) {
     const int fd = ::open(absl::StrCat(dir_.path(), "/", name).c_str(), flags | O_CLOEXEC, 0600);
     EXPECT_GE(fd, 0) << name;
@@ -144,16 +148,28 @@ TEST_P(UringTest, AFailedOperationEndsItsTransferWithItsErrno) {
   EXPECT_EQ(RunOne(*uring, Read(read_only.get(), back.data(), back.size(), 0)), 0);
 }
 
+// Buffers given at creation, or registered later (as a disk reader thread does on its first chunk
+// that needs them), are used alike.
 TEST_P(UringTest, TransfersWithinARegisteredBufferUseIt) {
+  for (const bool later : {false, true}) {
+    SCOPED_TRACE(later ? "registered later" : "registered at creation");
+    CheckTransfersWithinRegisteredBuffers(later);
+  }
+}
+
+void UringTest::CheckTransfersWithinRegisteredBuffers(bool register_later) {
   constexpr uint64_t kBytes = 256 << 10;
   std::vector<uint8_t> buffers(2 * kBytes);
-  std::unique_ptr<Uring> uring =
-      NewUring(2, {{buffers.data(), kBytes}, {buffers.data() + kBytes, kBytes}});
+  const std::vector<struct iovec> fixed = {{buffers.data(), kBytes},
+                                           {buffers.data() + kBytes, kBytes}};
+  std::unique_ptr<Uring> uring = NewUring(2, register_later ? std::vector<struct iovec>{} : fixed);
   ASSERT_NE(uring, nullptr);
-  // As root, or within the memlock limit, the ring registers them; the stand-in has none.
-  if (GetParam()) {
-    EXPECT_TRUE(uring->has_fixed_buffers());
+  if (register_later) {
+    EXPECT_FALSE(uring->has_fixed_buffers());
+    uring->RegisterBuffers(fixed);
   }
+  // As root, or within the memlock limit, the ring registers them; the stand-in has none.
+  EXPECT_EQ(uring->has_fixed_buffers(), GetParam());
   const std::vector<uint8_t> data = Pattern(kBytes, 9);
   ScopedFd file = OpenFile("fixed", O_RDWR | O_CREAT);
   ASSERT_EQ(::pwrite(file.get(), data.data(), data.size(), 0), ssize_t(data.size()));
