@@ -74,8 +74,10 @@ struct ReadRequest {
   // Optional: told, on the reader thread that read them and before `done`, that the `length`
   // bytes at `destination` (a part of a target's range) now hold the file's bytes, so that the
   // caller can hash them while they are in that thread's cache. Called from several threads at
-  // once; must not block. A part of a chunk that fails is not told. DiskReader tells every part it
-  // delivers; a reader that does not tell (the RemoteReader) leaves the caller to hash in `done`.
+  // once, and in any order; must not block. What is told holds the file's bytes even when the
+  // request then fails (a part of a chunk that fails is not told). DiskReader tells every part it
+  // delivers (a chunk at a time; a memory-backed file's in pieces of 256 KiB, as they are read); a
+  // reader that does not tell (the RemoteReader) leaves the caller to hash in `done`.
   absl::AnyInvocable<void(const uint8_t* destination, uint64_t length) const> landed = nullptr;
 };
 

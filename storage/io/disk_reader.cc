@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/posix_error.h"
+#include "storage/io/detail/memory_read.h"
 #include "storage/io/detail/uring.h"
 #include "storage/model/model_scan.h"
 
@@ -55,6 +56,9 @@ struct DiskReader::File {
   // False once O_DIRECT reads of this file have failed; the descriptor stays open for reads that
   // are still in flight on it.
   std::atomic<bool> use_direct{false};
+  // Its pages are memory (tmpfs, ramfs): read by the reader thread itself, in pieces
+  // (detail/memory_read.h), through buffered_fd.
+  bool memory_backed = false;
 
   ~File() {
     if (direct_fd >= 0) ::close(direct_fd);
@@ -109,9 +113,16 @@ namespace {
 // ended before the wanted bytes (it changed since the ranges were computed).
 absl::Status DeliverChunk(const DiskReader::Chunk& chunk, const uint8_t* bounce);
 
+// Reads the wanted part of each of a chunk's targets of a memory-backed file straight into the
+// target, in pieces, telling the request of each as it lands. DeliverChunk's errors, and
+// UNAVAILABLE for a read the kernel failed.
+absl::Status ReadChunkFromMemory(const DiskReader::Chunk& chunk, const DiskReader::File& file,
+                                 uint64_t* bytes_read);
+
 }  // namespace
 
-// One reader thread: its I/O queue (a ring, or pread) and a bounce buffer per slot.
+// One reader thread: its I/O queue (a ring, or pread) and a bounce buffer per slot, allocated when
+// a chunk first needs one.
 class DiskReader::Worker {
  public:
   Worker(DiskReader* reader, bool use_uring) : reader_(reader), use_uring_(use_uring) {}
@@ -143,11 +154,8 @@ class DiskReader::Worker {
   };
 
   absl::Status Init() {
-    const uint64_t chunk = reader_->options_.chunk_bytes;
     // pread reads one chunk at a time: more slots would only hold more chunks back.
     const int depth = use_uring_ ? reader_->options_.queue_depth : 1;
-    bounce_ = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, chunk * depth));
-    if (bounce_ == nullptr) return absl::ResourceExhaustedError("allocating read buffers");
     slots_.resize(depth);
     for (int i = depth - 1; i >= 0; --i) free_slots_.push_back(i);
     if (!use_uring_) {
@@ -156,11 +164,26 @@ class DiskReader::Worker {
     }
     UringOptions options;
     options.slots = depth;
-    for (int i = 0; i < depth; ++i) options.fixed_buffers.push_back({BounceOf(i), chunk});
     absl::StatusOr<std::unique_ptr<Uring>> uring = Uring::Create(options);
     if (!uring.ok()) return uring.status();
     uring_ = *std::move(uring);
     return absl::OkStatus();
+  }
+
+  // Allocates the slots' bounce buffers (registered with the ring) on the first chunk that needs
+  // them: a thread that only ever reads memory-backed files has none. False when they cannot be
+  // allocated.
+  bool EnsureBuffers() {
+    if (bounce_ != nullptr) return true;
+    const uint64_t chunk = reader_->options_.chunk_bytes;
+    bounce_ = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, chunk * slots_.size()));
+    if (bounce_ == nullptr) return false;
+    std::vector<struct iovec> buffers;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      buffers.push_back({BounceOf(static_cast<int>(i)), chunk});
+    }
+    uring_->RegisterBuffers(buffers);  // nothing is in flight: nothing could start without them
+    return true;
   }
 
   uint8_t* BounceOf(int slot) const { return bounce_ + slot * reader_->options_.chunk_bytes; }
@@ -204,6 +227,17 @@ class DiskReader::Worker {
     uring_->Start(slot, read);
   }
 
+  // Reads the chunk in `slot`, of a memory-backed file, and finishes it.
+  void ReadFromMemory(int slot) {
+    const Slot& s = slots_[slot];
+    uint64_t bytes_read = 0;
+    const absl::Status status = ReadChunkFromMemory(s.chunk, *s.file, &bytes_read);
+    reader_->NoteBytesRead(bytes_read, /*sparse=*/false);
+    // A read the kernel failed, or a file that ended early: the next request opens it again.
+    if (!status.ok()) reader_->RetireFile(s.file);
+    reader_->FinishChunk(s.chunk, status);
+  }
+
   // Decides what the end of `slot`'s read means: true when the chunk is finished (delivered or
   // failed), false when the rest must be read again.
   bool Finish(int slot, int error) {
@@ -237,6 +271,15 @@ class DiskReader::Worker {
       while (uring_->CanStart() && !free_slots_.empty()) {
         const int slot = free_slots_.back();
         if (!TakeChunk(/*wait=*/uring_->in_flight() == 0, slot)) break;
+        if (slots_[slot].file->memory_backed) {
+          ReadFromMemory(slot);  // done here; the slot stays free
+          continue;
+        }
+        if (!EnsureBuffers()) {
+          reader_->FinishChunk(slots_[slot].chunk,
+                               absl::ResourceExhaustedError("allocating read buffers"));
+          continue;
+        }
         free_slots_.pop_back();
         StartRead(slot);
       }
@@ -268,14 +311,17 @@ std::pair<uint64_t, uint64_t> WantedPart(const DiskReader::Chunk& chunk, const R
           std::min(target.offset + target.length, chunk.aligned_offset + chunk.length)};
 }
 
+absl::Status EndedEarly(const ReadTarget& target, uint64_t end, uint64_t wanted_end) {
+  return absl::DataLossError(absl::StrCat(target.path, " ends at byte ", end, " but bytes up to ",
+                                          wanted_end, " were expected; was it changed?"));
+}
+
 absl::Status DeliverChunk(const DiskReader::Chunk& chunk, const uint8_t* bounce) {
   for (size_t i = 0; i < chunk.targets; ++i) {
     const ReadTarget& target = chunk.target[i];
     const auto [want_begin, want_end] = WantedPart(chunk, target);
     if (chunk.aligned_offset + chunk.read < want_end) {
-      return absl::DataLossError(
-          absl::StrCat(target.path, " ends at byte ", chunk.aligned_offset + chunk.read,
-                       " but bytes up to ", want_end, " were expected; was it changed?"));
+      return EndedEarly(target, chunk.aligned_offset + chunk.read, want_end);
     }
     if (chunk.in_place != nullptr) continue;  // already in place
     std::memcpy(target.destination + (want_begin - target.offset),
@@ -290,6 +336,28 @@ absl::Status DeliverChunk(const DiskReader::Chunk& chunk, const uint8_t* bounce)
                               want_end - want_begin);
       }
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadChunkFromMemory(const DiskReader::Chunk& chunk, const DiskReader::File& file,
+                                 uint64_t* bytes_read) {
+  const DiskReader::Request& request = *chunk.request;
+  for (size_t i = 0; i < chunk.targets; ++i) {
+    const ReadTarget& target = chunk.target[i];
+    const auto [want_begin, want_end] = WantedPart(chunk, target);
+    if (want_begin >= want_end) continue;
+    const absl::StatusOr<uint64_t> read = ReadInPieces(
+        file.buffered_fd, want_begin, want_end - want_begin,
+        target.destination + (want_begin - target.offset),
+        [&request](const uint8_t* piece, uint64_t bytes) {
+          if (request.landed) request.landed(piece, bytes);
+        });
+    if (!read.ok()) {
+      return absl::UnavailableError(absl::StrCat("reading ", file.path, ": ", read.status().message()));
+    }
+    *bytes_read += *read;
+    if (*read < want_end - want_begin) return EndedEarly(target, want_begin + *read, want_end);
   }
   return absl::OkStatus();
 }
@@ -529,8 +597,9 @@ absl::StatusOr<DiskReader::File*> DiskReader::OpenFile(const ReadTarget& target)
   absl::StatusOr<ScopedFd> buffered = OpenDescriptor(target, /*direct=*/false);
   if (!buffered.ok()) return buffered.status();
   file->buffered_fd = buffered->Release();
+  file->memory_backed = IsMemoryBacked(file->buffered_fd);
   bool direct_refused = false;
-  if (options_.direct) {
+  if (options_.direct && !file->memory_backed) {
     absl::StatusOr<ScopedFd> direct = OpenDescriptor(target, /*direct=*/true);
     // Both descriptors must be the recorded file: the path could change between the two opens.
     if (!direct.ok() && target.model_file != nullptr &&
@@ -543,7 +612,9 @@ absl::StatusOr<DiskReader::File*> DiskReader::OpenFile(const ReadTarget& target)
     file->use_direct = !direct_refused;
   }
   absl::MutexLock lock(&mu_);
+  const bool memory_backed = file->memory_backed;
   auto [it, inserted] = files_.emplace(path, std::move(file));
+  if (inserted && memory_backed) ++stats_.memory_files;
   if (inserted && direct_refused) {
     ++stats_.buffered_files;
     TIERD_LOG_FIRST_N(WARNING, 1) << "O_DIRECT refused for " << path

@@ -14,8 +14,13 @@
 // read through the page cache instead: the node's other ranks read the same blocks at about the
 // same time, and the page cache makes that one read of the device rather than one per rank.
 //
-// Fallbacks, each logged once: buffered reads for files whose filesystem refuses O_DIRECT (tmpfs,
-// overlayfs); pread from the reader threads where io_uring is unavailable (old kernels, seccomp).
+// Files whose pages are memory (tmpfs, ramfs) are read by the reader thread itself with pread,
+// straight into the destination, in pieces of 256 KiB, each told to the request as it lands
+// (ReadRequest::landed) so that it is hashed while it is in the thread's cache
+// (detail/memory_read.h).
+//
+// Fallbacks, each logged once: buffered reads for files whose filesystem refuses O_DIRECT
+// (overlayfs); pread from the reader threads where io_uring is unavailable (old kernels, seccomp).
 //
 // Scheduling: demand reads before prefetches, earliest deadline first within a class, then first
 // come first served. A request is issued chunk by chunk, so a demand read overtakes a large
@@ -79,7 +84,8 @@ struct DiskReaderStats {
   // from there rather than from the device (see the header comment).
   uint64_t sparse_bytes_read = 0;
   uint64_t queued_requests = 0;  // requests with chunks still to issue
-  uint64_t buffered_files = 0;   // files read without O_DIRECT
+  uint64_t buffered_files = 0;   // files read without O_DIRECT, memory-backed ones aside
+  uint64_t memory_files = 0;     // files read from memory in pieces (tmpfs, ramfs)
   IoEngine engine = IoEngine::kIoUring;
 };
 

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdlib>
+#include <filesystem>
 #include <iterator>
 #include <memory>
 #include <random>
@@ -136,9 +137,31 @@ class DiskReaderTest : public ::testing::TestWithParam<IoEngine> {
     return outcome;
   }
 
+  // Reads rows of a strided shard, a range over two chunks and a whole small file from files it
+  // writes in `directory`, and checks that ReadRequest::landed told every byte of the targets once,
+  // with its value, before done, and nothing else.
+  void CheckEveryPartToldOnceBeforeDone(const std::string& directory);
+
   absl::Mutex mu_;
   int finished_ = 0;
   TempDir dir_;
+};
+
+// A directory of its own in /dev/shm (tmpfs), removed with what it holds.
+class ShmDirectory {
+ public:
+  ShmDirectory() {
+    char name[] = "/dev/shm/tierd-reader-test-XXXXXX";
+    path_ = ::mkdtemp(name) != nullptr ? name : "";
+    EXPECT_FALSE(path_.empty()) << "cannot make a directory in /dev/shm";
+  }
+  ~ShmDirectory() {
+    if (!path_.empty()) std::filesystem::remove_all(path_);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
 };
 
 TEST_P(DiskReaderTest, ReadsUnalignedRangesExactly) {
@@ -213,8 +236,18 @@ TEST_P(DiskReaderTest, GathersManyTargetsOfOneRequestIntoPlace) {
 // holding the file's bytes, and all before done — gathered targets, strided rows and a range over
 // two chunks alike (the in-place path: the next test).
 TEST_P(DiskReaderTest, TellsEachDeliveredPartOnceBeforeDone) {
-  const std::string a = absl::StrCat(dir_.path(), "/a");
-  const std::string b = absl::StrCat(dir_.path(), "/b");
+  CheckEveryPartToldOnceBeforeDone(dir_.path());
+}
+
+// The same from tmpfs, whose files are read from memory in pieces.
+TEST_P(DiskReaderTest, TellsEachPartReadFromMemoryOnceBeforeDone) {
+  const ShmDirectory shm;
+  CheckEveryPartToldOnceBeforeDone(shm.path());
+}
+
+void DiskReaderTest::CheckEveryPartToldOnceBeforeDone(const std::string& directory) {
+  const std::string a = absl::StrCat(directory, "/a");
+  const std::string b = absl::StrCat(directory, "/b");
   const std::string first = MakeFile(a, 9 * kMiB + 5, 12);
   const std::string second = MakeFile(b, 100, 13);
   std::string object(8 * kMiB, '\0');
@@ -388,23 +421,66 @@ TEST_P(DiskReaderTest, AReadTheKernelFailsIsUnavailableAndTheFileIsOpenedAgain) 
   EXPECT_EQ(file_system->opens(), 2);
 }
 
-TEST_P(DiskReaderTest, ReadsFilesOnTmpfs) {
-  const std::string path = absl::StrCat("/dev/shm/tierd-reader-test-", ::getpid());
-  const std::string contents = MakeFile(path, 2 * kMiB + 3, 4);
-  // Whether tmpfs takes O_DIRECT depends on the kernel (6.6 and later do); either way the read
-  // works and the reader says how it read.
-  const int probe = ::open(path.c_str(), O_RDONLY | O_DIRECT);
-  const bool kernel_refuses_direct = probe < 0;
-  if (probe >= 0) ::close(probe);
-  std::string buffer(contents.size() - 10, '\0');
-  auto reader = NewReader();
-  auto outcome =
-      Read(*reader, {{path, 10, buffer.size(), reinterpret_cast<uint8_t*>(buffer.data())}});
+// A file on tmpfs is read from memory by the reader thread, without O_DIRECT (which tmpfs takes
+// from Linux 6.6 on, and which would bring nothing there), in pieces of 256 KiB told in order as
+// each lands — an in-place target's too, and only its range.
+TEST_P(DiskReaderTest, ReadsFilesOnTmpfsFromMemoryInPiecesToldAsTheyLand) {
+  const ShmDirectory shm;
+  const std::string path = absl::StrCat(shm.path(), "/model");
+  const std::string contents = MakeFile(path, 5 * kMiB + 77, 4);
+  const uint64_t offset = 4096 + 10;
+  const uint64_t length = contents.size() - offset;
+  auto* window = static_cast<uint8_t*>(std::aligned_alloc(4096, 6 * kMiB));
+  uint8_t* const destination = window + 10;
+  absl::Mutex mu;
+  std::vector<std::pair<uint64_t, uint64_t>> told;  // (offset in the range, length), in order
+  ReadLanded landed = [&](const uint8_t* bytes, uint64_t n) {
+    absl::MutexLock lock(&mu);
+    told.push_back({static_cast<uint64_t>(bytes - destination), n});
+  };
+  auto reader = NewReader(ReaderOptions(1, 4, 4 * kMiB));  // one thread: the order is the reads'
+  auto outcome = Read(*reader, {{path, offset, length, destination, /*aligned_window=*/true}},
+                      ReadPriority::kDemand, absl::InfiniteFuture(), nullptr, std::move(landed));
   ASSERT_TRUE(outcome->finished.WaitForNotificationWithTimeout(kTimeout));
-  ::unlink(path.c_str());
   ASSERT_THAT(outcome->status, IsOk());
-  EXPECT_EQ(buffer, contents.substr(10));
-  EXPECT_EQ(reader->stats().buffered_files, kernel_refuses_direct ? 1u : 0u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(destination), length),
+            contents.substr(offset));
+  absl::MutexLock lock(&mu);
+  uint64_t next = 0;
+  for (const auto& [at, n] : told) {
+    EXPECT_EQ(at, next) << "told out of order, or with a gap";
+    EXPECT_GT(n, 0u);
+    EXPECT_LE(n, 256u << 10);
+    next = at + n;
+  }
+  EXPECT_EQ(next, length);
+  EXPECT_GE(told.size(), length / (256 << 10));
+  const DiskReaderStats stats = reader->stats();
+  EXPECT_EQ(stats.memory_files, 1u);
+  EXPECT_EQ(stats.buffered_files, 0u);
+  EXPECT_EQ(stats.bytes_delivered, length);
+  std::free(window);
+}
+
+// A file on tmpfs that ends before the range does is DATA_LOSS, as on disk; the next request
+// opens it again and reads what it holds now.
+TEST_P(DiskReaderTest, ATmpfsFileEndingEarlyIsDataLossAndIsOpenedAgain) {
+  const ShmDirectory shm;
+  const std::string path = absl::StrCat(shm.path(), "/short");
+  std::string contents = MakeFile(path, 3 * kMiB, 5);
+  std::string buffer(2 * kMiB, '\0');
+  auto reader = NewReader(ReaderOptions(1, 4, kMiB));
+  auto outcome =
+      Read(*reader, {{path, 2 * kMiB, buffer.size(), reinterpret_cast<uint8_t*>(buffer.data())}});
+  ASSERT_TRUE(outcome->finished.WaitForNotificationWithTimeout(kTimeout));
+  EXPECT_THAT(outcome->status, StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(std::string(outcome->status.message()), ::testing::HasSubstr("ends at byte"));
+  contents = MakeFile(path, 4 * kMiB, 6);  // grown since
+  auto again =
+      Read(*reader, {{path, 2 * kMiB, buffer.size(), reinterpret_cast<uint8_t*>(buffer.data())}});
+  ASSERT_TRUE(again->finished.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(again->status, IsOk());
+  EXPECT_EQ(buffer, contents.substr(2 * kMiB, 2 * kMiB));
 }
 
 TEST_P(DiskReaderTest, RangePastTheEndOfTheFileIsDataLoss) {

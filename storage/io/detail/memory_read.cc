@@ -1,0 +1,38 @@
+#include "storage/io/detail/memory_read.h"
+
+#include <linux/magic.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "common/posix_error.h"
+
+namespace tierd {
+
+bool IsMemoryBacked(int fd) {
+  struct statfs fs;
+  if (::fstatfs(fd, &fs) != 0) return false;
+  return fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC;
+}
+
+absl::StatusOr<uint64_t> ReadInPieces(
+    int fd, uint64_t offset, uint64_t length, uint8_t* destination,
+    absl::FunctionRef<void(const uint8_t* piece, uint64_t bytes)> landed) {
+  uint64_t done = 0;
+  while (done < length) {
+    const uint64_t want = std::min(kMemoryReadPieceBytes, length - done);
+    const ssize_t n = ::pread(fd, destination + done, want, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return PosixError("pread", errno);
+    }
+    if (n == 0) break;  // the file ends here
+    landed(destination + done, static_cast<uint64_t>(n));
+    done += static_cast<uint64_t>(n);
+  }
+  return done;
+}
+
+}  // namespace tierd
