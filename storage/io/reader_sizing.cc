@@ -21,6 +21,8 @@ namespace fs = std::filesystem;
 
 constexpr int kMostThreads = 8;
 constexpr int kFewestThreads = 2;
+// Reading memory-backed files is the reader threads' own copying (storage/io/detail/memory_read.h).
+constexpr int kMostMemoryThreads = 32;
 constexpr int kThreadsPerSolidStateDisk = 2;
 constexpr int kMostDeviceDepth = 8;  // device-mapper / md stacks deeper than this are not followed
 
@@ -129,7 +131,7 @@ ReaderSizing SizeReaders(const std::vector<std::string>& paths, int cores,
     const StorageUnder under = DescribeStorage(path, sys_root);
     int threads = kFewestThreads;
     if (under.kind == StorageKind::kMemory) {
-      threads = most;
+      threads = std::clamp(cores, kFewestThreads, kMostMemoryThreads);
     } else if (under.kind == StorageKind::kSolidState) {
       threads = std::clamp(kThreadsPerSolidStateDisk * static_cast<int>(under.disks.size()),
                            kFewestThreads, most);

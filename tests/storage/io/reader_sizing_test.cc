@@ -126,19 +126,19 @@ TEST(ReaderSizingTest, ThreadsFollowTheStorageUnderThePathAndTheCores) {
   EXPECT_EQ(SizeReaders({}, 16, empty.root()).threads, 2);
 }
 
-TEST(ReaderSizingTest, AMemoryBackedFileSystemGetsHalfTheCoresUpToEight) {
+TEST(ReaderSizingTest, AMemoryBackedFileSystemGetsAThreadPerCoreUpToThirtyTwo) {
   struct statfs file_system;
   if (::statfs("/dev/shm", &file_system) != 0 || file_system.f_type != kTmpfsMagic) {
     GTEST_SKIP() << "no tmpfs at /dev/shm";
   }
   EXPECT_EQ(DescribeStorage("/dev/shm").kind, StorageKind::kMemory);
-  EXPECT_EQ(SizeReaders({"/dev/shm"}, 16).threads, 8);
-  EXPECT_EQ(SizeReaders({"/dev/shm"}, 64).threads, 8);
-  EXPECT_EQ(SizeReaders({"/dev/shm"}, 10).threads, 5);
-  EXPECT_EQ(SizeReaders({"/dev/shm"}, 2).threads, 2);
+  EXPECT_EQ(SizeReaders({"/dev/shm"}, 16).threads, 16);
+  EXPECT_EQ(SizeReaders({"/dev/shm"}, 64).threads, 32);
+  EXPECT_EQ(SizeReaders({"/dev/shm"}, 10).threads, 10);
+  EXPECT_EQ(SizeReaders({"/dev/shm"}, 1).threads, 2);
   // The fastest storage among the paths decides.
   TempDir other;
-  EXPECT_EQ(SizeReaders({other.path(), "/dev/shm"}, 16).threads, 8);
+  EXPECT_EQ(SizeReaders({other.path(), "/dev/shm"}, 16).threads, 16);
 }
 
 }  // namespace
