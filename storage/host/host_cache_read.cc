@@ -126,8 +126,8 @@ std::vector<ReadTarget> HostCache::TargetsLocked(const Entry* entry) const {
 }
 
 absl::Status HostCache::CheckLoadedBytes(Entry* entry) {
-  // Hashed as the bytes landed where the reader told of them all (what the reader threads left,
-  // now); else now, in one pass.
+  // Hashed as the bytes landed where the reader told of them all (Finish waits for the reader
+  // threads' hashing to end); else now, in one pass.
   std::optional<uint64_t> streamed;
   if (entry->streaming != nullptr) streamed = entry->streaming->Finish();
   entry->streaming.reset();
