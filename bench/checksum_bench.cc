@@ -80,11 +80,11 @@ struct Source {
 };
 
 enum class Side {
-  kCopies,          // the chunks copied whole, told to no one: the reference
-  kLanded,          // each chunk copied whole, then told to a StreamingChecksum (the reader's way)
-  kPieces,          // each chunk copied in pieces, told to no one
-  kPiecesHashed,    // each chunk copied in pieces, each piece hashed into the chunk's segment
-                    // state right after its copy, while its bytes are in the core's cache
+  kCopies,        // the chunks copied whole, told to no one: the reference
+  kLanded,        // each chunk copied whole, then told to a StreamingChecksum (the reader's way)
+  kPieces,        // each chunk copied in pieces, told to no one
+  kPiecesHashed,  // each chunk copied in pieces, each piece hashed into the chunk's segment
+                  // state right after its copy, while its bytes are in the core's cache
 };
 
 // One run: `threads` threads copy the chunks of `source` into `object` (thread t takes chunks t,
@@ -117,7 +117,8 @@ double Run(const Source& source, std::vector<uint8_t>& object, uint64_t chunk, u
             for (uint64_t at = begin; at < end; at += piece) {
               const uint64_t length = std::min(piece, end - at);
               source.CopyTo(object.data() + at, at, length);
-              if (side == Side::kPiecesHashed) XXH3_64bits_update(state, object.data() + at, length);
+              if (side == Side::kPiecesHashed)
+                XXH3_64bits_update(state, object.data() + at, length);
             }
             if (side == Side::kPiecesHashed) segments[c] = XXH3_64bits_digest(state);
             break;

@@ -3,11 +3,11 @@
 // has just read while those bytes are still in its cache. The checksum is made of segments
 // (object_checksum.h), each hashed in order into a state of its own: a landing that reaches a
 // segment's hashed prefix hashes its bytes into it at once, on its thread — a reader telling a
-// segment's bytes piece by piece as it reads them (a memory-backed file's, in 256 KiB pieces) hashes
-// each while it is in the core's cache — then whatever had landed after them. Bytes that land
-// ahead of that prefix wait for the landing that reaches them. So the threads reading one object
-// hash its segments side by side, and a segment is never hashed by two threads at once: one that
-// lands bytes of a segment being hashed leaves them to the thread hashing it, which takes them
+// segment's bytes piece by piece as it reads them (a memory-backed file's, in 256 KiB pieces)
+// hashes each while it is in the core's cache — then whatever had landed after them. Bytes that
+// land ahead of that prefix wait for the landing that reaches them. So the threads reading one
+// object hash its segments side by side, and a segment is never hashed by two threads at once: one
+// that lands bytes of a segment being hashed leaves them to the thread hashing it, which takes them
 // before it lets go. Finish waits for the hashing and combines the segments once every byte has
 // landed.
 //
