@@ -44,8 +44,8 @@ ABSL_FLAG(std::vector<std::string>, threads, std::vector<std::string>({"1", "2",
           "Reader thread counts, comma-separated");
 ABSL_FLAG(int, repeat, 5, "Runs of each side per thread count");
 ABSL_FLAG(std::string, source_file, "",
-          "Read the chunks from this file (written when missing; put it on tmpfs) with pread, as "
-          "a reader thread does from memory-backed files; empty: memcpy from a buffer");
+          "Read the chunks with pread from a file written here (put it on tmpfs) and removed once "
+          "open, as a reader thread reads memory-backed files; empty: memcpy from a buffer");
 ABSL_FLAG(tierd::ByteSize, piece_bytes, tierd::ByteSize{0},
           "Also time chunks read in pieces of this size, each hashed into its segment's state "
           "right after it lands (a chunk being one segment); 0: not");
@@ -175,6 +175,7 @@ int main(int argc, char** argv) {
     if (!out) Die("cannot write " + source_file);
     source.fd = ::open(source_file.c_str(), O_RDONLY | O_CLOEXEC);
     if (source.fd < 0) Die("cannot open " + source_file);
+    ::unlink(source_file.c_str());  // read through the descriptor: nothing is left in tmpfs
   }
   std::vector<uint8_t> object(size, 0);  // touched: no run pays the first faults
   const uint64_t expected = tierd::ObjectChecksum(bytes.data(), size);
