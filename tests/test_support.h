@@ -75,10 +75,12 @@ MATCHER_P(StatusIs, code, "has status code " + absl::StatusCodeToString(code)) {
   return status.code() == code;
 }
 
-// A fresh directory, removed with its contents on destruction.
+// A fresh directory, removed with its contents on destruction: under $TMPDIR (else /tmp), or
+// under `parent` (/dev/shm, for files on tmpfs).
 class TempDir {
  public:
   TempDir();
+  explicit TempDir(const std::string& parent);
   ~TempDir();
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;

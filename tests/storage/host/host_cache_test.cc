@@ -172,6 +172,38 @@ TEST_F(HostCacheTest, FlippedByteOnDiskIsDataLossAndNeverHandedOut) {
   EXPECT_EQ(cache_->stats().checksums_while_reading, 3u);
 }
 
+// A model on tmpfs is read by the reader threads from memory, in pieces hashed as they land: its
+// objects come back exact, and a byte flipped in the file is found the same way.
+TEST_F(HostCacheTest, AModelOnTmpfsIsHashedAsItsPiecesLandAndAFlippedByteIsDataLoss) {
+  const TempDir shm("/dev/shm");
+  Start(2);
+  RegisterModel(2, kObjectBytes, /*verify=*/false, shm.path());
+  {
+    auto first = FetchNow("m/blocks.1");  // records the checksum
+    ASSERT_THAT(first, IsOk());
+    EXPECT_TRUE(HoldsBlock(*first, 1));
+  }
+  ASSERT_THAT(cache_->Evict("m/blocks.1"), IsOk());
+  {
+    const std::string path = ModelFilePath();
+    const ScopedMtime keep(path);
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(0, std::ios::end);
+    const std::streamoff position = static_cast<std::streamoff>(file.tellg()) - kObjectBytes / 3;
+    file.seekg(position);
+    const char byte = static_cast<char>(file.get());
+    file.seekp(position);
+    file.put(static_cast<char>(byte ^ 0x08));
+  }
+  EXPECT_THAT(FetchNow("m/blocks.1"), StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_FALSE(cache_->IsResident("m/blocks.1"));
+  EXPECT_EQ(cache_->stats().checksum_failures, 1u);
+  auto other = FetchNow("m/blocks.0");
+  ASSERT_THAT(other, IsOk());
+  EXPECT_TRUE(HoldsBlock(*other, 0));
+  EXPECT_EQ(cache_->stats().checksums_while_reading, 3u);
+}
+
 // --- What is read is what was registered ---------------------------------------------------
 
 TEST_F(HostCacheTest, AFileReplacedByALinkOutOfTheRootsIsRefusedAtItsFirstRead) {

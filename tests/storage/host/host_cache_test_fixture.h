@@ -150,9 +150,11 @@ class HostCacheTest : public ::testing::Test {
   }
 
   // Writes model "m" with `blocks` blocks of one F32 tensor each (seed = block index) and
-  // registers it grouped per block: keys "m/blocks.N".
-  void RegisterModel(int blocks, uint64_t block_bytes = kObjectBytes, bool verify = false) {
-    model_dir_ = absl::StrCat(dir_.path(), "/models/model");
+  // registers it grouped per block: keys "m/blocks.N". Its files go under `under` (default: the
+  // test's directory).
+  void RegisterModel(int blocks, uint64_t block_bytes = kObjectBytes, bool verify = false,
+                     const std::string& under = "") {
+    model_dir_ = absl::StrCat(under.empty() ? dir_.path() : under, "/models/model");
     std::filesystem::create_directories(model_dir_);
     std::vector<testing::TensorSpec> tensors;
     for (int i = 0; i < blocks; ++i) {

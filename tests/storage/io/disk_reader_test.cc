@@ -11,7 +11,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdlib>
-#include <filesystem>
 #include <iterator>
 #include <memory>
 #include <random>
@@ -147,23 +146,6 @@ class DiskReaderTest : public ::testing::TestWithParam<IoEngine> {
   TempDir dir_;
 };
 
-// A directory of its own in /dev/shm (tmpfs), removed with what it holds.
-class ShmDirectory {
- public:
-  ShmDirectory() {
-    char name[] = "/dev/shm/tierd-reader-test-XXXXXX";
-    path_ = ::mkdtemp(name) != nullptr ? name : "";
-    EXPECT_FALSE(path_.empty()) << "cannot make a directory in /dev/shm";
-  }
-  ~ShmDirectory() {
-    if (!path_.empty()) std::filesystem::remove_all(path_);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 TEST_P(DiskReaderTest, ReadsUnalignedRangesExactly) {
   const std::string path = absl::StrCat(dir_.path(), "/data");
   const std::string contents = MakeFile(path, 37 * kMiB + 123, 1);
@@ -241,7 +223,7 @@ TEST_P(DiskReaderTest, TellsEachDeliveredPartOnceBeforeDone) {
 
 // The same from tmpfs, whose files are read from memory in pieces.
 TEST_P(DiskReaderTest, TellsEachPartReadFromMemoryOnceBeforeDone) {
-  const ShmDirectory shm;
+  const TempDir shm("/dev/shm");
   CheckEveryPartToldOnceBeforeDone(shm.path());
 }
 
@@ -425,7 +407,7 @@ TEST_P(DiskReaderTest, AReadTheKernelFailsIsUnavailableAndTheFileIsOpenedAgain) 
 // from Linux 6.6 on, and which would bring nothing there), in pieces of 256 KiB told in order as
 // each lands — an in-place target's too, and only its range.
 TEST_P(DiskReaderTest, ReadsFilesOnTmpfsFromMemoryInPiecesToldAsTheyLand) {
-  const ShmDirectory shm;
+  const TempDir shm("/dev/shm");
   const std::string path = absl::StrCat(shm.path(), "/model");
   const std::string contents = MakeFile(path, 5 * kMiB + 77, 4);
   const uint64_t offset = 4096 + 10;
@@ -465,7 +447,7 @@ TEST_P(DiskReaderTest, ReadsFilesOnTmpfsFromMemoryInPiecesToldAsTheyLand) {
 // A file on tmpfs that ends before the range does is DATA_LOSS, as on disk; the next request
 // opens it again and reads what it holds now.
 TEST_P(DiskReaderTest, ATmpfsFileEndingEarlyIsDataLossAndIsOpenedAgain) {
-  const ShmDirectory shm;
+  const TempDir shm("/dev/shm");
   const std::string path = absl::StrCat(shm.path(), "/short");
   std::string contents = MakeFile(path, 3 * kMiB, 5);
   std::string buffer(2 * kMiB, '\0');
