@@ -101,7 +101,7 @@ double Run(const Source& source, std::vector<uint8_t>& object, uint64_t chunk, u
   std::vector<std::thread> readers;
   for (int t = 0; t < threads; ++t) {
     readers.emplace_back([&, t] {
-      XXH3_state_t* state = XXH3_createState();
+      const tierd::Xxh3State state = tierd::NewXxh3State();
       for (uint64_t c = t; c < chunks; c += threads) {
         const uint64_t begin = c * chunk;
         const uint64_t end = std::min(size, begin + chunk);
@@ -113,18 +113,17 @@ double Run(const Source& source, std::vector<uint8_t>& object, uint64_t chunk, u
             break;
           case Side::kPieces:
           case Side::kPiecesHashed:
-            XXH3_64bits_reset(state);
+            XXH3_64bits_reset(state.get());
             for (uint64_t at = begin; at < end; at += piece) {
               const uint64_t length = std::min(piece, end - at);
               source.CopyTo(object.data() + at, at, length);
               if (side == Side::kPiecesHashed)
-                XXH3_64bits_update(state, object.data() + at, length);
+                XXH3_64bits_update(state.get(), object.data() + at, length);
             }
-            if (side == Side::kPiecesHashed) segments[c] = XXH3_64bits_digest(state);
+            if (side == Side::kPiecesHashed) segments[c] = XXH3_64bits_digest(state.get());
             break;
         }
       }
-      XXH3_freeState(state);
     });
   }
   for (std::thread& reader : readers) reader.join();

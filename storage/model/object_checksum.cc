@@ -76,11 +76,15 @@ uint64_t ObjectChecksum(const uint8_t* data, uint64_t size) {
   return CombineSegmentChecksums(size, segments);
 }
 
-ObjectHasher::ObjectHasher() : segment_(XXH3_createState()) {
-  // XXH3_createState fails only when malloc does, as operator new would.
-  if (segment_ == nullptr) std::abort();
-  Reset();
+Xxh3State NewXxh3State() {
+  Xxh3State state(XXH3_createState());
+  // XXH3_createState fails only when malloc does.
+  if (state == nullptr) std::abort();
+  XXH3_64bits_reset(state.get());
+  return state;
 }
+
+ObjectHasher::ObjectHasher() : segment_(NewXxh3State()) { Reset(); }
 
 void ObjectHasher::Reset() {
   XXH3_64bits_reset(segment_.get());

@@ -54,6 +54,14 @@ uint64_t WholeObjectChecksum(const uint8_t* data, uint64_t size);
 // value is the checksum).
 uint64_t CombineSegmentChecksums(uint64_t size, absl::Span<const uint64_t> segments);
 
+// An xxHash3 (64-bit) streaming state, freed with its pointer.
+struct Xxh3StateDeleter {
+  void operator()(XXH3_state_t* state) const { XXH3_freeState(state); }
+};
+using Xxh3State = std::unique_ptr<XXH3_state_t, Xxh3StateDeleter>;
+// A new state, reset. Aborts when it cannot be allocated, as operator new would.
+Xxh3State NewXxh3State();
+
 // ObjectChecksum of bytes given in order, in pieces of any size. Not thread-safe.
 class ObjectHasher {
  public:
@@ -69,13 +77,10 @@ class ObjectHasher {
   uint64_t Digest() const;
 
  private:
-  struct StateDeleter {
-    void operator()(XXH3_state_t* state) const { XXH3_freeState(state); }
-  };
-  std::unique_ptr<XXH3_state_t, StateDeleter> segment_;  // the segment being hashed
-  uint64_t in_segment_ = 0;                              // its bytes so far
-  uint64_t size_ = 0;                                    // the object's bytes so far
-  std::vector<uint64_t> segments_;                       // the segments done
+  Xxh3State segment_;               // the segment being hashed
+  uint64_t in_segment_ = 0;         // its bytes so far
+  uint64_t size_ = 0;               // the object's bytes so far
+  std::vector<uint64_t> segments_;  // the segments done
 };
 
 // Called as verification goes: bytes hashed so far of `total`, and the file being read.

@@ -53,10 +53,7 @@ void StreamingChecksum::HashLocked(uint64_t index) {
     if (it == landed_.begin() || std::prev(it)->second <= from) return;
     const uint64_t to = std::min(segment_end, std::prev(it)->second);
     const bool whole = segment.hashed == 0 && to == segment_end;
-    if (!whole && segment.state == nullptr) {
-      segment.state.reset(XXH3_createState());
-      XXH3_64bits_reset(segment.state.get());
-    }
+    if (!whole && segment.state == nullptr) segment.state = NewXxh3State();
     segment.hashing = true;
     ++hashing_;
     XXH3_state_t* const state = segment.state.get();

@@ -15,16 +15,14 @@
 #ifndef TIERD_STORAGE_MODEL_STREAMING_CHECKSUM_H_
 #define TIERD_STORAGE_MODEL_STREAMING_CHECKSUM_H_
 
-#include <xxhash.h>
-
 #include <cstdint>
 #include <map>
-#include <memory>
 #include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "storage/model/object_checksum.h"
 
 namespace tierd {
 
@@ -54,14 +52,11 @@ class StreamingChecksum {
   }
 
  private:
-  struct StateDeleter {
-    void operator()(XXH3_state_t* state) const { XXH3_freeState(state); }
-  };
   struct Segment {
     uint64_t hashed = 0;   // bytes from its start hashed so far, in order
     bool hashing = false;  // a thread is hashing more of it, outside mu_
     // Its xxHash3 state while it is partly hashed (one hashed in a single landing needs none).
-    std::unique_ptr<XXH3_state_t, StateDeleter> state;
+    Xxh3State state;
   };
 
   uint64_t SegmentBegin(uint64_t segment) const;
