@@ -1,6 +1,5 @@
 #include "storage/io/reader_sizing.h"
 
-#include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/sysmacros.h>
@@ -13,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "storage/io/detail/memory_read.h"
 
 namespace tierd {
 namespace {
@@ -67,8 +67,6 @@ void AddDisks(const fs::path& device, int depth, std::set<std::string>& seen, St
   (rotational == "1" ? any_rotational : any_solid_state) = true;
 }
 
-bool IsMemoryBacked(long type) { return type == TMPFS_MAGIC || type == RAMFS_MAGIC; }
-
 }  // namespace
 
 std::string StorageUnder::Describe() const {
@@ -111,7 +109,7 @@ StorageUnder DescribeStorage(const std::string& given, const std::string& sys_ro
   }
   const std::string path = existing.string();
   struct statfs file_system;
-  if (::statfs(path.c_str(), &file_system) == 0 && IsMemoryBacked(file_system.f_type)) {
+  if (::statfs(path.c_str(), &file_system) == 0 && IsMemoryFileSystem(file_system.f_type)) {
     StorageUnder under;
     under.kind = StorageKind::kMemory;
     return under;

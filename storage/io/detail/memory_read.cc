@@ -11,10 +11,11 @@
 
 namespace tierd {
 
+bool IsMemoryFileSystem(long f_type) { return f_type == TMPFS_MAGIC || f_type == RAMFS_MAGIC; }
+
 bool IsMemoryBacked(int fd) {
   struct statfs fs;
-  if (::fstatfs(fd, &fs) != 0) return false;
-  return fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC;
+  return ::fstatfs(fd, &fs) == 0 && IsMemoryFileSystem(fs.f_type);
 }
 
 absl::StatusOr<uint64_t> ReadInPieces(

@@ -21,8 +21,9 @@ namespace tierd {
 // The pieces a memory-backed file is read in.
 inline constexpr uint64_t kMemoryReadPieceBytes = 256ull << 10;
 
-// Whether the file open at `fd` keeps its pages in memory (tmpfs, ramfs). False when it cannot be
-// told.
+// Whether a file system of type `f_type` (statfs) keeps its files' pages in memory: tmpfs, ramfs.
+bool IsMemoryFileSystem(long f_type);
+// Whether the file open at `fd` keeps its pages in memory. False when it cannot be told.
 bool IsMemoryBacked(int fd);
 
 // Reads `length` bytes of `fd` from `offset` into `destination`, in pieces of at most
