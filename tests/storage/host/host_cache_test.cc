@@ -147,19 +147,7 @@ TEST_F(HostCacheTest, FlippedByteOnDiskIsDataLossAndNeverHandedOut) {
   RegisterModel(2);
   ASSERT_THAT(FetchNow("m/blocks.1"), IsOk());  // records the checksum
   ASSERT_THAT(cache_->Evict("m/blocks.1"), IsOk());
-  {
-    // Block 1's tensor starts after block 0's: flip a byte in its middle, keeping the size and,
-    // as a failing disk does, the mtime.
-    const std::string path = absl::StrCat(model_dir_, "/model.safetensors");
-    const ScopedMtime keep(path);
-    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
-    file.seekg(0, std::ios::end);
-    const std::streamoff position = static_cast<std::streamoff>(file.tellg()) - kObjectBytes / 2;
-    file.seekg(position);
-    const char byte = static_cast<char>(file.get());
-    file.seekp(position);
-    file.put(static_cast<char>(byte ^ 0x40));
-  }
+  FlipByteInTheLastBlock();
   EXPECT_THAT(FetchNow("m/blocks.1"), StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_FALSE(cache_->IsResident("m/blocks.1"));
   EXPECT_EQ(cache_->stats().checksum_failures, 1u);
@@ -184,17 +172,7 @@ TEST_F(HostCacheTest, AModelOnTmpfsIsHashedAsItsPiecesLandAndAFlippedByteIsDataL
     EXPECT_TRUE(HoldsBlock(*first, 1));
   }
   ASSERT_THAT(cache_->Evict("m/blocks.1"), IsOk());
-  {
-    const std::string path = ModelFilePath();
-    const ScopedMtime keep(path);
-    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
-    file.seekg(0, std::ios::end);
-    const std::streamoff position = static_cast<std::streamoff>(file.tellg()) - kObjectBytes / 3;
-    file.seekg(position);
-    const char byte = static_cast<char>(file.get());
-    file.seekp(position);
-    file.put(static_cast<char>(byte ^ 0x08));
-  }
+  FlipByteInTheLastBlock();
   EXPECT_THAT(FetchNow("m/blocks.1"), StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_FALSE(cache_->IsResident("m/blocks.1"));
   EXPECT_EQ(cache_->stats().checksum_failures, 1u);

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <utility>
@@ -169,6 +170,20 @@ class HostCacheTest : public ::testing::Test {
   }
 
   std::string ModelFilePath() const { return absl::StrCat(model_dir_, "/model.safetensors"); }
+
+  // Flips a byte in the middle of the model's last block (its tensor is the file's last), keeping
+  // the file's size and, as a failing disk does, its mtime.
+  void FlipByteInTheLastBlock() {
+    const std::string path = ModelFilePath();
+    const ScopedMtime keep(path);
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(0, std::ios::end);
+    const std::streamoff position = static_cast<std::streamoff>(file.tellg()) - kObjectBytes / 2;
+    file.seekg(position);
+    const char byte = static_cast<char>(file.get());
+    file.seekp(position);
+    file.put(static_cast<char>(byte ^ 0x40));
+  }
 
   std::shared_ptr<Answer> NewAnswer() {
     auto answer = std::make_shared<Answer>();
