@@ -259,6 +259,7 @@ int main(int argc, char** argv) {
       {"request_bytes", absl::GetFlag(FLAGS_request_bytes).bytes},
       {"engine", tierd::IoEngineName(stats.engine)},
       {"buffered_files", stats.buffered_files},
+      {"memory_files", stats.memory_files},
       {"tierd_gb_per_s", tierd_runs},
       {"tierd_median_gb_per_s", Median(tierd_runs)},
   };

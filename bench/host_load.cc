@@ -133,8 +133,8 @@ nlohmann::json RunHostLoad(const HostLoadOptions& options) {
       options.reader_threads ? "set by flags"
                              : absl::StrCat("auto: ", last.reader_sizing).c_str(),
       IoEngineName(last.reader_stats.engine),
-      absl::StrCat(last.reader_stats.buffered_files, " of ", model.files.size(),
-                   " files read buffered"),
+      absl::StrCat(last.reader_stats.memory_files, " of ", model.files.size(),
+                   " files read from memory, ", last.reader_stats.buffered_files, " buffered"),
       options.prefetch ? "prefetch all, then fetch" : "fetch all on demand");
   absl::StrAppendFormat(&table, "%-24s %12s %12s %8s\n", "", "runs GB/s", "median GB/s", "ratio");
   absl::StrAppendFormat(
@@ -177,7 +177,8 @@ nlohmann::json RunHostLoad(const HostLoadOptions& options) {
                                                           : DefaultChecksumThreads()},
         {"sizing", last.reader_sizing},
         {"engine", IoEngineName(last.reader_stats.engine)},
-        {"buffered_files", last.reader_stats.buffered_files}}},
+        {"buffered_files", last.reader_stats.buffered_files},
+        {"memory_files", last.reader_stats.memory_files}}},
       {"load", options.prefetch ? "prefetch" : "fetch"},
       {"tierd",
        {{"gb_per_s", tierd_runs},
