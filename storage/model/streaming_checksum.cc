@@ -2,14 +2,17 @@
 
 #include <algorithm>
 #include <iterator>
+#include <utility>
 
 #include "storage/model/object_checksum.h"
 
 namespace tierd {
 
-StreamingChecksum::StreamingChecksum(const uint8_t* data, uint64_t size)
+StreamingChecksum::StreamingChecksum(const uint8_t* data, uint64_t size,
+                                     SegmentHashed segment_hashed)
     : data_(data),
       size_(size),
+      segment_hashed_(std::move(segment_hashed)),
       digests_((size + kChecksumSegmentBytes - 1) / kChecksumSegmentBytes),
       segments_(digests_.size()) {}
 
@@ -66,6 +69,8 @@ void StreamingChecksum::HashLocked(uint64_t index) {
       XXH3_64bits_update(state, data_ + from, to - from);
       if (to == segment_end) digests_[index] = XXH3_64bits_digest(state);
     }
+    // Still counted in hashing_: Finish does not return before this does.
+    if (to == segment_end && segment_hashed_) segment_hashed_(SegmentBegin(index), segment_end);
     mu_.Lock();
     segment.hashed += to - from;
     segment.hashing = false;

@@ -11,6 +11,9 @@
 // before it lets go. Finish waits for the hashing and combines the segments once every byte has
 // landed.
 //
+// Whoever wants the bytes while they land (the GPU tier copying an object on as it is read) can be
+// told of each segment once it is hashed through: its bytes are then all there and final.
+//
 // Thread-safe.
 #ifndef TIERD_STORAGE_MODEL_STREAMING_CHECKSUM_H_
 #define TIERD_STORAGE_MODEL_STREAMING_CHECKSUM_H_
@@ -21,6 +24,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/synchronization/mutex.h"
 #include "storage/model/object_checksum.h"
 
@@ -28,9 +32,13 @@ namespace tierd {
 
 class StreamingChecksum {
  public:
+  // Told [begin, end) of a segment whose every byte has landed and been hashed: on the thread that
+  // hashed its last bytes, once per segment, before Finish returns. Must not block.
+  using SegmentHashed = absl::AnyInvocable<void(uint64_t begin, uint64_t end) const>;
+
   // `data` is the object's `size` bytes as they will be once every byte has landed; it must stay
-  // valid while Landed may be called.
-  StreamingChecksum(const uint8_t* data, uint64_t size);
+  // valid while Landed may be called. `segment_hashed` may be null.
+  StreamingChecksum(const uint8_t* data, uint64_t size, SegmentHashed segment_hashed = nullptr);
   StreamingChecksum(const StreamingChecksum&) = delete;
   StreamingChecksum& operator=(const StreamingChecksum&) = delete;
 
@@ -67,6 +75,7 @@ class StreamingChecksum {
 
   const uint8_t* const data_;
   const uint64_t size_;
+  const SegmentHashed segment_hashed_;
   // Each written, outside mu_, only by the thread hashing its segment; read once every segment is
   // hashed.
   std::vector<uint64_t> digests_;

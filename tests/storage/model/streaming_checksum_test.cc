@@ -1,7 +1,7 @@
 // StreamingChecksum on its own: ranges landing in any order, overlapping, from several threads at
 // once, give the object's checksum — and none until every byte has landed; bytes hashed by the
 // landings that reach them in order, as they land. And the checksum's definition (ObjectChecksum,
-// ObjectHasher).
+// ObjectHasher). Each segment told, once hashed through, to whoever asked.
 #include "storage/model/streaming_checksum.h"
 
 #include <xxhash.h>
@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -105,6 +106,34 @@ TEST(StreamingChecksumTest, PiecesLandingInOrderAreHashedAsTheyLand) {
   const std::optional<uint64_t> sum = checksum.Finish();
   ASSERT_TRUE(sum.has_value());
   EXPECT_EQ(*sum, ObjectChecksum(object.data(), object.size()));
+}
+
+// Whoever wants the bytes as they land is told each segment once, when its last bytes are hashed,
+// and before Finish returns.
+TEST(StreamingChecksumTest, EachSegmentIsToldOnceWhenHashedThrough) {
+  constexpr uint64_t kSegment = kChecksumSegmentBytes;
+  const std::vector<uint8_t> object = RandomBytes(2 * kSegment + 1000, 11);
+  absl::Mutex mu;
+  std::vector<std::pair<uint64_t, uint64_t>> told;
+  StreamingChecksum checksum(object.data(), object.size(), [&](uint64_t begin, uint64_t end) {
+    absl::MutexLock lock(&mu);
+    told.emplace_back(begin, end);
+  });
+  auto told_now = [&] {
+    absl::MutexLock lock(&mu);
+    return told;
+  };
+  checksum.Landed(kSegment, kSegment + kSegment / 2);  // ahead of its segment's hashed prefix
+  checksum.Landed(2 * kSegment, object.size());        // the short last segment, whole
+  EXPECT_EQ(told_now(), (std::vector<std::pair<uint64_t, uint64_t>>{{2 * kSegment, object.size()}}));
+  checksum.Landed(kSegment / 2, kSegment * 2);  // completes the second segment, not the first
+  checksum.Landed(kSegment, kSegment * 2);      // again: not told again
+  EXPECT_EQ(told_now().size(), 2u);
+  EXPECT_EQ(told_now().back(), std::make_pair(kSegment, 2 * kSegment));
+  checksum.Landed(0, kSegment / 2);
+  ASSERT_TRUE(checksum.Finish().has_value());
+  EXPECT_EQ(told_now().size(), 3u);
+  EXPECT_EQ(told_now().back(), std::make_pair(uint64_t{0}, kSegment));
 }
 
 // Two threads landing parts of one object hash their own segments: the second's landing hashes
