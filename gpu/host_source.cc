@@ -44,12 +44,14 @@ void HostBytes::Reset() {
 }
 
 void LocalHostSource::Fetch(const std::string& key, ReadPriority priority, absl::Time deadline,
-                            Callback done) {
-  cache_.Fetch(key, priority, deadline,
-               [this, done = std::move(done)](absl::StatusOr<HostObject> object) mutable {
-                 if (!object.ok()) return std::move(done)(object.status());
-                 std::move(done)(HostBytes(*std::move(object), arena_));
-               });
+                            Callback done, HostCache::LandedCallback landed) {
+  cache_.Fetch(
+      key, priority, deadline,
+      [this, done = std::move(done)](absl::StatusOr<HostObject> object) mutable {
+        if (!object.ok()) return std::move(done)(object.status());
+        std::move(done)(HostBytes(*std::move(object), arena_));
+      },
+      std::move(landed));
 }
 
 void LocalHostSource::Distrust(const std::string& key) {

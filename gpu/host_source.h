@@ -73,9 +73,12 @@ class HostSource {
   virtual ~HostSource() = default;
   // Brings `key` (a host cache key: a model object, or a stored object's key with its group's
   // prefix) into pinned host memory and calls `done` with its bytes, as HostCache::Fetch does
-  // (same errors). `done` may run before Fetch returns; it must not block.
+  // (same errors). `done` may run before Fetch returns; it must not block. `landed`, when given,
+  // is told of parts of the object as they land before `done`, as HostCache::Fetch says, where
+  // the bytes are read into this daemon's host cache; a source that does not tell leaves it
+  // uncalled.
   virtual void Fetch(const std::string& key, ReadPriority priority, absl::Time deadline,
-                     Callback done) = 0;
+                     Callback done, HostCache::LandedCallback landed = nullptr) = 0;
   // Starts bringing `key` into host memory without holding it (HostCache::Prefetch).
   virtual absl::Status Prefetch(const std::string& key, absl::Time deadline) = 0;
   // Whether `key` is known to be in the host memory Fetch would take it from.
@@ -92,8 +95,8 @@ class LocalHostSource : public HostSource {
   // Both must outlive this.
   LocalHostSource(HostCache& cache, const HostArena& arena) : cache_(cache), arena_(arena) {}
 
-  void Fetch(const std::string& key, ReadPriority priority, absl::Time deadline,
-             Callback done) override;
+  void Fetch(const std::string& key, ReadPriority priority, absl::Time deadline, Callback done,
+             HostCache::LandedCallback landed = nullptr) override;
   absl::Status Prefetch(const std::string& key, absl::Time deadline) override {
     return cache_.Prefetch(key, deadline);
   }

@@ -71,10 +71,12 @@ const std::string* NodeHostTier::HomeToAsk(const std::string& key, ObjectRef* ob
 }
 
 void NodeHostTier::Fetch(const std::string& key, ReadPriority priority, absl::Time deadline,
-                         Callback done) {
+                         Callback done, HostCache::LandedCallback landed) {
   auto ask = std::make_shared<Ask>();
   const std::string* home = HomeToAsk(key, &ask->object);
-  if (home == nullptr) return local_.Fetch(key, priority, deadline, std::move(done));
+  if (home == nullptr) {
+    return local_.Fetch(key, priority, deadline, std::move(done), std::move(landed));
+  }
   ask->key = key;
   ask->home = *home;
   ask->priority = priority;

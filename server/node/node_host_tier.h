@@ -93,8 +93,11 @@ class NodeHostTier : public HostSource {
   NodeHostTier(const NodeHostTier&) = delete;
   NodeHostTier& operator=(const NodeHostTier&) = delete;
 
-  void Fetch(const std::string& key, ReadPriority priority, absl::Time deadline,
-             Callback done) override;
+  // `landed` is told where the object comes from this daemon's own host cache without a home
+  // asked first (homed here, read here already, or a stored object); a fallback after a home
+  // failed to answer does not tell.
+  void Fetch(const std::string& key, ReadPriority priority, absl::Time deadline, Callback done,
+             HostCache::LandedCallback landed = nullptr) override;
   absl::Status Prefetch(const std::string& key, absl::Time deadline) override;
   // Resident in this daemon's own host cache (what a home holds is not known here).
   bool IsResident(const std::string& key) const override { return local_.IsResident(key); }

@@ -143,7 +143,7 @@ HostObject HostCache::RefLocked(Entry* entry) {
 }
 
 void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time deadline,
-                      FetchCallback done) {
+                      FetchCallback done, LandedCallback landed) {
   DeferredCalls deferred;
   absl::MutexLock lock(&mu_);
   auto fail = [&](const absl::Status& status) {
@@ -175,6 +175,7 @@ void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time 
     case State::kAllocating:
     case State::kLoading:
       entry->waiters.push_back(std::move(done));
+      ListenLocked(entry, std::move(landed));
       if (priority == ReadPriority::kDemand && !entry->demand) {
         entry->demand = true;
         if (entry->read_id) reader_->Reprioritize(*entry->read_id, priority, deadline);
@@ -188,6 +189,7 @@ void HostCache::Fetch(const std::string& key, ReadPriority priority, absl::Time 
   ++stats_.misses;
   entry->state = State::kAllocating;
   entry->waiters.push_back(std::move(done));
+  ListenLocked(entry, std::move(landed));
   entry->demand = priority == ReadPriority::kDemand;
   ++allocations_pending_;
   AllocateLocked(

@@ -125,6 +125,14 @@ class HostObject {
 class HostCache : private HostCacheTable::Owner {
  public:
   using FetchCallback = absl::AnyInvocable<void(absl::StatusOr<HostObject>) &&>;
+  // Told, while a fetched object is read, that [begin, end) of it has landed at `bytes` (its final
+  // place in host memory) and will not change. The bytes are not checked yet: whoever uses them
+  // early (the GPU tier copies them on) must serve nothing of them unless the fetch is answered
+  // with the object; if it fails, they may have been wrong, and their memory may be reused once
+  // the answer is given. Called on reader threads, several at once, in any order, each part once,
+  // and never after the fetch's answer; must not block.
+  using LandedCallback =
+      absl::AnyInvocable<void(const uint8_t* bytes, uint64_t begin, uint64_t end) const>;
 
   // `spill` may be null: then stored objects never spill; `remote` may be null: then models
   // registered from object storage cannot be read. All must outlive the cache.
@@ -143,8 +151,12 @@ class HostCache : private HostCacheTable::Owner {
   // NOT_FOUND, FAILED_PRECONDITION (model files changed), RESOURCE_EXHAUSTED (no room can be
   // made), DATA_LOSS (checksum mismatch, truncated file), CANCELLED (its prefetch was cancelled),
   // UNAVAILABLE (shutting down), and the errors of reading the files (PERMISSION_DENIED, ...).
-  void Fetch(const std::string& key, ReadPriority priority, absl::Time deadline, FetchCallback done)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // `landed`, when given, is told of the object's parts as they land while this fetch waits for
+  // its read (in checksum segments, as they are hashed through: a local file's; an object store's
+  // reader tells nothing); parts that landed before the fetch came, and a resident object, are not
+  // told.
+  void Fetch(const std::string& key, ReadPriority priority, absl::Time deadline, FetchCallback done,
+             LandedCallback landed = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   // Starts bringing `key` in without holding it. The errors known at once (unknown key) are
   // returned; later ones are counted and logged.
   absl::Status Prefetch(const std::string& key, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
@@ -242,6 +254,8 @@ class HostCache : private HostCacheTable::Owner {
   // `checksum`: of the bytes written, when `status` is OK.
   void FinishSpill(Entry* entry, const std::string& path, const absl::Status& status,
                    uint64_t checksum) ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds `landed` to the listeners of `entry`'s load (allocating or loading), if given.
+  void ListenLocked(Entry* entry, LandedCallback landed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts reading a weight or spilled object into `entry` (which has memory).
   void StartReadLocked(Entry* entry, std::vector<ReadTarget> targets, ReadPriority priority,
                        absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

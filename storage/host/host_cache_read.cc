@@ -30,6 +30,12 @@ bool LosesStoredObject(const absl::Status& status) {
 
 }  // namespace
 
+void HostCache::ListenLocked(Entry* entry, LandedCallback landed) {
+  if (!landed) return;
+  if (entry->landed == nullptr) entry->landed = std::make_shared<LandedListeners>();
+  entry->landed->Add(std::move(landed));
+}
+
 void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
                                 ReadPriority priority, absl::Time deadline) {
   entry->state = State::kLoading;
@@ -43,18 +49,26 @@ void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
   std::shared_ptr<StreamingChecksum> streaming;
   if (entry->kind == Kind::kStored ? !entry->whole_object_checksum
                                    : !entry->source->model->in_object_store) {
-    streaming = std::make_shared<StreamingChecksum>(base, entry->size);
-    if (entry->kind == Kind::kWeight) {
-      // The gaps no read fills were zeroed (TargetsLocked): hashed as they are.
-      ForEachObjectGap(*entry->source->object,
-                       [&](uint64_t begin, uint64_t end) { streaming->Landed(begin, end); });
-    }
+    // Listeners that join while it loads are told of the segments hashed after they do.
+    if (entry->landed == nullptr) entry->landed = std::make_shared<LandedListeners>();
+    streaming = std::make_shared<StreamingChecksum>(
+        base, entry->size, [base, listeners = entry->landed](uint64_t begin, uint64_t end) {
+          listeners->Tell(base + begin, begin, end);
+        });
   }
   entry->streaming = streaming;
   ++reads_in_flight_;
+  const ObjectInfo* const gathered =
+      entry->kind == Kind::kWeight ? entry->source->object : nullptr;
   // Submitted outside the lock: the reader may answer at once, which re-enters FinishRead — and
   // the load may even fail and another start before the lock is back.
   mu_.Unlock();
+  if (streaming != nullptr && gathered != nullptr) {
+    // The gaps no read fills were zeroed (TargetsLocked): hashed as they are. Outside the lock, as
+    // the listeners a segment completed by them is told of are.
+    ForEachObjectGap(*gathered,
+                     [&](uint64_t begin, uint64_t end) { streaming->Landed(begin, end); });
+  }
   ReadRequest read{std::move(targets), priority, deadline, [this, entry](absl::Status status) {
                      // Finished on the checksum pool, off the reader thread, which goes on
                      // reading; failures too, so that joining the pool waits for every
@@ -171,6 +185,7 @@ void HostCache::FinishRead(Entry* entry, absl::Status status) {
   --reads_in_flight_;
   entry->read_id.reset();
   if (status.code() == absl::StatusCode::kCancelled && entry->demand && entry->listed()) {
+    // Nothing had landed: its listeners wait for the read that starts now.
     // A demand fetch came between CancelPrefetch's decision and the cancel: read after all.
     return StartReadLocked(entry, TargetsLocked(entry), ReadPriority::kDemand,
                            absl::InfiniteFuture());
@@ -183,6 +198,7 @@ void HostCache::FinishRead(Entry* entry, absl::Status status) {
     return FailLoadLocked(entry, status, deferred.calls());
   }
   stats_.bytes_from_disk += entry->size;
+  entry->landed.reset();  // everything has landed
   entry->state = State::kResident;
   entry->demand = false;
   table_.Enqueue(entry);
@@ -196,6 +212,7 @@ void HostCache::FinishRead(Entry* entry, absl::Status status) {
 
 void HostCache::FailLoadLocked(Entry* entry, const absl::Status& status, Deferred& deferred) {
   entry->streaming.reset();  // it points into the memory freed below
+  entry->landed.reset();
   for (FetchCallback& done : entry->waiters) DeferAnswer(deferred, std::move(done), status);
   entry->waiters.clear();
   entry->demand = false;

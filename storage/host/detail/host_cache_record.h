@@ -11,6 +11,7 @@
 
 #include "absl/time/time.h"
 #include "codec/exponent_format.h"
+#include "storage/host/detail/landed_listeners.h"
 #include "storage/host/host_cache.h"
 #include "storage/io/disk_reader.h"
 #include "storage/io/read_router.h"
@@ -65,6 +66,8 @@ struct HostCacheRecord {
   // it has none when the reader did not tell every byte (an object store's), and FinishRead then
   // hashes the object itself.
   std::shared_ptr<StreamingChecksum> streaming;
+  // The fetches of this load that want its bytes as they land (HostCache::Fetch's `landed`).
+  std::shared_ptr<LandedListeners> landed;
   // Weights: the compressed form `memory` holds instead of the raw bytes, once the compressor
   // has swapped it in (host_cache_compress.cc); and whether the compressor has had this load.
   std::optional<codec::CompressedLayout> compressed;

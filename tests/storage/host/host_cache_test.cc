@@ -6,15 +6,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "storage/model/object_checksum.h"
 #include "tests/storage/host/host_cache_test_fixture.h"
 
 namespace tierd {
@@ -35,6 +41,66 @@ TEST_F(HostCacheTest, FetchReadsTheObjectAndRecordsItsChecksum) {
   EXPECT_EQ(stats.misses, 1u);
   EXPECT_EQ(stats.hits, 1u);
   EXPECT_EQ(stats.bytes_from_disk, kObjectBytes);
+}
+
+// A fetch that asks is told each part of the object as it lands — segments of 4 MiB, in host
+// memory already holding the file's bytes — all before its answer; a fetch of the resident object
+// is told nothing.
+TEST_F(HostCacheTest, AFetchIsToldThePartsOfTheObjectAsTheyLand) {
+  Start(12);
+  constexpr uint64_t kBlock = (9ull << 20) + 4096;  // three segments, the last short
+  RegisterModel(1, kBlock);
+  const std::string expected = testing::RandomTensor("blocks.0.w", "F32", {kBlock / 4}, 0).data;
+  struct Told {
+    absl::Mutex mu;
+    std::map<uint64_t, uint64_t> parts ABSL_GUARDED_BY(mu);
+    bool mismatched ABSL_GUARDED_BY(mu) = false;
+    bool after_answer ABSL_GUARDED_BY(mu) = false;
+    bool answered ABSL_GUARDED_BY(mu) = false;
+  };
+  auto told = std::make_shared<Told>();
+  auto landed = [told, &expected](const uint8_t* bytes, uint64_t begin, uint64_t end) {
+    absl::MutexLock lock(&told->mu);
+    told->after_answer |= told->answered;
+    told->mismatched |= std::memcmp(bytes, expected.data() + begin, end - begin) != 0 ||
+                        !told->parts.emplace(begin, end).second;
+  };
+  absl::Notification done;
+  absl::StatusOr<HostObject> object = absl::UnknownError("no answer");
+  cache_->Fetch(
+      "m/blocks.0", ReadPriority::kDemand, absl::InfiniteFuture(),
+      [&, told](absl::StatusOr<HostObject> answer) {
+        {
+          absl::MutexLock lock(&told->mu);
+          told->answered = true;
+        }
+        object = std::move(answer);
+        done.Notify();
+      },
+      landed);
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(object, IsOk());
+  {
+    absl::MutexLock lock(&told->mu);
+    EXPECT_FALSE(told->mismatched);
+    EXPECT_FALSE(told->after_answer);
+    EXPECT_EQ(told->parts, (std::map<uint64_t, uint64_t>{{0, kChecksumSegmentBytes},
+                                                         {kChecksumSegmentBytes, 8ull << 20},
+                                                         {8ull << 20, kBlock}}));
+    told->parts.clear();
+  }
+  auto again = std::make_shared<Answer>();
+  cache_->Fetch(
+      "m/blocks.0", ReadPriority::kDemand, absl::InfiniteFuture(),
+      [again](absl::StatusOr<HostObject> answer) {
+        again->object = std::move(answer);
+        again->ready.Notify();
+      },
+      landed);
+  ASSERT_TRUE(again->ready.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(again->object, IsOk());
+  absl::MutexLock lock(&told->mu);
+  EXPECT_TRUE(told->parts.empty());  // resident: nothing landed
 }
 
 // The threads that announce reads to the file system: the disk reader's.
