@@ -19,6 +19,9 @@ struct GpuTierStats {
   uint64_t bytes_host_to_gpu = 0;
   uint64_t bytes_gpu_to_host = 0;
   uint64_t shards_cut = 0;  // shards copied out of their whole object's host bytes
+  // Of bytes_host_to_gpu, those copied on while their object was still being read into the host
+  // tier, as they landed (gpu/detail/landed_copies.h).
+  uint64_t bytes_copied_as_landed = 0;
   // Objects copied to the GPU compressed and decoded there; the compressed bytes that crossed
   // the link for them; decodes that found a tile not matching its checksum; the device's time
   // decoding them (CompressedCopies::Verdict), failed ones too.
@@ -50,6 +53,7 @@ inline constexpr Figure<GpuTierStats> kGpuTierFigures[] = {
     {"bytes_host_to_gpu", &GpuTierStats::bytes_host_to_gpu},
     {"bytes_gpu_to_host", &GpuTierStats::bytes_gpu_to_host},
     {"shards_cut", &GpuTierStats::shards_cut},
+    {"bytes_copied_as_landed", &GpuTierStats::bytes_copied_as_landed},
     {"objects_decoded", &GpuTierStats::objects_decoded},
     {"bytes_host_to_gpu_compressed", &GpuTierStats::bytes_host_to_gpu_compressed},
     {"decode_failures", &GpuTierStats::decode_failures},

@@ -65,6 +65,10 @@ struct GpuTierOptions {
   // answered, so that a client can queue its work ahead — a decode that then fails its check is
   // counted and its object dropped, but leases already granted were given its bytes.
   bool check_decodes_before_serving = true;
+  // Objects read from local files into the host tier are copied to staging as their segments land
+  // (gpu/detail/landed_copies.h), not once the whole object is read; served only once checked
+  // either way. False copies them once read.
+  bool copy_while_reading = true;
   // Device memory each copy stream decodes compressed objects through, allocated on first use:
   // what its copies may run ahead of its decodes (gpu/detail/compressed_copies.h). At least
   // CompressedCopies::kMinScratchBytes (56 MiB), a multiple of 1 MiB.

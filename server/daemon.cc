@@ -340,6 +340,7 @@ absl::Status Daemon::StartGpuTiers(std::vector<DurableRecord> durable_objects) {
   gpu.max_events = EventShare(options_);
   gpu.done_events_per_client = options_.session_done_events;
   gpu.check_decodes_before_serving = options_.check_decodes_before_serving;
+  gpu.copy_while_reading = options_.copy_while_reading;
   gpu.decode_scratch_bytes = options_.decode_scratch_bytes;
   if (!options_.peer_sockets.empty()) {
     PeerDaemonsOptions peers{

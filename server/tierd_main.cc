@@ -85,6 +85,9 @@ ABSL_FLAG(bool, check_decodes_before_serving, true,
           "Answer a fetch of a compressed object once its decode on the GPU matched its checksums "
           "(true), or as soon as the decode is enqueued, as raw copies are (false: clients queue "
           "work ahead, but a decode that fails its check has already been leased)");
+ABSL_FLAG(bool, copy_while_reading, true,
+          "Copy an object read from a local file to the GPU segment by segment as it lands "
+          "(served only once all of it is checked), rather than once it is read");
 ABSL_FLAG(uint32_t, decode_scratch_mib, 1024,
           "Device memory (MiB) each copy stream decodes compressed objects through: how far its "
           "copies may run ahead of its decodes; 56 to 16384");
@@ -236,6 +239,7 @@ absl::StatusOr<tierd::DaemonOptions> OptionsFromFlags() {
   options.compress_weights = absl::GetFlag(FLAGS_compress_weights);
   options.compress_threads = absl::GetFlag(FLAGS_compress_threads);
   options.check_decodes_before_serving = absl::GetFlag(FLAGS_check_decodes_before_serving);
+  options.copy_while_reading = absl::GetFlag(FLAGS_copy_while_reading);
   options.decode_scratch_bytes = uint64_t{absl::GetFlag(FLAGS_decode_scratch_mib)} << 20;
   options.max_tensors_per_model = absl::GetFlag(FLAGS_max_tensors_per_model);
 

@@ -13,7 +13,7 @@ namespace tierd::testing {
 absl::StatusOr<std::unique_ptr<GpuParts>> GpuParts::Create(const GpuPartsOptions& options)
     ABSL_NO_THREAD_SAFETY_ANALYSIS {
   std::unique_ptr<GpuParts> parts(new GpuParts());
-  absl::StatusOr<std::unique_ptr<GpuTestStack>> stack = GpuTestStack::Create(options.blocks);
+  absl::StatusOr<std::unique_ptr<GpuTestStack>> stack = GpuTestStack::Create(options.blocks, nullptr, {}, options.arena_bytes);
   if (!stack.ok()) return stack.status();
   parts->stack_ = *std::move(stack);
   Device& device = parts->device();

@@ -46,6 +46,7 @@ namespace tierd::testing {
 
 struct GpuPartsOptions {
   int blocks = 1;  // of model "m" (GpuTestStack)
+  uint64_t arena_bytes = 4ull << 20;
   uint64_t pool_bytes = 1 << 20;
   uint64_t slab_bytes = 1 << 20;
   uint32_t max_events = 16;

@@ -11,7 +11,8 @@
 namespace tierd::testing {
 
 absl::StatusOr<std::unique_ptr<GpuTestStack>> GpuTestStack::Create(
-    int blocks, const WrapDevice& wrap, const HostCacheOptions& host_cache) {
+    int blocks, const WrapDevice& wrap, const HostCacheOptions& host_cache,
+    uint64_t arena_bytes) {
   std::unique_ptr<GpuTestStack> stack(new GpuTestStack);
   const std::string model_dir = absl::StrCat(stack->dir_.path(), "/model");
   std::filesystem::create_directories(model_dir);
@@ -32,7 +33,7 @@ absl::StatusOr<std::unique_ptr<GpuTestStack>> GpuTestStack::Create(
       stack->catalog_
           ->RegisterModel("m", model_dir, Grouping::kBlock, GroupingRules::Defaults(), nullptr)
           .status());
-  ASSIGN_OR_RETURN(stack->arena_, HostArena::Create(*stack->device_, {4ull << 20, 1ull << 20}));
+  ASSIGN_OR_RETURN(stack->arena_, HostArena::Create(*stack->device_, {arena_bytes, 1ull << 20}));
   if (!stack->arena_->WaitUntilFullyPinned(kAnswerTimeout)) {
     return absl::DeadlineExceededError("the host arena is not pinned");
   }

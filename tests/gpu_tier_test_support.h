@@ -34,10 +34,12 @@ class GpuTestStack {
   // Makes the device the stack uses out of the host device it creates (a test's wrapper).
   using WrapDevice = std::function<std::unique_ptr<Device>(Device& host)>;
 
-  // Model "m" with `blocks` blocks of kBlockBytes; the arena holds all of them. The stack uses
-  // `wrap`'s device when given, else the host device, and a host cache with `host_cache`.
+  // Model "m" with `blocks` blocks of kBlockBytes; the arena (`arena_bytes`) holds all of them.
+  // The stack uses `wrap`'s device when given, else the host device, and a host cache with
+  // `host_cache`.
   static absl::StatusOr<std::unique_ptr<GpuTestStack>> Create(
-      int blocks, const WrapDevice& wrap = nullptr, const HostCacheOptions& host_cache = {});
+      int blocks, const WrapDevice& wrap = nullptr, const HostCacheOptions& host_cache = {},
+      uint64_t arena_bytes = 4ull << 20);
   ~GpuTestStack();
 
   // A GPU tier with `options` (pool_bytes and slab_bytes set by the caller). REQUIRES: at most one
@@ -49,6 +51,8 @@ class GpuTestStack {
   static std::string BlockBytes(int block);
   // The model's one file.
   std::string model_file() const;
+  // A directory of the stack's, for more models.
+  const std::string& dir() const { return dir_.path(); }
 
   Device& device() { return *device_; }
   Catalog& catalog() { return *catalog_; }

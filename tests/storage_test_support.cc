@@ -1,5 +1,8 @@
 #include "tests/storage_test_support.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <fstream>
 #include <iterator>
 
@@ -60,6 +63,26 @@ absl::Status WriteFile(const std::string& path, const std::string& contents) {
 std::string ReadWholeFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+absl::Status FlipByteKeepingMtime(const std::string& path, uint64_t offset, uint8_t mask) {
+  struct stat before {};
+  if (::stat(path.c_str(), &before) != 0) return absl::NotFoundError(path);
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(static_cast<std::streamoff>(offset));
+    const int byte = file.get();
+    if (byte == EOF) return absl::OutOfRangeError(absl::StrCat(path, " has no byte ", offset));
+    file.seekp(static_cast<std::streamoff>(offset));
+    file.put(static_cast<char>(byte ^ mask));
+    file.close();
+    if (!file) return absl::InternalError(absl::StrCat("writing ", path));
+  }
+  const timespec times[2] = {{0, UTIME_OMIT}, before.st_mtim};
+  if (::utimensat(AT_FDCWD, path.c_str(), times, 0) != 0) {
+    return absl::InternalError(absl::StrCat("putting back the mtime of ", path));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tierd::testing

@@ -37,6 +37,9 @@ DiskReaderOptions ReaderOptions(int threads, int queue_depth, uint64_t chunk_byt
 absl::Status WriteFile(const std::string& path, const std::string& contents);
 // The bytes of the file at `path`; empty when it cannot be read.
 std::string ReadWholeFile(const std::string& path);
+// Flips bits `mask` of the byte at `offset` of the file at `path` and puts its mtime back: the
+// bytes change, not what the file's metadata says, as with a failing disk or a careful attacker.
+absl::Status FlipByteKeepingMtime(const std::string& path, uint64_t offset, uint8_t mask = 0x40);
 
 }  // namespace tierd::testing
 

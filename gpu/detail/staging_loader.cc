@@ -36,7 +36,8 @@ StagingLoader::StagingLoader(const TierParts& tier, const Own& own)
       callbacks_(tier.callbacks),
       stats_(tier.stats),
       compressed_(tier.device, tier.copier, own.decode_scratch_bytes),
-      check_decodes_before_serving_(own.check_decodes_before_serving) {}
+      check_decodes_before_serving_(own.check_decodes_before_serving),
+      copy_while_reading_(own.copy_while_reading) {}
 
 absl::StatusOr<StagingObject*> StagingLoader::StartLoad(const std::string& key,
                                                         ReadPriority priority, absl::Time deadline,
@@ -93,11 +94,60 @@ void StagingLoader::IssueHostFetch(StagingObject* object, ReadPriority priority,
                                    absl::Time deadline, Deferred& deferred) {
   ++object->host_fetches;
   ++host_fetches_in_flight_;
-  deferred.push_back([this, object, key = HostKeyOf(object), priority, deadline] {
-    host_source_.Fetch(key, priority, deadline, [this, object](absl::StatusOr<HostBytes> host) {
-      OnHostObject(object, std::move(host));
-    });
-  });
+  // The first fetch of a whole object (a shard is cut from its object's bytes once they are all
+  // there) copies them on as they land.
+  HostCache::LandedCallback landed;
+  if (copy_while_reading_ && object->cut == nullptr && object->landed == nullptr &&
+      !object->memory.has_value()) {
+    object->landed = std::make_shared<LandedCopies>(copier_, object->size);
+    landed = [this, object, copies = object->landed](const uint8_t* bytes, uint64_t begin,
+                                                     uint64_t end) {
+      // The object lives while its host fetch is in flight, and nothing lands after its answer.
+      if (copies->unstarted()) StartLandedCopies(object, *copies);
+      copies->Landed(bytes, begin, end);
+    };
+  }
+  deferred.push_back(
+      [this, object, key = HostKeyOf(object), priority, deadline, landed = std::move(landed)]() mutable {
+        host_source_.Fetch(
+            key, priority, deadline,
+            [this, object](absl::StatusOr<HostBytes> host) {
+              OnHostObject(object, std::move(host));
+            },
+            std::move(landed));
+      });
+}
+
+void StagingLoader::StartLandedCopies(StagingObject* object, LandedCopies& copies) {
+  absl::MutexLock lock(&mu_);
+  if (!copies.unstarted() || object->landed.get() != &copies) return;
+  if (object->state != StagingObject::State::kFetchingHost || object->memory.has_value()) {
+    return copies.Discard();
+  }
+  // Free room only: evicting, or waiting, for an object still being read is left to when it has
+  // been (OnHostObject), as before.
+  std::optional<StagingAllocation> memory = residency_.TakePreferredPlacement(object->key());
+  if (memory.has_value() && memory->size() < object->size) memory.reset();
+  if (!memory.has_value() && residency_.allocation_waiters() == 0) {
+    memory = pool_.Allocate(object->size);
+  }
+  if (!memory.has_value()) return copies.Discard();
+  object->memory = *std::move(memory);
+  // Counted as a copy in flight until closed: a request waiting for room waits for this object to
+  // become resident (and evictable) rather than being refused.
+  residency_.CopyStarted();
+  copies.Start(object->demand ? demand_stream_ : prefetch_stream_,
+               pool_.data(object->memory->range()));
+}
+
+LandedCopies::Parts StagingLoader::CloseLandedCopies(StagingObject* object, bool discard) {
+  if (object->landed == nullptr) return {};
+  std::shared_ptr<LandedCopies> copies = std::move(object->landed);
+  object->landed.reset();
+  if (discard) copies->Discard();
+  LandedCopies::Parts copied = copies->Close();
+  if (copies->stream() != nullptr) residency_.CopyFinished();
+  return copied;
 }
 
 std::string StagingLoader::HostKeyOf(const StagingObject* object) const {
@@ -120,6 +170,8 @@ void StagingLoader::OnHostObject(StagingObject* object, absl::StatusOr<HostBytes
     return;
   }
   if (!host.ok()) {
+    // What landed may have been a read that then failed its check: not used, whatever answers.
+    if (object->landed != nullptr) object->landed->Discard();
     if (object->host_fetches > 0) return;  // the promoted fetch may still succeed
     if (object->cut != nullptr && absl::IsResourceExhausted(host.status())) {
       // The whole object does not fit the host tier now: the shard's own ranges may.
@@ -147,6 +199,10 @@ void StagingLoader::OnHostObject(StagingObject* object, absl::StatusOr<HostBytes
             object->cut != nullptr ? WholeObjectKey(*object->model, *object->cut) : object->key(),
             ", expected ", expected)),
         deferred.calls());
+  }
+  if (object->memory.has_value()) {
+    // Staging was taken when its first part landed.
+    return CopyIn(object, *std::move(host), deferred.calls());
   }
   object->state = StagingObject::State::kAllocating;
   if (std::optional<StagingAllocation> placed = residency_.TakePreferredPlacement(object->key());
@@ -176,7 +232,13 @@ void StagingLoader::CopyIn(StagingObject* object, HostBytes host, Deferred& defe
   auto shared_host = std::make_shared<HostBytes>(std::move(host));
   // The host reference goes after the lock: releasing it can run host-cache callbacks that take it.
   deferred.push_back([shared_host]() mutable { shared_host.reset(); });
-  Stream& stream = object->demand ? demand_stream_ : prefetch_stream_;
+  // Parts copied as they landed went on their own stream: the rest, and the ready event, follow
+  // them there.
+  Stream* const landed_stream = object->landed != nullptr ? object->landed->stream() : nullptr;
+  const LandedCopies::Parts copied = CloseLandedCopies(object, /*discard=*/false);
+  Stream& stream = landed_stream != nullptr ? *landed_stream
+                   : object->demand         ? demand_stream_
+                                            : prefetch_stream_;
   if (shared_host->compressed() != nullptr) {
     return CopyInCompressed(object, std::move(shared_host), stream, deferred);
   }
@@ -185,17 +247,25 @@ void StagingLoader::CopyIn(StagingObject* object, HostBytes host, Deferred& defe
     object->ready_event = *ready;
   }
   uint8_t* staging = pool_.data(object->memory->range());
-  absl::Status status =
-      object->cut != nullptr
-          ? copier_.CopyStrided(stream, staging, shared_host->data(), object->cut->from_base,
-                                shared_host->pieces())
-          : copier_.CopyChunked(stream, staging, shared_host->data(), object->size,
-                                /*host_is_dst=*/false, shared_host->pieces());
+  absl::Status status;
+  uint64_t copied_as_landed = object->size;
+  if (object->cut != nullptr) {
+    status = copier_.CopyStrided(stream, staging, shared_host->data(), object->cut->from_base,
+                                 shared_host->pieces());
+  } else {
+    for (const auto& [begin, end] : PartsLeft(copied, object->size)) {
+      copied_as_landed -= end - begin;
+      status = copier_.CopyChunked(stream, staging + begin, shared_host->data() + begin,
+                                   end - begin, /*host_is_dst=*/false, shared_host->pieces());
+      if (!status.ok()) break;
+    }
+  }
   if (status.ok() && object->ready_event) {
     status = device_.RecordEvent(events_.event(*object->ready_event), stream);
   }
   if (status.ok()) {
     if (object->cut != nullptr) ++stats_.shards_cut;
+    if (object->cut == nullptr) stats_.bytes_copied_as_landed += copied_as_landed;
     residency_.CopyStarted();
     object->copying = true;
     shared_host->HeldByCopy();
@@ -345,6 +415,19 @@ void StagingLoader::FinishCopyIn(StagingObject* object, uint64_t GpuTierStats::*
 void StagingLoader::FailLoad(StagingObject* object, const absl::Status& status,
                              Deferred& deferred) {
   mu_.AssertHeld();
+  if (object->landed != nullptr) {
+    Stream* const stream = object->landed->stream();
+    const bool enqueued = object->landed->enqueued_any();
+    CloseLandedCopies(object, /*discard=*/true);
+    if (enqueued && object->memory.has_value()) {
+      // Copies of what landed may still run into the range.
+      residency_.FreeAfterStream(*stream, *std::move(object->memory), std::nullopt,
+                                 absl::StrCat("copying ", object->key(), " to the GPU as it was read"),
+                                 status);
+      object->memory.reset();
+    }
+    residency_.RetryAllocations(deferred);
+  }
   if (!object->copying) {
     object->memory.reset();
     if (object->ready_event) {

@@ -5,7 +5,10 @@
 // high-priority path, when a demand fetch joins a prefetch), allocates staging (waiting for room
 // when copies or drains will free it), enqueues the copy in chunks on the demand or prefetch
 // stream, records the object's ready event and answers its waiters at once: they wait on that
-// event, not on the copy. Host bytes held compressed are copied compressed and decoded on the GPU
+// event, not on the copy. An object read from a local file into the host tier is copied on as its
+// bytes land, into staging taken from free room when the first part lands (landed_copies.h); its
+// waiters are still answered only once the host tier has checked the whole object, after the
+// parts not copied yet. Host bytes held compressed are copied compressed and decoded on the GPU
 // (compressed_copies.h); their waiters are answered once the decode has been checked, so that
 // bytes that did not decode to their checksums are never leased.
 //
@@ -58,6 +61,7 @@ class StagingLoader {
     const StoredKeySpace& stored;
     bool check_decodes_before_serving = true;  // GpuTierOptions::check_decodes_before_serving
     uint64_t decode_scratch_bytes = 0;         // GpuTierOptions::decode_scratch_bytes
+    bool copy_while_reading = true;            // GpuTierOptions::copy_while_reading
   };
   StagingLoader(const TierParts& tier, const Own& own);
   StagingLoader(const StagingLoader&) = delete;
@@ -91,6 +95,12 @@ class StagingLoader {
  private:
   void IssueHostFetch(StagingObject* object, ReadPriority priority, absl::Time deadline,
                       Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The first part of `object` landed in the host tier: takes staging for `copies` from free room
+  // (or the object's preferred placement), or discards them when there is none.
+  void StartLandedCopies(StagingObject* object, LandedCopies& copies) ABSL_LOCKS_EXCLUDED(mu_);
+  // Closes the object's landed copies, if any: the parts copied (none with `discard`).
+  LandedCopies::Parts CloseLandedCopies(StagingObject* object, bool discard)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnHostObject(StagingObject* object, absl::StatusOr<HostBytes> host) ABSL_LOCKS_EXCLUDED(mu_);
   // Copies `host` into the object's staging range and answers its waiters.
   void CopyIn(StagingObject* object, HostBytes host, Deferred& deferred)
@@ -124,6 +134,7 @@ class StagingLoader {
   GpuTierStats& stats_ ABSL_GUARDED_BY(mu_);
   CompressedCopies compressed_;
   const bool check_decodes_before_serving_;
+  const bool copy_while_reading_;
   uint64_t host_fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -14,6 +14,7 @@
 
 #include "absl/time/time.h"
 #include "common/residency.h"
+#include "gpu/detail/landed_copies.h"
 #include "gpu/gpu_tier_types.h"
 #include "gpu/staging_pool.h"
 #include "storage/model/catalog.h"
@@ -56,6 +57,10 @@ struct StagingObjectRecord {
   bool copying = false;             // a copy into or out of the range has not completed
   bool demand = false;
   int host_fetches = 0;  // host fetches not answered yet
+  // Its bytes copied on as they land while its first host fetch reads them (landed_copies.h);
+  // null when not asked for, and once CopyIn or FailLoad has closed them. Once started they hold
+  // `memory` and count as a copy in flight.
+  std::shared_ptr<LandedCopies> landed;
   std::vector<Waiter> waiters;
   // When its last lease ended (InfinitePast: never leased): how long a retained set has been idle
   // (gpu/retained_sets.h).

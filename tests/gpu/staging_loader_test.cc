@@ -1,19 +1,25 @@
 // StagingLoader on its own (with its handoff copies, over the GPU test stack's host cache): a
 // load copies the host tier's bytes into staging and answers every waiter with a lease on them;
 // a lease through the host lands in the handoff buffer; what cannot be loaded — an unknown key,
-// an object larger than a slab, a file that changed — is refused and leaves nothing listed.
+// an object larger than a slab, a file that changed — is refused and leaves nothing listed. An
+// object read from its file is copied on as it lands, and still served only once checked.
 #include "gpu/detail/staging_loader.h"
 
 #include <unistd.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/gpu_parts_test_support.h"
 #include "tests/gpu_tier_test_support.h"
+#include "tests/storage_test_support.h"
 #include "tests/test_support.h"
 
 namespace tierd {
@@ -26,7 +32,14 @@ using ::tierd::testing::GpuPartsOptions;
 using ::tierd::testing::GpuTestStack;
 using ::tierd::testing::IsOk;
 using ::tierd::testing::kBlockBytes;
+using ::tierd::testing::FlipByteKeepingMtime;
+using ::tierd::testing::RandomTensor;
 using ::tierd::testing::StatusIs;
+using ::tierd::testing::TensorSpec;
+using ::tierd::testing::WriteSafetensors;
+
+// Objects of several checksum segments (4 MiB), of an odd size: the last segment is short.
+constexpr uint64_t kBigBytes = (10ull << 20) + 12;
 
 class StagingLoaderTest : public ::testing::Test {
  protected:
@@ -42,6 +55,45 @@ class StagingLoaderTest : public ::testing::Test {
     absl::StatusOr<ClientId> client = parts_->OpenClient();
     ASSERT_THAT(client, IsOk());
     client_ = *client;
+  }
+
+  // Parts whose pool and arena take objects of several checksum segments, and model "big" of
+  // `objects` of kBigBytes (keys BigKey(i)).
+  void StartBig(int objects, uint64_t pool_bytes) {
+    GpuPartsOptions options;
+    options.pool_bytes = pool_bytes;
+    options.slab_bytes = pool_bytes;
+    options.arena_bytes = 64ull << 20;
+    auto parts = GpuParts::Create(options);
+    ASSERT_THAT(parts, IsOk());
+    parts_ = *std::move(parts);
+    const std::string dir = parts_->stack().dir() + "/big";
+    std::filesystem::create_directories(dir);
+    big_file_ = dir + "/model.safetensors";
+    for (int i = 0; i < objects; ++i) {
+      big_.push_back(RandomTensor(absl::StrCat("blocks.", i, ".w"), "U8", {kBigBytes}, 100 + i));
+    }
+    ASSERT_THAT(WriteSafetensors(big_file_, big_), IsOk());
+    ASSERT_THAT(parts_->catalog()
+                    .RegisterModel("big", dir, Grouping::kBlock, GroupingRules::Defaults(), nullptr)
+                    .status(),
+                IsOk());
+    loaders_ = std::make_unique<GpuLoaders>(*parts_);
+    absl::StatusOr<ClientId> client = parts_->OpenClient();
+    ASSERT_THAT(client, IsOk());
+    client_ = *client;
+  }
+  static std::string BigKey(int i) { return absl::StrCat("big/blocks.", i); }
+
+  // Reads `key` into the host cache (recording its checksum) and drops it from there again.
+  void ReadIntoHostAndDrop(const std::string& key) {
+    Answer<absl::StatusOr<HostObject>> read;
+    parts_->host_cache().Fetch(key, ReadPriority::kDemand, absl::InfiniteFuture(),
+                               read.Callback());
+    absl::StatusOr<HostObject> object = read.Wait();
+    ASSERT_THAT(object, IsOk());
+    object->Reset();
+    ASSERT_THAT(parts_->host_cache().Evict(key), IsOk());
   }
 
   void TearDown() override {
@@ -62,6 +114,8 @@ class StagingLoaderTest : public ::testing::Test {
     return parts_->residency().FindListed(key) != nullptr;
   }
 
+  std::vector<TensorSpec> big_;
+  std::string big_file_;
   std::unique_ptr<GpuParts> parts_;
   std::unique_ptr<GpuLoaders> loaders_;
   ClientId client_ = 0;
@@ -151,6 +205,74 @@ TEST_F(StagingLoaderTest, AFailedHostFetchAnswersItsWaitersAndUnlistsTheObject) 
     EXPECT_EQ(parts_->clients().Find(client_)->pending_fetches, 0u);
   }
   EXPECT_EQ(parts_->pool().used_bytes(), 0u);  // the range it was given went back
+}
+
+TEST_F(StagingLoaderTest, AnObjectReadFromItsFileIsCopiedOnAsItLands) {
+  StartBig(/*objects=*/1, /*pool_bytes=*/16ull << 20);
+  absl::StatusOr<LeaseGrant> lease = loaders_->Fetch(client_, BigKey(0));
+  ASSERT_THAT(lease, IsOk());
+  EXPECT_TRUE(loaders_->Holds(*lease, big_[0].data));
+  // Every segment was told, and copied, before the host tier answered.
+  GpuTierStats stats = StatsOnceCopied();
+  EXPECT_EQ(stats.bytes_host_to_gpu, kBigBytes);
+  EXPECT_EQ(stats.bytes_copied_as_landed, kBigBytes);
+}
+
+TEST_F(StagingLoaderTest, AnObjectResidentInTheHostTierIsCopiedWhole) {
+  StartBig(/*objects=*/1, /*pool_bytes=*/16ull << 20);
+  Answer<absl::StatusOr<HostObject>> read;
+  parts_->host_cache().Fetch(BigKey(0), ReadPriority::kDemand, absl::InfiniteFuture(),
+                             read.Callback());
+  absl::StatusOr<HostObject> held = read.Wait();
+  ASSERT_THAT(held, IsOk());
+  absl::StatusOr<LeaseGrant> lease = loaders_->Fetch(client_, BigKey(0));
+  ASSERT_THAT(lease, IsOk());
+  EXPECT_TRUE(loaders_->Holds(*lease, big_[0].data));
+  GpuTierStats stats = StatsOnceCopied();
+  EXPECT_EQ(stats.bytes_host_to_gpu, kBigBytes);
+  EXPECT_EQ(stats.bytes_copied_as_landed, 0u);  // nothing landed: it was there
+  held->Reset();
+}
+
+TEST_F(StagingLoaderTest, BytesCopiedAsTheyLandAreNeverLeasedWhenTheObjectFailsItsCheck) {
+  StartBig(/*objects=*/1, /*pool_bytes=*/16ull << 20);
+  ReadIntoHostAndDrop(BigKey(0));  // its checksum is recorded
+  // A byte of the last segment changes under the same metadata: the first two segments land,
+  // are copied on, and then the object fails its check.
+  ASSERT_THAT(FlipByteKeepingMtime(big_file_, ::tierd::testing::ReadWholeFile(big_file_).size() - 5),
+              IsOk());
+  EXPECT_THAT(loaders_->Fetch(client_, BigKey(0)), StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_FALSE(Listed(BigKey(0)));
+  // Its staging goes back once the stream has run the copies made while it was read.
+  EXPECT_TRUE(parts_->AwaitQuiet([this] { return parts_->pool().used_bytes() == 0; }));
+  EXPECT_EQ(StatsOnceCopied().bytes_copied_as_landed, 0u);
+  {
+    absl::MutexLock lock(&parts_->mu);
+    EXPECT_EQ(parts_->residency().copies_in_flight(), 0u);
+  }
+  // Put right, it loads, exact, copied as it lands.
+  ASSERT_THAT(FlipByteKeepingMtime(big_file_, ::tierd::testing::ReadWholeFile(big_file_).size() - 5),
+              IsOk());
+  absl::StatusOr<LeaseGrant> lease = loaders_->Fetch(client_, BigKey(0));
+  ASSERT_THAT(lease, IsOk());
+  EXPECT_TRUE(loaders_->Holds(*lease, big_[0].data));
+  EXPECT_EQ(StatsOnceCopied().bytes_copied_as_landed, kBigBytes);
+}
+
+TEST_F(StagingLoaderTest, WithoutFreeRoomAnObjectIsCopiedOnceReadAsBefore) {
+  // Room for one object and a half: the second finds no free room while it lands, and takes the
+  // first's place (evicted) once read.
+  StartBig(/*objects=*/2, /*pool_bytes=*/kBigBytes * 3 / 2);
+  ASSERT_THAT(loaders_->Prefetch(BigKey(0)), IsOk());
+  EXPECT_EQ(StatsOnceCopied().bytes_copied_as_landed, kBigBytes);
+  absl::StatusOr<LeaseGrant> lease = loaders_->Fetch(client_, BigKey(1));
+  ASSERT_THAT(lease, IsOk());
+  EXPECT_TRUE(loaders_->Holds(*lease, big_[1].data));
+  const GpuTierStats stats = StatsOnceCopied();
+  EXPECT_EQ(stats.bytes_host_to_gpu, 2 * kBigBytes);
+  EXPECT_EQ(stats.bytes_copied_as_landed, kBigBytes);  // the first's only
+  EXPECT_EQ(stats.evictions, 1u);
+  EXPECT_FALSE(Listed(BigKey(0)));
 }
 
 }  // namespace
