@@ -200,11 +200,19 @@ nlohmann::json Cold(Bench& bench) {
   std::string in_place_error;
   bool cold = true;
   nlohmann::json fio_raw;
+  uint64_t copied_as_landed = 0;  // of the timed fetches' bytes (GetStats)
   for (int run = 0; run < absl::GetFlag(FLAGS_repeat); ++run) {
     bench.Evict(bench.model() + "/", tierd::v1::TIER_ALL);
     cold &= tierd::bench::DropPageCache();
+    const tierd::v1::Stats before = Check(bench.client().GetStats(), "GetStats");
     tierd_runs.push_back(bytes / 1e9 / bench.FetchAll(bench.objects(), /*prefetch_first=*/true));
-    std::string line = absl::StrFormat("cold run %d: tierd %.3f GB/s", run, tierd_runs.back());
+    const tierd::v1::Stats after = Check(bench.client().GetStats(), "GetStats");
+    copied_as_landed += after.bytes_copied_as_landed() - before.bytes_copied_as_landed();
+    std::string line = absl::StrFormat(
+        "cold run %d: tierd %.3f GB/s (%.2f of it copied to the GPU as it was read)", run,
+        tierd_runs.back(),
+        static_cast<double>(after.bytes_copied_as_landed() - before.bytes_copied_as_landed()) /
+            static_cast<double>(bytes));
     if (with_fio) {
       cold &= tierd::bench::DropPageCache();
       tierd::bench::FioRead read;
@@ -277,7 +285,10 @@ nlohmann::json Cold(Bench& bench) {
                  {"objects", bench.objects().size()},
                  {"page_cache_dropped", cold},
                  {"tierd_gb_per_s", tierd_runs},
-                 {"tierd_median_gb_per_s", tierd}});
+                 {"tierd_median_gb_per_s", tierd},
+                 {"share_copied_as_landed",
+                  static_cast<double>(copied_as_landed) /
+                      static_cast<double>(bytes * tierd_runs.size())}});
   std::string summary = absl::StrFormat("cold: tierd %.3f GB/s", tierd);
   if (with_fio) {
     const double fio = Median(fio_runs);
