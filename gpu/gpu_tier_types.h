@@ -67,8 +67,9 @@ struct GpuTierOptions {
   bool check_decodes_before_serving = true;
   // Objects read from local files into the host tier are copied to staging as their segments land
   // (gpu/detail/landed_copies.h), not once the whole object is read; served only once checked
-  // either way. False copies them once read.
-  bool copy_while_reading = true;
+  // either way. Off by default: measured on an H100 it was slower (the reader threads enqueue the
+  // copies themselves, and wait in the driver while it is busy; docs/BENCHMARKS.md).
+  bool copy_while_reading = false;
   // Device memory each copy stream decodes compressed objects through, allocated on first use:
   // what its copies may run ahead of its decodes (gpu/detail/compressed_copies.h). At least
   // CompressedCopies::kMinScratchBytes (56 MiB), a multiple of 1 MiB.

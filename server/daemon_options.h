@@ -94,7 +94,7 @@ struct DaemonOptions {
   int compress_threads = 1;                                  // --compress-threads
   uint64_t decode_scratch_bytes = 1ull << 30;                // --decode-scratch-mib
   bool check_decodes_before_serving = true;                  // --check-decodes-before-serving
-  bool copy_while_reading = true;                            // --copy-while-reading
+  bool copy_while_reading = false;                           // --copy-while-reading
   uint64_t pin_piece_bytes = 1ull << 30;  // the host arena is pinned this much at a time
   // --pin-threads: threads pinning the host arena after its first piece; 0: DefaultPinThreads()
   // (storage/host/host_arena.h), half the CPUs from 1 to 8.

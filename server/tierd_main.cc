@@ -85,9 +85,10 @@ ABSL_FLAG(bool, check_decodes_before_serving, true,
           "Answer a fetch of a compressed object once its decode on the GPU matched its checksums "
           "(true), or as soon as the decode is enqueued, as raw copies are (false: clients queue "
           "work ahead, but a decode that fails its check has already been leased)");
-ABSL_FLAG(bool, copy_while_reading, true,
+ABSL_FLAG(bool, copy_while_reading, false,
           "Copy an object read from a local file to the GPU segment by segment as it lands "
-          "(served only once all of it is checked), rather than once it is read");
+          "(served only once all of it is checked), rather than once it is read; experimental: "
+          "slower so far (docs/BENCHMARKS.md)");
 ABSL_FLAG(uint32_t, decode_scratch_mib, 1024,
           "Device memory (MiB) each copy stream decodes compressed objects through: how far its "
           "copies may run ahead of its decodes; 56 to 16384");

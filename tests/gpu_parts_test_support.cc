@@ -94,7 +94,7 @@ GpuTierStats GpuParts::stats_copy() {
   return stats;
 }
 
-GpuLoaders::GpuLoaders(GpuParts& parts, uint64_t handoff_buffer_bytes)
+GpuLoaders::GpuLoaders(GpuParts& parts, uint64_t handoff_buffer_bytes, bool copy_while_reading)
     : parts_(parts),
       buffer_(std::make_unique<HostHandoffBuffer>(parts.device(), handoff_buffer_bytes)),
       host_source_(parts.host_cache(), parts.stack().arena()),
@@ -105,7 +105,9 @@ GpuLoaders::GpuLoaders(GpuParts& parts, uint64_t handoff_buffer_bytes)
       std::make_unique<HandoffCopies>(parts.tier(), *handoff_stream_, *buffer_, parts.liveness());
   loader_ = std::make_unique<StagingLoader>(
       parts.tier(), StagingLoader::Own{host_source_, *demand_stream_, *prefetch_stream_,
-                                       parts.clients(), *handoff_, parts.stored()});
+                                       parts.clients(), *handoff_, parts.stored(),
+                                       /*check_decodes_before_serving=*/true,
+                                       /*decode_scratch_bytes=*/0, copy_while_reading});
 }
 
 GpuLoaders::~GpuLoaders() {

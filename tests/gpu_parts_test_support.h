@@ -118,11 +118,14 @@ class GpuParts {
 };
 
 // The staging loader as GpuTier makes it — with its handoff copies, the host cache of `parts` as
-// its host source, and streams of its own — for the tests of the loaders alone.
+// its host source, and streams of its own — for the tests of the loaders alone. Objects read from
+// their files are copied to staging as they land (StagingLoader::Own::copy_while_reading) unless
+// `copy_while_reading` is false.
 class GpuLoaders {
  public:
   // REQUIRES: `parts` outlives this.
-  explicit GpuLoaders(GpuParts& parts, uint64_t handoff_buffer_bytes = 1 << 20);
+  explicit GpuLoaders(GpuParts& parts, uint64_t handoff_buffer_bytes = 1 << 20,
+                      bool copy_while_reading = true);
   // Waits (bounded) until no host fetch or copy is in flight and the handoff stream has run.
   ~GpuLoaders();
   GpuLoaders(const GpuLoaders&) = delete;

@@ -5,10 +5,10 @@
 // high-priority path, when a demand fetch joins a prefetch), allocates staging (waiting for room
 // when copies or drains will free it), enqueues the copy in chunks on the demand or prefetch
 // stream, records the object's ready event and answers its waiters at once: they wait on that
-// event, not on the copy. An object read from a local file into the host tier is copied on as its
-// bytes land, into staging taken from free room when the first part lands (landed_copies.h); its
-// waiters are still answered only once the host tier has checked the whole object, after the
-// parts not copied yet. Host bytes held compressed are copied compressed and decoded on the GPU
+// event, not on the copy. With copy_while_reading, an object read from a local file into the host
+// tier is copied on as its bytes land, into staging taken from free room when the first part lands
+// (landed_copies.h); its waiters are still answered only once the host tier has checked the whole
+// object, after the parts not copied yet. Host bytes held compressed are copied compressed and decoded on the GPU
 // (compressed_copies.h); their waiters are answered once the decode has been checked, so that
 // bytes that did not decode to their checksums are never leased.
 //
@@ -61,7 +61,7 @@ class StagingLoader {
     const StoredKeySpace& stored;
     bool check_decodes_before_serving = true;  // GpuTierOptions::check_decodes_before_serving
     uint64_t decode_scratch_bytes = 0;         // GpuTierOptions::decode_scratch_bytes
-    bool copy_while_reading = true;            // GpuTierOptions::copy_while_reading
+    bool copy_while_reading = false;           // GpuTierOptions::copy_while_reading
   };
   StagingLoader(const TierParts& tier, const Own& own);
   StagingLoader(const StagingLoader&) = delete;

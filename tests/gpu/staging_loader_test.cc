@@ -59,7 +59,7 @@ class StagingLoaderTest : public ::testing::Test {
 
   // Parts whose pool and arena take objects of several checksum segments, and model "big" of
   // `objects` of kBigBytes (keys BigKey(i)).
-  void StartBig(int objects, uint64_t pool_bytes) {
+  void StartBig(int objects, uint64_t pool_bytes, bool copy_while_reading = true) {
     GpuPartsOptions options;
     options.pool_bytes = pool_bytes;
     options.slab_bytes = pool_bytes;
@@ -78,7 +78,7 @@ class StagingLoaderTest : public ::testing::Test {
                     .RegisterModel("big", dir, Grouping::kBlock, GroupingRules::Defaults(), nullptr)
                     .status(),
                 IsOk());
-    loaders_ = std::make_unique<GpuLoaders>(*parts_);
+    loaders_ = std::make_unique<GpuLoaders>(*parts_, 1 << 20, copy_while_reading);
     absl::StatusOr<ClientId> client = parts_->OpenClient();
     ASSERT_THAT(client, IsOk());
     client_ = *client;
@@ -216,6 +216,16 @@ TEST_F(StagingLoaderTest, AnObjectReadFromItsFileIsCopiedOnAsItLands) {
   GpuTierStats stats = StatsOnceCopied();
   EXPECT_EQ(stats.bytes_host_to_gpu, kBigBytes);
   EXPECT_EQ(stats.bytes_copied_as_landed, kBigBytes);
+}
+
+TEST_F(StagingLoaderTest, WithoutCopyWhileReadingAnObjectIsCopiedOnceRead) {
+  StartBig(/*objects=*/1, /*pool_bytes=*/16ull << 20, /*copy_while_reading=*/false);
+  absl::StatusOr<LeaseGrant> lease = loaders_->Fetch(client_, BigKey(0));
+  ASSERT_THAT(lease, IsOk());
+  EXPECT_TRUE(loaders_->Holds(*lease, big_[0].data));
+  const GpuTierStats stats = StatsOnceCopied();
+  EXPECT_EQ(stats.bytes_host_to_gpu, kBigBytes);
+  EXPECT_EQ(stats.bytes_copied_as_landed, 0u);
 }
 
 TEST_F(StagingLoaderTest, AnObjectResidentInTheHostTierIsCopiedWhole) {
