@@ -28,7 +28,8 @@ tsan_tests=(host_arena_test host_cache_test disk_reader_test daemon_health_test
             peer_handoff_test_host half_close_test unread_answer_budget_test gpu_tier_test
             session_protocol_test session_core_test durable_store_test worker_pool_test peer_arena_test_host
             node_host_tier_test_host log_line_test remote_cache_test remote_reader_test
-            remote_model_scan_test s3_client_hostile_test remote_hostile_test streaming_checksum_test)
+            remote_model_scan_test s3_client_hostile_test remote_hostile_test streaming_checksum_test
+            staging_loader_test)
 
 # settings MODE: sets build, sanitize, compilers, benchmarks, targets, select and skips for MODE.
 settings() {
