@@ -249,8 +249,7 @@ TEST_F(StagingLoaderTest, BytesCopiedAsTheyLandAreNeverLeasedWhenTheObjectFailsI
   ReadIntoHostAndDrop(BigKey(0));  // its checksum is recorded
   // A byte of the last segment changes under the same metadata: the first two segments land,
   // are copied on, and then the object fails its check.
-  ASSERT_THAT(FlipByteKeepingMtime(big_file_, ::tierd::testing::ReadWholeFile(big_file_).size() - 5),
-              IsOk());
+  ASSERT_THAT(FlipByteKeepingMtime(big_file_, std::filesystem::file_size(big_file_) - 5), IsOk());
   EXPECT_THAT(loaders_->Fetch(client_, BigKey(0)), StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_FALSE(Listed(BigKey(0)));
   // Its staging goes back once the stream has run the copies made while it was read.
@@ -261,8 +260,7 @@ TEST_F(StagingLoaderTest, BytesCopiedAsTheyLandAreNeverLeasedWhenTheObjectFailsI
     EXPECT_EQ(parts_->residency().copies_in_flight(), 0u);
   }
   // Put right, it loads, exact, copied as it lands.
-  ASSERT_THAT(FlipByteKeepingMtime(big_file_, ::tierd::testing::ReadWholeFile(big_file_).size() - 5),
-              IsOk());
+  ASSERT_THAT(FlipByteKeepingMtime(big_file_, std::filesystem::file_size(big_file_) - 5), IsOk());
   absl::StatusOr<LeaseGrant> lease = loaders_->Fetch(client_, BigKey(0));
   ASSERT_THAT(lease, IsOk());
   EXPECT_TRUE(loaders_->Holds(*lease, big_[0].data));

@@ -211,19 +211,7 @@ TEST_F(HostCacheTest, UnknownKeysAreErrors) {
 TEST_F(HostCacheTest, FlippedByteOnDiskIsDataLossAndNeverHandedOut) {
   Start(2);
   RegisterModel(2);
-  ASSERT_THAT(FetchNow("m/blocks.1"), IsOk());  // records the checksum
-  ASSERT_THAT(cache_->Evict("m/blocks.1"), IsOk());
-  FlipByteInTheLastBlock();
-  EXPECT_THAT(FetchNow("m/blocks.1"), StatusIs(absl::StatusCode::kDataLoss));
-  EXPECT_FALSE(cache_->IsResident("m/blocks.1"));
-  EXPECT_EQ(cache_->stats().checksum_failures, 1u);
-  // The other object is unharmed.
-  auto other = FetchNow("m/blocks.0");
-  ASSERT_THAT(other, IsOk());
-  EXPECT_TRUE(HoldsBlock(*other, 0));
-  // Each of the three reads was hashed by the reader's threads as its bytes landed: the flipped
-  // byte was found so, not by a pass afterwards.
-  EXPECT_EQ(cache_->stats().checksums_while_reading, 3u);
+  ExpectAFlippedByteIsDataLoss();
 }
 
 // A model on tmpfs is read by the reader threads from memory, in pieces hashed as they land: its
@@ -232,20 +220,7 @@ TEST_F(HostCacheTest, AModelOnTmpfsIsHashedAsItsPiecesLandAndAFlippedByteIsDataL
   const TempDir shm("/dev/shm");
   Start(2);
   RegisterModel(2, kObjectBytes, /*verify=*/false, shm.path());
-  {
-    auto first = FetchNow("m/blocks.1");  // records the checksum
-    ASSERT_THAT(first, IsOk());
-    EXPECT_TRUE(HoldsBlock(*first, 1));
-  }
-  ASSERT_THAT(cache_->Evict("m/blocks.1"), IsOk());
-  FlipByteInTheLastBlock();
-  EXPECT_THAT(FetchNow("m/blocks.1"), StatusIs(absl::StatusCode::kDataLoss));
-  EXPECT_FALSE(cache_->IsResident("m/blocks.1"));
-  EXPECT_EQ(cache_->stats().checksum_failures, 1u);
-  auto other = FetchNow("m/blocks.0");
-  ASSERT_THAT(other, IsOk());
-  EXPECT_TRUE(HoldsBlock(*other, 0));
-  EXPECT_EQ(cache_->stats().checksums_while_reading, 3u);
+  ExpectAFlippedByteIsDataLoss();
 }
 
 // --- What is read is what was registered ---------------------------------------------------

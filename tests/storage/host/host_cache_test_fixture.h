@@ -175,14 +175,30 @@ class HostCacheTest : public ::testing::Test {
   // the file's size and, as a failing disk does, its mtime.
   void FlipByteInTheLastBlock() {
     const std::string path = ModelFilePath();
-    const ScopedMtime keep(path);
-    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
-    file.seekg(0, std::ios::end);
-    const std::streamoff position = static_cast<std::streamoff>(file.tellg()) - kObjectBytes / 2;
-    file.seekg(position);
-    const char byte = static_cast<char>(file.get());
-    file.seekp(position);
-    file.put(static_cast<char>(byte ^ 0x40));
+    ASSERT_THAT(
+        testing::FlipByteKeepingMtime(path, std::filesystem::file_size(path) - kObjectBytes / 2),
+        IsOk());
+  }
+
+  // Model "m" of two blocks registered: block 1 read (its checksum recorded) and evicted, a byte
+  // of it flipped on disk; its next read is DATA_LOSS and never handed out, block 0 is unharmed,
+  // and each of the three reads was hashed by the reader's threads as its bytes landed (the
+  // flipped byte found so, not by a pass afterwards).
+  void ExpectAFlippedByteIsDataLoss() {
+    {
+      auto first = FetchNow("m/blocks.1");  // records the checksum
+      ASSERT_THAT(first, IsOk());
+      EXPECT_TRUE(HoldsBlock(*first, 1));
+    }
+    ASSERT_THAT(cache_->Evict("m/blocks.1"), IsOk());
+    FlipByteInTheLastBlock();
+    EXPECT_THAT(FetchNow("m/blocks.1"), StatusIs(absl::StatusCode::kDataLoss));
+    EXPECT_FALSE(cache_->IsResident("m/blocks.1"));
+    EXPECT_EQ(cache_->stats().checksum_failures, 1u);
+    auto other = FetchNow("m/blocks.0");
+    ASSERT_THAT(other, IsOk());
+    EXPECT_TRUE(HoldsBlock(*other, 0));
+    EXPECT_EQ(cache_->stats().checksums_while_reading, 3u);
   }
 
   std::shared_ptr<Answer> NewAnswer() {
