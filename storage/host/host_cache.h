@@ -153,8 +153,8 @@ class HostCache : private HostCacheTable::Owner {
   // UNAVAILABLE (shutting down), and the errors of reading the files (PERMISSION_DENIED, ...).
   // `landed`, when given, is told of the object's parts as they land while this fetch waits for
   // its read (in checksum segments, as they are hashed through: a local file's; an object store's
-  // reader tells nothing); parts that landed before the fetch came, and a resident object, are not
-  // told.
+  // reader tells nothing); parts that landed before the fetch came, a read that started with no
+  // fetch asking (a fetch joining it is told nothing), and a resident object, are not told.
   void Fetch(const std::string& key, ReadPriority priority, absl::Time deadline, FetchCallback done,
              LandedCallback landed = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   // Starts bringing `key` in without holding it. The errors known at once (unknown key) are

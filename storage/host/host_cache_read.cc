@@ -31,7 +31,8 @@ bool LosesStoredObject(const absl::Status& status) {
 }  // namespace
 
 void HostCache::ListenLocked(Entry* entry, LandedCallback landed) {
-  if (!landed) return;
+  // A read already started with no listener tells nothing.
+  if (!landed || (entry->state == State::kLoading && entry->landed == nullptr)) return;
   if (entry->landed == nullptr) entry->landed = std::make_shared<LandedListeners>();
   entry->landed->Add(std::move(landed));
 }
@@ -49,12 +50,16 @@ void HostCache::StartReadLocked(Entry* entry, std::vector<ReadTarget> targets,
   std::shared_ptr<StreamingChecksum> streaming;
   if (entry->kind == Kind::kStored ? !entry->whole_object_checksum
                                    : !entry->source->model->in_object_store) {
-    // Listeners that join while it loads are told of the segments hashed after they do.
-    if (entry->landed == nullptr) entry->landed = std::make_shared<LandedListeners>();
-    streaming = std::make_shared<StreamingChecksum>(
-        base, entry->size, [base, listeners = entry->landed](uint64_t begin, uint64_t end) {
-          listeners->Tell(base + begin, begin, end);
-        });
+    // Segments are told only where a fetch asked before the read started (listeners that join
+    // later are told of the segments hashed after they do): a read nobody listens to pays nothing.
+    StreamingChecksum::SegmentHashed segment_hashed;
+    if (entry->landed != nullptr) {
+      segment_hashed = [base, listeners = entry->landed](uint64_t begin, uint64_t end) {
+        listeners->Tell(base + begin, begin, end);
+      };
+    }
+    streaming =
+        std::make_shared<StreamingChecksum>(base, entry->size, std::move(segment_hashed));
   }
   entry->streaming = streaming;
   ++reads_in_flight_;

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -101,6 +102,27 @@ TEST_F(HostCacheTest, AFetchIsToldThePartsOfTheObjectAsTheyLand) {
   ASSERT_THAT(again->object, IsOk());
   absl::MutexLock lock(&told->mu);
   EXPECT_TRUE(told->parts.empty());  // resident: nothing landed
+}
+
+// A read that started with no fetch asking is not told of (it pays nothing for listeners): a fetch
+// that joins it is told nothing, and still gets the object.
+TEST_F(HostCacheTest, AFetchJoiningAReadNoOneListensToIsToldNothing) {
+  Start(12);
+  RegisterModel(1, (9ull << 20) + 4096);
+  ASSERT_THAT(cache_->Prefetch("m/blocks.0", absl::InfiniteFuture()), IsOk());
+  auto told = std::make_shared<std::atomic<int>>(0);
+  auto joined = std::make_shared<Answer>();
+  cache_->Fetch(
+      "m/blocks.0", ReadPriority::kDemand, absl::InfiniteFuture(),
+      [joined](absl::StatusOr<HostObject> answer) {
+        joined->object = std::move(answer);
+        joined->ready.Notify();
+      },
+      [told](const uint8_t*, uint64_t, uint64_t) { told->fetch_add(1); });
+  ASSERT_TRUE(joined->ready.WaitForNotificationWithTimeout(kTimeout));
+  ASSERT_THAT(joined->object, IsOk());
+  EXPECT_EQ(joined->object->size(), (9ull << 20) + 4096);
+  EXPECT_EQ(told->load(), 0);
 }
 
 // The threads that announce reads to the file system: the disk reader's.
