@@ -67,8 +67,8 @@ struct GpuTierOptions {
   bool check_decodes_before_serving = true;
   // Objects read from local files into the host tier are copied to staging as their segments land
   // (gpu/detail/landed_copies.h), not once the whole object is read; served only once checked
-  // either way. Off by default: measured on an H100 it was slower (the reader threads enqueue the
-  // copies themselves, and wait in the driver while it is busy; docs/BENCHMARKS.md).
+  // either way. Off by default: measured on an H100 it was slower (docs/BENCHMARKS.md; the likely
+  // cause, not measured apart: the reader threads enqueue the copies themselves).
   bool copy_while_reading = false;
   // Device memory each copy stream decodes compressed objects through, allocated on first use:
   // what its copies may run ahead of its decodes (gpu/detail/compressed_copies.h). At least
