@@ -283,6 +283,12 @@ void FillRandomWords(std::vector<uint64_t>& words, uint64_t& seed) {
 
 absl::StatusOr<double> PreadFiles(const std::vector<std::string>& files, uint8_t* destination,
                                   uint64_t capacity, int threads, uint64_t read_bytes) {
+  return PreadFiles(files, destination, capacity, threads, read_bytes, nullptr);
+}
+
+absl::StatusOr<double> PreadFiles(const std::vector<std::string>& files, uint8_t* destination,
+                                  uint64_t capacity, int threads, uint64_t read_bytes,
+                                  const AfterRead& after_read) {
   // The files back to back: file f's bytes land at file_start[f].
   std::vector<uint64_t> file_start = {0};
   std::vector<ScopedFd> fds;
@@ -305,7 +311,7 @@ absl::StatusOr<double> PreadFiles(const std::vector<std::string>& files, uint8_t
     first_error.Update(std::move(error));
   };
   // Reads [begin, end) of the files back to back.
-  auto read_share = [&](uint64_t begin, uint64_t end) {
+  auto read_share = [&](int thread, uint64_t begin, uint64_t end) {
     for (uint64_t position = begin; position < end;) {
       const size_t f =
           static_cast<size_t>(std::upper_bound(file_start.begin(), file_start.end(), position) -
@@ -319,6 +325,13 @@ absl::StatusOr<double> PreadFiles(const std::vector<std::string>& files, uint8_t
                       : PosixError("reading " + files[f], errno));
         return;
       }
+      if (after_read != nullptr) {
+        if (absl::Status status = after_read(thread, position, static_cast<uint64_t>(got));
+            !status.ok()) {
+          note(std::move(status));
+          return;
+        }
+      }
       position += static_cast<uint64_t>(got);
     }
   };
@@ -329,7 +342,7 @@ absl::StatusOr<double> PreadFiles(const std::vector<std::string>& files, uint8_t
   for (int t = 0; t < threads; ++t) {
     const uint64_t begin = std::min(total, share * t);
     const uint64_t end = t == threads - 1 ? total : std::min(total, share * (t + 1));
-    readers.emplace_back(read_share, begin, end);
+    readers.emplace_back(read_share, t, begin, end);
   }
   for (std::thread& reader : readers) reader.join();
   const double seconds = SecondsSince(start);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -98,6 +99,14 @@ double RunFio(const FioRead& read, nlohmann::json* raw = nullptr);
 // hold more than `capacity` bytes).
 absl::StatusOr<double> PreadFiles(const std::vector<std::string>& files, uint8_t* destination,
                                   uint64_t capacity, int threads, uint64_t read_bytes = 4ull << 20);
+
+// PreadFiles, and after each read its thread calls `after_read(thread, position, bytes)` with
+// the read's place in `destination` (0 <= thread < threads). The first error it returns ends that
+// thread's share and is returned.
+using AfterRead = std::function<absl::Status(int thread, uint64_t position, uint64_t bytes)>;
+absl::StatusOr<double> PreadFiles(const std::vector<std::string>& files, uint8_t* destination,
+                                  uint64_t capacity, int threads, uint64_t read_bytes,
+                                  const AfterRead& after_read);
 
 // The thread counts a benchmark's list flag gives (--threads=1,4,8,16): each a count from 1 to
 // 256, or Die naming --`flag`. An empty list is none, or with `required` an error too.

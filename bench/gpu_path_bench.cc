@@ -81,6 +81,10 @@ ABSL_FLAG(int, fio_queue_depth, 32, "cold: fio's queue depth (4 MiB reads, one j
 ABSL_FLAG(std::vector<std::string>, pread_threads, std::vector<std::string>({"8", "16"}),
           "cold: thread counts of the pread-into-pinned-memory reference, a run each per repeat; "
           "empty: none");
+ABSL_FLAG(std::vector<std::string>, pread_copy_threads, std::vector<std::string>({"16"}),
+          "cold: thread counts of the pread-then-copy reference (the pread reference, each 4 MiB "
+          "read copied on to the GPU at once on its thread's stream), a run each per repeat; "
+          "empty: none. Needs --pread-threads");
 ABSL_FLAG(std::vector<std::string>, in_place_threads, {},
           "cold, memory-backed files: thread counts of the in-place reference (the files mapped, "
           "their pages registered with the device piece by piece and copied to the GPU, no CPU "

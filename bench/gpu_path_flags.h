@@ -24,6 +24,7 @@ ABSL_DECLARE_FLAG(int, stores);
 ABSL_DECLARE_FLAG(std::string, fio);
 ABSL_DECLARE_FLAG(int, fio_queue_depth);
 ABSL_DECLARE_FLAG(std::vector<std::string>, pread_threads);
+ABSL_DECLARE_FLAG(std::vector<std::string>, pread_copy_threads);
 ABSL_DECLARE_FLAG(std::vector<std::string>, in_place_threads);
 ABSL_DECLARE_FLAG(std::string, python);
 ABSL_DECLARE_FLAG(std::string, safetensors_script);
