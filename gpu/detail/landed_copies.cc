@@ -19,10 +19,22 @@ void LandedCopies::Start(Stream& stream, uint8_t* staging) {
   staging_ = staging;
 }
 
+void LandedCopies::Queued() {
+  absl::MutexLock lock(&mu_);
+  ++queued_;
+}
+
+void LandedCopies::AwaitQueued() const {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](const uint64_t* queued) { return *queued == 0; }, &queued_));
+}
+
 void LandedCopies::Landed(const uint8_t* bytes, uint64_t begin, uint64_t end) {
+  absl::MutexLock lock(&mu_);
+  if (queued_ > 0) --queued_;
   end = std::min(end, size_);
   if (begin >= end) return;
-  absl::MutexLock lock(&mu_);
   if (stream_ == nullptr || closed_ || discarded_) return;
   // Enqueued under the lock, so that once Close returns nothing more is. The device enqueues
   // without waiting for earlier copies.

@@ -9,8 +9,8 @@
 // Staging is taken when the first part lands (Start), not when the fetch is asked: objects queued
 // behind the reads hold none.
 //
-// Internal to the GPU tier. Thread-safe: told from reader threads while the tier starts and
-// closes it under its lock. Its own lock is a leaf.
+// Internal to the GPU tier. Thread-safe: started from a reader thread, told of each part on the
+// loader's enqueuing thread, closed under the tier's lock. Its own lock is a leaf.
 #ifndef TIERD_GPU_DETAIL_LANDED_COPIES_H_
 #define TIERD_GPU_DETAIL_LANDED_COPIES_H_
 
@@ -42,9 +42,14 @@ class LandedCopies {
   // this. Nothing when started or closed already.
   void Start(Stream& stream, uint8_t* staging) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A part was handed to the thread that enqueues the copies: its Landed call follows.
+  void Queued() ABSL_LOCKS_EXCLUDED(mu_);
   // Enqueues the copy of [begin, end) of the object, at `bytes` in host memory, when started and
-  // not closed. Never waits for the copy.
+  // not closed (and ends the wait for one part Queued, if any). Never waits for the copy.
   void Landed(const uint8_t* bytes, uint64_t begin, uint64_t end) ABSL_LOCKS_EXCLUDED(mu_);
+  // Until every part Queued has been through Landed: so that the answer to the object's fetch finds
+  // every part told before it enqueued (those it does not are copied by whoever closes).
+  void AwaitQueued() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Nothing is enqueued after this returns. The parts copied — none when an enqueue failed or
   // Discard was called: what was enqueued may still run, and whatever the caller enqueues next on
@@ -69,6 +74,7 @@ class LandedCopies {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool discarded_ ABSL_GUARDED_BY(mu_) = false;  // Discard, or an enqueue failed
   bool enqueued_any_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // Queued, not yet through Landed
   Parts copied_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -37,7 +37,8 @@ StagingLoader::StagingLoader(const TierParts& tier, const Own& own)
       stats_(tier.stats),
       compressed_(tier.device, tier.copier, own.decode_scratch_bytes),
       check_decodes_before_serving_(own.check_decodes_before_serving),
-      copy_while_reading_(own.copy_while_reading) {}
+      copy_while_reading_(own.copy_while_reading),
+      landed_enqueuer_(own.copy_while_reading ? std::make_unique<WorkerPool>(1) : nullptr) {}
 
 absl::StatusOr<StagingObject*> StagingLoader::StartLoad(const std::string& key,
                                                         ReadPriority priority, absl::Time deadline,
@@ -104,18 +105,29 @@ void StagingLoader::IssueHostFetch(StagingObject* object, ReadPriority priority,
                                                      uint64_t end) {
       // The object lives while its host fetch is in flight, and nothing lands after its answer.
       if (copies->unstarted()) StartLandedCopies(object, *copies);
-      copies->Landed(bytes, begin, end);
+      // The enqueue is posted, not made here: a reader thread that enqueued would wait in the
+      // driver (behind other threads' enqueues on the stream, or the arena's registrations) and
+      // under the copies' lock. The answer waits for the parts posted before it (below), so that
+      // none outlives the host bytes it reads — but a failed read's bytes may go before its
+      // answer: its copies are discarded then, and staging freed only after their stream.
+      copies->Queued();
+      landed_enqueuer_->Post([copies, bytes, begin, end] { copies->Landed(bytes, begin, end); });
     };
   }
-  deferred.push_back(
-      [this, object, key = HostKeyOf(object), priority, deadline, landed = std::move(landed)]() mutable {
-        host_source_.Fetch(
-            key, priority, deadline,
-            [this, object](absl::StatusOr<HostBytes> host) {
-              OnHostObject(object, std::move(host));
-            },
-            std::move(landed));
-      });
+  // Whichever fetch answers first (a promoted one too) waits for the parts told before it.
+  std::shared_ptr<LandedCopies> copies = object->landed;
+  deferred.push_back([this, object, key = HostKeyOf(object), priority, deadline,
+                      landed = std::move(landed), copies = std::move(copies)]() mutable {
+    host_source_.Fetch(
+        key, priority, deadline,
+        [this, object, copies = std::move(copies)](absl::StatusOr<HostBytes> host) {
+          // Every part told before the answer is enqueued first (the enqueuing thread keeps up
+          // with the reads; this waits only when it is behind).
+          if (copies != nullptr) copies->AwaitQueued();
+          OnHostObject(object, std::move(host));
+        },
+        std::move(landed));
+  });
 }
 
 void StagingLoader::StartLandedCopies(StagingObject* object, LandedCopies& copies) {

@@ -7,7 +7,8 @@
 // stream, records the object's ready event and answers its waiters at once: they wait on that
 // event, not on the copy. With copy_while_reading, an object read from a local file into the host
 // tier is copied on as its bytes land, into staging taken from free room when the first part lands
-// (landed_copies.h); its waiters are still answered only once the host tier has checked the whole
+// (landed_copies.h), the copies enqueued by a thread of the loader's own so that the reader
+// threads never wait in the device's driver; its waiters are still answered only once the host tier has checked the whole
 // object, after the parts not copied yet. Host bytes held compressed are copied compressed and decoded on the GPU
 // (compressed_copies.h); their waiters are answered once the decode has been checked, so that
 // bytes that did not decode to their checksums are never leased.
@@ -19,6 +20,7 @@
 #define TIERD_GPU_DETAIL_STAGING_LOADER_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -26,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/deferred_calls.h"
+#include "common/worker_pool.h"
 #include "device/device.h"
 #include "gpu/chunked_copier.h"
 #include "gpu/detail/client_table.h"
@@ -136,6 +139,10 @@ class StagingLoader {
   const bool check_decodes_before_serving_;
   const bool copy_while_reading_;
   uint64_t host_fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // With copy_while_reading: one thread that enqueues the copies of the parts that landed, in the
+  // order they were told. Last, so destroyed first: what it still holds runs before the rest goes
+  // (LandedCopies closed by then enqueue nothing).
+  std::unique_ptr<WorkerPool> landed_enqueuer_;
 };
 
 }  // namespace tierd
