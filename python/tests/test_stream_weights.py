@@ -2,6 +2,7 @@
 smaller than the model gives the same outputs as the module holding all its weights."""
 
 import os
+import time
 from unittest import mock
 
 import torch
@@ -96,6 +97,53 @@ class StreamWeightsTest(DaemonTestCase):
         outputs, _, _ = self.run_streamed("dit", module=DiT(**CONFIG).to("meta").eval())
         self.assert_outputs_equal(outputs)
 
+    def hosted_blocks_after_the_first(self, **options):
+        """Streams one call of a fresh module through a daemon whose host tier was emptied;
+        returns, as block 0's forward ends, which blocks the host tier holds (blocks 2 and 3 given
+        up to 10 s to arrive when read ahead), and the outputs."""
+        self.client.evict("dit/", tier="all")
+        module = self.fresh_module()
+        hosted = {}
+
+        def in_host(block):
+            infos = [info for info in self.client.list_objects("dit")
+                     if info.key == f"dit/blocks.{block}"]
+            self.assertEqual(len(infos), 1)
+            return infos[0].in_host_cache
+
+        def after_block0(_module, _inputs, _output):
+            if hosted:
+                return
+            if options.get("host_read_ahead", 8) > 0:
+                deadline = time.monotonic() + 10
+                while not (in_host(2) and in_host(3)) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            hosted.update({block: in_host(block) for block in range(BLOCKS)})
+
+        with tierd.torch.stream_weights(module, self.client, "dit", prefetch_depth=1,
+                                        **options) as streamed:
+            hook = module.blocks[0].register_forward_hook(after_block0)
+            with torch.no_grad():
+                outputs = [module(*self.inputs[0])]
+            synchronize()
+            hook.remove()
+            self.assertEqual(streamed.fetches, BLOCKS)
+        return hosted, outputs
+
+    def test_the_blocks_past_the_prefetch_window_are_read_into_the_host_tier(self):
+        # Block 0 taken, block 1 fetched ahead: blocks 2 and 3 asked into the host tier only, and
+        # nothing yet of 4 and 5 (asked as blocks 1 and 2 start).
+        hosted, outputs = self.hosted_blocks_after_the_first(host_read_ahead=2)
+        self.assertEqual([hosted[block] for block in range(2, BLOCKS)], [True, True, False, False],
+                         hosted)
+        self.assertTrue(torch.equal(outputs[0], self.expected[0]))
+
+    def test_no_host_read_ahead_reads_nothing_past_the_window(self):
+        hosted, outputs = self.hosted_blocks_after_the_first(host_read_ahead=0)
+        self.assertEqual([hosted[block] for block in range(2, BLOCKS)], [False] * (BLOCKS - 2),
+                         hosted)
+        self.assertTrue(torch.equal(outputs[0], self.expected[0]))
+
     def test_no_prefetch_still_matches(self):
         outputs, _, _ = self.run_streamed("dit", prefetch_depth=0)
         self.assert_outputs_equal(outputs)
@@ -136,6 +184,8 @@ class StreamWeightsTest(DaemonTestCase):
         module = self.fresh_module()
         with self.assertRaisesRegex(ValueError, "grouping"):
             tierd.torch.stream_weights(module, self.client, "dit", granularity="phase")
+        with self.assertRaisesRegex(ValueError, "host_read_ahead must not be negative"):
+            tierd.torch.stream_weights(module, self.client, "dit", host_read_ahead=-1)
         with self.assertRaisesRegex(tierd.TierdError, "not registered"):
             tierd.torch.stream_weights(module, self.client, "nothing")
         wider = DiT(**dict(CONFIG, ffn_dim=320)).to(self.device)

@@ -4,8 +4,9 @@
 The model's repeated blocks (the children of its nn.ModuleLists: "blocks.3", "layers.7") are the
 units streamed: a forward pre-hook on block i fetches it (the current stream waits on the copy's
 ready event; the CPU does not wait), points the block's parameters at the leased staging buffer
-and sends fetches for blocks i+1 … i+prefetch_depth, so their copies run while block i computes;
-a forward hook records the done event on the current stream and releases the lease. Fetches wrap
+and sends fetches for blocks i+1 … i+prefetch_depth, so their copies run while block i computes,
+and asks the daemon to read the `host_read_ahead` blocks after those into its host tier (a model's
+first pass then keeps the daemon's readers busy, not just its link); a forward hook records the done event on the current stream and releases the lease. Fetches wrap
 around from the last block to the first, so a model called repeatedly (a denoising loop, decode
 steps) keeps the copy engine busy across calls. Objects outside the blocks (embeddings, final
 norms, heads) and the first `resident_blocks` blocks are fetched once and stay on the GPU (the
@@ -27,7 +28,7 @@ _GROUPING_NAMES = {1: "tensor", 2: "block", 3: "phase"}
 
 
 def stream_weights(module, client, model, granularity="block", prefetch_depth=2,
-                   resident_blocks=0, exclude=()):
+                   resident_blocks=0, exclude=(), host_read_ahead=8):
     """Streams `module`'s weights from tierd model `model` (registered from the safetensors the
     module's state dict was saved to). `client` is a tierd.Client (a session is opened and owned)
     or a tierd.Session. granularity: "block" streams whole blocks; "phase" streams each phase
@@ -38,12 +39,15 @@ def stream_weights(module, client, model, granularity="block", prefetch_depth=2,
     (build the module with accelerate.init_empty_weights(), which keeps buffers real).
     `exclude`: names of parameters the caller gives values to (tierd.experts fetches a mixture's
     experts itself): not streamed, and the model's objects holding only those are left out. With
-    grouping "tensor", a block's tensor objects are fetched together, in one round trip. Returns
-    a StreamedWeights; close() undoes it."""
+    grouping "tensor", a block's tensor objects are fetched together, in one round trip.
+    `host_read_ahead`: the blocks after the prefetch window asked into the daemon's host tier only
+    (Session.prefetch with host_only), each once a pass — where the host tier holds them already,
+    a request that finds them there; 0: none. Returns a StreamedWeights; close() undoes it."""
     if granularity not in ("block", "phase"):
         raise ValueError(f'granularity must be "block" or "phase", not {granularity!r}')
-    if prefetch_depth < 0 or resident_blocks < 0:
-        raise ValueError("prefetch_depth and resident_blocks must not be negative")
+    if prefetch_depth < 0 or resident_blocks < 0 or host_read_ahead < 0:
+        raise ValueError("prefetch_depth, resident_blocks and host_read_ahead must not be "
+                         "negative")
     if isinstance(client, Session):
         session, owned = client, False
     elif isinstance(client, Client):
@@ -52,7 +56,7 @@ def stream_weights(module, client, model, granularity="block", prefetch_depth=2,
         raise TypeError("client must be a tierd.Client or a tierd.Session")
     try:
         return StreamedWeights(module, session, owned, model, granularity, prefetch_depth,
-                               resident_blocks, frozenset(exclude))
+                               resident_blocks, frozenset(exclude), host_read_ahead)
     except BaseException:
         if owned:
             session.close()
@@ -67,7 +71,7 @@ def map_weights(module, client, model, copy=False, exclude=()):
     opened). Retain the model first (Session.retain) to keep its GPU copy between processes.
     `client` and `exclude` as stream_weights'. Returns a StreamedWeights."""
     weights = stream_weights(module, client, model, prefetch_depth=0,
-                             resident_blocks=_ALL_BLOCKS, exclude=exclude)
+                             resident_blocks=_ALL_BLOCKS, exclude=exclude, host_read_ahead=0)
     if copy:
         try:
             weights._copy_out()
@@ -100,10 +104,12 @@ class StreamedWeights:
     """The hooks stream_weights() installed, and the leases they hold."""
 
     def __init__(self, module, session, owns_session, model, granularity, prefetch_depth,
-                 resident_blocks, exclude=frozenset()):
+                 resident_blocks, exclude=frozenset(), host_read_ahead=0):
         self.session = session
         self.model = model
         self.prefetch_depth = prefetch_depth
+        self.host_read_ahead = host_read_ahead
+        self._read_ahead = set()  # ids of the units asked into the host tier, until taken
         self._owns_session = owns_session
         self._device = session.device
         self._placeholders = {}
@@ -204,10 +210,27 @@ class StreamedWeights:
             ahead = self._streamed[(start + step) % count]
             if ahead.pending is None and ahead.leases is None:
                 ahead.pending = self.session.fetch_many_async(ahead.keys)
+        self._read_ahead_into_host(start, count)
+
+    def _read_ahead_into_host(self, start, count):
+        """Asks the daemon to read the host_read_ahead units after the prefetch window into its
+        host tier, each unit once until it is taken: one request a step, for the unit newly in
+        reach (all of them at the first)."""
+        first = self.prefetch_depth + 1
+        last = min(self.prefetch_depth + self.host_read_ahead, count - 1)
+        keys = []
+        for step in range(first, last + 1):
+            ahead = self._streamed[(start + step) % count]
+            if id(ahead) not in self._read_ahead and ahead.leases is None:
+                self._read_ahead.add(id(ahead))
+                keys.extend(ahead.keys)
+        if keys:
+            self.session.prefetch(keys, host_only=True)
 
     # ---- leases -----------------------------------------------------------------------------
 
     def _take(self, unit, stream):
+        self._read_ahead.discard(id(unit))  # asked again on the next pass
         pending, unit.pending = unit.pending, None
         if pending is None:
             pending = self.session.fetch_many_async(unit.keys)

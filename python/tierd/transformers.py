@@ -45,7 +45,8 @@ _PLACEMENTS = ("stream", "mapped", "copy")
 
 
 def from_pretrained(directory, client, name=None, prefetch_depth=2, resident_blocks=0, dtype=None,
-                    experts="stream", expert_prefetch=False, placement="stream", retain=None):
+                    experts="stream", expert_prefetch=False, placement="stream", retain=None,
+                    host_read_ahead=8):
     """A causal language model from the Hugging Face checkpoint in `directory` (config.json and
     safetensors, sharded or not), its weights streamed from tierd block by block.
 
@@ -62,7 +63,8 @@ def from_pretrained(directory, client, name=None, prefetch_depth=2, resident_blo
     conversions (otherwise ValueError).
 
     experts="stream": every block is streamed whole (tierd.torch.stream_weights: `prefetch_depth`
-    blocks ahead, `resident_blocks` kept on the GPU), experts included. experts="on_demand": a
+    blocks ahead, `host_read_ahead` more read into the daemon's host tier, `resident_blocks` kept
+    on the GPU), experts included. experts="on_demand": a
     mixture of experts' layers fetch only the experts their router chose, one round trip per
     layer, the daemon's GPU pool caching them across tokens (tierd.experts; the model is
     registered with tensor grouping); with `expert_prefetch`, each layer's experts chosen by the
@@ -128,7 +130,8 @@ def from_pretrained(directory, client, name=None, prefetch_depth=2, resident_blo
             model.tierd_weights = stream_weights(model, session, name, granularity="block",
                                                  prefetch_depth=prefetch_depth,
                                                  resident_blocks=resident_blocks,
-                                                 exclude=excluded)
+                                                 exclude=excluded,
+                                                 host_read_ahead=host_read_ahead)
         else:
             model.tierd_weights = map_weights(model, session, name, copy=placement == "copy",
                                               exclude=excluded)
