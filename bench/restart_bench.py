@@ -7,6 +7,10 @@ Llama-architecture model on the GPU, its weights N(0, 0.02^2) in bf16 (40 layers
                       (the checkpoint on tmpfs, read once before)
   first load          tierd.transformers.from_pretrained(placement="mapped") of a newly registered
                       model: the daemon reads it from the files (its cold path) as it is mapped
+  first load,         the same with placement="stream" (blocks streamed through the GPU pool, two
+  streamed            ahead) under another name: timed to the logits of the first forward pass,
+                      which is what brings every block to the GPU; without the host tier's
+                      read-ahead (host_read_ahead=0), then with the default's 8 blocks
   (b) host tier       tierd.transformers.from_pretrained(placement="mapped") with the model in the
                       daemon's host memory only: every byte crosses the link
   (c) retained        the same, the model retained on the daemon's GPU (retain=True) by an earlier
@@ -28,8 +32,8 @@ it loads weights) to the model ready on the GPU; its logits must equal (a)'s. Th
 
     bench/restart_bench.py --tierd BUNDLE/bin/tierd --work-dir /dev/shm/rb --json out.json
 
---after-restart-only measures (a), the first load (retained) and (c) after the daemon's restart,
-and nothing between: the restart's figure alone, in a third of the time.
+--after-restart-only measures (a), the first loads (streamed; mapped and retained) and (c) after
+the daemon's restart, and nothing between: the restart's figure alone, in a third of the time.
 """
 
 import argparse
@@ -46,6 +50,7 @@ from bench_harness import (Daemon, add_common_arguments, log, pinned_copy_rate, 
                            write_results)
 
 MODEL = "llama"
+STREAMED = "llama-streamed"  # the same checkpoint, registered again for the streamed first load
 IDS = [list(range(1, 33))]
 
 # The process each way is measured in: argv[1] is its settings as JSON; it prints one JSON line,
@@ -98,11 +103,15 @@ else:
     client = tierd.Client(settings["socket"])
     model = tierd.transformers.from_pretrained(
         settings["checkpoint"], client, name=settings["model"], placement=settings["placement"],
-        retain=settings.get("retain"))
+        retain=settings.get("retain"), host_read_ahead=settings.get("host_read_ahead", 8))
     if settings["way"] == "process":
         processed = quantize(layer_linears(model))
         if settings.get("save"):
             tierd.processed.save(client, settings["identity"], processed, retain=True)
+logits = None
+if settings.get("time_first_forward"):  # a streamed model's weights reach the GPU in its forward
+    with torch.no_grad():
+        logits = model(torch.tensor(settings["ids"], device="cuda")).logits.float().cpu()
 torch.cuda.synchronize()
 seconds = time.perf_counter() - start
 if profile is not None:
@@ -127,8 +136,9 @@ if model is None:
     processed.close()
     client.close()
     sys.exit(0)
-with torch.no_grad():
-    logits = model(torch.tensor(settings["ids"], device="cuda")).logits.float().cpu()
+if logits is None:
+    with torch.no_grad():
+        logits = model(torch.tensor(settings["ids"], device="cuda")).logits.float().cpu()
 if settings.get("save_logits"):
     torch.save(logits, settings["save_logits"])
 if settings.get("reference"):
@@ -217,13 +227,13 @@ def wait_for_gpu_memory(nbytes, timeout=120):
         time.sleep(0.2)
 
 
-def evict_from_gpu(client):
+def evict_from_gpu(client, model=MODEL):
     """Evicts the model from the GPU, waiting for the drains of the last process's releases."""
     deadline = time.monotonic() + 60
-    while any(info.on_gpu for info in client.list_objects(MODEL)):
+    while any(info.on_gpu for info in client.list_objects(model)):
         if time.monotonic() > deadline:
             sys.exit("the model stayed on the GPU for 60 s after its last process exited")
-        client.evict(f"{MODEL}/", tier="gpu")
+        client.evict(f"{model}/", tier="gpu")
         time.sleep(0.05)
 
 
@@ -271,6 +281,17 @@ def main():
     try:
         tierd_way["socket"] = daemon.socket
         with tierd.Client(daemon.socket) as client:
+            # The first load streamed, of the model registered under another name (its host copy
+            # dropped after, so that the first load below is as cold).
+            # Without the host tier's read-ahead first: the blocks asked two at a time.
+            for run, read_ahead in (("first_load_streamed_no_read_ahead", 0),
+                                    ("first_load_streamed", 8)):
+                runs[run] = run_child(dict(tierd_way, model=STREAMED, placement="stream",
+                                           time_first_forward=True, host_read_ahead=read_ahead))
+                log(f"first load through tierd (cold), streamed, {read_ahead} blocks read ahead "
+                    f"into the host tier, to the first logits: {runs[run]['seconds']:.2f} s")
+                evict_from_gpu(client, STREAMED)
+                client.evict(f"{STREAMED}/", tier="all")
             if args.after_restart_only:
                 runs["first_load"] = run_child(dict(tierd_way, retain=True))
                 log(f"first load through tierd (cold), retained: "
@@ -388,6 +409,15 @@ def main():
     results["transformers_over_first_load"] = runs["a_transformers"]["seconds"] / first
     log(f"first load: {results['first_load_gb_per_s']:.1f} GB/s, "
         f"{results['transformers_over_first_load']:.2f}x faster than transformers (goal 4x)")
+    results["first_load_streamed_no_read_ahead_gb_per_s"] = (
+        results["model_bytes"] / runs["first_load_streamed_no_read_ahead"]["seconds"] / 1e9)
+    streamed = runs["first_load_streamed"]["seconds"]
+    results["first_load_streamed_gb_per_s"] = results["model_bytes"] / streamed / 1e9
+    results["transformers_over_first_load_streamed"] = runs["a_transformers"]["seconds"] / streamed
+    log(f"first load streamed, to the first logits: "
+        f"{results['first_load_streamed_gb_per_s']:.1f} GB/s, "
+        f"{results['transformers_over_first_load_streamed']:.2f}x faster than transformers "
+        f"(goal 4x)")
     write_results(results, args.json)
     if os.path.exists(profile_path):
         with open(profile_path) as profile:
