@@ -433,9 +433,9 @@ void StagingLoader::FailLoad(StagingObject* object, const absl::Status& status,
     CloseLandedCopies(object, /*discard=*/true);
     if (enqueued && object->memory.has_value()) {
       // Copies of what landed may still run into the range.
-      residency_.FreeAfterStream(*stream, *std::move(object->memory), std::nullopt,
-                                 absl::StrCat("copying ", object->key(), " to the GPU as it was read"),
-                                 status);
+      residency_.FreeAfterStream(
+          *stream, *std::move(object->memory), std::nullopt,
+          absl::StrCat("copying ", object->key(), " to the GPU as it was read"), status);
       object->memory.reset();
     }
     residency_.RetryAllocations(deferred);

@@ -8,10 +8,11 @@
 // event, not on the copy. With copy_while_reading, an object read from a local file into the host
 // tier is copied on as its bytes land, into staging taken from free room when the first part lands
 // (landed_copies.h), the copies enqueued by a thread of the loader's own so that the reader
-// threads never wait in the device's driver; its waiters are still answered only once the host tier has checked the whole
-// object, after the parts not copied yet. Host bytes held compressed are copied compressed and decoded on the GPU
-// (compressed_copies.h); their waiters are answered once the decode has been checked, so that
-// bytes that did not decode to their checksums are never leased.
+// threads never wait in the device's driver; its waiters are still answered only once the host
+// tier has checked the whole object, after the parts not copied yet. Host bytes held compressed
+// are copied compressed and decoded on the GPU (compressed_copies.h); their waiters are answered
+// once the decode has been checked, so that bytes that did not decode to their checksums are never
+// leased.
 //
 // Internal to the GPU tier. Its state is guarded by the tier's lock (loads change the objects the
 // residency lists and the leases clients hold). Methods say REQUIRES: the tier's lock when it must

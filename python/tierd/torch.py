@@ -6,11 +6,11 @@ units streamed: a forward pre-hook on block i fetches it (the current stream wai
 ready event; the CPU does not wait), points the block's parameters at the leased staging buffer
 and sends fetches for blocks i+1 … i+prefetch_depth, so their copies run while block i computes,
 and asks the daemon to read the `host_read_ahead` blocks after those into its host tier (a model's
-first pass then keeps the daemon's readers busy, not just its link); a forward hook records the done event on the current stream and releases the lease. Fetches wrap
-around from the last block to the first, so a model called repeatedly (a denoising loop, decode
-steps) keeps the copy engine busy across calls. Objects outside the blocks (embeddings, final
-norms, heads) and the first `resident_blocks` blocks are fetched once and stay on the GPU (the
-seeds' offload_ratio).
+first pass then keeps the daemon's readers busy, not just its link); a forward hook records the
+done event on the current stream and releases the lease. Fetches wrap around from the last block
+to the first, so a model called repeatedly (a denoising loop, decode steps) keeps the copy engine
+busy across calls. Objects outside the blocks (embeddings, final norms, heads) and the first
+`resident_blocks` blocks are fetched once and stay on the GPU (the seeds' offload_ratio).
 
 For inference: the weights are views of memory the daemon reuses once released, so nothing may
 keep them past the block's forward (autograd would).
