@@ -272,6 +272,10 @@ class ServedConversionTest(DaemonTestCase):
         summary = self.client.register_model(model, directory, grouping=grouping, derived=derived)
         self.assertEqual(summary.derived_tensors, len(derived))
         with self.client.session() as session:
+            # Read into the host tier ahead, as a streamed model's blocks are (stream_weights'
+            # host_read_ahead): derived tensors and the objects holding them are asked like any.
+            keys = [info.key for info in self.client.list_objects(model)]
+            self.assertEqual(session.prefetch(keys, host_only=True), len(keys))
             for layer in range(layers):
                 fused = f"model.layers.{layer}.mlp.experts"
                 gates = [tensors[gate.format(layer=layer, e=e)] for e in range(experts)]
