@@ -90,16 +90,7 @@ TEST_F(HostCacheTest, AFetchIsToldThePartsOfTheObjectAsTheyLand) {
                                                          {8ull << 20, kBlock}}));
     told->parts.clear();
   }
-  auto again = std::make_shared<Answer>();
-  cache_->Fetch(
-      "m/blocks.0", ReadPriority::kDemand, absl::InfiniteFuture(),
-      [again](absl::StatusOr<HostObject> answer) {
-        again->object = std::move(answer);
-        again->ready.Notify();
-      },
-      landed);
-  ASSERT_TRUE(again->ready.WaitForNotificationWithTimeout(kTimeout));
-  ASSERT_THAT(again->object, IsOk());
+  ASSERT_THAT(FetchNow("m/blocks.0", landed), IsOk());
   absl::MutexLock lock(&told->mu);
   EXPECT_TRUE(told->parts.empty());  // resident: nothing landed
 }
@@ -111,17 +102,10 @@ TEST_F(HostCacheTest, AFetchJoiningAReadNoOneListensToIsToldNothing) {
   RegisterModel(1, (9ull << 20) + 4096);
   ASSERT_THAT(cache_->Prefetch("m/blocks.0", absl::InfiniteFuture()), IsOk());
   auto told = std::make_shared<std::atomic<int>>(0);
-  auto joined = std::make_shared<Answer>();
-  cache_->Fetch(
-      "m/blocks.0", ReadPriority::kDemand, absl::InfiniteFuture(),
-      [joined](absl::StatusOr<HostObject> answer) {
-        joined->object = std::move(answer);
-        joined->ready.Notify();
-      },
-      [told](const uint8_t*, uint64_t, uint64_t) { told->fetch_add(1); });
-  ASSERT_TRUE(joined->ready.WaitForNotificationWithTimeout(kTimeout));
-  ASSERT_THAT(joined->object, IsOk());
-  EXPECT_EQ(joined->object->size(), (9ull << 20) + 4096);
+  absl::StatusOr<HostObject> joined =
+      FetchNow("m/blocks.0", [told](const uint8_t*, uint64_t, uint64_t) { told->fetch_add(1); });
+  ASSERT_THAT(joined, IsOk());
+  EXPECT_EQ(joined->size(), (9ull << 20) + 4096);
   EXPECT_EQ(told->load(), 0);
 }
 

@@ -208,12 +208,16 @@ class HostCacheTest : public ::testing::Test {
   }
 
   std::shared_ptr<Answer> Fetch(const std::string& key,
-                                ReadPriority priority = ReadPriority::kDemand) {
+                                ReadPriority priority = ReadPriority::kDemand,
+                                HostCache::LandedCallback landed = nullptr) {
     auto answer = NewAnswer();
-    cache_->Fetch(key, priority, absl::InfiniteFuture(), [answer](absl::StatusOr<HostObject> o) {
-      answer->object = std::move(o);
-      answer->ready.Notify();
-    });
+    cache_->Fetch(
+        key, priority, absl::InfiniteFuture(),
+        [answer](absl::StatusOr<HostObject> o) {
+          answer->object = std::move(o);
+          answer->ready.Notify();
+        },
+        std::move(landed));
     return answer;
   }
 
@@ -230,8 +234,9 @@ class HostCacheTest : public ::testing::Test {
     return answer;
   }
 
-  absl::StatusOr<HostObject> FetchNow(const std::string& key) {
-    auto answer = Fetch(key);
+  absl::StatusOr<HostObject> FetchNow(const std::string& key,
+                                      HostCache::LandedCallback landed = nullptr) {
+    auto answer = Fetch(key, ReadPriority::kDemand, std::move(landed));
     if (!answer->ready.WaitForNotificationWithTimeout(kTimeout)) {
       return absl::DeadlineExceededError("fetch did not answer");
     }
