@@ -165,6 +165,18 @@ double SafetensorsLoad(const std::vector<std::string>& files, bool drop_cache) {
   return gbps;
 }
 
+// Runs of a reference at each thread count, as JSON keyed by the count (`by_threads`); returns
+// the best of their medians.
+double BestMedian(const std::map<int, std::vector<double>>& runs, nlohmann::json& by_threads) {
+  by_threads = nlohmann::json::object();
+  double best = 0;
+  for (const auto& [threads, gbps] : runs) {
+    by_threads[std::to_string(threads)] = gbps;
+    best = std::max(best, Median(gbps));
+  }
+  return best;
+}
+
 // The pread reference with the copy to the GPU beside it: each thread copies every read on at
 // once, on a stream of its own, to `gpu` (room for `gpu_bytes`, a ring: only the rate counts).
 // Seconds from the first read until every copy is done. What it reaches bounds a daemon that
@@ -344,12 +356,8 @@ nlohmann::json Cold(Bench& bench) {
                           tierd / fio);
   }
   if (!pread_threads.empty()) {
-    nlohmann::json preads = nlohmann::json::object();
-    double best_pread = 0;
-    for (const auto& [threads, runs] : pread_runs) {
-      preads[std::to_string(threads)] = runs;
-      best_pread = std::max(best_pread, Median(runs));
-    }
+    nlohmann::json preads;
+    const double best_pread = BestMedian(pread_runs, preads);
     const double link = Median(link_runs);
     const double bound = std::min(best_pread, link);
     result.update({{"pread_baseline", "T threads pread the files (a contiguous share each, 4 MiB "
@@ -367,12 +375,8 @@ nlohmann::json Cold(Bench& bench) {
                           "(target on memory-backed files >= 0.90)",
                           best_pread, link, tierd / bound);
     if (!pread_copy_runs.empty()) {
-      nlohmann::json copies = nlohmann::json::object();
-      double best_copy = 0;
-      for (const auto& [threads, runs] : pread_copy_runs) {
-        copies[std::to_string(threads)] = runs;
-        best_copy = std::max(best_copy, Median(runs));
-      }
+      nlohmann::json copies;
+      const double best_copy = BestMedian(pread_copy_runs, copies);
       result.update({{"pread_copy_baseline",
                       "T threads pread the files into pinned memory as the pread reference "
                       "does, each 4 MiB read copied on to the GPU at once on the thread's own "
@@ -385,14 +389,10 @@ nlohmann::json Cold(Bench& bench) {
     }
   }
   if (!in_place_threads.empty()) {
-    nlohmann::json runs = nlohmann::json::object();
+    nlohmann::json runs;
+    const double best = BestMedian(in_place_runs, runs);
     nlohmann::json times = nlohmann::json::object();
-    double best = 0;
-    for (const auto& [threads, gbps] : in_place_runs) {
-      runs[std::to_string(threads)] = gbps;
-      times[std::to_string(threads)] = in_place_times[threads];
-      best = std::max(best, Median(gbps));
-    }
+    for (const auto& [threads, each] : in_place_times) times[std::to_string(threads)] = each;
     result.update({{"in_place_baseline",
                     "T threads register the mapped files' pages read-only with the device in "
                     "64 MiB pieces and copy each to the GPU once registered (no CPU copy); "
