@@ -37,7 +37,6 @@ StagingLoader::StagingLoader(const TierParts& tier, const Own& own)
       stats_(tier.stats),
       compressed_(tier.device, tier.copier, own.decode_scratch_bytes),
       check_decodes_before_serving_(own.check_decodes_before_serving),
-      copy_while_reading_(own.copy_while_reading),
       landed_enqueuer_(own.copy_while_reading ? std::make_unique<WorkerPool>(1) : nullptr) {}
 
 absl::StatusOr<StagingObject*> StagingLoader::StartLoad(const std::string& key,
@@ -98,7 +97,7 @@ void StagingLoader::IssueHostFetch(StagingObject* object, ReadPriority priority,
   // The first fetch of a whole object (a shard is cut from its object's bytes once they are all
   // there) copies them on as they land.
   HostCache::LandedCallback landed;
-  if (copy_while_reading_ && object->cut == nullptr && object->landed == nullptr &&
+  if (landed_enqueuer_ != nullptr && object->cut == nullptr && object->landed == nullptr &&
       !object->memory.has_value()) {
     object->landed = std::make_shared<LandedCopies>(copier_, object->size);
     landed = [this, object, copies = object->landed](const uint8_t* bytes, uint64_t begin,

@@ -138,10 +138,9 @@ class StagingLoader {
   GpuTierStats& stats_ ABSL_GUARDED_BY(mu_);
   CompressedCopies compressed_;
   const bool check_decodes_before_serving_;
-  const bool copy_while_reading_;
   uint64_t host_fetches_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  // With copy_while_reading: one thread that enqueues the copies of the parts that landed, in the
-  // order they were told. Last, so destroyed first: what it still holds runs before the rest goes
+  // With copy_while_reading (null without: objects are copied once read), one thread that
+  // enqueues the copies of the parts that landed, in the order they were told. Last, so destroyed first: what it still holds runs before the rest goes
   // (LandedCopies closed by then enqueue nothing).
   std::unique_ptr<WorkerPool> landed_enqueuer_;
 };
