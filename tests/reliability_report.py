@@ -5,9 +5,9 @@
                                 --fuzz-logs DIR [--command TEXT] [--out FILE]
 
 --gtest DIR holds the JSON reports of the test binaries (GTEST_OUTPUT=json:DIR/), --fuzz-logs the
-logs of tests/run-fuzzers.sh (build-fuzz/logs). The figures come from what the tests recorded with
-RecordProperty (faults injected, processes killed, the soak's operations) and from libFuzzer's
-final statistics; every figure is reported next to whether the test that produced it passed, which
+logs of tests/run-fuzzers.sh (build-asan/fuzzing/logs). The figures come from what the tests
+recorded with RecordProperty (faults injected, processes killed, the soak's operations) and from
+libFuzzer's final statistics; every figure is reported next to whether the test that produced it passed, which
 is what says that nothing was lost. Exits 1 when a reliability test failed or a fuzzer crashed,
 after writing the report. Uses only the standard library.
 """

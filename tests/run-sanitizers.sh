@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# tests/run-sanitizers.sh [address|thread]... (default: both)
+# tests/run-sanitizers.sh [--configure] [address|thread]... (default: both)
 #
 # Builds tierd with sanitizers (host backend only: no GPU on a CI machine) and runs its tests:
 #   address  ASan + UBSan with clang 14, in build-asan/: the whole suite but the deployment test
-#            (which checks packaging, not memory), the benchmarks' programs and the GPU tests.
+#            (which checks packaging, not memory), the benchmarks' programs and the GPU tests. The
+#            tree also builds the fuzzers (-DTIERD_FUZZ=ON: everything instrumented for libFuzzer's
+#            coverage too), which tests/run-fuzzers.sh runs: one build serves both.
 #   thread   TSan, in build-tsan/: the tests of the concurrent parts — the host arena, cache and
 #            disk reader, the checksum hashed as a read's chunks land, the GPU tier, the session protocol and the durable store in process, the
 #            daemon in process (health, faults, metrics), the API against real daemon processes,
@@ -16,9 +18,11 @@
 #            GCC's TSan: its runtime is a shared library, which that preloaded library needs in
 #            every process a test starts (clang links the runtime into each program).
 # Each mode's build runs, at a lower priority, beside the tests of the mode before it: the tests
-# leave part of the machine idle (they wait on daemons, sockets and timeouts). Any finding fails
+# leave part of the machine idle (they wait on daemons, sockets and timeouts); the last mode's
+# tests, with nothing beside them, run two per core. Any finding fails
 # the test that provoked it. Each test binary's JSON report goes to BUILD/test-results
 # (tests/reliability_report.py reads them). Extra ctest arguments come from $CTEST_ARGS.
+# --configure only configures the modes' trees that are not yet configured, and builds nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 modes=("$@")
@@ -31,14 +35,16 @@ tsan_tests=(host_arena_test host_cache_test disk_reader_test daemon_health_test
             remote_model_scan_test s3_client_hostile_test remote_hostile_test streaming_checksum_test
             staging_loader_test)
 
-# settings MODE: sets build, sanitize, compilers, benchmarks, targets, select and skips for MODE.
+# settings MODE: sets build, sanitize, compilers, benchmarks, fuzz, targets, select and skips for
+# MODE.
 settings() {
   case $1 in
     address) build="build-asan"; sanitize=address,undefined; compilers=(clang-14 clang++-14)
+             fuzz=ON
              # Everything but the benchmarks' programs (their tests check what they report, not
              # memory).
              benchmarks=OFF; targets=(all); select=(-LE gpu -E '^deploy_test$'); skips=() ;;
-    thread)  build="build-tsan"; sanitize=thread; compilers=(gcc g++); benchmarks=ON
+    thread)  build="build-tsan"; sanitize=thread; compilers=(gcc g++); benchmarks=ON; fuzz=OFF
              # Left to the plain and ASan runs: a hundred client processes started and killed
              # (minutes under TSan), and cases whose threads are those of a case kept here, with
              # other inputs — command-line tools and flags, statuses, identities, a shard walk,
@@ -54,27 +60,35 @@ settings() {
                     ClientGroupsTest.BadClientGroupsAreRefused)
              targets=("${tsan_tests[@]}" tierd tierctl api_peer tierd_tsan_absl)
              select=(-R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$") ;;
-    *) echo "usage: tests/run-sanitizers.sh [address|thread]..." >&2; exit 2 ;;
+    *) echo "usage: tests/run-sanitizers.sh [--configure] [address|thread]..." >&2; exit 2 ;;
   esac
 }
 
-# build_mode MODE: configures (once) and builds MODE's tree.
-build_mode() {
+# configure_mode MODE: configures MODE's tree unless it is configured already (with the fuzzers
+# or without, as MODE asks).
+configure_mode() {
   settings "$1"
   if [[ ! -f $build/CMakeCache.txt ]]; then
     # -O1 with line tables (-g1): reports name files and lines, and a small CI machine builds it
     # in minutes.
     CC=${compilers[0]} CXX=${compilers[1]} cmake -S . -B "$build" -G Ninja \
       -DTIERD_SANITIZE="$sanitize" -DTIERD_WITH_CUDA=OFF -DTIERD_WERROR=ON \
-      -DTIERD_BENCHMARKS="$benchmarks" \
+      -DTIERD_BENCHMARKS="$benchmarks" -DTIERD_FUZZ="$fuzz" \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
       >/dev/null
+  elif ! grep -qx "TIERD_FUZZ:BOOL=$fuzz" "$build/CMakeCache.txt"; then
+    cmake -S . -B "$build" -DTIERD_FUZZ="$fuzz" >/dev/null  # a tree configured before the fuzzers
   fi
+}
+
+# build_mode MODE: configures (once) and builds MODE's tree.
+build_mode() {
+  configure_mode "$1"
   echo "run-sanitizers: building ($sanitize) in $build"
   cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}"
 }
 
-# test_mode MODE: runs MODE's tests in its (built) tree.
+# test_mode MODE JOBS: runs MODE's tests in its (built) tree, JOBS at a time.
 test_mode() {
   settings "$1"
   echo "run-sanitizers: testing ($sanitize)"
@@ -87,14 +101,24 @@ test_mode() {
           ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=1 \
           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
           TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:exitcode=66:suppressions=$root/tests/tsan/suppressions.txt" \
-          ctest --output-on-failure --parallel "$(nproc)" "${select[@]}" ${CTEST_ARGS:-}); then
+          ctest --output-on-failure --parallel "$2" "${select[@]}" ${CTEST_ARGS:-}); then
     echo "run-sanitizers: $sanitize FAILED"
     return 1
   fi
 }
 
+configure_only=false
+if [[ ${1:-} == --configure ]]; then
+  configure_only=true
+  modes=("${modes[@]:1}")
+  ((${#modes[@]} > 0)) || modes=(address thread)
+fi
 root=$PWD
 for mode in "${modes[@]}"; do settings "$mode"; done  # a bad mode is refused before any work
+if $configure_only; then
+  for mode in "${modes[@]}"; do configure_mode "$mode"; done
+  exit 0
+fi
 status=0
 built=true
 build_mode "${modes[0]}" || built=false
@@ -108,7 +132,9 @@ for i in "${!modes[@]}"; do
     next_build=$!
   fi
   if $built; then
-    test_mode "${modes[$i]}" || status=1
+    jobs=$(nproc)
+    [[ -n $next ]] || jobs=$((2 * $(nproc)))  # nothing beside them: two per core
+    test_mode "${modes[$i]}" "$jobs" || status=1
   else
     echo "run-sanitizers: building ${modes[$i]} FAILED"
     status=1
