@@ -4,8 +4,8 @@
 # Builds tierd with sanitizers (host backend only: no GPU on a CI machine) and runs its tests:
 #   address  ASan + UBSan with clang 14, in build-asan/: the whole suite but the deployment test
 #            (which checks packaging, not memory), the benchmarks' programs and the GPU tests. The
-#            tree also builds the fuzzers (-DTIERD_FUZZ=ON: everything instrumented for libFuzzer's
-#            coverage too), which tests/run-fuzzers.sh runs: one build serves both.
+#            tree also builds the fuzzers (-DTIERD_FUZZ=ON: the library instrumented for
+#            libFuzzer's coverage too), which tests/run-fuzzers.sh runs: one build serves both.
 #   thread   TSan, in build-tsan/: the tests of the concurrent parts — the host arena, cache and
 #            disk reader, the checksum hashed as a read's chunks land, the GPU tier, the session protocol and the durable store in process, the
 #            daemon in process (health, faults, metrics), the API against real daemon processes,
