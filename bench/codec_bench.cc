@@ -185,11 +185,11 @@ class DeviceRun {
           "copy");
   }
   void Decode(tierd::Stream& stream, uint64_t first, uint64_t count, int slot = 0) {
-    Check(device_.DecodeAsync(
-              stream, layout_, slab_encoded_[slot]->data(),
-              tierd::codec::TileData(
-                  layout_, static_cast<const uint8_t*>(slab_encoded_[slot]->data()), first),
-              slab_raw_->data(), first, count, verdict_),
+    const auto* encoded = static_cast<const uint8_t*>(slab_encoded_[slot]->data());
+    Check(device_.DecodeAsync(stream, layout_,
+                              tierd::codec::TablesInPrefix(layout_, encoded, first),
+                              tierd::codec::TileData(layout_, encoded, first), slab_raw_->data(),
+                              first, count, verdict_),
           "decode");
   }
   void Sync(tierd::Stream& stream) { Check(device_.SynchronizeStream(stream), "synchronize"); }

@@ -19,6 +19,7 @@ uint32_t LoadU32(const uint8_t* p) {
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
+uint32_t LoadU32(const uint32_t* p) { return LoadU32(reinterpret_cast<const uint8_t*>(p)); }
 void StoreU32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, sizeof(v)); }
 
 // The little-endian packed fields of a group's 8 words at `bits` bits a word: word k's at bits
@@ -96,7 +97,6 @@ EncodingPlan PlanEncoding(const uint8_t* raw, uint64_t size, const EncodingOptio
       uint64_t covered = 0;
       for (uint32_t k = 0; k < named; ++k) covered += counts[order[k]];
       const CompressedLayout layout = LayoutFor(word_layout, bits, size, words - covered);
-      if (layout.data_offset > kMaxPrefixBytes) continue;
       if (plan.code_bits != 0 && layout.encoded_bytes >= plan.encoded_bytes) continue;
       plan.layout = word_layout;
       plan.code_bits = bits;
@@ -105,11 +105,6 @@ EncodingPlan PlanEncoding(const uint8_t* raw, uint64_t size, const EncodingOptio
       std::memset(plan.codebook, 0, sizeof(plan.codebook));
       for (uint32_t k = 0; k < named; ++k) plan.codebook[k] = static_cast<uint8_t>(order[k]);
     }
-  }
-  if (plan.code_bits == 0) {
-    plan.reason = absl::StrCat("its tables would pass the format's ", kMaxPrefixBytes >> 20,
-                               " MiB bound (too many escapes, or an object over ~900 MiB)");
-    return plan;
   }
   if (plan.ratio() > options.max_ratio) {
     plan.reason = absl::StrFormat("compresses only to %.3f of its size", plan.ratio());
@@ -231,10 +226,6 @@ absl::StatusOr<CompressedLayout> ParseCompressedHeader(const uint8_t* data, uint
       return Corrupt(absl::StrCat("code ", k, " names exponent ", header.codebook[k]));
     }
   }
-  if (layout.data_offset > kMaxPrefixBytes) {
-    return Corrupt(absl::StrCat("tables of ", layout.data_offset, " bytes, past the bound of ",
-                                kMaxPrefixBytes));
-  }
   std::memcpy(layout.codebook, header.codebook, sizeof(layout.codebook));
   if (size < layout.data_offset && size != layout.encoded_bytes) {
     return Corrupt(
@@ -263,7 +254,18 @@ absl::StatusOr<CompressedLayout> ParseCompressed(const uint8_t* data, uint64_t s
   return layout;
 }
 
-absl::Status DecodeTiles(const CompressedLayout& layout, const uint8_t* prefix,
+EscapeRange EscapesOfTiles(const CompressedLayout& layout, const uint8_t* prefix,
+                           uint64_t first_tile, uint64_t tile_count) {
+  const auto start = [&](uint64_t tile) {
+    return std::min<uint64_t>(LoadU32(prefix + layout.escape_starts_offset + 4 * tile),
+                              layout.escapes);
+  };
+  const uint64_t begin = start(first_tile);
+  const uint64_t end = start(first_tile + tile_count);
+  return {begin, end > begin ? std::min(end - begin, tile_count * kTileWords) : 0};
+}
+
+absl::Status DecodeTiles(const CompressedLayout& layout, const TileTables& tables,
                          const uint8_t* tiles, uint8_t* dst, uint64_t first_tile,
                          uint64_t tile_count) {
   if (first_tile > layout.tiles || tile_count > layout.tiles - first_tile) {
@@ -275,12 +277,14 @@ absl::Status DecodeTiles(const CompressedLayout& layout, const uint8_t* prefix,
   const uint32_t side_bits = SideBits(layout.layout);
   const uint32_t limit = ExponentLimit(layout.layout);
   for (uint64_t tile = first_tile; tile < first_tile + tile_count; ++tile) {
-    const uint64_t begin = LoadU32(prefix + layout.escape_starts_offset + 4 * tile);
-    const uint64_t end = LoadU32(prefix + layout.escape_starts_offset + 4 * (tile + 1));
-    if (end < begin || end - begin > kTileWords || end > layout.escapes) {
+    const uint64_t index = tile - first_tile;
+    const uint64_t begin = LoadU32(tables.escape_starts + index);
+    const uint64_t end = LoadU32(tables.escape_starts + index + 1);
+    if (end < begin || end - begin > kTileWords || begin < tables.escapes_base ||
+        end - tables.escapes_base > tables.escapes_count) {
       return Corrupt(absl::StrCat("tile ", tile, "'s escapes [", begin, ", ", end, ")"));
     }
-    const uint8_t* data = tiles + (tile - first_tile) * layout.tile_bytes;
+    const uint8_t* data = tiles + index * layout.tile_bytes;
     const uint8_t* rest = data + kTileThreads * bits;
     const uint8_t* side = rest + kTileWords;
     uint64_t next_escape = begin;
@@ -298,7 +302,7 @@ absl::Status DecodeTiles(const CompressedLayout& layout, const uint8_t* prefix,
         uint32_t exponent = layout.codebook[code < escape_code ? code : 0];
         if (code == escape_code) {
           if (next_escape < end) {
-            exponent = prefix[layout.escapes_offset + next_escape++];
+            exponent = tables.escapes[next_escape++ - tables.escapes_base];
             bad_escape |= exponent >= limit;
           } else {
             bad_escape = true;
@@ -324,7 +328,7 @@ absl::Status DecodeTiles(const CompressedLayout& layout, const uint8_t* prefix,
     if (bad_escape || next_escape != end) {
       return Corrupt(absl::StrCat("tile ", tile, "'s codes disagree with its escapes"));
     }
-    if (FoldChecksum(sum) != LoadU32(prefix + layout.checksums_offset + 4 * tile)) {
+    if (FoldChecksum(sum) != LoadU32(tables.checksums + index)) {
       return Corrupt(absl::StrCat("tile ", tile, "'s checksum does not match its bytes"));
     }
   }

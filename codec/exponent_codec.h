@@ -51,8 +51,9 @@ EncodingPlan PlanEncoding(const uint8_t* raw, uint64_t size, const EncodingOptio
 absl::Status Encode(const uint8_t* raw, uint64_t size, const EncodingPlan& plan, uint8_t* dst);
 
 // Checks the header of the compressed object at `data` (`size` bytes: the whole object, or at
-// least its first CompressedPrefixBytes) and returns where everything is. Errors: DATA_LOSS naming
-// the first field that is wrong (magic, version, layout, code width, a size that disagrees).
+// least what comes before its first tile's data: header, tables and escapes) and returns where
+// everything is. Errors: DATA_LOSS naming the first field that is wrong (magic, version, layout,
+// code width, a size that disagrees).
 absl::StatusOr<CompressedLayout> ParseCompressedHeader(const uint8_t* data, uint64_t size);
 
 // ParseCompressedHeader, then checks the whole object: `size` is exactly its encoded size, every
@@ -61,17 +62,27 @@ absl::StatusOr<CompressedLayout> ParseCompressedHeader(const uint8_t* data, uint
 // it); this tells a corrupted object from a good one before any of it is used.
 absl::StatusOr<CompressedLayout> ParseCompressed(const uint8_t* data, uint64_t size);
 
-// The bytes a GPU decoder needs before any tile's data: header, tables and escape stream.
-inline uint64_t CompressedPrefixBytes(const CompressedLayout& layout) { return layout.data_offset; }
+// The escapes of tiles [first_tile, first_tile + tile_count) of the object whose prefix (at least)
+// is at `prefix`, as far as its escape starts can be believed: within the escape stream, and at
+// most a tile's words a tile. What a decoder given only those tiles' tables copies of the escape
+// stream (TileTables::escapes_base and escapes_count): it checks each tile's range against this
+// one, so starts that lie fail the decode and never make it read past what was copied.
+// REQUIRES: the tiles are within layout.tiles.
+struct EscapeRange {
+  uint64_t base;
+  uint64_t count;
+};
+EscapeRange EscapesOfTiles(const CompressedLayout& layout, const uint8_t* prefix,
+                           uint64_t first_tile, uint64_t tile_count);
 
 // Decodes tiles [first_tile, first_tile + tile_count) of an object described by `layout` (as
 // ParseCompressedHeader returned it) into `dst`, the object's raw bytes; the tail byte too when
-// the range ends at the last tile. `prefix` holds the object's first CompressedPrefixBytes (header,
-// tables, escapes); `tiles` the data of those tiles, first_tile's first — so a decoder can take an
-// object in pieces. Checks each tile's escape range and checksum. Errors: OUT_OF_RANGE for tiles
-// past the end; DATA_LOSS naming the tile whose escapes or checksum disagree (what was written of
-// it is not the object's bytes).
-absl::Status DecodeTiles(const CompressedLayout& layout, const uint8_t* prefix,
+// the range ends at the last tile. `tables` are those tiles' tables (TablesInPrefix for an object
+// whose whole prefix is at hand); `tiles` the data of those tiles, first_tile's first — so a
+// decoder can take an object in pieces. Checks each tile's escape range and checksum. Errors:
+// OUT_OF_RANGE for tiles past the end; DATA_LOSS naming the tile whose escapes or checksum
+// disagree (what was written of it is not the object's bytes).
+absl::Status DecodeTiles(const CompressedLayout& layout, const TileTables& tables,
                          const uint8_t* tiles, uint8_t* dst, uint64_t first_tile,
                          uint64_t tile_count);
 
@@ -82,7 +93,8 @@ inline const uint8_t* TileData(const CompressedLayout& layout, const uint8_t* sr
 
 // Decodes the whole object at `src`: DecodeTiles over every tile.
 inline absl::Status Decode(const CompressedLayout& layout, const uint8_t* src, uint8_t* dst) {
-  return DecodeTiles(layout, src, TileData(layout, src, 0), dst, 0, layout.tiles);
+  return DecodeTiles(layout, TablesInPrefix(layout, src, 0), TileData(layout, src, 0), dst, 0,
+                     layout.tiles);
 }
 
 }  // namespace tierd::codec

@@ -10,9 +10,10 @@
 // bit for bit in every layout: NaNs, infinities, subnormals, negative zero, and bytes that are not
 // floats at all (they just escape).
 //
-// The words are cut into tiles of kTileValues (4 KiB of output), each decoded independently by one
+// The words are cut into tiles of kTileWords (4 KiB of output), each decoded independently by one
 // GPU block of kTileThreads threads, 8 words a thread. A tile records where its escapes start in
-// the escape stream and a checksum of its decoded bytes, so a decoder checks what it produced.
+// the escape stream and a checksum of its decoded bytes, so a decoder checks what it produced, and
+// a run of tiles can be decoded with the tables of that run alone (TileTables).
 //
 // Layout, little-endian, every section 16-byte aligned:
 //   [Header: 128 bytes]
@@ -47,10 +48,6 @@ inline constexpr uint32_t kTileWords = kGroupWords * kTileThreads;  // 2048 word
 inline constexpr uint32_t kMinCodeBits = 1;
 inline constexpr uint32_t kMaxCodeBits = 5;
 inline constexpr uint32_t kCodebookBytes = 32;
-// A compressed object's prefix (header, tables, escapes: CompressedPrefixBytes) is at most this:
-// a decoder keeps it in a bounded area while the tiles stream past (about 1.3% of a bf16 object,
-// so objects up to ~900 MiB compress; larger ones stay raw).
-inline constexpr uint64_t kMaxPrefixBytes = 12ull << 20;
 // A compressed object has fewer than 2^32 words (8 GiB): escape starts are 32-bit.
 inline constexpr uint64_t kMaxWords = (uint64_t{1} << 32) - kTileWords;
 
@@ -200,6 +197,36 @@ TIERD_HOST_DEVICE inline void ComputeOffsets(CompressedLayout& out) {
   out.escapes_offset = AlignUp16(out.escape_starts_offset + 4 * (out.tiles + 1));
   out.data_offset = AlignUp16(out.escapes_offset + out.escapes);
   out.encoded_bytes = out.data_offset + out.tiles * out.tile_bytes;
+}
+
+// What a decoder reads of the tables for tiles [first_tile, first_tile + n): their checksums,
+// their escape starts (n + 1: the last is where the run's escapes end) and the escapes those
+// starts name — escape e of the object's stream at escapes[e - escapes_base], for e in
+// [escapes_base, escapes_base + escapes_count). A decoder reads no escape outside that range,
+// whatever the starts say. The tables may lie in the object's whole prefix (TablesInPrefix) or be a
+// run's own, copied apart: a GPU decode keeps only the run's, so an object's tables need not fit
+// in its scratch area. In the copied form each part starts 16-byte aligned, checksums first — for
+// the whole object, the layout of the prefix after its header.
+struct TileTables {
+  const uint32_t* checksums;      // checksums[i]: tile first_tile + i's
+  const uint32_t* escape_starts;  // escape_starts[i]: where tile first_tile + i's escapes start
+  const uint8_t* escapes;
+  uint64_t escapes_base;
+  uint64_t escapes_count;
+};
+
+// The tables of tiles from `first_tile` on, in the object's whole prefix at `prefix`.
+TIERD_HOST_DEVICE inline TileTables TablesInPrefix(const CompressedLayout& layout,
+                                                   const uint8_t* prefix, uint64_t first_tile) {
+  return TileTables{
+      reinterpret_cast<const uint32_t*>(prefix + layout.checksums_offset) + first_tile,
+      reinterpret_cast<const uint32_t*>(prefix + layout.escape_starts_offset) + first_tile,
+      prefix + layout.escapes_offset, 0, layout.escapes};
+}
+
+// The bytes the copied tables of `tiles` tiles with `escapes` escapes take (TileTables).
+TIERD_HOST_DEVICE inline uint64_t CopiedTablesBytes(uint64_t tiles, uint64_t escapes) {
+  return AlignUp16(4 * tiles) + AlignUp16(4 * (tiles + 1)) + AlignUp16(escapes);
 }
 
 }  // namespace tierd::codec

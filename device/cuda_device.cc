@@ -341,15 +341,15 @@ class CudaDevice final : public Device {
   }
 
   absl::Status DecodeAsync(Stream& stream, const codec::CompressedLayout& layout,
-                           const void* prefix, const void* tiles, void* dst, uint64_t first_tile,
-                           uint64_t tile_count, uint32_t* verdict) override {
+                           const codec::TileTables& tables, const void* tiles, void* dst,
+                           uint64_t first_tile, uint64_t tile_count, uint32_t* verdict) override {
     RETURN_IF_ERROR(
-        CheckDecodeArguments(layout, prefix, tiles, dst, first_tile, tile_count, verdict));
+        CheckDecodeArguments(layout, tables, tiles, dst, first_tile, tile_count, verdict));
     RETURN_IF_ERROR(Activate());
     void* device_verdict = nullptr;
     RETURN_IF_ERROR(CudaStatus(cudaHostGetDevicePointer(&device_verdict, verdict, 0),
                                "cudaHostGetDevicePointer (the verdict)"));
-    return CudaStatus(LaunchExponentDecode(layout, prefix, tiles, dst, first_tile, tile_count,
+    return CudaStatus(LaunchExponentDecode(layout, tables, tiles, dst, first_tile, tile_count,
                                            static_cast<uint32_t*>(device_verdict), Native(stream)),
                       "the exponent decoder's launch");
   }

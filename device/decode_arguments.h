@@ -9,9 +9,11 @@
 
 namespace tierd {
 
-// INVALID_ARGUMENT for tiles past the object's end, a null pointer, or a prefix or tiles not
-// 16-byte aligned (the decoder reads tables and tiles with aligned loads); OK otherwise.
-absl::Status CheckDecodeArguments(const codec::CompressedLayout& layout, const void* prefix,
+// INVALID_ARGUMENT for tiles past the object's end, a null pointer, checksums or escape starts not
+// 4-byte aligned or tiles not 16-byte aligned (the decoder reads them with aligned loads); OK
+// otherwise.
+absl::Status CheckDecodeArguments(const codec::CompressedLayout& layout,
+                                  const codec::TileTables& tables,
                                   const void* tiles, const void* dst, uint64_t first_tile,
                                   uint64_t tile_count, const uint32_t* verdict);
 

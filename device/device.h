@@ -34,10 +34,12 @@
 
 namespace tierd {
 
-// The codec's layout of a compressed object (codec/exponent_format.h), which DecodeAsync takes:
-// declared only, so that the headers installed for the client do not carry the codec's format.
+// The codec's layout of a compressed object and the tables of a run of its tiles
+// (codec/exponent_format.h), which DecodeAsync takes: declared only, so that the headers installed
+// for the client do not carry the codec's format.
 namespace codec {
 struct CompressedLayout;
+struct TileTables;
 }  // namespace codec
 
 // A device memory region that can be exported to other processes (owner side) or one opened from
@@ -173,9 +175,9 @@ class Device {
                                    size_t src_pitch, size_t width, size_t rows) = 0;
 
   // Enqueues the decoding of tiles [first_tile, first_tile + tile_count) of a compressed object
-  // (codec/exponent_format.h) on `stream`, as CopyAsync enqueues a copy. `prefix` holds the
-  // object's first codec::CompressedPrefixBytes, `tiles` those tiles' data, first_tile's first, in
-  // memory the device reads (a slab on CUDA), each 16-byte aligned; `dst` is the object's raw
+  // (codec/exponent_format.h) on `stream`, as CopyAsync enqueues a copy. `tables` are those tiles'
+  // tables (their checksums and escape starts 4-byte aligned) and `tiles` their data, first_tile's
+  // first, 16-byte aligned, all in memory the device reads (a slab on CUDA); `dst` is the object's raw
   // bytes, in device memory; `layout` is what codec::ParseCompressedHeader returned for these
   // bytes. The tail byte is written when the range ends at the last tile. When a tile's escapes or
   // checksum disagree with its bytes the device stores a nonzero value at `*verdict` — host memory
@@ -184,7 +186,7 @@ class Device {
   // bytes. Errors: INVALID_ARGUMENT for tiles past the end, a null or misaligned pointer. REQUIRES:
   // every range stays valid until the decode completes.
   virtual absl::Status DecodeAsync(Stream& stream, const codec::CompressedLayout& layout,
-                                   const void* prefix, const void* tiles, void* dst,
+                                   const codec::TileTables& tables, const void* tiles, void* dst,
                                    uint64_t first_tile, uint64_t tile_count, uint32_t* verdict) = 0;
 
   // A time mark, never recorded yet.

@@ -45,9 +45,9 @@ class DeviceWrapper : public Device {
     return target_.CopyAsync2D(stream, dst, dst_pitch, src, src_pitch, width, rows);
   }
   absl::Status DecodeAsync(Stream& stream, const codec::CompressedLayout& layout,
-                           const void* prefix, const void* tiles, void* dst, uint64_t first_tile,
-                           uint64_t tile_count, uint32_t* verdict) override {
-    return target_.DecodeAsync(stream, layout, prefix, tiles, dst, first_tile, tile_count, verdict);
+                           const codec::TileTables& tables, const void* tiles, void* dst,
+                           uint64_t first_tile, uint64_t tile_count, uint32_t* verdict) override {
+    return target_.DecodeAsync(stream, layout, tables, tiles, dst, first_tile, tile_count, verdict);
   }
   absl::StatusOr<std::unique_ptr<TimeMark>> CreateTimeMark() override {
     return target_.CreateTimeMark();

@@ -203,14 +203,14 @@ absl::Status HostDevice::CopyAsync2D(Stream& stream, void* dst, size_t dst_pitch
 }
 
 absl::Status HostDevice::DecodeAsync(Stream& stream, const codec::CompressedLayout& layout,
-                                     const void* prefix, const void* tiles, void* dst,
+                                     const codec::TileTables& tables, const void* tiles, void* dst,
                                      uint64_t first_tile, uint64_t tile_count, uint32_t* verdict) {
   RETURN_IF_ERROR(
-      CheckDecodeArguments(layout, prefix, tiles, dst, first_tile, tile_count, verdict));
-  AsHost(stream).Enqueue([layout, prefix, tiles, dst, first_tile, tile_count, verdict] {
-    const absl::Status decoded = codec::DecodeTiles(
-        layout, static_cast<const uint8_t*>(prefix), static_cast<const uint8_t*>(tiles),
-        static_cast<uint8_t*>(dst), first_tile, tile_count);
+      CheckDecodeArguments(layout, tables, tiles, dst, first_tile, tile_count, verdict));
+  AsHost(stream).Enqueue([layout, tables, tiles, dst, first_tile, tile_count, verdict] {
+    const absl::Status decoded =
+        codec::DecodeTiles(layout, tables, static_cast<const uint8_t*>(tiles),
+                           static_cast<uint8_t*>(dst), first_tile, tile_count);
     if (!decoded.ok()) __atomic_store_n(verdict, 1u, __ATOMIC_RELEASE);
   });
   return absl::OkStatus();

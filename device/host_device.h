@@ -47,8 +47,8 @@ class HostDevice final : public Device {
   absl::Status CopyAsync2D(Stream& stream, void* dst, size_t dst_pitch, const void* src,
                            size_t src_pitch, size_t width, size_t rows) override;
   absl::Status DecodeAsync(Stream& stream, const codec::CompressedLayout& layout,
-                           const void* prefix, const void* tiles, void* dst, uint64_t first_tile,
-                           uint64_t tile_count, uint32_t* verdict) override;
+                           const codec::TileTables& tables, const void* tiles, void* dst,
+                           uint64_t first_tile, uint64_t tile_count, uint32_t* verdict) override;
   absl::StatusOr<std::unique_ptr<TimeMark>> CreateTimeMark() override;
   absl::Status RecordTimeMark(TimeMark& mark, Stream& stream) override;
   absl::StatusOr<absl::Duration> TimeBetween(TimeMark& start, TimeMark& end) override;

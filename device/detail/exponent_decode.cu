@@ -4,6 +4,7 @@ namespace tierd {
 namespace {
 
 using codec::CompressedLayout;
+using codec::TileTables;
 using codec::kGroupWords;
 using codec::kTileThreads;
 using codec::kTileWords;
@@ -29,7 +30,7 @@ __device__ uint64_t PackedGroup(const uint8_t* group) {
 // rounds. No shared memory, no block-wide barrier: the warps of a block are independent tiles.
 template <uint32_t kBits, WordLayout kLayout>
 __global__ void __launch_bounds__(kBlockThreads)
-    DecodeTilesKernel(CompressedLayout layout, const uint8_t* __restrict__ prefix,
+    DecodeTilesKernel(CompressedLayout layout, TileTables tables,
                       const uint8_t* __restrict__ tiles, uint8_t* __restrict__ dst,
                       uint64_t first_tile, uint64_t tile_count, uint32_t* verdict) {
   constexpr uint32_t kSideBits = codec::SideBits(kLayout);
@@ -47,11 +48,10 @@ __global__ void __launch_bounds__(kBlockThreads)
   const uint8_t* rest_bytes = data + kTileThreads * kBits;
   const uint8_t* side_bytes = rest_bytes + kTileWords;
 
-  const uint32_t* starts = reinterpret_cast<const uint32_t*>(prefix + layout.escape_starts_offset);
-  uint64_t begin = starts[tile];
-  uint64_t end = starts[tile + 1];
-  const uint32_t expected =
-      reinterpret_cast<const uint32_t*>(prefix + layout.checksums_offset)[tile];
+  const uint32_t* __restrict__ starts = tables.escape_starts;
+  uint64_t begin = starts[index];
+  uint64_t end = starts[index + 1];
+  const uint32_t expected = tables.checksums[index];
   uint64_t codes[kRounds];
   uint64_t rests[kRounds];
   uint64_t sides[kRounds];
@@ -65,16 +65,20 @@ __global__ void __launch_bounds__(kBlockThreads)
       sides[round] = PackedGroup<kSideBits>(side_bytes + group * kSideBits);
   }
   bool bad = false;
-  if (end < begin || end - begin > kTileWords || end > layout.escapes) {
+  if (end < begin || end - begin > kTileWords || begin < tables.escapes_base ||
+      end - tables.escapes_base > tables.escapes_count) {
     bad = true;
     begin = end = 0;
+  } else {  // counted from the tables' first escape from here on
+    begin -= tables.escapes_base;
+    end -= tables.escapes_base;
   }
   uint32_t codebook_entry = 0;  // read with constant indices: the parameters stay off the stack
 #pragma unroll
   for (uint32_t c = 0; c < 32; ++c) {
     if (lane == c) codebook_entry = layout.codebook[c];
   }
-  const uint8_t* escapes = prefix + layout.escapes_offset;
+  const uint8_t* __restrict__ escapes = tables.escapes;
   uint64_t next_round_escape = begin;
   uint64_t sum = 0;
 #pragma unroll
@@ -145,7 +149,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 }
 
 template <WordLayout kLayout>
-cudaError_t Launch(const CompressedLayout& layout, const uint8_t* prefix, const uint8_t* tiles,
+cudaError_t Launch(const CompressedLayout& layout, const TileTables& tables, const uint8_t* tiles,
                    uint8_t* dst, uint64_t first_tile, uint64_t tile_count, uint32_t* verdict,
                    cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(
@@ -154,7 +158,7 @@ cudaError_t Launch(const CompressedLayout& layout, const uint8_t* prefix, const 
 #define TIERD_DECODE_CASE(bits)                                           \
   case bits:                                                              \
     DecodeTilesKernel<bits, kLayout><<<grid, kBlockThreads, 0, stream>>>( \
-        layout, prefix, tiles, dst, first_tile, tile_count, verdict);     \
+        layout, tables, tiles, dst, first_tile, tile_count, verdict);     \
     break;
     TIERD_DECODE_CASE(1)
     TIERD_DECODE_CASE(2)
@@ -170,25 +174,24 @@ cudaError_t Launch(const CompressedLayout& layout, const uint8_t* prefix, const 
 
 }  // namespace
 
-cudaError_t LaunchExponentDecode(const CompressedLayout& layout, const void* prefix,
+cudaError_t LaunchExponentDecode(const CompressedLayout& layout, const TileTables& tables,
                                  const void* tiles, void* dst, uint64_t first_tile,
                                  uint64_t tile_count, uint32_t* verdict, cudaStream_t stream) {
   if (first_tile > layout.tiles || tile_count > layout.tiles - first_tile ||
       tile_count > 0x7fffffffu) {
     return cudaErrorInvalidValue;
   }
-  const auto* head = static_cast<const uint8_t*>(prefix);
   const auto* data = static_cast<const uint8_t*>(tiles);
   auto* out = static_cast<uint8_t*>(dst);
   switch (layout.layout) {
     case WordLayout::kBf16:
-      return Launch<WordLayout::kBf16>(layout, head, data, out, first_tile, tile_count, verdict,
+      return Launch<WordLayout::kBf16>(layout, tables, data, out, first_tile, tile_count, verdict,
                                        stream);
     case WordLayout::kFp16:
-      return Launch<WordLayout::kFp16>(layout, head, data, out, first_tile, tile_count, verdict,
+      return Launch<WordLayout::kFp16>(layout, tables, data, out, first_tile, tile_count, verdict,
                                        stream);
     case WordLayout::kFp8Pair:
-      return Launch<WordLayout::kFp8Pair>(layout, head, data, out, first_tile, tile_count,
+      return Launch<WordLayout::kFp8Pair>(layout, tables, data, out, first_tile, tile_count,
                                           verdict, stream);
   }
   return cudaErrorInvalidValue;

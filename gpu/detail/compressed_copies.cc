@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "codec/exponent_codec.h"
 #include "common/byte_size.h"
 #include "common/status_macros.h"
 
@@ -31,11 +32,12 @@ absl::StatusOr<CompressedCopies::Lane*> CompressedCopies::LaneFor(Stream& stream
   ASSIGN_OR_RETURN(lane.decode, device_.CreateStream(StreamPriority::kHigh));
   ASSIGN_OR_RETURN(lane.landed, device_.CreateEvent());
   auto* scratch_base = static_cast<uint8_t*>(lane.scratch->data());
+  const uint64_t tables_ring_bytes = 2 * part_tables_bytes_;
   lane.tables = std::make_unique<ScratchRing>(device_, stream, *lane.decode, scratch_base,
-                                              kTablesRingBytes, kTablesGranule);
+                                              tables_ring_bytes, kTablesGranule);
   lane.tiles =
-      std::make_unique<ScratchRing>(device_, stream, *lane.decode, scratch_base + kTablesRingBytes,
-                                    scratch_bytes_ - kTablesRingBytes, kTilesGranule);
+      std::make_unique<ScratchRing>(device_, stream, *lane.decode, scratch_base + tables_ring_bytes,
+                                    scratch_bytes_ - tables_ring_bytes, kTilesGranule);
   return &lanes_.emplace(&stream, std::move(lane)).first->second;
 }
 
@@ -62,13 +64,6 @@ uint32_t* CompressedCopies::VerdictWord(uint32_t verdict) const {
 absl::StatusOr<CompressedCopies::Enqueued> CompressedCopies::Enqueue(Stream& stream,
                                                                      const HostBytes& host,
                                                                      uint8_t* dst) {
-  const codec::CompressedLayout& layout = *host.compressed();
-  if (codec::CompressedPrefixBytes(layout) > codec::kMaxPrefixBytes) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the tables of a compressed object of ", FormatByteSize(layout.raw_bytes), " take ",
-        FormatByteSize(codec::CompressedPrefixBytes(layout)), ", more than the ",
-        FormatByteSize(codec::kMaxPrefixBytes), " a decode keeps"));
-  }
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Lane * lane, LaneFor(stream));
   ASSIGN_OR_RETURN(const uint32_t verdict, AcquireVerdictLocked());
@@ -97,31 +92,77 @@ absl::Status CompressedCopies::WaitForDecodesLocked(Lane& lane, Stream& stream) 
 absl::Status CompressedCopies::EnqueueLocked(Lane& lane, Stream& stream, const HostBytes& host,
                                              uint8_t* dst, uint32_t verdict) {
   const codec::CompressedLayout& layout = *host.compressed();
-  const uint64_t prefix_bytes = codec::CompressedPrefixBytes(layout);
-  ASSIGN_OR_RETURN(uint8_t* const tables, lane.tables->Take(prefix_bytes));
-  absl::Status status =
-      copier_.CopyChunked(stream, tables, host.data(), prefix_bytes, false, host.pieces());
   const uint64_t tiles_per_piece = piece_bytes_ / layout.tile_bytes;
   uint64_t first = 0;
-  while (status.ok()) {
-    // A piece of tiles (none when the object is all tail), then its decode.
-    const uint64_t count = std::min(tiles_per_piece, layout.tiles - first);
-    status = EnqueuePieceLocked(lane, stream, layout, host, tables, dst, first, count, verdict);
+  do {
+    // A part (none of the tiles when the object is all tail), then its decode.
+    const uint64_t count = PartTiles(host, first, std::min(tiles_per_piece, layout.tiles - first));
+    RETURN_IF_ERROR(EnqueuePartLocked(lane, stream, host, dst, first, count, verdict));
     first += count;
-    if (first >= layout.tiles) break;
+  } while (first < layout.tiles);
+  return absl::OkStatus();
+}
+
+uint64_t CompressedCopies::PartTiles(const HostBytes& host, uint64_t first, uint64_t most) const {
+  const codec::CompressedLayout& layout = *host.compressed();
+  const auto fits = [&](uint64_t count) {
+    const uint64_t escapes = codec::EscapesOfTiles(layout, host.data(), first, count).count;
+    return codec::CopiedTablesBytes(count, escapes) <= part_tables_bytes_;
+  };
+  if (most == 0 || fits(most)) return most;
+  // fits(low) and not fits(high); a tile's tables (at most a tile's words of escapes) always fit.
+  uint64_t low = 1;
+  uint64_t high = most;
+  while (high - low > 1) {
+    const uint64_t middle = low + (high - low) / 2;
+    (fits(middle) ? low : high) = middle;
   }
-  // The tables are read until the object's last decode; given back even after an error, so that
-  // the ring knows when they are free.
+  return low;
+}
+
+absl::Status CompressedCopies::EnqueuePartLocked(Lane& lane, Stream& stream, const HostBytes& host,
+                                                 uint8_t* dst, uint64_t first, uint64_t count,
+                                                 uint32_t verdict) {
+  const codec::CompressedLayout& layout = *host.compressed();
+  const codec::EscapeRange escapes = codec::EscapesOfTiles(layout, host.data(), first, count);
+  const uint64_t checksums_bytes = codec::AlignUp16(4 * count);
+  const uint64_t starts_bytes = codec::AlignUp16(4 * (count + 1));
+  ASSIGN_OR_RETURN(uint8_t* const tables,
+                   lane.tables->Take(codec::CopiedTablesBytes(count, escapes.count)));
+  const codec::TileTables part{reinterpret_cast<const uint32_t*>(tables),
+                               reinterpret_cast<const uint32_t*>(tables + checksums_bytes),
+                               tables + checksums_bytes + starts_bytes, escapes.base,
+                               escapes.count};
+  absl::Status status;
+  const auto copy = [&](uint8_t* to, uint64_t from, uint64_t bytes) {
+    if (status.ok() && bytes > 0) {
+      status = copier_.CopyChunked(stream, to, host.data() + from, bytes, false, host.pieces());
+    }
+  };
+  if (first == 0 && count == layout.tiles && escapes.base == 0 &&
+      escapes.count == layout.escapes) {
+    // The whole object's: the format lays them out after its header as a part's are copied.
+    copy(tables, layout.checksums_offset, layout.data_offset - layout.checksums_offset);
+  } else {
+    copy(tables, layout.checksums_offset + 4 * first, 4 * count);
+    copy(tables + checksums_bytes, layout.escape_starts_offset + 4 * first, 4 * (count + 1));
+    copy(tables + checksums_bytes + starts_bytes, layout.escapes_offset + escapes.base,
+         escapes.count);
+  }
+  if (status.ok()) status = EnqueueTilesLocked(lane, stream, host, part, dst, first, count, verdict);
+  // The tables are read until the part's decode; given back even after an error, so that the ring
+  // knows when they are free.
   const absl::Status given_back = lane.tables->GiveBack();
   return status.ok() ? given_back : status;
 }
 
-absl::Status CompressedCopies::EnqueuePieceLocked(Lane& lane, Stream& stream,
-                                                  const codec::CompressedLayout& layout,
-                                                  const HostBytes& host, const uint8_t* tables,
-                                                  uint8_t* dst, uint64_t first, uint64_t count,
+absl::Status CompressedCopies::EnqueueTilesLocked(Lane& lane, Stream& stream,
+                                                  const HostBytes& host,
+                                                  const codec::TileTables& tables, uint8_t* dst,
+                                                  uint64_t first, uint64_t count,
                                                   uint32_t verdict) {
-  const uint8_t* tiles = tables;  // read from only when there are tiles
+  const codec::CompressedLayout& layout = *host.compressed();
+  const uint8_t* tiles = reinterpret_cast<const uint8_t*>(tables.checksums);  // when there are none
   absl::Status status;
   if (count > 0) {
     ASSIGN_OR_RETURN(uint8_t* const piece, lane.tiles->Take(count * layout.tile_bytes));
@@ -139,7 +180,8 @@ absl::Status CompressedCopies::EnqueuePieceLocked(Lane& lane, Stream& stream,
 }
 
 absl::Status CompressedCopies::DecodeTimedLocked(Lane& lane, const codec::CompressedLayout& layout,
-                                                 const uint8_t* tables, const uint8_t* tiles,
+                                                 const codec::TileTables& tables,
+                                                 const uint8_t* tiles,
                                                  uint8_t* dst, uint64_t first, uint64_t count,
                                                  uint32_t verdict) {
   uint32_t* const word = VerdictWord(verdict);

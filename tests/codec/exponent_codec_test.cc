@@ -196,12 +196,14 @@ TEST(ExponentCodecTest, DecodingTileRangesGivesTheWholeObject) {
   ASSERT_EQ(layout->tiles, 10u);
   std::vector<uint8_t> out(raw.size(), 0);
   for (const auto& [first, count] : {std::pair{0, 3}, {3, 1}, {4, 0}, {4, 6}}) {
-    ASSERT_TRUE(DecodeTiles(*layout, encoded.data(), TileData(*layout, encoded.data(), first),
-                            out.data(), first, count)
+    ASSERT_TRUE(DecodeTiles(*layout, TablesInPrefix(*layout, encoded.data(), first),
+                            TileData(*layout, encoded.data(), first), out.data(), first, count)
                     .ok());
   }
   EXPECT_EQ(out, raw);
-  EXPECT_EQ(DecodeTiles(*layout, encoded.data(), encoded.data(), out.data(), 9, 2).code(),
+  EXPECT_EQ(DecodeTiles(*layout, TablesInPrefix(*layout, encoded.data(), 9), encoded.data(),
+                        out.data(), 9, 2)
+                .code(),
             absl::StatusCode::kOutOfRange);
 }
 

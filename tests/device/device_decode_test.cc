@@ -1,6 +1,8 @@
 // Device::DecodeAsync on each backend (host in CI; CUDA on a GPU): compressed objects made by the
-// CPU codec decode to their bytes in device memory, in tile ranges as a pipelined fetch runs them,
-// and a corrupted one sets the verdict instead of passing for good bytes.
+// CPU codec decode to their bytes in device memory, in tile ranges as a pipelined fetch runs them —
+// from the object's whole prefix, or each range with its own tables copied apart, as the GPU tier
+// decodes an object in parts — and a corrupted one sets the verdict instead of passing for good
+// bytes.
 #include <cstring>
 #include <vector>
 
@@ -49,10 +51,16 @@ class DeviceDecodeTest : public ::testing::Test {
     return encoded;
   }
 
-  // Decodes `encoded` on the device as the GPU tier does: its prefix copied to one slab, then its
+  enum class Tables {
+    kWholePrefix,  // the object's prefix copied once, every range decoded from it
+    kEachRangesOwn,  // each range's tables (codec::TileTables) copied apart before it
+  };
+
+  // Decodes `encoded` on the device as the GPU tier does: its tables copied to one slab, then its
   // tiles in `pieces` ranges, each copied to the front of a scratch slab and decoded from there.
   // Returns the decoded bytes copied back; the verdict is left in *verdict_.
-  std::vector<uint8_t> DecodeOnDevice(const std::vector<uint8_t>& encoded, uint64_t pieces) {
+  std::vector<uint8_t> DecodeOnDevice(const std::vector<uint8_t>& encoded, uint64_t pieces,
+                                      Tables tables_from = Tables::kWholePrefix) {
     absl::StatusOr<codec::CompressedLayout> layout =
         codec::ParseCompressedHeader(encoded.data(), encoded.size());
     EXPECT_THAT(layout, IsOk());
@@ -70,15 +78,21 @@ class DeviceDecodeTest : public ::testing::Test {
     auto* staged = static_cast<uint8_t*>((*host)->data());
     std::memcpy(staged, encoded.data(), encoded.size());
     *verdict_ = 0;
-    EXPECT_THAT(device_->CopyAsync(*stream_, (*prefix)->data(), staged, layout->data_offset),
-                IsOk());
+    auto* device_prefix = static_cast<uint8_t*>((*prefix)->data());
+    if (tables_from == Tables::kWholePrefix) {
+      EXPECT_THAT(device_->CopyAsync(*stream_, device_prefix, staged, layout->data_offset), IsOk());
+    }
     for (uint64_t first = 0; first < layout->tiles; first += per_piece) {
       const uint64_t count = std::min(per_piece, layout->tiles - first);
       EXPECT_THAT(
           device_->CopyAsync(*stream_, (*scratch)->data(), codec::TileData(*layout, staged, first),
                              count * layout->tile_bytes),
           IsOk());
-      EXPECT_THAT(device_->DecodeAsync(*stream_, *layout, (*prefix)->data(), (*scratch)->data(),
+      const codec::TileTables tables = tables_from == Tables::kWholePrefix
+                                           ? codec::TablesInPrefix(*layout, device_prefix, first)
+                                           : CopyRangesTables(*layout, staged, first, count,
+                                                              device_prefix);
+      EXPECT_THAT(device_->DecodeAsync(*stream_, *layout, tables, (*scratch)->data(),
                                        (*out)->data(), first, count, verdict_),
                   IsOk());
     }
@@ -86,6 +100,31 @@ class DeviceDecodeTest : public ::testing::Test {
     EXPECT_THAT(device_->CopyAsync(*stream_, result, (*out)->data(), layout->raw_bytes), IsOk());
     EXPECT_THAT(device_->SynchronizeStream(*stream_), IsOk());
     return std::vector<uint8_t>(result, result + layout->raw_bytes);
+  }
+
+  // Enqueues the copy of tiles [first, first + count)'s tables from the object at `staged` to
+  // `dst` (room for the whole prefix: a range's tables take less), laid out as the GPU tier lays
+  // them out; returns them.
+  codec::TileTables CopyRangesTables(const codec::CompressedLayout& layout, const uint8_t* staged,
+                                     uint64_t first, uint64_t count, uint8_t* dst) {
+    const codec::EscapeRange escapes = codec::EscapesOfTiles(layout, staged, first, count);
+    uint8_t* const starts = dst + codec::AlignUp16(4 * count);
+    uint8_t* const part_escapes = starts + codec::AlignUp16(4 * (count + 1));
+    EXPECT_THAT(device_->CopyAsync(*stream_, dst, staged + layout.checksums_offset + 4 * first,
+                                   4 * count),
+                IsOk());
+    EXPECT_THAT(device_->CopyAsync(*stream_, starts,
+                                   staged + layout.escape_starts_offset + 4 * first,
+                                   4 * (count + 1)),
+                IsOk());
+    if (escapes.count > 0) {
+      EXPECT_THAT(device_->CopyAsync(*stream_, part_escapes,
+                                     staged + layout.escapes_offset + escapes.base, escapes.count),
+                  IsOk());
+    }
+    return codec::TileTables{reinterpret_cast<const uint32_t*>(dst),
+                             reinterpret_cast<const uint32_t*>(starts), part_escapes,
+                             escapes.base, escapes.count};
   }
 
   std::unique_ptr<Device> device_;
@@ -101,6 +140,9 @@ TEST_F(DeviceDecodeTest, DecodesToTheObjectsBytesWholeAndInTileRanges) {
     const std::vector<uint8_t> encoded = Compress(raw);
     for (const uint64_t pieces : {1, 7}) {
       EXPECT_EQ(DecodeOnDevice(encoded, pieces), raw) << pieces << " pieces, tail " << odd_tail;
+      EXPECT_EQ(*verdict_, 0u);
+      EXPECT_EQ(DecodeOnDevice(encoded, pieces, Tables::kEachRangesOwn), raw)
+          << pieces << " pieces with their own tables, tail " << odd_tail;
       EXPECT_EQ(*verdict_, 0u);
     }
   }
@@ -118,6 +160,8 @@ TEST_F(DeviceDecodeTest, DecodesBlockScaledFp8Weights) {
     ASSERT_THAT(layout, IsOk());
     EXPECT_EQ(layout->layout, codec::WordLayout::kFp8Pair);
     EXPECT_EQ(DecodeOnDevice(encoded, 5), raw);
+    EXPECT_EQ(*verdict_, 0u);
+    EXPECT_EQ(DecodeOnDevice(encoded, 5, Tables::kEachRangesOwn), raw);
     EXPECT_EQ(*verdict_, 0u);
   }
 }
@@ -174,19 +218,23 @@ TEST_F(DeviceDecodeTest, ACorruptedObjectSetsTheVerdict) {
       layout->escape_starts_offset + 4 * 9,                // where a tile's escapes start
       layout->checksums_offset + 4 * 63,                   // the last tile's checksum
   };
-  for (const uint64_t offset : at) {
-    std::vector<uint8_t> bad = good;
-    bad[offset] ^= 0x10;
-    DecodeOnDevice(bad, 2);
-    EXPECT_NE(*verdict_, 0u) << "byte " << offset;
+  for (const Tables tables_from : {Tables::kWholePrefix, Tables::kEachRangesOwn}) {
+    for (const uint64_t offset : at) {
+      std::vector<uint8_t> bad = good;
+      bad[offset] ^= 0x10;
+      DecodeOnDevice(bad, 2, tables_from);
+      EXPECT_NE(*verdict_, 0u) << "byte " << offset;
+    }
+    // Escape starts past the escape stream, or going backwards across the ranges' boundary:
+    // refused on the device, nothing read past the object or the range's tables.
+    for (const auto& [tile, start] : {std::pair<uint64_t, uint32_t>{10, 0xfffffff0u}, {32, 0}}) {
+      std::vector<uint8_t> bad = good;
+      std::memcpy(&bad[layout->escape_starts_offset + 4 * tile], &start, 4);
+      std::memcpy(&bad[layout->escape_starts_offset + 4 * (tile + 1)], &start, 4);
+      DecodeOnDevice(bad, 2, tables_from);
+      EXPECT_NE(*verdict_, 0u) << "tile " << tile << "'s escapes starting at " << start;
+    }
   }
-  // Escape starts past the escape stream: refused on the device, nothing read past the object.
-  std::vector<uint8_t> bad = good;
-  const uint32_t huge = 0xfffffff0u;
-  std::memcpy(&bad[layout->escape_starts_offset + 4 * 10], &huge, 4);
-  std::memcpy(&bad[layout->escape_starts_offset + 4 * 11], &huge, 4);
-  DecodeOnDevice(bad, 1);
-  EXPECT_NE(*verdict_, 0u);
 }
 
 TEST_F(DeviceDecodeTest, BadArgumentsAreInvalidArgument) {
@@ -197,15 +245,24 @@ TEST_F(DeviceDecodeTest, BadArgumentsAreInvalidArgument) {
   auto slab = device_->AllocateSlab(layout->raw_bytes + 64);
   ASSERT_THAT(slab, IsOk());
   auto* base = static_cast<uint8_t*>((*slab)->data());
-  EXPECT_THAT(device_->DecodeAsync(*stream_, *layout, base, base, base, 39, 2, verdict_),
+  const codec::TileTables tables = codec::TablesInPrefix(*layout, base, 0);
+  EXPECT_THAT(device_->DecodeAsync(*stream_, *layout, tables, base, base, 39, 2, verdict_),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(device_->DecodeAsync(*stream_, *layout, base + 8, base, base, 0, 1, verdict_),
+  codec::TileTables misaligned = tables;
+  misaligned.checksums = reinterpret_cast<const uint32_t*>(base + 2);
+  EXPECT_THAT(device_->DecodeAsync(*stream_, *layout, misaligned, base, base, 0, 1, verdict_),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(device_->DecodeAsync(*stream_, *layout, base, base + 4, base, 0, 1, verdict_),
+  misaligned = tables;
+  misaligned.escape_starts = reinterpret_cast<const uint32_t*>(base + 1);
+  EXPECT_THAT(device_->DecodeAsync(*stream_, *layout, misaligned, base, base, 0, 1, verdict_),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(device_->DecodeAsync(*stream_, *layout, nullptr, base, base, 0, 1, verdict_),
+  EXPECT_THAT(device_->DecodeAsync(*stream_, *layout, tables, base + 4, base, 0, 1, verdict_),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(device_->DecodeAsync(*stream_, *layout, base, base, base, 0, 1, nullptr),
+  codec::TileTables missing = tables;
+  missing.escapes = nullptr;
+  EXPECT_THAT(device_->DecodeAsync(*stream_, *layout, missing, base, base, 0, 1, verdict_),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(device_->DecodeAsync(*stream_, *layout, tables, base, base, 0, 1, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 

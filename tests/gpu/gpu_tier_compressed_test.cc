@@ -223,11 +223,11 @@ class SlowDecodeDevice : public DeviceWrapper {
   using DeviceWrapper::DeviceWrapper;
 
   absl::Status DecodeAsync(Stream& stream, const codec::CompressedLayout& layout,
-                           const void* prefix, const void* tiles, void* dst, uint64_t first_tile,
-                           uint64_t tile_count, uint32_t* verdict) override {
+                           const codec::TileTables& tables, const void* tiles, void* dst,
+                           uint64_t first_tile, uint64_t tile_count, uint32_t* verdict) override {
     RETURN_IF_ERROR(LaunchHostFunction(stream, [] { absl::SleepFor(kDecodeStall); }));
     ++decodes_;
-    return DeviceWrapper::DecodeAsync(stream, layout, prefix, tiles, dst, first_tile, tile_count,
+    return DeviceWrapper::DecodeAsync(stream, layout, tables, tiles, dst, first_tile, tile_count,
                                       verdict);
   }
   int decodes() const { return decodes_; }
