@@ -65,7 +65,8 @@ ABSL_FLAG(std::string, model_dir, "", "Directory of the model's .safetensors fil
 ABSL_FLAG(std::string, tensors, "16MiBx64,64MiBx16,256MiBx4,700MiBx2",
           "make-model: tensor sizes, SIZExCOUNT,...");
 ABSL_FLAG(std::string, weights, "random",
-          "make-model: the tensors' values, random (U8 bytes) or normal (BF16 of N(0, 0.02^2))");
+          "make-model: the tensors' values, random (U8 bytes), normal (BF16 of N(0, 0.02^2)) or "
+          "e4m3 (those weights quantised to F8_E4M3 with 128x128 block scales)");
 ABSL_FLAG(bool, compressed, false,
           "warm: wait for the daemon (run with --compress-weights) to compress the model first");
 ABSL_FLAG(int, files, 1, "make-model: files to spread the tensors over");

@@ -19,9 +19,9 @@ namespace {
 
 constexpr size_t kBlockWords = 1 << 20;  // 8 MiB written at a time
 
-// Fills `block` (kBlockWords) with the next words of `values`. Normal weights: one block of
-// N(0, 0.02²) bf16 values (made once: drawing them is slow), each value's sign flipped at random,
-// so that no two blocks are alike and each has the weights' statistics.
+// Fills `block` (kBlockWords) with the next words of `values`. Weights: one block of N(0, 0.02²)
+// bf16 values or of their e4m3 quantisation (made once: drawing them is slow), each value's sign
+// flipped at random, so that no two blocks are alike and each has the weights' statistics.
 void FillBlock(WeightValues values, std::vector<uint64_t>& block, uint64_t& seed) {
   FillRandomWords(block, seed);
   if (values == WeightValues::kRandomBytes) return;
@@ -31,16 +31,38 @@ void FillBlock(WeightValues values, std::vector<uint64_t>& block, uint64_t& seed
                              reinterpret_cast<uint16_t*>(words->data()), kBlockWords * 4);
     return words;
   }();
-  for (size_t i = 0; i < kBlockWords; ++i) {
-    block[i] = (*normal)[i] ^ (block[i] & 0x8000800080008000ull);
+  static const std::vector<uint64_t>* const e4m3 = [] {
+    constexpr uint64_t kCols = 4096;
+    constexpr uint64_t kRows = kBlockWords * 8 / kCols;
+    auto* words = new std::vector<uint64_t>(kBlockWords);
+    std::vector<float> scales((kRows / 128) * (kCols / 128));
+    codec::FillBlockScaledFp8Weights(codec::Fp8Format::kE4m3, 0.02, 1, kRows, kCols, 128,
+                                     reinterpret_cast<uint8_t*>(words->data()), scales.data());
+    return words;
+  }();
+  const bool fp8 = values == WeightValues::kE4m3;
+  const std::vector<uint64_t>& weights = fp8 ? *e4m3 : *normal;
+  const uint64_t signs = fp8 ? 0x8080808080808080ull : 0x8000800080008000ull;
+  for (size_t i = 0; i < kBlockWords; ++i) block[i] = weights[i] ^ (block[i] & signs);
+}
+
+const char* DTypeName(WeightValues values) {
+  switch (values) {
+    case WeightValues::kRandomBytes:
+      return "U8";
+    case WeightValues::kNormalBf16:
+      return "BF16";
+    case WeightValues::kE4m3:
+      return "F8_E4M3";
   }
+  return "U8";
 }
 
 // Writes one safetensors file of `values`: [bytes / row_bytes, row_bytes] (of bytes, or of bf16
 // words) where row_bytes divides the size, else 1-D.
 void WriteSafetensors(const std::string& path, const std::vector<TensorSpec>& tensors,
                       uint64_t row_bytes, WeightValues values, uint64_t& seed) {
-  const uint64_t word = values == WeightValues::kRandomBytes ? 1 : 2;
+  const uint64_t word = values == WeightValues::kNormalBf16 ? 2 : 1;
   nlohmann::json header = nlohmann::json::object();
   uint64_t offset = 0;
   for (const TensorSpec& tensor : tensors) {
@@ -49,7 +71,7 @@ void WriteSafetensors(const std::string& path, const std::vector<TensorSpec>& te
       Die(absl::StrCat(tensor.name, ": ", tensor.bytes, " bytes are not whole bf16 words"));
     }
     header[tensor.name] = {
-        {"dtype", word == 1 ? "U8" : "BF16"},
+        {"dtype", DTypeName(values)},
         {"shape", rows ? nlohmann::json::array({tensor.bytes / row_bytes, row_bytes / word})
                        : nlohmann::json::array({tensor.bytes / word})},
         {"data_offsets", {offset, offset + tensor.bytes}}};
@@ -77,7 +99,8 @@ void WriteSafetensors(const std::string& path, const std::vector<TensorSpec>& te
 WeightValues ParseWeightValues(const std::string& text) {
   if (text == "random") return WeightValues::kRandomBytes;
   if (text == "normal") return WeightValues::kNormalBf16;
-  Die(absl::StrCat("--weights must be random or normal, not \"", text, "\""));
+  if (text == "e4m3") return WeightValues::kE4m3;
+  Die(absl::StrCat("--weights must be random, normal or e4m3, not \"", text, "\""));
 }
 
 std::vector<TensorSpec> ParseTensorList(const std::string& text) {

@@ -9,8 +9,8 @@
 # and the machine's description to OUT_DIR/environment.txt.
 #
 # Environment: REPEAT (runs per side, default 5), WARM_TENSORS / COLD_TENSORS (gpu_path_bench
-# --tensors lists), WEIGHTS (the tensors' values: random, the default, or normal: bf16 with a
-# checkpoint's statistics), PYTHON (with torch and safetensors, default python3), TIERD_FLAGS
+# --tensors lists), WEIGHTS (the tensors' values: random, the default; normal: bf16 with a
+# checkpoint's statistics; e4m3: those quantised to FP8 with block scales), PYTHON (with torch and safetensors, default python3), TIERD_FLAGS
 # (extra flags for the daemon), BENCH_FLAGS (extra flags for gpu_path_bench), FIO (the cold mode's
 # fio, default the bundle's; empty: no fio reference, for models on tmpfs), SAFETENSORS_SCRIPT
 # (the cold mode's safetensors reference, default bench/safetensors_load.py; empty: none), MODES (default
