@@ -8,11 +8,10 @@
 // starts and escapes: codec::TileTables) into the tables ring, then its tiles into the tiles ring;
 // the decode stream decodes each part once it has landed. A part is as many tiles as half the
 // tiles ring holds and whose tables fit half the tables ring, so an object of any size, and any
-// share of escapes, is decoded in a bounded area. The copy stream runs ahead
-// of the decodes by as much as the rings hold — objects and pieces keep crossing the link while a
-// model's kernels hold the SMs that the decodes wait for — and waits only for a full ring. Each
-// decode reports to a verdict word of its own, in registered host memory, read once the decode
-// stream has passed it.
+// share of escapes, is decoded in a bounded area. The copy stream runs ahead of the decodes by as
+// much as the rings hold — objects and parts keep crossing the link while a model's kernels hold
+// the SMs that the decodes wait for — and waits only for a full ring. Each decode reports to a
+// verdict word of its own, in registered host memory, read once the decode stream has passed it.
 //
 // Internal to the GPU tier. Thread-safe.
 #ifndef TIERD_GPU_DETAIL_COMPRESSED_COPIES_H_
@@ -118,7 +117,7 @@ class CompressedCopies {
                                   const codec::TileTables& tables, uint8_t* dst, uint64_t first,
                                   uint64_t count, uint32_t verdict)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Enqueues the decode of a piece on `lane`'s decode stream between two time marks kept with
+  // Enqueues the decode of a part on `lane`'s decode stream between two time marks kept with
   // `verdict` (untimed when no mark can be made).
   absl::Status DecodeTimedLocked(Lane& lane, const codec::CompressedLayout& layout,
                                  const codec::TileTables& tables, const uint8_t* tiles, uint8_t* dst,
