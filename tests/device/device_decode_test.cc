@@ -52,7 +52,7 @@ class DeviceDecodeTest : public ::testing::Test {
   }
 
   enum class Tables {
-    kWholePrefix,  // the object's prefix copied once, every range decoded from it
+    kWholePrefix,    // the object's prefix copied once, every range decoded from it
     kEachRangesOwn,  // each range's tables (codec::TileTables) copied apart before it
   };
 
