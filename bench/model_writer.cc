@@ -11,8 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_support.h"
-#include "testing/sample_weights.h"
 #include "common/byte_size.h"
+#include "storage/dtype.h"
+#include "testing/sample_weights.h"
 
 namespace tierd::bench {
 namespace {
@@ -46,32 +47,35 @@ void FillBlock(WeightValues values, std::vector<uint64_t>& block, uint64_t& seed
   for (size_t i = 0; i < kBlockWords; ++i) block[i] = weights[i] ^ (block[i] & signs);
 }
 
-const char* DTypeName(WeightValues values) {
+// The element type of the tensors `values` makes.
+DType ValuesDType(WeightValues values) {
   switch (values) {
-    case WeightValues::kRandomBytes:
-      return "U8";
     case WeightValues::kNormalBf16:
-      return "BF16";
+      return DType::kBF16;
     case WeightValues::kE4m3:
-      return "F8_E4M3";
+      return DType::kF8E4M3;
+    case WeightValues::kRandomBytes:
+      break;
   }
-  return "U8";
+  return DType::kU8;
 }
 
-// Writes one safetensors file of `values`: [bytes / row_bytes, row_bytes] (of bytes, or of bf16
-// words) where row_bytes divides the size, else 1-D.
+// Writes one safetensors file of `values`: [bytes / row_bytes, row_bytes] (in elements of the
+// values' dtype) where row_bytes divides the size, else 1-D.
 void WriteSafetensors(const std::string& path, const std::vector<TensorSpec>& tensors,
                       uint64_t row_bytes, WeightValues values, uint64_t& seed) {
-  const uint64_t word = values == WeightValues::kNormalBf16 ? 2 : 1;
+  const DType dtype = ValuesDType(values);
+  const uint64_t word = DTypeSize(dtype);
   nlohmann::json header = nlohmann::json::object();
   uint64_t offset = 0;
   for (const TensorSpec& tensor : tensors) {
     const bool rows = row_bytes > 0 && tensor.bytes % row_bytes == 0;
     if (tensor.bytes % word != 0 || (rows && row_bytes % word != 0)) {
-      Die(absl::StrCat(tensor.name, ": ", tensor.bytes, " bytes are not whole bf16 words"));
+      Die(absl::StrCat(tensor.name, ": ", tensor.bytes, " bytes are not whole ", DTypeName(dtype),
+                       " elements"));
     }
     header[tensor.name] = {
-        {"dtype", DTypeName(values)},
+        {"dtype", DTypeName(dtype)},
         {"shape", rows ? nlohmann::json::array({tensor.bytes / row_bytes, row_bytes / word})
                        : nlohmann::json::array({tensor.bytes / word})},
         {"data_offsets", {offset, offset + tensor.bytes}}};
