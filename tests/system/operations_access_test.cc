@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -164,7 +165,7 @@ TEST_F(OperationsTest, ClientsSeeUnavailableWhenTheDaemonIsKilledAndReconnectOnc
   auto session = (*client)->OpenSession();
   ASSERT_THAT(session, IsOk());
   absl::Status failure;
-  int fetches = 0;
+  std::atomic<int> fetches{0};
   std::thread load([&] {
     while (true) {
       absl::StatusOr<Lease> lease = (*session)->Fetch("m/blocks.0");
@@ -176,7 +177,13 @@ TEST_F(OperationsTest, ClientsSeeUnavailableWhenTheDaemonIsKilledAndReconnectOnc
       lease->Release();
     }
   });
-  absl::SleepFor(absl::Milliseconds(300));
+  // Killed mid-load: once fetches are answered (the first reads the file, which on a loaded
+  // machine took longer than a fixed 300 ms once), and a little after.
+  const absl::Time loading = absl::Now();
+  while (fetches.load() == 0 && absl::Now() - loading < kTimeout) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  absl::SleepFor(absl::Milliseconds(100));
   daemon->Signal(SIGKILL);
   ASSERT_THAT(daemon->Wait(kTimeout), IsOk());
   load.join();
